@@ -1,0 +1,44 @@
+"""ortrain: train models on ONNX Runtime.
+
+Describe a model once (Keras-style layers, traced functions, or any ``.onnx``
+file), turn it offline into training artifacts, and train it with onnxruntime-training
+through a ``Trainer`` you step yourself, ``fit``/``fit_generator`` epoch loops, or a
+captured training step.
+"""
+
+from ortrain._version import __version__
+from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, UnsupportedOpError
+
+# The engine checks the environment on import (onnx pin, training build of onnxruntime).
+from ortrain import engine  # noqa: E402,I001
+from ortrain import artifacts, layers, losses, metrics, optim  # noqa: E402
+from ortrain._random import set_seed  # noqa: E402
+from ortrain.engine import get_num_threads, set_num_threads  # noqa: E402
+from ortrain.nn import GraphModel, Input, Model, Sequential, from_onnx, load_model  # noqa: E402
+from ortrain.trainer import Snapshot, Trainer  # noqa: E402
+
+__all__ = [
+    "FreedError",
+    "GraphModel",
+    "Input",
+    "Model",
+    "NonFiniteError",
+    "OrtrainError",
+    "Sequential",
+    "ShapeError",
+    "Snapshot",
+    "Trainer",
+    "UnsupportedOpError",
+    "__version__",
+    "artifacts",
+    "engine",
+    "from_onnx",
+    "get_num_threads",
+    "layers",
+    "load_model",
+    "losses",
+    "metrics",
+    "optim",
+    "set_num_threads",
+    "set_seed",
+]

@@ -1,0 +1,374 @@
+"""Training artifacts: the offline step between a model and a training session.
+
+``build`` turns a model into the files onnxruntime-training runs — a training
+graph (forward, loss, backward, gradient accumulation), an eval graph (forward
+and loss), an optimizer graph, a checkpoint with the weights — plus the forward
+graph for predictions and a ``manifest.json`` describing all of them.
+
+Artifacts are cached by a content hash of everything that shapes the graphs (the
+architecture, parameter roles, loss, weighting, optimizer, and the versions of
+ortrain, onnx and onnxruntime), under ``~/.cache/ortrain/artifacts`` by default.
+Weights are not part of the hash: a cache hit with different weights only
+rewrites the checkpoint. ``load`` refuses directories written by other versions
+and files whose hash no longer matches the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ortrain import engine, losses, optim
+from ortrain._version import __version__
+from ortrain.errors import OrtrainError
+from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
+from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
+
+__all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", "SAMPLE_WEIGHT", "LOSS_SCALE"]
+
+FORMAT = 1
+LABEL = "ortrain.label"
+SAMPLE_WEIGHT = "ortrain.sample_weight"
+LOSS_SCALE = "ortrain.loss_scale"
+LOSS = "ortrain.loss"
+SCALED_LOSS = "ortrain.scaled_loss"
+FILES = ("training.onnx", "eval.onnx", "optimizer.onnx", "forward.onnx", "checkpoint")
+WEIGHTINGS = (None, "sample", "element")
+
+_cache_root: Path | None = None
+
+
+def cache_dir() -> Path:
+    """Where artifacts are cached: ``set_cache_dir`` > ``$XDG_CACHE_HOME/ortrain/artifacts`` > ``~/.cache/...``."""
+    if _cache_root is not None:
+        return _cache_root
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ortrain" / "artifacts"
+
+
+def set_cache_dir(path) -> None:
+    """Use ``path`` as the artifact cache from now on (``None`` restores the default)."""
+    global _cache_root
+    _cache_root = Path(path) if path is not None else None
+
+
+def versions() -> dict:
+    return {"ortrain": __version__, "onnx": onnx.__version__, "onnxruntime": engine.ORT_VERSION}
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """A validated artifact directory: paths plus the parsed manifest."""
+
+    directory: Path
+    manifest: dict
+
+    def path(self, name: str) -> Path:
+        return self.directory / name
+
+    @property
+    def training(self) -> Path:
+        return self.directory / "training.onnx"
+
+    @property
+    def eval(self) -> Path:
+        return self.directory / "eval.onnx"
+
+    @property
+    def optimizer_graph(self) -> Path:
+        return self.directory / "optimizer.onnx"
+
+    @property
+    def forward(self) -> Path:
+        return self.directory / "forward.onnx"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.directory / "checkpoint"
+
+    @property
+    def key(self) -> str:
+        return self.manifest["key"]
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec.from_json(d) for d in self.manifest["inputs"]]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec.from_json(d) for d in self.manifest["outputs"]]
+
+    @property
+    def label(self) -> TensorSpec:
+        return TensorSpec.from_json(self.manifest["label"])
+
+    @property
+    def sample_weight(self) -> TensorSpec | None:
+        d = self.manifest["sample_weight"]
+        return TensorSpec.from_json(d) if d else None
+
+    @property
+    def weighting(self) -> str | None:
+        return self.manifest["weighting"]
+
+    @property
+    def params(self) -> list[ParamSpec]:
+        return [ParamSpec.from_json(d) for d in self.manifest["parameters"]]
+
+    @property
+    def loss(self) -> losses.Loss:
+        return losses.get(self.manifest["loss"])
+
+    @property
+    def optimizer(self) -> optim.Optimizer:
+        return optim.get(self.manifest["optimizer"])
+
+    @property
+    def prediction(self) -> str:
+        return self.manifest["prediction"]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _key(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: str | None) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"format": FORMAT, "versions": versions(), "loss": loss.config(),
+                         "optimizer": _opt_config(opt), "weighting": weighting},
+                        sort_keys=True).encode())
+    h.update(fg.digest().encode())
+    return h.hexdigest()
+
+
+def _opt_config(opt: optim.Optimizer) -> dict:
+    # The learning rate is set on the session before every update; it does not shape the graph.
+    return {k: v for k, v in opt.config().items() if k != "lr"}
+
+
+def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tuple[onnx.ModelProto, dict]:
+    """The forward graph with the loss appended; returns the model and the manifest's I/O entries.
+
+    Outputs: ``[scaled_loss, loss, prediction]``. ``scaled_loss = loss * loss_scale`` is where
+    backpropagation starts, so gradient accumulation over k batches can feed ``1/k``.
+    """
+    if weighting not in WEIGHTINGS:
+        raise OrtrainError(f"sample weighting: expected None, 'sample' or 'element', received {weighting!r}")
+    outputs = fg.outputs
+    if not outputs:
+        raise OrtrainError("the model has no outputs to put a loss on")
+    pred = outputs[0]
+    if pred.dtype != np.float32:
+        raise OrtrainError(f"the model's first output {pred.name!r} is {np.dtype(pred.dtype).name}; "
+                           "the loss needs float32 predictions")
+    if weighting == "element" and not loss.element_weights:
+        raise OrtrainError(f"one weight per output element is defined for mean squared error only, "
+                           f"not {loss.name!r}; use loss='mse' or one weight per sample")
+    if weighting is not None and len(pred.shape) < 2 and weighting == "element":
+        raise OrtrainError("one weight per output element needs a prediction of shape [batch, outputs]")
+    batch = pred.shape[0] if pred.shape else None
+    gb = GraphBuilder(prefix="ortrain.loss/")
+    label = TensorSpec(LABEL, loss.label_dtype, loss.label_shape(pred.shape))
+    gb.add_input(label.name, label.dtype, label.shape)
+    weight = None
+    if weighting == "sample":
+        weight = TensorSpec(SAMPLE_WEIGHT, np.dtype(np.float32), (batch,) + (1,) * (len(pred.shape) - 1))
+    elif weighting == "element":
+        weight = TensorSpec(SAMPLE_WEIGHT, np.dtype(np.float32), tuple(pred.shape))
+    if weight is not None:
+        gb.add_input(weight.name, weight.dtype, weight.shape)
+    gb.add_input(LOSS_SCALE, np.float32, ())
+    value = loss.build(gb, pred.name, LABEL, weight.name if weight else None, pred_rank=len(pred.shape))
+    gb.op("Identity", [value], outputs=[LOSS])
+    gb.op("Mul", [LOSS, LOSS_SCALE], outputs=[SCALED_LOSS])
+    outs = [TensorSpec(SCALED_LOSS, np.dtype(np.float32), ()).to_value_info(),
+            TensorSpec(LOSS, np.dtype(np.float32), ()).to_value_info(),
+            pred.to_value_info()]
+    model = extend(fg.proto, gb, outs)
+    io = {"inputs": [s.to_json() for s in fg.inputs], "outputs": [s.to_json() for s in outputs],
+          "label": label.to_json(), "sample_weight": weight.to_json() if weight else None,
+          "weighting": weighting, "loss_scale": LOSS_SCALE, "prediction": pred.name,
+          "train_outputs": [SCALED_LOSS, LOSS, pred.name]}
+    return model, io
+
+
+def build(model, trainable=None, frozen=None, loss="mse", optimizer="adam", out_dir=None, *,
+          weighting: str | None = None, refresh_checkpoint: bool = True) -> Artifacts:
+    """Generate (or find in the cache) the training artifacts for ``model``.
+
+    ``model`` is an :class:`ortrain.Model`, a :class:`ForwardGraph`, an ``onnx.ModelProto`` or
+    a path to an ``.onnx`` file. ``trainable``/``frozen`` (names or glob patterns) refine which
+    weights train. ``out_dir`` writes to that directory instead of the cache. ``weighting``
+    adds a ``sample_weight`` input: ``"sample"`` (one weight per sample) or ``"element"``.
+    """
+    fg = _forward_graph(model, trainable, frozen)
+    loss = losses.get(loss)
+    opt = optim.get(optimizer)
+    key = _key(fg, loss, opt, weighting)
+    target = Path(out_dir) if out_dir is not None else cache_dir() / key[:24]
+    existing = _existing(target, key)
+    if existing is not None:
+        if refresh_checkpoint and existing.manifest.get("weights_sha256") != fg.weights_digest():
+            _refresh_checkpoint(existing, fg)
+            existing = load(existing.directory)
+        return existing
+    return _write(target, key, fg, loss, opt, weighting)
+
+
+def _forward_graph(model, trainable, frozen) -> ForwardGraph:
+    if isinstance(model, ForwardGraph):
+        if trainable is not None or frozen is not None:
+            from ortrain.nn.onnx_import import reassign_roles
+            return reassign_roles(model, trainable, frozen)
+        return model
+    if hasattr(model, "forward_graph"):
+        fg = model.forward_graph()
+        if trainable is not None or frozen is not None:
+            from ortrain.nn.onnx_import import reassign_roles
+            fg = reassign_roles(fg, trainable, frozen)
+        return fg
+    if isinstance(model, (onnx.ModelProto, str, os.PathLike)):
+        from ortrain.nn.onnx_import import from_onnx
+        return from_onnx(model, trainable=trainable, frozen=frozen).forward_graph()
+    raise OrtrainError(f"model: expected an ortrain Model, an onnx.ModelProto or a path to an .onnx file, "
+                       f"received {type(model).__name__}")
+
+
+def _existing(target: Path, key: str) -> Artifacts | None:
+    manifest = target / "manifest.json"
+    if not manifest.exists():
+        if target.exists() and any(target.iterdir()):
+            raise OrtrainError(f"out_dir {str(target)!r} exists and is not an ortrain artifacts directory; "
+                               "choose an empty or new directory")
+        return None
+    try:
+        art = load(target)
+    except OrtrainError:
+        return None  # stale or damaged: rebuilt below
+    return art if art.key == key else None
+
+
+def _write(target: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer,
+           weighting: str | None) -> Artifacts:
+    if not fg.names("trainable"):
+        raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights")
+    lm, io = loss_model(fg, loss, weighting)
+    frozen = fg.names("frozen") + fg.names("buffer")
+    training, eval_model = engine.build_training_graphs(lm, fg.names("trainable"), frozen, io["train_outputs"])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        onnx.save(training, tmp / "training.onnx")
+        onnx.save(eval_model, tmp / "eval.onnx")
+        opt_graph = opt.graph()
+        onnx.save(opt_graph, tmp / "optimizer.onnx")
+        # The forward graph in training flavour (dropout active), parameters as inputs: the
+        # model can be rebuilt from it; predictions apply to_inference() first.
+        check_model(fg.proto, "forward graph")
+        onnx.save(fg.proto, tmp / "forward.onnx")
+        engine.write_initial_checkpoint(tmp / "checkpoint", {n: fg.weights[n] for n in fg.names("trainable")},
+                                        {n: fg.weights[n] for n in frozen})
+        manifest = {
+            "format": FORMAT, "key": key, "versions": versions(), "opset": OPSET,
+            **io,
+            "parameters": [p.to_json() for p in fg.params],
+            "loss": loss.config(), "optimizer": opt.config(),
+            "weights_sha256": fg.weights_digest(),
+            "files": {name: _sha256(tmp / name) for name in FILES},
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Another process published the same key first; theirs is as good as ours.
+            if (target / "manifest.json").exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load(target)
+
+
+def _refresh_checkpoint(art: Artifacts, fg: ForwardGraph) -> None:
+    """Rewrite only the checkpoint (new weights, same graphs) and the manifest's hashes."""
+    roles = {p.name: p.role for p in fg.params}
+    tmp = art.directory / f".checkpoint.tmp-{os.getpid()}"
+    engine.write_initial_checkpoint(tmp, {n: a for n, a in fg.weights.items() if roles[n] == "trainable"},
+                                    {n: a for n, a in fg.weights.items() if roles[n] != "trainable"})
+    manifest = dict(art.manifest)
+    manifest["weights_sha256"] = fg.weights_digest()
+    manifest["files"] = dict(manifest["files"], checkpoint=_sha256(tmp))
+    mtmp = art.directory / f".manifest.tmp-{os.getpid()}"
+    mtmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(tmp, art.checkpoint)
+    os.replace(mtmp, art.directory / "manifest.json")
+
+
+def load(directory) -> Artifacts:
+    """Open an artifact directory, refusing other versions and files that do not match the manifest."""
+    d = Path(directory)
+    mpath = d / "manifest.json"
+    if not mpath.is_file():
+        raise OrtrainError(f"{str(d)!r} is not an ortrain artifacts directory (no manifest.json); "
+                           "create one with ot.artifacts.build or `ortrain artifacts`")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OrtrainError(f"{str(mpath)!r} is not valid JSON ({exc}); the directory is damaged, rebuild it") \
+            from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise OrtrainError(f"{str(mpath)!r} has manifest format {manifest.get('format') if isinstance(manifest, dict) else '?'}"
+                           f", this ortrain reads format {FORMAT}; rebuild the artifacts")
+    required = ("key", "versions", "inputs", "outputs", "label", "parameters", "loss", "optimizer", "files",
+                "prediction", "train_outputs", "weighting", "sample_weight")
+    missing = [k for k in required if k not in manifest]
+    if missing:
+        raise OrtrainError(f"{str(mpath)!r} lacks {', '.join(missing)}; the directory is damaged, rebuild it")
+    if manifest["versions"] != versions():
+        got = ", ".join(f"{k} {v}" for k, v in sorted(manifest["versions"].items()))
+        now = ", ".join(f"{k} {v}" for k, v in sorted(versions().items()))
+        raise OrtrainError(f"artifacts in {str(d)!r} were written by {got}; this is {now}. "
+                           "Rebuild them (ot.artifacts.build or `ortrain artifacts`)")
+    for name in FILES:
+        path = d / name
+        if not path.is_file():
+            raise OrtrainError(f"artifacts in {str(d)!r} lack {name}; rebuild them")
+        expected = manifest["files"].get(name)
+        if _sha256(path) != expected:
+            raise OrtrainError(f"{str(path)!r} does not match the sha256 recorded in manifest.json: "
+                               "the file was changed or damaged after it was written; rebuild the artifacts")
+    return Artifacts(d, manifest)
+
+
+def optimizer_graph_file(opt: optim.Optimizer, weight_decay: float | None, directory: Path) -> Path:
+    """Write the update graph for ``opt`` (with a weight-decay override) into ``directory``."""
+    path = directory / "optimizer.onnx"
+    onnx.save(opt.graph(weight_decay), path)
+    return path
+
+
+@contextlib.contextmanager
+def scratch_dir():
+    """A private temporary directory, removed on exit."""
+    d = Path(tempfile.mkdtemp(prefix="ortrain-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

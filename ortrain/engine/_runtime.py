@@ -1,0 +1,114 @@
+"""Finding and loading onnxruntime-training, and checking the environment.
+
+This module and the rest of :mod:`ortrain.engine` are the only code in ortrain
+that touches onnxruntime-training. ``import onnxruntime.training`` runs a package
+``__init__`` that imports torch (through ``training/optim``); the pieces ortrain
+needs (``training.api`` and ``training.onnxblock``) do not, so the package is
+registered with its ``__path__`` and the submodules are imported without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import sys
+import types
+
+from ortrain.errors import OrtrainError
+
+REQUIRED_ORT = "1.19.2"
+ONNX_MAX_EXCLUSIVE = (1, 18)
+_INSTALL = "pip install 'onnxruntime-training-cpu==1.19.2' (or onnxruntime-training==1.19.2 for CUDA 11.8)"
+_SHADOWS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino")
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def environment_problems(onnx_version: str | None, ort_version: str | None, has_training: bool,
+                         installed: dict[str, str | None]) -> list[str]:
+    """What is wrong with this environment, as sentences that say what to do.
+
+    Pure: takes what was found, so tests can feed it any combination.
+    """
+    problems = []
+    if onnx_version is None:
+        problems.append("the onnx package is not installed: pip install 'onnx>=1.16,<1.18'")
+    elif _version_tuple(onnx_version)[:2] >= ONNX_MAX_EXCLUSIVE:
+        problems.append(
+            f"onnx {onnx_version} writes ONNX IR version 11 or newer, which onnxruntime-training "
+            f"{REQUIRED_ORT} cannot load: pip install 'onnx>=1.16,<1.18'")
+    elif _version_tuple(onnx_version)[:2] < (1, 16):
+        problems.append(f"onnx {onnx_version} is too old: pip install 'onnx>=1.16,<1.18'")
+    shadows = [f"{n} {v}" for n, v in installed.items() if n in _SHADOWS and v]
+    if ort_version is None:
+        problems.append(f"onnxruntime-training is not installed: {_INSTALL}")
+    elif not has_training:
+        culprit = ", ".join(shadows) or f"onnxruntime {ort_version}"
+        problems.append(
+            f"the importable onnxruntime ({culprit}) is an inference-only build without the training API; "
+            f"both install the same 'onnxruntime' module, so remove it and reinstall the training build: "
+            f"pip uninstall -y {' '.join(n for n in _SHADOWS if installed.get(n)) or 'onnxruntime'} "
+            f"&& pip install --force-reinstall 'onnxruntime-training-cpu==1.19.2'")
+    elif _version_tuple(ort_version)[:2] != _version_tuple(REQUIRED_ORT)[:2]:
+        problems.append(f"onnxruntime-training {ort_version} is installed; ortrain is built against "
+                        f"{REQUIRED_ORT}: {_INSTALL}")
+    elif shadows:
+        problems.append(
+            f"{', '.join(shadows)} is installed beside onnxruntime-training and shares its module name; "
+            f"whichever was installed last wins. pip uninstall -y {' '.join(s.split()[0] for s in shadows)} "
+            f"&& pip install --force-reinstall 'onnxruntime-training-cpu==1.19.2'")
+    return problems
+
+
+def _load():
+    try:
+        import onnx
+        onnx_version = onnx.__version__
+    except ImportError:
+        onnx_version = None
+    try:
+        import onnxruntime
+        from onnxruntime.capi import _pybind_state as capi
+        ort_version = onnxruntime.__version__
+        has_training = hasattr(capi, "Module") and hasattr(capi, "Optimizer")
+    except ImportError:
+        onnxruntime = capi = None
+        ort_version, has_training = None, False
+    installed = {n: _distribution_version(n) for n in _SHADOWS}
+    problems = environment_problems(onnx_version, ort_version, has_training, installed)
+    if problems:
+        raise OrtrainError("ortrain cannot start:\n  - " + "\n  - ".join(problems))
+
+    if "onnxruntime.training" not in sys.modules:
+        package = types.ModuleType("onnxruntime.training")
+        package.__path__ = [os.path.join(os.path.dirname(onnxruntime.__file__), "training")]
+        package.__package__ = "onnxruntime.training"
+        sys.modules["onnxruntime.training"] = package
+    # Only warnings and errors from the C++ side; INFO lines from graph transformers
+    # would otherwise flood the terminal while artifacts are generated.
+    capi.set_default_logger_severity(3)
+    return onnxruntime, capi
+
+
+ort, C = _load()
+ORT_VERSION: str = ort.__version__
+training_graph_utils = importlib.import_module("onnxruntime.training.onnxblock._training_graph_utils")
+
+from onnxruntime.capi.onnxruntime_inference_collection import OrtValue, get_ort_device_type  # noqa: E402
+
+__all__ = ["C", "ORT_VERSION", "OrtValue", "environment_problems", "get_ort_device_type", "ort",
+           "training_graph_utils"]

@@ -1,0 +1,220 @@
+"""Reading and writing onnxruntime-training checkpoint files.
+
+The training API can save a checkpoint (weights, Adam moments, optimizer step,
+properties) but Python can neither read the moments nor hand them back. The file
+is a flatbuffer whose schema ships with onnxruntime (``ort_flatbuffers_py``), so
+this module reads and writes it directly: that is what lets ``opt.state()``
+return the moments, ``opt.load_state()`` restore them in a new session, and
+``Model.save`` keep optimizer state in a portable, pickle-free form.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import flatbuffers
+import numpy as np
+from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import (
+    Checkpoint,
+    FloatProperty,
+    IntProperty,
+    ModuleState,
+    OptimizerGroup,
+    ParameterOptimizerState,
+    PropertyBag,
+    StringProperty,
+    Tensor,
+)
+
+from ortrain.errors import OrtrainError
+from ortrain.graph import np_dtype, onnx_dtype
+
+CHECKPOINT_VERSION = 2  # what onnxruntime-training 1.19.2 writes and reads
+_IDENTIFIER = b"ODTC"
+GROUP_NAME = "group0"
+MOMENT_NAMES = ("momentum0", "momentum1")
+
+
+@dataclass
+class OptimizerState:
+    """Adam's per-parameter moments and the number of updates taken so far."""
+
+    step: int
+    initial_lr: float = 1e-3
+    moments: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointData:
+    trainable: dict[str, np.ndarray]
+    frozen: dict[str, np.ndarray] = field(default_factory=dict)
+    optimizer: OptimizerState | None = None
+    properties: dict[str, int | float | str] = field(default_factory=dict)
+
+
+def _read_tensor(t) -> tuple[str, np.ndarray]:
+    name = t.Name().decode()
+    dims = tuple(int(t.Dims(i)) for i in range(t.DimsLength()))
+    if t.ExternalDataOffset() != -1:
+        raise OrtrainError(f"checkpoint tensor {name!r} is stored in an external data file, which ortrain "
+                           "does not read; save the checkpoint again below 2 GB")
+    dtype = np_dtype(t.DataType())
+    raw = t.RawDataAsNumpy() if t.RawDataLength() else np.zeros(0, np.uint8)
+    return name, np.frombuffer(raw.tobytes(), dtype=dtype).reshape(dims).copy()
+
+
+def read_checkpoint(path: str | os.PathLike) -> CheckpointData:
+    """Parse a checkpoint written by onnxruntime-training (or by :func:`write_checkpoint`)."""
+    try:
+        with open(path, "rb") as f:
+            buf = f.read()
+    except OSError as exc:
+        raise OrtrainError(f"cannot read checkpoint {os.fspath(path)!r}: {exc.strerror}") from exc
+    if len(buf) < 8 or buf[4:8] != _IDENTIFIER:
+        raise OrtrainError(f"{os.fspath(path)!r} is not an onnxruntime-training checkpoint "
+                           "(missing the 'ODTC' file identifier)")
+    try:
+        return _parse(buf)
+    except OrtrainError:
+        raise
+    except Exception as exc:  # a truncated or corrupted flatbuffer raises anything from struct to IndexError
+        raise OrtrainError(f"checkpoint {os.fspath(path)!r} is damaged: {exc}") from exc
+
+
+def _parse(buf: bytes) -> CheckpointData:
+    ck = Checkpoint.Checkpoint.GetRootAs(buf, 0)
+    if ck.Version() != CHECKPOINT_VERSION:
+        raise OrtrainError(f"checkpoint format version {ck.Version()} is not the version {CHECKPOINT_VERSION} "
+                           "that onnxruntime-training 1.19.2 writes")
+    ms = ck.ModuleState()
+    if ms is None:
+        raise OrtrainError("checkpoint has no module state (weights)")
+    if ms.IsNominalState():
+        raise OrtrainError("checkpoint is a nominal checkpoint without weights")
+    trainable = dict(_read_tensor(ms.RequiresGradParams(i)) for i in range(ms.RequiresGradParamsLength()))
+    frozen = dict(_read_tensor(ms.FrozenParams(i)) for i in range(ms.FrozenParamsLength()))
+    optimizer = None
+    for g in range(ck.OptimizerGroupsLength()):
+        group = ck.OptimizerGroups(g)
+        if group.GroupName().decode() != GROUP_NAME:
+            continue
+        moments = {}
+        for i in range(group.OptimizerStatesLength()):
+            ps = group.OptimizerStates(i)
+            named = dict(_read_tensor(ps.Momentums(j)) for j in range(ps.MomentumsLength()))
+            moments[ps.ParamName().decode()] = tuple(named[n] for n in MOMENT_NAMES if n in named)
+        optimizer = OptimizerState(int(group.Step()), float(group.InitialLearningRate()), moments)
+    properties: dict[str, int | float | str] = {}
+    bag = ck.PropertyBag()
+    if bag is not None:
+        for i in range(bag.IntsLength()):
+            p = bag.Ints(i)
+            properties[p.Name().decode()] = int(p.Value())
+        for i in range(bag.FloatsLength()):
+            p = bag.Floats(i)
+            properties[p.Name().decode()] = float(p.Value())
+        for i in range(bag.StringsLength()):
+            p = bag.Strings(i)
+            properties[p.Name().decode()] = p.Value().decode()
+    return CheckpointData(trainable, frozen, optimizer, properties)
+
+
+def _tensor(b: flatbuffers.Builder, name: str, array: np.ndarray) -> int:
+    array = np.ascontiguousarray(array)
+    name_off = b.CreateString(name)
+    raw = b.CreateNumpyVector(np.frombuffer(array.astype(array.dtype.newbyteorder("<")).tobytes(), np.uint8))
+    Tensor.TensorStartDimsVector(b, array.ndim)
+    for d in reversed(array.shape):
+        b.PrependInt64(int(d))
+    dims = b.EndVector()
+    Tensor.TensorStart(b)
+    Tensor.TensorAddName(b, name_off)
+    Tensor.TensorAddDims(b, dims)
+    Tensor.TensorAddDataType(b, onnx_dtype(array.dtype))
+    Tensor.TensorAddRawData(b, raw)
+    return Tensor.TensorEnd(b)
+
+
+def _vector(b: flatbuffers.Builder, offsets: list[int]) -> int:
+    b.StartVector(4, len(offsets), 4)
+    for off in reversed(offsets):
+        b.PrependUOffsetTRelative(off)
+    return b.EndVector()
+
+
+def _properties(b: flatbuffers.Builder, props: dict) -> int:
+    ints, floats, strings = [], [], []
+    for name, value in sorted(props.items()):
+        name_off = b.CreateString(name)
+        if isinstance(value, bool) or isinstance(value, (int, np.integer)):
+            IntProperty.IntPropertyStart(b)
+            IntProperty.IntPropertyAddName(b, name_off)
+            IntProperty.IntPropertyAddValue(b, int(value))
+            ints.append(IntProperty.IntPropertyEnd(b))
+        elif isinstance(value, (float, np.floating)):
+            FloatProperty.FloatPropertyStart(b)
+            FloatProperty.FloatPropertyAddName(b, name_off)
+            FloatProperty.FloatPropertyAddValue(b, float(value))
+            floats.append(FloatProperty.FloatPropertyEnd(b))
+        else:
+            value_off = b.CreateString(str(value))
+            StringProperty.StringPropertyStart(b)
+            StringProperty.StringPropertyAddName(b, name_off)
+            StringProperty.StringPropertyAddValue(b, value_off)
+            strings.append(StringProperty.StringPropertyEnd(b))
+    vecs = [_vector(b, v) if v else None for v in (ints, floats, strings)]
+    PropertyBag.PropertyBagStart(b)
+    if vecs[0] is not None:
+        PropertyBag.PropertyBagAddInts(b, vecs[0])
+    if vecs[1] is not None:
+        PropertyBag.PropertyBagAddFloats(b, vecs[1])
+    if vecs[2] is not None:
+        PropertyBag.PropertyBagAddStrings(b, vecs[2])
+    return PropertyBag.PropertyBagEnd(b)
+
+
+def write_checkpoint(path: str | os.PathLike, data: CheckpointData) -> None:
+    """Write ``data`` in the format onnxruntime-training 1.19.2 loads."""
+    size = sum(a.nbytes for a in data.trainable.values()) + sum(a.nbytes for a in data.frozen.values())
+    if data.optimizer is not None:
+        size += sum(m.nbytes for ms in data.optimizer.moments.values() for m in ms)
+    b = flatbuffers.Builder(size + 4096)
+    req = _vector(b, [_tensor(b, n, a) for n, a in data.trainable.items()])
+    frozen = _vector(b, [_tensor(b, n, a) for n, a in data.frozen.items()])
+    ModuleState.ModuleStateStart(b)
+    ModuleState.ModuleStateAddRequiresGradParams(b, req)
+    ModuleState.ModuleStateAddFrozenParams(b, frozen)
+    module_state = ModuleState.ModuleStateEnd(b)
+    groups = None
+    if data.optimizer is not None:
+        states = []
+        for pname, moments in data.optimizer.moments.items():
+            name_off = b.CreateString(pname)
+            mom = _vector(b, [_tensor(b, MOMENT_NAMES[i], m) for i, m in enumerate(moments)])
+            ParameterOptimizerState.ParameterOptimizerStateStart(b)
+            ParameterOptimizerState.ParameterOptimizerStateAddParamName(b, name_off)
+            ParameterOptimizerState.ParameterOptimizerStateAddMomentums(b, mom)
+            states.append(ParameterOptimizerState.ParameterOptimizerStateEnd(b))
+        states_vec = _vector(b, states)
+        group_name = b.CreateString(GROUP_NAME)
+        OptimizerGroup.OptimizerGroupStart(b)
+        OptimizerGroup.OptimizerGroupAddGroupName(b, group_name)
+        OptimizerGroup.OptimizerGroupAddStep(b, int(data.optimizer.step))
+        OptimizerGroup.OptimizerGroupAddInitialLearningRate(b, float(data.optimizer.initial_lr))
+        OptimizerGroup.OptimizerGroupAddOptimizerStates(b, states_vec)
+        groups = _vector(b, [OptimizerGroup.OptimizerGroupEnd(b)])
+    bag = _properties(b, data.properties) if data.properties else None
+    Checkpoint.CheckpointStart(b)
+    Checkpoint.CheckpointAddVersion(b, CHECKPOINT_VERSION)
+    Checkpoint.CheckpointAddModuleState(b, module_state)
+    if groups is not None:
+        Checkpoint.CheckpointAddOptimizerGroups(b, groups)
+    if bag is not None:
+        Checkpoint.CheckpointAddPropertyBag(b, bag)
+    root = Checkpoint.CheckpointEnd(b)
+    b.Finish(root, file_identifier=_IDENTIFIER)
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(b.Output())
+    os.replace(tmp, path)

@@ -1,0 +1,74 @@
+"""Offline construction of the training and eval graphs and the initial checkpoint.
+
+Given a forward graph that already ends in a loss, onnxruntime-training's
+gradient builder adds the backward pass. This is the same sequence
+``onnxruntime.training.artifacts.generate_artifacts`` runs, without its global
+model accessor or temporary files in the working directory, and with quiet
+session options.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ortrain.engine._runtime import C, training_graph_utils
+from ortrain.engine.device import session_options
+from ortrain.errors import OrtrainError, UnsupportedOpError
+from ortrain.graph import IR_VERSION
+
+_NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)")
+
+
+def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], frozen: list[str],
+                          outputs: list[str]) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Return ``(training_model, eval_model)`` for a forward graph whose first output is the loss.
+
+    ``requires_grad`` and ``frozen`` name initializers of ``model``: both become graph
+    inputs fed from the checkpoint state; every other initializer stays a constant.
+    Inputs of the training model: the model's own inputs, then the parameters, then one
+    gradient accumulation buffer per trainable parameter, then ``lazy_reset_grad``.
+    """
+    if not requires_grad:
+        raise OrtrainError("nothing to train: no parameter requires a gradient (all are frozen or constants)")
+    model = copy.deepcopy(model)
+    grads, frozen_set = set(requires_grad), set(frozen)
+    training_graph_utils._move_initializers_to_inputs(model, grads | frozen_set)
+    eval_model = copy.deepcopy(model)
+    training_graph_utils._disable_training_mode(eval_model)
+
+    so = session_options(threads=1)
+    try:
+        optimized = onnx.load_from_string(C.get_optimized_model(model.SerializeToString(), grads, so))
+        builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads, outputs[0], so)
+        builder.build()
+    except Exception as exc:  # the builder reports everything as RuntimeError / Fail
+        match = _NO_BUILDER.search(str(exc))
+        if match:
+            op = match.group(1).rstrip(".,;")
+            nodes = [n.name or f"#{i}" for i, n in enumerate(model.graph.node) if n.op_type == op]
+            raise UnsupportedOpError(f"operator {op} has no gradient in onnxruntime-training 1.19.2 "
+                                     f"(nodes: {', '.join(nodes) or 'inserted by graph optimisation'}); "
+                                     f"freeze the weights before it or replace the op") from exc
+        raise OrtrainError(f"onnxruntime-training could not build the gradient graph: "
+                           f"{str(exc).splitlines()[0]}") from exc
+    training = onnx.load_from_string(builder.get_model())
+    training_graph_utils._reorder_outputs(training, outputs, grads)
+    training_graph_utils.build_gradient_accumulation_graph(training, grads)
+    for m in (training, eval_model):
+        if m.ir_version > 10 or m.ir_version < IR_VERSION:
+            m.ir_version = IR_VERSION
+    return training, eval_model
+
+
+def write_initial_checkpoint(path: str | os.PathLike, trainable: dict[str, np.ndarray],
+                             frozen: dict[str, np.ndarray]) -> None:
+    """A weights-only checkpoint in onnxruntime-training's format."""
+    t = [numpy_helper.from_array(np.ascontiguousarray(a), n).SerializeToString() for n, a in trainable.items()]
+    f = [numpy_helper.from_array(np.ascontiguousarray(a), n).SerializeToString() for n, a in frozen.items()]
+    C.save_checkpoint(t, f, os.fspath(path), False)

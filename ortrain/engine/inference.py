@@ -1,0 +1,40 @@
+"""Forward-only sessions: predictions, snapshots, forward captures."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ortrain.engine._runtime import ort
+from ortrain.engine.device import Device, parse_device, session_options
+from ortrain.errors import FreedError, OrtrainError
+
+
+class InferenceRunner:
+    """An ``InferenceSession`` over a forward graph.
+
+    Weights may be graph inputs rather than initializers; then every :meth:`run`
+    feeds them, which lets a caller keep the weights in its own arrays (a trainer's
+    live views, a snapshot's private copies) without rebuilding the session.
+    """
+
+    def __init__(self, model: onnx.ModelProto | bytes | str, *, device: str | Device = "cpu",
+                 threads: int | None = None):
+        self.device = parse_device(device)
+        providers = [self.device.provider] if self.device.kind == "cpu" else \
+            [(self.device.provider, {"device_id": self.device.index}), "CPUExecutionProvider"]
+        data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+        try:
+            self._sess = ort.InferenceSession(data, sess_options=session_options(threads), providers=providers)
+        except Exception as exc:
+            raise OrtrainError(f"onnxruntime could not load the forward graph: {str(exc).splitlines()[0]}") from exc
+        self.input_names = [i.name for i in self._sess.get_inputs()]
+        self.output_names = [o.name for o in self._sess.get_outputs()]
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
+        if self._sess is None:
+            raise FreedError("this inference session was freed")
+        return self._sess.run(outputs or self.output_names, feeds)
+
+    def free(self) -> None:
+        self._sess = None

@@ -1,0 +1,204 @@
+"""The one object that holds onnxruntime-training state.
+
+A :class:`TrainingSession` owns a ``CheckpointState`` (weights, gradients, moments),
+a ``Module`` (training and eval graphs) and optionally an ``Optimizer`` (the update
+graph). Everything above it — Trainer, capture_step, the fit loops — talks to
+onnxruntime-training only through this class.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+
+from ortrain.engine._runtime import C
+from ortrain.engine.device import Device, parse_device, session_options
+from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
+from ortrain.graph import TensorSpec, spec_of
+
+
+def read_input_specs(path: str | os.PathLike, names: list[str]) -> list[TensorSpec]:
+    """Specs of the named graph inputs of an ONNX file (weights are not loaded)."""
+    model = onnx.load(os.fspath(path), load_external_data=False)
+    by_name = {vi.name: vi for vi in model.graph.input}
+    return [spec_of(by_name[n]) for n in names]
+
+
+def check_feeds(specs: list[TensorSpec], arrays, where: str) -> list[np.ndarray]:
+    """Validate arrays against graph input specs; symbolic dimensions must agree with each other.
+
+    Returns the arrays as contiguous numpy arrays. Raises :class:`ShapeError` naming the input,
+    the expected and the received shape or dtype. Nothing is cast here: callers cast first.
+    """
+    if len(arrays) != len(specs):
+        raise ShapeError(f"{where}: expected {len(specs)} inputs ({', '.join(s.name for s in specs)}), "
+                         f"received {len(arrays)}")
+    out = []
+    for spec, a in zip(specs, arrays):
+        if not isinstance(a, np.ndarray):
+            raise ShapeError(f"{where}: input {spec.name!r} must be a numpy array, received {type(a).__name__}")
+        if a.dtype != spec.dtype:
+            raise ShapeError(f"{where}: input {spec.name!r} expected dtype {np.dtype(spec.dtype).name}, "
+                             f"received {a.dtype.name}")
+        if a.ndim != len(spec.shape) or any(d is not None and d != n for d, n in zip(spec.shape, a.shape)):
+            raise ShapeError(f"{where}: input {spec.name!r} expected shape {describe_shape(spec.shape)}, "
+                             f"received {describe_shape(a.shape)}")
+        out.append(np.ascontiguousarray(a))
+    # Free dimensions that share a name in the graph (the batch) must share a size; the
+    # graph's own symbols are lost in TensorSpec, so check the leading dimension of inputs
+    # whose first dimension is free.
+    batch = {a.shape[0] for s, a in zip(specs, out) if s.shape and s.shape[0] is None}
+    if len(batch) > 1:
+        sizes = ", ".join(f"{s.name}: {a.shape[0]}" for s, a in zip(specs, out) if s.shape and s.shape[0] is None)
+        raise ShapeError(f"{where}: inputs disagree on the number of rows ({sizes}); every input of one "
+                         f"step must hold the same samples")
+    return out
+
+
+class TrainingSession:
+    """Training graph, eval graph, optional optimizer graph and their shared state.
+
+    Gradients accumulate across :meth:`train_step` calls until :meth:`zero_grad`
+    (the next train step then overwrites them). :meth:`optimizer_step` applies the
+    update graph to the accumulated gradients.
+    """
+
+    def __init__(self, training_path, eval_path, checkpoint_path, optimizer_path=None, *,
+                 device: str | Device = "cpu", threads: int | None = None):
+        if eval_path is None:
+            # The library aborts the process when eval mode runs without an eval graph.
+            raise OrtrainError("a training session needs an eval graph; rebuild the artifacts")
+        self.device = parse_device(device)
+        so = session_options(threads)
+        dev = self.device.ort_device()
+        try:
+            self._state = C.load_checkpoint(os.fspath(checkpoint_path))
+            self._module = C.Module(os.fspath(training_path), self._state, os.fspath(eval_path), dev, so)
+            self._optimizer = (C.Optimizer(os.fspath(optimizer_path), self._state, dev, so)
+                               if optimizer_path is not None else None)
+        except RuntimeError as exc:
+            raise OrtrainError(f"onnxruntime-training could not open the artifacts: "
+                               f"{str(exc).splitlines()[0]}") from exc
+        self.train_inputs = read_input_specs(training_path, list(self._module.input_names(True)))
+        self.eval_inputs = read_input_specs(eval_path, list(self._module.input_names(False)))
+        self.train_outputs = list(self._module.output_names(True))
+        self.eval_outputs = list(self._module.output_names(False))
+        self.param_names = list(self._state.parameter_names())
+        self.trainable_names = [n for n in self.param_names if self._state.get_parameter(n).requires_grad]
+        self._views: dict[str, np.ndarray] = {}
+        self._lr: float | None = None
+        self._freed = False
+
+    # -- lifetime ---------------------------------------------------------------------
+    def _live(self):
+        if self._freed:
+            raise FreedError("this training session was freed")
+
+    def free(self) -> None:
+        """Release the graphs and state; safe to call twice."""
+        self._freed = True
+        self._views.clear()
+        self._optimizer = self._module = self._state = None
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    # -- steps ------------------------------------------------------------------------
+    def train_step(self, feeds, check: bool = True):
+        """Forward and backward; gradients are added to the accumulation buffers. Returns raw fetches."""
+        self._live()
+        if check:
+            feeds = check_feeds(self.train_inputs, feeds, "train step")
+        fetches = C.OrtValueVector()
+        self._module.train_step(feeds, fetches)
+        return fetches
+
+    def eval_step(self, feeds, check: bool = True):
+        """Forward with the loss, without backward and without dropout."""
+        self._live()
+        if check:
+            feeds = check_feeds(self.eval_inputs, feeds, "eval step")
+        fetches = C.OrtValueVector()
+        self._module.eval_step(feeds, fetches)
+        return fetches
+
+    def optimizer_step(self) -> None:
+        self._live()
+        if self._optimizer is None:
+            raise OrtrainError("this session was opened without an optimizer graph")
+        self._optimizer.optimizer_step()
+
+    def zero_grad(self) -> None:
+        """The next train step overwrites the gradient buffers instead of adding to them."""
+        self._live()
+        self._module.lazy_reset_grad()
+
+    @property
+    def lr(self) -> float | None:
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._live()
+        if self._optimizer is None:
+            raise OrtrainError("this session was opened without an optimizer graph")
+        self._optimizer.set_learning_rate(float(value))
+        self._lr = float(value)
+
+    # -- parameters -------------------------------------------------------------------
+    def view(self, name: str) -> np.ndarray:
+        """A live numpy view of a parameter (CPU only): writing into it changes the weight."""
+        self._live()
+        v = self._views.get(name)
+        if v is None:
+            if self.device.kind != "cpu":
+                raise OrtrainError("live parameter views exist only on the CPU; use get()/set()")
+            if name not in self.param_names:
+                raise KeyError(name)
+            v = self._views[name] = self._state.get_parameter(name).data.numpy()
+        return v
+
+    def grad_view(self, name: str) -> np.ndarray | None:
+        """A live view of a trainable parameter's accumulated gradient, or None before the first step."""
+        self._live()
+        return self._state.get_parameter(name).grad.numpy() if self._state.get_parameter(name).grad.has_value() \
+            else None
+
+    def get(self, name: str) -> np.ndarray:
+        """A copy of a parameter's current value."""
+        self._live()
+        if self.device.kind == "cpu":
+            return self.view(name).copy()
+        return self._state.get_parameter(name).data.numpy()
+
+    def set(self, name: str, value: np.ndarray) -> None:
+        self._live()
+        if self.device.kind == "cpu":
+            view = self.view(name)
+            if view.shape != value.shape:
+                raise ShapeError(f"parameter {name!r} expected shape {describe_shape(view.shape)}, "
+                                 f"received {describe_shape(value.shape)}")
+            view[...] = value
+        else:
+            self._state.copy_parameter_from(name, C.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value)))
+
+    # -- checkpoints and export -------------------------------------------------------
+    def save_checkpoint(self, path, properties: dict | None = None, include_optimizer: bool = True) -> None:
+        self._live()
+        for key, value in (properties or {}).items():
+            self._state.add_property(key, value)
+        tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+        C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
+        os.replace(tmp, path)
+
+    def properties(self) -> dict:
+        self._live()
+        return {n: self._state.get_property(n) for n in self._state.property_names()}
+
+    def export_inference(self, path, output_names: list[str]) -> None:
+        """Write an inference model with the current weights (library export, from the eval graph)."""
+        self._live()
+        self._module.export_model_for_inferencing(os.fspath(path), list(output_names))

@@ -1,0 +1,138 @@
+"""The forward graph every model compiles to, and pure passes over it.
+
+A :class:`ForwardGraph` is the one description the artifact builder, the trainer
+and the exporters share, whatever the model came from (layers, a traced function,
+an ``.onnx`` file). Its ONNX graph is in *training flavour* (dropout nodes carry a
+``training_mode`` input) and holds every parameter as a **graph input**, not an
+initializer: the weights live beside it in ``weights``. That keeps the graph small
+and its digest independent of the weight values, so the artifact cache keys on the
+architecture, and it is exactly the form onnxruntime-training's sessions take.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ortrain.graph.builder import GraphBuilder, TensorSpec, check_model, spec_of
+
+ROLES = ("trainable", "frozen", "buffer")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A weight of the model. ``role``: trainable, frozen (no gradient) or buffer (running statistics)."""
+
+    name: str
+    shape: tuple
+    dtype: np.dtype
+    role: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": np.dtype(self.dtype).name, "role": self.role}
+
+    @classmethod
+    def from_json(cls, d: dict) -> ParamSpec:
+        return cls(d["name"], tuple(d["shape"]), np.dtype(d["dtype"]), d["role"])
+
+
+@dataclass(frozen=True)
+class ForwardGraph:
+    proto: onnx.ModelProto
+    params: tuple[ParamSpec, ...]
+    weights: dict[str, np.ndarray] = field(compare=False)
+    # input name -> the op a BatchNormalization-like consumer uses it for, etc. is not needed here
+
+    @property
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    def names(self, role: str) -> list[str]:
+        return [p.name for p in self.params if p.role == role]
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Data inputs (graph inputs that are not parameters), in graph order."""
+        pnames = set(self.param_names)
+        return [spec_of(vi) for vi in self.proto.graph.input if vi.name not in pnames]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return [spec_of(vi) for vi in self.proto.graph.output]
+
+    def digest(self) -> str:
+        """sha256 of the architecture: the graph, constants and parameter roles, not the weight values."""
+        h = hashlib.sha256(self.proto.SerializeToString(deterministic=True))
+        for p in self.params:
+            h.update(repr((p.name, tuple(p.shape), np.dtype(p.dtype).name, p.role)).encode())
+        return h.hexdigest()
+
+    def weights_digest(self) -> str:
+        h = hashlib.sha256()
+        for p in self.params:
+            a = np.ascontiguousarray(self.weights[p.name])
+            h.update(p.name.encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+
+def forward_from_builder(gb: GraphBuilder, params: list[ParamSpec], weights: dict[str, np.ndarray],
+                         doc: str = "") -> ForwardGraph:
+    """Finish a builder whose parameters were added with ``add_input`` into a checked ForwardGraph."""
+    proto = gb.to_model(doc=doc, check=False)
+    check_model(with_weights(proto, weights), "forward graph")
+    return ForwardGraph(proto, tuple(params), dict(weights))
+
+
+def with_weights(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """Turn parameter graph inputs into initializers holding ``weights`` (a new model)."""
+    model = copy.deepcopy(proto)
+    keep = [vi for vi in model.graph.input if vi.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    model.graph.initializer.extend(numpy_helper.from_array(np.ascontiguousarray(a), n) for n, a in weights.items())
+    return model
+
+
+def to_inference(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Inference flavour: dropout without its training input and mask, batch norm in inference mode."""
+    model = copy.deepcopy(proto)
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        if node.op_type == "Dropout":
+            del node.input[2:]
+            if len(node.output) > 1 and node.output[1] not in used:
+                del node.output[1:]
+        elif node.op_type == "BatchNormalization":
+            for attr in list(node.attribute):
+                if attr.name == "training_mode":
+                    node.attribute.remove(attr)
+            del node.output[1:]
+    _drop_unused_initializers(model)
+    return model
+
+
+def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+
+
+def extend(proto: onnx.ModelProto, gb: GraphBuilder, outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    """``proto`` plus the nodes, initializers and inputs of ``gb``, with new graph outputs."""
+    model = copy.deepcopy(proto)
+    model.graph.node.extend(gb.nodes)
+    model.graph.initializer.extend(gb.initializers.values())
+    model.graph.input.extend(gb.inputs)
+    del model.graph.output[:]
+    model.graph.output.extend(outputs)
+    have = {o.domain for o in model.opset_import}
+    for d in sorted(gb.domains - have):
+        model.opset_import.append(helper.make_opsetid(d, 1))
+    return model

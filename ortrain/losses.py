@@ -1,0 +1,217 @@
+"""Losses, as small builders that append a loss to a forward graph.
+
+Each loss first builds an *elementwise* tensor ``E`` of shape ``[batch, k]`` (``k``
+outputs for the regression losses and binary cross-entropy, ``k = 1`` for the
+categorical ones), then reduces it:
+
+* no weights: ``mean(E)`` — PyTorch's default reduction, Keras' ``sum_over_batch_size``;
+* one weight per sample ``w[batch, 1]``: ``sum(w * E) / (batch * k)``;
+* one weight per output element ``w[batch, k]`` (mean squared error only):
+  ``sum(w * E) / (batch * k)``, with no renormalisation, so a zero weight removes
+  that element's gradient exactly.
+
+>>> get("mse").config()
+{'name': 'mse'}
+>>> get(SparseCategoricalCrossentropy(from_logits=True)).config()
+{'name': 'sparse_categorical_crossentropy', 'from_logits': True}
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain.errors import OrtrainError
+from ortrain.graph import GraphBuilder
+
+__all__ = [
+    "BinaryCrossentropy",
+    "CategoricalCrossentropy",
+    "Huber",
+    "Loss",
+    "MeanAbsoluteError",
+    "MeanSquaredError",
+    "SparseCategoricalCrossentropy",
+    "get",
+]
+
+EPSILON = 1e-7  # probabilities are clipped to [EPSILON, 1 - EPSILON] before log, as Keras does
+
+
+class Loss:
+    """Base class: subclasses implement :meth:`elementwise`."""
+
+    name = "loss"
+    label_dtype = np.dtype(np.float32)
+    element_weights = False  # one weight per output element is allowed
+
+    def config(self) -> dict:
+        return {"name": self.name}
+
+    def label_shape(self, pred_shape: tuple) -> tuple:
+        return tuple(pred_shape)
+
+    def elementwise(self, gb: GraphBuilder, pred: str, label: str) -> str:
+        raise NotImplementedError
+
+    def build(self, gb: GraphBuilder, pred: str, label: str, weight: str | None = None,
+              pred_rank: int | None = None) -> str:
+        """Append the loss; returns the name of the scalar loss value."""
+        e = self.elementwise(gb, pred, label)
+        if weight is not None:
+            e = gb.op("Mul", [e, weight])
+        return gb.op("ReduceMean", [e], keepdims=0)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Loss) and other.config() == self.config()
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.config().items())))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "name")
+        return f"{type(self).__name__}({args})"
+
+
+def _clip_probs(gb: GraphBuilder, p: str) -> str:
+    return gb.op("Clip", [p, gb.const(EPSILON, hint="eps"), gb.const(1.0 - EPSILON, hint="one_minus_eps")])
+
+
+def _last_axis(gb: GraphBuilder) -> str:
+    return gb.const([-1], np.int64, hint="axes")
+
+
+class MeanSquaredError(Loss):
+    name = "mse"
+    element_weights = True
+
+    def elementwise(self, gb, pred, label):
+        d = gb.op("Sub", [pred, label])
+        return gb.op("Mul", [d, d])
+
+
+class MeanAbsoluteError(Loss):
+    name = "mae"
+
+    def elementwise(self, gb, pred, label):
+        return gb.op("Abs", [gb.op("Sub", [pred, label])])
+
+
+class Huber(Loss):
+    """``0.5 d^2`` for ``|d| <= delta``, ``delta (|d| - delta/2)`` beyond (PyTorch's ``HuberLoss``)."""
+
+    name = "huber"
+
+    def __init__(self, delta: float = 1.0):
+        if not (isinstance(delta, (int, float)) and delta > 0 and np.isfinite(delta)):
+            raise OrtrainError(f"Huber(delta=...): expected a positive finite number, received {delta!r}")
+        self.delta = float(delta)
+
+    def config(self):
+        return {"name": self.name, "delta": self.delta}
+
+    def elementwise(self, gb, pred, label):
+        # Branch-free: with a = min(|d|, delta), huber = a^2/2 + delta*(|d| - a).
+        ad = gb.op("Abs", [gb.op("Sub", [pred, label])])
+        delta = gb.const(self.delta, hint="delta")
+        a = gb.op("Min", [ad, delta])
+        quad = gb.op("Mul", [gb.op("Mul", [a, a]), gb.const(0.5, hint="half")])
+        lin = gb.op("Mul", [gb.op("Sub", [ad, a]), delta])
+        return gb.op("Add", [quad, lin])
+
+
+class CategoricalCrossentropy(Loss):
+    """``-sum(y * log p)`` over the last axis; ``y`` one-hot or probabilities."""
+
+    name = "categorical_crossentropy"
+
+    def __init__(self, from_logits: bool = False):
+        self.from_logits = bool(from_logits)
+
+    def config(self):
+        return {"name": self.name, "from_logits": self.from_logits}
+
+    def elementwise(self, gb, pred, label):
+        if self.from_logits:
+            logp = gb.op("LogSoftmax", [pred], axis=-1)
+        else:
+            logp = gb.op("Log", [_clip_probs(gb, pred)])
+        s = gb.op("ReduceSum", [gb.op("Mul", [label, logp]), _last_axis(gb)], keepdims=1)
+        return gb.op("Neg", [s])
+
+
+class SparseCategoricalCrossentropy(Loss):
+    """Cross-entropy against integer class labels (int64, one fewer dimension than the prediction)."""
+
+    name = "sparse_categorical_crossentropy"
+    label_dtype = np.dtype(np.int64)
+
+    def __init__(self, from_logits: bool = False):
+        self.from_logits = bool(from_logits)
+
+    def config(self):
+        return {"name": self.name, "from_logits": self.from_logits}
+
+    def label_shape(self, pred_shape):
+        return tuple(pred_shape[:-1])
+
+    def elementwise(self, gb, pred, label):
+        idx = gb.op("Unsqueeze", [label, _last_axis(gb)])
+        logp = gb.op("LogSoftmax", [pred], axis=-1) if self.from_logits else \
+            gb.op("Log", [_clip_probs(gb, pred)])
+        return gb.op("Neg", [gb.op("GatherElements", [logp, idx], axis=-1)])
+
+    def build(self, gb, pred, label, weight=None, pred_rank=None):
+        if self.from_logits and weight is None and pred_rank == 2:
+            # The fused op is faster and exact; it takes classes on axis 1, i.e. 2-D logits.
+            loss, _ = gb.op("SoftmaxCrossEntropyLoss", [pred, label], outputs=2, reduction="mean")
+            return loss
+        return super().build(gb, pred, label, weight, pred_rank)
+
+
+class BinaryCrossentropy(Loss):
+    name = "binary_crossentropy"
+
+    def __init__(self, from_logits: bool = False):
+        self.from_logits = bool(from_logits)
+
+    def config(self):
+        return {"name": self.name, "from_logits": self.from_logits}
+
+    def elementwise(self, gb, pred, label):
+        if self.from_logits:
+            # max(z, 0) - z*y + log(1 + exp(-|z|)): stable for any z.
+            z = pred
+            t1 = gb.op("Sub", [gb.op("Relu", [z]), gb.op("Mul", [z, label])])
+            e = gb.op("Exp", [gb.op("Neg", [gb.op("Abs", [z])])])
+            return gb.op("Add", [t1, gb.op("Log", [gb.op("Add", [e, gb.const(1.0, hint="one")])])])
+        p = _clip_probs(gb, pred)
+        one = gb.const(1.0, hint="one")
+        pos = gb.op("Mul", [label, gb.op("Log", [p])])
+        neg = gb.op("Mul", [gb.op("Sub", [one, label]), gb.op("Log", [gb.op("Sub", [one, p])])])
+        return gb.op("Neg", [gb.op("Add", [pos, neg])])
+
+
+_BY_NAME = {
+    "mse": MeanSquaredError, "mean_squared_error": MeanSquaredError,
+    "mae": MeanAbsoluteError, "mean_absolute_error": MeanAbsoluteError,
+    "huber": Huber,
+    "categorical_crossentropy": CategoricalCrossentropy,
+    "sparse_categorical_crossentropy": SparseCategoricalCrossentropy,
+    "binary_crossentropy": BinaryCrossentropy,
+}
+
+
+def get(spec) -> Loss:
+    """A :class:`Loss` from a name, a config dict or a Loss object."""
+    if isinstance(spec, Loss):
+        return spec
+    if isinstance(spec, dict):
+        cfg = dict(spec)
+        name = cfg.pop("name", None)
+        if name not in _BY_NAME:
+            raise OrtrainError(f"loss: unknown name {name!r} in {spec!r}")
+        return _BY_NAME[name](**cfg)
+    if isinstance(spec, str) and spec.lower() in _BY_NAME:
+        return _BY_NAME[spec.lower()]()
+    names = ", ".join(sorted(set(_BY_NAME) - {"mean_squared_error", "mean_absolute_error"}))
+    raise OrtrainError(f"loss: expected one of {names} or an ot.losses object, received {spec!r}")

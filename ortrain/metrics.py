@@ -1,0 +1,93 @@
+"""Metrics computed from predictions the training or eval graph already returns.
+
+A metric accumulates ``(total, count)`` over batches; its value is ``total / count``.
+``"accuracy"`` resolves by loss, as in Keras: sparse labels compare the arg-max with
+the label, one-hot labels compare arg-maxes, binary cross-entropy thresholds at 0.5
+(at 0 for logits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain.errors import OrtrainError
+
+__all__ = ["Metric", "resolve"]
+
+
+class Metric:
+    def __init__(self, name: str, fn):
+        self.name = name
+        self._fn = fn
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = 0.0
+        self.count = 0.0
+
+    def update(self, pred: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None) -> None:
+        values = self._fn(pred, y)  # one value per sample
+        if weight is not None:
+            w = np.asarray(weight, np.float64).reshape(len(values), -1).mean(axis=1)
+            self.total += float(np.dot(values, w))
+            self.count += float(w.sum())
+        else:
+            self.total += float(values.sum())
+            self.count += len(values)
+
+    def result(self) -> float:
+        return self.total / self.count if self.count else float("nan")
+
+
+def _sparse_acc(pred, y):
+    return (np.argmax(pred, axis=-1) == y.astype(np.int64)).reshape(len(pred), -1).mean(axis=1)
+
+
+def _categorical_acc(pred, y):
+    return (np.argmax(pred, axis=-1) == np.argmax(y, axis=-1)).reshape(len(pred), -1).mean(axis=1)
+
+
+def _binary_acc(threshold):
+    def fn(pred, y):
+        return ((pred > threshold) == (y > 0.5)).reshape(len(pred), -1).mean(axis=1)
+    return fn
+
+
+def _mae(pred, y):
+    return np.abs(pred - y).reshape(len(pred), -1).mean(axis=1)
+
+
+def _mse(pred, y):
+    return np.square(pred - y).reshape(len(pred), -1).mean(axis=1)
+
+
+def resolve(names, loss) -> list[Metric]:
+    """Metric objects for names given to ``compile``."""
+    out = []
+    for name in names or ():
+        if not isinstance(name, str):
+            raise OrtrainError(f"metrics: expected names such as 'accuracy' or 'mae', received {name!r}")
+        key = name.lower()
+        if key in ("accuracy", "acc"):
+            lname = getattr(loss, "name", "")
+            if lname == "sparse_categorical_crossentropy":
+                fn = _sparse_acc
+            elif lname == "binary_crossentropy":
+                fn = _binary_acc(0.0 if getattr(loss, "from_logits", False) else 0.5)
+            else:
+                fn = _categorical_acc
+            out.append(Metric("accuracy", fn))
+        elif key == "sparse_categorical_accuracy":
+            out.append(Metric(key, _sparse_acc))
+        elif key == "categorical_accuracy":
+            out.append(Metric(key, _categorical_acc))
+        elif key == "binary_accuracy":
+            out.append(Metric(key, _binary_acc(0.5)))
+        elif key in ("mae", "mean_absolute_error"):
+            out.append(Metric("mae", _mae))
+        elif key in ("mse", "mean_squared_error"):
+            out.append(Metric("mse", _mse))
+        else:
+            raise OrtrainError(f"metrics: unknown metric {name!r}; known: accuracy, sparse_categorical_accuracy, "
+                               "categorical_accuracy, binary_accuracy, mae, mse")
+    return out

@@ -1,0 +1,66 @@
+"""A model whose forward graph is fixed ONNX (from ``from_onnx``, traced functions or artifacts)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain.errors import OrtrainError
+from ortrain.graph import TensorSpec, spec_of
+from ortrain.graph.forward import ForwardGraph, ParamSpec
+from ortrain.nn.model import Model
+
+
+class GraphModel(Model):
+    """Everything a :class:`Model` offers, over a given forward graph.
+
+    ``forward`` holds the graph with parameters as graph inputs; ``weights`` their values.
+    """
+
+    def __init__(self, forward: ForwardGraph, name: str = "onnx_model"):
+        self._init_state(name)
+        self._proto = forward.proto
+        self._params = tuple(forward.params)
+        self._weights = {p.name: np.ascontiguousarray(forward.weights[p.name]) for p in self._params}
+        self.layers = []
+        self._nodes = []
+        missing = [p.name for p in self._params if p.name not in {vi.name for vi in self._proto.graph.input}]
+        if missing:
+            raise OrtrainError(f"parameters {missing} are not graph inputs of the forward graph")
+
+    def _base_params(self) -> list[ParamSpec]:
+        return list(self._params)
+
+    def _weight_table(self) -> dict[str, np.ndarray]:
+        return dict(self._weights)
+
+    def _store_weight(self, name: str, value: np.ndarray) -> None:
+        if name not in self._weights:
+            raise KeyError(name)
+        self._weights[name] = value
+
+    def _base_proto(self):
+        return self._proto
+
+    @property
+    def input_specs(self) -> list[TensorSpec]:
+        pnames = {p.name for p in self._params}
+        return [spec_of(vi) for vi in self._proto.graph.input if vi.name not in pnames]
+
+    @property
+    def output_specs(self) -> list[TensorSpec]:
+        return [spec_of(vi) for vi in self._proto.graph.output]
+
+    def summary(self, print_fn=print) -> None:
+        ops: dict[str, int] = {}
+        for n in self._proto.graph.node:
+            ops[n.op_type] = ops.get(n.op_type, 0) + 1
+        print_fn(f"{self.name}: {len(self._proto.graph.node)} nodes "
+                 f"({', '.join(f'{k} x{v}' for k, v in sorted(ops.items()))})")
+        for s in self.input_specs:
+            print_fn(f"  input  {s.name}: {s.shape} {np.dtype(s.dtype).name}")
+        for s in self.output_specs:
+            print_fn(f"  output {s.name}: {s.shape} {np.dtype(s.dtype).name}")
+        ps = self.params()
+        total = sum(int(np.prod(p.shape)) for p in ps)
+        trainable = sum(int(np.prod(p.shape)) for p in ps if p.role == "trainable")
+        print_fn(f"Total params: {total}  trainable: {trainable}  non-trainable: {total - trainable}")

@@ -1,0 +1,515 @@
+"""Models: the functional graph of layers, ``Sequential``, and what every model can do.
+
+A model compiles to a :class:`~ortrain.graph.forward.ForwardGraph`; training goes
+through :class:`ortrain.Trainer` (``fit`` drives one), prediction and evaluation run
+the forward graph in a plain ``InferenceSession``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+import numpy as np
+
+from ortrain import _random, losses, metrics as metrics_mod, optim
+from ortrain._arrays import as_array, check_shape
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.graph import GraphBuilder, TensorSpec, check_model
+from ortrain.graph.forward import ForwardGraph, ParamSpec, with_weights
+from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats
+from ortrain.nn.layers import EmitContext, Layer
+
+__all__ = ["Input", "Model", "Sequential", "SymbolicTensor"]
+
+
+class _Node:
+    __slots__ = ("layer", "inputs", "output")
+
+    def __init__(self, layer, inputs, output):
+        self.layer, self.inputs, self.output = layer, inputs, output
+
+
+class SymbolicTensor:
+    """A placeholder for a value in a functional model: shape (batch first, ``None`` = free) and dtype."""
+
+    def __init__(self, shape: tuple, dtype, node: _Node | None = None, name: str | None = None):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.node = node
+        self.name = name
+
+    @classmethod
+    def from_layer(cls, layer: Layer, tensors: list[SymbolicTensor]) -> SymbolicTensor:
+        for t in tensors:
+            if t.dtype != layer.input_dtype:
+                raise OrtrainError(f"{type(layer).__name__} takes {layer.input_dtype.name} inputs, received "
+                                   f"{t.dtype.name}" + ("; give ot.Input(..., dtype='int64') for indices"
+                                                         if layer.input_dtype.kind == "i" else ""))
+        shapes = [t.shape for t in tensors]
+        layer.build(shapes)
+        out = cls(layer.output_shape(shapes), np.float32)
+        out.node = _Node(layer, list(tensors), out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"SymbolicTensor(shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
+
+
+def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  # noqa: N802 - Keras' name
+    """A model input of per-sample ``shape`` (the batch dimension is added in front)."""
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(shape)
+    if any(not (d is None or (isinstance(d, (int, np.integer)) and d > 0)) for d in shape):
+        raise OrtrainError(f"Input(shape=...): expected positive ints (None for a free size), received {shape!r}")
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.int64)):
+        raise OrtrainError(f"Input(dtype=...): expected 'float32' or 'int64', received {dtype!r}")
+    return SymbolicTensor((None,) + shape, dt, name=name)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", name).lower().replace("2_d", "2d")
+
+
+def _topological(outputs: list[SymbolicTensor]) -> tuple[list[_Node], list[SymbolicTensor]]:
+    """Nodes in dependency order and the input tensors reached, without recursion."""
+    order, inputs, seen = [], [], set()
+    stack = [(t, False) for t in reversed(outputs)]
+    while stack:
+        t, expanded = stack.pop()
+        if id(t) in seen:
+            continue
+        if t.node is None:
+            seen.add(id(t))
+            inputs.append(t)
+            continue
+        if expanded:
+            seen.add(id(t))
+            order.append(t.node)
+            continue
+        stack.append((t, True))
+        stack.extend((i, False) for i in reversed(t.node.inputs) if id(i) not in seen)
+    return order, inputs
+
+
+class Model:
+    """A functional model: ``ot.Model(inputs, outputs)`` over tensors from ``ot.Input`` and layer calls."""
+
+    def __init__(self, inputs, outputs, name: str | None = None):
+        ins = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        if not ins or not outs or not all(isinstance(t, SymbolicTensor) for t in ins + outs):
+            raise OrtrainError("Model(inputs, outputs): expected tensors from ot.Input(...) and layer calls")
+        nodes, reached = _topological(outs)
+        missing = [t for t in reached if all(t is not i for i in ins)]
+        if missing:
+            raise OrtrainError(f"Model: the outputs depend on an input not listed in inputs "
+                               f"({missing[0]!r}); pass every ot.Input the outputs use")
+        self._init_state(name or "model")
+        self._inputs, self._outputs, self._nodes = ins, outs, nodes
+        self.layers: list[Layer] = []
+        for node in nodes:
+            if all(node.layer is not lyr for lyr in self.layers):
+                self.layers.append(node.layer)
+        self._name_layers()
+
+    # -- construction helpers -----------------------------------------------------------
+    def _init_state(self, name: str) -> None:
+        self.name = name
+        self.loss: losses.Loss | None = None
+        self.optimizer: optim.Optimizer | None = None
+        self.metrics: list[str] = []
+        self._frozen: set[str] = set()
+        self._frozen_stats: set[str] = set()  # running-mean names of batch norms in inference form
+        self.train_state = None  # optimizer state carried between fit() calls
+        self._version = 0
+        self._runners: dict = {}
+
+    def _name_layers(self) -> None:
+        counts: dict[str, int] = {}
+        taken = {lyr.name for lyr in self.layers if lyr.name}
+        for lyr in self.layers:
+            if lyr.name is None:
+                base = _snake(type(lyr).__name__)
+                while True:
+                    n = counts.get(base, 0)
+                    counts[base] = n + 1
+                    candidate = f"{base}_{n}"
+                    if candidate not in taken:
+                        break
+                lyr.name = candidate
+                taken.add(candidate)
+        names = [lyr.name for lyr in self.layers]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise OrtrainError(f"layer names must be unique within a model; repeated: {', '.join(sorted(dup))}")
+
+    # -- parameters -----------------------------------------------------------------------
+    def _base_params(self) -> list[ParamSpec]:
+        return [ParamSpec(f"{lyr.name}.{s}", a.shape, a.dtype, lyr.roles[s])
+                for lyr in self.layers for s, a in lyr.weights.items()]
+
+    def _weight_table(self) -> dict[str, np.ndarray]:
+        return {f"{lyr.name}.{s}": a for lyr in self.layers for s, a in lyr.weights.items()}
+
+    def _store_weight(self, name: str, value: np.ndarray) -> None:
+        layer_name, suffix = name.rsplit(".", 1)
+        for lyr in self.layers:
+            if lyr.name == layer_name:
+                lyr.weights[suffix] = value
+                return
+        raise KeyError(name)
+
+    def params(self) -> list[ParamSpec]:
+        """Weights in documented order, with their current roles (freezing applied)."""
+        out = []
+        for p in self._base_params():
+            role = p.role
+            if role == "trainable" and p.name in self._frozen:
+                role = "frozen"
+            out.append(ParamSpec(p.name, tuple(p.shape), p.dtype, role))
+        return out
+
+    def weight_names(self) -> list[str]:
+        return [p.name for p in self._base_params()]
+
+    def get_weights(self) -> list[np.ndarray]:
+        table = self._weight_table()
+        return [table[n].copy() for n in self.weight_names()]
+
+    def set_weights(self, weights) -> None:
+        """Replace weights from a list (``weight_names()`` order) or a dict keyed by weight name.
+
+        Everything is checked before anything changes.
+        """
+        names = self.weight_names()
+        table = self._weight_table()
+        if isinstance(weights, dict):
+            unknown = sorted(set(weights) - set(names))
+            if unknown:
+                raise OrtrainError(f"set_weights: unknown weight names {unknown}; the model has {names}")
+            items = list(weights.items())
+        else:
+            weights = list(weights)
+            if len(weights) != len(names):
+                raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), "
+                                   f"received {len(weights)}")
+            items = list(zip(names, weights))
+        staged = []
+        for name, value in items:
+            a = as_array(value, table[name].dtype, f"set_weights[{name!r}]")
+            if a.shape != table[name].shape:
+                raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(table[name].shape)}, "
+                                 f"received {describe_shape(a.shape)}")
+            staged.append((name, a.copy()))
+        for name, a in staged:
+            self._store_weight(name, a)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._runners.clear()
+
+    # -- the forward graph ----------------------------------------------------------------
+    @property
+    def input_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(self._input_name(i), t.dtype, t.shape) for i, t in enumerate(self._inputs)]
+
+    @property
+    def output_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(self._output_name(i), np.float32, t.shape) for i, t in enumerate(self._outputs)]
+
+    def _input_name(self, i: int) -> str:
+        t = self._inputs[i]
+        return t.name or ("input" if len(self._inputs) == 1 else f"input_{i}")
+
+    def _output_name(self, i: int) -> str:
+        return "output" if len(self._outputs) == 1 else f"output_{i}"
+
+    def _base_proto(self):
+        gb = GraphBuilder(name=self.name)
+        values = {}
+        for i, t in enumerate(self._inputs):
+            values[id(t)] = gb.add_input(self._input_name(i), t.dtype, t.shape)
+        for p in self._base_params():
+            gb.add_input(p.name, p.dtype, p.shape)
+        ctx = EmitContext(gb)
+        for node in self._nodes:
+            with gb.scope(node.layer.name):
+                values[id(node.output)] = node.layer.emit(ctx, [values[id(t)] for t in node.inputs])
+        for i, t in enumerate(self._outputs):
+            gb.op("Identity", [values[id(t)]], outputs=[self._output_name(i)])
+            gb.add_output(self._output_name(i), np.float32, t.shape)
+        return gb.to_model(doc=f"ortrain model {self.name}", check=False)
+
+    def forward_graph(self) -> ForwardGraph:
+        proto = freeze_batchnorm_stats(self._base_proto(), self._frozen_stats)
+        weights = self._weight_table()
+        fg = ForwardGraph(proto, tuple(self.params()), weights)
+        return fg
+
+    # -- freezing ---------------------------------------------------------------------------
+    def _resolve(self, what, verb: str) -> list[str]:
+        items = what if isinstance(what, (list, tuple, set)) else [what]
+        names = self.weight_names()
+        layer_names = {lyr.name: lyr for lyr in getattr(self, "layers", [])}
+        out = []
+        for item in items:
+            if isinstance(item, Layer):
+                if all(item is not lyr for lyr in layer_names.values()):
+                    raise OrtrainError(f"{verb}: layer {item.name!r} is not part of this model")
+                out += [f"{item.name}.{s}" for s in item.weights]
+            elif isinstance(item, str) and item in layer_names:
+                out += [f"{item}.{s}" for s in layer_names[item].weights]
+            elif isinstance(item, str):
+                hits = [n for n in names if fnmatch.fnmatchcase(n, item)]
+                if not hits:
+                    raise OrtrainError(f"{verb}: {item!r} matches no layer or weight; weights are "
+                                       f"{', '.join(names)}")
+                out += hits
+            else:
+                raise OrtrainError(f"{verb}: expected layers, layer names, weight names or glob patterns, "
+                                   f"received {item!r}")
+        return out
+
+    def _bn_stat_pairs(self) -> dict[str, str]:
+        """running_var name -> running_mean name for every batch norm of the graph."""
+        return {n.input[4]: n.input[3] for n in batchnorm_nodes(self._base_proto())}
+
+    def freeze(self, names_or_layers) -> None:
+        """Stop training these weights (layers, layer names, weight names or glob patterns).
+
+        A frozen batch-norm layer also keeps its running statistics fixed (Keras' behaviour).
+        """
+        resolved = self._resolve(names_or_layers, "freeze")
+        roles = {p.name: p.role for p in self._base_params()}
+        pairs = self._bn_stat_pairs()
+        means = set(pairs.values())
+        for n in resolved:
+            if roles[n] == "trainable":
+                self._frozen.add(n)
+            elif n in means:
+                self._frozen_stats.add(n)
+            elif n in pairs:
+                self._frozen_stats.add(pairs[n])
+        self._changed()
+
+    def unfreeze(self, names_or_layers) -> None:
+        resolved = self._resolve(names_or_layers, "unfreeze")
+        pairs = self._bn_stat_pairs()
+        for n in resolved:
+            self._frozen.discard(n)
+            self._frozen_stats.discard(n)
+            self._frozen_stats.discard(pairs.get(n, ""))
+        self._changed()
+
+    def freeze_bn_stats(self) -> None:
+        """Batch norms normalise by their running statistics in training too and stop updating them."""
+        self._frozen_stats = {n.input[3] for n in batchnorm_nodes(self._base_proto())}
+        self._changed()
+
+    def unfreeze_bn_stats(self) -> None:
+        self._frozen_stats = set()
+        self._changed()
+
+    @property
+    def trainable_weight_names(self) -> list[str]:
+        return [p.name for p in self.params() if p.role == "trainable"]
+
+    # -- compile / fit --------------------------------------------------------------------
+    def compile(self, optimizer="adam", loss="mse", metrics=None) -> Model:
+        """Choose the optimizer, loss and metrics. A new compile starts optimizer state afresh."""
+        self.optimizer = optim.get(optimizer)
+        self.loss = losses.get(loss)
+        self.metrics = list(metrics or [])
+        metrics_mod.resolve(self.metrics, self.loss)  # validate names now
+        self.train_state = None
+        return self
+
+    @property
+    def compiled(self) -> bool:
+        return self.loss is not None and self.optimizer is not None
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose=1, callbacks=None, validation_split=0.0,
+            validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0, steps_per_epoch=None,
+            validation_steps=None):
+        """Train on arrays or on a generator; see :func:`ortrain.fit_generator` for generators."""
+        from ortrain.fit import fit_model
+        return fit_model(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+                         validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
+                         sample_weight=sample_weight, initial_epoch=initial_epoch,
+                         steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+
+    # -- inference --------------------------------------------------------------------------
+    def _prepare(self, x, argument: str = "x") -> list[np.ndarray]:
+        specs = self.input_specs
+        xs = list(x) if isinstance(x, (list, tuple)) and len(specs) > 1 else [x]
+        if len(xs) != len(specs):
+            raise ShapeError(f"{argument}: the model has {len(specs)} inputs "
+                             f"({', '.join(s.name for s in specs)}), received {len(xs)} arrays")
+        out = []
+        for spec, a in zip(specs, xs):
+            arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
+            a = as_array(a, spec.dtype, arg)
+            check_shape(a, spec.shape, arg)
+            out.append(a)
+        if len({a.shape[0] for a in out}) > 1:
+            raise ShapeError(f"{argument}: inputs hold different numbers of rows "
+                             f"({', '.join(str(a.shape[0]) for a in out)})")
+        return out
+
+    def _runner(self, kind: str = "predict", weighting=None):
+        key = (kind, weighting, self._version)
+        runner = self._runners.get(key)
+        if runner is None:
+            from ortrain import engine
+            from ortrain.artifacts import loss_model
+            from ortrain.graph.forward import to_inference
+            fg = self.forward_graph()
+            if kind == "predict":
+                proto = to_inference(fg.proto)
+            else:
+                if self.loss is None:
+                    raise OrtrainError("evaluate needs a loss: call model.compile(...) first")
+                proto = to_inference(loss_model(fg, self.loss, weighting)[0])
+            proto = with_weights(proto, fg.weights)
+            runner = engine.InferenceRunner(proto)
+            self._runners = {key: runner, **{k: v for k, v in self._runners.items() if k[2] == self._version}}
+        return runner
+
+    def predict(self, x, batch_size=None, verbose=0) -> np.ndarray | list[np.ndarray]:
+        """Outputs for any number of rows, in inference mode (no dropout, running batch-norm statistics)."""
+        xs = self._prepare(x)
+        runner = self._runner("predict")
+        names = [s.name for s in self.input_specs]
+        n = xs[0].shape[0]
+        step = n if not batch_size else int(batch_size)
+        chunks = []
+        for start in range(0, max(n, 1), max(step, 1)):
+            feeds = {nm: a[start:start + step] for nm, a in zip(names, xs)}
+            chunks.append(runner.run(feeds))
+            if n == 0:
+                break
+        outs = [np.concatenate([c[i] for c in chunks]) for i in range(len(self.output_specs))]
+        return outs[0] if len(outs) == 1 else outs
+
+    def evaluate(self, x, y, batch_size=None, sample_weight=None, verbose=0) -> dict:
+        """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode."""
+        from ortrain.artifacts import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT
+        xs = self._prepare(x)
+        n = xs[0].shape[0]
+        if n == 0:
+            raise ShapeError("evaluate: x holds no rows")
+        yl = self._prepare_labels(y, n, "y")
+        w = None if sample_weight is None else self._prepare_sample_weight(sample_weight, n, "sample_weight")
+        runner = self._runner("evaluate", None if w is None else "sample")
+        names = [s.name for s in self.input_specs]
+        ms = metrics_mod.resolve(self.metrics, self.loss)
+        step = n if not batch_size else int(batch_size)
+        total = 0.0
+        for start in range(0, n, step):
+            sl = slice(start, start + step)
+            feeds = {nm: a[sl] for nm, a in zip(names, xs)}
+            feeds[LABEL] = yl[sl]
+            feeds[LOSS_SCALE] = np.array(1.0, np.float32)
+            if w is not None:
+                feeds[SAMPLE_WEIGHT] = w[sl]
+            loss, pred = runner.run(feeds, [LOSS, self.output_specs[0].name])
+            rows = pred.shape[0]
+            total += float(loss) * rows
+            for m in ms:
+                m.update(pred, yl[sl], None if w is None else w[sl])
+        return {"loss": total / n, **{m.name: m.result() for m in ms}}
+
+    def _label_spec(self) -> TensorSpec:
+        if self.loss is None:
+            raise OrtrainError("the model is not compiled: call model.compile(optimizer=..., loss=...) first")
+        pred = self.output_specs[0]
+        return TensorSpec("y", self.loss.label_dtype, self.loss.label_shape(pred.shape))
+
+    def _prepare_labels(self, y, rows: int | None, argument: str) -> np.ndarray:
+        spec = self._label_spec()
+        a = as_array(y, spec.dtype, argument)
+        if spec.dtype.kind == "i" and a.ndim == len(spec.shape) + 1 and a.shape[-1] == 1:
+            a = a.reshape(a.shape[:-1])  # (batch, 1) integer labels
+        check_shape(a, spec.shape, argument, rows)
+        return a
+
+    def _prepare_sample_weight(self, w, rows: int, argument: str) -> np.ndarray:
+        a = as_array(w, np.float32, argument)
+        pred = self.output_specs[0]
+        want = (rows,) + (1,) * (len(pred.shape) - 1)
+        if a.shape == (rows,) or a.shape == want:
+            return a.reshape(want)
+        raise ShapeError(f"{argument}: expected shape {describe_shape((rows,))} or {describe_shape(want)} "
+                         f"(one weight per sample), received {describe_shape(a.shape)}")
+
+    # -- export and persistence --------------------------------------------------------------
+    def export_onnx(self, path) -> str:
+        """Write an inference graph (no loss, no dropout, running batch-norm statistics, free batch size)."""
+        import onnx
+
+        from ortrain.graph.forward import to_inference
+        fg = self.forward_graph()
+        proto = with_weights(to_inference(fg.proto), fg.weights)
+        proto.doc_string = f"Exported by ortrain from model {self.name!r}"
+        check_model(proto, "exported model")
+        onnx.save(proto, str(path))
+        return str(path)
+
+    def save(self, path) -> str:
+        """Architecture, weights, compile settings and optimizer state in one zip file (no pickle)."""
+        from ortrain.nn.saving import save_model
+        return save_model(self, path)
+
+    def copy(self) -> Model:
+        """An independent model with the same architecture, weights, freezing and compile settings."""
+        from ortrain.nn.saving import model_from_record, model_record
+        return model_from_record(*model_record(self))
+
+    def summary(self, print_fn=print) -> None:
+        rows = [("Layer (type)", "Output shape", "Params")]
+        for node in self._nodes:
+            lyr = node.layer
+            n = sum(int(np.prod(a.shape)) for a in lyr.weights.values())
+            rows.append((f"{lyr.name} ({type(lyr).__name__})", describe_shape(node.output.shape), str(n)))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for r in rows:
+            print_fn("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        ps = self.params()
+        total = sum(int(np.prod(p.shape)) for p in ps)
+        trainable = sum(int(np.prod(p.shape)) for p in ps if p.role == "trainable")
+        print_fn(f"Total params: {total}  trainable: {trainable}  non-trainable: {total - trainable}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}: {len(self.weight_names())} weights>"
+
+
+class Sequential(Model):
+    """A stack of single-input layers: ``ot.Sequential([Dense(8, activation="relu"), Dense(2)], input_shape=(4,))``."""
+
+    def __init__(self, layers=None, input_shape=None, name: str | None = None, seed: int | None = None,
+                 input_dtype=None):
+        layers = list(layers or [])
+        for lyr in layers:
+            if not isinstance(lyr, Layer):
+                raise OrtrainError(f"Sequential: expected ot.layers objects, received {lyr!r}")
+            if lyr.n_inputs != 1:
+                raise OrtrainError(f"Sequential: {type(lyr).__name__} merges several inputs; use the functional "
+                                   "API (ot.Input / ot.Model) for branches")
+        if not layers:
+            raise OrtrainError("Sequential needs at least one layer")
+        if input_shape is None:
+            raise OrtrainError("Sequential(..., input_shape=...) is required: give the shape of one sample, "
+                               "e.g. input_shape=(4,) for 4 features")
+        dtype = input_dtype or layers[0].input_dtype
+        rng = _random.generator(seed)
+        x = inp = Input(input_shape, dtype=dtype)
+        for lyr in layers:
+            if not lyr.built_for and lyr.seed is None:
+                lyr.build([x.shape], rng)
+            x = lyr(x)
+        super().__init__(inp, x, name=name or "sequential")
+        self._seed = seed

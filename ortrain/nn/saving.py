@@ -1,0 +1,174 @@
+"""Saving and loading models: one zip file, JSON and ``.npz`` inside, no pickle.
+
+``model.json`` holds the architecture (layer configs and connections, or the ONNX
+forward graph as ``graph.onnx`` for imported models), freezing, compile settings
+and the optimizer's counters; ``weights.npz`` the weights; ``optimizer.npz`` the
+Adam moments when the model was trained.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ortrain import losses, optim
+from ortrain._version import __version__
+from ortrain.errors import OrtrainError
+from ortrain.graph.forward import ForwardGraph, ParamSpec
+
+FORMAT = 1
+
+
+@dataclass
+class TrainState:
+    """What a model carries between ``fit`` calls so training continues where it stopped."""
+
+    step: int  # optimizer updates taken (Adam's bias-correction step)
+    lr: float
+    moments: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict)
+    n_steps: int = 0  # forward/backward steps taken
+
+
+def _tensor_ref(model, t):
+    for i, inp in enumerate(model._inputs):
+        if inp is t:
+            return ["input", i]
+    for j, node in enumerate(model._nodes):
+        if node.output is t:
+            return ["node", j]
+    raise OrtrainError("internal: tensor not found in the model graph")
+
+
+def model_record(model) -> tuple[dict, dict, dict]:
+    """(record, weights, optimizer arrays) describing ``model`` completely."""
+    from ortrain.nn.graph_model import GraphModel
+    record = {"format": FORMAT, "ortrain": __version__, "name": model.name,
+              "frozen": sorted(model._frozen), "frozen_stats": sorted(model._frozen_stats)}
+    extra = {}
+    if isinstance(model, GraphModel):
+        record["kind"] = "graph"
+        record["params"] = [p.to_json() for p in model._base_params()]
+        extra["graph.onnx"] = model._proto.SerializeToString()
+    else:
+        layer_index = {id(lyr): i for i, lyr in enumerate(model.layers)}
+        record["kind"] = "layers"
+        record["layers"] = [{"class": type(lyr).__name__, "config": lyr.get_config()} for lyr in model.layers]
+        record["inputs"] = [{"name": t.name, "shape": list(t.shape[1:]), "dtype": t.dtype.name}
+                            for t in model._inputs]
+        record["nodes"] = [{"layer": layer_index[id(n.layer)], "inputs": [_tensor_ref(model, t) for t in n.inputs]}
+                           for n in model._nodes]
+        record["outputs"] = [_tensor_ref(model, t) for t in model._outputs]
+    record["compile"] = None if not model.compiled else {
+        "loss": model.loss.config(), "optimizer": model.optimizer.config(), "metrics": list(model.metrics)}
+    opt_arrays = {}
+    ts = model.train_state
+    if ts is not None:
+        record["train_state"] = {"step": ts.step, "lr": ts.lr, "n_steps": ts.n_steps,
+                                 "moments": {k: len(v) for k, v in ts.moments.items()}}
+        for k, ms in ts.moments.items():
+            for i, m in enumerate(ms):
+                opt_arrays[f"{k}\x00{i}"] = m
+    else:
+        record["train_state"] = None
+    weights = dict(zip(model.weight_names(), model.get_weights()))
+    record["_extra"] = sorted(extra)
+    return record, weights, {"opt": opt_arrays, "extra": extra}
+
+
+def model_from_record(record: dict, weights: dict, aux: dict):
+    from ortrain.nn.graph_model import GraphModel
+    from ortrain.nn.layers import layer_from_config
+    from ortrain.nn.model import Input, Model
+    if record.get("format") != FORMAT:
+        raise OrtrainError(f"saved model format {record.get('format')!r} is not the format {FORMAT} this "
+                           "ortrain reads")
+    if record["kind"] == "graph":
+        proto = onnx.load_from_string(aux["extra"]["graph.onnx"])
+        params = tuple(ParamSpec.from_json(p) for p in record["params"])
+        model = GraphModel(ForwardGraph(proto, params, {p.name: weights[p.name] for p in params}),
+                           name=record["name"])
+    else:
+        layers = [layer_from_config(d["class"], d["config"]) for d in record["layers"]]
+        inputs = [Input(tuple(d["shape"]), dtype=d["dtype"], name=d["name"]) for d in record["inputs"]]
+        tensors = []
+
+        def ref(r):
+            return inputs[r[1]] if r[0] == "input" else tensors[r[1]]
+        for node in record["nodes"]:
+            args = [ref(r) for r in node["inputs"]]
+            lyr = layers[node["layer"]]
+            tensors.append(lyr(args if lyr.n_inputs is None else args[0]))
+        model = Model(inputs, [ref(r) for r in record["outputs"]], name=record["name"])
+        if record.get("sequential"):
+            model.__class__ = __import__("ortrain.nn.model", fromlist=["Sequential"]).Sequential
+        missing = sorted(set(model.weight_names()) - set(weights))
+        if missing:
+            raise OrtrainError(f"saved model lacks weights {missing}")
+        model.set_weights({n: weights[n] for n in model.weight_names()})
+    model._frozen = set(record.get("frozen", []))
+    model._frozen_stats = set(record.get("frozen_stats", []))
+    comp = record.get("compile")
+    if comp:
+        model.compile(optimizer=optim.get(comp["optimizer"]), loss=losses.get(comp["loss"]),
+                      metrics=comp["metrics"])
+    ts = record.get("train_state")
+    if ts:
+        moments = {k: tuple(aux["opt"][f"{k}\x00{i}"] for i in range(n)) for k, n in ts["moments"].items()}
+        model.train_state = TrainState(int(ts["step"]), float(ts["lr"]), moments, int(ts.get("n_steps", 0)))
+    model._changed()
+    return model
+
+
+def _npz_bytes(arrays: dict) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def save_model(model, path) -> str:
+    from ortrain.nn.model import Sequential
+    record, weights, aux = model_record(model)
+    if isinstance(model, Sequential):
+        record["sequential"] = True
+    # npz keys must be valid file names inside the archive; index them and keep the names in JSON.
+    wnames = list(weights)
+    record["weight_order"] = wnames
+    onames = list(aux["opt"])
+    record["optimizer_order"] = onames
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("model.json", json.dumps(record, indent=1, sort_keys=True))
+        z.writestr("weights.npz", _npz_bytes({f"w{i}": weights[n] for i, n in enumerate(wnames)}))
+        if onames:
+            z.writestr("optimizer.npz", _npz_bytes({f"m{i}": aux["opt"][n] for i, n in enumerate(onames)}))
+        for name, data in aux["extra"].items():
+            z.writestr(name, data)
+    os.replace(tmp, path)
+    return path
+
+
+def load_model(path):
+    """Load a model written by ``Model.save``."""
+    path = os.fspath(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            record = json.loads(z.read("model.json"))
+            with np.load(io.BytesIO(z.read("weights.npz")), allow_pickle=False) as f:
+                weights = {n: f[f"w{i}"] for i, n in enumerate(record["weight_order"])}
+            opt = {}
+            if record.get("optimizer_order"):
+                with np.load(io.BytesIO(z.read("optimizer.npz")), allow_pickle=False) as f:
+                    opt = {n: f[f"m{i}"] for i, n in enumerate(record["optimizer_order"])}
+            extra = {name: z.read(name) for name in record.get("_extra", [])}
+    except FileNotFoundError:
+        raise OrtrainError(f"load_model: no such file {path!r}") from None
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+        raise OrtrainError(f"load_model: {path!r} is not a model saved by ortrain ({exc})") from exc
+    return model_from_record(record, weights, {"opt": opt, "extra": extra})

@@ -1,0 +1,50 @@
+"""Update graphs for onnxruntime-training's ``Optimizer`` (pure builders).
+
+The library's ``Optimizer`` accepts a graph whose inputs are, in this order,
+``learning_rate, step, params, gradients, first_order_moments`` (and
+``second_order_moments`` for Adam); the tensors arrive as sequences. ortrain
+writes these graphs itself so it can pick the update rule: ``adam_mode=0`` is
+PyTorch's AdamW (bias correction on both moments, decay before the update),
+whereas the library's own builder uses the Hugging Face variant.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper
+
+from ortrain.graph import MS_DOMAIN, finish_model
+
+
+def _common_inputs() -> list[onnx.ValueInfoProto]:
+    return [
+        helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
+        helper.make_tensor_value_info("step", TensorProto.INT64, [1]),
+        helper.make_tensor_sequence_value_info("params", TensorProto.FLOAT, None),
+        helper.make_tensor_sequence_value_info("gradients", TensorProto.FLOAT, None),
+        helper.make_tensor_sequence_value_info("first_order_moments", TensorProto.FLOAT, None),
+    ]
+
+
+def adamw_graph(betas: tuple[float, float], eps: float, weight_decay: float) -> onnx.ModelProto:
+    """Adam with decoupled weight decay, exactly as ``torch.optim.AdamW`` (``Adam`` when decay is 0)."""
+    inputs = _common_inputs() + [
+        helper.make_tensor_sequence_value_info("second_order_moments", TensorProto.FLOAT, None)]
+    node = helper.make_node(
+        "AdamWOptimizer",
+        ["learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments"],
+        ["updated_flag"], name="AdamW", domain=MS_DOMAIN,
+        alpha=float(betas[0]), beta=float(betas[1]), epsilon=float(eps),
+        weight_decay=float(weight_decay), correct_bias=1, adam_mode=0)
+    graph = helper.make_graph([node], "adamw", inputs,
+                              [helper.make_tensor_value_info("updated_flag", TensorProto.BOOL, [1])])
+    return finish_model(graph, extra_domains=[MS_DOMAIN], check=False)
+
+
+def sgd_graph() -> onnx.ModelProto:
+    """Plain SGD, ``w -= lr * g`` (the library's update graph has no momentum)."""
+    node = helper.make_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"], ["updated_flag"],
+                            name="SGD", domain=MS_DOMAIN)
+    graph = helper.make_graph([node], "sgd", _common_inputs(),
+                              [helper.make_tensor_value_info("updated_flag", TensorProto.BOOL, [1])])
+    return finish_model(graph, extra_domains=[MS_DOMAIN], check=False)

@@ -1,0 +1,177 @@
+"""Optimizer objects: a description of the update rule plus, for captured steps, its state.
+
+In ``compile`` an optimizer is only a description (the trainer keeps the step
+counter and the learning rate). Given ``params``, it is also the owner of the
+step counter and learning rate that :func:`ortrain.capture_step` reads on every
+call, and of the moments that :meth:`Optimizer.state` returns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from ortrain.errors import OrtrainError
+from ortrain.optim.graphs import adamw_graph, sgd_graph
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "get", "check_lr", "check_weight_decay"]
+
+
+def check_lr(value, where: str = "lr") -> float:
+    """A learning rate must be a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise OrtrainError(f"{where}: expected a finite number >= 0, received {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise OrtrainError(f"{where}: expected a finite number >= 0, received {value!r}; "
+                           f"the learning rate is left unchanged")
+    return value
+
+
+def check_weight_decay(value, where: str = "weight_decay") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
+            or not (0.0 <= float(value) <= 1.0):
+        raise OrtrainError(f"{where}: expected a number in [0, 1] (decoupled decay, as in AdamW), "
+                           f"received {value!r}")
+    return float(value)
+
+
+class Optimizer:
+    name = "optimizer"
+    has_moments = False
+
+    def __init__(self, params=None, lr: float = 1e-3):
+        self._lr = check_lr(lr)
+        self.params = list(params) if params is not None else []
+        self.step = 0
+        self._moments: dict[str, tuple[np.ndarray, ...]] = {}
+        self._state_source = None  # set by a live capture: returns {param name: moments}
+        self._state_version = 0
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    @lr.setter
+    def lr(self, value) -> None:
+        self._lr = check_lr(value)
+
+    @property
+    def hyperparameters(self) -> dict:
+        return {}
+
+    def config(self) -> dict:
+        return {"name": self.name, "lr": self._lr, **self.hyperparameters}
+
+    def graph(self, weight_decay: float | None = None) -> onnx.ModelProto:
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        """A plain dict: ``step``, ``lr``, ``name``, ``hyperparameters`` and ``moments`` by param name."""
+        moments = self._state_source() if self._state_source is not None else self._moments
+        names = ("m", "v")
+        return {
+            "name": self.name,
+            "step": int(self.step),
+            "lr": self._lr,
+            "hyperparameters": dict(self.hyperparameters),
+            "moments": {p: {names[i]: np.array(m, copy=True) for i, m in enumerate(ms)}
+                        for p, ms in moments.items()},
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Restore what :meth:`state` returned; a capture over the same params then continues exactly."""
+        if not isinstance(state, dict) or "step" not in state or "moments" not in state:
+            raise OrtrainError("load_state: expected the dict returned by Optimizer.state() "
+                               "(keys 'step', 'lr', 'moments'), received "
+                               f"{type(state).__name__} with keys {sorted(state) if isinstance(state, dict) else '-'}")
+        if state.get("name", self.name) != self.name:
+            raise OrtrainError(f"load_state: state of a {state.get('name')!r} optimizer cannot be loaded into "
+                               f"{self.name!r}")
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise OrtrainError(f"load_state: 'step' must be an int >= 0, received {step!r}")
+        moments = {}
+        for pname, ms in state["moments"].items():
+            arrays = tuple(np.asarray(ms[k], dtype=np.float32) for k in ("m", "v") if k in ms)
+            moments[pname] = arrays
+        lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
+        self._moments, self.step, self._lr = moments, int(step), lr
+        self._state_version += 1
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "name")
+        return f"{type(self).__name__}({args})"
+
+
+class Adam(Optimizer):
+    """Adam as ``torch.optim.Adam`` (bias-corrected moments); defaults ``lr=1e-3, betas=(0.9, 0.999), eps=1e-8``."""
+
+    name = "adam"
+    has_moments = True
+    default_weight_decay = 0.0
+
+    def __init__(self, params=None, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float | None = None):
+        super().__init__(params, lr)
+        b1, b2 = (float(b) for b in betas)
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise OrtrainError(f"betas: expected two numbers in [0, 1), received {betas!r}")
+        if not (isinstance(eps, (int, float)) and eps > 0):
+            raise OrtrainError(f"eps: expected a positive number, received {eps!r}")
+        self.betas = (b1, b2)
+        self.eps = float(eps)
+        wd = self.default_weight_decay if weight_decay is None else weight_decay
+        self.weight_decay = check_weight_decay(wd)
+
+    @property
+    def hyperparameters(self):
+        return {"betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
+
+    def graph(self, weight_decay=None):
+        wd = self.weight_decay if weight_decay is None else check_weight_decay(weight_decay)
+        return adamw_graph(self.betas, self.eps, wd)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (``torch.optim.AdamW``); ``weight_decay=0.01`` by default."""
+
+    name = "adamw"
+    default_weight_decay = 0.01
+
+
+class SGD(Optimizer):
+    """Plain stochastic gradient descent, ``w -= lr * g`` (no momentum); ``lr=1e-2`` by default."""
+
+    name = "sgd"
+
+    def __init__(self, params=None, lr: float = 1e-2):
+        super().__init__(params, lr)
+
+    def graph(self, weight_decay=None):
+        if weight_decay:
+            raise OrtrainError(f"weight_decay={weight_decay!r}: SGD in ortrain has no weight decay "
+                               "(onnxruntime-training's SGD update has none); use AdamW or weight_decay=0")
+        return sgd_graph()
+
+
+_BY_NAME = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
+
+
+def get(spec) -> Optimizer:
+    """An optimizer from ``"adam"``, ``"adamw"``, ``"sgd"``, a config dict or an object."""
+    if isinstance(spec, Optimizer):
+        return spec
+    if isinstance(spec, dict):
+        cfg = dict(spec)
+        name = cfg.pop("name", None)
+        if name not in _BY_NAME:
+            raise OrtrainError(f"optimizer: unknown name {name!r} in {spec!r}")
+        if "betas" in cfg:
+            cfg["betas"] = tuple(cfg["betas"])
+        return _BY_NAME[name](**cfg)
+    if isinstance(spec, str) and spec.lower() in _BY_NAME:
+        return _BY_NAME[spec.lower()]()
+    raise OrtrainError(f"optimizer: expected 'adam', 'adamw', 'sgd' or an ot.optim object, received {spec!r}")

@@ -1,0 +1,56 @@
+"""Learning-rate schedules: plain callables of the step (or epoch) number.
+
+>>> s = cosine(0.1, total_steps=10)
+>>> round(s(0), 6), round(s(5), 6), round(s(10), 6)
+(0.1, 0.05, 0.0)
+>>> step(0.1, drop=0.5, every=2)(3)
+0.05
+"""
+
+from __future__ import annotations
+
+import math
+
+from ortrain.errors import OrtrainError
+
+__all__ = ["cosine", "step", "warmup_cosine"]
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OrtrainError(f"{name}: expected a positive int, received {value!r}")
+
+
+def step(initial_lr: float, drop: float = 0.5, every: int = 10):
+    """``initial_lr * drop ** (t // every)``."""
+    _positive_int("every", every)
+    if not 0 < drop <= 1:
+        raise OrtrainError(f"drop: expected a number in (0, 1], received {drop!r}")
+    return lambda t: initial_lr * drop ** (int(t) // every)
+
+
+def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
+    """Cosine decay from ``initial_lr`` at 0 to ``final_lr`` at ``total_steps`` (then constant)."""
+    _positive_int("total_steps", total_steps)
+
+    def schedule(t):
+        frac = min(max(int(t), 0), total_steps) / total_steps
+        return final_lr + 0.5 * (initial_lr - final_lr) * (1.0 + math.cos(math.pi * frac))
+    return schedule
+
+
+def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_lr: float = 0.0):
+    """Linear warm-up from 0 over ``warmup_steps`` (reaching ``initial_lr`` at the last warm-up step),
+    then cosine decay to ``final_lr`` at ``total_steps``."""
+    _positive_int("warmup_steps", warmup_steps)
+    _positive_int("total_steps", total_steps)
+    if warmup_steps >= total_steps:
+        raise OrtrainError(f"warmup_steps ({warmup_steps}) must be below total_steps ({total_steps})")
+    decay = cosine(initial_lr, total_steps - warmup_steps, final_lr)
+
+    def schedule(t):
+        t = int(t)
+        if t < warmup_steps:
+            return initial_lr * (t + 1) / warmup_steps
+        return decay(t - warmup_steps)
+    return schedule

@@ -1,0 +1,535 @@
+"""``Trainer``: a training context you step yourself.
+
+It holds one onnxruntime-training session (weights, gradients, optimizer moments)
+for a compiled model and keeps ortrain's own counters beside it: ``n_steps``
+(``step()`` calls), the number of optimizer updates, the batches accumulated
+towards the next update, and the learning rate, which is set on the session
+before every update.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ortrain import artifacts as artifacts_mod
+from ortrain import engine
+from ortrain._arrays import as_array, check_shape
+from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
+from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
+from ortrain.nn.model import Model
+from ortrain.nn.saving import TrainState
+from ortrain.optim import SGD, check_lr, check_weight_decay
+
+__all__ = ["Snapshot", "Trainer"]
+
+CALIBRATION_ROWS = 1024
+_PROP = "ortrain."
+
+
+def _positive_int(value, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise OrtrainError(f"{argument}: expected a positive int, received {value!r}")
+    return int(value)
+
+
+class Snapshot:
+    """An independent, eval-mode copy of a model's weights with its own inference session.
+
+    It shares nothing mutable with the trainer that made it, does not move when the
+    trainer steps, and outlives the trainer's ``free()``.
+    """
+
+    def __init__(self, forward_bytes: bytes, params, weights: dict[str, np.ndarray], input_specs,
+                 device: str):
+        self._forward = forward_bytes
+        self._params = list(params)
+        self._weights = weights
+        self._inputs = list(input_specs)
+        self._device = device
+        self._runner = None
+        self._freed = False
+
+    def _live(self):
+        if self._freed:
+            raise FreedError("this snapshot was freed; take a new one with trainer.snapshot()")
+
+    def weight_names(self) -> list[str]:
+        self._live()
+        return [p.name for p in self._params]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of the weights, in the model's order."""
+        self._live()
+        return [self._weights[p.name].copy() for p in self._params]
+
+    def predict(self, x, batch_size=None) -> np.ndarray:
+        self._live()
+        xs = _prepare_inputs(self._inputs, x, "x", None)
+        if self._runner is None:
+            self._runner = engine.InferenceRunner(self._forward, device=self._device)
+        return _run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)
+
+    def free(self) -> None:
+        """Release the session and weights; later ``predict``/``update_target`` on it raise FreedError."""
+        self._freed = True
+        if self._runner is not None:
+            self._runner.free()
+        self._runner = None
+        self._weights = {}
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+
+def _prepare_inputs(specs, x, argument: str, rows: int | None) -> list[np.ndarray]:
+    xs = list(x) if isinstance(x, (list, tuple)) and len(specs) > 1 else [x]
+    if len(xs) != len(specs):
+        raise ShapeError(f"{argument}: the model has {len(specs)} inputs ({', '.join(s.name for s in specs)}), "
+                         f"received {len(xs)} arrays")
+    out = []
+    for spec, a in zip(specs, xs):
+        arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
+        a = as_array(a, spec.dtype, arg)
+        check_shape(a, spec.shape, arg, rows)
+        out.append(a)
+    if rows is None and len({a.shape[0] for a in out}) > 1:
+        raise ShapeError(f"{argument}: inputs hold different numbers of rows")
+    return out
+
+
+def _run_chunks(runner, specs, xs, weights, batch_size):
+    n = xs[0].shape[0]
+    step = n if not batch_size else _positive_int(batch_size, "batch_size")
+    outs = []
+    for start in range(0, max(n, 1), max(step, 1)):
+        feeds = {s.name: a[start:start + step] for s, a in zip(specs, xs)}
+        feeds.update(weights)
+        outs.append(runner.run(feeds)[0])
+        if n == 0:
+            break
+    return outs[0] if len(outs) == 1 else np.concatenate(outs)
+
+
+class Trainer:
+    """A training context for a compiled model; step it yourself.
+
+    >>> import numpy as np, ortrain as ot
+    >>> model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    >>> _ = model.compile(optimizer="sgd", loss="mse")
+    >>> with ot.Trainer(model, batch_size=4) as tr:
+    ...     loss = tr.step(np.ones((4, 3)), np.zeros((4, 2)))
+    ...     tr.n_steps
+    1
+    """
+
+    def __init__(self, model: Model, batch_size: int = 32, nbatch_logical: int | None = None, loss_mask=None,
+                 weight_decay: float | None = None, device: str = "cpu", threads: int | None = None):
+        self._freed = True  # until the session exists
+        self._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads)
+
+    # -- construction --------------------------------------------------------------------------
+    def _setup(self, model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
+               checkpoint=None, art=None):
+        if not isinstance(model, Model):
+            raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
+        if not model.compiled:
+            raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) first")
+        self.batch_size = _positive_int(batch_size, "batch_size")
+        if nbatch_logical is None:
+            self._k = 1
+        else:
+            nbl = _positive_int(nbatch_logical, "nbatch_logical")
+            if nbl % self.batch_size:
+                raise OrtrainError(f"nbatch_logical: expected a multiple of batch_size={self.batch_size}, "
+                                   f"received {nbl}")
+            self._k = nbl // self.batch_size
+        self.nbatch_logical = self._k * self.batch_size
+        pred = model.output_specs[0]
+        n_out = pred.shape[-1] if len(pred.shape) >= 2 else 1
+        if loss_mask is None:
+            weighting = None
+        elif isinstance(loss_mask, bool) or not isinstance(loss_mask, (int, np.integer)) or \
+                loss_mask not in (1, n_out):
+            raise OrtrainError(f"loss_mask: expected None, 1 (one weight per sample) or {n_out} (one weight per "
+                               f"output element), received {loss_mask!r}")
+        else:
+            weighting = "sample" if loss_mask == 1 else "element"
+        if weighting is not None and model.loss.name != "mse":
+            raise OrtrainError(f"loss_mask={loss_mask} weights a mean squared error; the model is compiled with "
+                               f"loss {model.loss.name!r}. Compile with loss='mse' or drop loss_mask")
+        self.loss_mask = loss_mask
+        opt = model.optimizer
+        if weight_decay is None:
+            weight_decay = getattr(opt, "weight_decay", 0.0)
+        weight_decay = check_weight_decay(weight_decay)
+        if weight_decay and isinstance(opt, SGD):
+            raise OrtrainError(f"weight_decay={weight_decay}: SGD in ortrain has no weight decay; compile with "
+                               "optimizer='adamw' or leave weight_decay at 0")
+        self.weight_decay = weight_decay
+        self.device = str(engine.parse_device(device))
+        for spec in model.input_specs:
+            if spec.shape and spec.shape[0] is not None and spec.shape[0] != self.batch_size:
+                raise ShapeError(f"batch_size={self.batch_size}: the model's input {spec.name!r} has a fixed "
+                                 f"batch of {spec.shape[0]} rows ({describe_shape(spec.shape)}); use "
+                                 f"batch_size={spec.shape[0]} or re-export the model with a dynamic batch axis")
+
+        if art is None:
+            art = artifacts_mod.build(model, loss=model.loss, optimizer=opt, weighting=weighting,
+                                      refresh_checkpoint=False)
+        self._art = art
+        self._model = model.copy()  # the caller's model is never changed
+        self._params = self._model.params()
+        self._trainable = [p.name for p in self._params if p.role == "trainable"]
+        state = model.train_state
+        with artifacts_mod.scratch_dir() as tmp:
+            opt_path = artifacts_mod.optimizer_graph_file(opt, weight_decay, tmp)
+            if checkpoint is None:
+                checkpoint = tmp / "checkpoint"
+                self._write_checkpoint(checkpoint, model, state)
+            self._session = engine.TrainingSession(art.training, art.eval, checkpoint, opt_path,
+                                                   device=self.device, threads=threads)
+        self._freed = False
+        self._session.zero_grad()
+        self._n_steps = state.n_steps if state else 0
+        self._updates = state.step if state else 0
+        self._lr = state.lr if state else opt.lr
+        self._accum = 0
+        self._runner = None
+        self._calib = None
+        self._inference = None
+        self._inputs = art.inputs
+        self._label = art.label
+        self._weight_spec = art.sample_weight
+        self._scale = np.array(1.0 / self._k, np.float32)
+        self._one = np.array(1.0, np.float32)
+        self._ones_weight = None
+        self._n_classes = pred.shape[-1] if model.loss.name == "sparse_categorical_crossentropy" else None
+
+    def _write_checkpoint(self, path, model, state) -> None:
+        weights = dict(zip(model.weight_names(), model.get_weights()))
+        trainable = {n: weights[n] for n in self._trainable}
+        others = {p.name: weights[p.name] for p in self._params if p.role != "trainable"}
+        optimizer = None
+        if state is not None and state.moments:
+            if set(state.moments) != set(trainable):
+                warnings.warn("the model's saved optimizer state does not cover the same trainable weights; "
+                              "optimizer moments start from zero", stacklevel=3)
+            else:
+                optimizer = engine.OptimizerState(state.step, float(state.lr), dict(state.moments))
+        engine.write_checkpoint(path, engine.CheckpointData(trainable, others, optimizer))
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def _live(self):
+        if self._freed:
+            raise FreedError("this trainer was freed; create a new ot.Trainer (or take a model with tr.model() "
+                             "before freeing)")
+
+    def free(self) -> None:
+        """Release the session; calling it again is harmless. Every other method then raises FreedError."""
+        if getattr(self, "_freed", True):
+            return
+        self._freed = True
+        self._session.free()
+        for r in (self._runner, self._calib):
+            if r is not None:
+                r.free()
+        self._runner = self._calib = None
+
+    def __enter__(self) -> Trainer:
+        self._live()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _feeds(self, x, y, sample_weight, where: str, rows: int | None) -> list[np.ndarray]:
+        xs = _prepare_inputs(self._inputs, x, "x", rows)
+        rows = xs[0].shape[0]
+        lab = as_array(y, self._label.dtype, "y")
+        if self._label.dtype.kind == "i" and lab.ndim == len(self._label.shape) + 1 and lab.shape[-1] == 1:
+            lab = lab.reshape(lab.shape[:-1])
+        check_shape(lab, self._label.shape, "y", rows)
+        if self._n_classes is not None and lab.size and (lab.min() < 0 or lab.max() >= self._n_classes):
+            raise ShapeError(f"y: class labels must lie in [0, {self._n_classes - 1}], received values from "
+                             f"{lab.min()} to {lab.max()}")
+        feeds = xs + [lab]
+        if self._weight_spec is not None:
+            feeds.append(self._sample_weight(sample_weight, rows))
+        elif sample_weight is not None:
+            raise OrtrainError(f"sample_weight: this trainer has no loss weights; create it with loss_mask=1 "
+                               f"(one weight per sample) or loss_mask=<outputs> to pass them ({where})")
+        return feeds
+
+    def _sample_weight(self, w, rows: int) -> np.ndarray:
+        shape = (rows,) + tuple(self._weight_spec.shape[1:])
+        if w is None:
+            if self._ones_weight is None or self._ones_weight.shape != shape:
+                self._ones_weight = np.ones(shape, np.float32)
+            return self._ones_weight
+        a = as_array(w, np.float32, "sample_weight")
+        if self.loss_mask == 1 and a.shape == (rows,):
+            a = a.reshape(shape)
+        if a.shape != shape:
+            accepted = f"{describe_shape((rows,))} or {describe_shape(shape)}" if self.loss_mask == 1 \
+                else describe_shape(shape)
+            raise ShapeError(f"sample_weight: expected shape {accepted} (loss_mask={self.loss_mask}), received "
+                             f"{describe_shape(a.shape)}")
+        return a
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _train(self, feeds: list[np.ndarray]):
+        feeds.append(self._scale)
+        fetches = self._session.train_step(feeds, check=False)
+        self._n_steps += 1
+        self._accum += 1
+        if self._accum == self._k:
+            self._session.lr = self._lr
+            self._session.optimizer_step()
+            self._session.zero_grad()
+            self._accum = 0
+            self._updates += 1
+        return fetches
+
+    def step(self, x, y, sample_weight=None) -> float:
+        """One forward and backward pass on exactly ``batch_size`` rows; the weights move on the
+        accumulation boundary. Returns the batch's loss."""
+        self._live()
+        fetches = self._train(self._feeds(x, y, sample_weight, "step", self.batch_size))
+        return float(fetches[1].numpy())
+
+    def step_with_outputs(self, x, y, sample_weight=None) -> tuple[float, np.ndarray]:
+        """``step`` that also returns the predictions of the forward pass (before the update)."""
+        self._live()
+        fetches = self._train(self._feeds(x, y, sample_weight, "step", self.batch_size))
+        return float(fetches[1].numpy()), fetches[2].numpy()
+
+    def step_rows(self, x, y, sample_weight=None) -> tuple[float, np.ndarray]:
+        """A training step on any number of rows (the fit loop's short last batch)."""
+        self._live()
+        fetches = self._train(self._feeds(x, y, sample_weight, "step", None))
+        return float(fetches[1].numpy()), fetches[2].numpy()
+
+    def eval(self, x, y, sample_weight=None) -> float:
+        """The loss on one batch of ``batch_size`` rows, without backward pass or dropout."""
+        self._live()
+        return self.eval_with_outputs(x, y, sample_weight, rows=self.batch_size)[0]
+
+    def eval_with_outputs(self, x, y, sample_weight=None, rows: int | None = None) -> tuple[float, np.ndarray]:
+        self._live()
+        feeds = self._feeds(x, y, sample_weight, "eval", rows)
+        feeds.append(self._one)
+        fetches = self._session.eval_step(feeds, check=False)
+        return float(fetches[1].numpy()), fetches[2].numpy()
+
+    # -- predictions and copies -----------------------------------------------------------------
+    def _weights_now(self) -> dict[str, np.ndarray]:
+        if self._session.device.kind == "cpu":
+            return {p.name: self._session.view(p.name) for p in self._params}
+        return {p.name: self._session.get(p.name) for p in self._params}
+
+    def predict(self, x, batch_size=None) -> np.ndarray:
+        """Predictions from the current weights for any number of rows (eval mode; training untouched)."""
+        self._live()
+        xs = _prepare_inputs(self._inputs, x, "x", None)
+        if self._runner is None:
+            self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device)
+        return _run_chunks(self._runner, self._inputs, xs, self._weights_now(), batch_size)
+
+    def snapshot(self) -> Snapshot:
+        """An independent eval-mode copy of the current weights (a target network)."""
+        self._live()
+        weights = {p.name: self._session.get(p.name) for p in self._params}
+        return Snapshot(self._inference_bytes(), self._params, weights, self._inputs, self.device)
+
+    def _inference_bytes(self) -> bytes:
+        if self._inference is None:
+            import onnx
+
+            from ortrain.graph.forward import to_inference
+            self._inference = to_inference(onnx.load(self._art.forward)).SerializeToString()
+        return self._inference
+
+    def update_target(self, target: Snapshot, tau: float = 1.0) -> None:
+        """``target <- tau * current + (1 - tau) * target`` for trainable weights; batch-norm running
+        statistics and frozen weights are copied whole. ``tau=1`` is a hard copy."""
+        self._live()
+        if not isinstance(target, Snapshot):
+            raise OrtrainError(f"target: expected a Snapshot from trainer.snapshot(), received "
+                               f"{type(target).__name__}")
+        target._live()
+        if isinstance(tau, bool) or not isinstance(tau, (int, float, np.floating)) or not 0.0 <= tau <= 1.0:
+            raise OrtrainError(f"tau: expected a number in [0, 1], received {tau!r}")
+        mine = {p.name: tuple(p.shape) for p in self._params}
+        theirs = {p.name: tuple(target._weights[p.name].shape) for p in target._params}
+        if mine != theirs:
+            diff = sorted(set(mine.items()) ^ set(theirs.items()))[:4]
+            raise OrtrainError(f"target: its weights differ from this trainer's by name or shape (e.g. {diff}); "
+                               "take the target from a trainer of the same architecture")
+        trainable = set(self._trainable)
+        tau32 = np.float32(tau)
+        for p in self._params:
+            cur = self._session.view(p.name) if self._session.device.kind == "cpu" else self._session.get(p.name)
+            t = target._weights[p.name]
+            if p.name in trainable and tau != 1.0:
+                t *= np.float32(1.0) - tau32
+                t += tau32 * cur
+            else:
+                t[...] = cur
+
+    def model(self) -> Model:
+        """A new Model carrying the current weights (the constructor's model is never changed)."""
+        self._live()
+        m = self._model.copy()
+        m.set_weights({p.name: self._session.get(p.name) for p in self._params})
+        return m
+
+    def export_state(self) -> TrainState:
+        """The optimizer state, for a model to carry into its next ``fit``."""
+        self._live()
+        with artifacts_mod.scratch_dir() as tmp:
+            self._session.save_checkpoint(tmp / "ckpt")
+            data = engine.read_checkpoint(tmp / "ckpt")
+        moments = data.optimizer.moments if data.optimizer else {}
+        return TrainState(self._updates, self._lr, moments, self._n_steps)
+
+    # -- batch norm ----------------------------------------------------------------------------
+    def calibrate_bn(self, x) -> None:
+        """Set every batch norm's running mean and (biased) variance to the exact statistics of at most
+        1024 rows of ``x``, layer by layer (each layer sees the layers before it already calibrated)."""
+        self._live()
+        xs = _prepare_inputs(self._inputs, x, "x", None)
+        xs = [a[:CALIBRATION_ROWS] for a in xs]
+        if xs[0].shape[0] < 2:
+            raise ShapeError("calibrate_bn: x needs at least 2 rows to estimate a variance")
+        import onnx
+        forward = onnx.load_from_string(self._inference_bytes())
+        nodes = batchnorm_nodes(forward)
+        if not nodes:
+            return
+        if self._calib is None:
+            probe = with_extra_outputs(forward, [n.input[0] for n in nodes])
+            self._calib = engine.InferenceRunner(probe, device=self.device)
+        feeds = {s.name: a for s, a in zip(self._inputs, xs)}
+        for node in nodes:
+            feeds.update(self._weights_now())
+            value = self._calib.run(feeds, [node.input[0]])[0].astype(np.float64)
+            axes = tuple(i for i in range(value.ndim) if i != 1)
+            self._session.set(node.input[3], value.mean(axis=axes).astype(np.float32))
+            self._session.set(node.input[4], value.var(axis=axes).astype(np.float32))
+
+    # -- learning rate and counters ------------------------------------------------------------
+    def set_lr(self, lr: float) -> None:
+        """Learning rate for the following updates (a finite number >= 0)."""
+        self._live()
+        self._lr = check_lr(lr, "set_lr")
+
+    @property
+    def lr(self) -> float:
+        self._live()
+        return self._lr
+
+    @property
+    def n_steps(self) -> int:
+        """The number of ``step()`` calls so far (including those of a resumed checkpoint)."""
+        self._live()
+        return self._n_steps
+
+    @property
+    def n_updates(self) -> int:
+        self._live()
+        return self._updates
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self, path) -> str:
+        """Weights, optimizer moments and step, learning rate and counters, for a bit-exact resume."""
+        self._live()
+        path = Path(path)
+        if not path.parent.exists():
+            raise OrtrainError(f"save_checkpoint: directory {str(path.parent)!r} does not exist")
+        if self._accum:
+            warnings.warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
+                          "part of the checkpoint; save on an accumulation boundary for an exact resume",
+                          stacklevel=2)
+        self._session.save_checkpoint(path, {
+            _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
+            _PROP + "lr": repr(self._lr), _PROP + "format": 1})
+        return str(path)
+
+    @classmethod
+    def from_checkpoint(cls, model: Model, path, batch_size: int = 32, nbatch_logical=None, loss_mask=None,
+                        weight_decay=None, device: str = "cpu", threads=None) -> Trainer:
+        """A trainer for ``model`` that continues bit-exactly from ``save_checkpoint(path)``."""
+        data = engine.read_checkpoint(path)
+        props = data.properties
+        if _PROP + "key" not in props:
+            raise OrtrainError(f"{os.fspath(path)!r} was not written by Trainer.save_checkpoint")
+        tr = cls.__new__(cls)
+        tr._freed = True
+        # Build the artifacts first to check the checkpoint belongs to this model, loss and optimizer.
+        weighting = None if loss_mask is None else ("sample" if loss_mask == 1 else "element")
+        art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
+                                  refresh_checkpoint=False) if model.compiled else None
+        if art is not None and props[_PROP + "key"] != art.key:
+            raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
+                               "optimizer than this model; resume with the model and settings that wrote it")
+        tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
+                  checkpoint=os.fspath(path), art=art)
+        tr._restore_counters(props, data)
+        return tr
+
+    def _restore_counters(self, props: dict, data) -> None:
+        self._n_steps = int(props[_PROP + "n_steps"])
+        self._updates = int(props[_PROP + "updates"])
+        self._lr = float(props[_PROP + "lr"])
+        engine_step = data.optimizer.step if data.optimizer is not None else 0
+        if engine_step != self._updates:
+            raise OrtrainError(f"checkpoint is inconsistent: {self._updates} updates recorded, the optimizer "
+                               f"state holds {engine_step}")
+
+    @classmethod
+    def from_artifacts(cls, directory, batch_size: int = 32, nbatch_logical=None, weight_decay=None,
+                       device: str = "cpu", threads=None) -> Trainer:
+        """Train from pre-built artifacts alone (``ot.artifacts.build`` or ``ortrain artifacts``)."""
+        from ortrain.graph.forward import ForwardGraph
+        from ortrain.nn.graph_model import GraphModel
+        import onnx
+        art = artifacts_mod.load(directory)
+        data = engine.read_checkpoint(art.checkpoint)
+        weights = {**data.trainable, **data.frozen}
+        model = GraphModel(ForwardGraph(onnx.load(art.forward), tuple(art.params), weights),
+                           name=Path(directory).name or "artifacts")
+        model.compile(optimizer=art.optimizer, loss=art.loss)
+        loss_mask = None
+        if art.weighting == "sample":
+            loss_mask = 1
+        elif art.weighting == "element":
+            loss_mask = art.outputs[0].shape[-1]
+        tr = cls.__new__(cls)
+        tr._freed = True
+        tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
+                  checkpoint=art.checkpoint, art=art)
+        if _PROP + "key" in data.properties:
+            tr._restore_counters(data.properties, data)
+        return tr
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else f"n_steps={self._n_steps}, lr={self._lr:g}"
+        return f"<Trainer batch_size={getattr(self, 'batch_size', '?')} {state}>"
