@@ -32,6 +32,7 @@ from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
+from ortrain.graph.passes import for_training
 
 __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", "SAMPLE_WEIGHT", "LOSS_SCALE"]
 
@@ -266,6 +267,7 @@ def _write(target: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: opt
     if not fg.names("trainable"):
         raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights")
     lm, io = loss_model(fg, loss, weighting)
+    lm = for_training(lm)
     frozen = fg.names("frozen") + fg.names("buffer")
     training, eval_model = engine.build_training_graphs(lm, fg.names("trainable"), frozen, io["train_outputs"])
     target.parent.mkdir(parents=True, exist_ok=True)

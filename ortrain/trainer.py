@@ -134,8 +134,12 @@ class Trainer:
     """
 
     def __init__(self, model: Model, batch_size: int = 32, nbatch_logical: int | None = None, loss_mask=None,
-                 weight_decay: float | None = None, device: str = "cpu", threads: int | None = None):
+                 weight_decay: float | None = None, device: str = "cpu", threads: int | None = None,
+                 _weights_any_loss: bool = False):
         self._freed = True  # until the session exists
+        # Private: the fit loop passes per-sample weights (loss_mask=1) for every loss, as the
+        # artifacts allow; the public rule keeps loss_mask to mean squared error.
+        self._any_loss = bool(_weights_any_loss)
         self._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads)
 
     # -- construction --------------------------------------------------------------------------
@@ -165,7 +169,8 @@ class Trainer:
                                f"output element), received {loss_mask!r}")
         else:
             weighting = "sample" if loss_mask == 1 else "element"
-        if weighting is not None and model.loss.name != "mse":
+        if weighting is not None and model.loss.name != "mse" and \
+                not (weighting == "sample" and getattr(self, "_any_loss", False)):
             raise OrtrainError(f"loss_mask={loss_mask} weights a mean squared error; the model is compiled with "
                                f"loss {model.loss.name!r}. Compile with loss='mse' or drop loss_mask")
         self.loss_mask = loss_mask
@@ -475,7 +480,8 @@ class Trainer:
 
     @classmethod
     def from_checkpoint(cls, model: Model, path, batch_size: int = 32, nbatch_logical=None, loss_mask=None,
-                        weight_decay=None, device: str = "cpu", threads=None) -> Trainer:
+                        weight_decay=None, device: str = "cpu", threads=None,
+                        _weights_any_loss: bool = False) -> Trainer:
         """A trainer for ``model`` that continues bit-exactly from ``save_checkpoint(path)``."""
         data = engine.read_checkpoint(path)
         props = data.properties
@@ -483,6 +489,7 @@ class Trainer:
             raise OrtrainError(f"{os.fspath(path)!r} was not written by Trainer.save_checkpoint")
         tr = cls.__new__(cls)
         tr._freed = True
+        tr._any_loss = bool(_weights_any_loss)
         # Build the artifacts first to check the checkpoint belongs to this model, loss and optimizer.
         weighting = None if loss_mask is None else ("sample" if loss_mask == 1 else "element")
         art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,

@@ -93,22 +93,44 @@ def _load():
     if problems:
         raise OrtrainError("ortrain cannot start:\n  - " + "\n  - ".join(problems))
 
-    if "onnxruntime.training" not in sys.modules:
-        package = types.ModuleType("onnxruntime.training")
-        package.__path__ = [os.path.join(os.path.dirname(onnxruntime.__file__), "training")]
-        package.__package__ = "onnxruntime.training"
-        sys.modules["onnxruntime.training"] = package
+    _register_package("onnxruntime.training", os.path.join(os.path.dirname(onnxruntime.__file__), "training"))
     # Only warnings and errors from the C++ side; INFO lines from graph transformers
     # would otherwise flood the terminal while artifacts are generated.
     capi.set_default_logger_severity(3)
     return onnxruntime, capi
 
 
+def _register_package(name: str, path: str) -> None:
+    """Make ``name`` importable as a namespace over ``path`` without running its ``__init__``."""
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [path]
+        package.__package__ = name
+        sys.modules[name] = package
+
+
+def _load_checkpoint_schema() -> types.SimpleNamespace:
+    """The flatbuffer classes of onnxruntime's checkpoint format.
+
+    They ship in ``onnxruntime/tools/ort_format_model/ort_flatbuffers_py``, but the
+    ``onnxruntime.tools`` package imports torch when it is installed, and the generated
+    classes import each other as the top-level package ``ort_flatbuffers_py``; register
+    that package directly instead of running either ``__init__``.
+    """
+    root = os.path.join(os.path.dirname(ort.__file__), "tools", "ort_format_model", "ort_flatbuffers_py")
+    _register_package("ort_flatbuffers_py", root)
+    _register_package("ort_flatbuffers_py.fbs", os.path.join(root, "fbs"))
+    names = ("Checkpoint", "FloatProperty", "IntProperty", "ModuleState", "OptimizerGroup",
+             "ParameterOptimizerState", "PropertyBag", "StringProperty", "Tensor")
+    return types.SimpleNamespace(**{n: importlib.import_module(f"ort_flatbuffers_py.fbs.{n}") for n in names})
+
+
 ort, C = _load()
 ORT_VERSION: str = ort.__version__
 training_graph_utils = importlib.import_module("onnxruntime.training.onnxblock._training_graph_utils")
+checkpoint_schema = _load_checkpoint_schema()
 
 from onnxruntime.capi.onnxruntime_inference_collection import OrtValue, get_ort_device_type  # noqa: E402
 
-__all__ = ["C", "ORT_VERSION", "OrtValue", "environment_problems", "get_ort_device_type", "ort",
+__all__ = ["C", "ORT_VERSION", "checkpoint_schema", "OrtValue", "environment_problems", "get_ort_device_type", "ort",
            "training_graph_utils"]

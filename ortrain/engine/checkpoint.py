@@ -15,20 +15,14 @@ from dataclasses import dataclass, field
 
 import flatbuffers
 import numpy as np
-from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import (
-    Checkpoint,
-    FloatProperty,
-    IntProperty,
-    ModuleState,
-    OptimizerGroup,
-    ParameterOptimizerState,
-    PropertyBag,
-    StringProperty,
-    Tensor,
-)
 
+from ortrain.engine._runtime import checkpoint_schema as _fbs
 from ortrain.errors import OrtrainError
 from ortrain.graph import np_dtype, onnx_dtype
+
+Checkpoint, FloatProperty, IntProperty = _fbs.Checkpoint, _fbs.FloatProperty, _fbs.IntProperty
+ModuleState, OptimizerGroup, PropertyBag = _fbs.ModuleState, _fbs.OptimizerGroup, _fbs.PropertyBag
+ParameterOptimizerState, StringProperty, Tensor = _fbs.ParameterOptimizerState, _fbs.StringProperty, _fbs.Tensor
 
 CHECKPOINT_VERSION = 2  # what onnxruntime-training 1.19.2 writes and reads
 _IDENTIFIER = b"ODTC"

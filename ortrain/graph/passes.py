@@ -72,3 +72,77 @@ def with_extra_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelPr
     have = {o.name for o in out.graph.output}
     out.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in have)
     return out
+
+
+def _shape_of(inferred: onnx.ModelProto, name: str) -> list | None:
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        if vi.name == name and vi.type.tensor_type.HasField("shape"):
+            return [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+    return None
+
+
+def _attr(node, name, default):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite 2-D AveragePool nodes as a depthwise Conv with constant weights.
+
+    onnxruntime-training 1.19.2's CPU ``AveragePoolGrad`` sizes its output from the
+    shapes stored in the graph, so with a free batch dimension it writes an empty
+    gradient and the process dies with SIGFPE. A depthwise convolution with weights
+    ``1/(kh*kw)`` (divided by the true window size at the borders when padding is not
+    counted) computes the same average and has a working gradient. Only the training
+    and eval graphs get this form; exported models keep AveragePool.
+    """
+    pools = [n for n in model.graph.node if n.op_type == "AveragePool"]
+    if not pools:
+        return model
+    inferred = onnx.shape_inference.infer_shapes(model)
+    out = copy.deepcopy(model)
+    nodes = []
+    for i, node in enumerate(out.graph.node):
+        if node.op_type != "AveragePool":
+            nodes.append(node)
+            continue
+        shape = _shape_of(inferred, node.input[0])
+        kernel = list(_attr(node, "kernel_shape", []))
+        if shape is None or len(shape) != 4 or len(kernel) != 2 or any(d is None for d in shape[1:]) \
+                or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
+                or _attr(node, "ceil_mode", 0):
+            nodes.append(node)  # left as is; the gradient builder reports what it cannot take
+            continue
+        c, h, w = shape[1:]
+        strides = list(_attr(node, "strides", [1, 1]))
+        pads = list(_attr(node, "pads", [0, 0, 0, 0]))
+        include_pad = bool(_attr(node, "count_include_pad", 0))
+        kh, kw = kernel
+        p = f"{node.name or 'AveragePool'}/as_conv_{i}/"
+        weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32)
+        out.graph.initializer.append(numpy_helper.from_array(weight, p + "weight"))
+        conv_out = node.output[0] if include_pad or not any(pads) else p + "sum"
+        nodes.append(helper.make_node("Conv", [node.input[0], p + "weight"], [conv_out], name=p + "Conv",
+                                      group=c, kernel_shape=kernel, strides=strides, pads=pads))
+        if conv_out != node.output[0]:
+            # Border windows cover fewer real cells: rescale kh*kw / (cells inside).
+            ho = (h + pads[0] + pads[2] - kh) // strides[0] + 1
+            wo = (w + pads[1] + pads[3] - kw) // strides[1] + 1
+            rows = np.array([min(r * strides[0] - pads[0] + kh, h) - max(r * strides[0] - pads[0], 0)
+                             for r in range(ho)], np.float32)
+            cols = np.array([min(q * strides[1] - pads[1] + kw, w) - max(q * strides[1] - pads[1], 0)
+                             for q in range(wo)], np.float32)
+            scale = (kh * kw) / np.outer(rows, cols)
+            out.graph.initializer.append(numpy_helper.from_array(scale.reshape(1, 1, ho, wo).astype(np.float32),
+                                                                 p + "scale"))
+            nodes.append(helper.make_node("Mul", [conv_out, p + "scale"], [node.output[0]], name=p + "Mul"))
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+def for_training(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrites that only the training and eval graphs need (the exported model is left alone)."""
+    return average_pool_as_conv(model)

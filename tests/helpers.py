@@ -1,0 +1,90 @@
+"""Reference implementations and small builders shared by the tests (numpy only)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ortrain as ot
+from ortrain import engine
+from ortrain.graph import GraphBuilder
+from ortrain.graph.forward import ParamSpec, forward_from_builder
+
+
+def param_model(values: np.ndarray):
+    """A ForwardGraph whose prediction is a trainable parameter ``P`` (plus a zero input ``x``).
+
+    The gradient of the loss with respect to ``P`` is then exactly dL/dprediction.
+    """
+    gb = GraphBuilder()
+    shape = values.shape
+    gb.add_input("x", np.float32, (None,) + shape[1:])
+    gb.add_input("P", np.float32, shape)
+    gb.op("Add", ["x", "P"], outputs=["pred"])
+    gb.add_output("pred", np.float32, (None,) + shape[1:])
+    return forward_from_builder(gb, [ParamSpec("P", shape, np.dtype(np.float32), "trainable")],
+                                {"P": values.astype(np.float32)})
+
+
+def open_session(art):
+    return engine.TrainingSession(art.training, art.eval, art.checkpoint, art.optimizer_graph)
+
+
+def loss_and_grad(loss, pred: np.ndarray, y: np.ndarray, weight=None, weighting=None):
+    """(loss, dL/dpred) computed by ortrain's training graph."""
+    fg = param_model(pred)
+    art = ot.artifacts.build(fg, loss=loss, optimizer="sgd", weighting=weighting)
+    sess = open_session(art)
+    feeds = [np.zeros_like(pred, dtype=np.float32), y]
+    if weighting is not None:
+        feeds.append(weight.astype(np.float32))
+    feeds.append(np.array(1.0, np.float32))
+    fetches = sess.train_step(feeds)
+    value = float(fetches[1].numpy())
+    grad = sess.grad_view("P").copy()
+    sess.free()
+    return value, grad
+
+
+def softmax(z, axis=-1):
+    e = np.exp(z - z.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+class NumpyAdam:
+    """torch.optim.Adam / AdamW written out (decoupled decay applied first, as AdamW does)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        self.p = [np.array(a, np.float64) for a in params]
+        self.m = [np.zeros_like(a) for a in self.p]
+        self.v = [np.zeros_like(a) for a in self.p]
+        self.lr, self.b1, self.b2, self.eps, self.wd, self.t = lr, betas[0], betas[1], eps, weight_decay, 0
+
+    def step(self, grads):
+        self.t += 1
+        for i, g in enumerate(grads):
+            self.p[i] *= 1 - self.lr * self.wd
+            self.m[i] = self.b1 * self.m[i] + (1 - self.b1) * g
+            self.v[i] = self.b2 * self.v[i] + (1 - self.b2) * g * g
+            mhat = self.m[i] / (1 - self.b1 ** self.t)
+            vhat = self.v[i] / (1 - self.b2 ** self.t)
+            self.p[i] -= self.lr * mhat / (np.sqrt(vhat) + self.eps)
+
+
+def linear_mse_grads(x, y, w, b, weight=None):
+    """Gradients of mean((x @ w + b - y)^2 [* weight]) for a linear model, in float64."""
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    d = x @ w + b - y
+    gp = 2 * d / d.size
+    if weight is not None:
+        gp = gp * weight
+    return x.T @ gp, gp.sum(axis=0)
+
+
+def dense_model(n_in, n_out, loss="mse", optimizer=None, seed=0, activation=None):
+    model = ot.Sequential([ot.layers.Dense(n_out, activation=activation)], input_shape=(n_in,), seed=seed)
+    model.compile(optimizer=optimizer or ot.optim.SGD(lr=0.1), loss=loss)
+    return model

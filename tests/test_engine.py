@@ -1,0 +1,194 @@
+"""The engine: environment checks, torch-free loading, devices, sessions, checkpoints, bad feeds."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ortrain as ot
+from ortrain import engine
+from helpers import dense_model, open_session
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code: str, extra_path: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if extra_path:
+        env["PYTHONPATH"] = extra_path + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=120)
+
+
+def test_import_and_training_never_load_torch(tmp_path):
+    result = run_python(f"""
+        import sys
+        class BlockTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is blocked in this test")
+        sys.meta_path.insert(0, BlockTorch())
+        import numpy as np, ortrain as ot
+        ot.artifacts.set_cache_dir({str(tmp_path)!r})
+        model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,))
+        model.compile(optimizer="adam", loss="mse")
+        with ot.Trainer(model, batch_size=4) as tr:
+            loss = tr.step(np.ones((4, 3)), np.zeros((4, 2)))
+        print("torch loaded:", "torch" in sys.modules, "loss finite:", np.isfinite(loss))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "torch loaded: False loss finite: True" in result.stdout
+
+
+def test_plain_onnxruntime_shadowing_the_training_build_is_explained(tmp_path):
+    fake = tmp_path / "onnxruntime"
+    (fake / "capi").mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '1.31.1'\n")
+    (fake / "capi" / "__init__.py").write_text("")
+    (fake / "capi" / "_pybind_state.py").write_text("class InferenceSession: pass\n")
+    result = run_python("""
+        try:
+            import ortrain
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    """, extra_path=str(tmp_path))
+    assert "OrtrainError" in result.stdout
+    assert "inference-only build without the training API" in result.stdout
+    assert "onnxruntime-training-cpu==1.19.2" in result.stdout
+
+
+def test_environment_problem_messages():
+    ok = engine.environment_problems("1.17.0", "1.19.2", True, {})
+    assert ok == []
+    too_new = engine.environment_problems("1.18.0", "1.19.2", True, {})
+    assert "writes ONNX IR version 11" in too_new[0] and "onnx>=1.16,<1.18" in too_new[0]
+    missing = engine.environment_problems("1.17.0", None, False, {})
+    assert "onnxruntime-training is not installed" in missing[0]
+    shadow = engine.environment_problems("1.17.0", "1.31.1", False, {"onnxruntime": "1.31.1"})
+    assert "pip uninstall -y onnxruntime" in shadow[0]
+    beside = engine.environment_problems("1.17.0", "1.19.2", True, {"onnxruntime-gpu": "1.20.0"})
+    assert "shares its module name" in beside[0]
+
+
+def test_devices():
+    assert str(engine.parse_device("cpu")) == "cpu"
+    assert engine.parse_device("cuda:1", providers=["CUDAExecutionProvider"]).index == 1
+    with pytest.raises(ot.OrtrainError, match="no CUDA execution provider.*onnxruntime-training==1.19.2"):
+        engine.parse_device("cuda", providers=["CPUExecutionProvider"])
+    with pytest.raises(ot.OrtrainError, match="expected 'cpu', 'cuda' or 'cuda:N'.*received 'gpu0'"):
+        engine.parse_device("gpu0")
+    with pytest.raises(ot.OrtrainError, match="device: expected"):
+        engine.parse_device(0)
+    if "CUDAExecutionProvider" not in engine.available_providers():
+        model = dense_model(3, 2)
+        with pytest.raises(ot.OrtrainError, match="CUDA"):
+            ot.Trainer(model, batch_size=4, device="cuda")
+
+
+def test_thread_setting():
+    assert ot.get_num_threads() == engine.default_threads()
+    ot.set_num_threads(1)
+    try:
+        assert ot.get_num_threads() == 1
+    finally:
+        ot.set_num_threads(None)
+    with pytest.raises(ot.OrtrainError, match="set_num_threads: expected a positive int"):
+        ot.set_num_threads(0)
+
+
+def test_bad_feeds_name_the_input_and_change_nothing(rng):
+    art = ot.artifacts.build(dense_model(3, 2))
+    sess = open_session(art)
+    before = sess.get("dense_0.kernel")
+    x, y, s = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), np.array(1.0, np.float32)
+    with pytest.raises(ot.ShapeError, match="input 'input' expected shape \\(N, 3\\), received \\(4, 5\\)"):
+        sess.train_step([np.ones((4, 5), np.float32), y, s])
+    with pytest.raises(ot.ShapeError, match="input 'ortrain.label' expected dtype float32, received float64"):
+        sess.train_step([x, y.astype(np.float64), s])
+    with pytest.raises(ot.ShapeError, match="expected 3 inputs \\(input, ortrain.label, ortrain.loss_scale\\)"):
+        sess.train_step([x, y])
+    with pytest.raises(ot.ShapeError, match="disagree on the number of rows \\(input: 4, ortrain.label: 3\\)"):
+        sess.eval_step([x, y[:3], s])
+    sess.optimizer_step()
+    np.testing.assert_array_equal(sess.get("dense_0.kernel"), before)  # no gradient ever accumulated
+    sess.free()
+    with pytest.raises(ot.FreedError):
+        sess.train_step([x, y, s])
+
+
+def test_session_checkpoint_resume_is_bit_exact(tmp_path, rng):
+    art = ot.artifacts.build(dense_model(3, 2, optimizer="adam"), optimizer="adam")
+    batches = [[rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32),
+                np.array(1.0, np.float32)] for _ in range(6)]
+
+    def steps(sess, bs):
+        out = []
+        for b in bs:
+            out.append(float(sess.train_step(b)[1].numpy()))
+            sess.optimizer_step()
+            sess.zero_grad()
+        return out
+
+    a = open_session(art)
+    a.lr = 0.01
+    steps(a, batches[:3])
+    a.save_checkpoint(tmp_path / "ckpt", {"ortrain.note": "three steps"})
+    tail = steps(a, batches[3:])
+    b = engine.TrainingSession(art.training, art.eval, tmp_path / "ckpt", art.optimizer_graph)
+    b.lr = 0.01
+    assert b.properties()["ortrain.note"] == "three steps"
+    assert steps(b, batches[3:]) == tail
+    for name in a.param_names:
+        np.testing.assert_array_equal(a.get(name), b.get(name))
+
+
+def test_checkpoint_codec_round_trip(tmp_path, rng):
+    art = ot.artifacts.build(dense_model(3, 2, optimizer="adam"), optimizer="adam")
+    sess = open_session(art)
+    sess.lr = 0.01
+    for _ in range(2):
+        sess.train_step([rng.standard_normal((4, 3)).astype(np.float32), np.zeros((4, 2), np.float32),
+                         np.array(1.0, np.float32)])
+        sess.optimizer_step()
+        sess.zero_grad()
+    sess.save_checkpoint(tmp_path / "c")
+    data = engine.read_checkpoint(tmp_path / "c")
+    assert data.optimizer.step == 2 and set(data.optimizer.moments) == {"dense_0.kernel", "dense_0.bias"}
+    data.properties = {"i": 3, "f": 0.5, "s": "text"}
+    engine.write_checkpoint(tmp_path / "d", data)
+    again = engine.read_checkpoint(tmp_path / "d")
+    assert again.properties == {"i": 3, "f": 0.5, "s": "text"} and again.optimizer.step == 2
+    for k, (m, v) in data.optimizer.moments.items():
+        np.testing.assert_array_equal(again.optimizer.moments[k][0], m)
+        np.testing.assert_array_equal(again.optimizer.moments[k][1], v)
+    # onnxruntime-training opens what ortrain wrote.
+    reopened = engine.TrainingSession(art.training, art.eval, tmp_path / "d", art.optimizer_graph)
+    np.testing.assert_array_equal(reopened.get("dense_0.kernel"), sess.get("dense_0.kernel"))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", b"\x10\x00\x00\x00ODTC" + b"\xff" * 40])
+def test_damaged_checkpoints_are_refused(tmp_path, content):
+    (tmp_path / "bad").write_bytes(content)
+    with pytest.raises(ot.OrtrainError):
+        engine.read_checkpoint(tmp_path / "bad")
+
+
+def test_session_refuses_to_open_without_eval_graph():
+    art = ot.artifacts.build(dense_model(3, 2))
+    with pytest.raises(ot.OrtrainError, match="needs an eval graph"):
+        engine.TrainingSession(art.training, None, art.checkpoint, art.optimizer_graph)
+
+
+def test_library_export_matches_forward(tmp_path, rng):
+    import onnxruntime as ort
+    model = dense_model(3, 2)
+    art = ot.artifacts.build(model)
+    sess = open_session(art)
+    sess.export_inference(tmp_path / "inf.onnx", ["input" if False else art.prediction])
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    got = ort.InferenceSession(str(tmp_path / "inf.onnx"), providers=["CPUExecutionProvider"]).run(
+        [art.prediction], {"input": x})[0]
+    np.testing.assert_allclose(got, model.predict(x), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,162 @@
+"""Layers: forward values against numpy, training steps against PyTorch."""
+
+import numpy as np
+import pytest
+
+import ortrain as ot
+from conftest import torch_or_skip
+from helpers import sigmoid, softmax
+
+L = ot.layers
+
+
+def predict_one(layer, x, input_dtype="float32"):
+    model = ot.Sequential([layer], input_shape=x.shape[1:], input_dtype=input_dtype, seed=0)
+    return model, model.predict(x)
+
+
+@pytest.mark.parametrize("activation,ref", [
+    ("linear", lambda z: z), ("relu", lambda z: np.maximum(z, 0)), ("sigmoid", sigmoid), ("tanh", np.tanh),
+    ("softmax", softmax), ("leaky_relu", lambda z: np.where(z > 0, z, 0.2 * z)),
+    ("gelu", lambda z: 0.5 * z * (1 + np.vectorize(__import__("math").erf)(z / np.sqrt(2)))),
+])
+def test_dense_with_each_activation(rng, activation, ref):
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    model, out = predict_one(L.Dense(4, activation=activation), x)
+    k, b = model.get_weights()
+    np.testing.assert_allclose(out, ref(x.astype(np.float64) @ k + b), rtol=1e-5, atol=1e-6)
+
+
+def test_glorot_uniform_and_seeds():
+    k = ot.Sequential([L.Dense(300)], input_shape=(200,), seed=3).get_weights()[0]
+    limit = np.sqrt(6 / 500)
+    assert np.abs(k).max() <= limit and np.abs(k).max() > 0.95 * limit
+    assert abs(k.mean()) < 0.01 and abs(k.std() - limit / np.sqrt(3)) < 0.005
+    same = ot.Sequential([L.Dense(300)], input_shape=(200,), seed=3).get_weights()[0]
+    np.testing.assert_array_equal(k, same)
+    ot.set_seed(7)
+    a = ot.Sequential([L.Dense(4)], input_shape=(2,)).get_weights()[0]
+    ot.set_seed(7)
+    b = ot.Sequential([L.Dense(4)], input_shape=(2,)).get_weights()[0]
+    np.testing.assert_array_equal(a, b)
+
+
+def test_dense_on_sequences_uses_matmul(rng):
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    model, out = predict_one(L.Dense(5), x)
+    k, b = model.get_weights()
+    np.testing.assert_allclose(out, x @ k + b, rtol=1e-5, atol=1e-6)
+
+
+def test_batchnorm_inference_uses_running_statistics(rng):
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    model, _ = predict_one(L.BatchNorm(epsilon=1e-3), x)
+    g, b, m, v = rng.random(3), rng.random(3), rng.standard_normal(3), rng.random(3) + 0.5
+    model.set_weights([g, b, m, v])
+    np.testing.assert_allclose(model.predict(x), (x - m) / np.sqrt(v + 1e-3) * g + b, rtol=1e-5, atol=1e-6)
+
+
+def test_layernorm(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float64)
+    model, _ = predict_one(L.LayerNorm(epsilon=1e-3), x.astype(np.float32))
+    g, b = rng.random(6), rng.random(6)
+    model.set_weights([g, b])
+    ref = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-3) * g + b
+    np.testing.assert_allclose(model.predict(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_embedding(rng):
+    idx = rng.integers(0, 10, (3, 4))
+    model, out = predict_one(L.Embedding(10, 5), idx, input_dtype="int64")
+    np.testing.assert_array_equal(out, model.get_weights()[0][idx])
+    with pytest.raises(ot.ShapeError, match="expected integer values"):
+        model.predict(idx + 0.5)
+
+
+def test_dropout_is_identity_in_predict(rng):
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    _, out = predict_one(L.Dropout(0.5), x)
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(ot.OrtrainError, match="Dropout\\(rate=...\\): expected a number in \\[0, 1\\)"):
+        L.Dropout(1.0)
+
+
+def test_flatten_reshape_add_concatenate(rng):
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(predict_one(L.Flatten(), x)[1], x.reshape(2, 12))
+    np.testing.assert_array_equal(predict_one(L.Reshape((4, -1)), x)[1], x.reshape(2, 4, 3))
+    a, b = ot.Input((3,)), ot.Input((3,))
+    model = ot.Model([a, b], [L.Add()([a, b]), L.Concatenate()([a, b])])
+    u, v = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    s, c = model.predict([u, v])
+    np.testing.assert_array_equal(s, u + v)
+    np.testing.assert_array_equal(c, np.concatenate([u, v], axis=1))
+
+
+def test_conv_and_pools_against_torch(rng):
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    for padding, tpad in (("valid", 0), ("same", 1)):
+        model, out = predict_one(L.Conv2D(4, 3, padding=padding, strides=1), x)
+        k, b = (torch.tensor(w) for w in model.get_weights())
+        np.testing.assert_allclose(out, F.conv2d(torch.tensor(x), k, b, padding=tpad).numpy(), rtol=1e-4,
+                                   atol=1e-5)
+    model, out = predict_one(L.Conv2D(2, (3, 2), strides=2, padding="same"), x)
+    k, b = (torch.tensor(w) for w in model.get_weights())
+    ref = F.conv2d(F.pad(torch.tensor(x), (0, 1, 1, 1)), k, b, stride=2)  # TF-style SAME: extra pad at the end
+    np.testing.assert_allclose(out, ref.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(predict_one(L.MaxPool2D(2), x)[1], F.max_pool2d(torch.tensor(x), 2).numpy())
+    np.testing.assert_allclose(predict_one(L.AvgPool2D(3, strides=2, padding="same"), x)[1],
+                               F.avg_pool2d(torch.tensor(x), 3, 2, padding=1, count_include_pad=False).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(predict_one(L.GlobalAvgPool2D(), x)[1], x.mean((2, 3)), rtol=1e-5, atol=1e-6)
+
+
+def test_cnn_training_matches_torch(rng):
+    """Conv + batch norm (batch statistics) + pools + dense: three SGD steps give PyTorch's losses."""
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    model = ot.Sequential([L.Conv2D(4, 3, padding="same", activation="relu"), L.BatchNorm(), L.MaxPool2D(2),
+                           L.Conv2D(6, 3), L.AvgPool2D(3, strides=1, padding="same"), L.GlobalAvgPool2D(),
+                           L.Dense(3)], input_shape=(2, 10, 10), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = rng.standard_normal((8, 2, 10, 10)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    w = [torch.tensor(a, requires_grad=True) for a in model.get_weights()]
+    k1, b1, g, bt, rm, rv, k2, b2, dk, db = w
+    with ot.Trainer(model, batch_size=8) as tr:
+        ours = [tr.step(x, y) for _ in range(3)]
+        trained = tr.model().get_weights()
+    opt = torch.optim.SGD([k1, b1, g, bt, k2, b2, dk, db], lr=0.1)
+    ref = []
+    for _ in range(3):
+        h = F.relu(F.conv2d(torch.tensor(x), k1, b1, padding=1))
+        h = F.batch_norm(h, None, None, g, bt, training=True, eps=1e-3)
+        h = F.avg_pool2d(F.conv2d(F.max_pool2d(h, 2), k2, b2), 3, 1, padding=1, count_include_pad=False)
+        loss = F.cross_entropy(h.mean((2, 3)) @ dk + db, torch.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    np.testing.assert_allclose(ours, ref, rtol=1e-5)
+    for got, want in zip([trained[i] for i in (0, 1, 2, 3, 6, 7, 8, 9)], [k1, b1, g, bt, k2, b2, dk, db]):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_layer_argument_errors():
+    with pytest.raises(ot.OrtrainError, match="Dense\\(units=...\\): expected a positive int, received 0"):
+        L.Dense(0)
+    with pytest.raises(ot.OrtrainError, match="activation: expected one of"):
+        L.Dense(2, activation="swish")
+    with pytest.raises(ot.OrtrainError, match="Conv2D\\(padding=...\\): expected 'valid' or 'same'"):
+        L.Conv2D(2, 3, padding="full")
+    with pytest.raises(ot.ShapeError, match="Conv2D expects \\(batch, channels, height, width\\)"):
+        ot.Sequential([L.Conv2D(2, 3)], input_shape=(5,))
+    with pytest.raises(ot.ShapeError, match="Add needs inputs of one shape"):
+        a, b = ot.Input((3,)), ot.Input((4,))
+        L.Add()([a, b])
+    with pytest.raises(ot.OrtrainError, match="takes int64 inputs.*dtype='int64'"):
+        L.Embedding(3, 2)(ot.Input((2,)))
+    with pytest.raises(ot.OrtrainError, match="Reshape cannot fit"):
+        ot.Sequential([L.Reshape((5,))], input_shape=(4,))

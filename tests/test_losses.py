@@ -1,0 +1,136 @@
+"""Every loss: value and gradient against numpy, on random data."""
+
+import numpy as np
+import pytest
+
+import ortrain as ot
+from helpers import loss_and_grad, sigmoid, softmax
+
+B, K = 6, 4
+EPS = 1e-7
+
+
+@pytest.fixture
+def data(rng):
+    return {
+        "z": rng.standard_normal((B, K)).astype(np.float32),
+        "y": rng.standard_normal((B, K)).astype(np.float32),
+        "probs": softmax(rng.standard_normal((B, K))).astype(np.float32),
+        "onehot": np.eye(K, dtype=np.float32)[rng.integers(0, K, B)],
+        "labels": rng.integers(0, K, B).astype(np.int64),
+        "p01": rng.uniform(0.05, 0.95, (B, K)).astype(np.float32),
+        "y01": (rng.random((B, K)) > 0.5).astype(np.float32),
+    }
+
+
+def check(loss, pred, y, ref_value, ref_grad, **kw):
+    value, grad = loss_and_grad(loss, pred, y, **kw)
+    np.testing.assert_allclose(value, ref_value, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(grad, ref_grad, rtol=2e-5, atol=1e-7)
+
+
+def test_mse(data):
+    p, y = data["z"], data["y"]
+    d = p.astype(np.float64) - y
+    check("mse", p, y, np.mean(d ** 2), 2 * d / d.size)
+
+
+def test_mae(data):
+    p, y = data["z"], data["y"]
+    d = p.astype(np.float64) - y
+    check(ot.losses.MeanAbsoluteError(), p, y, np.mean(np.abs(d)), np.sign(d) / d.size)
+
+
+@pytest.mark.parametrize("delta", [1.0, 0.3])
+def test_huber(data, delta):
+    p, y = data["z"], data["y"]
+    d = p.astype(np.float64) - y
+    ad = np.abs(d)
+    value = np.mean(np.where(ad <= delta, 0.5 * d ** 2, delta * (ad - 0.5 * delta)))
+    check(ot.losses.Huber(delta=delta), p, y, value, np.clip(d, -delta, delta) / d.size)
+
+
+def test_categorical_on_probabilities(data):
+    p, y = data["probs"], data["onehot"]
+    pc = np.clip(p.astype(np.float64), EPS, 1 - EPS)
+    check("categorical_crossentropy", p, y, np.mean(-(y * np.log(pc)).sum(1)), -y / pc / B)
+
+
+def test_categorical_on_logits(data):
+    z, y = data["z"], data["probs"]  # soft targets
+    s = softmax(z.astype(np.float64))
+    value = np.mean(-(y * np.log(s)).sum(1))
+    grad = (s * y.sum(1, keepdims=True) - y) / B
+    check(ot.losses.CategoricalCrossentropy(from_logits=True), z, y, value, grad)
+
+
+def test_sparse_on_probabilities(data):
+    p, lab = data["probs"], data["labels"]
+    pc = np.clip(p.astype(np.float64), EPS, 1 - EPS)
+    picked = pc[np.arange(B), lab]
+    grad = np.zeros((B, K))
+    grad[np.arange(B), lab] = -1.0 / picked / B
+    check("sparse_categorical_crossentropy", p, lab, np.mean(-np.log(picked)), grad)
+
+
+def test_sparse_on_logits(data):
+    z, lab = data["z"], data["labels"]
+    s = softmax(z.astype(np.float64))
+    grad = s - np.eye(K)[lab]
+    check(ot.losses.SparseCategoricalCrossentropy(from_logits=True), z, lab,
+          np.mean(-np.log(s[np.arange(B), lab])), grad / B)
+
+
+def test_binary_on_probabilities(data):
+    p, y = data["p01"], data["y01"]
+    pd = p.astype(np.float64)
+    value = np.mean(-(y * np.log(pd) + (1 - y) * np.log(1 - pd)))
+    check("binary_crossentropy", p, y, value, (pd - y) / (pd * (1 - pd)) / p.size)
+
+
+def test_binary_on_logits(data):
+    z, y = data["z"] * 4, data["y01"]
+    zd = z.astype(np.float64)
+    value = np.mean(np.maximum(zd, 0) - zd * y + np.log1p(np.exp(-np.abs(zd))))
+    check(ot.losses.BinaryCrossentropy(from_logits=True), z, y, value, (sigmoid(zd) - y) / z.size)
+
+
+def test_weighted_mse_per_sample(data, rng):
+    p, y = data["z"], data["y"]
+    w = rng.uniform(0, 2, (B, 1))
+    d = p.astype(np.float64) - y
+    check("mse", p, y, np.sum(w * d ** 2) / (B * K), 2 * w * d / (B * K), weight=w, weighting="sample")
+
+
+def test_weighted_mse_per_element_zero_weight_removes_gradient_exactly(data, rng):
+    p, y = data["z"], data["y"]
+    w = (rng.random((B, K)) > 0.5).astype(np.float32) * rng.uniform(0.5, 2, (B, K)).astype(np.float32)
+    d = p.astype(np.float64) - y
+    value, grad = loss_and_grad("mse", p, y, weight=w, weighting="element")
+    np.testing.assert_allclose(value, np.sum(w * d ** 2) / (B * K), rtol=2e-6)  # no renormalisation
+    np.testing.assert_allclose(grad, 2 * w * d / (B * K), rtol=2e-5, atol=1e-8)
+    assert np.all(grad[w == 0] == 0.0)
+
+
+def test_sample_weights_with_cross_entropy(data, rng):
+    z, lab = data["z"], data["labels"]
+    w = rng.uniform(0, 2, (B, 1))
+    s = softmax(z.astype(np.float64))
+    per = -np.log(s[np.arange(B), lab])
+    grad = w * (s - np.eye(K)[lab]) / B
+    check(ot.losses.SparseCategoricalCrossentropy(from_logits=True), z, lab, np.sum(w[:, 0] * per) / B, grad,
+          weight=w, weighting="sample")
+
+
+def test_loss_lookup_and_errors():
+    assert ot.losses.get("mean_squared_error") == ot.losses.MeanSquaredError()
+    assert ot.losses.get({"name": "huber", "delta": 2.0}) == ot.losses.Huber(2.0)
+    with pytest.raises(ot.OrtrainError, match="loss: expected one of .*received 'hinge'"):
+        ot.losses.get("hinge")
+    with pytest.raises(ot.OrtrainError, match="Huber\\(delta=...\\): expected a positive"):
+        ot.losses.Huber(delta=0)
+
+
+def test_element_weights_refused_for_other_losses(data):
+    with pytest.raises(ot.OrtrainError, match="mean squared error only"):
+        loss_and_grad("mae", data["z"], data["y"], weight=np.ones((B, K)), weighting="element")

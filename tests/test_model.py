@@ -1,0 +1,187 @@
+"""Models: functional graphs, weights, freezing, save/load, export."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import ortrain as ot
+from helpers import softmax
+
+L = ot.layers
+
+
+def skip_model():
+    inp = ot.Input((6,))
+    h = L.Dense(8, activation="relu")(inp)
+    a = L.Dense(8, activation="tanh")(h)
+    b = L.Dense(8)(h)
+    s = L.Add()([a, b, h])          # skip connection
+    out = L.Dense(3, activation="softmax")(L.Concatenate()([s, inp]))
+    model = ot.Model(inp, out, name="skip")
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def numpy_forward(model, x):
+    w = dict(zip(model.weight_names(), model.get_weights()))
+    h = np.maximum(x @ w["dense_0.kernel"] + w["dense_0.bias"], 0)
+    a = np.tanh(h @ w["dense_1.kernel"] + w["dense_1.bias"])
+    b = h @ w["dense_2.kernel"] + w["dense_2.bias"]
+    return softmax(np.concatenate([a + b + h, x], axis=1) @ w["dense_3.kernel"] + w["dense_3.bias"])
+
+
+def test_functional_branches_and_skips(rng):
+    model = skip_model()
+    x = rng.standard_normal((7, 6)).astype(np.float32)
+    np.testing.assert_allclose(model.predict(x), numpy_forward(model, x), rtol=1e-5, atol=1e-6)
+    assert [lyr.name for lyr in model.layers] == ["dense_0", "dense_1", "dense_2", "add_0", "concatenate_0",
+                                                  "dense_3"]
+    assert model.weight_names() == [f"dense_{i}.{s}" for i in range(4) for s in ("kernel", "bias")]
+
+
+def test_predict_any_rows_and_batches(rng):
+    model = skip_model()
+    x = rng.standard_normal((37, 6))  # float64 is cast
+    full = model.predict(x)
+    np.testing.assert_allclose(model.predict(x, batch_size=5), full, rtol=1e-6)
+    assert model.predict(x[:0]).shape == (0, 3)
+    with pytest.raises(ot.ShapeError, match="x: expected shape \\(N, 6\\), received \\(37, 5\\)"):
+        model.predict(x[:, :5])
+    with pytest.raises(ot.ShapeError, match="x: expected a numeric array castable to float32"):
+        model.predict(np.array([["a"] * 6]))
+
+
+def test_set_weights_list_dict_and_errors(rng):
+    model = skip_model()
+    names = model.weight_names()
+    new = [rng.standard_normal(w.shape) for w in model.get_weights()]  # float64 is cast
+    model.set_weights(new)
+    for got, want in zip(model.get_weights(), new):
+        np.testing.assert_array_equal(got, want.astype(np.float32))
+    model.set_weights({"dense_3.bias": np.ones(3)})
+    np.testing.assert_array_equal(model.get_weights()[-1], np.ones(3, np.float32))
+    before = model.get_weights()
+    with pytest.raises(ot.ShapeError, match="set_weights: 'dense_0.kernel' expected shape \\(6, 8\\)"):
+        model.set_weights({"dense_0.bias": np.zeros(8), "dense_0.kernel": np.zeros((8, 6))})
+    with pytest.raises(ot.OrtrainError, match=f"set_weights: expected {len(names)} arrays"):
+        model.set_weights(new[:2])
+    with pytest.raises(ot.OrtrainError, match="unknown weight names \\['nope'\\]"):
+        model.set_weights({"nope": np.zeros(1)})
+    for got, want in zip(model.get_weights(), before):  # nothing changed on error
+        np.testing.assert_array_equal(got, want)
+
+
+def test_export_onnx_runs_in_plain_inference_session(tmp_path, rng):
+    model = ot.Sequential([L.Conv2D(3, 3, padding="same"), L.BatchNorm(), L.Dropout(0.5), L.Flatten(),
+                           L.Dense(2, activation="softmax")], input_shape=(1, 5, 5), seed=0)
+    model.set_weights({"batch_norm_0.running_mean": rng.standard_normal(3),
+                       "batch_norm_0.running_var": rng.random(3) + 0.5})
+    path = model.export_onnx(tmp_path / "m.onnx")
+    proto = onnx.load(path)
+    onnx.checker.check_model(proto, full_check=True)
+    assert proto.ir_version <= 10
+    assert not any(n.op_type == "Dropout" and len(n.input) > 2 for n in proto.graph.node)
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    assert not dims[0].HasField("dim_value")  # dynamic batch
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for rows in (1, 9):
+        x = rng.standard_normal((rows, 1, 5, 5)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"input": x})[0], model.predict(x), rtol=1e-6, atol=1e-7)
+
+
+def test_save_and_load_round_trip(tmp_path, rng):
+    model = skip_model()
+    model.freeze("dense_1")
+    x = rng.standard_normal((16, 6)).astype(np.float32)
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 16)]
+    with ot.Trainer(model, batch_size=16) as tr:
+        for _ in range(3):
+            tr.step(x, y)
+        trained = tr.model()
+        trained.train_state = tr.export_state()
+    trained.save(tmp_path / "m.ortrain")
+    loaded = ot.load_model(tmp_path / "m.ortrain")
+    assert loaded.weight_names() == trained.weight_names()
+    np.testing.assert_array_equal(loaded.predict(x), trained.predict(x))
+    assert loaded.trainable_weight_names == trained.trainable_weight_names
+    assert loaded.loss == trained.loss and loaded.optimizer.config() == trained.optimizer.config()
+    assert loaded.metrics == ["accuracy"]
+    assert loaded.train_state.step == 3
+    for k, (m, v) in trained.train_state.moments.items():
+        np.testing.assert_array_equal(loaded.train_state.moments[k][0], m)
+        np.testing.assert_array_equal(loaded.train_state.moments[k][1], v)
+    # Training resumes with the saved moments: same next loss as the trainer that never stopped.
+    with ot.Trainer(trained, batch_size=16) as a, ot.Trainer(loaded, batch_size=16) as b:
+        assert a.step(x, y) == b.step(x, y)
+    (tmp_path / "junk").write_bytes(b"PK\x03\x04 not really")
+    with pytest.raises(ot.OrtrainError, match="is not a model saved by ortrain"):
+        ot.load_model(tmp_path / "junk")
+
+
+def test_freeze_and_unfreeze(rng):
+    model = skip_model()
+    model.freeze(["dense_0", "dense_3.*"])
+    assert model.trainable_weight_names == [f"dense_{i}.{s}" for i in (1, 2) for s in ("kernel", "bias")]
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 8)]
+    before = dict(zip(model.weight_names(), model.get_weights()))
+    with ot.Trainer(model, batch_size=8) as tr:
+        tr.step(x, y)
+        after = dict(zip(model.weight_names(), tr.model().get_weights()))
+    for name in before:
+        assert np.array_equal(before[name], after[name]) == (name.startswith(("dense_0", "dense_3")))
+    model.unfreeze(model.layers[0])
+    assert "dense_0.kernel" in model.trainable_weight_names
+    with pytest.raises(ot.OrtrainError, match="freeze: 'conv\\*' matches no layer or weight"):
+        model.freeze("conv*")
+
+
+def test_freeze_bn_stats(rng):
+    model = ot.Sequential([L.Dense(4), L.BatchNorm(), L.Dense(1)], input_shape=(3,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    model.set_weights({"batch_norm_0.running_mean": np.full(4, 0.5), "batch_norm_0.running_var": np.full(4, 2.0)})
+    x = rng.standard_normal((16, 3)).astype(np.float32)
+    y = rng.standard_normal((16, 1)).astype(np.float32)
+    model.freeze_bn_stats()
+    with ot.Trainer(model, batch_size=16) as tr:
+        loss = tr.step(x, y)
+        stats = tr.model().get_weights()[4:6]
+    np.testing.assert_array_equal(stats[0], np.full(4, 0.5, np.float32))  # not updated
+    np.testing.assert_allclose(loss, model.evaluate(x, y)["loss"], rtol=1e-5)  # normalised by running stats
+    model.unfreeze_bn_stats()
+    with ot.Trainer(model, batch_size=16) as tr:
+        tr.step(x, y)
+        moved = tr.model().get_weights()[4]
+    h = x @ model.get_weights()[0] + model.get_weights()[1]
+    np.testing.assert_allclose(moved, 0.99 * 0.5 + 0.01 * h.mean(0), rtol=1e-5)  # momentum update
+
+
+def test_evaluate_matches_numpy(rng):
+    model = skip_model()
+    x = rng.standard_normal((20, 6)).astype(np.float32)
+    labels = rng.integers(0, 3, 20)
+    y = np.eye(3, dtype=np.float32)[labels]
+    p = numpy_forward(model, x.astype(np.float64))
+    res = model.evaluate(x, y, batch_size=6)
+    np.testing.assert_allclose(res["loss"], np.mean(-(y * np.log(np.clip(p, 1e-7, 1))).sum(1)), rtol=1e-5)
+    assert res["accuracy"] == pytest.approx(np.mean(p.argmax(1) == labels))
+    with pytest.raises(ot.ShapeError, match="y: expected shape \\(20, 3\\), received \\(19, 3\\)"):
+        model.evaluate(x, y[:19])
+
+
+def test_model_errors():
+    with pytest.raises(ot.OrtrainError, match="Sequential\\(..., input_shape=...\\) is required"):
+        ot.Sequential([L.Dense(2)])
+    with pytest.raises(ot.OrtrainError, match="use the functional API"):
+        ot.Sequential([L.Add()], input_shape=(2,))
+    a, b = ot.Input((2,)), ot.Input((2,))
+    with pytest.raises(ot.OrtrainError, match="depend on an input not listed"):
+        ot.Model(a, L.Add()([a, b]))
+    with pytest.raises(ot.OrtrainError, match="layer names must be unique"):
+        ot.Sequential([L.Dense(2, name="d"), L.Dense(2, name="d")], input_shape=(2,))
+    model = ot.Sequential([L.Dense(2)], input_shape=(2,))
+    with pytest.raises(ot.OrtrainError, match="not compiled"):
+        ot.Trainer(model)
+    with pytest.raises(ot.OrtrainError, match="metrics: unknown metric 'f1'"):
+        model.compile(metrics=["f1"])

@@ -1,0 +1,132 @@
+"""Optimizers: weights after 5 updates against numpy (and PyTorch), accumulation, schedules."""
+
+import numpy as np
+import pytest
+
+import ortrain as ot
+from conftest import torch_or_skip
+from helpers import NumpyAdam, dense_model, linear_mse_grads
+
+B, NIN, NOUT = 8, 5, 3
+
+
+@pytest.fixture
+def batches(rng):
+    return [(rng.standard_normal((B, NIN)).astype(np.float32), rng.standard_normal((B, NOUT)).astype(np.float32))
+            for _ in range(5)]
+
+
+def run_ortrain(optimizer, batches, weight_decay=None, freeze=None):
+    model = dense_model(NIN, NOUT, optimizer=optimizer)
+    model.set_weights([np.linspace(-1, 1, NIN * NOUT).reshape(NIN, NOUT), np.linspace(0, 0.5, NOUT)])
+    if freeze:
+        model.freeze(freeze)
+    w0 = model.get_weights()
+    with ot.Trainer(model, batch_size=B, weight_decay=weight_decay) as tr:
+        losses = [tr.step(x, y) for x, y in batches]
+        return w0, tr.model().get_weights(), losses
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_adam_family_matches_numpy(kind, batches):
+    opt = ot.optim.Adam(lr=0.05, betas=(0.8, 0.95), eps=1e-6) if kind == "adam" else \
+        ot.optim.AdamW(lr=0.05, weight_decay=0.1)
+    w0, w5, _ = run_ortrain(opt, batches)
+    ref = NumpyAdam(w0, lr=0.05, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+    for x, y in batches:
+        ref.step(linear_mse_grads(x, y, ref.p[0], ref.p[1]))
+    for got, want in zip(w5, ref.p):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_sgd_matches_numpy(batches):
+    w0, w5, _ = run_ortrain(ot.optim.SGD(lr=0.1), batches)
+    w, b = (a.astype(np.float64) for a in w0)
+    for x, y in batches:
+        gw, gb = linear_mse_grads(x, y, w, b)
+        w, b = w - 0.1 * gw, b - 0.1 * gb
+    np.testing.assert_allclose(w5[0], w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w5[1], b, rtol=1e-5, atol=1e-6)
+
+
+def test_trainer_weight_decay_overrides_compile_and_spares_frozen(batches):
+    w0, w5, _ = run_ortrain(ot.optim.Adam(lr=0.05), batches, weight_decay=0.2, freeze="dense_0.bias")
+    ref = NumpyAdam([w0[0]], lr=0.05, weight_decay=0.2)
+    b = w0[1].astype(np.float64)
+    for x, y in batches:
+        ref.step([linear_mse_grads(x, y, ref.p[0], b)[0]])
+    np.testing.assert_allclose(w5[0], ref.p[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(w5[1], w0[1])  # frozen: neither trained nor decayed
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw", "sgd"])
+def test_matches_pytorch(kind, batches):
+    torch = torch_or_skip()
+    opt = {"adam": ot.optim.Adam(lr=0.05), "adamw": ot.optim.AdamW(lr=0.05, weight_decay=0.1),
+           "sgd": ot.optim.SGD(lr=0.1)}[kind]
+    w0, w5, losses = run_ortrain(opt, batches)
+    w = torch.tensor(w0[0], requires_grad=True)
+    b = torch.tensor(w0[1], requires_grad=True)
+    topt = {"adam": lambda: torch.optim.Adam([w, b], lr=0.05),
+            "adamw": lambda: torch.optim.AdamW([w, b], lr=0.05, weight_decay=0.1),
+            "sgd": lambda: torch.optim.SGD([w, b], lr=0.1)}[kind]()
+    tl = []
+    for x, y in batches:
+        loss = ((torch.tensor(x) @ w + b - torch.tensor(y)) ** 2).mean()
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+        tl.append(loss.item())
+    np.testing.assert_allclose(losses, tl, rtol=1e-5)
+    np.testing.assert_allclose(w5[0], w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w5[1], b.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_accumulated_batches_equal_one_larger_batch(rng):
+    x = rng.standard_normal((4 * B, NIN)).astype(np.float32)
+    y = rng.standard_normal((4 * B, NOUT)).astype(np.float32)
+    big = dense_model(NIN, NOUT, optimizer=ot.optim.Adam(lr=0.05))
+    acc = big.copy()
+    with ot.Trainer(big, batch_size=4 * B) as t1, ot.Trainer(acc, batch_size=B, nbatch_logical=4 * B) as t2:
+        for _ in range(3):
+            t1.step(x, y)
+            for i in range(4):
+                before = t2.model().get_weights()
+                t2.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
+                moved = not all(np.array_equal(a, b) for a, b in zip(before, t2.model().get_weights()))
+                assert moved == (i == 3)  # only on the period boundary
+        for a, b in zip(t1.model().get_weights(), t2.model().get_weights()):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert t2.n_steps == 12 and t2.n_updates == 3
+
+
+def test_optimizer_argument_errors():
+    with pytest.raises(ot.OrtrainError, match="lr: expected a finite number >= 0, received -1"):
+        ot.optim.Adam(lr=-1)
+    with pytest.raises(ot.OrtrainError, match="weight_decay: expected a number in \\[0, 1\\]"):
+        ot.optim.AdamW(weight_decay=2)
+    with pytest.raises(ot.OrtrainError, match="betas"):
+        ot.optim.Adam(betas=(1.0, 0.9))
+    with pytest.raises(ot.OrtrainError, match="optimizer: expected 'adam', 'adamw', 'sgd'"):
+        ot.optim.get("rmsprop")
+    with pytest.raises(ot.OrtrainError, match="SGD in ortrain has no weight decay"):
+        ot.optim.SGD().graph(weight_decay=0.1)
+
+
+def test_optimizer_defaults_follow_pytorch():
+    assert ot.optim.Adam().config() == {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
+                                        "weight_decay": 0.0}
+    assert ot.optim.AdamW().weight_decay == 0.01
+    assert ot.optim.SGD().lr == 1e-2
+
+
+def test_schedules():
+    s = ot.optim.schedules
+    assert [s.step(1.0, drop=0.5, every=2)(t) for t in range(5)] == [1.0, 1.0, 0.5, 0.5, 0.25]
+    cos = s.cosine(1.0, total_steps=4, final_lr=0.2)
+    np.testing.assert_allclose([cos(t) for t in range(6)],
+                               [0.2 + 0.4 * (1 + np.cos(np.pi * min(t, 4) / 4)) for t in range(6)])
+    wc = s.warmup_cosine(1.0, warmup_steps=2, total_steps=6)
+    np.testing.assert_allclose([wc(t) for t in range(3)], [0.5, 1.0, 1.0])
+    with pytest.raises(ot.OrtrainError, match="warmup_steps \\(6\\) must be below total_steps \\(6\\)"):
+        s.warmup_cosine(1.0, 6, 6)

@@ -1,0 +1,332 @@
+"""Trainer: the seed example against PyTorch, loss masks, targets, batch norm, resume, lifetimes, errors."""
+
+import numpy as np
+import pytest
+
+import ortrain as ot
+from conftest import torch_or_skip
+from helpers import NumpyAdam, dense_model, linear_mse_grads
+
+L = ot.layers
+
+
+def seed_data():
+    """The reference page's example: 64 rows of 4 features, a 2-class one-hot target."""
+    rng = np.random.default_rng(42)
+    x = rng.random((64, 4))
+    y = np.zeros((64, 2))
+    y[np.arange(64), np.where(x.sum(1) > 2, 0, 1)] = 1
+    return x, y
+
+
+def seed_model():
+    model = ot.Sequential([L.Dense(8, activation="relu"), L.Dense(2, activation="softmax")], input_shape=(4,),
+                          seed=5)
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    return model
+
+
+def test_seed_example_matches_pytorch_adam():
+    torch = torch_or_skip()
+    x, y = seed_data()
+    model = seed_model()
+    w = [torch.tensor(a, requires_grad=True) for a in model.get_weights()]
+    with ot.Trainer(model, batch_size=16) as tr:
+        ours = [tr.step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(4)]
+        final = tr.model().get_weights()
+    opt = torch.optim.Adam(w, lr=1e-3)
+    ref = []
+    for i in range(4):
+        xb = torch.tensor(x[i * 16:(i + 1) * 16], dtype=torch.float32)
+        yb = torch.tensor(y[i * 16:(i + 1) * 16], dtype=torch.float32)
+        p = torch.softmax(torch.relu(xb @ w[0] + w[1]) @ w[2] + w[3], dim=-1)
+        loss = -(yb * torch.log(p)).sum(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    np.testing.assert_allclose(ours, ref, rtol=1e-6)
+    for got, want in zip(final, w):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mask", [1, 3])
+def test_loss_masks_match_weighted_numpy_reference(rng, mask):
+    x = rng.standard_normal((8, 5)).astype(np.float32)
+    y = rng.standard_normal((8, 3)).astype(np.float32)
+    model = dense_model(5, 3, optimizer=ot.optim.Adam(lr=0.05))
+    w0 = model.get_weights()
+    shape = (8,) if mask == 1 else (8, 3)
+    ws = [(rng.random(shape) > 0.3) * rng.uniform(0.5, 2, shape) for _ in range(3)]
+    ref = NumpyAdam(w0, lr=0.05)
+    with ot.Trainer(model, batch_size=8, loss_mask=mask) as tr:
+        for w in ws:
+            loss = tr.step(x, y, sample_weight=w)
+            wb = w.reshape(8, 1) if mask == 1 else w
+            d = x @ ref.p[0] + ref.p[1] - y
+            np.testing.assert_allclose(loss, np.sum(wb * d ** 2) / 24, rtol=1e-5)
+            ref.step(linear_mse_grads(x, y, ref.p[0], ref.p[1], weight=wb))
+        for got, want in zip(tr.model().get_weights(), ref.p):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        # Omitted weights mean all ones; eval takes them too.
+        assert tr.eval(x, y) == pytest.approx(tr.eval(x, y, sample_weight=np.ones(shape)))
+
+
+def test_zero_weight_removes_the_gradient_exactly(rng):
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    model = dense_model(5, 3, optimizer=ot.optim.SGD(lr=0.5))
+    mask = np.zeros((4, 3), np.float32)
+    mask[:, 1] = 1.0  # only output 1 is known
+    w0 = model.get_weights()
+    with ot.Trainer(model, batch_size=4, loss_mask=3) as tr:
+        tr.step(x, rng.standard_normal((4, 3)) * 100, sample_weight=mask)
+        k, b = tr.model().get_weights()
+    np.testing.assert_array_equal(k[:, [0, 2]], w0[0][:, [0, 2]])
+    np.testing.assert_array_equal(b[[0, 2]], w0[1][[0, 2]])
+    assert not np.array_equal(k[:, 1], w0[0][:, 1])
+
+
+def test_loss_mask_errors():
+    model = dense_model(5, 3, loss="mae")
+    with pytest.raises(ot.OrtrainError, match="loss_mask=1 weights a mean squared error.*'mae'"):
+        ot.Trainer(model, batch_size=4, loss_mask=1)
+    mse = dense_model(5, 3)
+    with pytest.raises(ot.OrtrainError, match="loss_mask: expected None, 1 .* or 3 .*received 2"):
+        ot.Trainer(mse, batch_size=4, loss_mask=2)
+    with ot.Trainer(mse, batch_size=4) as tr:
+        with pytest.raises(ot.OrtrainError, match="sample_weight: this trainer has no loss weights"):
+            tr.step(np.zeros((4, 5)), np.zeros((4, 3)), sample_weight=np.ones(4))
+    with ot.Trainer(mse, batch_size=4, loss_mask=3) as tr:
+        with pytest.raises(ot.ShapeError, match="sample_weight: expected shape \\(4, 3\\).*received \\(4,\\)"):
+            tr.step(np.zeros((4, 5)), np.zeros((4, 3)), sample_weight=np.ones(4))
+
+
+def test_set_lr_takes_effect_on_the_next_update(rng):
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    y = rng.standard_normal((4, 3)).astype(np.float32)
+    model = dense_model(5, 3, optimizer=ot.optim.SGD(lr=0.1))
+    w, b = (a.astype(np.float64) for a in model.get_weights())
+    with ot.Trainer(model, batch_size=4) as tr:
+        for lr in (0.1, 0.01, 0.3):
+            tr.set_lr(lr)
+            assert tr.lr == lr
+            tr.step(x, y)
+            gw, gb = linear_mse_grads(x, y, w, b)
+            w, b = w - lr * gw, b - lr * gb
+        np.testing.assert_allclose(tr.model().get_weights()[0], w, rtol=1e-5, atol=1e-6)
+        for bad in (-0.1, float("nan"), float("inf"), "0.1"):
+            with pytest.raises(ot.OrtrainError, match="set_lr: expected a finite number >= 0"):
+                tr.set_lr(bad)
+        assert tr.lr == 0.3
+
+
+def test_snapshot_and_polyak_update(rng):
+    model = seed_model()
+    x, y = seed_data()
+    with ot.Trainer(model, batch_size=16) as tr:
+        target = tr.snapshot()
+        frozen = target.get_weights()
+        for i in range(3):
+            tr.step(x[:16], y[:16])
+        for a, b in zip(target.get_weights(), frozen):  # later steps do not move it
+            np.testing.assert_array_equal(a, b)
+        current = tr.model().get_weights()
+        tr.update_target(target, tau=0.25)
+        for got, cur, old in zip(target.get_weights(), current, frozen):
+            np.testing.assert_allclose(got, 0.25 * cur + 0.75 * old, rtol=1e-6, atol=1e-7)
+        tr.update_target(target, tau=1.0)
+        for got, cur in zip(target.get_weights(), current):
+            np.testing.assert_array_equal(got, cur)
+        np.testing.assert_array_equal(target.predict(x), tr.predict(x))
+        expected = tr.predict(x[:3])
+    np.testing.assert_array_equal(target.predict(x[:3]), expected)  # outlives the trainer's free()
+    target.free()
+    target.free()
+    with pytest.raises(ot.FreedError):
+        target.predict(x)
+
+
+def test_update_target_copies_batchnorm_statistics_and_refuses_other_architectures(rng):
+    model = ot.Sequential([L.Dense(4), L.BatchNorm(), L.Dense(1)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x = rng.standard_normal((8, 3)).astype(np.float32)
+    with ot.Trainer(model, batch_size=8) as tr:
+        target = tr.snapshot()
+        old = target.get_weights()
+        tr.step(x, rng.standard_normal((8, 1)))
+        cur = tr.model().get_weights()
+        tr.update_target(target, tau=0.5)
+        got = target.get_weights()
+        np.testing.assert_allclose(got[0], 0.5 * cur[0] + 0.5 * old[0], rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(got[4], cur[4])  # running mean copied whole
+        np.testing.assert_array_equal(got[5], cur[5])
+        other = dense_model(3, 1)
+        with ot.Trainer(other, batch_size=8) as tr2:
+            with pytest.raises(ot.OrtrainError, match="target: its weights differ .* by name or shape"):
+                tr.update_target(tr2.snapshot())
+        with pytest.raises(ot.OrtrainError, match="tau: expected a number in \\[0, 1\\]"):
+            tr.update_target(target, tau=1.5)
+        target.free()
+        with pytest.raises(ot.FreedError):
+            tr.update_target(target)
+
+
+def test_calibrate_bn_sets_exact_statistics_layer_by_layer(rng):
+    model = ot.Sequential([L.Dense(4), L.BatchNorm(), L.Dense(3), L.BatchNorm()], input_shape=(2,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x = rng.standard_normal((1500, 2)).astype(np.float32) * 3 + 1
+    with ot.Trainer(model, batch_size=8) as tr:
+        tr.calibrate_bn(x)
+        w = tr.model().get_weights()
+    xs = x[:1024].astype(np.float64)
+    h1 = xs @ w[0] + w[1]
+    np.testing.assert_allclose(w[4], h1.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w[5], h1.var(0), rtol=1e-5, atol=1e-6)
+    n1 = (h1 - w[4]) / np.sqrt(w[5] + 1e-3) * w[2] + w[3]  # the first layer, already calibrated
+    h2 = n1 @ w[6] + w[7]
+    np.testing.assert_allclose(w[10], h2.mean(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(w[11], h2.var(0), rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoint_resume_is_bit_exact(tmp_path, rng):
+    model = seed_model()
+    x, y = seed_data()
+    with ot.Trainer(model, batch_size=16) as tr:
+        tr.set_lr(0.02)
+        for i in range(3):
+            tr.step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16])
+        tr.save_checkpoint(tmp_path / "ck")
+        tail = [tr.step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(4)]
+        final = tr.model().get_weights()
+    with ot.Trainer.from_checkpoint(model, tmp_path / "ck", batch_size=16) as tr2:
+        assert tr2.n_steps == 3 and tr2.lr == 0.02 and tr2.n_updates == 3
+        again = [tr2.step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(4)]
+        assert again == tail
+        for a, b in zip(tr2.model().get_weights(), final):
+            np.testing.assert_array_equal(a, b)
+    other = dense_model(4, 2)
+    with pytest.raises(ot.OrtrainError, match="belongs to another architecture"):
+        ot.Trainer.from_checkpoint(other, tmp_path / "ck", batch_size=16)
+    with pytest.raises(ot.OrtrainError, match="directory .* does not exist"):
+        ot.Trainer(model, batch_size=16).save_checkpoint(tmp_path / "no" / "ck")
+
+
+def test_predict_eval_snapshot_do_not_disturb_training():
+    x, y = seed_data()
+    model = ot.Sequential([L.Dense(8, activation="relu"), L.Dropout(0.3, seed=1), L.BatchNorm(),
+                           L.Dense(2, activation="softmax")], input_shape=(4,), seed=5)
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    plain, mixed = [], []
+    with ot.Trainer(model, batch_size=16) as tr:
+        for i in range(8):
+            plain.append(tr.step(x[i % 4 * 16:(i % 4 + 1) * 16], y[i % 4 * 16:(i % 4 + 1) * 16]))
+    with ot.Trainer(model, batch_size=16) as tr:
+        for i in range(8):
+            tr.predict(x)
+            tr.eval(x[:16], y[:16])
+            tr.snapshot().free()
+            tr.model()
+            mixed.append(tr.step(x[i % 4 * 16:(i % 4 + 1) * 16], y[i % 4 * 16:(i % 4 + 1) * 16]))
+    assert plain == mixed
+
+
+def test_dropout_redraws_masks_and_eval_predict_have_none(rng):
+    model = ot.Sequential([L.Dense(16), L.Dropout(0.5), L.Dense(1)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    y = rng.standard_normal((8, 1)).astype(np.float32)
+    with ot.Trainer(model, batch_size=8) as tr:
+        losses = {tr.step(x, y) for _ in range(5)}
+        assert len(losses) == 5  # a new mask every step
+        assert tr.eval(x, y) == tr.eval(x, y) == pytest.approx(model.evaluate(x, y)["loss"], rel=1e-5)
+        np.testing.assert_allclose(tr.predict(x), model.predict(x), rtol=1e-6)
+
+
+def test_bad_input_is_refused_and_changes_nothing(rng):
+    model = seed_model()
+    x, y = seed_data()
+    with ot.Trainer(model, batch_size=16) as tr:
+        tr.step(x[:16], y[:16])
+        before = (tr.model().get_weights(), tr.n_steps, tr.export_state())
+        bad = [
+            ((x[:15], y[:15]), ot.ShapeError, "x: expected shape \\(16, 4\\), received \\(15, 4\\); every batch"),
+            ((x[:16, :3], y[:16]), ot.ShapeError, "expected shape \\(16, 4\\), received \\(16, 3\\)"),
+            ((x[:16].astype(str), y[:16]), ot.ShapeError, "strings, objects, complex"),
+            ((x[:16] + 1j, y[:16]), ot.ShapeError, "castable to float32"),
+            ((x[:16], y[:16, :1]), ot.ShapeError, "y: expected shape \\(16, 2\\), received \\(16, 1\\)"),
+        ]
+        for args, err, match in bad:
+            with pytest.raises(err, match=match):
+                tr.step(*args)
+            with pytest.raises(err, match=match):
+                tr.eval(*args)
+        after = (tr.model().get_weights(), tr.n_steps, tr.export_state())
+        for a, b in zip(before[0], after[0]):
+            np.testing.assert_array_equal(a, b)
+        assert before[1] == after[1] and before[2].step == after[2].step
+        for k, (m, v) in before[2].moments.items():
+            np.testing.assert_array_equal(after[2].moments[k][0], m)
+            np.testing.assert_array_equal(after[2].moments[k][1], v)
+
+
+def test_sparse_labels_out_of_range_are_refused(rng):
+    model = dense_model(4, 3, loss="sparse_categorical_crossentropy", activation="softmax")
+    with ot.Trainer(model, batch_size=4) as tr:
+        with pytest.raises(ot.ShapeError, match="class labels must lie in \\[0, 2\\]"):
+            tr.step(np.zeros((4, 4)), np.array([0, 1, 2, 3]))
+        tr.step(np.zeros((4, 4)), np.array([[0], [1], [2], [1]]))  # (batch, 1) integer labels are accepted
+
+
+def test_every_method_raises_after_free():
+    model = seed_model()
+    tr = ot.Trainer(model, batch_size=16)
+    tr.free()
+    tr.free()  # harmless
+    x, y = seed_data()
+    calls = [lambda: tr.step(x[:16], y[:16]), lambda: tr.eval(x[:16], y[:16]), lambda: tr.predict(x),
+             tr.snapshot, tr.model, lambda: tr.calibrate_bn(x), lambda: tr.set_lr(0.1), lambda: tr.lr,
+             lambda: tr.n_steps, lambda: tr.save_checkpoint("x"), lambda: tr.update_target(None),
+             lambda: tr.__enter__()]
+    for call in calls:
+        with pytest.raises(ot.FreedError, match="this trainer was freed"):
+            call()
+
+
+def test_model_returned_is_independent_and_constructor_model_unchanged():
+    model = seed_model()
+    original = model.get_weights()
+    x, y = seed_data()
+    with ot.Trainer(model, batch_size=16) as tr:
+        tr.step(x[:16], y[:16])
+        m1 = tr.model()
+        tr.step(x[16:32], y[16:32])
+        m2 = tr.model()
+    for a, b in zip(model.get_weights(), original):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(m1.get_weights()[0], m2.get_weights()[0])
+    np.testing.assert_array_equal(m2.predict(x), m2.predict(x))  # usable after free
+
+
+def test_from_artifacts_trains_without_the_model(tmp_path):
+    model = seed_model()
+    x, y = seed_data()
+    ot.artifacts.build(model, loss=model.loss, optimizer=model.optimizer, out_dir=tmp_path / "art")
+    with ot.Trainer(model, batch_size=16) as a, ot.Trainer.from_artifacts(tmp_path / "art", batch_size=16) as b:
+        for i in range(3):
+            assert a.step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) == \
+                b.step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16])
+        np.testing.assert_array_equal(a.predict(x), b.predict(x))
+        assert b.model().weight_names() == model.weight_names()
+
+
+def test_argument_errors():
+    model = seed_model()
+    with pytest.raises(ot.OrtrainError, match="batch_size: expected a positive int, received 0"):
+        ot.Trainer(model, batch_size=0)
+    with pytest.raises(ot.OrtrainError, match="nbatch_logical: expected a multiple of batch_size=16, received 24"):
+        ot.Trainer(model, batch_size=16, nbatch_logical=24)
+    with pytest.raises(ot.OrtrainError, match="weight_decay: expected a number in \\[0, 1\\]"):
+        ot.Trainer(model, weight_decay=1.5)
+    sgd = dense_model(4, 2)
+    with pytest.raises(ot.OrtrainError, match="SGD in ortrain has no weight decay"):
+        ot.Trainer(sgd, weight_decay=0.1)
