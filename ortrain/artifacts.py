@@ -137,6 +137,21 @@ class Artifacts:
     def prediction(self) -> str:
         return self.manifest["prediction"]
 
+    def model(self, checkpoint=None, metrics=None):
+        """A compiled model over these artifacts' forward graph, with the weights of ``checkpoint``
+        (a path or parsed checkpoint data; default the artifacts' own checkpoint)."""
+        from ortrain.nn.graph_model import GraphModel
+        data = checkpoint if isinstance(checkpoint, engine.CheckpointData) else \
+            engine.read_checkpoint(self.checkpoint if checkpoint is None else checkpoint)
+        weights = {**data.trainable, **data.frozen}
+        missing = sorted({p.name for p in self.params} - set(weights))
+        if missing:
+            raise OrtrainError(f"the checkpoint lacks weights {missing[:5]} of these artifacts")
+        model = GraphModel(ForwardGraph(onnx.load(self.forward), tuple(self.params), weights),
+                           name=self.directory.name or "artifacts")
+        model.compile(optimizer=self.optimizer, loss=self.loss, metrics=metrics)
+        return model
+
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()

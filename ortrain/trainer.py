@@ -186,7 +186,7 @@ class Trainer:
         for spec in model.input_specs:
             if spec.shape and spec.shape[0] is not None and spec.shape[0] != self.batch_size:
                 raise ShapeError(f"batch_size={self.batch_size}: the model's input {spec.name!r} has a fixed "
-                                 f"batch of {spec.shape[0]} rows ({describe_shape(spec.shape)}); use "
+                                 f"batch of {spec.shape[0]} rows {describe_shape(spec.shape)}; use "
                                  f"batch_size={spec.shape[0]} or re-export the model with a dynamic batch axis")
 
         if art is None:
@@ -513,17 +513,19 @@ class Trainer:
 
     @classmethod
     def from_artifacts(cls, directory, batch_size: int = 32, nbatch_logical=None, weight_decay=None,
-                       device: str = "cpu", threads=None) -> Trainer:
-        """Train from pre-built artifacts alone (``ot.artifacts.build`` or ``ortrain artifacts``)."""
-        from ortrain.graph.forward import ForwardGraph
-        from ortrain.nn.graph_model import GraphModel
-        import onnx
+                       device: str = "cpu", threads=None, checkpoint=None, metrics=None) -> Trainer:
+        """Train from pre-built artifacts alone (``ot.artifacts.build`` or ``ortrain artifacts``).
+
+        ``checkpoint`` (written by ``save_checkpoint`` for these artifacts) resumes from it instead
+        of starting from the artifacts' own weights.
+        """
         art = artifacts_mod.load(directory)
-        data = engine.read_checkpoint(art.checkpoint)
-        weights = {**data.trainable, **data.frozen}
-        model = GraphModel(ForwardGraph(onnx.load(art.forward), tuple(art.params), weights),
-                           name=Path(directory).name or "artifacts")
-        model.compile(optimizer=art.optimizer, loss=art.loss)
+        ckpt = art.checkpoint if checkpoint is None else Path(checkpoint)
+        data = engine.read_checkpoint(ckpt)
+        if checkpoint is not None and data.properties.get(_PROP + "key") != art.key:
+            raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} was not written for the artifacts in "
+                               f"{os.fspath(directory)!r}")
+        model = art.model(data, metrics=metrics)
         loss_mask = None
         if art.weighting == "sample":
             loss_mask = 1
@@ -531,8 +533,9 @@ class Trainer:
             loss_mask = art.outputs[0].shape[-1]
         tr = cls.__new__(cls)
         tr._freed = True
+        tr._any_loss = True  # the artifacts fixed the weighting; whatever loss they hold takes it
         tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
-                  checkpoint=art.checkpoint, art=art)
+                  checkpoint=ckpt, art=art)
         if _PROP + "key" in data.properties:
             tr._restore_counters(data.properties, data)
         return tr

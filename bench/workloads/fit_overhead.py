@@ -1,0 +1,158 @@
+"""What the epoch loop costs over stepping a Trainer by hand.
+
+One epoch of ``ot.fit_generator`` over 2,048 samples against a plain Python loop of
+``Trainer.step`` on the same pre-built batches, for an MLP 784-256-10 at batch 64 and
+784-512-512-10 at batch 128 (softmax, categorical cross-entropy, Adam).
+
+Two figures per model, each the median over interleaved rounds (ABBA order, after
+warm-up rounds) with the spread as the 10th-90th percentile of the per-round ratios:
+
+* ``epoch``: the epoch alone. fit_generator's epoch is timed from ``on_epoch_begin``
+  to ``on_epoch_end`` (a callback with epoch hooks only, so no per-step hook runs);
+  the plain loop is the ``for`` loop over ``tr.step``. Both start on a fresh session.
+* ``call``: the whole call. ``fit_generator`` (trainer construction, the epoch, the
+  weights and optimizer state written back into the model) against constructing a
+  Trainer, the plain loop, and ``free``. The difference is what handing the state
+  back costs, which a plain loop does not do.
+* ``machinery``: the loop's own Python cost per step, free of timing noise: the same
+  epoch loop and the same plain loop driving a trainer whose ``step`` is a no-op, over
+  many epochs; the difference per step over the real step time.
+
+The target is ``epoch`` overhead at most 5%. On a shared machine other processes only
+ever add time, so the headline is the ratio of the fastest rounds (``overhead_min``);
+the median of the paired per-round ratios and its 10th-90th percentiles show the spread.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import numpy as np
+
+import ortrain as ot
+
+SAMPLES = 2048
+CONFIGS = (("mlp-784-256-10", (256,), 64), ("mlp-784-512-512-10", (512, 512), 128))
+
+
+class _EpochTimer(ot.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds = time.perf_counter() - self.t0
+
+
+def _model(hidden, seed=0):
+    layers = [ot.layers.Dense(h, activation="relu") for h in hidden]
+    model = ot.Sequential([*layers, ot.layers.Dense(10, activation="softmax")], input_shape=(784,), seed=seed)
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    return model
+
+
+def _batches(batch_size, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.random((SAMPLES, 784), dtype=np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, SAMPLES)]
+    return [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, SAMPLES, batch_size)]
+
+
+def _plain(model, data, batch_size):
+    t0 = time.perf_counter()
+    tr = ot.Trainer(model, batch_size=batch_size)
+    t1 = time.perf_counter()
+    for x, y in data:
+        tr.step(x, y)
+    t2 = time.perf_counter()
+    tr.free()
+    t3 = time.perf_counter()
+    return t2 - t1, t3 - t0
+
+
+def _fit(model, data):
+    timer = _EpochTimer()
+    t0 = time.perf_counter()
+    ot.fit_generator(model, data, epochs=1, callbacks=[timer], verbose=0)
+    return timer.seconds, time.perf_counter() - t0
+
+
+def _machinery(model, data, batch_size: int, epochs: int) -> float:
+    """Extra seconds per step of the epoch loop over a bare ``for`` loop, with a no-op step."""
+    from ortrain.fit import train
+    with ot.Trainer(model, batch_size=batch_size) as tr:
+        tr.step = lambda x, y, sample_weight=None: 0.0
+        best_plain = best_loop = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(epochs):
+                for x, y in data:
+                    tr.step(x, y)
+            best_plain = min(best_plain, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            train(tr, data, epochs=epochs, verbose=0)
+            best_loop = min(best_loop, time.perf_counter() - t0)
+    return (best_loop - best_plain) / (epochs * len(data))
+
+
+def _summary(plain: list[float], fit: list[float]) -> dict:
+    ratios = sorted(f / p for f, p in zip(fit, plain))
+    q = statistics.quantiles(ratios, n=10) if len(ratios) >= 2 else [ratios[0]] * 9
+    return {"plain_median_s": statistics.median(plain), "fit_median_s": statistics.median(fit),
+            "overhead": statistics.median(fit) / statistics.median(plain) - 1.0,
+            "overhead_min": min(fit) / min(plain) - 1.0,
+            "overhead_paired_median": statistics.median(ratios) - 1.0,
+            "overhead_p10": q[0] - 1.0, "overhead_p90": q[-1] - 1.0}
+
+
+def measure(name: str, hidden, batch_size: int, rounds: int, warmup: int) -> dict:
+    data = _batches(batch_size)
+    model = _model(hidden)
+    times = {"plain_epoch": [], "fit_epoch": [], "plain_call": [], "fit_call": []}
+    for r in range(warmup + rounds):
+        order = ("plain", "fit") if r % 2 == 0 else ("fit", "plain")
+        got = {}
+        for kind in order:
+            # A fresh copy each time: fit writes the trained weights back into its model.
+            m = model.copy()
+            got[kind] = _plain(m, data, batch_size) if kind == "plain" else _fit(m, data)
+        if r >= warmup:
+            for kind in ("plain", "fit"):
+                times[f"{kind}_epoch"].append(got[kind][0])
+                times[f"{kind}_call"].append(got[kind][1])
+    step_s = statistics.median(times["plain_epoch"]) / len(data)
+    extra_s = _machinery(model, data, batch_size, epochs=50 if rounds < 10 else 300)
+    return {"model": name, "batch_size": batch_size, "samples": SAMPLES, "steps": len(data), "rounds": rounds,
+            "epoch": _summary(times["plain_epoch"], times["fit_epoch"]),
+            "call": _summary(times["plain_call"], times["fit_call"]),
+            "step_us_plain": 1e6 * step_s,
+            "machinery": {"us_per_step": 1e6 * extra_s, "overhead": extra_s / step_s}}
+
+
+def run(quick: bool = False) -> dict:
+    """Overhead of the epoch loop; ``quick`` takes fewer rounds."""
+    rounds, warmup = (6, 2) if quick else (30, 4)
+    results = [measure(name, hidden, bs, rounds, warmup) for name, hidden, bs in CONFIGS]
+    worst = max(r["epoch"]["overhead_min"] for r in results)
+    return {"workload": "fit_overhead", "quick": quick, "target_epoch_overhead": 0.05,
+            "worst_epoch_overhead": worst, "meets_target": worst <= 0.05, "results": results}
+
+
+def _print(report: dict) -> None:
+    for r in report["results"]:
+        e, c, m = r["epoch"], r["call"], r["machinery"]
+        print(f"{r['model']} batch {r['batch_size']}: step {r['step_us_plain']:.0f} us; epoch overhead "
+              f"{100 * e['overhead_min']:+.2f}% (fastest rounds; paired median "
+              f"{100 * e['overhead_paired_median']:+.2f}%, p10..p90 "
+              f"{100 * e['overhead_p10']:+.2f}%..{100 * e['overhead_p90']:+.2f}%); whole call "
+              f"{100 * c['overhead_min']:+.2f}% (paired median {100 * c['overhead_paired_median']:+.2f}%, p10..p90 {100 * c['overhead_p10']:+.2f}%.."
+              f"{100 * c['overhead_p90']:+.2f}%); loop machinery {m['us_per_step']:.2f} us/step = "
+              f"{100 * m['overhead']:.3f}%")
+
+
+if __name__ == "__main__":
+    import sys
+    out = run(quick="--quick" in sys.argv)
+    _print(out)
+    print(json.dumps(out, indent=1))

@@ -1,0 +1,5 @@
+import sys
+
+from ortrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,33 @@
+"""Callbacks for ``fit`` and ``fit_generator``: one class per file.
+
+>>> import ortrain as ot
+>>> stop = ot.callbacks.EarlyStopping(monitor="val_loss", patience=2, restore_best_weights=True)
+>>> sorted(n for n in ot.callbacks.__all__ if n.endswith("Decay"))
+['CosineDecay', 'StepDecay']
+"""
+
+from ortrain.callbacks.base import Callback, CallbackList
+from ortrain.callbacks.cosine_decay import CosineDecay
+from ortrain.callbacks.csv_logger import CSVLogger
+from ortrain.callbacks.early_stopping import EarlyStopping
+from ortrain.callbacks.learning_rate_scheduler import LearningRateScheduler
+from ortrain.callbacks.model_checkpoint import ModelCheckpoint
+from ortrain.callbacks.progress import ProgressBar, ProgressLines
+from ortrain.callbacks.reduce_lr_on_plateau import ReduceLROnPlateau
+from ortrain.callbacks.step_decay import StepDecay
+from ortrain.callbacks.terminate_on_nan import TerminateOnNaN
+
+__all__ = [
+    "CSVLogger",
+    "Callback",
+    "CallbackList",
+    "CosineDecay",
+    "EarlyStopping",
+    "LearningRateScheduler",
+    "ModelCheckpoint",
+    "ProgressBar",
+    "ProgressLines",
+    "ReduceLROnPlateau",
+    "StepDecay",
+    "TerminateOnNaN",
+]

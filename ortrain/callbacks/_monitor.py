@@ -1,0 +1,54 @@
+"""The "watch one logged value" logic that EarlyStopping, ReduceLROnPlateau and
+ModelCheckpoint share: which direction is better, what counts as an improvement."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from ortrain.errors import OrtrainError
+
+MODES = ("auto", "min", "max")
+
+
+class Monitor:
+    def __init__(self, monitor: str, mode: str, min_delta: float, owner: str):
+        if not isinstance(monitor, str) or not monitor:
+            raise OrtrainError(f"{owner}(monitor=...): expected the name of a logged value such as 'val_loss', "
+                               f"received {monitor!r}")
+        if mode not in MODES:
+            raise OrtrainError(f"{owner}(mode=...): expected 'auto', 'min' or 'max', received {mode!r}")
+        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not math.isfinite(min_delta):
+            raise OrtrainError(f"{owner}(min_delta=...): expected a finite number, received {min_delta!r}")
+        self.name = monitor
+        self.owner = owner
+        if mode == "auto":
+            # Accuracy-like values grow as the model improves; losses and errors shrink.
+            mode = "max" if "acc" in monitor else "min"
+        self.mode = mode
+        self.min_delta = abs(float(min_delta))
+        self.reset()
+
+    def reset(self) -> None:
+        self.best = math.inf if self.mode == "min" else -math.inf
+
+    def value(self, logs) -> float | None:
+        value = (logs or {}).get(self.name)
+        if value is None:
+            warnings.warn(f"{self.owner} monitors {self.name!r}, which is not logged; logged values are "
+                          f"{', '.join(sorted(logs or {})) or 'none'}", stacklevel=3)
+        return value
+
+    def better(self, current: float, reference: float) -> bool:
+        if self.mode == "min":
+            return current < reference - self.min_delta
+        return current > reference + self.min_delta
+
+    def improved(self, current: float) -> bool:
+        return self.better(current, self.best)
+
+
+def check_non_negative_int(value, argument: str, owner: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OrtrainError(f"{owner}({argument}=...): expected an int >= 0, received {value!r}")
+    return value

@@ -1,0 +1,113 @@
+"""The callback contract: a fixed set of hooks, no-ops by default.
+
+A callback sees the running fit through three attributes set before ``on_train_begin``:
+
+* ``trainer``: the live :class:`ortrain.Trainer` (``lr``, ``set_lr``, ``save_checkpoint``,
+  ``predict``, ``n_steps``);
+* ``loop``: the fit loop: ``loop.stop_training = True`` stops training at the end of the
+  current step; ``loop.get_weights()`` / ``loop.set_weights(ws)`` read and write the
+  trained weights (``model.get_weights()`` order); ``loop.base_lr`` is the compiled rate;
+* ``model``: the model being trained; reading it brings the current weights into it;
+* ``params``: ``epochs``, ``initial_epoch``, ``steps``, ``batch_size``, ``samples``,
+  ``verbose``, ``metrics``.
+
+Epochs are counted from 0 as in Keras; ``initial_epoch`` shifts them. A callback resets
+its own state in ``on_train_begin`` so one object can serve several fits.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Callback", "CallbackList"]
+
+_BATCH_HOOKS = ("on_batch_begin", "on_batch_end")
+
+
+class Callback:
+    """Base class: override the hooks you need."""
+
+    loop = None
+    trainer = None
+    params: dict = {}
+
+    @property
+    def model(self):
+        """The model being trained, holding the current weights (``None`` for a bare trainer)."""
+        return self.loop.model if self.loop is not None else None
+
+    def set_loop(self, loop) -> None:
+        self.loop = loop
+        self.trainer = loop.trainer
+        self.params = loop.params
+
+    def on_train_begin(self, logs=None) -> None:
+        pass
+
+    def on_train_end(self, logs=None) -> None:
+        pass
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        pass
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        pass
+
+    def on_batch_begin(self, step: int, logs=None) -> None:
+        pass
+
+    def on_batch_end(self, step: int, logs=None) -> None:
+        pass
+
+    def _overrides(self, hook: str) -> bool:
+        return getattr(type(self), hook) is not getattr(Callback, hook)
+
+
+class CallbackList:
+    """Calls every callback's hook in order. Batch hooks are called only on callbacks that
+    override them, so a fit without per-step callbacks pays nothing per step."""
+
+    def __init__(self, callbacks=()):
+        self.callbacks = []
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                from ortrain.errors import OrtrainError
+                raise OrtrainError(f"callbacks: expected ot.callbacks.Callback objects, received "
+                                   f"{type(cb).__name__}; subclass ot.callbacks.Callback")
+            self.callbacks.append(cb)
+        self._batch_begin = [cb for cb in self.callbacks if cb._overrides("on_batch_begin")]
+        self._batch_end = [cb for cb in self.callbacks if cb._overrides("on_batch_end")]
+        self.has_batch_hooks = bool(self._batch_begin or self._batch_end)
+
+    def set_loop(self, loop) -> None:
+        for cb in self.callbacks:
+            cb.set_loop(loop)
+
+    def on_train_begin(self, logs=None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_begin(logs)
+
+    def on_train_end(self, logs=None) -> None:
+        """Every callback's ``on_train_end`` runs even when one raises; the first error is re-raised."""
+        error = None
+        for cb in self.callbacks:
+            try:
+                cb.on_train_end(logs)
+            except Exception as exc:  # noqa: BLE001 - the others must still close their files
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch, logs)
+
+    def on_batch_begin(self, step: int, logs=None) -> None:
+        for cb in self._batch_begin:
+            cb.on_batch_begin(step, logs)
+
+    def on_batch_end(self, step: int, logs=None) -> None:
+        for cb in self._batch_end:
+            cb.on_batch_end(step, logs)

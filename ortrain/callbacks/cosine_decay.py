@@ -1,0 +1,39 @@
+"""``CosineDecay``: a half cosine from the initial rate to ``final_lr`` over ``total_epochs``."""
+
+from __future__ import annotations
+
+from ortrain.callbacks.learning_rate_scheduler import LearningRateScheduler
+from ortrain.optim import check_lr, schedules
+
+__all__ = ["CosineDecay"]
+
+
+class CosineDecay(LearningRateScheduler):
+    """``lr(epoch) = final + (initial - final) * (1 + cos(pi * epoch / total_epochs)) / 2``,
+    constant at ``final_lr`` after ``total_epochs``.
+
+    ``warmup_epochs > 0`` first rises linearly to the initial rate (reached in the last
+    warm-up epoch), then decays over the remaining epochs. ``initial_lr=None`` takes the
+    compiled rate, so a resumed fit continues the same curve.
+    """
+
+    def __init__(self, total_epochs: int, final_lr: float = 0.0, initial_lr: float | None = None,
+                 warmup_epochs: int = 0, verbose: int = 0):
+        final_lr = check_lr(final_lr, "CosineDecay(final_lr=...)")
+        if warmup_epochs:
+            schedules.warmup_cosine(1.0, warmup_epochs, total_epochs, 0.0)  # validates now
+        else:
+            schedules.cosine(1.0, total_epochs, 0.0)
+        self.total_epochs, self.final_lr, self.warmup_epochs = total_epochs, final_lr, warmup_epochs
+        self.initial_lr = None if initial_lr is None else check_lr(initial_lr, "CosineDecay(initial_lr=...)")
+        super().__init__(self._rate_of_epoch, verbose)
+
+    def on_train_begin(self, logs=None):
+        base = self.loop.base_lr if self.initial_lr is None else self.initial_lr
+        if self.warmup_epochs:
+            self._curve = schedules.warmup_cosine(base, self.warmup_epochs, self.total_epochs, self.final_lr)
+        else:
+            self._curve = schedules.cosine(base, self.total_epochs, self.final_lr)
+
+    def _rate_of_epoch(self, epoch, lr):
+        return self._curve(epoch)

@@ -1,0 +1,68 @@
+"""``CSVLogger``: one CSV row per epoch, flushed as it is written."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+from ortrain.callbacks.base import Callback
+from ortrain.errors import OrtrainError
+
+__all__ = ["CSVLogger"]
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "NA"
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+class CSVLogger(Callback):
+    """Write ``epoch`` and every logged value (sorted by name) to ``filename``, one row per epoch.
+
+    Each row is flushed when its epoch ends, and the file is closed in ``on_train_end``,
+    which runs even when training fails: the file then holds every completed epoch.
+    ``append=True`` adds to an existing file (the header is written only when it is empty).
+    A value that first appears after the header was written is left out; a missing one is ``NA``.
+    """
+
+    def __init__(self, filename, separator: str = ",", append: bool = False):
+        if not isinstance(separator, str) or len(separator) != 1:
+            raise OrtrainError(f"CSVLogger(separator=...): expected one character, received {separator!r}")
+        self.filename = os.fspath(filename)
+        self.separator = separator
+        self.append = bool(append)
+        self._file = None
+        self._writer = None
+        self.keys = None
+
+    def on_train_begin(self, logs=None):
+        directory = os.path.dirname(os.path.abspath(self.filename))
+        if not os.path.isdir(directory):
+            raise OrtrainError(f"CSVLogger: directory {directory!r} does not exist; create it or choose "
+                               "another filename")
+        has_rows = self.append and os.path.isfile(self.filename) and os.path.getsize(self.filename) > 0
+        self.keys = None
+        if has_rows:
+            with open(self.filename, newline="") as f:
+                header = next(csv.reader(f, delimiter=self.separator), None)
+            self.keys = header[1:] if header and header[0] == "epoch" else None
+        self._file = open(self.filename, "a" if self.append else "w", newline="")
+        self._writer = csv.writer(self._file, delimiter=self.separator)
+        self._header_written = has_rows and self.keys is not None
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if self.keys is None:
+            self.keys = sorted(logs)
+        if not self._header_written:
+            self._writer.writerow(["epoch", *self.keys])
+            self._header_written = True
+        self._writer.writerow([epoch, *(_cell(logs.get(k)) for k in self.keys)])
+        self._file.flush()
+
+    def on_train_end(self, logs=None):
+        if self._file is not None:
+            self._file.close()
+        self._file = self._writer = None

@@ -1,0 +1,66 @@
+"""``EarlyStopping``: stop when a logged value stops improving."""
+
+from __future__ import annotations
+
+from ortrain.callbacks._monitor import Monitor, check_non_negative_int
+from ortrain.callbacks.base import Callback
+
+__all__ = ["EarlyStopping"]
+
+
+class EarlyStopping(Callback):
+    """Stop training once ``monitor`` has not improved by more than ``min_delta`` for ``patience``
+    epochs.
+
+    ``baseline``: the value must beat it too before patience starts over.
+    ``restore_best_weights``: at the end of training the weights of the best epoch are put back
+    (also when training ran to the end), as Keras does. ``start_from_epoch``: epochs before it
+    are not monitored (warm-up).
+    """
+
+    def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0,
+                 mode: str = "auto", baseline: float | None = None, restore_best_weights: bool = False,
+                 start_from_epoch: int = 0, verbose: int = 0):
+        self.monitor = Monitor(monitor, mode, min_delta, "EarlyStopping")
+        self.patience = check_non_negative_int(patience, "patience", "EarlyStopping")
+        self.start_from_epoch = check_non_negative_int(start_from_epoch, "start_from_epoch", "EarlyStopping")
+        self.baseline = baseline
+        self.restore_best_weights = bool(restore_best_weights)
+        self.verbose = verbose
+        self.on_train_begin()
+
+    def on_train_begin(self, logs=None):
+        self.monitor.reset()
+        self.wait = 0
+        self.stopped_epoch = None
+        self.best_epoch = None
+        self.best_weights = None
+
+    @property
+    def best(self) -> float:
+        return self.monitor.best
+
+    def on_epoch_end(self, epoch, logs=None):
+        current = self.monitor.value(logs)
+        if current is None or epoch < self.start_from_epoch:
+            return
+        self.wait += 1
+        if self.monitor.improved(current):
+            self.monitor.best = current
+            self.best_epoch = epoch
+            if self.restore_best_weights:
+                self.best_weights = self.loop.get_weights()
+            if self.baseline is None or self.monitor.better(current, self.baseline):
+                self.wait = 0
+            return
+        if self.wait >= self.patience:
+            self.stopped_epoch = epoch
+            self.loop.stop_training = True
+
+    def on_train_end(self, logs=None):
+        if self.stopped_epoch is not None and self.verbose:
+            print(f"Epoch {self.stopped_epoch + 1}: early stopping")
+        if self.restore_best_weights and self.best_weights is not None:
+            if self.verbose:
+                print(f"Restoring the weights of the best epoch, {self.best_epoch + 1}")
+            self.loop.set_weights(self.best_weights)

@@ -1,0 +1,48 @@
+"""``LearningRateScheduler``: the learning rate of each epoch from a function."""
+
+from __future__ import annotations
+
+import inspect
+
+from ortrain.callbacks.base import Callback
+from ortrain.errors import OrtrainError
+from ortrain.optim import check_lr
+
+__all__ = ["LearningRateScheduler"]
+
+
+def _n_args(fn) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 2
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
+
+
+class LearningRateScheduler(Callback):
+    """At the start of every epoch set the learning rate to ``schedule(epoch, lr)``.
+
+    ``epoch`` counts from 0 and includes ``initial_epoch``; ``lr`` is the current rate.
+    A ``schedule(epoch)`` of one argument is accepted too. The rate is set before the
+    epoch's first step and recorded in the history as ``lr``.
+    """
+
+    def __init__(self, schedule, verbose: int = 0):
+        if not callable(schedule):
+            raise OrtrainError(f"LearningRateScheduler(schedule=...): expected a function (epoch, lr) -> lr, "
+                               f"received {schedule!r}")
+        self.schedule = schedule
+        self.verbose = verbose
+        self._two_args = _n_args(schedule) >= 2
+
+    def _rate(self, epoch: int, lr: float) -> float:
+        return self.schedule(epoch, lr) if self._two_args else self.schedule(epoch)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        value = self._rate(epoch, self.trainer.lr)
+        lr = check_lr(value, f"{type(self).__name__}: the schedule's value for epoch {epoch}")
+        self.trainer.set_lr(lr)
+        if self.verbose:
+            print(f"Epoch {epoch + 1}: learning rate {lr:.6g}")

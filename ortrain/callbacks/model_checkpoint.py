@@ -1,0 +1,62 @@
+"""``ModelCheckpoint``: save a resumable training checkpoint after epochs."""
+
+from __future__ import annotations
+
+import os
+
+from ortrain.callbacks._monitor import Monitor
+from ortrain.callbacks.base import Callback
+from ortrain.errors import OrtrainError
+
+__all__ = ["ModelCheckpoint"]
+
+
+class ModelCheckpoint(Callback):
+    """Write ``trainer.save_checkpoint(filepath)`` at the end of every epoch, or only when
+    ``monitor`` improves with ``save_best_only=True``.
+
+    The file holds weights, optimizer moments, step counters and learning rate;
+    ``ot.Trainer.from_checkpoint(model, filepath, batch_size=...)`` continues from it bit-exactly
+    (with the ``nbatch_logical`` and ``loss_mask`` of the fit that wrote it; a fit with per-sample
+    weights trained with ``loss_mask=1``). ``filepath`` may hold
+    ``str.format`` fields: ``{epoch}`` (counted from 1, as Keras names files) and any logged
+    value, e.g. ``"ckpt-{epoch:02d}-{val_loss:.3f}"``. Every file is written to a temporary name
+    and renamed, so a checkpoint on disk is always complete, also after a failed fit.
+    """
+
+    def __init__(self, filepath, monitor: str = "val_loss", save_best_only: bool = False, mode: str = "auto",
+                 verbose: int = 0):
+        self.filepath = os.fspath(filepath)
+        self.save_best_only = bool(save_best_only)
+        self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint")
+        self.verbose = verbose
+        self.saved: list[str] = []
+
+    def on_train_begin(self, logs=None):
+        directory = os.path.dirname(os.path.abspath(self.filepath))
+        if not os.path.isdir(directory):
+            raise OrtrainError(f"ModelCheckpoint: directory {directory!r} does not exist; create it or choose "
+                               "another filepath")
+        self.monitor.reset()
+        self.saved = []
+
+    def _path(self, epoch: int, logs: dict) -> str:
+        try:
+            return self.filepath.format(epoch=epoch + 1, **logs)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} names a value that is not logged "
+                               f"or has a bad format ({exc!r}); logged values are {', '.join(sorted(logs))}") \
+                from exc
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = dict(logs or {})
+        if self.save_best_only:
+            current = self.monitor.value(logs)
+            if current is None or not self.monitor.improved(current):
+                return
+            self.monitor.best = current
+        path = self._path(epoch, logs)
+        self.trainer.save_checkpoint(path)
+        self.saved.append(path)
+        if self.verbose:
+            print(f"Epoch {epoch + 1}: checkpoint saved to {path}")

@@ -1,0 +1,61 @@
+"""``ReduceLROnPlateau``: lower the learning rate when a logged value stalls."""
+
+from __future__ import annotations
+
+import math
+
+from ortrain.callbacks._monitor import Monitor, check_non_negative_int
+from ortrain.callbacks.base import Callback
+from ortrain.errors import OrtrainError
+from ortrain.optim import check_lr
+
+__all__ = ["ReduceLROnPlateau"]
+
+
+class ReduceLROnPlateau(Callback):
+    """After ``patience`` epochs without an improvement of ``monitor`` by more than ``min_delta``,
+    multiply the learning rate by ``factor`` (not below ``min_lr``), then wait ``cooldown``
+    epochs before counting again. The new rate applies from the next epoch."""
+
+    def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, mode: str = "auto",
+                 min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0, verbose: int = 0):
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 < factor < 1.0 \
+                or not math.isfinite(factor):
+            raise OrtrainError(f"ReduceLROnPlateau(factor=...): expected a number in (0, 1), received {factor!r}")
+        self.monitor = Monitor(monitor, mode, min_delta, "ReduceLROnPlateau")
+        self.factor = float(factor)
+        self.patience = check_non_negative_int(patience, "patience", "ReduceLROnPlateau")
+        self.cooldown = check_non_negative_int(cooldown, "cooldown", "ReduceLROnPlateau")
+        self.min_lr = check_lr(min_lr, "ReduceLROnPlateau(min_lr=...)")
+        self.verbose = verbose
+        self.on_train_begin()
+
+    def on_train_begin(self, logs=None):
+        self.monitor.reset()
+        self.wait = 0
+        self.cooldown_left = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        current = self.monitor.value(logs)
+        if current is None:
+            return
+        if self.cooldown_left > 0:
+            self.cooldown_left -= 1
+            self.wait = 0
+        if self.monitor.improved(current):
+            self.monitor.best = current
+            self.wait = 0
+            return
+        if self.cooldown_left > 0:
+            return
+        self.wait += 1
+        if self.wait < self.patience:
+            return
+        old = self.trainer.lr
+        if old > self.min_lr:
+            new = max(old * self.factor, self.min_lr)
+            self.trainer.set_lr(new)
+            if self.verbose:
+                print(f"Epoch {epoch + 1}: ReduceLROnPlateau lowers the learning rate to {new:.6g}")
+            self.cooldown_left = self.cooldown
+            self.wait = 0

@@ -1,0 +1,270 @@
+"""The ``ortrain`` command line.
+
+Exit codes: 0 success, 1 a run that failed (one line on stderr, no traceback for
+errors in the input), 2 bad arguments, 130 interrupted (the run directory stays
+consistent; ``--resume`` continues it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+LOSSES = ("mse", "mae", "huber", "categorical_crossentropy", "sparse_categorical_crossentropy",
+          "binary_crossentropy")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+TRAIN_KEYS = {"model": str, "artifacts": str, "data": list, "val_data": list, "val_split": float, "epochs": int,
+              "batch_size": int, "lr": float, "loss": str, "from_logits": bool, "optimizer": str, "metrics": list,
+              "out": str, "seed": int, "resume": bool, "shuffle": bool, "verbose": int, "trainable": list,
+              "frozen": list}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), received {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), received {text!r}")
+    return value
+
+
+def _model_source(p: argparse.ArgumentParser, onnx_model: bool = False) -> None:
+    p.add_argument("--run", help="a run directory written by `ortrain train`")
+    p.add_argument("--artifacts", help="an artifacts directory (ot.artifacts.build / `ortrain artifacts`)")
+    p.add_argument("--checkpoint", help="weights from this checkpoint instead of the run's last or the artifacts' own")
+    if onnx_model:
+        p.add_argument("--model", help="an .onnx model file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ortrain", description="Train ONNX models with onnxruntime-training.")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="train on the bundled digits data, export and verify model.onnx")
+    p.add_argument("--out", default="ortrain-demo", help="output directory (default: ortrain-demo)")
+    p.add_argument("--epochs", type=_positive_int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1)
+
+    sub.add_parser("info", help="versions, execution providers, threads, the artifact cache")
+
+    p = sub.add_parser("artifacts", help="generate training artifacts for an .onnx model, offline")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="artifacts directory to write")
+    p.add_argument("--loss", required=True, choices=LOSSES)
+    p.add_argument("--from-logits", action="store_true", help="cross-entropy losses take logits")
+    p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    p.add_argument("--lr", type=float, help="learning rate stored as the default")
+    p.add_argument("--trainable", nargs="+", metavar="PATTERN", help="only these weights train (names or globs)")
+    p.add_argument("--frozen", nargs="+", metavar="PATTERN", help="these weights do not train")
+    p.add_argument("--sample-weights", action="store_true", help="add a per-sample weight input to the loss")
+
+    p = sub.add_parser("train", help="train from artifacts or an .onnx model on .npz/.npy data")
+    p.add_argument("config", nargs="?", metavar="CONFIG.toml", help="a TOML file with the same keys as the options")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--artifacts", metavar="DIR")
+    src.add_argument("--model", metavar="MODEL.onnx")
+    p.add_argument("--data", nargs="+", metavar="FILE", help="FILE.npz (x, y[, sample_weight]) or X.npy Y.npy")
+    p.add_argument("--epochs", type=_positive_int, help="train until this many epochs are done")
+    p.add_argument("--batch-size", type=_positive_int, dest="batch_size")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--loss", choices=LOSSES, help="with --model (default mse)")
+    p.add_argument("--from-logits", action="store_true", default=None, dest="from_logits")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="with --model (default adam)")
+    p.add_argument("--metrics", nargs="+")
+    val = p.add_mutually_exclusive_group()
+    val.add_argument("--val-data", nargs="+", metavar="FILE", dest="val_data")
+    val.add_argument("--val-split", type=_fraction, dest="val_split")
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/run)")
+    p.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-shuffle", action="store_false", dest="shuffle", default=None)
+    p.add_argument("--verbose", type=int, choices=(0, 1, 2))
+    p.add_argument("--trainable", nargs="+", metavar="PATTERN")
+    p.add_argument("--frozen", nargs="+", metavar="PATTERN")
+
+    p = sub.add_parser("eval", help="loss and metrics of a trained model on labelled data")
+    _model_source(p)
+    p.add_argument("--data", nargs="+", required=True, metavar="FILE")
+    p.add_argument("--batch-size", type=_positive_int, dest="batch_size")
+    p.add_argument("--metrics", nargs="+")
+
+    p = sub.add_parser("predict", help="write predictions to .npy")
+    _model_source(p, onnx_model=True)
+    p.add_argument("--data", nargs="+", required=True, metavar="FILE")
+    p.add_argument("-o", "--output", default="predictions.npy", metavar="OUT.npy")
+    p.add_argument("--batch-size", type=_positive_int, dest="batch_size")
+
+    p = sub.add_parser("export", help="write an inference ONNX model from a run or a checkpoint")
+    _model_source(p)
+    p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx")
+    return parser
+
+
+def _train_config(opts) -> dict:
+    from ortrain.cli._common import UsageError
+    cfg: dict = {}
+    if opts.config:
+        cfg.update(_read_toml(opts.config))
+    for key in TRAIN_KEYS:
+        value = getattr(opts, key, None)
+        if value is not None:
+            cfg[key] = value
+    cfg.setdefault("out", "runs/run")
+    if not cfg.get("resume"):
+        if bool(cfg.get("model")) == bool(cfg.get("artifacts")):
+            raise UsageError("train: give --artifacts DIR or --model MODEL.onnx (exactly one)")
+        for key in ("data", "epochs", "batch_size"):
+            if cfg.get(key) is None:
+                raise UsageError(f"train: --{key.replace('_', '-')} is required")
+        if cfg.get("artifacts") and (cfg.get("loss") or cfg.get("optimizer")):
+            raise UsageError("train: --loss and --optimizer are fixed by the artifacts; drop them or train from "
+                             "--model")
+        cfg.setdefault("loss", "mse")
+        cfg.setdefault("optimizer", "adam")
+    elif cfg.get("data") is None or cfg.get("epochs") is None:
+        raise UsageError("train --resume: --data and --epochs are required (the run stops after --epochs)")
+    return cfg
+
+
+def _read_toml(path: str) -> dict:
+    from pathlib import Path
+
+    from ortrain.cli._common import UsageError
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"CONFIG: no such file {path!r}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"CONFIG: {path!r} is not valid TOML: {exc}") from None
+    unknown = sorted(set(raw) - set(TRAIN_KEYS))
+    if unknown:
+        raise UsageError(f"CONFIG: unknown keys {unknown}; known keys are {sorted(TRAIN_KEYS)}")
+    base = Path(path).resolve().parent
+    cfg = {}
+    for key, value in raw.items():
+        kind = TRAIN_KEYS[key]
+        if kind is list and isinstance(value, str):
+            value = [value]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise UsageError(f"CONFIG: key {key!r} expects {kind.__name__}, received {value!r}")
+        if key in ("model", "artifacts", "out"):
+            value = str((base / value))
+        elif key in ("data", "val_data"):
+            value = [str(base / v) for v in value]
+        cfg[key] = value
+    return cfg
+
+
+def _info(opts) -> dict:
+    import os
+    import platform
+
+    import numpy
+    import onnx
+
+    import ortrain as ot
+    root = ot.artifacts.cache_dir()
+    entries, size = 0, 0
+    if root.is_dir():
+        for entry in root.iterdir():
+            if entry.is_dir() and not entry.name.startswith("."):
+                entries += 1
+        for dirpath, _, files in os.walk(root):
+            size += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+    return {"ortrain": ot.__version__, "onnxruntime-training": ot.engine.ORT_VERSION, "onnx": onnx.__version__,
+            "numpy": numpy.__version__, "python": platform.python_version(),
+            "execution_providers": ot.engine.available_providers(), "threads": ot.get_num_threads(),
+            "cache": str(root), "cache_entries": entries, "cache_bytes": size}
+
+
+def _dispatch(opts) -> dict:
+    from ortrain.cli import runs
+    if opts.command == "demo":
+        from ortrain.cli import demo
+        return demo.run(opts.out, epochs=opts.epochs, seed=opts.seed, verbose=opts.verbose,
+                        echo=(lambda *a: None) if opts.json else print)
+    if opts.command == "info":
+        return _info(opts)
+    if opts.command == "artifacts":
+        return runs.artifacts(opts)
+    if opts.command == "train":
+        return runs.train(_train_config(opts))
+    if opts.command == "eval":
+        return runs.evaluate(opts)
+    if opts.command == "predict":
+        return runs.predict(opts)
+    return runs.export(opts)
+
+
+def _print(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    for key, value in result.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(str(v) for v in value) or "-"
+        elif isinstance(value, float):
+            value = f"{value:.6g}"
+        print(f"{key}: {value}")
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        opts = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage and the reason
+        return int(exc.code or 0)
+    if opts.command is None:
+        parser.print_help()
+        return 2
+    try:
+        from ortrain.cli._common import UsageError
+        from ortrain.errors import OrtrainError
+    except Exception as exc:  # the environment check failed while importing ortrain
+        print(f"ortrain: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    try:
+        result = _dispatch(opts)
+    except UsageError as exc:
+        print(f"ortrain {opts.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        where = f" in {opts.out}" if getattr(opts, "out", None) and opts.command == "train" else ""
+        print(f"ortrain {opts.command}: interrupted; completed epochs are saved{where}, continue with --resume",
+              file=sys.stderr)
+        return 130
+    except (OrtrainError, OSError) as exc:
+        print(f"ortrain {opts.command}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    if opts.command == "demo" and not opts.json:
+        return 0
+    _print(result, opts.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

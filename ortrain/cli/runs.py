@@ -1,0 +1,232 @@
+"""Training runs on disk: ``ortrain train`` and what reads its run directory.
+
+A run directory holds::
+
+    run.json            the run's settings (written once, when it starts)
+    state.json          the commit point: epochs done, the checkpoint to resume from, the history
+    artifacts/          training artifacts, when the run started from --model
+    checkpoints/        epoch-NNNN.ckpt (the two newest are kept)
+    log.csv, history.json, model.onnx (at the end), loss.png (with matplotlib)
+
+After every epoch the checkpoint is written first and ``state.json`` last, each by
+rename, so a run stopped at any moment (Ctrl-C, a kill) leaves a directory that
+``--resume`` continues from the last completed epoch, bit for bit.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+import ortrain as ot
+from ortrain import fit as fit_mod
+from ortrain.callbacks.base import Callback
+from ortrain.cli._common import UsageError, load_data, read_json, write_json, write_text
+from ortrain.errors import OrtrainError
+
+KEEP_CHECKPOINTS = 2
+
+
+class RunRecorder(Callback):
+    """Writes checkpoint, log and history after every epoch, then commits ``state.json``."""
+
+    def __init__(self, out: Path, history: dict[str, list], epochs_done: list[int]):
+        self.out = out
+        self.history = {k: list(v) for k, v in history.items()}
+        self.epochs = list(epochs_done)
+
+    def on_epoch_end(self, epoch, logs=None):
+        ckdir = self.out / "checkpoints"
+        ckdir.mkdir(exist_ok=True)
+        ck = ckdir / f"epoch-{epoch + 1:04d}.ckpt"
+        self.trainer.save_checkpoint(ck)
+        self.epochs.append(epoch)
+        for key, value in (logs or {}).items():
+            self.history.setdefault(key, [None] * (len(self.epochs) - 1)).append(value)
+        write_text(self.out / "log.csv", self._csv())
+        write_json(self.out / "history.json", {"epoch": self.epochs, "history": self.history})
+        write_json(self.out / "state.json", {"epoch": epoch + 1, "checkpoint": f"checkpoints/{ck.name}",
+                                             "epochs": self.epochs, "history": self.history})
+        for old in sorted(ckdir.glob("epoch-*.ckpt"))[:-KEEP_CHECKPOINTS]:
+            old.unlink()
+
+    def _csv(self) -> str:
+        keys = sorted(self.history)
+        buf = io.StringIO()
+        buf.write(",".join(["epoch", *keys]) + "\n")
+        for i, e in enumerate(self.epochs):
+            cells = [str(e)] + ["" if self.history[k][i] is None else repr(float(self.history[k][i])) for k in keys]
+            buf.write(",".join(cells) + "\n")
+        return buf.getvalue()
+
+
+def _split(x, y, w, fraction: float):
+    """Keras' validation_split: the last ``fraction`` of the rows, taken before any shuffling."""
+    n = len(y)
+    cut = n - int(round(n * fraction))
+    if cut <= 0 or cut >= n:
+        raise UsageError(f"--val-split: {fraction} leaves no training or no validation rows of {n}")
+    val = (x[cut:], y[cut:]) if w is None else (x[cut:], y[cut:], w[cut:])
+    return x[:cut], y[:cut], (None if w is None else w[:cut]), val
+
+
+def _build_artifacts(cfg: dict, out: Path) -> Path:
+    model = ot.from_onnx(cfg["model"], trainable=cfg.get("trainable"), frozen=cfg.get("frozen"))
+    loss = ot.losses.get(cfg["loss"]) if not cfg.get("from_logits") else \
+        ot.losses.get({"name": cfg["loss"], "from_logits": True})
+    opt = ot.optim.get(cfg["optimizer"])
+    if cfg.get("lr") is not None:
+        opt.lr = cfg["lr"]
+    weighting = "sample" if cfg.get("has_sample_weight") else None
+    target = out / "artifacts"
+    ot.artifacts.build(model, loss=loss, optimizer=opt, out_dir=target, weighting=weighting)
+    return target
+
+
+def train(cfg: dict) -> dict:
+    """Run (or resume) a training run; returns a summary for the caller to print."""
+    out = Path(cfg["out"])
+    x, y, w = load_data(cfg["data"])
+    if y is None:
+        raise UsageError(f"--data: {', '.join(cfg['data'])} holds no labels 'y'")
+    val = None
+    if cfg.get("val_data"):
+        vx, vy, vw = load_data(cfg["val_data"], "--val-data")
+        if vy is None:
+            raise UsageError("--val-data: the file holds no labels 'y'")
+        val = (vx, vy) if vw is None else (vx, vy, vw)
+    elif cfg.get("val_split"):
+        x, y, w, val = _split(x, y, w, cfg["val_split"])
+    cfg["has_sample_weight"] = w is not None
+
+    if cfg.get("resume"):
+        run = read_json(out / "run.json", "run settings")
+        state = read_json(out / "state.json", "run state") if (out / "state.json").exists() else None
+        art_dir = Path(run["artifacts"])
+        seed, batch_size = run["seed"], run["batch_size"]
+        checkpoint = out / state["checkpoint"] if state else None
+        initial_epoch = state["epoch"] if state else 0
+        history, epochs_done = (state["history"], state["epochs"]) if state else ({}, [])
+        lr = None
+    else:
+        if (out / "state.json").exists() or (out / "run.json").exists():
+            raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
+                             "another directory")
+        out.mkdir(parents=True, exist_ok=True)
+        art_dir = Path(cfg["artifacts"]).resolve() if cfg.get("artifacts") else _build_artifacts(cfg, out)
+        seed = cfg["seed"] if cfg.get("seed") is not None else int(np.random.default_rng().integers(2**31))
+        batch_size, checkpoint, initial_epoch, history, epochs_done = cfg["batch_size"], None, 0, {}, []
+        lr = cfg.get("lr")
+        write_json(out / "run.json", {"artifacts": str(art_dir), "seed": seed, "batch_size": batch_size,
+                                      "settings": {k: v for k, v in cfg.items() if k not in ("resume",)}})
+    if cfg["epochs"] <= initial_epoch:
+        return {"out": str(out), "epochs": initial_epoch, "note": f"the run already completed {initial_epoch} "
+                f"epochs; pass --epochs above {initial_epoch} to train further"}
+    ot.set_seed(seed)
+    trainer = ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint,
+                                        metrics=cfg.get("metrics"))
+    try:
+        if lr is not None:
+            trainer.set_lr(lr)
+        recorder = RunRecorder(out, history, epochs_done)
+        fit_mod.train(trainer, x, y, sample_weight=w, epochs=cfg["epochs"], initial_epoch=initial_epoch,
+                     validation_data=val, shuffle=cfg.get("shuffle", True), callbacks=[recorder],
+                     verbose=cfg.get("verbose", 1))
+        model = trainer.model()
+    finally:
+        trainer.free()
+    model.export_onnx(out / "model.onnx")
+    summary = {"out": str(out), "epochs": len(recorder.epochs), "model": str(out / "model.onnx"),
+               "final": {k: v[-1] for k, v in recorder.history.items() if v}}
+    plot = _plot(recorder, out)
+    if plot:
+        summary["plot"] = plot
+    return summary
+
+
+def _plot(recorder: RunRecorder, out: Path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in ("loss", "val_loss"):
+        if key in recorder.history:
+            ax.plot([e + 1 for e in recorder.epochs], recorder.history[key], marker="o", label=key)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=100)
+    plt.close(fig)
+    return str(out / "loss.png")
+
+
+def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, onnx_model: str | None = None,
+               metrics=None):
+    """The model a run, an artifacts directory (with an optional checkpoint) or an .onnx file holds."""
+    given = [a for a in (run, artifacts, onnx_model) if a]
+    if len(given) != 1:
+        raise UsageError("give exactly one of --run, --artifacts or --model")
+    if onnx_model:
+        return ot.from_onnx(onnx_model)
+    if run:
+        settings = read_json(Path(run) / "run.json", "run settings")
+        art = ot.artifacts.load(settings["artifacts"])
+        if checkpoint is None and (Path(run) / "state.json").exists():
+            checkpoint = str(Path(run) / read_json(Path(run) / "state.json", "run state")["checkpoint"])
+    else:
+        art = ot.artifacts.load(artifacts)
+    if checkpoint is not None and not os.path.isfile(checkpoint):
+        raise UsageError(f"--checkpoint: no such file {checkpoint!r}")
+    return art.model(checkpoint, metrics=metrics)
+
+
+def evaluate(opts) -> dict:
+    model = model_from(opts.run, opts.artifacts, opts.checkpoint, metrics=opts.metrics)
+    x, y, w = load_data(opts.data)
+    if y is None:
+        raise UsageError("--data: the file holds no labels 'y' to evaluate against")
+    return model.evaluate(x, y, batch_size=opts.batch_size, sample_weight=w)
+
+
+def predict(opts) -> dict:
+    model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model)
+    x, _, _ = load_data(opts.data)
+    pred = model.predict(x, batch_size=opts.batch_size)
+    out = Path(opts.output)
+    np.save(out, pred if isinstance(pred, np.ndarray) else pred[0])
+    return {"predictions": str(out), "shape": list(np.shape(pred))}
+
+
+def export(opts) -> dict:
+    model = model_from(opts.run, opts.artifacts, opts.checkpoint)
+    path = model.export_onnx(opts.output)
+    return {"model": path, "inputs": [s.name for s in model.input_specs],
+            "outputs": [s.name for s in model.output_specs]}
+
+
+def artifacts(opts) -> dict:
+    if not os.path.isfile(opts.model):
+        raise UsageError(f"MODEL: no such file {opts.model!r}")
+    model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
+    loss = ot.losses.get({"name": opts.loss, "from_logits": True} if opts.from_logits else opts.loss)
+    opt = ot.optim.get(opts.optimizer)
+    if opts.lr is not None:
+        opt.lr = opts.lr
+    art = ot.artifacts.build(model, loss=loss, optimizer=opt, out_dir=opts.output,
+                             weighting="sample" if opts.sample_weights else None)
+    roles = {"trainable": [], "frozen": [], "buffer": []}
+    for p in art.params:
+        roles[p.role].append(p.name)
+    return {"directory": str(art.directory), "hash": art.key, **roles}
+
+
+def check_run_dir(path: str) -> None:
+    if not Path(path, "run.json").is_file():
+        raise OrtrainError(f"--run: {path!r} is not a run directory (no run.json)")

@@ -1,0 +1,297 @@
+"""Where the epoch loop's batches come from: arrays, callables and iterables.
+
+Every source answers two calls: ``start_epoch(epoch)`` when an epoch begins and
+``pull()`` for the next batch, ``None`` at the end of the epoch. :class:`EpochIterator`
+counts steps on top of a source; it never asks a source for more than
+``steps_per_epoch`` batches.
+
+The generator contract (API section 3):
+
+* a **callable** of no arguments returns one batch per call and ``None`` at the end of
+  an epoch; a finite one resets itself before returning ``None``, so the next call
+  starts the next epoch. An infinite one never returns ``None`` and needs
+  ``steps_per_epoch``.
+* a **re-iterable** (a list, or any object whose ``iter()`` returns a fresh iterator)
+  is iterated afresh at the start of every epoch.
+* a **one-shot iterator** (a Python generator, ``iter(list)``) is consumed across
+  epochs: ``steps_per_epoch`` says how many batches make an epoch. When it runs dry,
+  training stops.
+
+A ``None`` item from an iterable ends the epoch like a callable's ``None``.
+A batch is ``(x, y)``, ``(x, y, sample_weight)`` or
+``{"inputs": [...], "labels": [...], "sample_weight": ...}``.
+
+The helpers at the end turn what ``fit`` receives into sources: arrays checked against the
+model, the validation split, validation data as arrays or a generator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain import _random
+from ortrain._arrays import as_array
+from ortrain.errors import OrtrainError, ShapeError
+
+__all__ = ["ArraySource", "CallableSource", "EpochIterator", "IterableSource", "as_source", "parse_batch",
+           "rows_of", "generator_source", "prepare_arrays", "validation_iterator", "split_arrays"]
+
+_BATCH_FORMS = "(x, y), (x, y, sample_weight) or {'inputs': [...], 'labels': [...], 'sample_weight': ...}"
+_DICT_KEYS = {"inputs", "labels", "sample_weight"}
+
+
+def _describe(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    if isinstance(value, dict):
+        return f"a dict with keys {sorted(map(str, value))}"
+    return f"a {type(value).__name__}"
+
+
+def _single(value, key: str):
+    if isinstance(value, (list, tuple)):
+        if len(value) == 1:
+            return value[0]
+        if key == "labels":
+            raise OrtrainError(f"batch['labels']: expected one label array (the loss is on the model's first "
+                               f"output), received {len(value)}")
+        return list(value)
+    return value
+
+
+def parse_batch(batch) -> tuple:
+    """``(x, y, sample_weight)`` from any of the accepted batch forms; ``sample_weight`` may be None."""
+    if isinstance(batch, dict):
+        unknown = set(batch) - _DICT_KEYS
+        if unknown or "inputs" not in batch or "labels" not in batch:
+            raise OrtrainError(f"batch: expected {_BATCH_FORMS}; received {_describe(batch)}"
+                               + (f" (unknown keys {sorted(map(str, unknown))})" if unknown else ""))
+        return _single(batch["inputs"], "inputs"), _single(batch["labels"], "labels"), batch.get("sample_weight")
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
+        return batch[0], batch[1], (batch[2] if len(batch) == 3 else None)
+    raise OrtrainError(f"batch: expected {_BATCH_FORMS}; received {_describe(batch)}")
+
+
+def rows_of(x) -> int:
+    """The number of rows of a batch's inputs (the first input for several)."""
+    first = x[0] if isinstance(x, list) else x
+    return first.shape[0] if isinstance(first, np.ndarray) else len(first)
+
+
+class CallableSource:
+    """A callable of no arguments: one batch per call, ``None`` at the end of an epoch."""
+
+    one_shot = False
+    short_batches = False
+
+    def __init__(self, fn):
+        self.pull = fn
+        self.exhausted = False
+
+    def start_epoch(self, epoch: int) -> None:
+        pass
+
+
+class IterableSource:
+    """A re-iterable (fresh iterator every epoch) or a one-shot iterator (consumed across epochs)."""
+
+    short_batches = False
+
+    def __init__(self, iterable):
+        if not hasattr(type(iterable), "__iter__") and not hasattr(type(iterable), "__getitem__"):
+            raise TypeError(f"{type(iterable).__name__} is not iterable")
+        self._iterable = iterable
+        # An iterator returns itself from iter(): its items are used up once. Testing for
+        # __next__ avoids calling iter() on a re-iterable that may open files or shards.
+        self.one_shot = hasattr(type(iterable), "__next__")
+        self._it = iter(iterable) if self.one_shot else None
+        self.exhausted = False
+        self.size = None if self.one_shot or not hasattr(type(iterable), "__len__") else len(iterable)
+
+    def start_epoch(self, epoch: int) -> None:
+        if not self.one_shot:
+            self._it = iter(self._iterable)
+
+    def pull(self):
+        if self.exhausted:
+            return None
+        try:
+            return next(self._it)
+        except StopIteration:
+            if self.one_shot:
+                self.exhausted = True
+            return None
+
+
+class ArraySource:
+    """Batches of ``batch_size`` rows over in-memory arrays; the last batch of a pass may be shorter.
+
+    Every epoch is one pass over the rows. With ``shuffle`` the order of epoch ``e`` is a
+    permutation drawn from ``(seed, e)``: with ``ot.set_seed`` the seed is ortrain's, so
+    epoch ``e`` sees the same order whether it runs in one ``fit`` or in a resumed one.
+    """
+
+    one_shot = False
+    short_batches = True
+    exhausted = False
+
+    def __init__(self, xs: list[np.ndarray], y: np.ndarray, w: np.ndarray | None, batch_size: int,
+                 shuffle: bool = False, seed: int | None = None):
+        self._xs, self._y, self._w = xs, y, w
+        self.rows = y.shape[0]
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        if shuffle and seed is None:
+            seed = _random._seed if _random.is_seeded() else _random.draw_seed()
+        self._seed = seed
+        self._order = None
+        self._pos = 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return -(-self.rows // self.batch_size)
+
+    def start_epoch(self, epoch: int) -> None:
+        self._pos = 0
+        if self.shuffle:
+            self._order = np.random.default_rng([self._seed, epoch]).permutation(self.rows)
+
+    def pull(self):
+        start = self._pos
+        if start >= self.rows:
+            return None
+        stop = start + self.batch_size
+        self._pos = stop
+        if self._order is None:
+            sl = slice(start, stop)
+        else:
+            sl = self._order[start:stop]
+        x = [a[sl] for a in self._xs]
+        return (x if len(x) > 1 else x[0], self._y[sl], None if self._w is None else self._w[sl])
+
+
+def as_source(data, argument: str = "generator"):
+    """A source for a callable or an iterable of batches; arrays are refused with the fix."""
+    if isinstance(data, (CallableSource, IterableSource, ArraySource)):
+        return data
+    if isinstance(data, np.ndarray):
+        raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
+                           f"received an array of shape {data.shape}; for arrays call model.fit(x, y, "
+                           "batch_size=...)")
+    if callable(data):
+        return CallableSource(data)
+    if isinstance(data, (str, bytes, dict)):
+        raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
+                           f"received {_describe(data)}")
+    try:
+        return IterableSource(data)
+    except TypeError:
+        raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
+                           f"received {_describe(data)}") from None
+
+
+class EpochIterator:
+    """Steps of one epoch over a source: ``(step, batch)`` pairs.
+
+    With ``steps`` the source is pulled exactly ``steps`` times unless it ends the epoch
+    first; without, until it returns ``None``. ``pending`` is a batch already pulled for
+    the first epoch (the fit loop reads one to learn the batch size).
+    """
+
+    def __init__(self, source, steps: int | None = None, pending=None):
+        self.source = source
+        self.steps = steps
+        self._pending = pending
+        self.taken = 0  # batches of the last epoch
+        self.ended_early = False  # the source ended an epoch before ``steps``
+
+    def epoch(self, epoch: int):
+        source, steps = self.source, self.steps
+        pending, self._pending = self._pending, None
+        if pending is None:
+            source.start_epoch(epoch)
+        self.taken = 0
+        self.ended_early = False
+        pull = source.pull
+        while steps is None or self.taken < steps:
+            if pending is not None:
+                batch, pending = pending, None
+            else:
+                batch = pull()
+            if batch is None:
+                self.ended_early = steps is not None
+                return
+            self.taken += 1
+            yield self.taken - 1, batch
+
+
+# -- preparing what fit receives ----------------------------------------------------------------
+def generator_source(data, steps_per_epoch, n_epochs: int, argument: str = "generator"):
+    """A source for a generator; a one-shot iterator asked for several epochs needs ``steps_per_epoch``."""
+    source = as_source(data, argument)
+    if source.one_shot and steps_per_epoch is None and n_epochs > 1:
+        raise OrtrainError(f"{argument}: a one-shot iterator (e.g. a Python generator) is used up by its first "
+                           f"epoch and {n_epochs} epochs were asked for; pass steps_per_epoch, or a re-iterable "
+                           "(a list, an object with __iter__) or a callable that returns None at each epoch end")
+    return source
+
+
+def prepare_arrays(model, x, y, w, xa: str, ya: str, wa: str):
+    """``x``, ``y`` and per-sample weights cast and checked against ``model`` (all rows at once)."""
+    xs = model._prepare(x, xa)
+    n = xs[0].shape[0]
+    if n == 0:
+        raise ShapeError(f"{xa}: holds no rows; give at least one sample")
+    ys = model._prepare_labels(y, n, ya)
+    ws = None if w is None else model._prepare_sample_weight(w, n, wa)
+    return xs, ys, ws
+
+
+def element_weights(w, rows: int) -> np.ndarray:
+    """Weights of any per-row shape (one per output element); the trainer checks the rest per batch."""
+    a = as_array(w, np.float32, "sample_weight")
+    if a.ndim == 0 or a.shape[0] != rows:
+        raise ShapeError(f"sample_weight: expected one row of weights per sample ({rows} rows), received shape "
+                         f"{a.shape}")
+    return a
+
+
+def looks_like_arrays(data) -> bool:
+    """``(x, y)`` or ``(x, y, sample_weight)`` arrays rather than a collection of batches."""
+    return isinstance(data, tuple) and len(data) in (2, 3) and not isinstance(data[0], (tuple, dict))
+
+
+def validation_iterator(model, data, steps, batch_size: int, argument: str = "validation_data"):
+    """An epoch iterator over validation arrays ``(x, y[, sample_weight])`` or a generator; None for None."""
+    if data is None:
+        return None
+    if looks_like_arrays(data):
+        xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None,
+                                    f"{argument}[0]", f"{argument}[1]", f"{argument}[2]")
+        return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
+    return EpochIterator(as_source(data, argument), steps)
+
+
+def check_split(validation_split) -> None:
+    if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
+            or not 0.0 <= validation_split < 1.0:
+        raise OrtrainError(f"validation_split: expected a fraction in [0, 1), received {validation_split!r}")
+
+
+def split_arrays(arrays, validation_split):
+    """``(train, held_out)``: the last ``validation_split`` of the rows, taken before any shuffling
+    (Keras' rule); ``held_out`` is None for 0."""
+    check_split(validation_split)
+    xs, ys, ws = arrays
+    if not validation_split:
+        return arrays, None
+    n = len(ys)
+    at = int(n * (1.0 - validation_split))
+    if at == 0 or at == n:
+        raise OrtrainError(f"validation_split={validation_split} leaves {at} training and {n - at} validation rows "
+                           f"of {n}; choose a fraction that keeps both non-empty")
+    head = ([a[:at] for a in xs], ys[:at], None if ws is None else ws[:at])
+    tail = ([a[at:] for a in xs], ys[at:], None if ws is None else ws[at:])
+    return head, tail

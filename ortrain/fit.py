@@ -1,0 +1,491 @@
+"""The epoch loop, written once on top of :class:`ortrain.Trainer`.
+
+``Model.fit`` (arrays or a generator), :func:`fit_generator` and the command line all
+end in :func:`train`, which runs epochs of training steps on a trainer. Who owns which
+argument:
+
+=====================  =====================================================================
+object                 owns
+=====================  =====================================================================
+data source            the batches: ``batch_size`` and ``shuffle`` for arrays (the short last
+(``ortrain.data``)     batch included), re-iterating an iterable each epoch, the sample weights
+                       of each batch
+epoch iterator         the steps: ``steps_per_epoch`` / ``validation_steps`` (never one pull
+(``EpochIterator``)    more), where an epoch ends (``None``, exhaustion)
+loop (:func:`train`)   ``epochs``, ``initial_epoch``, validation, callbacks and their stop flag,
+                       the history, locating errors by epoch and step
+trainer                one step: the batch's shape, gradient accumulation (``nbatch_logical``),
+                       loss weights, weight decay, the learning rate
+``fit_model`` /        building the trainer and handing the trained weights and optimizer state
+``fit_generator``      back to the caller's model (``model.train_state``) when the loop ends
+=====================  =====================================================================
+
+Epochs follow Keras: ``epochs`` is the index the loop stops before, so ``initial_epoch=2,
+epochs=5`` runs epochs 2, 3 and 4; the number only matters to callbacks and schedules.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ortrain import losses as losses_mod
+from ortrain import metrics as metrics_mod
+from ortrain import optim
+from ortrain.callbacks.base import CallbackList
+from ortrain.callbacks.progress import check_verbose, progress
+from ortrain.data import (
+    ArraySource,
+    EpochIterator,
+    check_split,
+    element_weights,
+    generator_source,
+    looks_like_arrays,
+    parse_batch,
+    prepare_arrays,
+    rows_of,
+    split_arrays,
+    validation_iterator,
+)
+from ortrain.errors import OrtrainError, ShapeError
+from ortrain.history import History
+from ortrain.nn.model import Model
+from ortrain.trainer import Trainer
+
+__all__ = ["fit_generator", "fit_model", "train"]
+
+DEFAULT_BATCH_SIZE = 32
+
+
+# -- argument checks ------------------------------------------------------------------------------
+def _count(value, argument: str, minimum: int = 1, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise OrtrainError(f"{argument}: expected {kind}{' or None' if allow_none else ''}, received {value!r}")
+    return int(value)
+
+
+def _epochs(epochs, initial_epoch) -> tuple[int, int]:
+    return (_count(epochs, "epochs", 0, allow_none=False),
+            _count(initial_epoch, "initial_epoch", 0, allow_none=False))
+
+
+def _located(exc: Exception, where: str) -> Exception:
+    """The same error type, its message prefixed with the epoch and step it happened at."""
+    try:
+        return type(exc)(f"{where}: {exc}")
+    except Exception:  # noqa: BLE001 - an exotic constructor: keep the original
+        return exc
+
+
+# -- the loop -------------------------------------------------------------------------------------
+class _Loop:
+    """One run of the epoch loop; callbacks see it as ``callback.loop``."""
+
+    def __init__(self, trainer: Trainer, iterator: EpochIterator, *, epochs: int, initial_epoch: int,
+                 validation: EpochIterator | None, callbacks, verbose, model: Model | None,
+                 samples: int | None = None):
+        self.trainer = trainer
+        self.iterator = iterator
+        self.validation = validation
+        self.epochs, self.initial_epoch = epochs, initial_epoch
+        self._model = model
+        self._synced_at = None
+        base = trainer._model
+        self.base_lr = base.optimizer.lr
+        self.metrics = metrics_mod.resolve(base.metrics, base.loss)
+        self.val_metrics = metrics_mod.resolve(base.metrics, base.loss)
+        self._labels = base._prepare_labels
+        source = iterator.source
+        steps = iterator.steps
+        size = source.batches_per_epoch if isinstance(source, ArraySource) else getattr(source, "size", None)
+        if size is not None:
+            steps = min(steps or size, size)
+        self.steps_hint = steps
+        self.params = {"epochs": epochs, "initial_epoch": initial_epoch, "steps": steps,
+                       "batch_size": trainer.batch_size, "samples": samples, "verbose": verbose,
+                       "metrics": self._log_names()}
+        self.stop_training = False
+        self.epoch = initial_epoch
+        self.epoch_steps = 0
+        self.epoch_samples = 0
+        self.history = History()
+        display = progress(verbose)
+        self.callbacks = CallbackList([*callbacks, self.history, *([display] if display else [])])
+        self.callbacks.set_loop(self)
+        self._warned_short = False
+
+    def _log_names(self) -> list[str]:
+        names = ["loss", *(m.name for m in self.metrics)]
+        if self.validation is not None:
+            names += [f"val_{n}" for n in names]
+        return names + ["lr"]
+
+    # -- what callbacks use --------------------------------------------------------------------
+    def _names(self) -> list[str]:
+        return [p.name for p in self.trainer._params]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of the trained weights, in ``model.get_weights()`` order."""
+        session = self.trainer._session
+        return [session.get(n) for n in self._names()]
+
+    def set_weights(self, weights) -> None:
+        """Write weights (``get_weights()`` order) into the trainer; checked before anything changes."""
+        names = self._names()
+        weights = list(weights)
+        if len(weights) != len(names):
+            raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), "
+                               f"received {len(weights)}")
+        session = self.trainer._session
+        staged = []
+        for name, w in zip(names, weights):
+            cur = session.get(name)
+            a = np.asarray(w, dtype=cur.dtype)
+            if a.shape != cur.shape:
+                raise ShapeError(f"set_weights: {name!r} expected shape {cur.shape}, received {a.shape}")
+            staged.append((name, a))
+        for name, a in staged:
+            session.set(name, a)
+        self._synced_at = None
+
+    @property
+    def model(self) -> Model | None:
+        """The caller's model, brought up to date with the trained weights when read."""
+        if self._model is not None and self._synced_at != self.trainer.n_steps:
+            self._model.set_weights(self.get_weights())
+            self._synced_at = self.trainer.n_steps
+        return self._model
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self) -> History:
+        cbs = self.callbacks
+        logs: dict = {}
+        try:
+            cbs.on_train_begin()
+            for epoch in range(self.initial_epoch, self.epochs):
+                self.epoch = epoch
+                cbs.on_epoch_begin(epoch)
+                logs = self._train_epoch(epoch)
+                if logs is None:
+                    break
+                if self.validation is not None:
+                    logs.update(self._validate(epoch))
+                logs["lr"] = self.trainer.lr
+                cbs.on_epoch_end(epoch, logs)
+                if self.stop_training:
+                    break
+                if self.iterator.source.exhausted and epoch + 1 < self.epochs:
+                    self._warn_dry(epoch)
+                    break
+        finally:
+            try:
+                cbs.on_train_end(logs)
+            finally:
+                self._finish()
+        return self.history
+
+    def _warn_dry(self, epoch: int) -> None:
+        warnings.warn(f"the generator ran dry in epoch {epoch} (counted from 0); training stops. A one-shot "
+                      "iterator must hold steps_per_epoch * epochs batches; pass a re-iterable or a callable "
+                      "to train longer", RuntimeWarning, stacklevel=4)
+
+    def _warn_empty(self, epoch: int) -> None:
+        if self.iterator.source.exhausted:
+            what = "the generator ran dry"
+        else:
+            what = "the generator returned no batch"
+        warnings.warn(f"epoch {epoch} (counted from 0) yielded no batch ({what}); training stops. A finite "
+                      "callable must reset itself before returning None so the next call starts the next "
+                      "epoch", RuntimeWarning, stacklevel=4)
+
+    def _train_epoch(self, epoch: int) -> dict | None:
+        tr = self.trainer
+        bs = tr.batch_size
+        cbs = self.callbacks
+        hooks = cbs.has_batch_hooks
+        metrics = self.metrics
+        for m in metrics:
+            m.reset()
+        short_ok = self.iterator.source.short_batches
+        total = 0.0
+        seen = 0
+        step = -1
+        for step, batch in self.iterator.epoch(epoch):
+            if hooks:
+                cbs.on_batch_begin(step, {"batch": step})
+            try:
+                if type(batch) is tuple and len(batch) == 2:
+                    x, y = batch
+                    w = None
+                else:
+                    x, y, w = parse_batch(batch)
+                rows = bs
+                if short_ok and rows_of(x) != bs:
+                    loss, pred = tr.step_rows(x, y, w)
+                    rows = pred.shape[0]
+                elif metrics:
+                    loss, pred = tr.step_with_outputs(x, y, w)
+                else:
+                    loss = tr.step(x, y, w)
+                if metrics:
+                    self._update(metrics, pred, y, w)
+            except (OrtrainError, ValueError, TypeError) as exc:
+                raise _located(exc, f"epoch {epoch}, step {step} (counted from 0)") from exc
+            total += loss * rows
+            seen += rows
+            if hooks:
+                cbs.on_batch_end(step, {"batch": step, "size": rows, "loss": loss})
+            if self.stop_training:
+                break
+        self.epoch_steps, self.epoch_samples = step + 1, seen
+        if seen == 0:
+            self._warn_empty(epoch)
+            return None
+        if self.iterator.steps is None and self.steps_hint is None:
+            self.steps_hint = step + 1
+        self._check_short(epoch, step + 1)
+        logs = {"loss": total / seen}
+        logs.update((m.name, m.result()) for m in metrics)
+        return logs
+
+    def _check_short(self, epoch: int, taken: int) -> None:
+        it = self.iterator
+        if it.ended_early and not it.source.exhausted and not self._warned_short:
+            self._warned_short = True
+            warnings.warn(f"epoch {epoch}: the generator ended the epoch after {taken} of steps_per_epoch="
+                          f"{it.steps} batches; epochs stay this short (warned once)", RuntimeWarning,
+                          stacklevel=4)
+
+    def _update(self, metrics, pred, y, w) -> None:
+        y = self._labels(y, None, "y")
+        for m in metrics:
+            m.update(pred, y, w)
+
+    def _validate(self, epoch: int) -> dict:
+        tr = self.trainer
+        metrics = self.val_metrics
+        for m in metrics:
+            m.reset()
+        total = 0.0
+        seen = 0
+        for step, batch in self.validation.epoch(epoch):
+            try:
+                x, y, w = parse_batch(batch)
+                loss, pred = tr.eval_with_outputs(x, y, w)
+                if metrics:
+                    self._update(metrics, pred, y, w)
+            except (OrtrainError, ValueError, TypeError) as exc:
+                raise _located(exc, f"validation after epoch {epoch}, step {step} (counted from 0)") from exc
+            rows = pred.shape[0]
+            total += loss * rows
+            seen += rows
+        if seen == 0:
+            warnings.warn(f"validation after epoch {epoch} yielded no batch; no val_ values are logged",
+                          RuntimeWarning, stacklevel=4)
+            return {}
+        return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
+
+    def _finish(self) -> None:
+        tr = self.trainer
+        if tr._accum:
+            warnings.warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
+                          f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
+                          f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning, stacklevel=4)
+        if self._model is not None:
+            _ = self.model  # brings the weights over
+            self._model.train_state = tr.export_state()
+
+
+# -- entry points ---------------------------------------------------------------------------------
+def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1, initial_epoch: int = 0,
+          steps_per_epoch: int | None = None, validation_data=None, validation_steps: int | None = None,
+          shuffle: bool = True, callbacks=(), verbose=1, model: Model | None = None) -> History:
+    """Run the epoch loop on ``trainer`` (which stays alive; the caller frees it).
+
+    ``data`` is arrays (``x`` with ``y``, batched by ``trainer.batch_size``, the short last
+    batch trained as one step) or a generator (``y`` None). ``validation_data``: arrays
+    ``(x, y)`` / ``(x, y, sample_weight)`` or a generator. With ``model`` the trained weights
+    and optimizer state are written back into it when the loop ends, also when it fails.
+    This is what ``Model.fit``, :func:`fit_generator` and the command line call.
+    """
+    if not isinstance(trainer, Trainer):
+        raise OrtrainError(f"trainer: expected an ot.Trainer, received {type(trainer).__name__}")
+    trainer._live()
+    epochs, initial_epoch = _epochs(epochs, initial_epoch)
+    steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
+    validation_steps = _count(validation_steps, "validation_steps")
+    base = trainer._model
+    check_verbose(verbose)
+    if y is None:
+        source, samples = generator_source(data, steps_per_epoch, epochs - initial_epoch), None
+    else:
+        if sample_weight is not None and trainer._weight_spec is None:
+            raise OrtrainError("sample_weight: this trainer has no loss weights; create it with loss_mask=1 (one "
+                               "weight per sample) or loss_mask=<outputs> to train with them")
+        element = trainer.loss_mask not in (None, 1)
+        xs, ys, ws = prepare_arrays(base, data, y, None if element else sample_weight, "x", "y", "sample_weight")
+        if element and sample_weight is not None:
+            ws = element_weights(sample_weight, len(ys))
+        source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=_flag(shuffle, "shuffle")), len(ys)
+    vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size)
+    loop = _Loop(trainer, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
+                 validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=samples)
+    return loop.run()
+
+
+def _flag(value, argument: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise OrtrainError(f"{argument}: expected True or False, received {value!r}")
+    return bool(value)
+
+
+def _apply_compile_overrides(model: Model, loss, optimizer) -> None:
+    """``loss``/``optimizer`` given to ``fit_generator`` recompile the model first (checked before any
+    change). A new optimizer starts from fresh moments; a new loss alone keeps them."""
+    if loss is None and optimizer is None:
+        if not model.compiled:
+            raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) or pass loss=... "
+                               "(and optimizer=...) to fit_generator")
+        return
+    new_loss = losses_mod.get(loss) if loss is not None else model.loss
+    if new_loss is None:
+        raise OrtrainError("loss: the model is not compiled and no loss was given; pass loss='mse' (or another "
+                           "loss) or call model.compile first")
+    new_opt = optim.get(optimizer) if optimizer is not None else (model.optimizer or optim.get("adam"))
+    state = model.train_state if optimizer is None else None
+    model.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics)
+    model.train_state = state
+
+
+def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initial_epoch=0,
+                  validation_generator=None, validation_steps=None, loss=None, optimizer=None,
+                  nbatch_logical=None, callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0) -> History:
+    """Train ``model`` from a generator, one batch at a time; returns a :class:`History`.
+
+    ``generator``: a callable of no arguments returning a batch, or ``None`` at the end of an epoch
+    (a finite one resets itself first); or an iterable of batches (a re-iterable is iterated afresh
+    every epoch; a one-shot iterator is consumed across epochs and needs ``steps_per_epoch`` for
+    more than one). Batches are ``(x, y)``, ``(x, y, sample_weight)`` or
+    ``{"inputs": [...], "labels": [...], "sample_weight": ...}``, all of the first batch's size.
+    With ``steps_per_epoch`` the generator is called exactly that many times per epoch. An epoch
+    without a batch stops training with a warning.
+
+    ``loss``/``optimizer`` recompile the model before training (a new optimizer starts fresh
+    moments). ``nbatch_logical``: gradients of several batches make one update. ``loss_mask``
+    as for :class:`ortrain.Trainer`; batches carrying ``sample_weight`` without it weight each
+    sample's loss (any loss). ``weight_decay`` overrides the optimizer's (``None`` keeps it).
+    The trained weights and optimizer state are written back into ``model``, so a later fit
+    continues; when the generator raises, the error propagates after every callback's
+    ``on_train_end`` ran and the model holds the last completed step.
+
+    ``initial_epoch``/``epochs`` follow Keras: epochs ``initial_epoch .. epochs-1`` run.
+
+    >>> import numpy as np, ortrain as ot
+    >>> model = ot.Sequential([ot.layers.Dense(1)], input_shape=(2,), seed=0)
+    >>> _ = model.compile(optimizer="sgd", loss="mse")
+    >>> batches = [(np.ones((4, 2)), np.zeros((4, 1)))] * 3
+    >>> hist = ot.fit_generator(model, batches, epochs=3, initial_epoch=1, verbose=0)
+    >>> hist.epoch, model.train_state.n_steps
+    ([1, 2], 6)
+    """
+    if not isinstance(model, Model):
+        raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
+    steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
+    _count(validation_steps, "validation_steps")
+    _count(nbatch_logical, "nbatch_logical")
+    epochs, initial_epoch = _epochs(epochs, initial_epoch)
+    source = generator_source(generator, steps_per_epoch, epochs - initial_epoch)
+    vit = validation_iterator(model, validation_generator, validation_steps, 1, "validation_generator")
+    CallbackList(callbacks or ())  # checks the objects before anything runs
+    check_verbose(verbose)
+    if weight_decay is not None:
+        optim.check_weight_decay(weight_decay)
+    _apply_compile_overrides(model, loss, optimizer)
+    if epochs <= initial_epoch:
+        return History()
+    source.start_epoch(initial_epoch)
+    first = source.pull()
+    if first is None:
+        warnings.warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
+                      "nothing was trained", RuntimeWarning, stacklevel=2)
+        return History()
+    try:
+        x, _, w = parse_batch(first)
+        rows = model._prepare(x, "x")[0].shape[0]
+    except (OrtrainError, ValueError, TypeError) as exc:
+        raise _located(exc, f"epoch {initial_epoch}, step 0 (counted from 0)") from exc
+    any_loss = loss_mask is None and w is not None
+    trainer = Trainer(model, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
+                      weight_decay=weight_decay, _weights_any_loss=any_loss)
+    with trainer:
+        if vit is not None and isinstance(vit.source, ArraySource):
+            vit.source.batch_size = rows
+        loop = _Loop(trainer, EpochIterator(source, steps_per_epoch, pending=first), epochs=epochs,
+                     initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
+                     model=model)
+        return loop.run()
+
+
+def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbose=1, callbacks=None,
+              validation_split=0.0, validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0,
+              steps_per_epoch=None, validation_steps=None) -> History:
+    """``Model.fit``: arrays (``x`` and ``y``) or a generator (``x`` alone, see :func:`fit_generator`).
+
+    With arrays every sample counts once per epoch: rows are cut into batches of ``batch_size``
+    (32 by default) and a shorter last batch is one more training step on its own rows. With
+    ``shuffle`` the order is redrawn every epoch, reproducibly from ``ot.set_seed``.
+    ``validation_split`` holds out the last fraction of rows (before shuffling);
+    ``validation_data`` (arrays or a generator) takes precedence over it, as in Keras.
+    ``sample_weight`` weights each sample's loss (and metrics), for every loss.
+    ``steps_per_epoch`` with arrays: every epoch starts a new pass and trains its first
+    ``steps_per_epoch`` batches.
+    """
+    if not model.compiled:
+        raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) before fit")
+    if y is None:
+        return _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_split,
+                                          epochs=epochs, verbose=verbose, callbacks=callbacks,
+                                          validation_data=validation_data, initial_epoch=initial_epoch,
+                                          steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+    bs = _count(batch_size, "batch_size") or DEFAULT_BATCH_SIZE
+    epochs, initial_epoch = _epochs(epochs, initial_epoch)
+    steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
+    validation_steps = _count(validation_steps, "validation_steps")
+    shuffle = _flag(shuffle, "shuffle")
+    check_verbose(verbose)
+    CallbackList(callbacks or ())  # checks the objects before anything runs
+    arrays = prepare_arrays(model, x, y, sample_weight, "x", "y", "sample_weight")
+    if validation_data is not None:
+        check_split(validation_split)  # then ignored, as in Keras
+        (xs, ys, ws), vit = arrays, validation_iterator(model, validation_data, validation_steps, bs)
+    else:
+        (xs, ys, ws), held = split_arrays(arrays, validation_split)
+        vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
+    weighted = ws is not None or (vit is not None and isinstance(vit.source, ArraySource) and vit.source._w is not None)
+    with Trainer(model, batch_size=bs, loss_mask=1 if weighted else None, _weights_any_loss=weighted) as tr:
+        source = ArraySource(xs, ys, ws, bs, shuffle=shuffle)
+        loop = _Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
+                     validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys))
+        return loop.run()
+
+
+def _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_split, **kwargs) -> History:
+    if x is None:
+        raise OrtrainError("fit: expected x and y arrays, or a generator as x; received neither")
+    if isinstance(x, np.ndarray) or looks_like_arrays(x) and isinstance(x[0], np.ndarray):
+        raise OrtrainError("y: fit with arrays needs labels (fit(x, y, ...)); to train from a generator pass a "
+                           "callable or an iterable of (x, y) batches as x")
+    for name, value, unset in (("batch_size", batch_size, None), ("sample_weight", sample_weight, None),
+                               ("validation_split", validation_split, 0.0)):
+        if value is not unset and value != unset:
+            raise OrtrainError(f"{name}: not used with a generator (its batches set the batch size and carry "
+                               f"their own sample weights, validation comes from validation_data); "
+                               f"received {name}={value!r}")
+    return fit_generator(model, x, steps_per_epoch=kwargs["steps_per_epoch"], epochs=kwargs["epochs"],
+                         initial_epoch=kwargs["initial_epoch"], validation_generator=kwargs["validation_data"],
+                         validation_steps=kwargs["validation_steps"], callbacks=kwargs["callbacks"],
+                         verbose=kwargs["verbose"], weight_decay=None)

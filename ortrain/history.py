@@ -1,0 +1,101 @@
+"""``History``: what ``fit`` and ``fit_generator`` return, one entry per epoch."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+from ortrain.callbacks.base import Callback
+from ortrain.errors import OrtrainError
+
+__all__ = ["History"]
+
+
+class History(Callback):
+    """Per-epoch logs of one fit.
+
+    ``history``: a dict of lists, one value per epoch: ``loss`` (the mean loss of the epoch's
+    training steps, each batch weighted by its rows), compiled metrics, ``val_loss`` and
+    ``val_<metric>`` when there is validation data, ``lr`` (the learning rate the epoch trained
+    with) and anything a callback adds to the logs. ``epoch``: the epoch numbers (from 0,
+    ``initial_epoch`` included). ``params``: the fit's settings. A value missing in some epoch
+    is NaN there, so every list has one entry per epoch.
+    """
+
+    def __init__(self):
+        self.history: dict[str, list] = {}
+        self.epoch: list[int] = []
+        self.params = {}
+
+    def set_loop(self, loop) -> None:
+        super().set_loop(loop)
+        self.params = dict(loop.params)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        n = len(self.epoch)
+        self.epoch.append(epoch)
+        for key, value in logs.items():
+            column = self.history.setdefault(key, [math.nan] * n)
+            column.append(value)
+        for column in self.history.values():
+            if len(column) == n:
+                column.append(math.nan)
+
+    def __len__(self) -> int:
+        return len(self.epoch)
+
+    def __repr__(self) -> str:
+        return f"<History {len(self.epoch)} epochs: {', '.join(self.history)}>"
+
+    # -- export ---------------------------------------------------------------------------
+    def to_csv(self, path) -> str:
+        """Write ``epoch`` and every logged value, one row per epoch."""
+        path = os.fspath(path)
+        keys = list(self.history)
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["epoch", *keys])
+            for i, e in enumerate(self.epoch):
+                w.writerow([e, *(repr(float(self.history[k][i])) for k in keys)])
+        return path
+
+    def to_pandas(self):
+        """A ``pandas.DataFrame`` indexed by epoch (needs pandas: ``pip install 'ortrain[plot]'``)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise OrtrainError("History.to_pandas needs pandas, which is not installed; install the plot extra: "
+                               "pip install 'ortrain[plot]' (or pip install pandas)") from None
+        return pd.DataFrame(self.history, index=pd.Index(self.epoch, name="epoch"))
+
+    def plot(self, path) -> str:
+        """Save a figure with one panel per quantity (``loss`` beside ``val_loss``, each metric beside its
+        ``val_`` twin, ``lr`` alone) to ``path`` (needs matplotlib: ``pip install 'ortrain[plot]'``)."""
+        try:
+            import matplotlib
+            matplotlib.use("Agg", force=False)
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise OrtrainError("History.plot needs matplotlib, which is not installed; install the plot extra: "
+                               "pip install 'ortrain[plot]' (or pip install matplotlib)") from None
+        if not self.epoch:
+            raise OrtrainError("History.plot: the history holds no epoch; nothing to plot")
+        panels = [k for k in self.history if not k.startswith("val_")]
+        panels += [k[4:] for k in self.history if k.startswith("val_") and k[4:] not in self.history]
+        fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.6 * len(panels)), sharex=True, squeeze=False)
+        for ax, key in zip(axes[:, 0], panels):
+            for name in (key, f"val_{key}"):
+                if name in self.history:
+                    ax.plot(self.epoch, self.history[name], marker="o", label=name)
+            ax.set_ylabel(key)
+            if key == "lr" and all(v > 0 for v in self.history["lr"]):
+                ax.set_yscale("log")
+            ax.legend()
+        axes[-1, 0].set_xlabel("epoch")
+        fig.tight_layout()
+        path = os.fspath(path)
+        fig.savefig(path)
+        plt.close(fig)
+        return path

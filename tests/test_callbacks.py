@@ -1,0 +1,446 @@
+"""Callbacks: hooks and epoch numbers, schedules, early stopping, plateaus, CSV, checkpoints,
+NaN termination and the progress display."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import sys
+
+import numpy as np
+import pytest
+from test_fit import batches, mlp, mse_grads, sgd
+
+import ortrain as ot
+from ortrain.callbacks.base import CallbackList
+
+
+def sgd_model(lr=0.1, seed=0):
+    model = mlp(seed=seed)
+    model.compile(optimizer=ot.optim.SGD(lr=lr), loss="mse")
+    return model
+
+
+class Recorder(ot.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.events = [("train_begin",)]
+        self.lrs = []
+        self.weights = {}
+
+    def on_train_end(self, logs=None):
+        self.events.append(("train_end",))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.events.append(("epoch_begin", epoch))
+        self.lrs.append(self.trainer.lr)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.events.append(("epoch_end", epoch, sorted(logs)))
+        self.weights[epoch] = self.loop.get_weights()
+
+    def on_batch_begin(self, step, logs=None):
+        self.events.append(("batch_begin", step))
+
+    def on_batch_end(self, step, logs=None):
+        self.events.append(("batch_end", step, logs["size"]))
+
+
+class Inject(ot.callbacks.Callback):
+    """Logs a made-up value per epoch, so monitors can be driven exactly."""
+
+    def __init__(self, name, values):
+        self.name, self.values = name, values
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs[self.name] = self.values[epoch]
+
+
+def test_hooks_fire_with_epoch_numbers_under_initial_epoch():
+    rec = Recorder()
+    model = sgd_model()
+    hist = ot.fit_generator(model, batches(2, 4), epochs=5, initial_epoch=2, callbacks=[rec], verbose=0)
+
+    def per_epoch(e):
+        return [("epoch_begin", e), ("batch_begin", 0), ("batch_end", 0, 4), ("batch_begin", 1), ("batch_end", 1, 4),
+                ("epoch_end", e, ["loss", "lr"])]
+    assert rec.events == [("train_begin",), *per_epoch(2), *per_epoch(3), *per_epoch(4), ("train_end",)]
+    assert hist.epoch == [2, 3, 4]
+    assert rec.params["initial_epoch"] == 2 and rec.params["epochs"] == 5
+
+
+def test_callback_reused_across_fits_resets_its_state():
+    rec = Recorder()
+    model = sgd_model()
+    ot.fit_generator(model, batches(1, 4), epochs=2, callbacks=[rec], verbose=0)
+    ot.fit_generator(model, batches(1, 4), epochs=1, callbacks=[rec], verbose=0)
+    assert rec.events[0] == ("train_begin",) and len(rec.weights) == 1
+
+
+def test_callback_model_holds_the_current_weights():
+    seen = []
+
+    class Peek(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(self.model.get_weights()[0].copy())
+
+    model = sgd_model()
+    data = batches(2, 4)
+    ot.fit_generator(model, data, epochs=2, callbacks=[Peek()], verbose=0)
+    ws = mlp().get_weights()
+    for x, y in data:
+        ws = sgd(ws, mse_grads(ws, x, y)[1], 0.1)
+    np.testing.assert_allclose(seen[0], ws[0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(seen[1], model.get_weights()[0])
+
+
+def test_batch_hooks_reach_only_callbacks_that_define_them():
+    class EpochOnly(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            pass
+
+    assert not CallbackList([EpochOnly(), ot.History()]).has_batch_hooks
+    assert CallbackList([ot.callbacks.TerminateOnNaN()]).has_batch_hooks
+    with pytest.raises(ot.OrtrainError, match="callbacks: expected ot.callbacks.Callback objects, received dict"):
+        CallbackList([{}])
+
+
+def test_stop_flag_is_honoured_at_the_end_of_the_step():
+    class StopAt(ot.callbacks.Callback):
+        def on_batch_end(self, step, logs=None):
+            if step == 2:
+                self.loop.stop_training = True
+
+    calls = {"n": 0}
+    data = batches(5, 4)
+
+    def gen():
+        calls["n"] += 1
+        return data[(calls["n"] - 1) % 5]
+
+    model = sgd_model()
+    hist = ot.fit_generator(model, gen, steps_per_epoch=5, epochs=3, callbacks=[StopAt()], verbose=0)
+    assert calls["n"] == 3 and model.train_state.n_steps == 3
+    assert hist.epoch == [0]  # the interrupted epoch is logged, as in Keras
+    ws = mlp().get_weights()
+    losses = []
+    for x, y in data[:3]:
+        loss, g = mse_grads(ws, x, y)
+        losses.append(loss)
+        ws = sgd(ws, g, 0.1)
+    assert hist.history["loss"][0] == pytest.approx(np.mean(losses), rel=1e-5)
+
+
+# -- learning-rate schedules -----------------------------------------------------------------------
+
+
+def test_learning_rate_scheduler_sets_each_epoch_rate():
+    data = batches(2, 4)
+    model = sgd_model(lr=0.1)
+    sched = ot.callbacks.LearningRateScheduler(lambda epoch, lr: 0.1 / (epoch + 1))
+    hist = ot.fit_generator(model, data, epochs=3, initial_epoch=1, callbacks=[sched], verbose=0)
+    assert hist.history["lr"] == pytest.approx([0.05, 0.1 / 3])
+    ws = mlp().get_weights()
+    for lr in (0.05, 0.1 / 3):
+        for x, y in data:
+            ws = sgd(ws, mse_grads(ws, x, y)[1], lr)
+    for got, want in zip(model.get_weights(), ws):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert model.train_state.lr == pytest.approx(0.1 / 3)
+
+
+def test_one_argument_schedule_and_bad_values():
+    model = sgd_model()
+    hist = ot.fit_generator(model, batches(1, 4), epochs=2,
+                            callbacks=[ot.callbacks.LearningRateScheduler(lambda e: 0.01 * (e + 1))], verbose=0)
+    assert hist.history["lr"] == pytest.approx([0.01, 0.02])
+    before = model.get_weights()
+    bad = ot.callbacks.LearningRateScheduler(lambda e, lr: float("nan") if e == 1 else lr)
+    with pytest.raises(ot.OrtrainError, match=r"LearningRateScheduler: the schedule's value for epoch 1: expected a "
+                                              r"finite number >= 0, received nan"):
+        ot.fit_generator(model, batches(1, 4), epochs=3, initial_epoch=1, callbacks=[bad], verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ot.OrtrainError, match=r"LearningRateScheduler\(schedule=...\): expected a function"):
+        ot.callbacks.LearningRateScheduler(0.1)
+
+
+def test_step_decay_follows_the_formula_and_resumes_on_the_same_curve():
+    model = sgd_model(lr=0.2)
+    decay = ot.callbacks.StepDecay(drop=0.5, every=2)
+    h1 = ot.fit_generator(model, batches(1, 4), epochs=3, callbacks=[decay], verbose=0)
+    h2 = ot.fit_generator(model, batches(1, 4), epochs=6, initial_epoch=3, callbacks=[decay], verbose=0)
+    want = [0.2 * 0.5 ** (e // 2) for e in range(6)]
+    assert h1.history["lr"] + h2.history["lr"] == pytest.approx(want)
+    with pytest.raises(ot.OrtrainError, match=r"drop: expected a number in \(0, 1\]"):
+        ot.callbacks.StepDecay(drop=2.0)
+
+
+def test_cosine_decay_with_and_without_warmup():
+    model = sgd_model(lr=0.1)
+    hist = ot.fit_generator(model, batches(1, 4), epochs=6,
+                            callbacks=[ot.callbacks.CosineDecay(total_epochs=4, final_lr=0.01)], verbose=0)
+    want = [0.01 + 0.09 * (1 + math.cos(math.pi * min(e, 4) / 4)) / 2 for e in range(6)]
+    assert hist.history["lr"] == pytest.approx(want)
+    model = sgd_model(lr=0.1)
+    hist = ot.fit_generator(model, batches(1, 4), epochs=4, verbose=0,
+                            callbacks=[ot.callbacks.CosineDecay(total_epochs=4, warmup_epochs=2, initial_lr=0.2)])
+    # warm-up reaches the initial rate in its last epoch; the decay then starts from it
+    assert hist.history["lr"] == pytest.approx([0.1, 0.2, 0.2, 0.1], abs=1e-12)
+    with pytest.raises(ot.OrtrainError, match=r"warmup_steps \(4\) must be below total_steps \(4\)"):
+        ot.callbacks.CosineDecay(total_epochs=4, warmup_epochs=4)
+
+
+def keras_plateau(values, lr, factor, patience, cooldown, min_delta, min_lr):
+    """ReduceLROnPlateau's rule (mode min) written out, for comparison."""
+    best, wait, cool, lrs = math.inf, 0, 0, []
+    for v in values:
+        lrs.append(lr)
+        if cool > 0:
+            cool -= 1
+            wait = 0
+        if v < best - min_delta:
+            best, wait = v, 0
+        elif cool == 0:
+            wait += 1
+            if wait >= patience and lr > min_lr:
+                lr, cool, wait = max(lr * factor, min_lr), cooldown, 0
+    return lrs
+
+
+def test_reduce_lr_on_plateau_matches_the_rule():
+    values = [5, 4, 4, 4, 4, 3.99995, 4, 4, 4, 4, 2, 2, 2]
+    model = sgd_model(lr=0.1)
+    cb = ot.callbacks.ReduceLROnPlateau(monitor="score", factor=0.5, patience=2, cooldown=1, min_lr=0.02)
+    hist = ot.fit_generator(model, batches(1, 4), epochs=len(values), callbacks=[Inject("score", values), cb],
+                            verbose=0)
+    want = keras_plateau(values, 0.1, 0.5, 2, 1, 1e-4, 0.02)
+    assert hist.history["lr"] == pytest.approx(want)
+    assert min(want) == 0.02 and len(set(want)) > 2
+    with pytest.raises(ot.OrtrainError, match=r"ReduceLROnPlateau\(factor=...\): expected a number in \(0, 1\)"):
+        ot.callbacks.ReduceLROnPlateau(factor=1.0)
+
+
+# -- early stopping --------------------------------------------------------------------------------
+
+
+def test_early_stopping_restores_the_best_weights():
+    rec = Recorder()
+    stop = ot.callbacks.EarlyStopping(monitor="score", patience=2, restore_best_weights=True)
+    model = sgd_model()
+    hist = ot.fit_generator(model, batches(2, 4), epochs=10, verbose=0,
+                            callbacks=[Inject("score", [3, 1, 2, 1.5, 0.1, 0.1]), stop, rec])
+    assert hist.epoch == [0, 1, 2, 3]
+    assert stop.stopped_epoch == 3 and stop.best_epoch == 1 and stop.best == 1
+    for got, want in zip(model.get_weights(), rec.weights[1]):
+        np.testing.assert_array_equal(got, want)
+    assert model.train_state.n_steps == 8  # the optimizer state is the last step's, as in Keras
+
+
+def test_early_stopping_without_restore_keeps_the_last_weights_and_reads_val_loss():
+    rec = Recorder()
+    model = sgd_model(lr=0.0)
+    xv, yv = batches(1, 6, seed=3)[0]
+    stop = ot.callbacks.EarlyStopping(patience=1)  # val_loss is constant at lr 0
+    hist = ot.fit_generator(model, batches(1, 4), epochs=10, validation_generator=(xv, yv),
+                            callbacks=[stop, rec], verbose=0)
+    assert hist.epoch == [0, 1]
+    np.testing.assert_array_equal(model.get_weights()[0], rec.weights[1][0])
+
+
+def test_early_stopping_baseline_and_warmup():
+    values = [0.5, 0.6, 0.6, 0.6, 0.6]
+    model = sgd_model()
+    for baseline, epochs in ((0.9, [0, 1, 2]), (None, [0, 1, 2, 3])):
+        stop = ot.callbacks.EarlyStopping(monitor="acc", patience=2, baseline=baseline)
+        hist = ot.fit_generator(model, batches(1, 4), epochs=10, verbose=0, callbacks=[Inject("acc", values), stop])
+        assert stop.monitor.mode == "max" and hist.epoch == epochs
+    stop = ot.callbacks.EarlyStopping(monitor="score", patience=0, start_from_epoch=3)
+    hist = ot.fit_generator(model, batches(1, 4), epochs=10, verbose=0,
+                            callbacks=[Inject("score", [1, 2, 3, 4, 5, 6]), stop])
+    assert hist.epoch == [0, 1, 2, 3, 4]
+
+
+def test_monitor_errors_and_missing_values():
+    with pytest.raises(ot.OrtrainError, match=r"EarlyStopping\(mode=...\): expected 'auto', 'min' or 'max', "
+                                              r"received 'down'"):
+        ot.callbacks.EarlyStopping(mode="down")
+    with pytest.raises(ot.OrtrainError, match=r"EarlyStopping\(patience=...\): expected an int >= 0, received -1"):
+        ot.callbacks.EarlyStopping(patience=-1)
+    with pytest.raises(ot.OrtrainError, match=r"ModelCheckpoint\(monitor=...\): expected the name"):
+        ot.callbacks.ModelCheckpoint("x", monitor="")
+    model = sgd_model()
+    with pytest.warns(UserWarning, match=r"EarlyStopping monitors 'val_loss', which is not logged; logged values "
+                                         r"are loss, lr"):
+        ot.fit_generator(model, batches(1, 4), callbacks=[ot.callbacks.EarlyStopping()], verbose=0)
+
+
+# -- files: CSV and checkpoints ---------------------------------------------------------------------
+
+
+def failing_generator(data, fail_at):
+    calls = {"n": 0}
+
+    def gen():
+        calls["n"] += 1
+        if calls["n"] == fail_at:
+            raise OSError("disk went away")
+        return data[(calls["n"] - 1) % len(data)]
+    return gen
+
+
+def test_csv_and_checkpoint_files_are_complete_after_an_exception(tmp_path):
+    data = batches(3, 4)
+    rec = Recorder()
+    log = ot.callbacks.CSVLogger(tmp_path / "log.csv")
+    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "ckpt-{epoch}")
+    model = sgd_model()
+    with pytest.raises(OSError, match="disk went away"):
+        ot.fit_generator(model, failing_generator(data, 8), steps_per_epoch=3, epochs=5,
+                         callbacks=[rec, log, ckpt], verbose=0)
+    rows = list(csv.reader(open(tmp_path / "log.csv")))
+    assert rows[0] == ["epoch", "loss", "lr"] and [r[0] for r in rows[1:]] == ["0", "1"]
+    assert log._file is None  # closed by on_train_end
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-1", "ckpt-2"]
+    assert not list(tmp_path.glob("*.tmp-*"))
+    fresh = sgd_model()
+    with ot.Trainer.from_checkpoint(fresh, tmp_path / "ckpt-2", batch_size=4) as tr:
+        assert tr.n_steps == 6
+        for got, want in zip(tr.model().get_weights(), rec.weights[1]):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_model_checkpoint_resume_is_bit_exact(tmp_path):
+    data = batches(2, 4)
+    whole = mlp(seed=1)
+    whole.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+    ot.fit_generator(whole, data, epochs=3, verbose=0)
+    part = mlp(seed=1)
+    part.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "last")
+    ot.fit_generator(part, data, epochs=2, callbacks=[ckpt], verbose=0)
+    resumed = mlp(seed=1)
+    resumed.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+    with ot.Trainer.from_checkpoint(resumed, tmp_path / "last", batch_size=4) as tr:
+        for x, y in data:
+            tr.step(x, y)
+        for got, want in zip(tr.model().get_weights(), whole.get_weights()):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_model_checkpoint_best_only_with_formatted_names(tmp_path):
+    model = sgd_model()
+    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "best-{epoch:02d}-{score:.1f}", monitor="score",
+                                        save_best_only=True)
+    ot.fit_generator(model, batches(1, 4), epochs=5, verbose=0,
+                     callbacks=[Inject("score", [3.0, 2.0, 2.5, 1.0, 1.0]), ckpt])
+    assert [p.rsplit("/", 1)[-1] for p in ckpt.saved] == ["best-01-3.0", "best-02-2.0", "best-04-1.0"]
+    bad = ot.callbacks.ModelCheckpoint(tmp_path / "x-{nothing}")
+    with pytest.raises(ot.OrtrainError, match=r"filepath .* names a value that is not logged .*logged values are "
+                                              r"loss, lr"):
+        ot.fit_generator(model, batches(1, 4), callbacks=[bad], verbose=0)
+
+
+def test_file_callbacks_refuse_missing_directories(tmp_path):
+    model = sgd_model()
+    before = model.get_weights()
+    for cb, name in ((ot.callbacks.CSVLogger(tmp_path / "no" / "log.csv"), "CSVLogger"),
+                     (ot.callbacks.ModelCheckpoint(tmp_path / "no" / "ckpt"), "ModelCheckpoint")):
+        with pytest.raises(ot.OrtrainError, match=f"{name}: directory .* does not exist"):
+            ot.fit_generator(model, batches(1, 4), callbacks=[cb], verbose=0)
+    np.testing.assert_array_equal(before[0], model.get_weights()[0])
+    with pytest.raises(ot.OrtrainError, match=r"CSVLogger\(separator=...\): expected one character"):
+        ot.callbacks.CSVLogger(tmp_path / "a.csv", separator=";;")
+
+
+def test_csv_logger_appends_and_uses_the_separator(tmp_path):
+    path = tmp_path / "log.tsv"
+    model = sgd_model()
+    ot.fit_generator(model, batches(1, 4), epochs=2, callbacks=[ot.callbacks.CSVLogger(path, separator="\t")],
+                     verbose=0)
+    hist = ot.fit_generator(model, batches(1, 4), epochs=4, initial_epoch=2, verbose=0,
+                            callbacks=[ot.callbacks.CSVLogger(path, separator="\t", append=True)])
+    rows = list(csv.reader(open(path), delimiter="\t"))
+    assert rows[0] == ["epoch", "loss", "lr"]
+    assert [r[0] for r in rows[1:]] == ["0", "1", "2", "3"]
+    assert float(rows[3][1]) == hist.history["loss"][0]
+
+
+# -- NaN termination -------------------------------------------------------------------------------
+
+
+def test_terminate_on_nan_stops_after_the_bad_step(capsys):
+    data = batches(5, 4)
+    data[2] = (np.full((4, 4), np.nan, np.float32), data[2][1])
+    cb = ot.callbacks.TerminateOnNaN()
+    model = sgd_model()
+    hist = ot.fit_generator(model, data, epochs=3, callbacks=[cb], verbose=0)
+    assert cb.stopped_at == (0, 2)
+    assert model.train_state.n_steps == 3 and hist.epoch == [0] and math.isnan(hist.history["loss"][0])
+    assert "Epoch 1, step 2: the loss is nan; terminating training" in capsys.readouterr().out
+
+
+# -- progress display ------------------------------------------------------------------------------
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_verbose_zero_prints_nothing_and_two_prints_a_line_per_epoch(capsys):
+    model = sgd_model()
+    ot.fit_generator(model, batches(2, 4), epochs=2, verbose=0)
+    assert capsys.readouterr().out == ""
+    xv, yv = batches(1, 4, seed=5)[0]
+    ot.fit_generator(model, batches(2, 4), epochs=2, verbose=2, validation_generator=(xv, yv))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("Epoch 1/2 - 2 steps - ") and "samples/s - loss: " in lines[0]
+    assert " - val_loss: " in lines[1] and lines[1].endswith("lr: 0.1000")
+
+
+def test_verbose_one_off_a_terminal_prints_lines(capsys):
+    model = sgd_model()
+    ot.fit_generator(model, batches(2, 4), epochs=3, verbose=1)
+    out = capsys.readouterr().out
+    assert "\r" not in out and len(out.splitlines()) == 3
+
+
+def test_live_bar_without_tqdm(monkeypatch):
+    from ortrain.callbacks import progress as progress_mod
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setattr(progress_mod, "REFRESH_S", 0.0)
+    term = FakeTerminal()
+    bar = progress_mod.progress(1, file=term)
+    assert isinstance(bar, progress_mod.ProgressBar)
+    model = sgd_model()
+    ot.fit_generator(model, batches(3, 4), epochs=2, callbacks=[bar], verbose=0)
+    out = term.getvalue()
+    assert "\rEpoch 1/2 [" in out and "] 3/3 - loss: " in out and " samples/s" in out
+    finals = [part for part in out.split("\r") if part.endswith("\n")]
+    assert len(finals) == 2 and finals[1].startswith("Epoch 2/2 - 3 steps - ")
+
+
+def test_live_bar_with_tqdm(monkeypatch):
+    pytest.importorskip("tqdm")
+    from ortrain.callbacks import progress as progress_mod
+    monkeypatch.setattr(progress_mod, "REFRESH_S", 0.0)
+    term = FakeTerminal()
+    model = sgd_model()
+    ot.fit_generator(model, batches(3, 4), epochs=2, callbacks=[progress_mod.progress(1, file=term)], verbose=0)
+    out = term.getvalue()
+    assert "Epoch 1/2" in out and "loss: " in out
+    assert len(re.findall(r"Epoch [12]/2 - 3 steps - ", out)) == 2
+
+
+def test_live_bar_is_closed_when_training_fails(monkeypatch):
+    from ortrain.callbacks import progress as progress_mod
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    term = FakeTerminal()
+    model = sgd_model()
+    with pytest.raises(OSError):
+        ot.fit_generator(model, failing_generator(batches(2, 4), 3), steps_per_epoch=2, epochs=2,
+                         callbacks=[progress_mod.progress(1, file=term)], verbose=0)
+    assert term.getvalue().endswith("\n")

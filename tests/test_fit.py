@@ -1,0 +1,743 @@
+"""The epoch loop: Model.fit, fit_generator, train(), History.
+
+References are numpy implementations written here (MLP forward/backward, Adam, SGD,
+weighted cross-entropy) and PyTorch where installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from conftest import torch_or_skip
+from helpers import NumpyAdam, softmax
+
+import ortrain as ot
+from ortrain.fit import train
+
+# -- numpy references -----------------------------------------------------------------------------
+
+
+def mlp(seed=0, n_in=4, hidden=8, n_out=3, out_act=None):
+    return ot.Sequential([ot.layers.Dense(hidden, activation="relu"), ot.layers.Dense(n_out, activation=out_act)],
+                         input_shape=(n_in,), seed=seed)
+
+
+def mse_grads(ws, x, y):
+    """Loss and gradients of mean((relu(x W1 + b1) W2 + b2 - y)^2), in float64."""
+    w1, b1, w2, b2 = (np.asarray(a, np.float64) for a in ws)
+    x = np.asarray(x, np.float64)
+    z = x @ w1 + b1
+    h = np.maximum(z, 0)
+    p = h @ w2 + b2
+    d = p - y
+    loss = np.mean(d ** 2)
+    dp = 2 * d / d.size
+    dh = dp @ w2.T * (z > 0)
+    return loss, [x.T @ dh, dh.sum(0), h.T @ dp, dp.sum(0)]
+
+
+def sgd(ws, grads, lr):
+    return [w - lr * g for w, g in zip(ws, grads)]
+
+
+def batches(n_batches, rows, seed=0, n_in=4, n_out=3):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((rows, n_in)).astype(np.float32),
+             rng.standard_normal((rows, n_out)).astype(np.float32)) for _ in range(n_batches)]
+
+
+def assert_weights(model, ref, rtol=2e-5, atol=2e-6):
+    for got, want in zip(model.get_weights(), ref):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def quiet(**kw):
+    return dict(verbose=0, **kw)
+
+
+# -- fit_generator against references -------------------------------------------------------------
+
+
+def test_fit_generator_two_epochs_match_numpy_adam():
+    model = mlp()
+    model.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+    data = batches(4, 8)
+    ref = NumpyAdam(model.get_weights(), lr=1e-2)
+    means = []
+    for _ in range(2):
+        losses = []
+        for x, y in data:
+            loss, g = mse_grads(ref.p, x, y)
+            losses.append(loss)
+            ref.step(g)
+        means.append(np.mean(losses))
+    hist = ot.fit_generator(model, data, epochs=2, verbose=0)
+    assert hist.epoch == [0, 1]
+    np.testing.assert_allclose(hist.history["loss"], means, rtol=1e-5)
+    assert hist.history["lr"] == [1e-2, 1e-2]
+    assert_weights(model, ref.p)
+    assert model.train_state.step == 8 and model.train_state.n_steps == 8
+
+
+def test_fit_generator_matches_torch_crossentropy():
+    torch = torch_or_skip()
+    model = mlp(seed=3, out_act="softmax")
+    model.compile(optimizer=ot.optim.Adam(lr=5e-3), loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(5)
+    data = [(rng.standard_normal((16, 4)).astype(np.float32), rng.integers(0, 3, 16)) for _ in range(3)]
+    w1, b1, w2, b2 = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in model.get_weights())
+    opt = torch.optim.Adam([w1, b1, w2, b2], lr=5e-3)
+    means = []
+    for _ in range(2):
+        losses = []
+        for x, y in data:
+            logits = torch.relu(torch.tensor(x, dtype=torch.float64) @ w1 + b1) @ w2 + b2
+            loss = torch.nn.functional.cross_entropy(logits, torch.tensor(y))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        means.append(np.mean(losses))
+    hist = ot.fit_generator(model, data, epochs=2, verbose=0)
+    np.testing.assert_allclose(hist.history["loss"], means, rtol=1e-5)
+    assert_weights(model, [t.detach().numpy() for t in (w1, b1, w2, b2)])
+
+
+def test_nbatch_logical_equals_double_batch():
+    small = batches(6, 4, seed=1)
+    doubled = [(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])) for a, b in zip(small[::2], small[1::2])]
+    m1, m2 = mlp(seed=2), mlp(seed=2)
+    for m in (m1, m2):
+        m.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+    h1 = ot.fit_generator(m1, small, epochs=2, nbatch_logical=8, verbose=0)
+    h2 = ot.fit_generator(m2, doubled, epochs=2, verbose=0)
+    for a, b in zip(m1.get_weights(), m2.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(h1.history["loss"], h2.history["loss"], rtol=1e-5)
+    assert m1.train_state.step == m2.train_state.step == 6
+    assert m1.train_state.n_steps == 12
+
+
+def test_nbatch_logical_leftover_warns():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.warns(RuntimeWarning, match="accumulation period of nbatch_logical=8"):
+        ot.fit_generator(model, batches(3, 4), nbatch_logical=8, verbose=0)
+
+
+def test_fit_generator_sample_weights_any_loss_matches_numpy():
+    model = ot.Sequential([ot.layers.Dense(3, activation="softmax")], input_shape=(4,), seed=1)
+    model.compile(optimizer=ot.optim.SGD(lr=0.5), loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 6)
+    w = np.array([1.0, 0.0, 2.0, 0.5, 1.0, 3.0], np.float32)
+    k, b = (a.astype(np.float64) for a in model.get_weights())
+    p = softmax(x @ k + b)
+    loss = np.mean(w * -np.log(p[np.arange(6), y]))
+    dz = (p - np.eye(3)[y]) * w[:, None] / 6
+    hist = ot.fit_generator(model, [(x, y, w)], verbose=0)
+    np.testing.assert_allclose(hist.history["loss"][0], loss, rtol=1e-5)
+    assert_weights(model, [k - 0.5 * x.T @ dz, b - 0.5 * dz.sum(0)])
+
+
+def test_dict_batches_and_missing_weights_mean_ones():
+    data = batches(2, 4)
+    m1, m2 = mlp(), mlp()
+    for m in (m1, m2):
+        m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    ot.fit_generator(m1, [{"inputs": [data[0][0]], "labels": [data[0][1]], "sample_weight": np.ones(4)},
+                          {"inputs": data[1][0], "labels": data[1][1]}], verbose=0)
+    ot.fit_generator(m2, data, verbose=0)
+    for a, b in zip(m1.get_weights(), m2.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_loss_and_optimizer_override_compile():
+    model = mlp()
+    data = batches(3, 5)
+    ws = model.get_weights()
+    for x, y in data:
+        ws = sgd(ws, mse_grads(ws, x, y)[1], 0.05)
+    ot.fit_generator(model, data, loss="mse", optimizer=ot.optim.SGD(lr=0.05), verbose=0)
+    assert model.loss.name == "mse" and model.optimizer.name == "sgd"
+    assert_weights(model, ws)
+
+
+def test_loss_mask_and_weight_decay_reach_the_trainer():
+    data = batches(2, 4)
+    mask = np.ones((4, 3), np.float32)
+    mask[:, 2] = 0
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    ot.fit_generator(model, [(x, y, mask) for x, y in data], loss_mask=3, verbose=0)
+    np.testing.assert_array_equal(model.get_weights()[2][:, 2], mlp().get_weights()[2][:, 2])
+    ce = mlp(out_act="softmax")
+    ce.compile(optimizer="adam", loss="categorical_crossentropy")
+    with pytest.raises(ot.OrtrainError, match="loss_mask=3 weights a mean squared error"):
+        ot.fit_generator(ce, [(x, np.eye(3)[:4], mask) for x, _ in data], loss_mask=3, verbose=0)
+    for wd, default in ((0.1, False), (0.0, True)):
+        model = mlp()
+        model.compile(optimizer=ot.optim.AdamW(lr=1e-2), loss="mse")  # compiled decay 0.01
+        ref = NumpyAdam(model.get_weights(), lr=1e-2, weight_decay=wd)
+        for x, y in data:
+            ref.step(mse_grads(ref.p, x, y)[1])
+        kwargs = {} if default else {"weight_decay": wd}
+        ot.fit_generator(model, data, verbose=0, **kwargs)  # the API default turns decay off
+        assert_weights(model, ref.p)
+
+
+def test_two_input_model_with_a_short_last_batch():
+    a, b = ot.Input((2,)), ot.Input((3,))
+    split = ot.Model([a, b], ot.layers.Dense(3)(ot.layers.Concatenate()([a, b])))
+    joined = ot.Sequential([ot.layers.Dense(3)], input_shape=(5,))
+    joined.set_weights(split.get_weights())
+    for m in (split, joined):
+        m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((7, 5)).astype(np.float32)
+    y = rng.standard_normal((7, 3)).astype(np.float32)
+    h1 = split.fit([x[:, :2], x[:, 2:]], y, batch_size=3, shuffle=False, verbose=0)
+    h2 = joined.fit(x, y, batch_size=3, shuffle=False, verbose=0)
+    for p, q in zip(split.get_weights(), joined.get_weights()):
+        np.testing.assert_allclose(p, q, rtol=1e-6, atol=1e-7)
+    assert h1.history["loss"] == pytest.approx(h2.history["loss"], rel=1e-6)
+    assert split.train_state.n_steps == 3
+
+
+def test_uncompiled_without_loss_is_refused():
+    model = mlp()
+    with pytest.raises(ot.OrtrainError, match=r"not compiled; call model.compile\(optimizer=..., loss=...\) or pass"):
+        ot.fit_generator(model, batches(1, 4), verbose=0)
+
+
+# -- the generator contract ----------------------------------------------------------------------
+
+
+class Counting:
+    """An infinite callable that counts its calls."""
+
+    def __init__(self, data):
+        self.data, self.calls = data, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.data[(self.calls - 1) % len(self.data)]
+
+
+def test_steps_per_epoch_calls_an_infinite_callable_exactly():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    gen, val = Counting(batches(3, 4)), Counting(batches(2, 4, seed=9))
+    hist = ot.fit_generator(model, gen, steps_per_epoch=5, epochs=3, validation_generator=val,
+                            validation_steps=2, verbose=0)
+    assert gen.calls == 15
+    assert val.calls == 6
+    assert len(hist.history["val_loss"]) == 3
+    assert model.train_state.n_steps == 15
+
+
+def test_finite_callable_resets_itself_and_sets_the_epoch_length():
+    data = batches(3, 4)
+    state = {"i": 0, "calls": 0}
+
+    def gen():
+        state["calls"] += 1
+        if state["i"] == len(data):
+            state["i"] = 0
+            return None
+        state["i"] += 1
+        return data[state["i"] - 1]
+
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    ot.fit_generator(model, gen, epochs=2, verbose=0)
+    assert state["calls"] == 8  # 3 batches + the None, twice
+    assert model.train_state.n_steps == 6
+
+
+def test_reiterable_is_iterated_afresh_each_epoch():
+    class Shards:
+        def __init__(self):
+            self.iterations = 0
+
+        def __iter__(self):
+            self.iterations += 1
+            return iter(batches(2, 4))
+
+    shards = Shards()
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    ot.fit_generator(model, shards, epochs=3, verbose=0)
+    assert shards.iterations == 3 and model.train_state.n_steps == 6
+
+
+def test_one_shot_iterator_needs_steps_per_epoch():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ot.OrtrainError, match="one-shot iterator .* is used up by its first epoch and 2 epochs"):
+        ot.fit_generator(model, iter(batches(2, 4)), epochs=2, verbose=0)
+    assert model.train_state is None
+    ot.fit_generator(model, iter(batches(2, 4)), epochs=1, verbose=0)  # one epoch is fine
+    assert model.train_state.n_steps == 2
+
+
+def test_one_shot_iterator_running_dry_later_warns_and_stops():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.warns(RuntimeWarning, match="yielded no batch"):
+        hist = ot.fit_generator(model, iter(batches(4, 4)), steps_per_epoch=2, epochs=5, verbose=0)
+    assert hist.epoch == [0, 1]
+    assert model.train_state.n_steps == 4
+    with pytest.warns(RuntimeWarning, match="ran dry in epoch 1"):
+        hist = ot.fit_generator(model, iter(batches(3, 4)), steps_per_epoch=2, epochs=5, verbose=0)
+    assert hist.epoch == [0, 1]  # the partial epoch is logged, then training stops
+
+
+def test_empty_generator_warns_and_stops():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    before = model.get_weights()
+    with pytest.warns(RuntimeWarning, match="epoch 0 .* yielded no batch"):
+        hist = ot.fit_generator(model, lambda: None, epochs=3, verbose=0)
+    assert hist.epoch == [] and hist.history == {}
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.warns(RuntimeWarning, match="yielded no batch"):
+        hist = ot.fit_generator(model, [], epochs=3, verbose=0)
+    assert hist.epoch == []
+
+
+def test_generator_that_does_not_reset_stops_after_its_first_epoch():
+    it = iter(batches(2, 4))
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.warns(RuntimeWarning, match="epoch 1 .* yielded no batch .*must reset itself"):
+        hist = ot.fit_generator(model, lambda: next(it, None), epochs=4, verbose=0)
+    assert hist.epoch == [0]
+
+
+def test_short_epoch_under_steps_per_epoch_warns_once():
+    data = batches(2, 4)
+    pos = {"i": 0}
+
+    def gen():
+        if pos["i"] == 2:
+            pos["i"] = 0
+            return None
+        pos["i"] += 1
+        return data[pos["i"] - 1]
+
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.warns(RuntimeWarning, match="ended the epoch after 2 of steps_per_epoch=3"):
+        ot.fit_generator(model, gen, steps_per_epoch=3, epochs=2, verbose=0)
+    assert model.train_state.n_steps == 4
+
+
+def test_wrong_size_batch_names_epoch_and_step_and_keeps_completed_steps():
+    data = batches(3, 4)
+    bad = (np.zeros((3, 4), np.float32), np.zeros((3, 3), np.float32))
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with pytest.raises(ot.ShapeError, match=r"epoch 1, step 2 \(counted from 0\): x: expected shape \(4, 4\), "
+                                            r"received \(3, 4\); every batch must hold exactly 4 rows"):
+        ot.fit_generator(model, _Epochs([data, data[:2] + [bad]]), epochs=2, verbose=0)
+    ws = mlp().get_weights()
+    for x, y in data + data[:2]:
+        ws = sgd(ws, mse_grads(ws, x, y)[1], 0.1)
+    assert_weights(model, ws)
+    assert model.train_state.n_steps == 5
+
+
+class _Epochs:
+    """A re-iterable whose epochs hold different batches."""
+
+    def __init__(self, epochs):
+        self.epochs, self.i = epochs, 0
+
+    def __iter__(self):
+        self.i += 1
+        return iter(self.epochs[self.i - 1])
+
+
+def test_malformed_batch_is_an_error_naming_the_step():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    x, y = batches(1, 4)[0]
+    with pytest.raises(ot.OrtrainError, match=r"epoch 0, step 1 .*batch: expected \(x, y\), \(x, y, sample_weight\)"):
+        ot.fit_generator(model, [(x, y), [x]], verbose=0)
+    with pytest.raises(ot.OrtrainError, match=r"unknown keys \['weights'\]"):
+        ot.fit_generator(model, [{"inputs": x, "labels": y, "weights": 1}], verbose=0)
+
+
+def test_weights_in_a_later_batch_only_are_refused():
+    (x, y), = batches(1, 4)
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ot.OrtrainError, match=r"epoch 0, step 1 .*sample_weight: this trainer has no loss weights"):
+        ot.fit_generator(model, [(x, y), (x, y, np.ones(4))], verbose=0)
+
+
+def test_exception_in_generator_propagates_after_on_train_end(tmp_path):
+    data = batches(3, 4)
+    calls = {"n": 0}
+
+    def gen():
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyError("shard missing")
+        return data[(calls["n"] - 1) % 3]
+
+    class Ends(ot.callbacks.Callback):
+        ended = False
+
+        def on_train_end(self, logs=None):
+            Ends.ended = True
+
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with pytest.raises(KeyError, match="shard missing"):
+        ot.fit_generator(model, gen, steps_per_epoch=3, epochs=4, callbacks=[Ends()], verbose=0)
+    assert Ends.ended
+    ws = mlp().get_weights()
+    for i in range(7):
+        ws = sgd(ws, mse_grads(ws, *data[i % 3])[1], 0.1)
+    assert_weights(model, ws)  # the 7 completed steps stand
+    assert model.train_state.n_steps == 7
+
+
+def test_bad_arguments_are_refused_before_anything_runs():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    gen = Counting(batches(1, 4))
+    cases = [
+        (dict(steps_per_epoch=0), r"steps_per_epoch: expected a positive int or None, received 0"),
+        (dict(epochs=-1), r"epochs: expected an int >= 0, received -1"),
+        (dict(initial_epoch=1.5), r"initial_epoch: expected an int >= 0, received 1.5"),
+        (dict(callbacks=[print]), r"callbacks: expected ot.callbacks.Callback objects, received"),
+        (dict(verbose=3), r"verbose: expected 0 \(silent\), 1 .* received 3"),
+        (dict(weight_decay=2.0), r"weight_decay: expected a number in \[0, 1\]"),
+        (dict(nbatch_logical=0), r"nbatch_logical: expected a positive int or None, received 0"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ot.OrtrainError, match=message):
+            ot.fit_generator(model, gen, **kwargs)
+    with pytest.raises(ot.OrtrainError, match=r"generator: expected a callable .* received an array of shape "
+                                              r"\(4, 4\); for arrays call model.fit"):
+        ot.fit_generator(model, np.zeros((4, 4)))
+    assert gen.calls == 0 and model.train_state is None
+
+
+def test_epochs_at_or_below_initial_epoch_run_nothing():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    gen = Counting(batches(1, 4))
+    hist = ot.fit_generator(model, gen, steps_per_epoch=2, epochs=3, initial_epoch=3, verbose=0)
+    assert hist.epoch == [] and gen.calls == 0
+
+
+# -- Model.fit with arrays ------------------------------------------------------------------------
+
+
+def regression(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 4))
+    return x, (x @ rng.standard_normal((4, 3))).astype(np.float32)
+
+
+def test_short_last_batch_counts_once():
+    x, y = regression(10)
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    ws = model.get_weights()
+    losses = []
+    for sl in (slice(0, 4), slice(4, 8), slice(8, 10)):
+        loss, g = mse_grads(ws, x[sl], y[sl])
+        losses.append(loss)
+        ws = sgd(ws, g, 0.1)
+    hist = model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+    assert_weights(model, ws)
+    assert model.train_state.n_steps == 3
+    np.testing.assert_allclose(hist.history["loss"][0], np.average(losses, weights=[4, 4, 2]), rtol=1e-5)
+    assert hist.params["steps"] == 3 and hist.params["samples"] == 10
+
+
+def test_shuffled_epochs_visit_every_sample_once_reproducibly():
+    x, y = regression(10)
+    seen = []
+
+    class Rows(ot.callbacks.Callback):
+        pass
+
+    from ortrain.data import ArraySource
+    src = ArraySource([np.arange(10, dtype=np.float32)[:, None]], y, None, 4, shuffle=True)
+    for epoch in range(3):
+        src.start_epoch(epoch)
+        rows = []
+        while (b := src.pull()) is not None:
+            rows.extend(b[0][:, 0].astype(int))
+        seen.append(rows)
+        assert sorted(rows) == list(range(10))
+    assert seen[0] != seen[1]
+    results = []
+    for _ in range(2):
+        ot.set_seed(7)
+        model = mlp()
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[Rows()])
+        results.append(model.get_weights())
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    ot.set_seed(8)
+    model = mlp(seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert not np.array_equal(model.get_weights()[0], results[0][0])
+
+
+def test_fit_twice_equals_one_fit_of_two_epochs():
+    x, y = regression(36)
+    one, two = mlp(seed=4), mlp(seed=4)
+    for m in (one, two):
+        m.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+    h1 = one.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    two.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    h2 = two.fit(x, y, batch_size=8, epochs=2, initial_epoch=1, verbose=0)
+    for a, b in zip(one.get_weights(), two.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert h2.epoch == [1]
+    assert h2.history["loss"][0] == pytest.approx(h1.history["loss"][1], rel=1e-6)
+    assert two.train_state.step == one.train_state.step == 10
+    for k in one.train_state.moments:
+        for a, b in zip(one.train_state.moments[k], two.train_state.moments[k]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_second_fit_continues_adam_moments_against_numpy():
+    x, y = regression(16)
+    model = mlp()
+    model.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+    ref = NumpyAdam(model.get_weights(), lr=1e-2)
+    for _ in range(2):
+        for sl in (slice(0, 8), slice(8, 16)):
+            ref.step(mse_grads(ref.p, x[sl], y[sl])[1])
+    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    assert_weights(model, ref.p)
+
+
+def test_validation_loss_equals_evaluate():
+    x, y = regression(50)
+    xv, yv = regression(13, seed=1)
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    hist = model.fit(x, y, batch_size=8, epochs=2, validation_data=(xv, yv), verbose=0)
+    ev = model.evaluate(xv, yv)
+    assert hist.history["val_loss"][-1] == pytest.approx(ev["loss"], rel=1e-5)
+    assert hist.history["val_mae"][-1] == pytest.approx(ev["mae"], rel=1e-5)
+    assert set(hist.history) == {"loss", "mae", "val_loss", "val_mae", "lr"}
+
+
+def test_validation_split_takes_the_last_rows_and_no_backward_pass():
+    x, y = regression(50)
+    m1, m2 = mlp(), mlp()
+    for m in (m1, m2):
+        m.compile(optimizer="adam", loss="mse")
+    hist = m1.fit(x, y, batch_size=8, validation_split=0.2, shuffle=False, verbose=0)
+    m2.fit(x[:40], y[:40], batch_size=8, shuffle=False, verbose=0)
+    for a, b in zip(m1.get_weights(), m2.get_weights()):
+        np.testing.assert_array_equal(a, b)  # validation moved nothing
+    assert hist.history["val_loss"][0] == pytest.approx(m1.evaluate(x[40:], y[40:])["loss"], rel=1e-5)
+    assert hist.params["samples"] == 40
+
+
+def test_weighted_validation_equals_weighted_evaluate():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((24, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 24)
+    w = rng.random(24).astype(np.float32)
+    model = mlp(out_act="softmax")
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    hist = model.fit(x[:16], y[:16], batch_size=8, sample_weight=w[:16], validation_data=(x[16:], y[16:], w[16:]),
+                     verbose=0)
+    ev = model.evaluate(x[16:], y[16:], sample_weight=w[16:])
+    assert hist.history["val_loss"][0] == pytest.approx(ev["loss"], rel=1e-5)
+    assert hist.history["val_accuracy"][0] == pytest.approx(ev["accuracy"], rel=1e-6)
+
+
+def test_fit_sample_weight_crossentropy_matches_torch():
+    torch = torch_or_skip()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((12, 4)).astype(np.float32)
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 12)]
+    w = rng.random(12).astype(np.float32)
+    model = mlp(seed=5, out_act="softmax")
+    model.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="categorical_crossentropy")
+    params = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in model.get_weights()]
+    opt = torch.optim.Adam(params, lr=1e-2)
+    for sl in (slice(0, 5), slice(5, 10), slice(10, 12)):
+        w1, b1, w2, b2 = params
+        logp = torch.log_softmax(torch.relu(torch.tensor(x[sl], dtype=torch.float64) @ w1 + b1) @ w2 + b2, dim=1)
+        loss = (torch.tensor(w[sl], dtype=torch.float64) * -(torch.tensor(y[sl]) * logp).sum(1)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.fit(x, y, batch_size=5, sample_weight=w, shuffle=False, verbose=0)
+    assert_weights(model, [p.detach().numpy() for p in params], rtol=1e-4, atol=1e-6)
+
+
+def test_training_metrics_come_from_the_step_predictions():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 16)
+    model = mlp(out_act="softmax")
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    hist = model.fit(x, y, batch_size=8, verbose=0)
+    want = np.mean(np.argmax(model.predict(x), 1) == y)  # lr 0: the weights never move
+    assert hist.history["accuracy"][0] == pytest.approx(want)
+
+
+def test_fit_with_a_generator_through_model_fit():
+    data = batches(3, 4)
+    m1, m2 = mlp(), mlp()
+    for m in (m1, m2):
+        m.compile(optimizer="adam", loss="mse")
+    xv, yv = regression(8, seed=2)
+    h = m1.fit(data, epochs=2, validation_data=(xv, yv), verbose=0)
+    ot.fit_generator(m2, data, epochs=2, validation_generator=(xv, yv), verbose=0)
+    for a, b in zip(m1.get_weights(), m2.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert h.history["val_loss"][-1] == pytest.approx(m1.evaluate(xv, yv)["loss"], rel=1e-5)
+
+
+def test_model_fit_refuses_bad_input_and_changes_nothing():
+    x, y = regression(10)
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    before = model.get_weights()
+    cases = [
+        (dict(x=x, y=y[:9]), ot.ShapeError, r"y: expected shape \(10, 3\), received \(9, 3\)"),
+        (dict(x=x, y=y, batch_size=0), ot.OrtrainError, r"batch_size: expected a positive int or None, received 0"),
+        (dict(x=x, y=y, validation_split=1.0), ot.OrtrainError, r"validation_split: expected a fraction in \[0, 1\)"),
+        (dict(x=x, y=y, validation_split=0.95), ot.OrtrainError, r"validation_split=0.95 leaves 0 training and 10 "),
+        (dict(x=x, y=y, sample_weight=np.ones(3)), ot.ShapeError, r"sample_weight: expected shape \(10,\) or \(10, 1\)"),
+        (dict(x=x, y=y, shuffle="yes"), ot.OrtrainError, r"shuffle: expected True or False, received 'yes'"),
+        (dict(x=x, y=y, validation_data=(x, y[:, :2])), ot.ShapeError, r"validation_data\[1\]: expected shape"),
+        (dict(x=x), ot.OrtrainError, r"y: fit with arrays needs labels"),
+        (dict(x=batches(1, 4), batch_size=4), ot.OrtrainError, r"batch_size: not used with a generator"),
+        (dict(x=np.array(["a"] * 10)[:, None].repeat(4, 1), y=y), ot.ShapeError, r"x: expected a numeric array"),
+    ]
+    for kwargs, exc, message in cases:
+        with pytest.raises(exc, match=message):
+            model.fit(verbose=0, **kwargs)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert model.train_state is None
+    fresh = mlp()
+    with pytest.raises(ot.OrtrainError, match=r"model: not compiled; call model.compile"):
+        fresh.fit(x, y)
+
+
+def test_validation_data_takes_precedence_over_split():
+    x, y = regression(20)
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    hist = model.fit(x, y, batch_size=5, validation_split=0.5, validation_data=(x[:4], y[:4]), verbose=0)
+    assert hist.params["samples"] == 20
+
+
+# -- train(): the entry for a bare trainer (command line) -----------------------------------------
+
+
+def test_train_on_a_trainer_leaves_it_alive():
+    x, y = regression(12)
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    ws = model.get_weights()
+    for sl in (slice(0, 5), slice(5, 10), slice(10, 12)):
+        ws = sgd(ws, mse_grads(ws, x[sl], y[sl])[1], 0.1)
+    with ot.Trainer(model, batch_size=5) as tr:
+        hist = train(tr, x, y, shuffle=False, verbose=0)
+        assert tr.n_steps == 3
+        assert_weights(tr.model(), ws)
+        hist2 = train(tr, batches(2, 5), epochs=2, initial_epoch=1, verbose=0)
+        assert tr.n_steps == 5
+    assert model.train_state is None  # no model given: the caller keeps the trainer
+    assert hist.epoch == [0] and hist2.epoch == [1]
+    with pytest.raises(ot.OrtrainError, match="sample_weight: this trainer has no loss weights"):
+        with ot.Trainer(model, batch_size=5) as tr:
+            train(tr, x, y, sample_weight=np.ones(12), verbose=0)
+
+
+def test_train_with_element_loss_mask():
+    x, y = regression(8)
+    mask = np.ones((8, 3), np.float32)
+    mask[:, 1] = 0
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=4, loss_mask=3) as tr:
+        train(tr, x, y, sample_weight=mask, shuffle=False, verbose=0)
+        w2 = tr.model().get_weights()[2]
+    np.testing.assert_array_equal(w2[:, 1], model.get_weights()[2][:, 1])  # masked output never moved
+    assert not np.array_equal(w2[:, 0], model.get_weights()[2][:, 0])
+
+
+# -- History --------------------------------------------------------------------------------------
+
+
+def fitted_history():
+    x, y = regression(16)
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model.fit(x, y, batch_size=8, epochs=3, validation_split=0.25, verbose=0)
+
+
+def test_history_exports(tmp_path):
+    hist = fitted_history()
+    assert hist.params["epochs"] == 3 and hist.params["batch_size"] == 8
+    assert hist.params["metrics"] == ["loss", "mae", "val_loss", "val_mae", "lr"]
+    path = hist.to_csv(tmp_path / "h.csv")
+    lines = open(path).read().splitlines()
+    assert lines[0] == "epoch,loss,mae,val_loss,val_mae,lr"
+    assert len(lines) == 4
+    assert float(lines[2].split(",")[1]) == hist.history["loss"][1]
+    df = hist.to_pandas()
+    assert list(df.index) == [0, 1, 2] and df["val_loss"].tolist() == hist.history["val_loss"]
+    png = hist.plot(tmp_path / "h.png")
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_history_missing_extras_name_the_extra(monkeypatch, tmp_path):
+    hist = fitted_history()
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ot.OrtrainError, match=r"to_pandas needs pandas.*pip install 'ortrain\[plot\]'"):
+        hist.to_pandas()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ot.OrtrainError, match=r"plot needs matplotlib.*pip install 'ortrain\[plot\]'"):
+        hist.plot(tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_history_aligns_values_that_appear_late():
+    h = ot.History()
+    h.on_epoch_end(0, {"loss": 1.0})
+    h.on_epoch_end(1, {"loss": 0.5, "extra": 2.0})
+    h.on_epoch_end(2, {"extra": 3.0})
+    assert h.epoch == [0, 1, 2]
+    np.testing.assert_equal(h.history["loss"], [1.0, 0.5, np.nan])
+    np.testing.assert_equal(h.history["extra"], [np.nan, 2.0, 3.0])
+    with pytest.raises(ot.OrtrainError, match="holds no epoch"):
+        ot.History().plot("never.png")
+
+
+def test_no_warning_on_a_clean_fit():
+    x, y = regression(16)
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0)
