@@ -1,4 +1,27 @@
-"""``from_onnx``: any ONNX model as a trainable :class:`~ortrain.nn.graph_model.GraphModel`."""
+"""``from_onnx``: any ONNX model as a trainable :class:`~ortrain.nn.graph_model.GraphModel`.
+
+The steps, each a pure function of the model before it:
+
+1. load without trusting the file (:mod:`ortrain.graph.loading`);
+2. bring the opset into the range onnxruntime-training trains (onnx's version converter);
+3. choose the data inputs (initializers listed as graph inputs, as IR 3 files do, are weights);
+4. rewrite what the gradient builder cannot take (:mod:`ortrain.graph.repairs`);
+5. free a fixed batch dimension unless a hard-coded shape pins it;
+6. classify initializers into weights, batch-norm buffers and constants, and move the
+   weights to graph inputs (the :class:`~ortrain.graph.forward.ForwardGraph` form);
+7. refuse, in one error, every op on the way back to a trainable weight that has no gradient.
+
+>>> import onnx, numpy as np
+>>> from onnx import helper, numpy_helper
+>>> g = helper.make_graph(
+...     [helper.make_node("MatMul", ["x", "w"], ["y"])], "tiny",
+...     [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+...     [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 1])],
+...     [numpy_helper.from_array(np.ones((3, 1), np.float32), "w")])
+>>> m = from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+>>> [(p.name, p.role) for p in m.params()], m.input_specs[0].shape
+([('w', 'trainable')], (None, 3))
+"""
 
 from __future__ import annotations
 
@@ -10,9 +33,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ortrain.errors import OrtrainError
-from ortrain.graph import OPSET
+from ortrain.errors import OrtrainError, UnsupportedOpError
+from ortrain.graph import check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec
+from ortrain.graph.gradient_ops import NON_DIFFERENTIABLE_INPUTS, nodes_without_gradient
+from ortrain.graph.loading import load_untrusted
+from ortrain.graph.repairs import free_batch_dimension, repair, upgrade_opset
+
+__all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
 
 
 def _matches(name: str, patterns) -> bool:
@@ -39,7 +67,8 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None) -> ForwardGrap
     for pats, arg in ((t, "trainable"), (f, "frozen")):
         for pat in pats or ():
             if not any(fnmatch.fnmatchcase(n, pat) for n in names):
-                raise OrtrainError(f"{arg}: {pat!r} matches no weight; weights are {', '.join(names)}")
+                shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+                raise OrtrainError(f"{arg}: {pat!r} matches no weight; weights are {shown}")
     params = []
     for p in fg.params:
         role = p.role
@@ -53,72 +82,186 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None) -> ForwardGrap
     return ForwardGraph(fg.proto, tuple(params), fg.weights)
 
 
-def _load(model) -> onnx.ModelProto:
-    if isinstance(model, onnx.ModelProto):
-        return copy.deepcopy(model)
-    path = os.fspath(model)
-    try:
-        return onnx.load(path)
-    except FileNotFoundError:
-        raise OrtrainError(f"from_onnx: no such file {path!r}") from None
-    except Exception as exc:
-        raise OrtrainError(f"from_onnx: {path!r} is not a readable ONNX model ({exc})") from exc
+# -- classification ---------------------------------------------------------------------------
 
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    for o in model.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            return o.version
-    return 1
-
-
-def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None) -> ForwardGraph:
-    """Classify initializers and move the weights to graph inputs.
-
-    Float32 initializers of rank >= 1 are weights (trainable unless frozen); the running
-    statistics of BatchNormalization nodes (inputs 3 and 4, found by position) are buffers;
-    everything else (scalars, integers, shapes) stays a constant.
-    """
-    model = copy.deepcopy(model)
-    inits = {t.name: t for t in model.graph.initializer}
-    # Old exporters list initializers among the graph inputs too.
-    keep_inputs = [vi for vi in model.graph.input if vi.name not in inits]
-    del model.graph.input[:]
-    model.graph.input.extend(keep_inputs)
-    buffers = set()
+def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
+    """(names read at all, names read where a gradient flows, batch-norm running statistics)."""
+    used = {o.name for o in model.graph.output}
+    differentiable, buffers = set(), set()
     for node in model.graph.node:
+        skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
+        for pos, name in enumerate(node.input):
+            if not name:
+                continue
+            used.add(name)
+            if pos not in skip:
+                differentiable.add(name)
         if node.op_type == "BatchNormalization" and len(node.input) >= 5:
             buffers.update(node.input[3:5])
+    return used, differentiable, buffers
+
+
+def _to_array(t: onnx.TensorProto) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as exc:
+        raise OrtrainError(f"from_onnx: initializer {t.name!r} cannot be read ({exc}); the file is damaged") from exc
+
+
+def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
+                      stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None) -> ForwardGraph:
+    """Classify initializers and move the weights to graph inputs.
+
+    Float32 initializers of rank >= 1 are weights (trainable unless frozen) when some node
+    reads them where a gradient flows; the running statistics of BatchNormalization nodes
+    (inputs 3 and 4, found by position) are buffers; everything else (scalars, integers,
+    shapes, exponents, ratios) stays a constant. Initializers nothing reads are dropped.
+    ``stash`` holds initializers already taken out of the graph (see ``_stash_weights``);
+    they are classified the same way. Weights come in ``order`` (names), by default the
+    graph's initializer order.
+    """
+    model = copy.deepcopy(model)
+    stash = stash or {}
+    used, differentiable, bn_stats = _uses(model)
+    inits = [t.name for t in model.graph.initializer]
+    # IR 3 files list initializers among the graph inputs too.
+    keep_inputs = [vi for vi in model.graph.input if vi.name not in set(inits) and vi.name not in stash]
+    del model.graph.input[:]
+    model.graph.input.extend(keep_inputs)
     params, weights, constants = [], {}, []
-    for t in model.graph.initializer:
-        if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) >= 1:
-            arr = numpy_helper.to_array(t).astype(np.float32, copy=False)
-            role = "buffer" if t.name in buffers else "trainable"
-            params.append(ParamSpec(t.name, tuple(arr.shape), np.dtype(np.float32), role))
-            weights[t.name] = np.ascontiguousarray(arr)
+    values = [(t.name, t) for t in model.graph.initializer] + list(stash.items())
+    for name, value in values:
+        if name not in used:
+            continue
+        tensor = isinstance(value, onnx.TensorProto)
+        is_float = value.data_type == onnx.TensorProto.FLOAT if tensor else value.dtype == np.float32
+        rank = len(value.dims) if tensor else value.ndim
+        if is_float and rank >= 1 and (name in bn_stats or name in differentiable):
+            arr = np.ascontiguousarray(_to_array(value) if tensor else value, dtype=np.float32)
+            role = "buffer" if name in bn_stats else "trainable"
+            params.append(ParamSpec(name, tuple(arr.shape), np.dtype(np.float32), role))
+            weights[name] = arr
         else:
-            constants.append(t)
+            constants.append(value if tensor else numpy_helper.from_array(value, name))
+    rank = {name: i for i, name in enumerate(order or inits + list(stash))}
+    params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
     model.graph.initializer.extend(constants)
-    model.graph.input.extend(ps_to_vi(p) for p in params)
+    model.graph.input.extend(onnx.helper.make_tensor_value_info(p.name, onnx.TensorProto.FLOAT, list(p.shape))
+                             for p in params)
     fg = ForwardGraph(model, tuple(params), weights)
     return reassign_roles(fg, trainable, frozen) if (trainable is not None or frozen is not None) else fg
 
 
-def ps_to_vi(p: ParamSpec) -> onnx.ValueInfoProto:
-    return onnx.helper.make_tensor_value_info(p.name, onnx.TensorProto.FLOAT, list(p.shape))
+STASH_MIN_ELEMENTS = 1024
+
+
+def _stash_weights(model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Take large float initializers out of ``model`` (in place) as typed graph inputs.
+
+    Converting, repairing, checking and shape inference then handle a graph of kilobytes
+    instead of copying and serializing every weight several times (AlexNet: 240 MB).
+    Small tensors stay: converters may need the values of scales and the like.
+    Returns the stashed arrays and the original initializer order.
+    """
+    g = model.graph
+    order = [t.name for t in g.initializer]
+    big = [t for t in g.initializer
+           if t.data_type == onnx.TensorProto.FLOAT and t.dims and np.prod(t.dims) >= STASH_MIN_ELEMENTS]
+    if not big:
+        return {}, order
+    stash = {t.name: _to_array(t) for t in big}
+    keep = [t for t in g.initializer if t.name not in stash]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    listed = {vi.name for vi in g.input}
+    g.input.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(a.shape))
+                   for n, a in stash.items() if n not in listed)
+    return stash, order
+
+
+# -- inputs -----------------------------------------------------------------------------------
+
+def _select_inputs(model: onnx.ModelProto, input_names, stash: dict) -> tuple[onnx.ModelProto, list[str]]:
+    """Graph inputs reduced to the data inputs (in order) and the stashed weights; returns the model
+    and the data input names. A stashed weight the caller feeds leaves the stash."""
+    inits = {t.name for t in model.graph.initializer} | set(stash)
+    graph_inputs = [vi.name for vi in model.graph.input]
+    if input_names is None:
+        data = [n for n in graph_inputs if n not in inits]
+    else:
+        data = [input_names] if isinstance(input_names, str) else list(input_names)
+        if not data or not all(isinstance(n, str) for n in data) or len(set(data)) != len(data):
+            raise OrtrainError(f"input_names: expected distinct graph input names, received {input_names!r}")
+        unknown = [n for n in data if n not in graph_inputs]
+        if unknown:
+            raise OrtrainError(f"input_names: {unknown} are not inputs of the graph; its inputs are "
+                               f"{[n for n in graph_inputs if n not in inits] or graph_inputs}")
+        unfed = [n for n in graph_inputs if n not in inits and n not in data]
+        if unfed:
+            raise OrtrainError(f"input_names: graph inputs {unfed} have no initializer and are not listed, so "
+                               f"nothing would feed them; add them to input_names={data + unfed}")
+    if not data:
+        raise OrtrainError("from_onnx: the model has no data inputs (every graph input has an initializer); "
+                           "name the inputs to feed with input_names=[...]")
+    out = copy.deepcopy(model)
+    by_name = {vi.name: vi for vi in out.graph.input}
+    drop = set(data) & inits  # an input with a default value that the caller feeds
+    kept = [t for t in out.graph.initializer if t.name not in drop]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    for n in drop:
+        stash.pop(n, None)
+    del out.graph.input[:]
+    out.graph.input.extend(by_name[n] for n in data)
+    out.graph.input.extend(by_name[n] for n in stash)
+    return out, data
+
+
+def _check_data_inputs(model: onnx.ModelProto, data: list[str]) -> None:
+    from ortrain.graph import spec_of
+    for vi in model.graph.input:
+        if vi.name in data:
+            if not vi.type.HasField("tensor_type"):
+                raise OrtrainError(f"from_onnx: input {vi.name!r} is not a tensor; ortrain feeds tensors only")
+            spec_of(vi)  # raises for element types ortrain cannot feed
+
+
+# -- the whole import -------------------------------------------------------------------------
+
+def _check_gradients(fg: ForwardGraph) -> None:
+    missing = nodes_without_gradient(fg.proto, fg.names("trainable"))
+    if not missing:
+        return
+    listing = "; ".join(f"{op} (nodes: {', '.join(nodes)})" for op, nodes in sorted(missing.items()))
+    raise UnsupportedOpError(
+        f"from_onnx: onnxruntime-training 1.19.2 has no gradient for {', '.join(sorted(missing))}, and these "
+        f"nodes lie between trainable weights and the output: {listing}. Freeze the weights before them "
+        f"(frozen=[...] or trainable=[...] with names or glob patterns) or replace the ops in the model")
 
 
 def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | None = None):
-    """Turn an ONNX model (path or ``ModelProto``) into a trainable model."""
+    """Turn an ONNX model (a path, its bytes or an ``onnx.ModelProto``) into a trainable model.
+
+    ``trainable``/``frozen``: weight names or glob patterns (``"fc.*"``); ``trainable`` given
+    means only those train. ``input_names``: the graph inputs to feed, in the order
+    ``predict``/``fit`` take them (default: every graph input without an initializer).
+    Raises :class:`~ortrain.OrtrainError` for files that are damaged or unsafe and
+    :class:`~ortrain.UnsupportedOpError` naming every op and node without a gradient.
+    """
     from ortrain.nn.graph_model import GraphModel
-    proto = _load(model)
-    if _default_opset(proto) < OPSET:
-        from onnx import version_converter
-        try:
-            proto = version_converter.convert_model(proto, OPSET)
-        except Exception as exc:
-            raise OrtrainError(f"from_onnx: could not upgrade opset {_default_opset(proto)} to {OPSET}: {exc}") \
-                from exc
-    fg = canonical_forward(proto, trainable, frozen)
-    return GraphModel(fg, name=name or (proto.graph.name or "onnx_model"))
+    proto = load_untrusted(model)
+    stash, order = _stash_weights(proto)
+    proto = upgrade_opset(proto)
+    proto, data = _select_inputs(proto, input_names, stash)
+    _check_data_inputs(proto, data)
+    proto, _ = repair(proto)
+    proto, _ = free_batch_dimension(proto, data)
+    check_model(proto, "imported model")
+    fg = canonical_forward(proto, trainable, frozen, stash, order)
+    _check_gradients(fg)
+    if name is None:
+        stem = os.path.splitext(os.path.basename(os.fspath(model)))[0] if isinstance(model, (str, os.PathLike)) \
+            else ""
+        name = stem or proto.graph.name or "onnx_model"
+    return GraphModel(fg, name=name)

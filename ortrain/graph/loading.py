@@ -1,0 +1,166 @@
+"""Reading ONNX files that come from elsewhere, without trusting them.
+
+A model file is parsed from bytes ortrain read itself, so a truncated file or
+random bytes end in an :class:`~ortrain.errors.OrtrainError` rather than deep
+inside protobuf or the checker. Tensors stored as *external data* are read here
+too, not by ``onnx.load``: their ``location`` must name a regular file inside the
+model's own directory (no absolute paths, no ``..`` escapes, no symlinks that
+lead out), and the byte range they declare must lie inside that file and hold
+exactly the tensor's size. An untrusted file can therefore neither read arbitrary
+files nor make ortrain allocate more than the data it actually ships.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, external_data_helper
+
+from ortrain.errors import OrtrainError
+
+__all__ = ["MAX_MODEL_BYTES", "load_untrusted"]
+
+# protobuf refuses messages of 2 GiB and more; bigger models keep their weights as external data.
+MAX_MODEL_BYTES = 2**31 - 1
+
+_FIXED_SIZE = {
+    TensorProto.FLOAT: 4, TensorProto.DOUBLE: 8, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2,
+    TensorProto.INT8: 1, TensorProto.UINT8: 1, TensorProto.INT16: 2, TensorProto.UINT16: 2,
+    TensorProto.INT32: 4, TensorProto.UINT32: 4, TensorProto.INT64: 8, TensorProto.UINT64: 8,
+    TensorProto.BOOL: 1,
+}
+
+
+def load_untrusted(source, what: str = "from_onnx") -> onnx.ModelProto:
+    """A validated copy of ``source`` (a path, bytes or an ``onnx.ModelProto``) with all data inline."""
+    if isinstance(source, onnx.ModelProto):
+        model, base = copy.deepcopy(source), None
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        model, base = _parse(bytes(source), what, "the bytes given"), None
+    elif isinstance(source, (str, os.PathLike)):
+        path = Path(os.fspath(source))
+        model, base = _parse(_read_file(path, what), what, repr(str(path))), path.parent
+    else:
+        raise OrtrainError(f"{what}: expected a path to an .onnx file, its bytes or an onnx.ModelProto, "
+                           f"received {type(source).__name__}")
+    _check_structure(model, what)
+    _inline_external_data(model, base, what)
+    _check_onnx(model, what)
+    return model
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    if not path.exists():
+        raise OrtrainError(f"{what}: no such file {str(path)!r}")
+    if not path.is_file():
+        raise OrtrainError(f"{what}: {str(path)!r} is not a regular file")
+    size = path.stat().st_size
+    if size > MAX_MODEL_BYTES:
+        raise OrtrainError(f"{what}: {str(path)!r} holds {size} bytes; an ONNX protobuf file is limited to "
+                           f"{MAX_MODEL_BYTES} bytes. Save the weights as external data "
+                           "(onnx.save(..., save_as_external_data=True))")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise OrtrainError(f"{what}: cannot read {str(path)!r} ({exc})") from exc
+
+
+def _parse(data: bytes, what: str, origin: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise OrtrainError(f"{what}: {origin} is not an ONNX model: the protobuf does not parse "
+                           f"({type(exc).__name__}: {exc}); the file is truncated or of another format") from exc
+    return model
+
+
+def _check_structure(model: onnx.ModelProto, what: str) -> None:
+    """Cheap sanity checks before anything walks the graph."""
+    if not model.HasField("graph") or not model.graph.node or not model.graph.output:
+        raise OrtrainError(f"{what}: not an ONNX model (no graph, nodes or outputs); the file is damaged, "
+                           "truncated or of another format")
+    if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
+        raise OrtrainError(f"{what}: the model imports no default ONNX opset (opset_import: "
+                           f"{[(o.domain, o.version) for o in model.opset_import]}); it is damaged")
+
+
+def _check_onnx(model: onnx.ModelProto, what: str) -> None:
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except Exception as exc:
+        raise OrtrainError(f"{what}: the model is not valid ONNX: {str(exc).splitlines()[0]}") from exc
+
+
+def _inline_external_data(model: onnx.ModelProto, base: Path | None, what: str) -> None:
+    for tensor in external_data_helper._get_all_tensors(model):
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        if base is None:
+            raise OrtrainError(f"{what}: tensor {tensor.name!r} keeps its data in an external file; pass the "
+                               "model's path instead of a ModelProto or bytes so the file can be found beside it")
+        info = {e.key: e.value for e in tensor.external_data}
+        data = _read_external(tensor, info, base, what)
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.DEFAULT
+        tensor.raw_data = data
+
+
+def _external_path(location: str, base: Path, tensor: str, what: str) -> Path:
+    if not location:
+        raise OrtrainError(f"{what}: tensor {tensor!r} declares external data without a location")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
+        raise OrtrainError(f"{what}: tensor {tensor!r} points at external data by absolute path {location!r}; "
+                           "only files inside the model's directory are read. Re-save the model with "
+                           "relative external data locations")
+    parts = Path(location.replace("\\", "/")).parts
+    if ".." in parts:
+        raise OrtrainError(f"{what}: tensor {tensor!r} points at external data {location!r} outside the "
+                           "model's directory ('..'); refused")
+    root = base.resolve()
+    target = (base / location).resolve()
+    if target != root and root not in target.parents:
+        raise OrtrainError(f"{what}: external data {location!r} of tensor {tensor!r} resolves outside the model's "
+                           "directory (a symbolic link leads out of it); refused")
+    if not target.is_file():
+        raise OrtrainError(f"{what}: external data file {location!r} of tensor {tensor!r} is missing beside "
+                           f"the model (looked in {str(base)!r})")
+    return target
+
+
+def _read_external(tensor: TensorProto, info: dict, base: Path, what: str) -> bytes:
+    path = _external_path(info.get("location", ""), base, tensor.name, what)
+    try:
+        offset = int(info.get("offset", 0))
+        declared = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise OrtrainError(f"{what}: tensor {tensor.name!r} has a non-integer external data offset or length "
+                           f"({info})") from None
+    expected = _byte_size(tensor)
+    length = declared if declared is not None else expected
+    if offset < 0 or length is None or length < 0:
+        raise OrtrainError(f"{what}: tensor {tensor.name!r} declares an invalid external data range "
+                           f"(offset {offset}, length {declared})")
+    if expected is not None and length != expected:
+        raise OrtrainError(f"{what}: tensor {tensor.name!r} of shape {list(tensor.dims)} needs {expected} bytes, "
+                           f"its external data declares {length}; the file is damaged")
+    size = path.stat().st_size
+    if offset + length > size:
+        raise OrtrainError(f"{what}: external data of tensor {tensor.name!r} claims bytes {offset}..{offset + length} "
+                           f"of {info['location']!r}, which holds only {size}; the file is truncated")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def _byte_size(tensor: TensorProto) -> int | None:
+    item = _FIXED_SIZE.get(tensor.data_type)
+    if item is None:
+        return None
+    if any(d < 0 for d in tensor.dims):
+        return -1
+    return int(np.prod(tensor.dims, dtype=np.int64)) * item

@@ -1,0 +1,258 @@
+"""Rewrites that make an ONNX graph from elsewhere acceptable to onnxruntime-training.
+
+Each pass takes a model and returns a new one with the same forward results;
+``repair`` runs them all and reports what it changed. They exist because the
+gradient builder or the eval graph it derives cannot take some valid ONNX:
+
+* ``Sum`` has no gradient builder: it becomes a chain of ``Add`` (same broadcasting).
+* single-output ``LayerNormalization`` (opset 17 exports) has no gradient: it gets
+  the mean and inverse-std outputs the builder needs.
+* ``BatchNormalization`` exported in training mode (three outputs) makes the eval
+  graph invalid: it is written in inference form, running statistics as inputs.
+  ortrain's training graph turns every batch norm into batch statistics anyway.
+* ``Dropout`` without a ``training_mode`` input never drops: it gets one, so it is
+  active in training steps and a no-op in evaluation, prediction and export.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, version_converter
+
+from ortrain.errors import OrtrainError
+from ortrain.graph.builder import IR_VERSION, OPSET
+
+__all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
+           "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input"]
+
+MAX_OPSET = 21  # the newest default-domain opset onnxruntime 1.19.2 loads
+MAX_IR = 10  # the newest IR version it reads
+BATCH = "batch"
+
+
+class _Names:
+    """Fresh tensor and node names that collide with nothing already in the graph."""
+
+    def __init__(self, model: onnx.ModelProto):
+        g = model.graph
+        self.taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {v.name for v in g.output}
+        for n in g.node:
+            self.taken.update(n.input)
+            self.taken.update(n.output)
+            self.taken.add(n.name)
+
+    def fresh(self, hint: str) -> str:
+        name, k = hint, 0
+        while name in self.taken:
+            k += 1
+            name = f"{hint}_{k}"
+        self.taken.add(name)
+        return name
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
+    """Convert opsets older than ``target`` (and newer than onnxruntime reads) with onnx's converter.
+
+    Opsets from ``target`` to ``MAX_OPSET`` are kept: converting down can lose ops, and
+    ortrain's loss graphs are valid at all of them.
+    """
+    have = default_opset(model)
+    want = target if have < target else MAX_OPSET if have > MAX_OPSET else None
+    out = model
+    if want is not None:
+        try:
+            out = version_converter.convert_version(model, want)
+        except Exception as exc:
+            raise OrtrainError(f"from_onnx: the model uses opset {have}; converting it to opset {want} (what "
+                               f"onnxruntime-training 1.19.2 trains) failed: {str(exc).splitlines()[0]}. "
+                               f"Re-export it with opset_version between {target} and {MAX_OPSET}") from exc
+    else:
+        out = copy.deepcopy(model)
+    needed = helper.find_min_ir_version_for(list(out.opset_import), ignore_unknown=True)
+    out.ir_version = min(max(needed, IR_VERSION), MAX_IR)
+    return out
+
+
+def sum_to_add(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``Sum(a, b, c)`` -> ``Add(Add(a, b), c)``; returns the model and the number of nodes rewritten."""
+    if not any(n.op_type == "Sum" for n in model.graph.node):
+        return model, 0
+    out = copy.deepcopy(model)
+    names = _Names(out)
+    nodes, count = [], 0
+    for node in out.graph.node:
+        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        count += 1
+        base = node.name or names.fresh("Sum")
+        ins = list(node.input)
+        if len(ins) == 1:
+            nodes.append(helper.make_node("Identity", ins, [node.output[0]], name=f"{base}/Identity"))
+            continue
+        acc = ins[0]
+        for k, nxt in enumerate(ins[1:], start=1):
+            last = k == len(ins) - 1
+            result = node.output[0] if last else names.fresh(f"{base}/partial_{k}")
+            nodes.append(helper.make_node("Add", [acc, nxt], [result], name=names.fresh(f"{base}/Add_{k}")))
+            acc = result
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out, count
+
+
+def layernorm_with_statistics(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Give single-output ``LayerNormalization`` nodes their ``Mean`` and ``InvStdDev`` outputs."""
+    targets = [i for i, n in enumerate(model.graph.node) if n.op_type == "LayerNormalization" and len(n.output) < 3]
+    if not targets:
+        return model, 0
+    out = copy.deepcopy(model)
+    names = _Names(out)
+    for i in targets:
+        node = out.graph.node[i]
+        base = node.name or f"LayerNormalization_{i}"
+        while len(node.output) < 3:
+            node.output.append(names.fresh(f"{base}/{'mean' if len(node.output) == 1 else 'inv_std_dev'}"))
+    return out, len(targets)
+
+
+def batchnorm_inference_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Training-mode ``BatchNormalization`` (running-statistics outputs) -> inference form."""
+    targets = [i for i, n in enumerate(model.graph.node) if n.op_type == "BatchNormalization"
+               and (len(n.output) > 1 or any(a.name == "training_mode" and a.i for a in n.attribute))]
+    if not targets:
+        return model, 0
+    out = copy.deepcopy(model)
+    dropped = set()
+    for i in targets:
+        node = out.graph.node[i]
+        dropped.update(o for o in node.output[1:] if o)
+        del node.output[1:]
+        for attr in [a for a in node.attribute if a.name == "training_mode"]:
+            node.attribute.remove(attr)
+    users = sorted({n.name or n.op_type for n in out.graph.node if any(i in dropped for i in n.input)})
+    if users:
+        raise OrtrainError(f"from_onnx: nodes {users} read the updated running statistics of a training-mode "
+                           "BatchNormalization; ortrain cannot rewrite that graph. Export the model in eval mode")
+    keep = [o for o in out.graph.output if o.name not in dropped]
+    del out.graph.output[:]
+    out.graph.output.extend(keep)
+    return out, len(targets)
+
+
+def dropout_with_training_input(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``Dropout`` gets a constant ``True`` training input (its ratio made explicit) and the mask
+    output the gradient builder reads."""
+    targets = [i for i, n in enumerate(model.graph.node)
+               if n.op_type == "Dropout" and (len(n.input) < 3 or not n.input[2] or len(n.output) < 2)]
+    if not targets or default_opset(model) < 12:
+        return model, 0
+    out = copy.deepcopy(model)
+    names = _Names(out)
+    for i in targets:
+        node = out.graph.node[i]
+        base = node.name or f"Dropout_{i}"
+        if len(node.input) < 3 or not node.input[2]:
+            if len(node.input) < 2 or not node.input[1]:
+                ratio = names.fresh(f"{base}/ratio")
+                out.graph.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), ratio))
+                del node.input[1:]
+                node.input.append(ratio)
+            flag = names.fresh(f"{base}/training_mode")
+            out.graph.initializer.append(numpy_helper.from_array(np.array(True), flag))
+            del node.input[2:]
+            node.input.append(flag)
+        if len(node.output) < 2:
+            node.output.append(names.fresh(f"{base}/mask"))
+    return out, len(targets)
+
+
+def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """Every rewrite above, in order; returns the model and ``{pass name: nodes changed}``."""
+    report = {}
+    for fn in (sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input):
+        model, n = fn(model)
+        if n:
+            report[fn.__name__] = n
+    return model, report
+
+
+# -- the batch dimension --------------------------------------------------------------------------
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    values = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    values[n.output[0]] = a.t
+    out = {}
+    for name, t in values.items():
+        if t.data_type == onnx.TensorProto.INT64:
+            out[name] = numpy_helper.to_array(t)
+    return out
+
+
+def _dim0(vi: onnx.ValueInfoProto):
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape") or not tt.shape.dim:
+        return None
+    d = tt.shape.dim[0]
+    return d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+
+
+def _set_dim0(vi: onnx.ValueInfoProto, param: str) -> None:
+    d = vi.type.tensor_type.shape.dim[0]
+    d.Clear()
+    d.dim_param = param
+
+
+def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tuple[onnx.ModelProto, list[str]]:
+    """Make a fixed first dimension of the data inputs symbolic where the graph allows it.
+
+    Returns the new model and an empty list, or the unchanged model and what pins the
+    batch: a ``Reshape`` to a constant shape whose first entry is a number (e.g. ``[1, 2048]``),
+    or an output whose first dimension stays a number once the inputs' is free.
+    """
+    ins = [vi for vi in model.graph.input if vi.name in set(data_inputs)]
+    fixed = {_dim0(vi) for vi in ins}
+    if not ins or len(fixed) != 1 or not isinstance(next(iter(fixed)), int) or not next(iter(fixed)):
+        return model, []
+    batch = next(iter(fixed))
+    cand = copy.deepcopy(model)
+    del cand.graph.value_info[:]
+    for vi in cand.graph.input:
+        if vi.name in set(data_inputs):
+            _set_dim0(vi, BATCH)
+    probe = copy.deepcopy(cand)
+    for vi in probe.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception as exc:
+        return model, [f"shape inference with a free batch ({str(exc).splitlines()[0]})"]
+    dims = {vi.name: _dim0(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
+            + list(inferred.graph.output)}
+    consts = _constants(model)
+    blockers = []
+    for node in model.graph.node:
+        if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in consts:
+            shape = consts[node.input[1]].reshape(-1)
+            if dims.get(node.input[0]) == BATCH and shape.size and shape[0] > 0:
+                blockers.append(f"Reshape {node.name or node.output[0]!r} to the constant shape {shape.tolist()}")
+    for vi in inferred.graph.output:
+        if dims.get(vi.name) == batch:
+            blockers.append(f"output {vi.name!r} keeps a first dimension of {batch}")
+    if blockers:
+        return model, blockers
+    for vi in cand.graph.output:
+        if _dim0(vi) == batch:
+            _set_dim0(vi, BATCH)
+    return cand, []

@@ -1,0 +1,340 @@
+"""``ot.from_onnx``: classification of initializers, input selection, repairs, opsets, gradient
+checks and the batch dimension. References: onnx's ReferenceEvaluator and numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from _onnx_helpers import DATA, load_data_module, make_models
+from _onnx_helpers import f32 as _f32
+from _onnx_helpers import model as _model
+from _onnx_helpers import vi as _vi
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import ortrain as ot
+from ortrain.graph import gradient_ops, repairs
+
+# -- classification, trainable/frozen, input_names ------------------------------------------
+
+def _classification_model(rng, ir3=False):
+    inits = [numpy_helper.from_array(_f32(rng, 3, 4), "w"),
+             numpy_helper.from_array(_f32(rng, 4), "b"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+             numpy_helper.from_array(np.array([-1, 4, 1, 1], np.int64), "shape"),
+             numpy_helper.from_array(np.abs(_f32(rng, 4)) + 0.5, "gamma"),
+             numpy_helper.from_array(_f32(rng, 4), "beta"),
+             numpy_helper.from_array(_f32(rng, 4), "stat_a"),  # running mean, whatever its name
+             numpy_helper.from_array(np.abs(_f32(rng, 4)) + 0.5, "stat_b"),  # running variance
+             numpy_helper.from_array(np.array([2.0], np.float32), "exponent"),
+             numpy_helper.from_array(_f32(rng, 7), "unused")]
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"]),
+             helper.make_node("Mul", ["h", "half"], ["h2"]),
+             helper.make_node("Reshape", ["h2", "shape"], ["h4"]),
+             helper.make_node("BatchNormalization", ["h4", "gamma", "beta", "stat_a", "stat_b"], ["bn"]),
+             helper.make_node("Pow", ["bn", "exponent"], ["sq"]),
+             helper.make_node("Flatten", ["sq"], ["y"])]
+    inputs = [_vi("x", [None, 3])]
+    if ir3:
+        inputs += [_vi(t.name, list(t.dims), t.data_type) for t in inits]
+    return _model(nodes, inputs, [_vi("y", [None, 4])], inits, opset=9 if ir3 else 17, ir=3 if ir3 else 8)
+
+
+@pytest.mark.parametrize("ir3", [False, True], ids=["ir8", "ir3-opset9"])
+def test_initializers_are_classified(rng, ir3):
+    proto = _classification_model(rng, ir3)
+    model = ot.from_onnx(proto)
+    roles = {p.name: p.role for p in model.params()}
+    assert roles == {"w": "trainable", "b": "trainable", "gamma": "trainable", "beta": "trainable",
+                     "stat_a": "buffer", "stat_b": "buffer"}
+    assert [s.name for s in model.input_specs] == ["x"]
+    fg = model.forward_graph()
+    assert {t.name for t in fg.proto.graph.initializer} == {"half", "shape", "exponent"}
+    assert fg.proto.ir_version >= 8 and repairs.default_opset(fg.proto) == 17
+    x = _f32(rng, 5, 3)
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in proto.graph.initializer}
+    h = (x @ w["w"] + w["b"]) * 0.5  # numpy: onnx's reference BatchNormalization-9 differs from the spec
+    bn = (h - w["stat_a"]) / np.sqrt(w["stat_b"] + 1e-5) * w["gamma"] + w["beta"]
+    np.testing.assert_allclose(model.predict(x), bn ** 2, rtol=1e-5, atol=1e-5)
+
+
+def test_trainable_and_frozen_take_names_and_globs(rng):
+    proto = _classification_model(rng)
+    roles = {p.name: p.role for p in ot.from_onnx(proto, frozen=["w", "g*"]).params()}
+    assert roles["w"] == roles["gamma"] == "frozen" and roles["b"] == "trainable"
+    roles = {p.name: p.role for p in ot.from_onnx(proto, trainable="b*").params()}
+    assert roles == {"w": "frozen", "b": "trainable", "gamma": "frozen", "beta": "trainable",
+                     "stat_a": "buffer", "stat_b": "buffer"}
+    with pytest.raises(ot.OrtrainError, match=r"frozen: 'conv\*' matches no weight; weights are w, b, gamma"):
+        ot.from_onnx(proto, frozen="conv*")
+    with pytest.raises(ot.OrtrainError, match="trainable: expected weight names or glob patterns"):
+        ot.from_onnx(proto, trainable=[3])
+
+
+def _two_input_model(rng):
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["h"]), helper.make_node("Add", ["h", "bias"], ["y"])]
+    inits = [numpy_helper.from_array(_f32(rng, 3, 2), "w"), numpy_helper.from_array(_f32(rng, 2), "bias")]
+    inputs = [_vi("a", [None, 3]), _vi("bias", [2])]  # bias: an input with a default value (IR 3 style)
+    return _model(nodes, inputs, [_vi("y", [None, 2])], inits)
+
+
+def test_input_names_select_and_order_inputs(rng):
+    proto = _two_input_model(rng)
+    assert [s.name for s in ot.from_onnx(proto).input_specs] == ["a"]
+    model = ot.from_onnx(proto, input_names=["bias", "a"])
+    assert [s.name for s in model.input_specs] == ["bias", "a"]
+    assert [p.name for p in model.params()] == ["w"]
+    with pytest.raises(ot.OrtrainError, match=r"input_names: \['nope'\] are not inputs of the graph"):
+        ot.from_onnx(proto, input_names=["nope"])
+    with pytest.raises(ot.OrtrainError, match="expected distinct graph input names"):
+        ot.from_onnx(proto, input_names=["a", "a"])
+    two = _model([helper.make_node("Add", ["p", "q"], ["y"])], [_vi("p", [None, 2]), _vi("q", [None, 2])],
+                 [_vi("y", [None, 2])])
+    with pytest.raises(ot.OrtrainError, match=r"graph inputs \['q'\] have no initializer and are not listed"):
+        ot.from_onnx(two, input_names=["p"])
+
+
+# -- repairs ----------------------------------------------------------------------------------
+
+def test_sum_becomes_a_chain_of_adds(rng):
+    inits = [numpy_helper.from_array(_f32(rng, 3, 3), n) for n in ("w1", "w2", "w3")]
+    nodes = [helper.make_node("MatMul", ["x", n], [f"m{n}"]) for n in ("w1", "w2", "w3")]
+    nodes += [helper.make_node("Sum", ["mw1", "mw2", "mw3"], ["s"], name="the_sum"),
+              helper.make_node("Sum", ["s"], ["y"], name="single")]
+    proto = _model(nodes, [_vi("x", [None, 3])], [_vi("y", [None, 3])], inits)
+    fixed, n = repairs.sum_to_add(proto)
+    assert n == 2 and [x.op_type for x in fixed.graph.node][-3:] == ["Add", "Add", "Identity"]
+    x = _f32(rng, 4, 3)
+    want = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ReferenceEvaluator(fixed).run(None, {"x": x})[0], want, rtol=1e-6)
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-6)
+    with ot.Trainer(model, batch_size=4) as tr:  # the gradient builder accepts the result
+        np.testing.assert_allclose(tr.step(x, np.zeros((4, 3))), np.mean(want ** 2), rtol=1e-5)
+
+
+def test_single_output_layernorm_gets_its_statistics(rng):
+    inits = [numpy_helper.from_array(_f32(rng, 4, 6), "w"), numpy_helper.from_array(_f32(rng, 6), "g"),
+             numpy_helper.from_array(_f32(rng, 6), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    proto = _model(nodes, [_vi("x", [None, 4])], [_vi("y", [None, 6])], inits)
+    fixed, n = repairs.layernorm_with_statistics(proto)
+    assert n == 1 and len(fixed.graph.node[1].output) == 3
+    x, y = _f32(rng, 8, 4), _f32(rng, 8, 6)
+    want = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    np.testing.assert_allclose(model.predict(x), want, rtol=1e-4, atol=1e-5)
+    with ot.Trainer(model, batch_size=8) as tr:
+        np.testing.assert_allclose(tr.step(x, y), np.mean((want - y) ** 2), rtol=1e-5)
+        assert tr.step(x, y) < np.mean((want - y) ** 2)
+
+
+def _bn_train_first_loss(path, x, y):
+    """Loss of the first training step from the original file: the reference evaluator runs its
+    three-output BatchNormalization in training mode (batch statistics)."""
+    logits = ReferenceEvaluator(str(path)).run(None, {"x": x})[0].astype(np.float64)
+    logp = logits - logits.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    return -logp[np.arange(len(y)), y].mean()
+
+
+def test_training_mode_batchnorm_is_written_in_inference_form(rng):
+    path = DATA / "cnn_bn_train.onnx"
+    original = onnx.load(str(path))
+    assert len(next(n for n in original.graph.node if n.op_type == "BatchNormalization").output) == 3
+    model = ot.from_onnx(path)
+    bn = next(n for n in model.forward_graph().proto.graph.node if n.op_type == "BatchNormalization")
+    assert len(bn.output) == 1 and not any(a.name == "training_mode" for a in bn.attribute)
+    roles = {p.name: p.role for p in model.params()}
+    assert roles["1.running_mean"] == roles["1.running_var"] == "buffer"
+    x, y = _f32(rng, 4, 3, 6, 6), np.array([0, 2, 1, 2])
+    inference, _ = repairs.batchnorm_inference_form(original)
+    np.testing.assert_allclose(model.predict(x), ReferenceEvaluator(inference).run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-5)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with ot.Trainer(model, batch_size=4) as tr:
+        ev = tr.eval(x, y)  # the eval graph is valid: no 3-output batch norm left in it
+        np.testing.assert_allclose(tr.step(x, y), _bn_train_first_loss(path, x, y), rtol=1e-5)
+    logits = model.predict(x).astype(np.float64)
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    np.testing.assert_allclose(ev, -logp[np.arange(4), y].mean(), rtol=1e-5)
+
+
+def test_dropout_gets_a_training_input(rng):
+    inits = [numpy_helper.from_array(_f32(rng, 5, 64), "w"), numpy_helper.from_array(np.array(0.5, np.float32), "r")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Dropout", ["h", "r"], ["y"])]
+    proto = _model(nodes, [_vi("x", [None, 5])], [_vi("y", [None, 64])], inits)
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    x = _f32(rng, 4, 5)
+    want = x @ numpy_helper.to_array(inits[0])
+    np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-6)  # a no-op in inference
+    with ot.Trainer(model, batch_size=4) as tr:
+        losses = {round(tr.step(x, np.zeros((4, 64))), 6) for _ in range(4)}
+        np.testing.assert_allclose(tr.predict(x), want, rtol=1e-5, atol=1e-6)
+    assert len(losses) > 1  # a fresh mask at every training step
+
+
+# -- opsets -----------------------------------------------------------------------------------
+
+def test_newer_than_supported_opsets_are_converted_down(rng):
+    w = numpy_helper.from_array(_f32(rng, 3, 2), "w")
+    proto = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [None, 3])],
+                   [_vi("y", [None, 2])], [w], opset=22, ir=10)
+    fg = ot.from_onnx(proto).forward_graph()
+    assert repairs.default_opset(fg.proto) == repairs.MAX_OPSET and fg.proto.ir_version <= 10
+
+
+def _opset18_model(rng, head):
+    """x -> MatMul -> ReduceMean over a middle axis with axes as an input (the opset 18 form) -> head."""
+    inits = [numpy_helper.from_array(_f32(rng, 4, 3), "w"), numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("ReduceMean", ["h", "ax"], ["m"], keepdims=0)]
+    nodes.append(helper.make_node(head, ["m"], ["y"]) if head != "Identity" else
+                 helper.make_node("Identity", ["m"], ["y"]))
+    return _model(nodes, [_vi("x", [None, 2, 4])], [_vi("y", [None, 3])], inits, opset=18)
+
+
+def _numpy_loss(name, p, y):
+    p = p.astype(np.float64)
+    eps = 1e-7
+    if name == "mse":
+        return np.mean((p - y) ** 2)
+    if name == "mae":
+        return np.mean(np.abs(p - y))
+    if name == "huber":
+        d = np.abs(p - y)
+        return np.mean(np.where(d <= 1.0, 0.5 * d ** 2, d - 0.5))
+    if name == "bce":
+        q = np.clip(p, eps, 1 - eps)
+        return -np.mean(y * np.log(q) + (1 - y) * np.log(1 - q))
+    if name == "bce_logits":
+        return np.mean(np.maximum(p, 0) - p * y + np.log1p(np.exp(-np.abs(p))))
+    logp = np.log(np.clip(p, eps, 1 - eps)) if name in ("cce", "scce") else \
+        p - p.max(1, keepdims=True) - np.log(np.exp(p - p.max(1, keepdims=True)).sum(1, keepdims=True))
+    if name.startswith("scce"):
+        return -logp[np.arange(len(y)), y].mean()
+    return -(y * logp).sum(1).mean()
+
+
+LOSSES_AT_18 = {
+    "mse": ("Identity", "mse"), "mae": ("Identity", "mae"), "huber": ("Identity", "huber"),
+    "cce": ("Softmax", "categorical_crossentropy"),
+    "cce_logits": ("Identity", ot.losses.CategoricalCrossentropy(from_logits=True)),
+    "scce": ("Softmax", "sparse_categorical_crossentropy"),
+    "scce_logits": ("Identity", ot.losses.SparseCategoricalCrossentropy(from_logits=True)),
+    "bce": ("Sigmoid", "binary_crossentropy"),
+    "bce_logits": ("Identity", ot.losses.BinaryCrossentropy(from_logits=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES_AT_18))
+def test_every_loss_trains_an_opset18_model(rng, name):
+    head, loss = LOSSES_AT_18[name]
+    proto = _opset18_model(rng, head)
+    model = ot.from_onnx(proto)
+    assert repairs.default_opset(model.forward_graph().proto) == 18
+    model.compile(optimizer=ot.optim.SGD(lr=0.05), loss=loss)
+    x = _f32(rng, 6, 2, 4)
+    if name.startswith("scce"):
+        y = rng.integers(0, 3, 6)
+    elif name.startswith(("cce", "bce")):
+        y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 6)]
+    else:
+        y = _f32(rng, 6, 3)
+    p = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    with ot.Trainer(model, batch_size=6) as tr:
+        first = tr.step(x, y)
+        second = tr.step(x, y)
+    np.testing.assert_allclose(first, _numpy_loss(name, p, y), rtol=1e-5, atol=1e-6)
+    assert second < first
+
+
+# -- gradient support -------------------------------------------------------------------------
+
+def test_gradient_table_matches_the_engine():
+    probe = load_data_module("probe_gradient_ops")
+    found = probe.probe()
+    assert len(found) > 100
+    wrong = {op: v for op, v in found.items()
+             if v in ("yes", "no") and (v == "yes") != (op in gradient_ops.GRADIENT_OPS)}
+    assert wrong == {}
+    assert found["LRN"] == found["Sum"] == "no" and found["Conv"] == "yes"
+
+
+def test_alexnet_lrn_is_refused_with_its_nodes():
+    with pytest.raises(ot.UnsupportedOpError, match=r"no gradient for LRN.*LRN \(nodes: n2, n6\)"):
+        ot.from_onnx(make_models.light_model("bvlc_alexnet"))
+
+
+def _conv_net(rng, middle):
+    inits = [numpy_helper.from_array(_f32(rng, 4, 3, 3, 3) * 0.3, "conv1.w"),
+             numpy_helper.from_array(_f32(rng, 2, 4, 3, 3) * 0.3, "conv2.w")]
+    nodes = [helper.make_node("Conv", ["x", "conv1.w"], ["c1"], pads=[1, 1, 1, 1], name="conv1")]
+    prev = "c1"
+    for i, (op, attrs) in enumerate(middle):
+        nodes.append(helper.make_node(op, [prev], [f"m{i}"], name=f"{op.lower()}_{i}", **attrs))
+        prev = f"m{i}"
+    nodes += [helper.make_node("Conv", [prev, "conv2.w"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+              helper.make_node("GlobalAveragePool", ["c2"], ["g"]), helper.make_node("Flatten", ["g"], ["y"])]
+    return _model(nodes, [_vi("x", [None, 3, 5, 5])], [_vi("y", [None, 2])], inits)
+
+
+def test_every_unsupported_op_is_named_in_one_error(rng):
+    proto = _conv_net(rng, [("LRN", {"size": 3}), ("Softplus", {}), ("HardSwish", {}), ("Softplus", {})])
+    with pytest.raises(ot.UnsupportedOpError) as info:
+        ot.from_onnx(proto)
+    msg = str(info.value)
+    for part in ("HardSwish (nodes: hardswish_2)", "LRN (nodes: lrn_0)", "Softplus (nodes: softplus_1, softplus_3)",
+                 "Freeze the weights before them"):
+        assert part in msg
+
+
+def test_freezing_the_weights_before_an_unsupported_op_makes_it_trainable(rng):
+    proto = _conv_net(rng, [("LRN", {"size": 3})])
+    model = ot.from_onnx(proto, frozen="conv1.*").compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x, y = _f32(rng, 4, 3, 5, 5), _f32(rng, 4, 2)
+    want = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    with ot.Trainer(model, batch_size=4) as tr:
+        np.testing.assert_allclose(tr.step(x, y), np.mean((want - y) ** 2), rtol=1e-4)
+        after = dict(zip(tr.model().weight_names(), tr.model().get_weights(), strict=True))
+    w = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    np.testing.assert_array_equal(after["conv1.w"], w["conv1.w"])
+    assert not np.allclose(after["conv2.w"], w["conv2.w"])
+
+
+# -- the batch dimension ------------------------------------------------------------------------
+
+def _reshape_model(rng, target):
+    inits = [numpy_helper.from_array(_f32(rng, 2, 3, 4), "w"),
+             numpy_helper.from_array(np.array(target, np.int64), "shape")]
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "shape"], ["y"])]
+    return _model(nodes, [_vi("x", [2, 2, 3, 4])], [_vi("y", [2, 24])], inits)
+
+
+def test_a_fixed_batch_is_freed_where_the_graph_allows_it(rng):
+    proto = _reshape_model(rng, [-1, 24])
+    model = ot.from_onnx(proto)
+    assert model.input_specs[0].shape == (None, 2, 3, 4) and model.output_specs[0].shape == (None, 24)
+    x = _f32(rng, 5, 2, 3, 4)
+    np.testing.assert_allclose(model.predict(x), (x * numpy_helper.to_array(proto.graph.initializer[0]))
+                               .reshape(5, 24), rtol=1e-6)
+
+
+def test_a_hard_coded_reshape_keeps_the_batch_fixed(rng):
+    model = ot.from_onnx(_reshape_model(rng, [2, 24]))
+    assert model.input_specs[0].shape == (2, 2, 3, 4)
+    _, blockers = repairs.free_batch_dimension(_reshape_model(rng, [2, 24]), ["x"])
+    assert blockers == ["Reshape 'y' to the constant shape [2, 24]", "output 'y' keeps a first dimension of 2"]
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.ShapeError, match=r"batch_size=3: the model's input 'x' has a fixed batch of 2 rows "
+                                            r"\(2, 2, 3, 4\); use batch_size=2 or re-export the model with a dynamic batch axis"):
+        ot.Trainer(model, batch_size=3)
+
+
+def test_dynamo_export_keeps_its_pinned_batch():
+    model = ot.from_onnx(DATA / "convnet_dynamo" / "model.onnx").compile(optimizer="sgd", loss="mse")
+    assert model.input_specs[0].shape == (4, 3, 6, 6)
+    with pytest.raises(ot.ShapeError, match="has a fixed batch of 4 rows"):
+        ot.Trainer(model, batch_size=8)

@@ -1,0 +1,173 @@
+"""``ot.from_onnx`` on hostile or damaged input: random bytes, truncated files, external data that
+escapes its directory or lies about its size, and every other refusal with its message."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from _onnx_helpers import DATA, dynamo_copy, make_models, set_external
+from _onnx_helpers import f32 as _f32
+from _onnx_helpers import model as _model
+from _onnx_helpers import vi as _vi
+from onnx import TensorProto, helper, numpy_helper
+
+import ortrain as ot
+
+
+# -- loading untrusted files ------------------------------------------------------------------
+
+def test_random_bytes_are_refused(tmp_path, rng):
+    for i, size in enumerate((1, 17, 300, 5000)):
+        blob = rng.bytes(size)
+        with pytest.raises(ot.OrtrainError, match="not an ONNX model"):
+            ot.from_onnx(blob)
+        path = tmp_path / f"random{i}.onnx"
+        path.write_bytes(blob)
+        with pytest.raises(ot.OrtrainError, match="not an ONNX model"):
+            ot.from_onnx(path)
+
+
+def test_truncated_file_is_refused(tmp_path):
+    data = (DATA / "encoder_opset17.onnx").read_bytes()
+    for cut in (5, 200, len(data) // 2, len(data) - 1):
+        path = tmp_path / "cut.onnx"
+        path.write_bytes(data[:cut])
+        with pytest.raises(ot.OrtrainError, match="not an ONNX model|not valid ONNX"):
+            ot.from_onnx(path)
+
+
+def test_missing_file_and_wrong_type():
+    with pytest.raises(ot.OrtrainError, match="no such file"):
+        ot.from_onnx("does/not/exist.onnx")
+    with pytest.raises(ot.OrtrainError, match="expected a path to an .onnx file, its bytes or an onnx.ModelProto"):
+        ot.from_onnx(42)
+
+
+def test_external_data_beside_the_file_loads(tmp_path):
+    path = dynamo_copy(tmp_path)
+    model = ot.from_onnx(path)
+    ref = onnx.load(str(path))  # onnx's own loader, as the reference
+    w = dict(zip(model.weight_names(), model.get_weights(), strict=True))
+    np.testing.assert_array_equal(w["fc1.weight"], numpy_helper.to_array(
+        next(t for t in ref.graph.initializer if t.name == "fc1.weight")))
+
+
+def test_external_data_escaping_the_directory_is_refused(tmp_path):
+    path = dynamo_copy(tmp_path)
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"\0" * 4096)
+    set_external(path, "fc1.weight", location="../secret.bin")
+    with pytest.raises(ot.OrtrainError, match=r"outside the model's directory \('\.\.'\); refused"):
+        ot.from_onnx(path)
+    set_external(path, "fc1.weight", location=str(secret))
+    with pytest.raises(ot.OrtrainError, match="by absolute path"):
+        ot.from_onnx(path)
+    os.symlink(secret, path.parent / "link.bin")
+    set_external(path, "fc1.weight", location="link.bin")
+    with pytest.raises(ot.OrtrainError, match="symbolic link leads out"):
+        ot.from_onnx(path)
+
+
+def test_external_data_sizes_are_honoured(tmp_path):
+    path = dynamo_copy(tmp_path)
+    set_external(path, "fc1.weight", length=8)
+    with pytest.raises(ot.OrtrainError, match="needs 1152 bytes, its external data declares 8"):
+        ot.from_onnx(path)
+    set_external(path, "fc1.weight", length=1152, offset=64)
+    with pytest.raises(ot.OrtrainError, match="holds only 1152; the file is truncated"):
+        ot.from_onnx(path)
+    set_external(path, "fc1.weight", offset=0)
+    (path.parent / "model.onnx.data").write_bytes(b"\0" * 100)
+    with pytest.raises(ot.OrtrainError, match="the file is truncated"):
+        ot.from_onnx(path)
+    (path.parent / "model.onnx.data").unlink()
+    with pytest.raises(ot.OrtrainError, match="is missing beside the model"):
+        ot.from_onnx(path)
+
+
+def test_external_data_needs_a_path():
+    proto = onnx.load(str(DATA / "convnet_dynamo" / "model.onnx"), load_external_data=False)
+    with pytest.raises(ot.OrtrainError, match="pass the model's path instead"):
+        ot.from_onnx(proto)
+
+
+def test_the_callers_modelproto_is_not_changed(rng):
+    proto = make_models.light_model("squeezenet")
+    before = proto.SerializeToString()
+    ot.from_onnx(proto)
+    assert proto.SerializeToString() == before
+
+
+# -- the remaining refusals, one message each -------------------------------------------------
+
+def _tile_opset1():
+    """Tile in its opset-1 form, which onnx's version converter has no adapter for."""
+    consts = [numpy_helper.from_array(np.array(2, np.float32), "t"), numpy_helper.from_array(np.array(1, np.float32), "a")]
+    inputs = [_vi("x", [2, 3]), _vi("t", []), _vi("a", [])]
+    return _model([helper.make_node("Tile", ["x", "t", "a"], ["y"])], inputs, [_vi("y", [2, 6])], consts, opset=5, ir=3)
+
+
+def _bn_stats_read(rng):
+    inits = [numpy_helper.from_array(np.abs(_f32(rng, 2)) + 0.5, n) for n in ("g", "b", "m", "v")]
+    nodes = [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y", "m2", "v2"],
+                              training_mode=1, name="bn"),
+             helper.make_node("Add", ["y", "m2"], ["z"], name="reads_stats")]
+    return _model(nodes, [_vi("x", [None, 2])], [_vi("z", [None, 2])], inits, opset=15)
+
+
+def _edited(path, **fields):
+    return set_external(path, "fc1.weight", **fields)
+
+
+REFUSALS = {
+    "a directory": (lambda tmp, rng: tmp, "is not a regular file"),
+    "no default opset": (lambda tmp, rng: _no_default_opset(rng), "imports no default ONNX opset"),
+    "an empty model": (lambda tmp, rng: onnx.ModelProto().SerializeToString(), "no graph, nodes or outputs"),
+    "no conversion": (lambda tmp, rng: _tile_opset1(), r"uses opset 5; converting it to opset 17 .* failed"),
+    "stats read": (lambda tmp, rng: _bn_stats_read(rng), r"nodes \['reads_stats'\] read the updated running"),
+    "empty location": (lambda tmp, rng: _edited(dynamo_copy(tmp), location=""), "without a location"),
+    "bad offset": (lambda tmp, rng: _edited(dynamo_copy(tmp), offset="ten"), "non-integer external data offset"),
+    "negative offset": (lambda tmp, rng: _edited(dynamo_copy(tmp), offset=-4), "invalid external data range"),
+    "no data inputs": (lambda tmp, rng: _model([helper.make_node("Identity", ["w"], ["y"])], [_vi("w", [2])],
+                                               [_vi("y", [2])], [numpy_helper.from_array(_f32(rng, 2), "w")]),
+                       "has no data inputs"),
+    "string input": (lambda tmp, rng: _model([helper.make_node("Identity", ["s"], ["y"])],
+                                             [_vi("s", [None], TensorProto.STRING)], [_vi("y", [None], TensorProto.STRING)]),
+                     "ONNX element type STRING is not supported"),
+    "sequence input": (lambda tmp, rng: _model([helper.make_node("SequenceLength", ["s"], ["y"])],
+                                               [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)],
+                                               [_vi("y", [], TensorProto.INT64)]), "input 's' is not a tensor"),
+}
+
+
+def _no_default_opset(rng):
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [None, 2])], [_vi("y", [None, 2])])
+    del m.opset_import[:]
+    m.opset_import.append(helper.make_opsetid("com.example", 1))
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_refusals_name_the_problem(case, tmp_path, rng):
+    make, message = REFUSALS[case]
+    with pytest.raises(ot.OrtrainError, match=message):
+        ot.from_onnx(make(tmp_path, rng))
+
+
+def test_a_file_over_the_protobuf_limit_is_refused(tmp_path, monkeypatch):
+    from ortrain.graph import loading
+    monkeypatch.setattr(loading, "MAX_MODEL_BYTES", 1000)
+    with pytest.raises(ot.OrtrainError, match=r"holds 25170 bytes; an ONNX protobuf file is limited to 1000 "
+                                              r"bytes\. Save the weights as external data"):
+        ot.from_onnx(DATA / "encoder_opset17.onnx")
+
+
+def test_an_unreadable_initializer_is_refused(rng):
+    proto = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [None, 3])], [_vi("y", [None, 2])],
+                   [numpy_helper.from_array(_f32(rng, 3, 2), "w")])
+    proto.graph.initializer[0].raw_data = b"\0" * 7  # 24 bytes expected
+    with pytest.raises(ot.OrtrainError, match="not valid ONNX|initializer 'w' cannot be read"):
+        ot.from_onnx(proto)
