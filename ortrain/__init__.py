@@ -12,14 +12,20 @@ from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError,
 # The engine checks the environment on import (onnx pin, training build of onnxruntime).
 from ortrain import engine  # noqa: E402,I001
 from ortrain import artifacts, layers, losses, metrics, optim  # noqa: E402
+from ortrain import callbacks  # noqa: E402
 from ortrain._random import set_seed  # noqa: E402
 from ortrain.engine import get_num_threads, set_num_threads  # noqa: E402
 from ortrain.nn import GraphModel, Input, Model, Sequential, from_onnx, load_model  # noqa: E402
 from ortrain.trainer import Snapshot, Trainer  # noqa: E402
+from ortrain import ag  # noqa: E402
+from ortrain.capture import capture, capture_step  # noqa: E402
+from ortrain.fit import fit_generator  # noqa: E402
+from ortrain.history import History  # noqa: E402
 
 __all__ = [
     "FreedError",
     "GraphModel",
+    "History",
     "Input",
     "Model",
     "NonFiniteError",
@@ -30,8 +36,13 @@ __all__ = [
     "Trainer",
     "UnsupportedOpError",
     "__version__",
+    "ag",
     "artifacts",
+    "capture",
+    "capture_step",
+    "callbacks",
     "engine",
+    "fit_generator",
     "from_onnx",
     "get_num_threads",
     "layers",

@@ -43,6 +43,24 @@ def test_import_and_training_never_load_torch(tmp_path):
     assert "torch loaded: False loss finite: True" in result.stdout
 
 
+def test_installed_torch_is_not_imported(tmp_path):
+    """``import onnxruntime`` alone imports torch when it is installed; ortrain avoids that."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed, so nothing could import it")
+    result = run_python(f"""
+        import sys, numpy as np, ortrain as ot
+        ot.artifacts.set_cache_dir({str(tmp_path)!r})
+        model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,))
+        model.compile(optimizer="adam", loss="mse")
+        with ot.Trainer(model, batch_size=4) as tr:
+            tr.step(np.ones((4, 3)), np.zeros((4, 2)))
+        print("torch loaded:", "torch" in sys.modules)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "torch loaded: False" in result.stdout
+
+
 def test_plain_onnxruntime_shadowing_the_training_build_is_explained(tmp_path):
     fake = tmp_path / "onnxruntime"
     (fake / "capi").mkdir(parents=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import importlib.util
 import os
 import sys
 import types
@@ -74,6 +75,39 @@ def environment_problems(onnx_version: str | None, ort_version: str | None, has_
     return problems
 
 
+class _SkipORTModule:
+    """Import hook active while onnxruntime is first imported.
+
+    ``import onnxruntime`` validates the build by trying ``onnxruntime.training.ortmodule``,
+    which imports torch (about a second, and hundreds of MB) whenever torch is installed.
+    Refusing that one import makes the check conclude "no ORTModule", which is true for
+    ortrain's purposes; nothing else changes.
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "onnxruntime.training.ortmodule":
+            raise ImportError("ortrain does not use ORTModule")
+        return None
+
+
+def _import_onnxruntime():
+    if "onnxruntime" in sys.modules:
+        return sys.modules["onnxruntime"]
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("onnxruntime is not installed")
+    root = list(spec.submodule_search_locations)[0]
+    _register_package("onnxruntime.training", os.path.join(root, "training"))
+    hook = _SkipORTModule()
+    sys.meta_path.insert(0, hook)
+    try:
+        import onnxruntime
+    finally:
+        sys.meta_path.remove(hook)
+        sys.modules.pop("onnxruntime.training.ortmodule", None)
+    return onnxruntime
+
+
 def _load():
     try:
         import onnx
@@ -81,7 +115,7 @@ def _load():
     except ImportError:
         onnx_version = None
     try:
-        import onnxruntime
+        onnxruntime = _import_onnxruntime()
         from onnxruntime.capi import _pybind_state as capi
         ort_version = onnxruntime.__version__
         has_training = hasattr(capi, "Module") and hasattr(capi, "Optimizer")

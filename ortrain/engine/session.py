@@ -13,7 +13,7 @@ import os
 import numpy as np
 import onnx
 
-from ortrain.engine._runtime import C
+from ortrain.engine._runtime import C, OrtValue
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
@@ -89,6 +89,7 @@ class TrainingSession:
         self.trainable_names = [n for n in self.param_names if self._state.get_parameter(n).requires_grad]
         self._views: dict[str, np.ndarray] = {}
         self._lr: float | None = None
+        self._bound = None
         self._freed = False
 
     # -- lifetime ---------------------------------------------------------------------
@@ -100,6 +101,7 @@ class TrainingSession:
         """Release the graphs and state; safe to call twice."""
         self._freed = True
         self._views.clear()
+        self._bound = None
         self._optimizer = self._module = self._state = None
 
     @property
@@ -115,6 +117,32 @@ class TrainingSession:
         fetches = C.OrtValueVector()
         self._module.train_step(feeds, fetches)
         return fetches
+
+    def bind_train_outputs(self, arrays: list[np.ndarray]) -> None:
+        """Have :meth:`train_step_into` write the outputs into ``arrays`` (contiguous, exactly the
+        outputs' shapes and dtypes; the caller keeps them): no fetch is allocated per step."""
+        self._live()
+        if len(arrays) != len(self.train_outputs) or not all(a.flags.c_contiguous for a in arrays):
+            raise OrtrainError(f"bind_train_outputs: expected {len(self.train_outputs)} contiguous arrays, one per "
+                               f"output ({', '.join(self.train_outputs)})")
+        vec = C.OrtValueVector()
+        for a in arrays:
+            vec.push_back(OrtValue.ortvalue_from_numpy(a)._ortvalue)
+        self._bound = [vec, list(arrays), True]
+
+    def train_step_into(self, feeds) -> None:
+        """A train step (no input checks) writing its outputs into the arrays of :meth:`bind_train_outputs`."""
+        self._live()
+        vec, arrays, unconfirmed = self._bound
+        self._module.train_step(feeds, vec)
+        if unconfirmed:
+            # The runtime writes into caller-allocated outputs whose shapes match; until a step shows
+            # that it did, copy from whatever buffers it handed back.
+            if all(vec[i].data_ptr() == a.ctypes.data for i, a in enumerate(arrays)):
+                self._bound[2] = False
+            else:
+                for i, a in enumerate(arrays):
+                    a[...] = vec[i].numpy()
 
     def eval_step(self, feeds, check: bool = True):
         """Forward with the loss, without backward and without dropout."""

@@ -93,13 +93,25 @@ class Optimizer:
         step = state["step"]
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise OrtrainError(f"load_state: 'step' must be an int >= 0, received {step!r}")
-        moments = {}
-        for pname, ms in state["moments"].items():
-            arrays = tuple(np.asarray(ms[k], dtype=np.float32) for k in ("m", "v") if k in ms)
-            moments[pname] = arrays
+        moments = {pname: self._checked_moments(pname, ms) for pname, ms in state["moments"].items()}
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         self._moments, self.step, self._lr = moments, int(step), lr
+        # A live capture reads the loaded moments at its next call, instead of its own.
+        self._state_source = None
         self._state_version += 1
+
+    def _checked_moments(self, pname: str, ms) -> tuple[np.ndarray, ...]:
+        keys = ("m", "v") if self.has_moments else ()
+        if not isinstance(ms, dict) or any(k not in ms for k in keys):
+            raise OrtrainError(f"load_state: moments of {pname!r} expected a dict with keys {list(keys)}, "
+                               f"received {ms!r:.80}")
+        arrays = tuple(np.array(ms[k], dtype=np.float32, copy=True) for k in keys)
+        shape = next((tuple(p.shape) for p in self.params if getattr(p, "name", None) == pname), None)
+        for k, a in zip(keys, arrays, strict=True):
+            if shape is not None and a.shape != shape:
+                raise OrtrainError(f"load_state: moment {k!r} of {pname!r} has shape {a.shape}, the param "
+                                   f"{shape}; load the state of an optimizer over the same params")
+        return arrays
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items() if k != "name")

@@ -1,0 +1,178 @@
+"""A traced function called with arrays: argument binding, per-call input checks, lifetime.
+
+Both captures share this: the first call's arrays fix every input's name, shape and
+dtype; later calls are checked against them with a few comparisons per input (no
+dict building, no casting when the arrays already match), and a mismatch raises
+``ot.ShapeError`` before anything runs. :class:`Capture` is the forward-only one.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from ortrain import engine
+from ortrain._arrays import as_array
+from ortrain.ag.tensor import Param
+from ortrain.ag.tracer import example_inputs, trace
+from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
+from ortrain.graph.forward import to_inference
+
+__all__ = ["Capture", "TracedCall"]
+
+
+def _extra_params(params, where: str) -> list[Param]:
+    if params is None:
+        return []
+    items = [params] if isinstance(params, Param) else list(params)
+    bad = [p for p in items if not isinstance(p, Param)]
+    if bad:
+        raise OrtrainError(f"{where}: params expected ag.param / ag.buffer objects, received {bad[0]!r}")
+    return items
+
+
+class TracedCall:
+    """Base of the captures: binds arguments, checks inputs, tracks ``free``."""
+
+    _where = "capture"
+
+    def __init__(self, fn, params):
+        if not callable(fn):
+            raise OrtrainError(f"{self._where}: fn expected a callable, received {type(fn).__name__}")
+        self._fn = fn
+        self._extra = _extra_params(params, self._where)
+        try:
+            sig = inspect.signature(fn).parameters.values()
+            self._positional = [p.name for p in sig if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            self._positional = []
+        self._specs = None
+        self._freed = False
+
+    def _bind(self, args, kwargs) -> dict:
+        if len(args) > len(self._positional):
+            raise OrtrainError(f"{self._where}: {len(args)} positional inputs given, fn names "
+                               f"{len(self._positional)}; pass the inputs by name")
+        bound = dict(zip(self._positional, args, strict=False))
+        twice = sorted(set(bound) & set(kwargs))
+        if twice:
+            raise OrtrainError(f"{self._where}: input {twice[0]!r} given twice")
+        bound.update(kwargs)
+        return bound
+
+    def _set_specs(self, traced, order) -> None:
+        """``order``: the names of the graph's data inputs in the order the runtime takes them."""
+        slot = {n: i for i, n in enumerate(order)}
+        self._specs = tuple((s.name, s.shape, s.dtype, slot.get(s.name, -1)) for s in traced.inputs)
+        self._feeds = [None] * len(order)
+        self._checks = tuple((slot[name], name, rows, op) for name, rows, op in traced.index_checks)
+
+    def _prepare(self, kwargs) -> list:
+        """The feeds in graph order; raises ShapeError (changing nothing) on a bad input."""
+        feeds = self._feeds
+        if len(kwargs) != len(self._specs):
+            self._missing(kwargs)
+        for name, shape, dtype, slot in self._specs:
+            try:
+                a = kwargs[name]
+            except KeyError:
+                self._missing(kwargs)
+            if a.__class__ is not np.ndarray or a.dtype is not dtype or a.shape != shape:
+                a = self._convert(name, a, shape, dtype)
+            if slot >= 0:
+                feeds[slot] = a
+        for slot, name, rows, op in self._checks:
+            a = feeds[slot]
+            if a.size and (a.min() < 0 or a.max() >= rows):
+                raise ShapeError(f"{self._where}: input {name!r} holds indices for {op} into {rows} entries; its "
+                                 f"values must lie in [0, {rows - 1}], received values from {a.min()} to {a.max()}")
+        return feeds
+
+    def _missing(self, kwargs):
+        want = [s[0] for s in self._specs]
+        missing = [n for n in want if n not in kwargs]
+        extra = [n for n in kwargs if n not in want]
+        raise ShapeError(f"{self._where}: the first call fixed the inputs ({', '.join(want)}); "
+                         + (f"missing {', '.join(map(repr, missing))}" if missing else "")
+                         + ("; " if missing and extra else "")
+                         + (f"unexpected {', '.join(map(repr, extra))}" if extra else ""))
+
+    def _convert(self, name, a, shape, dtype):
+        a = as_array(a, dtype, f"{self._where}: input {name!r}")
+        if a.shape != shape:
+            hint = ""
+            if len(a.shape) == len(shape) and a.shape[1:] == shape[1:]:
+                hint = (f"; pad the batch to {shape[0]} rows (and mask the padding out of the loss) or capture "
+                        "another step for the new shape")
+            raise ShapeError(f"{self._where}: input {name!r} expected shape {describe_shape(shape)} (fixed by the "
+                             f"first call), received {describe_shape(a.shape)}{hint or '; pad or reshape it'}")
+        return a
+
+    def _live(self):
+        if self._freed:
+            raise FreedError(f"this {self._where} was freed; capture the function again")
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    def __enter__(self):
+        self._live()
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+
+class Capture(TracedCall):
+    """A captured forward computation; see :func:`capture`."""
+
+    def __init__(self, fn, params):
+        super().__init__(fn, params)
+        self._runner = None
+
+    def __call__(self, *args, **kwargs):
+        """Run the forward graph on the named input arrays with the params' current values."""
+        if self._freed:
+            self._live()
+        if args:
+            kwargs = self._bind(args, kwargs)
+        if self._runner is None:
+            self._build(kwargs)
+        feeds = self._prepare(kwargs)
+        named = self._named
+        for i, name in enumerate(self._used):
+            named[name] = feeds[i]
+        for p in self._params:
+            named[p.name] = p._current()
+        outs = self._runner.run(named)
+        if not self._dict:
+            return outs[0]
+        return dict(zip(self._keys, outs, strict=True))
+
+    def _build(self, kwargs) -> None:
+        arrays = example_inputs(kwargs, self._where)
+        traced = trace(self._fn, arrays, training=False, where=self._where)
+        self._runner = engine.InferenceRunner(to_inference(traced.proto))
+        self._params = list(traced.params)
+        self._used = traced.used
+        self._keys, self._dict = traced.keys, traced.returns_dict
+        self._named = {}
+        self._set_specs(traced, traced.used)
+
+    def free(self) -> None:
+        """Release the session; later calls raise ``ot.FreedError``. Freeing twice is harmless."""
+        if self._freed:
+            return
+        self._freed = True
+        if self._runner is not None:
+            self._runner.free()
+        self._runner = None
+        self._named = {}

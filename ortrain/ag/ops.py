@@ -1,0 +1,358 @@
+"""Ops on traced tensors. Each checks shapes and dtypes when it is called (at trace time)
+and records how to emit its ONNX node; nothing is computed until a captured step runs.
+
+Arrays are batch first. Python numbers and numpy arrays are accepted wherever a tensor
+is, as constants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain._random import draw_seed
+from ortrain.ag.tensor import FLOAT, INT, Const, Tensor
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.graph import MS_DOMAIN
+
+__all__ = [
+    "add", "concat", "div", "dropout", "exp", "gelu", "get_rows", "linear", "log", "log_softmax", "matmul",
+    "mean", "mul", "relu", "reshape", "scale", "sigmoid", "softmax", "sub", "sum", "tanh", "transpose",
+]
+
+
+def _shapes(*ts: Tensor) -> str:
+    return " and ".join(describe_shape(t.shape) for t in ts)
+
+
+def as_tensor(value, where: str, like: Tensor | None = None) -> Tensor:
+    """``value`` itself if it is a Tensor, else a constant (of ``like``'s dtype when numeric)."""
+    if isinstance(value, Tensor):
+        return value
+    a = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if a.dtype.kind not in "fiub":
+        raise OrtrainError(f"{where}: expected an ag tensor, a number or a numeric array, received "
+                           f"{type(value).__name__} of dtype {a.dtype}")
+    dtype = like.dtype if like is not None else (FLOAT if a.dtype.kind == "f" else INT)
+    if dtype.kind in "iu" and a.dtype.kind == "f" and np.any(a != np.round(a)):
+        raise ShapeError(f"{where}: the constant {value!r} has a fractional part but the other operand is "
+                         f"{dtype.name}")
+    return Const(np.ascontiguousarray(a, dtype=dtype))
+
+
+def _float(where: str, *ts: Tensor) -> None:
+    for t in ts:
+        if t.dtype != FLOAT:
+            raise ShapeError(f"{where}: expected float32 tensors, received {t.dtype.name} "
+                             f"(shape {describe_shape(t.shape)})")
+
+
+def _axis(where: str, axis: int, ndim: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < max(ndim, 1):
+        raise ShapeError(f"{where}: axis {axis!r} is out of range for a tensor of {ndim} dimensions")
+    return int(axis) % max(ndim, 1)
+
+
+def broadcast(where: str, a: Tensor, b: Tensor) -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(a.shape, b.shape))
+    except ValueError:
+        raise ShapeError(f"{where}: shapes {_shapes(a, b)} do not broadcast (numpy rules: trailing "
+                         "dimensions must be equal or 1)") from None
+
+
+def _node(op_type: str, **attrs):
+    return lambda gb, names: gb.op(op_type, names, **attrs)
+
+
+# -- elementwise ----------------------------------------------------------------------------------
+def _binary(where: str, op_type: str, a, b) -> Tensor:
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        a = as_tensor(a, where)
+    a = as_tensor(a, where, like=b if isinstance(b, Tensor) else None)
+    b = as_tensor(b, where, like=a)
+    if a.dtype != b.dtype:
+        raise ShapeError(f"{where}: operands have dtypes {a.dtype.name} and {b.dtype.name}; both must have the "
+                         "same dtype")
+    if a.dtype.kind not in "fi":
+        raise ShapeError(f"{where}: expected float32 or int64 operands, received {a.dtype.name}")
+    return Tensor(broadcast(where, a, b), a.dtype, where, (a, b), _node(op_type))
+
+
+def add(a, b) -> Tensor:
+    """``a + b`` with numpy broadcasting."""
+    return _binary("add", "Add", a, b)
+
+
+def sub(a, b) -> Tensor:
+    """``a - b`` with numpy broadcasting."""
+    return _binary("sub", "Sub", a, b)
+
+
+def mul(a, b) -> Tensor:
+    """Elementwise ``a * b`` with numpy broadcasting."""
+    return _binary("mul", "Mul", a, b)
+
+
+def div(a, b) -> Tensor:
+    """Elementwise ``a / b`` with numpy broadcasting (float32)."""
+    out = _binary("div", "Div", a, b)
+    _float("div", out)
+    return out
+
+
+def scale(x, s: float) -> Tensor:
+    """``x * s`` for a Python number ``s``."""
+    if isinstance(s, Tensor) or np.ndim(s) != 0:
+        raise OrtrainError(f"scale: s expected a number, received {type(s).__name__}; use ag.mul for tensors")
+    x = as_tensor(x, "scale")
+    _float("scale", x)
+    return mul(x, float(s))
+
+
+def _unary(where: str, op_type: str, x, domain: str = "") -> Tensor:
+    x = as_tensor(x, where)
+    _float(where, x)
+    emit = (lambda gb, names: gb.op(op_type, names, domain=domain)) if domain else _node(op_type)
+    return Tensor(x.shape, x.dtype, where, (x,), emit)
+
+
+def neg(x) -> Tensor:
+    return _unary("neg", "Neg", x)
+
+
+def relu(x) -> Tensor:
+    return _unary("relu", "Relu", x)
+
+
+def sigmoid(x) -> Tensor:
+    return _unary("sigmoid", "Sigmoid", x)
+
+
+def tanh(x) -> Tensor:
+    return _unary("tanh", "Tanh", x)
+
+
+def gelu(x) -> Tensor:
+    """Exact GELU, ``x * Phi(x)`` (PyTorch's default, ``approximate='none'``)."""
+    return _unary("gelu", "Gelu", x, domain=MS_DOMAIN)
+
+
+def exp(x) -> Tensor:
+    return _unary("exp", "Exp", x)
+
+
+def log(x) -> Tensor:
+    """Natural logarithm (``-inf`` at 0, NaN below)."""
+    return _unary("log", "Log", x)
+
+
+def softmax(x, axis: int = -1) -> Tensor:
+    x = as_tensor(x, "softmax")
+    _float("softmax", x)
+    a = _axis("softmax", axis, x.ndim)
+    return Tensor(x.shape, x.dtype, "softmax", (x,), _node("Softmax", axis=a))
+
+
+def log_softmax(x, axis: int = -1) -> Tensor:
+    x = as_tensor(x, "log_softmax")
+    _float("log_softmax", x)
+    a = _axis("log_softmax", axis, x.ndim)
+    return Tensor(x.shape, x.dtype, "log_softmax", (x,), _node("LogSoftmax", axis=a))
+
+
+# -- matrix products ------------------------------------------------------------------------------
+def _matmul_shape(a: Tensor, b: Tensor) -> tuple:
+    if not a.shape or not b.shape:
+        raise ShapeError(f"matmul: operands need at least 1 dimension, received shapes {_shapes(a, b)}")
+    sa = (1,) + a.shape if a.ndim == 1 else a.shape
+    sb = b.shape + (1,) if b.ndim == 1 else b.shape
+    if sa[-1] != sb[-2]:
+        raise ShapeError(f"matmul: shapes {_shapes(a, b)} do not chain: the last dimension of the first "
+                         f"({sa[-1]}) must equal the {'only' if b.ndim == 1 else 'second-to-last'} dimension of "
+                         f"the second ({sb[-2]})")
+    try:
+        batch = tuple(np.broadcast_shapes(sa[:-2], sb[:-2]))
+    except ValueError:
+        raise ShapeError(f"matmul: the batch dimensions of shapes {_shapes(a, b)} do not broadcast") from None
+    out = batch + (sa[-2], sb[-1])
+    if a.ndim == 1:
+        out = out[:-2] + out[-1:]
+    if b.ndim == 1:
+        out = out[:-1]
+    return out
+
+
+def matmul(a, b) -> Tensor:
+    """Matrix product with numpy's ``@`` rules (1-d operands, broadcast batch dimensions)."""
+    a, b = as_tensor(a, "matmul"), as_tensor(b, "matmul")
+    _float("matmul", a, b)
+    return Tensor(_matmul_shape(a, b), FLOAT, "matmul", (a, b), _node("MatMul"))
+
+
+def linear(x, weight, bias=None) -> Tensor:
+    """``x @ weight.T + bias`` as ``torch.nn.functional.linear``: ``weight`` is ``(out, in)``,
+    ``x`` is ``(..., in)``, ``bias`` is ``(out,)``."""
+    x, weight = as_tensor(x, "linear"), as_tensor(weight, "linear")
+    if weight.ndim != 2:
+        raise ShapeError(f"linear: weight expected shape (out, in), received {describe_shape(weight.shape)}")
+    if not x.shape or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"linear: x of shape {describe_shape(x.shape)} does not match weight of shape "
+                         f"{describe_shape(weight.shape)}; x's last dimension must be {weight.shape[1]} (in)")
+    y = matmul(x, transpose(weight))
+    if bias is None:
+        return y
+    bias = as_tensor(bias, "linear")
+    if bias.shape != (weight.shape[0],):
+        raise ShapeError(f"linear: bias expected shape {describe_shape((weight.shape[0],))}, received "
+                         f"{describe_shape(bias.shape)}")
+    return add(y, bias)
+
+
+# -- reductions -----------------------------------------------------------------------------------
+def _reduce_axes(where: str, x: Tensor, axis) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) else tuple(axis)
+    out = tuple(sorted({_axis(where, a, x.ndim) for a in axes}))
+    if len(out) != len(axes):
+        raise ShapeError(f"{where}: axis {axis!r} names a dimension twice")
+    return out
+
+
+def _reduced(x: Tensor, axes: tuple, keepdims: bool) -> tuple:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    return tuple(d for i, d in enumerate(x.shape) if i not in axes)
+
+
+def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - the ag op is called sum
+    """Sum over ``axis`` (an int, a tuple, or ``None`` for every axis)."""
+    x = as_tensor(x, "sum")
+    axes = _reduce_axes("sum", x, axis)
+    if not x.ndim:
+        return x
+
+    def emit(gb, names):
+        if len(axes) == x.ndim:
+            return gb.op("ReduceSum", names, keepdims=int(keepdims))
+        return gb.op("ReduceSum", [names[0], gb.const(list(axes), np.int64, hint="axes")], keepdims=int(keepdims))
+    return Tensor(_reduced(x, axes, keepdims), x.dtype, "sum", (x,), emit)
+
+
+def mean(x, axis=None, keepdims: bool = False) -> Tensor:
+    """Mean over ``axis`` (an int, a tuple, or ``None`` for every axis)."""
+    x = as_tensor(x, "mean")
+    _float("mean", x)
+    axes = _reduce_axes("mean", x, axis)
+    if not x.ndim:
+        return x
+    attrs = {} if len(axes) == x.ndim else {"axes": list(axes)}
+    return Tensor(_reduced(x, axes, keepdims), x.dtype, "mean", (x,),
+                  _node("ReduceMean", keepdims=int(keepdims), **attrs))
+
+
+# -- shapes ---------------------------------------------------------------------------------------
+def reshape(x, shape) -> Tensor:
+    """A new shape with the same number of elements; one dimension may be ``-1``."""
+    x = as_tensor(x, "reshape")
+    dims = [shape] if isinstance(shape, (int, np.integer)) else list(shape)
+    if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims) or \
+            [d for d in dims if d < 1 and d != -1] or dims.count(-1) > 1:
+        raise ShapeError(f"reshape: shape expected positive ints with at most one -1, received {shape!r}")
+    if -1 in dims:
+        known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+        if x.size % known:
+            raise ShapeError(f"reshape: cannot reshape {describe_shape(x.shape)} ({x.size} elements) into "
+                             f"{tuple(dims)}")
+        dims[dims.index(-1)] = x.size // known
+    if int(np.prod(dims, dtype=np.int64)) != x.size:
+        raise ShapeError(f"reshape: cannot reshape {describe_shape(x.shape)} ({x.size} elements) into "
+                         f"{describe_shape(dims)} ({int(np.prod(dims, dtype=np.int64))} elements)")
+    target = [int(d) for d in dims]
+    return Tensor(tuple(target), x.dtype, "reshape", (x,),
+                  lambda gb, names: gb.op("Reshape", [names[0], gb.const(target, np.int64, hint="shape")]))
+
+
+def transpose(x, perm=None) -> Tensor:
+    """Permute dimensions (reverse them when ``perm`` is None, as numpy does)."""
+    x = as_tensor(x, "transpose")
+    p = list(range(x.ndim))[::-1] if perm is None else [int(i) for i in perm]
+    if sorted(p) != list(range(x.ndim)):
+        raise ShapeError(f"transpose: perm {perm!r} is not a permutation of the {x.ndim} dimensions of "
+                         f"{describe_shape(x.shape)}")
+    return Tensor(tuple(x.shape[i] for i in p), x.dtype, "transpose", (x,), _node("Transpose", perm=p))
+
+
+def concat(tensors, axis: int = 0) -> Tensor:
+    """Join tensors along ``axis`` (0 by default, as numpy); other dimensions must agree."""
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
+        raise OrtrainError("concat: tensors expected a non-empty list or tuple of tensors")
+    ts = [as_tensor(t, "concat") for t in tensors]
+    first = next((t for t in ts if not isinstance(t, Const)), ts[0])
+    ts = [as_tensor(t, "concat", like=first) if isinstance(t, Const) else t for t in ts]
+    a = _axis("concat", axis, first.ndim)
+    for t in ts:
+        if t.dtype != first.dtype or t.ndim != first.ndim or \
+                any(d != e for i, (d, e) in enumerate(zip(t.shape, first.shape, strict=True)) if i != a):
+            raise ShapeError(f"concat: shapes {_shapes(*ts)} (dtypes {', '.join(t.dtype.name for t in ts)}) "
+                             f"must agree in every dimension but axis {a}, and in dtype")
+    shape = list(first.shape)
+    shape[a] = int(np.sum([t.shape[a] for t in ts]))
+    return Tensor(tuple(shape), first.dtype, "concat", tuple(ts), _node("Concat", axis=a))
+
+
+def get_rows(table, idx) -> Tensor:
+    """Rows ``table[idx]`` of a param (an embedding: the read rows get gradients) or a buffer.
+
+    ``idx`` is an int64 tensor (an argument of ``fn``) or an int array; the result has shape
+    ``idx.shape + table.shape[1:]``. Indices from ``fn``'s arguments are checked on every call.
+    """
+    if not isinstance(table, Tensor) or not table.shape:
+        raise OrtrainError(f"get_rows: table expected an ag.param, ag.buffer or tensor with rows, received "
+                           f"{table!r}")
+    idx = as_tensor(idx, "get_rows", like=None)
+    if idx.dtype.kind not in "iu":
+        raise ShapeError(f"get_rows: idx expected integer indices (int64), received {idx.dtype.name}; pass the "
+                         "indices as an int array")
+    if isinstance(idx, Const) and idx.value.size and (idx.value.min() < 0 or idx.value.max() >= table.shape[0]):
+        raise ShapeError(f"get_rows: indices must lie in [0, {table.shape[0] - 1}] for a table of "
+                         f"{table.shape[0]} rows, received values from {idx.value.min()} to {idx.value.max()}")
+    return Tensor(idx.shape + table.shape[1:], table.dtype, "get_rows", (table, idx), _node("Gather", axis=0))
+
+
+def dropout(x, rate: float = 0.5) -> Tensor:
+    """Zero each element with probability ``rate`` and scale the rest by ``1 / (1 - rate)``.
+
+    Active in captured training steps (a new mask at every call); ``ot.capture`` runs without it.
+    """
+    x = as_tensor(x, "dropout")
+    _float("dropout", x)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0.0 <= rate < 1.0:
+        raise OrtrainError(f"dropout: rate expected a number in [0, 1), received {rate!r}")
+    if rate == 0:
+        return x
+    seed = draw_seed()
+
+    def emit(gb, names):
+        ratio = gb.const(float(rate), hint="ratio")
+        training = gb.const(True, np.bool_, hint="training_mode")
+        out, _ = gb.op("Dropout", [names[0], ratio, training], outputs=2, seed=seed)
+        return out
+    return Tensor(x.shape, x.dtype, "dropout", (x,), emit)
+
+
+# -- Python operators -----------------------------------------------------------------------------
+# Defined here rather than in tensor.py so the op functions and the operators are one
+# implementation; ``Tensor`` only names the slots.
+Tensor.__add__ = lambda a, b: add(a, b)
+Tensor.__radd__ = lambda a, b: add(b, a)
+Tensor.__sub__ = lambda a, b: sub(a, b)
+Tensor.__rsub__ = lambda a, b: sub(b, a)
+Tensor.__mul__ = lambda a, b: mul(a, b)
+Tensor.__rmul__ = lambda a, b: mul(b, a)
+Tensor.__truediv__ = lambda a, b: div(a, b)
+Tensor.__rtruediv__ = lambda a, b: div(b, a)
+Tensor.__matmul__ = lambda a, b: matmul(a, b)
+Tensor.__rmatmul__ = lambda a, b: matmul(b, a)
+Tensor.__neg__ = lambda a: neg(a)
+Tensor.T = property(lambda a: transpose(a))

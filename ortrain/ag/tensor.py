@@ -1,0 +1,256 @@
+"""Traced tensors, parameters and buffers.
+
+A :class:`Tensor` is a node of a computation recorded for later: it knows its
+shape, dtype, the op that makes it and that op's inputs, never a value. Params
+and buffers are the leaves that do hold values; while a captured step holds a
+param, its value lives in that step's session and :meth:`Param.numpy` reads it
+from there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import numpy as np
+
+from ortrain._arrays import as_array
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
+
+__all__ = ["Buffer", "Const", "Input", "Param", "Tensor", "buffer", "param"]
+
+FLOAT = np.dtype(np.float32)
+INT = np.dtype(np.int64)
+
+
+class Tensor:
+    """A value in a traced computation: shape and dtype are known, the value is not.
+
+    Ops (``ag.matmul``, ``+``, ...) on tensors build a graph; ``ot.capture_step`` and
+    ``ot.capture`` turn it into ONNX and run it. Reading a value while tracing
+    (``float(t)``, ``if t > 0``, ``np.asarray(t)``) is an error: return the tensor from
+    ``fn`` instead.
+    """
+
+    __slots__ = ("shape", "dtype", "op", "inputs", "_emit", "__weakref__")
+    # numpy must not broadcast an ndarray over a Tensor: ``array * t`` calls ``t.__rmul__``.
+    __array_ufunc__ = None
+
+    def __init__(self, shape: tuple, dtype, op: str, inputs: tuple = (), emit=None):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.op = op
+        self.inputs = tuple(inputs)
+        self._emit = emit
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def _no_value(self, *_):
+        raise OrtrainError(f"{self!r} has no value while a step is traced: ag ops record a graph and values "
+                           "exist only when the captured step runs. Return the tensor from fn (as the loss or "
+                           "an entry of the returned dict) to read it")
+
+    __bool__ = __float__ = __int__ = __index__ = __array__ = _no_value
+    __iter__ = _no_value
+
+    def numpy(self) -> np.ndarray:
+        self._no_value()
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.op}, shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
+
+
+class Input(Tensor):
+    """A named argument of a traced function; its array arrives with every call."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str, shape: tuple, dtype):
+        super().__init__(shape, dtype, "input")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Input({self.name!r}, shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
+
+
+class Const(Tensor):
+    """A constant folded into the graph (Python numbers and numpy arrays given to ops)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: np.ndarray):
+        super().__init__(value.shape, value.dtype, "const")
+        self.value = value
+
+
+_auto_names = itertools.count()
+
+
+class Param(Tensor):
+    """A weight: a leaf tensor with a value, trained by a captured step when the optimizer holds it.
+
+    ``trainable=False`` (or listing it in ``params=`` of a capture) makes it a frozen weight.
+    Its value lives in the session of the captured step that trains it while that step is
+    alive; :meth:`numpy` always returns a copy of the current value.
+    """
+
+    __slots__ = ("name", "trainable", "_home", "_holder", "_users")
+
+    def __init__(self, value: np.ndarray, name: str, trainable: bool):
+        super().__init__(value.shape, value.dtype, "param")
+        self.name = name
+        self.trainable = trainable
+        self._home = value
+        self._holder = None  # the live captured step whose session holds the current value
+        self._users = weakref.WeakSet()  # live captured steps with a copy of this value
+
+    @property
+    def grad(self):
+        """Always ``None``: a captured step keeps gradients inside its session."""
+        return None
+
+    def _current(self) -> np.ndarray:
+        """The array holding the current value (a live session view or the home array); do not keep it."""
+        holder = self._holder
+        return self._home if holder is None else holder._views[self.name]
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the current value (the trained value while a captured step holds the param)."""
+        return np.array(self._current(), copy=True)
+
+    def assign(self, value) -> None:
+        """Overwrite the whole value (e.g. copy online weights into a target network); no re-recording."""
+        a = as_array(value, self.dtype, f"{self.name}.assign(value)")
+        if a.shape != self.shape:
+            raise ShapeError(f"{self.name}.assign(value): expected shape {describe_shape(self.shape)}, received "
+                             f"{describe_shape(a.shape)}")
+        self._write(slice(None), a)
+
+    def _write(self, index, values: np.ndarray) -> None:
+        # Every session holding a copy gets the new rows, so no step reads a stale value.
+        if self._holder is None:
+            self._home[index] = values
+        for step in list(self._users):
+            view = step._views.get(self.name)
+            if view is not None:
+                view[index] = values
+
+    def _attach(self, step) -> None:
+        self._users.add(step)
+
+    def _detach(self, step) -> None:
+        if self._holder is step:
+            self._home = np.array(step._views[self.name], copy=True)
+            self._holder = None
+        self._users.discard(step)
+
+    def __repr__(self) -> str:
+        kind = type(self).__name__
+        frozen = "" if self.trainable else ", trainable=False"
+        return f"{kind}({self.name!r}, shape={describe_shape(self.shape)}, dtype={self.dtype.name}{frozen})"
+
+
+class Buffer(Param):
+    """A table kept in the session between calls (a replay buffer, a lookup table); never trained.
+
+    Read it inside ``fn`` with ``ag.get_rows(buf, idx)``; update it with :meth:`write`, which
+    writes the rows straight into every session that holds the table (no re-recording, no
+    upload of the whole table).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, value: np.ndarray, name: str):
+        super().__init__(value, name, trainable=False)
+
+    @property
+    def capacity(self) -> int:
+        return self.shape[0]
+
+    def write(self, rows, values) -> None:
+        """Write ``values`` into ``rows``: an int (the first of ``len(values)`` consecutive rows),
+        a slice, or a sequence of row indices. Bad rows or values change nothing."""
+        where = f"{self.name}.write"
+        if not self.shape:
+            raise ShapeError(f"{where}: a 0-d buffer has no rows")
+        index = self._rows(rows, values, where)
+        n = len(range(*index.indices(self.capacity))) if isinstance(index, slice) else len(index)
+        want = (n,) + self.shape[1:]
+        a = as_array(values, self.dtype, f"{where}(values)")
+        if a.shape != want and a.shape == self.shape[1:] and n == 1:
+            a = a.reshape(want)
+        if a.shape != want:
+            raise ShapeError(f"{where}: values expected shape {describe_shape(want)} ({n} rows of "
+                             f"{describe_shape(self.shape[1:])}), received {describe_shape(a.shape)}")
+        self._write(index, a)
+
+    def _rows(self, rows, values, where: str):
+        cap = self.capacity
+        if isinstance(rows, slice):
+            return rows
+        if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool):
+            n = np.shape(values)[0] if np.ndim(values) == len(self.shape) else 1
+            if not 0 <= rows <= cap - n:
+                raise ShapeError(f"{where}: rows {rows}..{rows + n - 1} do not fit a buffer of {cap} rows; "
+                                 f"the first row must lie in [0, {cap - n}]")
+            return slice(int(rows), int(rows) + n)
+        idx = np.asarray(rows)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise ShapeError(f"{where}: rows expected an int, a slice or a 1-d sequence of ints, received "
+                             f"{type(rows).__name__} of dtype {idx.dtype} and shape {describe_shape(idx.shape)}")
+        if idx.size and (idx.min() < 0 or idx.max() >= cap):
+            raise ShapeError(f"{where}: row indices must lie in [0, {cap - 1}], received values from "
+                             f"{idx.min()} to {idx.max()}")
+        return idx.astype(np.int64)
+
+
+def _value(array, argument: str, trainable: bool) -> np.ndarray:
+    a = array if isinstance(array, np.ndarray) else np.asarray(array)
+    if a.dtype.kind not in "fiub":
+        return as_array(a, FLOAT, argument)  # refuses strings, objects, complex numbers with the reason
+    if a.dtype.kind == "f":
+        return np.array(as_array(a, FLOAT, argument), copy=True)
+    if trainable:
+        raise OrtrainError(f"{argument}: a trainable param must hold floating-point values (stored as float32), "
+                           f"received dtype {a.dtype}; pass trainable=False for an integer table")
+    return np.array(as_array(a, INT if a.dtype.kind != "b" else a.dtype, argument), copy=True)
+
+
+def _name(name, kind: str) -> str:
+    if name is None:
+        return f"{kind}_{next(_auto_names)}"
+    if not isinstance(name, str) or not name or name.startswith(("ag/", "output/")):
+        raise OrtrainError(f"name: expected a non-empty str not starting with 'ag/' or 'output/' (reserved for "
+                           f"generated names), received {name!r}")
+    return name
+
+
+def param(array, name: str | None = None, trainable: bool = True) -> Param:
+    """A weight holding a copy of ``array`` (float values are stored as float32).
+
+    ``name`` identifies it in ``opt.state()`` and checkpoints (a fresh ``param_N`` when omitted);
+    a new capture over params of the same names continues from ``opt.load_state``.
+    """
+    if not isinstance(trainable, (bool, np.bool_)):
+        raise OrtrainError(f"trainable: expected True or False, received {trainable!r}")
+    return Param(_value(array, "ag.param(array)", bool(trainable)), _name(name, "param"), bool(trainable))
+
+
+def buffer(array, name: str | None = None) -> Buffer:
+    """A table of rows (first axis) kept in the session between calls; see :class:`Buffer`."""
+    value = _value(array, "ag.buffer(array)", False)
+    if value.ndim < 1:
+        raise ShapeError(f"ag.buffer(array): expected at least 1 dimension (rows first), received shape "
+                         f"{describe_shape(value.shape)}")
+    return Buffer(value, _name(name, "buffer"))

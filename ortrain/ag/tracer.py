@@ -1,0 +1,153 @@
+"""From a traced function to an ONNX forward graph.
+
+:func:`trace` calls ``fn`` on :class:`Input` tensors, sorts the recorded nodes
+topologically (iteratively: deep graphs cannot overflow the Python stack) and
+emits them through :class:`GraphBuilder`. Generated names carry the ``ag/``
+prefix, so they never meet the names of arguments or params; graph outputs are
+``output/<key>``. Params become graph inputs, as in every :class:`ForwardGraph`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from ortrain._arrays import as_array
+from ortrain.ag.losses import check_loss
+from ortrain.ag.ops import reshape
+from ortrain.ag.tensor import FLOAT, INT, Const, Input, Param, Tensor
+from ortrain.errors import OrtrainError, ShapeError
+from ortrain.graph import GraphBuilder, TensorSpec
+
+__all__ = ["Traced", "example_inputs", "topological_order", "trace"]
+
+LOSS = "loss"
+_LABEL_OPS = ("softmax_cross_entropy_loss", "cross_entropy_loss")
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A traced function as ONNX: params are graph inputs named like the params."""
+
+    proto: onnx.ModelProto
+    inputs: tuple[TensorSpec, ...]        # every argument, in call order (fixes names, shapes, dtypes)
+    used: tuple[str, ...]                 # the arguments the graph reads
+    keys: tuple[str, ...]                 # output keys; "loss" first when there is a loss
+    output_names: tuple[str, ...]
+    params: tuple[Param, ...]             # in order of first use
+    loss_params: tuple[Param, ...]        # those the loss depends on (the ones that can get a gradient)
+    index_checks: tuple[tuple[str, int, str], ...]  # (argument, rows, op): indices to check per call
+    returns_dict: bool
+
+
+def example_inputs(arrays: dict, where: str) -> dict[str, np.ndarray]:
+    """The first call's arguments as arrays: floats become float32, integers int64."""
+    out = {}
+    for name, value in arrays.items():
+        a = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if a.dtype.kind == "b":
+            raise ShapeError(f"{where}: input {name!r} is boolean; pass 0/1 as float32 or int64")
+        dtype = INT if a.dtype.kind in "iu" else FLOAT
+        out[name] = as_array(a, dtype, f"{where}: input {name!r}")
+    return out
+
+
+def topological_order(roots: list[Tensor]) -> list[Tensor]:
+    """Every tensor the roots depend on, each after its inputs, in a deterministic order."""
+    order: list[Tensor] = []
+    seen: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        stack.extend((i, False) for i in reversed(t.inputs) if id(i) not in seen)
+    return order
+
+
+def _scalar(loss: Tensor) -> Tensor:
+    # A loss of shape (1,) or (1, 1) is returned 0-d, like every loss of ag.
+    return loss if loss.shape == () else reshape(loss, ())
+
+
+def _outputs(result, training: bool, where: str) -> tuple[dict[str, Tensor], bool]:
+    if isinstance(result, dict):
+        if not result:
+            raise OrtrainError(f"{where}: fn returned an empty dict")
+        bad = [k for k, v in result.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
+        if bad:
+            raise OrtrainError(f"{where}: fn must return ag tensors keyed by str; entries {bad!r} are not")
+        if training:
+            if LOSS not in result:
+                raise OrtrainError(f"{where}: the dict fn returned has no 'loss' entry (keys: {sorted(result)}); "
+                                   "a training step needs one")
+            if "grad_norm" in result:
+                raise OrtrainError(f"{where}: the key 'grad_norm' is reserved for the gradient norm that "
+                                   "max_grad_norm reports; rename that output")
+            return {LOSS: _scalar(check_loss(result[LOSS], where)), **{k: v for k, v in result.items() if k != LOSS}}, \
+                True
+        return dict(result), True
+    if training:
+        return {LOSS: _scalar(check_loss(result, where))}, False
+    if not isinstance(result, Tensor):
+        raise OrtrainError(f"{where}: fn must return an ag tensor or a dict of them, received "
+                           f"{type(result).__name__}")
+    return {"output": result}, False
+
+
+def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Traced:
+    """Record ``fn(**inputs)`` with inputs shaped like ``arrays`` and emit its ONNX graph."""
+    inputs = {n: Input(n, a.shape, a.dtype) for n, a in arrays.items()}
+    outputs, returns_dict = _outputs(fn(**inputs), training, where)
+    order = topological_order(list(outputs.values()))
+
+    gb = GraphBuilder(name="ortrain_ag", prefix="ag/")
+    names: dict[int, str] = {}
+    params: list[Param] = []
+    by_name: dict[str, Tensor] = {}
+    reached = {id(t) for t in order}
+    used = [n for n, t in inputs.items() if id(t) in reached]
+    for n in used:
+        names[id(inputs[n])] = gb.add_input(n, inputs[n].dtype, inputs[n].shape)
+        by_name[n] = inputs[n]
+    checks = []
+    for t in order:
+        if isinstance(t, Input):
+            if id(t) not in names:
+                raise OrtrainError(f"{where}: {t!r} is an argument of another traced call; fn must use only "
+                                   "its own arguments, params and buffers")
+        elif isinstance(t, Param):
+            other = by_name.get(t.name)
+            if other is not None:
+                raise OrtrainError(f"{where}: the name {t.name!r} is used twice ({other!r} and {t!r}); give "
+                                   "every param and argument of one step its own name")
+            names[id(t)] = gb.add_input(t.name, t.dtype, t.shape)
+            by_name[t.name] = t
+            params.append(t)
+        elif isinstance(t, Const):
+            names[id(t)] = gb.add_initializer(gb.unique("const"), t.value)
+        else:
+            names[id(t)] = t._emit(gb, [names[id(i)] for i in t.inputs])
+            if len(t.inputs) > 1 and isinstance(t.inputs[1], Input) and t.inputs[1].dtype == INT:
+                if t.op == "get_rows":
+                    checks.append((t.inputs[1].name, t.inputs[0].shape[0], "get_rows"))
+                elif t.op in _LABEL_OPS:
+                    checks.append((t.inputs[1].name, t.inputs[0].shape[-1], t.op))
+    out_names = []
+    for key, t in outputs.items():
+        name = f"output/{key}"
+        gb.op("Identity", [names[id(t)]], outputs=[name])
+        gb.add_output(name, t.dtype, t.shape)
+        out_names.append(name)
+    reach = {id(t) for t in topological_order([outputs[LOSS]])} if training else set()
+    proto = gb.to_model(doc="traced by ortrain.ag")
+    specs = tuple(TensorSpec(n, a.dtype, a.shape) for n, a in arrays.items())
+    return Traced(proto, specs, tuple(used), tuple(outputs), tuple(out_names), tuple(params),
+                  tuple(p for p in params if id(p) in reach), tuple(checks), returns_dict)

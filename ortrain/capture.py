@@ -1,0 +1,337 @@
+"""Captured steps: a traced function run as ONNX graphs on every call.
+
+``capture_step`` records ``fn`` once, builds the training graph (forward and
+backward) and the optimizer's update graph, and then every call is: check the
+inputs, one training-graph run, optional clipping on the live gradient views,
+one update-graph run. Two graphs rather than one because the update writes each
+weight in place while the training graph reads it; one graph would leave the
+order of that read and that write to the runtime.
+
+Where a param's value lives: in the session of the live captured step that
+trains it (``Param._holder``), else in the param's own array. Captured steps
+that share params copy the freshest values in before they run whenever any
+shared step has moved (``_world`` counts those moves), so steps that share
+weights behave as one program run in call order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ortrain import artifacts, engine
+from ortrain.ag.calls import Capture, TracedCall
+from ortrain.ag.tensor import Buffer, Param
+from ortrain.ag.tracer import example_inputs, trace
+from ortrain.errors import NonFiniteError, OrtrainError, describe_shape
+from ortrain.graph import spec_of
+from ortrain.optim import SGD, Adam, Optimizer
+
+__all__ = ["Capture", "CaptureStep", "capture", "capture_step"]
+
+_world = [0]       # bumped whenever a param's freshest value moves between sessions
+_live_steps = [0]  # captured steps alive; with one, nothing can be shared
+
+
+def _check_max_norm(value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or \
+            not math.isfinite(value) or value <= 0:
+        raise OrtrainError(f"max_grad_norm: expected None or a positive finite number, received {value!r}")
+    return float(value)
+
+
+class CaptureStep(TracedCall):
+    """A captured training step; see :func:`capture_step`."""
+
+    _where = "capture_step"
+
+    def __init__(self, fn, params, optimizer, max_grad_norm):
+        super().__init__(fn, params)
+        if not isinstance(optimizer, Optimizer):
+            raise OrtrainError(f"capture_step: optimizer expected an ot.optim.Adam, AdamW or SGD holding the params "
+                               f"to train, received {optimizer!r}")
+        if not isinstance(optimizer, (Adam, SGD)):
+            raise OrtrainError(f"capture_step: {type(optimizer).__name__} is not supported; use ot.optim.Adam, "
+                               "AdamW or SGD")
+        if not optimizer.params:
+            raise OrtrainError("capture_step: the optimizer holds no params; create it with the params to train, "
+                               "e.g. ot.optim.Adam([W, b], lr=1e-3)")
+        bad = [p for p in optimizer.params if not isinstance(p, Param)]
+        if bad:
+            raise OrtrainError(f"capture_step: the optimizer's params must be ag.param objects, received {bad[0]!r}")
+        clash = [p.name for p in optimizer.params if any(p is q for q in self._extra)]
+        if clash:
+            raise OrtrainError(f"capture_step: param {clash[0]!r} is held by the optimizer and listed in params= "
+                               "(which freezes it); remove it from one of the two")
+        self._opt = optimizer
+        self._max_norm = _check_max_norm(max_grad_norm)
+        self._session = None
+        self._views: dict[str, np.ndarray] = {}
+        self._source = self._read_moments  # one bound-method object: compared by identity on every call
+
+    # -- the hot path ------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        """Run one step on the named input arrays; returns the loss, or a dict of outputs."""
+        if self._freed:
+            self._live()
+        if args:
+            kwargs = self._bind(args, kwargs)
+        if self._session is None:
+            self._build(kwargs)
+        feeds = self._prepare(kwargs)
+        opt = self._opt
+        if opt._state_source is not self._source or opt._state_version != self._version or opt.step != self._step:
+            self._resync()
+        if _world[0] != self._world_seen:
+            self._sync_params()
+        if opt._lr != self._lr:
+            self._session.lr = self._lr = opt._lr
+        return self._run(feeds)
+
+    def _run(self, feeds):
+        session = self._session
+        try:
+            session.train_step_into(feeds)
+        except Exception as exc:
+            session.zero_grad()
+            raise OrtrainError(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") from exc
+        outs = self._outs
+        loss = outs[0].copy()
+        norm = None
+        if self._max_norm is not None:
+            norm = self._clip()
+        elif not math.isfinite(loss):
+            self._refuse("loss", float(loss))
+        session.optimizer_step()
+        session.zero_grad()
+        self._step += 1
+        self._opt.step = self._step
+        if _live_steps[0] > 1:
+            _world[0] += 1
+            self._world_seen = _world[0]
+        if not self._dict and norm is None:
+            return loss
+        out = {"loss": loss}
+        for i in range(1, len(self._keys)):
+            out[self._keys[i]] = outs[i].copy()
+        if norm is not None:
+            out["grad_norm"] = np.array(norm, np.float32)
+        return out
+
+    def _clip(self) -> float:
+        grads = self._grads
+        if grads is None:
+            grads = self._grads = [self._session.grad_view(n).reshape(-1) for n in self._trainable]
+        total = 0.0
+        for g in grads:
+            total += float(np.dot(g, g))
+        norm = math.sqrt(total)
+        if not math.isfinite(norm):
+            self._refuse("gradient norm", norm)
+        coef = self._max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            c = np.float32(coef)
+            for g in grads:
+                g *= c
+        return norm
+
+    def _refuse(self, what: str, value: float):
+        # Dropping the gradients is the whole cleanup: nothing else has moved yet.
+        self._session.zero_grad()
+        raise NonFiniteError(f"capture_step: the {what} is {value}; the update was refused and the weights, the "
+                             f"optimizer's moments and step ({self._step}) are unchanged. Look for inf or NaN in "
+                             "the inputs, or lower the learning rate")
+
+    # -- settings and lifetime ---------------------------------------------------------------------
+    def set(self, **settings) -> None:
+        """Change settings between calls without re-recording; ``max_grad_norm`` (None turns clipping off)."""
+        self._live()
+        unknown = sorted(set(settings) - {"max_grad_norm"})
+        if unknown:
+            raise OrtrainError(f"set: unknown setting {unknown[0]!r}; settable: max_grad_norm")
+        if "max_grad_norm" in settings:
+            self._max_norm = _check_max_norm(settings["max_grad_norm"])
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        return self._max_norm
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self._opt
+
+    def free(self) -> None:
+        """Release the session; params keep their trained values and ``opt.state()`` its moments.
+        Later calls raise ``ot.FreedError``; freeing twice is harmless."""
+        if self._freed:
+            return
+        self._freed = True
+        session, self._session = self._session, None
+        if session is None:
+            return
+        opt = self._opt
+        if opt._state_source is self._source:
+            opt._moments = self._moments_of(session)
+            opt._state_source = None
+        for p in self._params:
+            p._detach(self)
+        self._views = {}
+        self._grads = None
+        _live_steps[0] -= 1
+        session.free()
+
+    # -- building ---------------------------------------------------------------------------------
+    def _build(self, kwargs) -> None:
+        arrays = example_inputs(kwargs, self._where)
+        traced = trace(self._fn, arrays, training=True, where=self._where)
+        held = {id(p) for p in self._opt.params}
+        frozen_by_list = {id(p) for p in self._extra}
+        # As in PyTorch, a param the loss does not depend on gets no gradient and is left alone.
+        in_loss = {id(p) for p in traced.loss_params}
+        trainable, frozen = [], []
+        for p in traced.params:
+            train = p.trainable and id(p) in held and id(p) not in frozen_by_list and id(p) in in_loss
+            (trainable if train else frozen).append(p)
+        if not trainable:
+            raise OrtrainError("capture_step: nothing to train: the loss depends on no param that the optimizer "
+                               "holds and that is trainable (trainable=False and params= freeze a param)")
+        training, evaluation = engine.build_training_graphs(
+            traced.proto, [p.name for p in trainable], [p.name for p in frozen], list(traced.output_names))
+        self._models = [m.SerializeToString() for m in (training, evaluation, self._opt.graph())]
+        self._trainable = [p.name for p in trainable]
+        self._params = trainable + frozen
+        self._keys, self._dict = traced.keys, traced.returns_dict
+        # The training graph writes its outputs straight into these on every step.
+        self._outs = [np.empty(s.shape, s.dtype) for s in map(spec_of, traced.proto.graph.output)]
+        moments = self._opt_moments()
+        session = self._open({p.name: p._current() for p in self._params}, moments, self._opt.step)
+        self._adopt(session)
+        self._set_specs(traced, [s.name for s in session.train_inputs])
+        _live_steps[0] += 1
+        for p in self._params:
+            p._attach(self)
+        self._claim()
+
+    def _opt_moments(self) -> dict:
+        source = self._opt._state_source
+        moments = dict(source() if source is not None else self._opt._moments)
+        for p in self._params:
+            ms = moments.get(p.name)
+            if ms is not None and p.name in self._trainable and any(m.shape != p.shape for m in ms):
+                raise OrtrainError(f"capture_step: the optimizer's moments for {p.name!r} have shape "
+                                   f"{describe_shape(ms[0].shape)}, the param {describe_shape(p.shape)}; load the "
+                                   "state of an optimizer over the same params")
+        return moments
+
+    def _open(self, values: dict, moments: dict, step: int):
+        trainable = {n: values[n] for n in self._trainable}
+        frozen = {p.name: values[p.name] for p in self._params if p.name not in trainable}
+        state = None
+        if self._opt.has_moments and (step or any(n in moments for n in trainable)):
+            mine = {n: moments.get(n) or (np.zeros_like(a), np.zeros_like(a)) for n, a in trainable.items()}
+            state = engine.OptimizerState(int(step), float(self._opt.lr), mine)
+        self._carried = {n: m for n, m in moments.items() if n not in trainable}
+        with artifacts.scratch_dir() as d:
+            paths = [d / "training.onnx", d / "eval.onnx", d / "optimizer.onnx"]
+            for path, data in zip(paths, self._models, strict=True):
+                path.write_bytes(data)
+            engine.write_checkpoint(d / "checkpoint", engine.CheckpointData(trainable, frozen, state))
+            return engine.TrainingSession(paths[0], paths[1], d / "checkpoint", paths[2])
+
+    def _adopt(self, session) -> None:
+        old, self._session = self._session, session
+        self._views = {p.name: session.view(p.name) for p in self._params}
+        session.bind_train_outputs(self._outs)
+        self._grads = None
+        self._lr = None
+        self._step = self._opt.step
+        self._version = self._opt._state_version
+        self._opt._state_source = self._source
+        if old is not None:
+            old.free()
+
+    def _claim(self) -> None:
+        """Make this session the home of the params it trains (others copy from it before they run)."""
+        moved = False
+        for p in self._params[:len(self._trainable)]:
+            if p._holder is not self:
+                p._holder = self
+                moved = True
+        if moved:
+            _world[0] += 1
+        self._world_seen = _world[0]
+
+    def _sync_params(self) -> None:
+        # Buffers are kept equal in every session by Buffer.write; everything else is copied
+        # from wherever its freshest value lives.
+        for p in self._params:
+            if p._holder is not self and not isinstance(p, Buffer):
+                self._views[p.name][...] = p._current()
+        self._claim()
+
+    def _resync(self) -> None:
+        """Reopen the session from a checkpoint: ``opt.load_state()``, a changed ``opt.step``, or
+        another captured step that used this optimizer since this one last ran."""
+        opt = self._opt
+        if opt._state_source is self._source:
+            moments = self._read_moments()
+        else:
+            moments = self._opt_moments()
+        if _world[0] != self._world_seen:
+            self._sync_params()
+        values = {n: np.array(v, copy=True) for n, v in self._views.items()}
+        self._adopt(self._open(values, moments, opt.step))
+        self._claim()
+
+    def _moments_of(self, session) -> dict:
+        if not self._opt.has_moments:
+            return dict(self._carried)
+        with artifacts.scratch_dir() as d:
+            session.save_checkpoint(d / "state")
+            data = engine.read_checkpoint(d / "state")
+        found = data.optimizer.moments if data.optimizer is not None else {}
+        return {**self._carried, **found}
+
+    def _read_moments(self) -> dict:
+        """``opt.state()`` reads the live moments through this while the step is alive."""
+        return self._moments_of(self._session)
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else ("not yet traced" if self._session is None else f"step={self._step}")
+        return f"<CaptureStep {getattr(self._fn, '__name__', 'fn')} {state}>"
+
+
+def capture_step(fn, params=None, optimizer=None, max_grad_norm=None) -> CaptureStep:
+    """Capture a whole training step: ``fn``'s forward pass, its backward pass and the update.
+
+    ``fn`` takes named tensors and returns the loss tensor or a dict with a ``"loss"`` entry.
+    The first call traces it with the given arrays (which fix the input names, shapes and
+    dtypes) and builds two graphs, forward with backward, then the optimizer's update; every
+    call runs both and returns the forward outputs from before the update (the loss as an
+    ndarray, or a dict of ndarrays). The learning rate and the step counter are read from
+    ``optimizer`` on every call, so schedules and ``opt.load_state()`` take effect at once.
+
+    ``optimizer`` is an ``ot.optim.Adam``/``AdamW``/``SGD`` holding the params to train; params
+    ``fn`` uses that it does not hold, that are ``trainable=False``, or that are listed in
+    ``params`` are frozen; buffers are never trained.
+
+    ``max_grad_norm``: gradients are scaled by ``min(1, max_grad_norm / (norm + 1e-6))`` before
+    the update (as ``torch.nn.utils.clip_grad_norm_``) and the result gains ``grad_norm``, the
+    norm before clipping. A non-finite gradient norm (or, without clipping, a non-finite loss)
+    raises ``ot.NonFiniteError`` before the update: weights, moments and the step counter stay
+    as they were. The moments accumulate clipped gradients. CPU only; float32 weights.
+    """
+    return CaptureStep(fn, params, optimizer, max_grad_norm)
+
+
+def capture(fn, params=None) -> Capture:
+    """Capture a forward computation (evaluation, acting in an environment): no backward, no update.
+
+    Same rules as :func:`capture_step`: the first call fixes input names, shapes and dtypes;
+    every call reads the params' current values (also while a captured step trains them) and
+    returns an ndarray, or a dict of ndarrays when ``fn`` returns a dict. Dropout is off.
+    """
+    return Capture(fn, params)

@@ -1,0 +1,261 @@
+"""ortrain.ag: op values and gradients against PyTorch and numpy, trace-time errors, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import torch_or_skip
+
+import ortrain as ot
+from ortrain import ag
+from ortrain.ag.tracer import topological_order, trace
+
+R = np.random.default_rng(42)
+W0 = R.standard_normal((3, 4)).astype(np.float32)
+X0 = R.standard_normal((4, 5)).astype(np.float32)
+V0 = R.standard_normal((3, 5)).astype(np.float32)
+
+
+def _grads(ag_out, torch_out, inits, inputs):
+    """Loss value and gradients of ``sum(out * probe)`` in ortrain (one SGD step, lr=1) and in PyTorch."""
+    torch = torch_or_skip()
+    params = [ag.param(a, name=f"p{i}") for i, a in enumerate(inits)]
+    probe = {}
+
+    def fn(**xs):
+        out = ag_out(*params, **xs)
+        if "p" not in probe:
+            probe["p"] = np.random.default_rng(7).standard_normal(out.shape).astype(np.float32)
+        return ag.sum(out * probe["p"])
+
+    train = ot.capture_step(fn, optimizer=ot.optim.SGD(params, lr=1.0))
+    loss = float(train(**inputs))
+    got = [a - p.numpy() for a, p in zip(inits, params, strict=True)]
+    train.free()
+    tp = [torch.tensor(a, requires_grad=True) for a in inits]
+    tx = {k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()}
+    ref = (torch_out(torch, *tp, **tx) * torch.from_numpy(probe["p"])).sum()
+    ref.backward()
+    return loss, float(ref.detach()), got, [t.grad.numpy() for t in tp]
+
+
+OPS = {
+    "matmul": (lambda w, x: ag.matmul(w, x), lambda t, w, x: w @ x, [W0], {"x": X0}),
+    "matmul_1d_and_ndarray_left": (lambda w, x: x @ w + np.ones(5, np.float32) @ w,
+                                   lambda t, w, x: x @ w + t.ones(5) @ w, [X0.T.copy()], {"x": V0[0].copy()}),
+    "batched_matmul": (lambda w, x: ag.reshape(x, (2, 5, 2)) @ w, lambda t, w, x: x.reshape(2, 5, 2) @ w,
+                       [W0[:2, :3].copy()], {"x": X0[:, :5].T.copy()}),
+    "add_broadcast": (lambda w, x: ag.add(ag.reshape(ag.sum(w, axis=1), (3, 1)), x),
+                      lambda t, w, x: w.sum(1).reshape(3, 1) + x, [W0], {"x": V0}),
+    "sub_mul_div": (lambda w, x: ag.div(ag.mul(2.0 - w, w), w * w + 3.0) @ ag.sub(x, 0.5),
+                    lambda t, w, x: ((2.0 - w) * w / (w * w + 3.0)) @ (x - 0.5), [W0], {"x": X0}),
+    "scale_neg_rdiv": (lambda w, x: ag.scale(-w, 0.5) + 1.0 / (w * w + 1.0),
+                       lambda t, w, x: -w * 0.5 + 1.0 / (w * w + 1.0), [W0], {"x": X0}),
+    "relu": (lambda w, x: ag.relu(w @ x), lambda t, w, x: t.relu(w @ x), [W0], {"x": X0}),
+    "sigmoid": (lambda w, x: ag.sigmoid(w @ x), lambda t, w, x: t.sigmoid(w @ x), [W0], {"x": X0}),
+    "tanh": (lambda w, x: ag.tanh(w @ x), lambda t, w, x: t.tanh(w @ x), [W0], {"x": X0}),
+    "gelu": (lambda w, x: ag.gelu(w @ x), lambda t, w, x: t.nn.functional.gelu(w @ x), [W0], {"x": X0}),
+    "softmax_last": (lambda w, x: ag.softmax(w @ x), lambda t, w, x: t.softmax(w @ x, -1), [W0], {"x": X0}),
+    "softmax_axis0": (lambda w, x: ag.softmax(w @ x, axis=0), lambda t, w, x: t.softmax(w @ x, 0), [W0], {"x": X0}),
+    "log_softmax": (lambda w, x: ag.log_softmax(w @ x), lambda t, w, x: t.log_softmax(w @ x, -1), [W0], {"x": X0}),
+    "exp_log": (lambda w, x: ag.log(ag.exp(w) + w * w), lambda t, w, x: t.log(t.exp(w) + w * w), [W0], {"x": X0}),
+    "sum_axis_keepdims": (lambda w, x: ag.sum(w @ x, axis=1, keepdims=True) * w,
+                          lambda t, w, x: (w @ x).sum(1, keepdim=True) * w, [W0], {"x": X0}),
+    "mean_axes": (lambda w, x: ag.mean(w @ x, axis=(0,)) + ag.mean(w),
+                  lambda t, w, x: (w @ x).mean(0) + w.mean(), [W0], {"x": X0}),
+    "reshape_transpose_T": (lambda w, x: ag.concat([ag.reshape(ag.transpose(ag.reshape(w, (2, -1))) @
+                                                           ag.reshape(w, (2, 6)), (36,)),
+                                                ag.reshape(w.T @ w, -1)]),
+                            lambda t, w, x: t.cat([(w.reshape(2, -1).T @ w.reshape(2, 6)).reshape(36),
+                                                   (w.T @ w).reshape(-1)]), [W0], {"x": X0}),
+    "concat": (lambda w, x: ag.concat([w @ x, ag.relu(w), w * 2.0], axis=1),
+               lambda t, w, x: t.cat([w @ x, t.relu(w), w * 2.0], 1), [W0], {"x": X0}),
+    "get_rows_param": (lambda w, i: ag.get_rows(w, i) * 2.0, lambda t, w, i: w[i] * 2.0, [W0],
+                       {"i": np.array([2, 0, 2, 1])}),
+    "linear_bias": (lambda w, b, x: ag.linear(x.T, w, b), lambda t, w, b, x: t.nn.functional.linear(x.T, w, b),
+                    [W0, R.standard_normal(3).astype(np.float32)], {"x": X0}),
+    "two_params": (lambda w, v, x: ag.tanh(w @ x) * v, lambda t, w, v, x: t.tanh(w @ x) * v, [W0, V0], {"x": X0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_value_and_gradient_match_pytorch(name):
+    ag_fn, torch_fn, inits, inputs = OPS[name]
+    loss, ref, got, want = _grads(ag_fn, torch_fn, inits, inputs)
+    np.testing.assert_allclose(loss, ref, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def _labels():
+    return R.integers(0, 4, 5)
+
+
+LOSSES = {
+    "mse": (lambda w, x, y: ag.mse_loss(w @ x, y), lambda t, w, x, y: t.nn.functional.mse_loss(w @ x, y),
+            {"y": V0}),
+    "huber": (lambda w, x, y: ag.huber_loss(w @ x, y, delta=0.5),
+              lambda t, w, x, y: t.nn.functional.huber_loss(w @ x, y, delta=0.5), {"y": V0}),
+    "bce_logits": (lambda w, x, y: ag.bce_with_logits_loss(w @ x, y),
+                   lambda t, w, x, y: t.nn.functional.binary_cross_entropy_with_logits(w @ x, y),
+                   {"y": (V0 > 0).astype(np.float32)}),
+    "softmax_ce_labels": (lambda w, x, y: ag.softmax_cross_entropy_loss((w @ x).T, y),
+                          lambda t, w, x, y: t.nn.functional.cross_entropy((w @ x).T, y),
+                          {"y": R.integers(0, 3, 5)}),
+    "softmax_ce_probs": (lambda w, x, y: ag.softmax_cross_entropy_loss((w @ x).T, y),
+                         lambda t, w, x, y: t.nn.functional.cross_entropy((w @ x).T, y),
+                         {"y": np.eye(3, dtype=np.float32)[[0, 2, 1, 1, 0]] * 0.8 + 0.2 / 3}),
+    "ce_probs": (lambda w, x, y: ag.cross_entropy_loss(ag.softmax((w @ x).T), y),
+                 lambda t, w, x, y: -(y * t.log(t.softmax((w @ x).T, -1))).sum(-1).mean(),
+                 {"y": np.eye(3, dtype=np.float32)[[0, 2, 1, 1, 0]]}),
+    "ce_labels": (lambda w, x, y: ag.cross_entropy_loss(ag.softmax((w @ x).T), y),
+                  lambda t, w, x, y: t.nn.functional.nll_loss(t.log(t.softmax((w @ x).T, -1)), y),
+                  {"y": R.integers(0, 3, 5)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_loss_value_and_gradient_match_pytorch(name):
+    torch = torch_or_skip()
+    ag_fn, torch_fn, extra = LOSSES[name]
+    W = ag.param(W0, name="W")
+    train = ot.capture_step(lambda x, y: ag_fn(W, x, y), optimizer=ot.optim.SGD([W], lr=1.0))
+    loss = train(x=X0, y=extra["y"])
+    assert loss.shape == () and loss.dtype == np.float32
+    wt = torch.tensor(W0, requires_grad=True)
+    ref = torch_fn(torch, wt, torch.from_numpy(X0), torch.from_numpy(extra["y"]))
+    ref.backward()
+    np.testing.assert_allclose(float(loss), float(ref.detach()), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(W0 - W.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_forward_capture_values_match_numpy():
+    W = ag.param(W0, name="W", trainable=False)
+    f = ot.capture(lambda x: {"h": ag.relu(W @ x), "p": ag.softmax(W @ x, axis=0), "s": ag.sum(W @ x, axis=0),
+                              "m": ag.mean(x), "c": ag.concat([W, W], axis=0), "r": ag.get_rows(W, [2, 2, 0])})
+    out = f(x=X0)
+    h = W0 @ X0
+    e = np.exp(h - h.max(0))
+    np.testing.assert_allclose(out["h"], np.maximum(h, 0), rtol=1e-6)
+    np.testing.assert_allclose(out["p"], e / e.sum(0), rtol=1e-6)
+    np.testing.assert_allclose(out["s"], h.sum(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["m"], X0.mean(), rtol=1e-5)
+    np.testing.assert_array_equal(out["c"], np.concatenate([W0, W0]))
+    np.testing.assert_array_equal(out["r"], W0[[2, 2, 0]])
+    np.testing.assert_allclose(ot.capture(lambda x: W @ x)(x=X0), h, rtol=1e-6)
+
+
+def test_dropout_masks_are_redrawn_scaled_and_seeded():
+    def run():
+        W = ag.param(np.ones((1, 200), np.float32), name="W")
+        step = ot.capture_step(lambda x: {"loss": ag.mean(ag.dropout(W * x, 0.25)), "d": ag.dropout(x, 0.25)},
+                               optimizer=ot.optim.SGD([W], lr=0.0))
+        outs = [step(x=np.ones((1, 200), np.float32))["d"] for _ in range(2)]
+        step.free()
+        return outs
+
+    ot.set_seed(3)
+    a1, a2 = run()
+    ot.set_seed(3)
+    b1, b2 = run()
+    assert set(np.unique(a1)) <= {0.0, np.float32(1 / 0.75)}
+    assert 0.1 < (a1 == 0).mean() < 0.4
+    assert not np.array_equal(a1, a2)
+    np.testing.assert_array_equal(a1, b1)
+    np.testing.assert_array_equal(a2, b2)
+
+
+# -- trace-time checks -------------------------------------------------------------------------------
+A = ag.param(np.zeros((2, 3), np.float32), name="A", trainable=False)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: A @ A, r"matmul: shapes \(2, 3\) and \(2, 3\) do not chain: the last dimension of the first \(3\) "
+                    r"must equal the second-to-last dimension of the second \(2\)"),
+    (lambda: A + np.ones((4,)), r"add: shapes \(2, 3\) and \(4,\) do not broadcast"),
+    (lambda: ag.reshape(A, (4, -1)), r"reshape: cannot reshape \(2, 3\) \(6 elements\) into \(4, -1\)"),
+    (lambda: ag.reshape(A, (5,)), r"reshape: cannot reshape \(2, 3\) \(6 elements\) into \(5,\)"),
+    (lambda: ag.concat([A, ag.transpose(A)], axis=0), r"concat: shapes \(2, 3\) and \(3, 2\)"),
+    (lambda: ag.softmax(A, axis=2), r"softmax: axis 2 is out of range for a tensor of 2 dimensions"),
+    (lambda: ag.transpose(A, (0, 0)), r"transpose: perm \(0, 0\) is not a permutation"),
+    (lambda: ag.mse_loss(A, np.zeros((3, 2))), r"mse_loss: input shape \(2, 3\) and target shape \(3, 2\) differ"),
+    (lambda: ag.get_rows(A, [0, 2]), r"get_rows: indices must lie in \[0, 1\] for a table of 2 rows"),
+    (lambda: ag.get_rows(A, np.array([0.5])), r"get_rows: idx expected integer indices"),
+    (lambda: ag.softmax_cross_entropy_loss(A, np.array([0, 1, 2])),
+     r"integer class labels expected shape \(2,\) for input \(2, 3\), received \(3,\)"),
+    (lambda: ag.linear(A, np.zeros((4, 2), np.float32)), r"linear: x of shape \(2, 3\) does not match weight"),
+    (lambda: A + ag.get_rows(ag.buffer(np.arange(6).reshape(2, 3)), [0, 1]),
+     r"add: operands have dtypes float32 and int64"),
+    (lambda: ag.dropout(A, 1.0), r"dropout: rate expected a number in \[0, 1\)"),
+])
+def test_shape_errors_name_the_op_and_shapes(call, message):
+    with pytest.raises((ot.ShapeError, ot.OrtrainError), match=message):
+        call()
+
+
+def test_reading_a_value_while_tracing_is_refused():
+    t = A @ np.ones((3, 1), np.float32)
+    for read in (float, bool, np.asarray, lambda v: v.numpy()):
+        with pytest.raises(ot.OrtrainError, match=r"Tensor\(matmul, shape=\(2, 1\), dtype=float32\) has no value "
+                                                  "while a step is traced"):
+            read(t)
+
+
+def test_params_and_buffers_validate_their_input():
+    with pytest.raises(ot.OrtrainError, match="name: expected a non-empty str not starting with 'ag/'"):
+        ag.param(np.zeros(2), name="ag/x")
+    with pytest.raises(ot.ShapeError, match="expected a numeric array castable to float32"):
+        ag.param(np.array(["a"]), name="s")
+    with pytest.raises(ot.ShapeError, match=r"ag.buffer\(array\): expected at least 1 dimension"):
+        ag.buffer(np.float32(1))
+    p = ag.param(np.arange(6, dtype=np.float64).reshape(2, 3), name="P")
+    assert p.dtype == np.float32 and p.grad is None and p.trainable
+    with pytest.raises(ot.ShapeError, match=r"P.assign\(value\): expected shape \(2, 3\), received \(3, 2\)"):
+        p.assign(np.zeros((3, 2)))
+    np.testing.assert_array_equal(p.numpy(), np.arange(6).reshape(2, 3))
+    table = ag.buffer(np.zeros((4, 2)), name="T")
+    assert table.capacity == 4 and not table.trainable and table.dtype == np.float32
+
+
+def test_duplicate_names_in_one_step_are_refused():
+    a, b = ag.param(np.ones(2), name="w"), ag.param(np.ones(2), name="w")
+    with pytest.raises(ot.OrtrainError, match="the name 'w' is used twice"):
+        ot.capture_step(lambda x: ag.mean(a * x + b), optimizer=ot.optim.Adam([a, b]))(x=np.ones(2))
+    c = ag.param(np.ones(2), name="x")
+    with pytest.raises(ot.OrtrainError, match="the name 'x' is used twice"):
+        ot.capture_step(lambda x: ag.mean(c * x), optimizer=ot.optim.Adam([c]))(x=np.ones(2))
+
+
+# -- the tracer ---------------------------------------------------------------------------------------
+def test_tracing_is_deterministic_and_drops_unused_nodes():
+    W = ag.param(W0, name="W")
+
+    def fn(x, unused):
+        _ = ag.relu(x)   # never reaches an output
+        return {"loss": ag.mean(ag.tanh(W @ x) * 2.0)}
+
+    arrays = {"x": X0, "unused": np.zeros(3, np.float32)}
+    t1, t2 = trace(fn, arrays, True, "t"), trace(fn, arrays, True, "t")
+    assert t1.proto.SerializeToString() == t2.proto.SerializeToString()
+    assert t1.used == ("x",) and [p.name for p in t1.params] == ["W"]
+    ops = [n.op_type for n in t1.proto.graph.node]
+    assert "Relu" not in ops and ops[-1] == "Identity"
+    assert [n.name for n in t1.proto.graph.node][:2] == ["ag/MatMul_0", "ag/Tanh_0"]
+
+
+def test_topological_order_is_iterative_and_puts_inputs_first():
+    W = ag.param(np.ones(3, np.float32), name="W")
+    t = W
+    for _ in range(5000):   # far deeper than Python's recursion limit
+        t = t * 1.0 + 0.0
+    order = topological_order([t])
+    position = {id(n): i for i, n in enumerate(order)}
+    assert all(position[id(i)] < position[id(n)] for n in order for i in n.inputs)
+    assert order[0] is W and order[-1] is t
+    diamond_a = W * 2.0
+    out = diamond_a + ag.relu(diamond_a)
+    order = topological_order([out])
+    assert sum(n is diamond_a for n in order) == 1
+    step = ot.capture_step(lambda x: ag.mean(ag.reshape(t, (3,)) * x), optimizer=ot.optim.SGD([W], lr=0.5))
+    np.testing.assert_allclose(step(x=np.ones(3, np.float32)), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(W.numpy(), 1 - 0.5 / 3, rtol=1e-6)

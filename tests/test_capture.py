@@ -1,0 +1,565 @@
+"""ot.capture_step / ot.capture against PyTorch and numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import torch_or_skip
+
+import ortrain as ot
+from ortrain import ag
+
+X = np.ones((3, 4), np.float32)
+Y = np.zeros((2, 4), np.float32)
+
+
+def _w0(seed=0, shape=(2, 3)):
+    return (np.random.default_rng(seed).standard_normal(shape) * 0.1).astype(np.float32)
+
+
+def _torch_run(torch, inits, loss_fn, batches, opt="adam", lrs=None, max_norm=None, skip=(), **hyper):
+    """PyTorch reference: returns (losses, grad_norms, final weights); ``skip`` lists refused calls."""
+    ps = [torch.tensor(a.copy(), requires_grad=True) for a in inits]
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[opt]
+    o = cls(ps, lr=lrs[0] if lrs else hyper.pop("lr"), **hyper)
+    losses, norms = [], []
+    for i, batch in enumerate(batches):
+        if i in skip:
+            continue
+        if lrs:
+            o.param_groups[0]["lr"] = lrs[i]
+        o.zero_grad()
+        loss = loss_fn(ps, *[torch.from_numpy(np.asarray(b)) for b in batch])
+        loss.backward()
+        if max_norm is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(ps, max_norm)))
+        o.step()
+        losses.append(float(loss.detach()))
+    return losses, norms, [p.detach().numpy() for p in ps]
+
+
+def _mse(torch):
+    return lambda ps, x, y: torch.mean((ps[0] @ x - y) ** 2)
+
+
+# -- parity with PyTorch ----------------------------------------------------------------------------
+def test_seed_example_matches_pytorch():
+    torch = torch_or_skip()
+    W = ag.param(_w0(), name="W")
+    opt = ot.optim.Adam([W], lr=1e-2)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x), y), optimizer=opt)
+    losses = [train(x=X, y=Y) for _ in range(5)]
+    assert all(isinstance(v, np.ndarray) and v.shape == () for v in losses)
+    ref, _, (w_ref,) = _torch_run(torch, [_w0()], _mse(torch), [(X, Y)] * 5, lr=1e-2)
+    np.testing.assert_allclose(losses, ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(W.numpy(), w_ref, rtol=1e-5, atol=1e-7)
+    assert opt.step == 5 and W.grad is None
+    train.free()
+
+
+def test_lr_changed_every_call_follows_schedule(rng):
+    torch = torch_or_skip()
+    sched = ot.optim.schedules.warmup_cosine(0.05, warmup_steps=3, total_steps=8)
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32))
+               for _ in range(8)]
+    W = ag.param(_w0(1), name="W")
+    opt = ot.optim.Adam([W], lr=sched(0))
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt)
+    losses = []
+    for x, y in batches:
+        opt.lr = sched(opt.step)
+        losses.append(float(train(x=x, y=y)))
+    ref, _, (w_ref,) = _torch_run(torch, [_w0(1)], _mse(torch), batches, lrs=[sched(i) for i in range(8)])
+    np.testing.assert_allclose(losses, ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(W.numpy(), w_ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 100.0])
+def test_clipping_equals_clip_grad_norm_then_adam(rng, max_norm):
+    torch = torch_or_skip()
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32))
+               for _ in range(6)]
+    b0 = np.full((2, 1), 0.3, np.float32)
+    W, b = ag.param(_w0(2), name="W"), ag.param(b0, name="b")
+    opt = ot.optim.Adam([W, b], lr=1e-2)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x + b, y), optimizer=opt, max_grad_norm=max_norm)
+    outs = [train(x=x, y=y) for x, y in batches]
+    assert set(outs[0]) == {"loss", "grad_norm"}
+    ref, norms, (w_ref, b_ref) = _torch_run(torch, [_w0(2), b0], lambda ps, x, y: torch.mean((ps[0] @ x + ps[1] - y) ** 2),
+                                            batches, lr=1e-2, max_norm=max_norm)
+    np.testing.assert_allclose([float(o["loss"]) for o in outs], ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose([float(o["grad_norm"]) for o in outs], norms, rtol=1e-5)
+    np.testing.assert_allclose(W.numpy(), w_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.numpy(), b_ref, rtol=1e-5, atol=1e-6)
+    if max_norm < 1:
+        assert min(norms) > max_norm  # the small limit really clipped
+
+
+def test_sgd_with_clipping_matches_pytorch(rng):
+    torch = torch_or_skip()
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32))
+               for _ in range(4)]
+    W = ag.param(_w0(3), name="W")
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=ot.optim.SGD([W], lr=0.1),
+                            max_grad_norm=0.2)
+    outs = [train(x, y) for x, y in batches]  # positional inputs bind to fn's parameter names
+    ref, norms, (w_ref,) = _torch_run(torch, [_w0(3)], _mse(torch), batches, opt="sgd", lr=0.1, max_norm=0.2)
+    np.testing.assert_allclose([float(o["loss"]) for o in outs], ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose([float(o["grad_norm"]) for o in outs], norms, rtol=1e-5)
+    np.testing.assert_allclose(W.numpy(), w_ref, rtol=1e-5, atol=1e-7)
+
+
+def test_adamw_weight_decay_matches_pytorch(rng):
+    torch = torch_or_skip()
+    W = ag.param(_w0(4), name="W")
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=ot.optim.AdamW([W], lr=0.05,
+                                                                                         weight_decay=0.1))
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), Y) for _ in range(4)]
+    losses = [float(train(x=x, y=y)) for x, y in batches]
+    ref, _, (w_ref,) = _torch_run(torch, [_w0(4)], _mse(torch), batches, opt="adamw", lr=0.05, weight_decay=0.1)
+    np.testing.assert_allclose(losses, ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(W.numpy(), w_ref, rtol=1e-5, atol=1e-6)
+
+
+# -- non-finite refusal ------------------------------------------------------------------------------
+def _snapshot(opt, *params):
+    st = opt.state()
+    return [p.numpy().tobytes() for p in params], st["step"], {
+        k: (v["m"].tobytes(), v["v"].tobytes()) for k, v in st["moments"].items()}
+
+
+@pytest.mark.parametrize("max_norm", [1.0, None])
+def test_inf_input_refused_before_update_then_training_continues_like_pytorch(rng, max_norm):
+    torch = torch_or_skip()
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32))
+               for _ in range(5)]
+    bad = batches[2][0].copy()
+    bad[1, 2] = np.inf
+    W = ag.param(_w0(5), name="W")
+    opt = ot.optim.Adam([W], lr=1e-2)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt, max_grad_norm=max_norm)
+    for x, y in batches[:2]:
+        train(x=x, y=y)
+    before = _snapshot(opt, W)
+    what = "gradient norm" if max_norm else "loss"
+    with pytest.raises(ot.NonFiniteError, match=f"the {what} is (inf|nan); the update was refused"):
+        train(x=bad, y=batches[2][1])
+    assert _snapshot(opt, W) == before  # weights, moments and step bit for bit
+    assert opt.step == 2
+    for x, y in batches[2:]:
+        train(x=x, y=y)
+    _, _, (w_ref,) = _torch_run(torch, [_w0(5)], _mse(torch), batches, lr=1e-2, max_norm=max_norm)
+    np.testing.assert_allclose(W.numpy(), w_ref, rtol=1e-5, atol=1e-6)
+    assert opt.step == 5
+
+
+# -- tables, frozen weights, outputs -----------------------------------------------------------------
+def test_embedding_rows_and_frozen_weight_match_pytorch(rng):
+    torch = torch_or_skip()
+    e0 = rng.standard_normal((10, 4)).astype(np.float32)
+    w0 = rng.standard_normal((3, 4)).astype(np.float32)
+    E, W = ag.param(e0, name="E"), ag.param(w0, name="W", trainable=False)
+    opt = ot.optim.Adam([E, W], lr=0.05)
+    train = ot.capture_step(lambda idx, y: ag.softmax_cross_entropy_loss(ag.linear(ag.get_rows(E, idx), W), y),
+                            optimizer=opt)
+    batches = [(rng.integers(0, 10, 6), rng.integers(0, 3, 6)) for _ in range(4)]
+    losses = [float(train(idx=i, y=y)) for i, y in batches]
+    et = torch.tensor(e0, requires_grad=True)
+    wt = torch.tensor(w0)
+    o = torch.optim.Adam([et], lr=0.05)
+    ref = []
+    for i, y in batches:
+        o.zero_grad()
+        loss = torch.nn.functional.cross_entropy(et[torch.from_numpy(i)] @ wt.T, torch.from_numpy(y))
+        loss.backward()
+        o.step()
+        ref.append(float(loss.detach()))
+    np.testing.assert_allclose(losses, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(E.numpy(), et.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert W.numpy().tobytes() == w0.tobytes()
+    assert set(opt.state()["moments"]) == {"E"}
+
+
+def test_buffer_rows_written_between_calls_without_retracing(rng):
+    table = np.zeros((8, 2), np.float32)
+    buf = ag.buffer(table, name="replay")
+    W = ag.param(np.eye(2, dtype=np.float32), name="W")
+    calls = []
+
+    def fn(idx):
+        calls.append(1)
+        rows = ag.get_rows(buf, idx)
+        return {"loss": ag.mean(rows @ W), "rows": rows}
+
+    train = ot.capture_step(fn, optimizer=ot.optim.SGD([W], lr=0.0))
+    idx = np.array([1, 5, 7])
+    np.testing.assert_array_equal(train(idx=idx)["rows"], np.zeros((3, 2)))
+    buf.write(5, np.array([[1.0, 2.0], [3.0, 4.0]]))        # rows 5 and 6
+    buf.write([1, 7], np.array([[9.0, 9.0], [-1.0, 0.5]]))
+    out = train(idx=idx)
+    np.testing.assert_array_equal(out["rows"], [[9, 9], [1, 2], [-1, 0.5]])
+    np.testing.assert_allclose(out["loss"], np.mean([[9, 9], [1, 2], [-1, 0.5]]), rtol=1e-6)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(buf.numpy()[5:7], [[1, 2], [3, 4]])
+    before = buf.numpy().tobytes()
+    with pytest.raises(ot.ShapeError, match=r"replay.write: row indices must lie in \[0, 7\], received values "
+                                            r"from 2 to 8"):
+        buf.write([2, 8], np.ones((2, 2)))
+    with pytest.raises(ot.ShapeError, match=r"replay.write: values expected shape \(2, 2\)"):
+        buf.write([2, 3], np.ones((2, 3)))
+    with pytest.raises(ot.ShapeError, match=r"rows 7..8 do not fit a buffer of 8 rows"):
+        buf.write(7, np.ones((2, 2)))
+    assert buf.numpy().tobytes() == before
+    np.testing.assert_array_equal(train(idx=idx)["rows"], [[9, 9], [1, 2], [-1, 0.5]])
+    with pytest.raises(ot.ShapeError, match=r"input 'idx' holds indices for get_rows into 8 entries; its values "
+                                            r"must lie in \[0, 7\], received values from 0 to 8"):
+        train(idx=np.array([0, 8, 1]))
+    assert train.optimizer.step == 3
+
+
+def test_a_held_param_the_loss_does_not_use_is_left_alone():
+    W, V = ag.param(_w0(1), name="W"), ag.param(_w0(2), name="V")
+    opt = ot.optim.Adam([W, V], lr=0.1)
+    train = ot.capture_step(lambda x, y: {"loss": ag.mse_loss(V @ x, y), "w": W * 2.0}, optimizer=opt,
+                            max_grad_norm=1.0)
+    out = train(x=X, y=Y)
+    np.testing.assert_array_equal(out["w"], _w0(1) * 2)
+    assert W.numpy().tobytes() == _w0(1).tobytes() and not np.array_equal(V.numpy(), _w0(2))
+    assert set(opt.state()["moments"]) == {"V"}
+
+
+def test_dict_outputs_are_pre_update_values():
+    W = ag.param(_w0(6), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    train = ot.capture_step(lambda x, y: {"loss": ag.mse_loss(W @ x, y), "w": W, "pred": W @ x}, optimizer=opt)
+    for _ in range(3):
+        w_before = W.numpy()
+        out = train(x=X, y=Y)
+        assert list(out) == ["loss", "w", "pred"]
+        np.testing.assert_array_equal(out["w"], w_before)
+        np.testing.assert_allclose(out["pred"], w_before @ X, rtol=1e-6)
+        np.testing.assert_allclose(out["loss"], np.mean((w_before @ X) ** 2), rtol=1e-5)
+        assert not np.array_equal(W.numpy(), w_before)
+
+
+# -- optimizer state ----------------------------------------------------------------------------------
+def test_state_round_trip_into_a_new_capture_continues_exactly(rng):
+    torch = torch_or_skip()
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32))
+               for _ in range(6)]
+    W = ag.param(_w0(7), name="W")
+    opt = ot.optim.Adam([W], lr=0.02)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt)
+    for x, y in batches[:3]:
+        train(x=x, y=y)
+    state, weights = opt.state(), W.numpy()
+    assert state["step"] == 3 and state["lr"] == 0.02 and set(state["moments"]["W"]) == {"m", "v"}
+    train.free()
+    np.testing.assert_array_equal(W.numpy(), weights)
+    assert opt.state()["moments"]["W"]["m"].tobytes() == state["moments"]["W"]["m"].tobytes()
+
+    W2 = ag.param(weights, name="W")
+    opt2 = ot.optim.Adam([W2], lr=0.5)
+    opt2.load_state(state)
+    assert opt2.lr == 0.02 and opt2.step == 3
+    train2 = ot.capture_step(lambda x, y: ag.mse_loss(W2 @ x, y), optimizer=opt2)
+    for x, y in batches[3:]:
+        train2(x=x, y=y)
+    _, _, (w_ref,) = _torch_run(torch, [_w0(7)], _mse(torch), batches, lr=0.02)
+    np.testing.assert_allclose(W2.numpy(), w_ref, rtol=1e-5, atol=1e-6)
+    assert opt2.step == 6
+
+
+def test_load_state_into_a_live_capture_rewinds_the_optimizer(rng):
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), Y) for _ in range(3)]
+    W = ag.param(_w0(8), name="W")
+    opt = ot.optim.Adam([W], lr=0.05)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt)
+    train(*batches[0])
+    state, w1 = opt.state(), W.numpy()
+    train(*batches[1])
+    train(*batches[2])
+    w3 = W.numpy()
+    opt.load_state(state)   # moments and step of after call 1; the weights stay where they are
+    W.assign(w1)
+    train(*batches[1])
+    train(*batches[2])
+    np.testing.assert_array_equal(W.numpy(), w3)
+    assert opt.step == 3
+
+
+def test_load_state_refuses_mismatched_moments_and_changes_nothing():
+    W = ag.param(_w0(), name="W")
+    opt = ot.optim.Adam([W], lr=0.05)
+    bad = {"name": "adam", "step": 1, "lr": 0.1, "moments": {"W": {"m": np.zeros((3, 2)), "v": np.zeros((3, 2))}}}
+    with pytest.raises(ot.OrtrainError, match=r"moment 'm' of 'W' has shape \(3, 2\), the param \(2, 3\)"):
+        opt.load_state(bad)
+    with pytest.raises(ot.OrtrainError, match=r"moments of 'W' expected a dict with keys \['m', 'v'\]"):
+        opt.load_state({"step": 1, "moments": {"W": {"m": np.zeros((2, 3))}}})
+    assert opt.step == 0 and opt.lr == 0.05 and opt.state()["moments"] == {}
+
+
+def test_changed_step_counter_is_read_on_the_next_call():
+    torch = torch_or_skip()
+    W = ag.param(_w0(9), name="W")
+    opt = ot.optim.Adam([W], lr=0.05)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt)
+    train(x=X, y=Y)
+    opt.step = 10   # bias correction now uses step 11
+    train(x=X, y=Y)
+    wt = torch.tensor(_w0(9), requires_grad=True)
+    o = torch.optim.Adam([wt], lr=0.05)
+    for i in range(2):
+        o.zero_grad()
+        torch.mean((wt @ torch.from_numpy(X)) ** 2).backward()
+        if i == 1:
+            o.state[wt]["step"].fill_(10)
+        o.step()
+    np.testing.assert_allclose(W.numpy(), wt.detach().numpy(), rtol=1e-5, atol=1e-7)
+    assert opt.step == 11
+
+
+# -- errors ------------------------------------------------------------------------------------------
+def test_shape_and_dtype_errors_name_the_input_and_change_nothing():
+    W = ag.param(_w0(), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt)
+    train(x=X, y=Y)
+    before = _snapshot(opt, W)
+    with pytest.raises(ot.ShapeError, match=r"input 'x' expected shape \(3, 4\) \(fixed by the first call\), "
+                                            r"received \(3, 5\); pad or reshape it"):
+        train(x=np.ones((3, 5), np.float32), y=Y)
+    with pytest.raises(ot.ShapeError, match=r"input 'y' expected shape \(2, 4\) .*received \(1, 4\); pad the "
+                                            r"batch to 2 rows"):
+        train(x=X, y=np.zeros((1, 4), np.float32))
+    with pytest.raises(ot.ShapeError, match=r"fixed the inputs \(x, y\); missing 'y'; unexpected 'z'"):
+        train(x=X, z=Y)
+    with pytest.raises(ot.ShapeError, match=r"input 'x': expected a numeric array castable to float32, received "
+                                            r"dtype <U1"):
+        train(x=np.full((3, 4), "a"), y=Y)
+    assert _snapshot(opt, W) == before
+    out = train(x=X.astype(np.float64), y=Y.tolist())   # castable inputs are cast
+    assert out.dtype == np.float32 and opt.step == 2
+
+
+def test_freed_capture_raises_and_keeps_trained_values():
+    W = ag.param(_w0(), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    with ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt) as train:
+        train(x=X, y=Y)
+        trained, moments = W.numpy(), opt.state()["moments"]["W"]["v"]
+    assert train.freed
+    with pytest.raises(ot.FreedError, match="this capture_step was freed; capture the function again"):
+        train(x=X, y=Y)
+    with pytest.raises(ot.FreedError):
+        train.set(max_grad_norm=1.0)
+    train.free()
+    np.testing.assert_array_equal(W.numpy(), trained)
+    np.testing.assert_array_equal(opt.state()["moments"]["W"]["v"], moments)
+    fwd = ot.capture(lambda x: W @ x)
+    np.testing.assert_allclose(fwd(x=X), trained @ X, rtol=1e-6)
+    fwd.free()
+    with pytest.raises(ot.FreedError, match="this capture was freed"):
+        fwd(x=X)
+
+
+def test_set_max_grad_norm_without_retracing():
+    W = ag.param(_w0() * 50, name="W")
+    traced = []
+
+    def fn(x, y):
+        traced.append(1)
+        return ag.mse_loss(W @ x, y)
+
+    train = ot.capture_step(fn, optimizer=ot.optim.Adam([W], lr=0.01))
+    assert isinstance(train(x=X, y=Y), np.ndarray)
+    train.set(max_grad_norm=0.5)
+    out = train(x=X, y=Y)
+    assert float(out["grad_norm"]) > 0.5 and train.max_grad_norm == 0.5
+    train.set(max_grad_norm=None)
+    assert isinstance(train(x=X, y=Y), np.ndarray)
+    assert len(traced) == 1
+    for bad in (0, -1.0, float("nan"), "1"):
+        with pytest.raises(ot.OrtrainError, match="max_grad_norm: expected None or a positive finite number"):
+            train.set(max_grad_norm=bad)
+    with pytest.raises(ot.OrtrainError, match="set: unknown setting 'lr'; settable: max_grad_norm"):
+        train.set(lr=0.1)
+
+
+def test_refusals_are_clear():
+    W = ag.param(_w0(), name="W")
+    F = ag.param(_w0(), name="F", trainable=False)
+    fn = lambda x, y: ag.mse_loss(W @ x, y)  # noqa: E731
+    with pytest.raises(ot.OrtrainError, match="optimizer expected an ot.optim.Adam, AdamW or SGD"):
+        ot.capture_step(fn)
+    with pytest.raises(ot.OrtrainError, match="the optimizer holds no params"):
+        ot.capture_step(fn, optimizer=ot.optim.Adam(lr=0.1))
+    with pytest.raises(ot.OrtrainError, match="param 'W' is held by the optimizer and listed in params="):
+        ot.capture_step(fn, params=[W], optimizer=ot.optim.Adam([W]))
+    with pytest.raises(ot.OrtrainError, match="nothing to train"):
+        ot.capture_step(lambda x, y: ag.mse_loss(F @ x, y), optimizer=ot.optim.Adam([F]))(x=X, y=Y)
+    with pytest.raises(ot.OrtrainError, match="a trainable param must hold floating-point values"):
+        ag.param(np.arange(3), name="i")
+    with pytest.raises(ot.OrtrainError, match="the dict fn returned has no 'loss' entry"):
+        ot.capture_step(lambda x: {"out": W @ x}, optimizer=ot.optim.Adam([W]))(x=X)
+    with pytest.raises(ot.ShapeError, match=r"the loss must be a float32 tensor holding one number, received "
+                                            r"shape \(2, 4\)"):
+        ot.capture_step(lambda x: W @ x, optimizer=ot.optim.Adam([W]))(x=X)
+    with pytest.raises(ot.OrtrainError, match="has no value while a step is traced"):
+        ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y) if W @ x else None,
+                        optimizer=ot.optim.Adam([W]))(x=X, y=Y)
+    with pytest.raises(ot.OrtrainError, match="capture: fn expected a callable, received int"):
+        ot.capture(3)
+    with pytest.raises(ot.OrtrainError, match="capture: params expected ag.param / ag.buffer objects"):
+        ot.capture(fn, params=[np.zeros(2)])
+    step = ot.capture_step(fn, optimizer=ot.optim.Adam([W]))
+    with pytest.raises(ot.OrtrainError, match="3 positional inputs given, fn names 2; pass the inputs by name"):
+        step(X, Y, Y)
+    with pytest.raises(ot.OrtrainError, match="input 'x' given twice"):
+        step(X, x=X, y=Y)
+    assert W.numpy().tobytes() == _w0().tobytes()
+
+
+# -- several captures over the same params -----------------------------------------------------------
+def test_forward_capture_reads_weights_trained_by_a_step():
+    W = ag.param(_w0(), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(ag.dropout(W @ x, 0.5), y), optimizer=opt)
+    act = ot.capture(lambda x: {"q": W @ x, "a": ag.relu(ag.dropout(W @ x, 0.5))})
+    for _ in range(3):
+        train(x=X, y=Y)
+        out = act(x=X)
+        np.testing.assert_allclose(out["q"], W.numpy() @ X, rtol=1e-6)
+        np.testing.assert_allclose(out["a"], np.maximum(W.numpy() @ X, 0), rtol=1e-6)  # no dropout
+    assert ot.capture(lambda x: W @ x)(x=X).shape == (2, 4)
+
+
+def test_two_steps_sharing_weights_run_in_call_order(rng):
+    torch = torch_or_skip()
+    c0, a0 = _w0(10, (1, 3)), _w0(11, (3, 3))
+    C, A = ag.param(c0, name="critic"), ag.param(a0, name="actor")
+    critic = ot.capture_step(lambda s, r: ag.mse_loss(C @ s, r), optimizer=ot.optim.Adam([C], lr=0.05))
+    actor = ot.capture_step(lambda s: -ag.mean(C @ ag.tanh(A @ s)), optimizer=ot.optim.Adam([A], lr=0.05))
+    data = [(rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal((1, 5)).astype(np.float32))
+            for _ in range(3)]
+    ct, at = torch.tensor(c0, requires_grad=True), torch.tensor(a0, requires_grad=True)
+    oc, oa = torch.optim.Adam([ct], lr=0.05), torch.optim.Adam([at], lr=0.05)
+    for s, r in data:
+        critic(s=s, r=r)
+        actor(s=s)
+        st, rt = torch.from_numpy(s), torch.from_numpy(r)
+        oc.zero_grad()
+        torch.mean((ct @ st - rt) ** 2).backward()
+        oc.step()
+        oa.zero_grad()
+        (-torch.mean(ct.detach() @ torch.tanh(at @ st))).backward()
+        oa.step()
+    np.testing.assert_allclose(C.numpy(), ct.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(A.numpy(), at.detach().numpy(), rtol=1e-5, atol=1e-6)
+    critic.free()
+    actor.free()
+
+
+def test_state_moments_equal_pytorch_adam_state(rng):
+    torch = torch_or_skip()
+    batches = [(rng.standard_normal((3, 4)).astype(np.float32), Y) for _ in range(3)]
+    W = ag.param(_w0(12), name="W")
+    opt = ot.optim.Adam([W], lr=0.01, betas=(0.8, 0.99))
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt)
+    for x, y in batches:
+        train(x=x, y=y)
+    wt = torch.tensor(_w0(12), requires_grad=True)
+    o = torch.optim.Adam([wt], lr=0.01, betas=(0.8, 0.99))
+    for x, y in batches:
+        o.zero_grad()
+        torch.mean((wt @ torch.from_numpy(x) - torch.from_numpy(y)) ** 2).backward()
+        o.step()
+    st = opt.state()
+    assert st["step"] == 3 and st["hyperparameters"]["betas"] == [0.8, 0.99]
+    np.testing.assert_allclose(st["moments"]["W"]["m"], o.state[wt]["exp_avg"].numpy(), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(st["moments"]["W"]["v"], o.state[wt]["exp_avg_sq"].numpy(), rtol=1e-5, atol=1e-10)
+
+
+def test_two_steps_sharing_one_optimizer_continue_its_state(rng):
+    torch = torch_or_skip()
+    W = ag.param(_w0(13), name="W")
+    opt = ot.optim.Adam([W], lr=0.05)
+    first = ot.capture_step(lambda x: ag.mean(ag.tanh(W @ x)), optimizer=opt)
+    second = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt)
+    data = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(4)]
+    wt = torch.tensor(_w0(13), requires_grad=True)
+    o = torch.optim.Adam([wt], lr=0.05)
+    for i, x in enumerate(data):
+        xt = torch.from_numpy(x)
+        o.zero_grad()
+        if i % 2 == 0:
+            first(x=x)
+            torch.mean(torch.tanh(wt @ xt)).backward()
+        else:
+            second(x=x, y=Y)
+            torch.mean((wt @ xt) ** 2).backward()
+        o.step()
+    np.testing.assert_allclose(W.numpy(), wt.detach().numpy(), rtol=1e-5, atol=1e-6)
+    # v holds squared gradients: float32 rounding of the two tanh kernels shows at about 1e-5
+    np.testing.assert_allclose(opt.state()["moments"]["W"]["v"], o.state[wt]["exp_avg_sq"].numpy(), rtol=1e-4,
+                               atol=1e-10)
+    assert opt.step == 4
+
+
+def test_target_network_buffer_and_labels_dqn_style(rng):
+    torch = torch_or_skip()
+    w0 = rng.standard_normal((2, 3)).astype(np.float32)
+    states = rng.standard_normal((16, 3)).astype(np.float32)
+    W = ag.param(w0, name="online")
+    T = ag.param(w0, name="target", trainable=False)
+    replay = ag.buffer(np.zeros((16, 3)), name="replay")
+    replay.write(0, states)
+
+    def td(idx, a, r):
+        s = ag.get_rows(replay, idx)
+        q = ag.linear(s, W)
+        target = r + 0.9 * ag.linear(s, T)
+        return ag.mse_loss(q, target) + 0.0 * ag.softmax_cross_entropy_loss(q, a)
+
+    train = ot.capture_step(td, optimizer=ot.optim.Adam([W], lr=0.05))
+    act = ot.capture(lambda idx: ag.linear(ag.get_rows(replay, idx), W))
+    wt, tt = torch.tensor(w0, requires_grad=True), torch.tensor(w0)
+    o = torch.optim.Adam([wt], lr=0.05)
+    for i in range(6):
+        idx, a = rng.integers(0, 16, 4), rng.integers(0, 2, 4)
+        r = rng.standard_normal((4, 2)).astype(np.float32)
+        train(idx=idx, a=a, r=r)
+        s = torch.from_numpy(states[idx])
+        o.zero_grad()
+        torch.mean((s @ wt.T - (torch.from_numpy(r) + 0.9 * s @ tt.T)) ** 2).backward()
+        o.step()
+        if i == 2:
+            T.assign(W.numpy())
+            tt = wt.detach().clone()
+    np.testing.assert_allclose(W.numpy(), wt.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(act(idx=np.arange(16)), states @ W.numpy().T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(replay.numpy(), states)
+    with pytest.raises(ot.ShapeError, match=r"input 'a' holds indices for softmax_cross_entropy_loss into 2 "
+                                            r"entries; its values must lie in \[0, 1\], received values from 0 to 2"):
+        train(idx=np.arange(4), a=np.array([0, 1, 2, 0]), r=np.zeros((4, 2)))
+    assert train.optimizer.step == 6
+
+
+def test_bound_outputs_are_written_in_place_or_copied_when_the_runtime_does_not():
+    W = ag.param(_w0(), name="W")
+    train = ot.capture_step(lambda x, y: {"loss": ag.mse_loss(W @ x, y), "w": W}, optimizer=ot.optim.SGD([W], lr=0))
+    train(x=X, y=Y)
+    session = train._session
+    want = np.mean((_w0() @ X) ** 2)
+    mine = [np.zeros((), np.float32), np.zeros((2, 3), np.float32)]
+    session.bind_train_outputs(mine)
+    session.train_step_into([X, Y])
+    np.testing.assert_allclose(mine[0], want, rtol=1e-6)
+    assert session._bound[2] is False   # the runtime wrote into the caller's arrays
+    other = [np.zeros((), np.float32), np.zeros((2, 3), np.float32)]
+    session._bound[1], session._bound[2] = other, True   # arrays the runtime does not write into
+    session.train_step_into([X, Y])
+    np.testing.assert_allclose(other[0], want, rtol=1e-6)
+    np.testing.assert_array_equal(other[1], _w0())
+    with pytest.raises(ot.OrtrainError, match="bind_train_outputs: expected 2 contiguous arrays, one per output"):
+        session.bind_train_outputs(mine[:1])
