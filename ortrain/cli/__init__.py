@@ -137,8 +137,6 @@ def _train_config(opts) -> dict:
                              "--model")
         cfg.setdefault("loss", "mse")
         cfg.setdefault("optimizer", "adam")
-    elif cfg.get("data") is None or cfg.get("epochs") is None:
-        raise UsageError("train --resume: --data and --epochs are required (the run stops after --epochs)")
     return cfg
 
 

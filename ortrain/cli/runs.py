@@ -44,8 +44,10 @@ class RunRecorder(Callback):
         ck = ckdir / f"epoch-{epoch + 1:04d}.ckpt"
         self.trainer.save_checkpoint(ck)
         self.epochs.append(epoch)
-        for key, value in (logs or {}).items():
-            self.history.setdefault(key, [None] * (len(self.epochs) - 1)).append(value)
+        logs = logs or {}
+        for key in set(self.history) | set(logs):
+            column = self.history.setdefault(key, [None] * (len(self.epochs) - 1))
+            column.append(logs.get(key))
         write_text(self.out / "log.csv", self._csv())
         write_json(self.out / "history.json", {"epoch": self.epochs, "history": self.history})
         write_json(self.out / "state.json", {"epoch": epoch + 1, "checkpoint": f"checkpoints/{ck.name}",
@@ -86,8 +88,20 @@ def _build_artifacts(cfg: dict, out: Path) -> Path:
     return target
 
 
+def resume_settings(cfg: dict) -> dict:
+    """A resumed run keeps the settings it started with; options given now override them."""
+    run = read_json(Path(cfg["out"]) / "run.json", "run settings")
+    merged = {**run["settings"], **cfg}
+    for key in ("data", "epochs"):
+        if merged.get(key) is None:
+            raise UsageError(f"train --resume: --{key} is required")
+    return merged
+
+
 def train(cfg: dict) -> dict:
     """Run (or resume) a training run; returns a summary for the caller to print."""
+    if cfg.get("resume"):
+        cfg = resume_settings(cfg)
     out = Path(cfg["out"])
     x, y, w = load_data(cfg["data"])
     if y is None:

@@ -1,0 +1,193 @@
+"""The command line: subcommands, run directories, resume after an interruption, exit codes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import ortrain as ot
+from ortrain.cli import main
+from ortrain.datasets import load_digits
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBCOMMANDS = ("demo", "info", "artifacts", "train", "eval", "predict", "export")
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    x, y = load_digits()
+    np.savez(tmp_path / "train.npz", x=x[:600], y=y[:600])
+    np.savez(tmp_path / "test.npz", x=x[1500:], y=y[1500:])
+    np.save(tmp_path / "x.npy", x[:600])
+    np.save(tmp_path / "y.npy", y[:600])
+    model = ot.Sequential([ot.layers.Dense(32, activation="relu"), ot.layers.Dense(10)], input_shape=(64,), seed=0)
+    model.export_onnx(tmp_path / "mlp.onnx")
+    return tmp_path
+
+
+def cli(*args) -> int:
+    return main([str(a) for a in args])
+
+
+def make_artifacts(capsys):
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--optimizer", "adam", "--lr", "0.003") == 0
+    return capsys.readouterr().out
+
+
+def weights(path):
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+
+
+def test_help_lists_every_subcommand(capsys):
+    assert cli("--help") == 0
+    out = capsys.readouterr().out
+    for name in SUBCOMMANDS:
+        assert name in out
+    for name in SUBCOMMANDS:
+        assert cli(name, "--help") == 0
+        assert "usage: ortrain " + name in capsys.readouterr().out
+
+
+def test_console_script_runs():
+    result = subprocess.run([sys.executable, "-m", "ortrain", "info", "--help"], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert result.returncode == 0 and "usage: ortrain info" in result.stdout
+
+
+def test_info(capsys):
+    assert cli("--json", "info") == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["onnxruntime-training"] == "1.19.2" and "CPUExecutionProvider" in info["execution_providers"]
+    assert info["cache"] == str(ot.artifacts.cache_dir()) and info["threads"] >= 1
+
+
+def test_artifacts_prints_roles_and_hash(workdir, capsys):
+    out = make_artifacts(capsys)
+    assert "trainable: dense_0.kernel, dense_0.bias, dense_1.kernel, dense_1.bias" in out
+    art = ot.artifacts.load("art")
+    assert f"hash: {art.key}" in out
+    assert art.optimizer.lr == 0.003 and art.loss == ot.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def test_train_writes_a_complete_run_and_the_tools_read_it(workdir, capsys):
+    make_artifacts(capsys)
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "2", "--batch-size", "32",
+               "--out", "run", "--seed", "3", "--val-split", "0.1", "--metrics", "accuracy", "--verbose", "0") == 0
+    run = workdir / "run"
+    for name in ("run.json", "state.json", "log.csv", "history.json", "model.onnx", "loss.png"):
+        assert (run / name).is_file(), name
+    state = json.loads((run / "state.json").read_text())
+    assert state["epoch"] == 2 and (run / state["checkpoint"]).is_file()
+    assert (run / "log.csv").read_text().splitlines()[0] == "epoch,accuracy,loss,lr,val_accuracy,val_loss"
+    capsys.readouterr()
+    assert cli("--json", "eval", "--run", "run", "--data", "test.npz", "--metrics", "accuracy") == 0
+    result = json.loads(capsys.readouterr().out)
+    x, y = load_digits()
+    model = ot.from_onnx(run / "model.onnx")
+    logits = model.predict(x[1500:])
+    assert result["accuracy"] == pytest.approx(np.mean(logits.argmax(1) == y[1500:]))
+    assert cli("predict", "--run", "run", "--data", "x.npy", "-o", "p.npy") == 0
+    np.testing.assert_allclose(np.load("p.npy"), model.predict(x[:600]), rtol=1e-6, atol=1e-6)
+    assert cli("export", "--run", "run", "-o", "again.onnx") == 0
+    for name, w in weights(run / "model.onnx").items():
+        np.testing.assert_array_equal(weights("again.onnx")[name], w)
+
+
+def test_resume_after_stopping_is_bit_exact(workdir, capsys):
+    make_artifacts(capsys)
+    common = ["--artifacts", "art", "--data", "train.npz", "--batch-size", "32", "--seed", "5", "--verbose", "0"]
+    assert cli("train", *common, "--epochs", "3", "--out", "straight") == 0
+    assert cli("train", *common, "--epochs", "1", "--out", "stopped") == 0
+    assert cli("train", "--out", "stopped", "--resume", "--epochs", "3", "--verbose", "0") == 0
+    a, b = weights("straight/model.onnx"), weights("stopped/model.onnx")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert json.loads((workdir / "stopped" / "history.json").read_text())["epoch"] == [0, 1, 2]
+
+
+def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys):
+    make_artifacts(capsys)
+    x, y = load_digits()
+    np.savez("big.npz", x=np.tile(x, (8, 1)), y=np.tile(y, 8))  # epochs long enough to interrupt
+    args = ["train", "--artifacts", "art", "--data", "big.npz", "--batch-size", "16", "--seed", "7", "--epochs", "6",
+            "--verbose", "0"]
+    assert cli(*args, "--out", "straight") == 0
+    proc = subprocess.Popen([sys.executable, "-m", "ortrain", *args, "--out", "killed"], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (workdir / "killed" / "state.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err  # interrupted, not finished
+    assert "interrupted" in err and "Traceback" not in err
+    assert json.loads((workdir / "killed" / "state.json").read_text())["epoch"] < 6
+    assert cli("train", "--out", "killed", "--resume", "--verbose", "0") == 0
+    a, b = weights("straight/model.onnx"), weights("killed/model.onnx")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_train_from_model_and_toml_config(workdir, capsys):
+    (workdir / "run.toml").write_text(
+        'model = "mlp.onnx"\ndata = ["x.npy", "y.npy"]\nepochs = 2\nbatch_size = 50\nloss = '
+        '"sparse_categorical_crossentropy"\nfrom_logits = true\noptimizer = "adamw"\nlr = 0.01\nout = "cfgrun"\n'
+        'seed = 1\nverbose = 0\n')
+    assert cli("train", "run.toml") == 0
+    run = workdir / "cfgrun"
+    assert (run / "artifacts" / "manifest.json").is_file() and (run / "model.onnx").is_file()
+    hist = json.loads((run / "history.json").read_text())["history"]
+    assert len(hist["loss"]) == 2 and hist["loss"][1] < hist["loss"][0]
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["train", "--artifacts", "art", "--data", "missing.npz", "--epochs", "1", "--batch-size", "8"], 2,
+     "--data: no such file 'missing.npz'"),
+    (["train", "--data", "train.npz", "--epochs", "1", "--batch-size", "8"], 2,
+     "give --artifacts DIR or --model MODEL.onnx"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "0", "--batch-size", "8"], 2,
+     "expected a positive integer"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--loss", "mae"], 2,
+     "fixed by the artifacts"),
+    (["train", "--artifacts", "art", "--data", "wrong.npz", "--epochs", "1", "--batch-size", "8", "--verbose", "0"],
+     1, "x: expected shape (N, 64), received (20, 5)"),
+    (["eval", "--artifacts", "nowhere", "--data", "test.npz"], 1, "is not an ortrain artifacts directory"),
+    (["train", "--resume", "--out", "norun", "--data", "train.npz", "--epochs", "1"], 1,
+     "run settings 'norun/run.json' does not exist"),
+    (["artifacts", "nothing.onnx", "-o", "a2", "--loss", "mse"], 2, "MODEL: no such file 'nothing.onnx'"),
+    (["--bogus"], 2, "unrecognized arguments"),
+])
+def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
+    make_artifacts(capsys)
+    np.savez("wrong.npz", x=np.zeros((20, 5)), y=np.zeros(20, np.int64))
+    assert cli(*args) == code
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_existing_run_is_not_overwritten(workdir, capsys):
+    make_artifacts(capsys)
+    base = ["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32",
+            "--out", "run", "--verbose", "0"]
+    assert cli(*base) == 0
+    before = (workdir / "run" / "state.json").read_text()
+    assert cli(*base) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (workdir / "run" / "state.json").read_text() == before
+
+
+def test_demo_reaches_the_accuracy_and_verifies_the_export(tmp_path, capsys):
+    assert cli("demo", "--out", tmp_path / "demo", "--verbose", "0") == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert summary["test_accuracy"] >= 0.95 and summary["max_abs_diff"] < 1e-4
+    assert "InferenceSession reproduces the predictions" in out and str(tmp_path / "demo" / "model.onnx") in out
