@@ -1,14 +1,26 @@
-"""Shared pieces of the benchmarks: interleaved timing, spreads, the numpy sgemm ceiling,
-and the hand-written onnxruntime-training loop that is the floor of what ortrain adds."""
+"""Shared pieces of the benchmarks: interleaved timing in isolated worker processes, spreads,
+numpy's sgemm rate (the machine's ceiling) and the hand-written onnxruntime-training loop
+(the floor of what ortrain adds).
+
+Two runtimes in one process slow each other down: onnxruntime's intra-op threads spin
+between operators while PyTorch's OpenMP threads want the same cores (measured here:
+PyTorch eager 40% slower beside a live onnxruntime session). So each implementation runs
+in a worker process of its own, set up once; the runner times rounds of calls in every
+worker in turn, reversing the order each round, so a slow moment on a shared machine lands
+on all of them alike. Warm-up rounds are discarded.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
+
 
 def have_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
@@ -20,6 +32,11 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "p10": q[0], "p90": q[-1], "n": len(values)}
 
 
+def paired_ratio(numerator: list[float], denominator: list[float]) -> dict:
+    """Spread of the per-round ratios (the two were timed back to back in each round)."""
+    return spread([a / b for a, b in zip(numerator, denominator)])
+
+
 def time_calls(step: Callable[[], object], calls: int) -> float:
     """Seconds per call over ``calls`` back-to-back calls."""
     t0 = time.perf_counter()
@@ -28,31 +45,31 @@ def time_calls(step: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - t0) / calls
 
 
-def interleave(steps: dict[str, Callable[[], object]], rounds: int, warmup: int, calls: int) -> dict[str, list]:
-    """Per-call seconds of each step, measured in alternating order round after round.
-
-    Every round times ``calls`` calls of every implementation; the order reverses each
-    round, so a slow moment on a shared machine lands on all of them alike. Warm-up
-    rounds are discarded.
-    """
-    names = list(steps)
+def rounds_of(measure: Callable[[str], float], names: list[str], rounds: int, warmup: int) -> dict[str, list]:
+    """``measure(name)`` for every name, round after round, in alternating order."""
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(warmup + rounds):
         order = names if r % 2 == 0 else names[::-1]
-        got = {n: time_calls(steps[n], calls) for n in order}
+        got = {n: measure(n) for n in order}
         if r >= warmup:
             for n in names:
                 times[n].append(got[n])
     return times
 
 
-def paired_ratio(numerator: list[float], denominator: list[float]) -> dict:
-    """Spread of the per-round ratios (rounds are paired: measured back to back)."""
-    return spread([a / b for a, b in zip(numerator, denominator)])
+def interleave(steps: dict[str, Callable[[], object]], rounds: int, warmup: int, calls: int) -> dict[str, list]:
+    """Per-call seconds of in-process steps (same library only; see the module docstring)."""
+    return rounds_of(lambda n: time_calls(steps[n], calls), list(steps), rounds, warmup)
+
+
+def interleave_workers(workers: dict[str, Worker], rounds: int, warmup: int, calls: int) -> dict[str, list]:
+    """Per-call seconds of steps held by worker processes."""
+    return rounds_of(lambda n: workers[n].time(calls), list(workers), rounds, warmup)
 
 
 def sgemm_rate(shapes: list[tuple[int, int, int]] | None = None, seconds: float = 1.0) -> float:
-    """numpy's float32 GEMM rate in FLOP/s: square 1024 products, or the given (m, k, n) products."""
+    """numpy's float32 GEMM rate in FLOP/s, best of repeated runs: square 1024 products, or the
+    given (m, k, n) products."""
     rng = np.random.default_rng(0)
     shapes = shapes or [(1024, 1024, 1024)]
     mats = [(rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)) for m, k, n in shapes]
@@ -73,8 +90,8 @@ def sgemm_rate(shapes: list[tuple[int, int, int]] | None = None, seconds: float 
 
 
 def dense_training_gemms(sizes: list[int], batch: int) -> list[tuple[int, int, int]]:
-    """The GEMMs of one training step of an MLP: forward, weight gradients, and input gradients
-    of every layer but the first (nothing needs the gradient of the data)."""
+    """The GEMMs of one MLP training step: forward, weight gradients, and input gradients of every
+    layer but the first (nothing needs the gradient of the data)."""
     shapes = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
         shapes.append((batch, a, b))          # y = x W
@@ -88,9 +105,9 @@ def ort_loop(art, feeds: list[np.ndarray], lr: float, threads: int | None = None
     """A hand-written loop over ortrain's artifacts with onnxruntime-training's public Python API
     (``Module``, ``Optimizer``, ``CheckpointState``), loaded the way ortrain's engine loads it
     (without the package ``__init__`` that imports torch)."""
-    import ortrain  # noqa: F401 - registers onnxruntime.training without running its __init__
     from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
+    import ortrain  # noqa: F401 - registers onnxruntime.training without running its __init__
     from ortrain.engine.device import session_options
     state = CheckpointState.load_checkpoint(str(art.checkpoint))
     module = Module(str(art.training), state, str(art.eval), session_options=session_options(threads))
@@ -108,3 +125,62 @@ def ort_loop(art, feeds: list[np.ndarray], lr: float, threads: int | None = None
 def peak_rss_mb() -> float:
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _serve(conn, factory: str, kwargs: dict) -> None:
+    try:
+        module, name = factory.split(":")
+        step = getattr(importlib.import_module(module), name)(**kwargs)
+        conn.send(("ready", peak_rss_mb()))
+        while True:
+            command, arg = conn.recv()
+            if command == "time":
+                conn.send(("ok", time_calls(step, arg)))
+            elif command == "rss":
+                conn.send(("ok", peak_rss_mb()))
+            else:
+                break
+    except Exception as exc:  # noqa: BLE001 - reported to the runner, which raises it
+        import traceback
+        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+class Worker:
+    """A process that builds one implementation's step with ``factory(**kwargs)`` and times it
+    on request. ``factory`` is ``"module:function"``."""
+
+    def __init__(self, factory: str, **kwargs):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, factory, kwargs), daemon=True)
+        self._proc.start()
+        self.setup_rss_mb = self._reply()
+
+    def _reply(self):
+        status, value = self._conn.recv()
+        if status == "error":
+            raise RuntimeError(f"benchmark worker failed:\n{value}")
+        return value
+
+    def time(self, calls: int) -> float:
+        self._conn.send(("time", calls))
+        return self._reply()
+
+    def peak_rss_mb(self) -> float:
+        self._conn.send(("rss", None))
+        return self._reply()
+
+    def close(self) -> None:
+        try:
+            self._conn.send(("stop", None))
+        except (BrokenPipeError, OSError):
+            pass
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

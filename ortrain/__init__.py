@@ -6,21 +6,26 @@ through a ``Trainer`` you step yourself, ``fit``/``fit_generator`` epoch loops, 
 captured training step.
 """
 
-from ortrain._version import __version__
-from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, UnsupportedOpError
-
 # The engine checks the environment on import (onnx pin, training build of onnxruntime).
-from ortrain import engine  # noqa: E402,I001
-from ortrain import artifacts, layers, losses, metrics, optim  # noqa: E402
-from ortrain import callbacks  # noqa: E402
+from ortrain import (  # noqa: E402
+    ag,  # noqa: E402
+    artifacts,
+    callbacks,  # noqa: E402
+    engine,  # noqa: E402,I001
+    layers,
+    losses,
+    metrics,
+    optim,
+)
 from ortrain._random import set_seed  # noqa: E402
-from ortrain.engine import get_num_threads, set_num_threads  # noqa: E402
-from ortrain.nn import GraphModel, Input, Model, Sequential, from_onnx, load_model  # noqa: E402
-from ortrain.trainer import Snapshot, Trainer  # noqa: E402
-from ortrain import ag  # noqa: E402
+from ortrain._version import __version__
 from ortrain.capture import capture, capture_step  # noqa: E402
+from ortrain.engine import get_num_threads, set_num_threads  # noqa: E402
+from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.fit import fit_generator  # noqa: E402
 from ortrain.history import History  # noqa: E402
+from ortrain.nn import GraphModel, Input, Model, Sequential, from_onnx, load_model  # noqa: E402
+from ortrain.trainer import Snapshot, Trainer  # noqa: E402
 
 __all__ = [
     "FreedError",

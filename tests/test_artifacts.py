@@ -5,10 +5,10 @@ import json
 import numpy as np
 import onnx
 import pytest
+from helpers import dense_model, open_session
 
 import ortrain as ot
 from ortrain import engine
-from helpers import dense_model, open_session
 
 
 def test_build_writes_checked_graphs_and_manifest(tmp_path):

@@ -7,10 +7,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers import dense_model, open_session
 
 import ortrain as ot
 from ortrain import engine
-from helpers import dense_model, open_session
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-
-import ortrain as ot
 from conftest import torch_or_skip
 from helpers import sigmoid, softmax
+
+import ortrain as ot
 
 L = ot.layers
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from helpers import loss_and_grad, sigmoid, softmax
 
 import ortrain as ot
-from helpers import loss_and_grad, sigmoid, softmax
 
 B, K = 6, 4
 EPS = 1e-7

@@ -4,9 +4,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from helpers import softmax
 
 import ortrain as ot
-from helpers import softmax
 
 L = ot.layers
 

@@ -16,7 +16,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ortrain as ot
 
-
 # -- loading untrusted files ------------------------------------------------------------------
 
 def test_random_bytes_are_refused(tmp_path, rng):

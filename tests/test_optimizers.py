@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-
-import ortrain as ot
 from conftest import torch_or_skip
 from helpers import NumpyAdam, dense_model, linear_mse_grads
+
+import ortrain as ot
 
 B, NIN, NOUT = 8, 5, 3
 

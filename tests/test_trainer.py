@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-
-import ortrain as ot
 from conftest import torch_or_skip
 from helpers import NumpyAdam, dense_model, linear_mse_grads
+
+import ortrain as ot
 
 L = ot.layers
 
@@ -126,7 +126,7 @@ def test_snapshot_and_polyak_update(rng):
     with ot.Trainer(model, batch_size=16) as tr:
         target = tr.snapshot()
         frozen = target.get_weights()
-        for i in range(3):
+        for _ in range(3):
             tr.step(x[:16], y[:16])
         for a, b in zip(target.get_weights(), frozen):  # later steps do not move it
             np.testing.assert_array_equal(a, b)

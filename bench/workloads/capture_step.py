@@ -22,14 +22,12 @@ and at least 8x faster than ``torch``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import statistics
-import time
 
 import numpy as np
 
 import ortrain as ot
+from bench.common import have_torch, interleave, paired_ratio, spread
 from ortrain import ag, artifacts, engine
 from ortrain.engine.device import session_options
 
@@ -91,18 +89,6 @@ def _torch(w0, x, y):
     return step
 
 
-def _time(step, calls: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        step()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def _spread(values: list[float]) -> dict:
-    q = statistics.quantiles(values, n=10) if len(values) >= 2 else [values[0]] * 9
-    return {"median": statistics.median(values), "p10": q[0], "p90": q[-1]}
-
-
 def run(quick: bool = False) -> dict:
     """Per-call microseconds of the three loops and their ratios; ``quick`` takes fewer rounds."""
     rounds, warmup, calls = (8, 2, 300) if quick else (40, 4, 1000)
@@ -120,23 +106,15 @@ def _measure(quick: bool, rounds: int, warmup: int, calls: int) -> dict:
     notes = []
     with artifacts.scratch_dir() as d:
         steps = {"ortrain": ours, "ort_loop": _ort_loop(train, w0, x, y, d)}
-        if importlib.util.find_spec("torch") is not None:
+        if have_torch():
             steps["torch"] = _torch(w0, x, y)
         else:
             notes.append("torch is not installed: the PyTorch eager loop was skipped (pip install torch)")
-        names = list(steps)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(warmup + rounds):
-            order = names if r % 2 == 0 else names[::-1]
-            got = {n: _time(steps[n], calls) for n in order}
-            if r >= warmup:
-                for n in names:
-                    times[n].append(got[n])
+        times = {n: [1e6 * t for t in v] for n, v in interleave(steps, rounds, warmup, calls).items()}
     train.free()
-    over = [a / b for a, b in zip(times["ortrain"], times["ort_loop"], strict=True)]
-    ratios = {"ortrain_over_ort_loop": _spread(over)}
+    ratios = {"ortrain_over_ort_loop": paired_ratio(times["ortrain"], times["ort_loop"])}
     if "torch" in times:
-        ratios["torch_over_ortrain"] = _spread([t / a for t, a in zip(times["torch"], times["ortrain"], strict=True)])
+        ratios["torch_over_ortrain"] = paired_ratio(times["torch"], times["ortrain"])
     overhead = ratios["ortrain_over_ort_loop"]["median"] - 1.0
     speedup = ratios.get("torch_over_ortrain", {}).get("median")
     return {
@@ -146,7 +124,7 @@ def _measure(quick: bool, rounds: int, warmup: int, calls: int) -> dict:
         "targets": {"max_overhead_vs_ort_loop": 0.15, "min_speedup_vs_torch": 8.0},
         "overhead_vs_ort_loop": overhead, "speedup_vs_torch": speedup,
         "meets_targets": overhead <= 0.15 and (speedup is None or speedup >= 8.0),
-        "us_per_call": {n: _spread(v) for n, v in times.items()},
+        "us_per_call": {n: spread(v) for n, v in times.items()},
         "notes": notes,
     }
 

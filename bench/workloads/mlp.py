@@ -1,40 +1,66 @@
-"""(c) MLP 784-512-512-10, batch 128, Adam, cross-entropy on logits: samples/s.
+"""(c) MLP 784-512-512-10, batch 128, Adam, cross-entropy on logits: samples/s; and (g) the peak
+resident memory of the processes that train it.
 
-ortrain's ``Trainer.step`` against the hand-written onnxruntime-training loop over the
-same artifacts, a plain PyTorch eager loop with the same weights, data and optimizer,
-and numpy's sgemm rate as the machine's ceiling. Training FLOPs are counted as
-6 x parameters x samples; the ceiling is numpy's rate on 1024x1024 products (the
-machine's peak) and on the very GEMMs of this step (the peak at these shapes).
+ortrain's ``Trainer.step`` against the hand-written onnxruntime-training loop over the same
+artifacts and a plain PyTorch eager loop with the same initial weights, data and optimizer,
+each in its own process, with numpy's sgemm rate as the ceiling. Training FLOPs are counted
+as 6 x parameters x samples. The ceiling is numpy's rate on 1024x1024 products (the machine's
+peak) and on the very GEMMs of this step (the peak at these shapes).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-import ortrain as ot
-from bench.common import dense_training_gemms, have_torch, interleave, ort_loop, paired_ratio, sgemm_rate, spread
+from bench.common import (
+    Worker,
+    dense_training_gemms,
+    have_torch,
+    interleave_workers,
+    ort_loop,
+    paired_ratio,
+    sgemm_rate,
+    spread,
+)
 
 SIZES = [784, 512, 512, 10]
 BATCH = 128
 LR = 1e-3
+HERE = "bench.workloads.mlp"
 
 
-def build_model(seed: int = 0) -> ot.Model:
-    layers = [ot.layers.Dense(n, activation="relu") for n in SIZES[1:-1]] + [ot.layers.Dense(SIZES[-1])]
-    model = ot.Sequential(layers, input_shape=(SIZES[0],), seed=seed)
+def build_model(sizes=SIZES, seed: int = 0):
+    import ortrain as ot
+    layers = [ot.layers.Dense(n, activation="relu") for n in sizes[1:-1]] + [ot.layers.Dense(sizes[-1])]
+    model = ot.Sequential(layers, input_shape=(sizes[0],), seed=seed)
     model.compile(optimizer=ot.optim.Adam(lr=LR), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
-def data(seed: int = 0):
+def data(sizes=SIZES, batch: int = BATCH, seed: int = 0):
     rng = np.random.default_rng(seed)
-    return rng.random((BATCH, SIZES[0]), dtype=np.float32), rng.integers(0, SIZES[-1], BATCH).astype(np.int64)
+    return rng.random((batch, sizes[0]), dtype=np.float32), rng.integers(0, sizes[-1], batch).astype(np.int64)
 
 
-def torch_step(model: ot.Model, x: np.ndarray, y: np.ndarray, threads: int):
+def make_ortrain(threads: int | None = None, sizes=SIZES, batch: int = BATCH):
+    import ortrain as ot
+    if threads:
+        ot.set_num_threads(threads)
+    x, y = data(sizes, batch)
+    tr = ot.Trainer(build_model(sizes), batch_size=batch)
+    return lambda: tr.step(x, y)
+
+
+def make_ort_loop(threads: int | None = None, sizes=SIZES, batch: int = BATCH):
+    import ortrain as ot
+    model = build_model(sizes)
+    art = ot.artifacts.build(model, loss=model.loss, optimizer=model.optimizer)
+    x, y = data(sizes, batch)
+    return ort_loop(art, [x, y, np.array(1.0, np.float32)], LR, threads)
+
+
+def torch_mlp(weights: list[np.ndarray]):
     import torch
-    torch.set_num_threads(threads)
-    weights = model.get_weights()
     layers = []
     for i in range(0, len(weights), 2):
         lin = torch.nn.Linear(*weights[i].shape)
@@ -42,9 +68,17 @@ def torch_step(model: ot.Model, x: np.ndarray, y: np.ndarray, threads: int):
             lin.weight.copy_(torch.from_numpy(weights[i].T.copy()))
             lin.bias.copy_(torch.from_numpy(weights[i + 1]))
         layers += [lin, torch.nn.ReLU()]
-    net = torch.nn.Sequential(*layers[:-1])
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def make_torch(threads: int | None = None, sizes=SIZES, batch: int = BATCH):
+    import torch
+    if threads:
+        torch.set_num_threads(threads)
+    net = torch_mlp(build_model(sizes).get_weights())
     opt = torch.optim.Adam(net.parameters(), lr=LR)
     lossf = torch.nn.CrossEntropyLoss()
+    x, y = data(sizes, batch)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
 
     def step():
@@ -57,39 +91,37 @@ def torch_step(model: ot.Model, x: np.ndarray, y: np.ndarray, threads: int):
 
 
 def run(quick: bool = False) -> dict:
-    rounds, warmup, calls = (4, 1, 10) if quick else (15, 3, 25)
-    threads = ot.get_num_threads()
-    model = build_model()
-    x, y = data()
-    params = sum(int(np.prod(w.shape)) for w in model.get_weights())
-    notes = []
-    with ot.Trainer(model, batch_size=BATCH) as tr:
-        art = tr._art
-        steps = {"ortrain": lambda: tr.step(x, y),
-                 "ort_loop": ort_loop(art, [x, y, np.array(1.0, np.float32)], LR, threads)}
-        if have_torch():
-            steps["torch"] = torch_step(model, x, y, threads)
-        else:
-            notes.append("torch is not installed: the PyTorch eager loop was skipped")
-        times = interleave(steps, rounds, warmup, calls)
-    peak = sgemm_rate()
-    at_shapes = sgemm_rate(dense_training_gemms(SIZES, BATCH))
+    rounds, warmup, calls = (4, 1, 10) if quick else (15, 3, 40)
+    from ortrain.engine import default_threads
+    threads = default_threads()
+    names = ["ortrain", "ort_loop"] + (["torch"] if have_torch() else [])
+    workers = {n: Worker(f"{HERE}:make_{n}", threads=threads) for n in names}
+    try:
+        times = interleave_workers(workers, rounds, warmup, calls)
+        rss = {n: w.peak_rss_mb() for n, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
+    params = sum(a * b + b for a, b in zip(SIZES[:-1], SIZES[1:]))
     flops = 6.0 * params * BATCH
+    peak, at_shapes = sgemm_rate(), sgemm_rate(dense_training_gemms(SIZES, BATCH))
     sec = {n: spread(v) for n, v in times.items()}
+    ours = sec["ortrain"]["median"]
     out = {
-        "workload": "mlp", "title": "MLP 784-512-512-10, batch 128, Adam", "threads": threads,
-        "params": params, "rounds": rounds, "calls_per_round": calls,
+        "workload": "mlp", "title": "MLP 784-512-512-10, batch 128, Adam", "threads": threads, "params": params,
+        "rounds": rounds, "calls_per_round": calls,
         "samples_per_s": {n: BATCH / s["median"] for n, s in sec.items()},
-        "ms_per_step": {n: {k: 1e3 * v for k, v in s.items() if k != "n"} for n, s in sec.items()},
-        "sgemm_flops": {"square_1024": peak, "step_shapes": at_shapes},
-        "ortrain_flops": flops / sec["ortrain"]["median"],
-        "fraction_of_sgemm": {"square_1024": flops / sec["ortrain"]["median"] / peak,
-                              "step_shapes": flops / sec["ortrain"]["median"] / at_shapes},
-        "ratios": {"ortrain_over_ort_loop_time": paired_ratio(times["ortrain"], times["ort_loop"])},
-        "notes": notes,
+        "ms_per_step": {n: {k: 1e3 * s[k] for k in ("median", "p10", "p90")} for n, s in sec.items()},
+        "sgemm_gflops": {"square_1024": peak / 1e9, "step_shapes": at_shapes / 1e9},
+        "ortrain_gflops": flops / ours / 1e9,
+        "fraction_of_sgemm": {"square_1024": flops / ours / peak, "step_shapes": flops / ours / at_shapes},
+        "ratios": {"ortrain_time_over_ort_loop": paired_ratio(times["ortrain"], times["ort_loop"])},
+        "peak_rss_mb": rss,
+        "notes": [] if "torch" in times else ["torch is not installed: the PyTorch loop was skipped"],
     }
     if "torch" in times:
         out["ratios"]["speedup_vs_torch"] = paired_ratio(times["torch"], times["ortrain"])
+        out["ratios"]["rss_ortrain_over_torch"] = rss["ortrain"] / rss["torch"]
     return out
 
 

@@ -168,7 +168,7 @@ def _read_toml(path: str) -> dict:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise UsageError(f"CONFIG: key {key!r} expects {kind.__name__}, received {value!r}")
         if key in ("model", "artifacts", "out"):
-            value = str((base / value))
+            value = str(base / value)
         elif key in ("data", "val_data"):
             value = [str(base / v) for v in value]
         cfg[key] = value

@@ -12,7 +12,8 @@ import re
 
 import numpy as np
 
-from ortrain import _random, losses, metrics as metrics_mod, optim
+from ortrain import _random, losses, optim
+from ortrain import metrics as metrics_mod
 from ortrain._arrays import as_array, check_shape
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
