@@ -44,7 +44,7 @@ demo: install
 
 bench: install
 	$(PIP) install -e ".[bench]"
-	$(PY) bench/run.py
+	$(PY) -m bench.run
 
 artifacts: install
 	$(PY) artifacts/generate.py
