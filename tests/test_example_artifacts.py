@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,7 +128,7 @@ def test_trainer_from_artifacts_trains_like_pytorch(name, regenerated):
         loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(xb)), torch.from_numpy(yb))
         loss.backward()
         opt.step()
-        ref_losses.append(float(loss))
+        ref_losses.append(float(loss.detach()))
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
     reference = _torch_twin(torch, name, trained)
     ref_state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
@@ -164,3 +165,16 @@ def test_ortrain_train_on_committed_artifacts(tmp_path, regenerated):
     ours = ot.artifacts.load(directory).model(last).predict(x[1500:])
     np.testing.assert_allclose(served, ours, rtol=1e-5, atol=1e-5)
     assert np.mean(served.argmax(1) == y[1500:]) > 0.8
+
+
+def test_readme_python_block_runs(monkeypatch, capsys):
+    try:
+        ot.artifacts.load(ARTIFACTS / "digits-mlp")
+    except ot.OrtrainError as exc:
+        pytest.skip(f"the committed artifacts do not load with these library versions: {exc}")
+    blocks = re.findall(r"```python\n(.*?)```", (ARTIFACTS / "README.md").read_text(), flags=re.S)
+    assert len(blocks) == 1
+    monkeypatch.chdir(ROOT)  # the block names the directory as a user in a clone would
+    exec(compile(blocks[0], "artifacts/README.md", "exec"), {"__name__": "__readme__"})
+    loss, _ = capsys.readouterr().out.split(" ", 1)
+    assert float(loss) < np.log(10)  # one epoch moved the loss below chance level
