@@ -45,12 +45,22 @@ def time_calls(step: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - t0) / calls
 
 
-def rounds_of(measure: Callable[[str], float], names: list[str], rounds: int, warmup: int) -> dict[str, list]:
-    """``measure(name)`` for every name, round after round, in alternating order."""
+def rounds_of(measure: Callable[[str], float], names: list[str], rounds: int, warmup: int,
+              settle: float = 0.0) -> dict[str, list]:
+    """``measure(name)`` for every name, round after round, in alternating order.
+
+    ``settle`` seconds pass before each measurement: the previous implementation's worker
+    threads keep spinning for a while after its last call (OpenMP's default block time is
+    200 ms) and would otherwise take a core from the next one.
+    """
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(warmup + rounds):
         order = names if r % 2 == 0 else names[::-1]
-        got = {n: measure(n) for n in order}
+        got = {}
+        for n in order:
+            if settle:
+                time.sleep(settle)
+            got[n] = measure(n)
         if r >= warmup:
             for n in names:
                 times[n].append(got[n])
@@ -62,9 +72,10 @@ def interleave(steps: dict[str, Callable[[], object]], rounds: int, warmup: int,
     return rounds_of(lambda n: time_calls(steps[n], calls), list(steps), rounds, warmup)
 
 
-def interleave_workers(workers: dict[str, Worker], rounds: int, warmup: int, calls: int) -> dict[str, list]:
+def interleave_workers(workers: dict[str, Worker], rounds: int, warmup: int, calls: int,
+                       settle: float = 0.3) -> dict[str, list]:
     """Per-call seconds of steps held by worker processes."""
-    return rounds_of(lambda n: workers[n].time(calls), list(workers), rounds, warmup)
+    return rounds_of(lambda n: workers[n].time(calls), list(workers), rounds, warmup, settle)
 
 
 def sgemm_rate(shapes: list[tuple[int, int, int]] | None = None, seconds: float = 1.0) -> float:
@@ -123,6 +134,16 @@ def ort_loop(art, feeds: list[np.ndarray], lr: float, threads: int | None = None
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory. ``VmHWM`` rather than ``ru_maxrss``: a spawned worker
+    inherits its parent's ``ru_maxrss`` across fork and exec, ``VmHWM`` starts afresh with the new
+    program."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

@@ -37,6 +37,9 @@ from ortrain.graph.passes import for_training
 __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", "SAMPLE_WEIGHT", "LOSS_SCALE"]
 
 FORMAT = 1
+# Bumped whenever the code that writes the graphs changes what it writes, so caches made by an
+# earlier revision of this version of ortrain miss instead of serving stale graphs.
+BUILDER_REVISION = 2
 LABEL = "ortrain.label"
 SAMPLE_WEIGHT = "ortrain.sample_weight"
 LOSS_SCALE = "ortrain.loss_scale"
@@ -163,7 +166,7 @@ def _sha256(path: Path) -> str:
 
 def _key(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: str | None) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"format": FORMAT, "versions": versions(), "loss": loss.config(),
+    h.update(json.dumps({"format": FORMAT, "builder": BUILDER_REVISION, "versions": versions(), "loss": loss.config(),
                          "optimizer": _opt_config(opt), "weighting": weighting},
                         sort_keys=True).encode())
     h.update(fg.digest().encode())

@@ -143,6 +143,35 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def relu_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite ``Relu(x)`` as ``x * Cast(x > 0)``.
+
+    Same values (up to the sign of zero) and the same gradient, ``dy * (x > 0)``; but
+    onnxruntime-training 1.19.2's CPU ``ReluGrad`` kernel is slow (about 4.7 ns an element,
+    measured: 3.8 ms of a 21 ms CNN step), while the gradient of the product is one
+    vectorised, threaded ``Mul`` (``Where`` and ``Max`` forms measured slower still). The
+    one difference: an input of -inf gives NaN (-inf * 0) where Relu gives 0; a training
+    step whose activations reach -inf has diverged anyway, and exported models keep Relu.
+    """
+    if not any(n.op_type == "Relu" for n in model.graph.node):
+        return model
+    out = copy.deepcopy(model)
+    zero = "ortrain.relu_as_mask/zero"
+    out.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), zero))
+    nodes = []
+    for i, node in enumerate(out.graph.node):
+        if node.op_type != "Relu":
+            nodes.append(node)
+            continue
+        p = f"{node.name or 'Relu'}/as_mask_{i}/"
+        nodes += [helper.make_node("Greater", [node.input[0], zero], [p + "positive"], name=p + "Greater"),
+                  helper.make_node("Cast", [p + "positive"], [p + "mask"], name=p + "Cast", to=onnx.TensorProto.FLOAT),
+                  helper.make_node("Mul", [node.input[0], p + "mask"], [node.output[0]], name=p + "Mul")]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def for_training(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrites that only the training and eval graphs need (the exported model is left alone)."""
-    return average_pool_as_conv(model)
+    return relu_as_mask(average_pool_as_conv(model))
