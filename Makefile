@@ -28,7 +28,7 @@ $(VENV)/bin/python:
 venv: $(VENV)/bin/python
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e ".[test,progress]"
+	$(PIP) install -e ".[test,progress,plot]"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -287,6 +287,11 @@ def _write(target: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: opt
     lm, io = loss_model(fg, loss, weighting)
     lm = for_training(lm)
     frozen = fg.names("frozen") + fg.names("buffer")
+    # onnx.checker validates what ortrain writes itself (the loss model here, the optimizer graph,
+    # forward.onnx); the gradient graphs come from onnxruntime-training and hold its own training
+    # ops (MaxPoolGrad and others in the default domain) that onnx's checker does not know, so
+    # opening them in onnxruntime-training is their check.
+    check_model(lm, "forward graph with its loss")
     training, eval_model = engine.build_training_graphs(lm, fg.names("trainable"), frozen, io["train_outputs"])
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))

@@ -73,6 +73,8 @@ class History(Callback):
     def plot(self, path) -> str:
         """Save a figure with one panel per quantity (``loss`` beside ``val_loss``, each metric beside its
         ``val_`` twin, ``lr`` alone) to ``path`` (needs matplotlib: ``pip install 'ortrain[plot]'``)."""
+        if not self.epoch:
+            raise OrtrainError("History.plot: the history holds no epoch; nothing to plot")
         try:
             import matplotlib
             matplotlib.use("Agg", force=False)
@@ -80,8 +82,6 @@ class History(Callback):
         except ImportError:
             raise OrtrainError("History.plot needs matplotlib, which is not installed; install the plot extra: "
                                "pip install 'ortrain[plot]' (or pip install matplotlib)") from None
-        if not self.epoch:
-            raise OrtrainError("History.plot: the history holds no epoch; nothing to plot")
         panels = [k for k in self.history if not k.startswith("val_")]
         panels += [k[4:] for k in self.history if k.startswith("val_") and k[4:] not in self.history]
         fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.6 * len(panels)), sharex=True, squeeze=False)

@@ -705,6 +705,12 @@ def test_history_exports(tmp_path):
     assert lines[0] == "epoch,loss,mae,val_loss,val_mae,lr"
     assert len(lines) == 4
     assert float(lines[2].split(",")[1]) == hist.history["loss"][1]
+
+
+def test_history_to_pandas_and_plot(tmp_path):
+    pytest.importorskip("pandas", reason="the plot extra is not installed")
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    hist = fitted_history()
     df = hist.to_pandas()
     assert list(df.index) == [0, 1, 2] and df["val_loss"].tolist() == hist.history["val_loss"]
     png = hist.plot(tmp_path / "h.png")

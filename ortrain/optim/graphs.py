@@ -38,7 +38,7 @@ def adamw_graph(betas: tuple[float, float], eps: float, weight_decay: float) -> 
         weight_decay=float(weight_decay), correct_bias=1, adam_mode=0)
     graph = helper.make_graph([node], "adamw", inputs,
                               [helper.make_tensor_value_info("updated_flag", TensorProto.BOOL, [1])])
-    return finish_model(graph, extra_domains=[MS_DOMAIN], check=False)
+    return finish_model(graph, extra_domains=[MS_DOMAIN])
 
 
 def sgd_graph() -> onnx.ModelProto:
@@ -47,4 +47,4 @@ def sgd_graph() -> onnx.ModelProto:
                             name="SGD", domain=MS_DOMAIN)
     graph = helper.make_graph([node], "sgd", _common_inputs(),
                               [helper.make_tensor_value_info("updated_flag", TensorProto.BOOL, [1])])
-    return finish_model(graph, extra_domains=[MS_DOMAIN], check=False)
+    return finish_model(graph, extra_domains=[MS_DOMAIN])
