@@ -1,7 +1,7 @@
 # ortrain: every target creates and reuses .venv itself, so on a fresh machine
 # `make test` and `make demo` are the only set-up commands you type.
 
-PYTHON ?= $(shell for p in python3.12 python3.11 python3.10 python3; do \
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.10 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(not ((3,10) <= sys.version_info[:2] < (3,13)))' 2>/dev/null && { echo $$p; break; }; done)
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -12,8 +12,8 @@ PYTEST := $(PY) -m pytest
 .PHONY: help venv install test test-all demo bench lint artifacts clean
 
 help:
-	@echo "make test      create .venv, install ortrain with test extras, run the default tests (<10 min)"
-	@echo "make test-all  also the slow tests (leak checks, ResNet-50, the interop environment)"
+	@echo "make test      create .venv, install ortrain with test extras, run the tests and doctests (<10 min)"
+	@echo "make test-all  also the slow tests (the memory-leak checks)"
 	@echo "make demo      train on the bundled digits data, export model.onnx, verify it in onnxruntime"
 	@echo "make bench     run bench/ and print the ratio table (writes bench/results.json)"
 	@echo "make artifacts regenerate artifacts/ with the ortrain CLI"

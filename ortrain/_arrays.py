@@ -1,10 +1,14 @@
-"""Turning user arrays into what a graph takes: casts, shape checks, clear refusals."""
+"""Turning user arguments into what a graph takes: counts, casts, shape and label checks, chunked runs.
+
+Written once here and used by ``Model``, ``Trainer``, ``Snapshot``, the data sources and the fit
+loop, so that every entry point accepts and refuses the same things with the same words.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ortrain.errors import ShapeError, describe_shape
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
 
 def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
@@ -41,3 +45,118 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
             hint = f"; every batch must hold exactly {rows} rows (pad the last one or drop it)"
         raise ShapeError(f"{argument}: expected shape {describe_shape(exp)}, received "
                          f"{describe_shape(a.shape)}{hint}")
+
+
+# -- counts ----------------------------------------------------------------------------------------
+def checked_int(value, argument: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+    """``value`` as an int of at least ``minimum``; ``None`` passes through when ``allow_none``.
+
+    Bools are refused although Python counts them as ints: ``batch_size=True`` is a mistake,
+    not a batch of one.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise OrtrainError(f"{argument}: expected {kind}{' or None' if allow_none else ''}, received {value!r}")
+    return int(value)
+
+
+def positive_int(value, argument: str, *, allow_none: bool = False) -> int | None:
+    """``value`` as an int >= 1 (``None`` passes through when ``allow_none``)."""
+    return checked_int(value, argument, minimum=1, allow_none=allow_none)
+
+
+# -- inputs, labels, weights -----------------------------------------------------------------------
+def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None) -> list[np.ndarray]:
+    """The arrays for the graph inputs ``specs``, cast and checked; ``rows`` pins the batch size.
+
+    One input takes ``x`` itself; several take a list or tuple of arrays in ``specs`` order.
+    """
+    xs = list(x) if isinstance(x, (list, tuple)) and len(specs) > 1 else [x]
+    if len(xs) != len(specs):
+        raise ShapeError(f"{argument}: the model has {len(specs)} inputs ({', '.join(s.name for s in specs)}), "
+                         f"received {len(xs)} arrays; pass one array per input, in this order")
+    out = []
+    for spec, a in zip(specs, xs):
+        arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
+        a = as_array(a, spec.dtype, arg)
+        check_shape(a, spec.shape, arg, rows)
+        out.append(a)
+    if rows is None and len({a.shape[0] for a in out}) > 1:
+        raise ShapeError(f"{argument}: expected the same number of rows in every input, received "
+                         f"{', '.join(str(a.shape[0]) for a in out)} rows")
+    return out
+
+
+def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
+                   n_classes: int | None = None) -> np.ndarray:
+    """Labels for the loss's label input ``spec``, cast, shaped and checked.
+
+    As Keras does, ``(n, 1)`` integer labels stand for ``(n,)`` class indices and ``(n,)``
+    targets for an output of shape ``(n, 1)``. With ``n_classes`` (sparse cross-entropy)
+    every label must lie in ``[0, n_classes - 1]``: the graph's GatherElements would wrap a
+    negative index into a wrong loss and fail on a large one only inside onnxruntime.
+    """
+    a = as_array(y, spec.dtype, argument)
+    shape = tuple(spec.shape)
+    if spec.dtype.kind in "iu" and a.ndim == len(shape) + 1 and a.shape[-1] == 1:
+        a = a.reshape(a.shape[:-1])
+    elif len(shape) >= 2 and shape[-1] == 1 and a.ndim == len(shape) - 1:
+        a = a.reshape(a.shape + (1,))
+    check_shape(a, shape, argument, rows)
+    if n_classes is not None and a.size:
+        low, high = a.min(), a.max()
+        if low < 0 or high >= n_classes:
+            raise ShapeError(f"{argument}: class labels must lie in [0, {n_classes - 1}] (the output has {n_classes} "
+                             f"classes), received values from {low} to {high}; number the classes from 0 or give "
+                             "the output one unit per class")
+    return a
+
+
+def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int | None = None) -> np.ndarray:
+    """Loss weights for a weight input of ``shape`` (batch first, ``None`` free), cast and checked.
+
+    A weight input of shape ``(batch, 1, ...)`` holds one weight per sample and also takes
+    ``(rows,)``; any other shape holds one weight per output element and must match.
+    """
+    a = as_array(w, np.float32, argument)
+    received = a.shape
+    want = (rows,) + tuple(shape[1:])
+    per_sample = all(d == 1 for d in shape[1:])
+    if per_sample and a.ndim == 1 and len(want) > 1:
+        a = a.reshape(a.shape + (1,) * (len(want) - 1))
+    if a.ndim != len(want) or any(e is not None and e != n for e, n in zip(want, a.shape)):
+        accepted = describe_shape(want)
+        if per_sample and len(want) > 1:
+            accepted = f"{describe_shape(want[:1])} or {accepted}"
+        what = "one weight per sample" if per_sample else "one weight per output element"
+        raise ShapeError(f"{argument}: expected shape {accepted} ({what}), received "
+                         f"{describe_shape(received)}")
+    return a
+
+
+# -- running in chunks -----------------------------------------------------------------------------
+def row_slices(n: int, batch_size, argument: str = "batch_size") -> list[slice]:
+    """Slices of at most ``batch_size`` rows covering ``n`` rows (all at once for ``None``).
+
+    Zero rows still give one empty slice, so a graph runs once and reports its output shapes.
+    """
+    step = positive_int(batch_size, argument, allow_none=True) or max(n, 1)
+    return [slice(start, start + step) for start in range(0, max(n, 1), step)]
+
+
+def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, batch_size) -> list[np.ndarray]:
+    """Every output of ``runner`` over the rows of ``xs``, ``batch_size`` rows per run, joined.
+
+    ``extra_feeds`` (weights kept outside the graph) go to every run whole.
+    """
+    chunks = []
+    for sl in row_slices(xs[0].shape[0], batch_size):
+        feeds = {s.name: a[sl] for s, a in zip(specs, xs)}
+        if extra_feeds:
+            feeds.update(extra_feeds)
+        chunks.append(runner.run(feeds))
+    if len(chunks) == 1:
+        return list(chunks[0])
+    return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]

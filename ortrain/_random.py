@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ortrain._arrays import checked_int
+
 _seed: int | None = None
 _rng = np.random.default_rng()
 
@@ -11,10 +13,7 @@ _rng = np.random.default_rng()
 def set_seed(seed: int | None) -> None:
     """Seed ortrain's generator (weights, shuffling, dropout seeds); ``None`` re-randomises."""
     global _seed, _rng
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        from ortrain.errors import OrtrainError
-        raise OrtrainError(f"set_seed: expected an int >= 0 or None, received {seed!r}")
-    _seed = None if seed is None else int(seed)
+    _seed = checked_int(seed, "set_seed", minimum=0, allow_none=True)
     _rng = np.random.default_rng(_seed)
 
 

@@ -8,8 +8,9 @@ graph for predictions and a ``manifest.json`` describing all of them.
 Artifacts are cached by a content hash of everything that shapes the graphs (the
 architecture, parameter roles, loss, weighting, optimizer, and the versions of
 ortrain, onnx and onnxruntime), under ``~/.cache/ortrain/artifacts`` by default.
-Weights are not part of the hash: a cache hit with different weights only
-rewrites the checkpoint. ``load`` refuses directories written by other versions
+Weights are not part of the hash: the same architecture with other weights
+reuses the cached graphs in a directory of its own. Published directories are
+never modified. ``load`` refuses directories written by other versions
 and files whose hash no longer matches the manifest.
 """
 
@@ -21,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
+from ortrain.graph.gradient_ops import ancestors
 from ortrain.graph.passes import for_training
 
 __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", "SAMPLE_WEIGHT", "LOSS_SCALE"]
@@ -75,9 +78,6 @@ class Artifacts:
 
     directory: Path
     manifest: dict
-
-    def path(self, name: str) -> Path:
-        return self.directory / name
 
     @property
     def training(self) -> Path:
@@ -156,12 +156,24 @@ class Artifacts:
         return model
 
 
-def _sha256(path: Path) -> str:
+_verified: dict[tuple, str] = {}
+
+
+def _sha256(path: Path, remember: bool = False) -> str:
+    """sha256 of a file. With ``remember``, a file this process already hashed and that has not
+    changed since (same size and modification time) is not read again."""
+    stat = os.stat(path)
+    memo = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+    if remember and memo in _verified:
+        return _verified[memo]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    if remember:
+        _verified[memo] = digest
+    return digest
 
 
 def _key(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: str | None) -> str:
@@ -232,19 +244,82 @@ def build(model, trainable=None, frozen=None, loss="mse", optimizer="adam", out_
     a path to an ``.onnx`` file. ``trainable``/``frozen`` (names or glob patterns) refine which
     weights train. ``out_dir`` writes to that directory instead of the cache. ``weighting``
     adds a ``sample_weight`` input: ``"sample"`` (one weight per sample) or ``"element"``.
+
+    A published directory is never changed in place: the same architecture with other weights
+    gets a directory of its own beside the cached one (sharing its graph files by hard link), so
+    an :class:`Artifacts` record keeps pointing at the weights it was built with, and processes
+    building the same thing at once take turns on a lock instead of replacing each other's files.
+    ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
+    model's weights into its session anyway).
     """
-    fg = _forward_graph(model, trainable, frozen)
+    fg = _freeze_unreachable(_forward_graph(model, trainable, frozen))
     loss = losses.get(loss)
     opt = optim.get(optimizer)
     key = _key(fg, loss, opt, weighting)
     target = Path(out_dir) if out_dir is not None else cache_dir() / key[:24]
-    existing = _existing(target, key)
-    if existing is not None:
-        if refresh_checkpoint and existing.manifest.get("weights_sha256") != fg.weights_digest():
-            _refresh_checkpoint(existing, fg)
-            existing = load(existing.directory)
-        return existing
-    return _write(target, key, fg, loss, opt, weighting)
+    with _publish_lock(target):
+        existing = _existing(target, key)
+        if existing is None:
+            return _publish(target, lambda tmp: _write(tmp, key, fg, loss, opt, weighting))
+        if not refresh_checkpoint or existing.manifest["weights_sha256"] == fg.weights_digest():
+            return existing
+        if out_dir is not None:
+            return _publish(target, lambda tmp: _with_weights(existing, fg, tmp))
+    variant = target.with_name(f"{target.name}-{fg.weights_digest()[:12]}")
+    with _publish_lock(variant):
+        found = _existing(variant, key)
+        return found if found is not None else _publish(variant, lambda tmp: _with_weights(existing, fg, tmp))
+
+
+@contextlib.contextmanager
+def _publish_lock(target: Path):
+    """An exclusive lock per artifact directory, so concurrent builders of one key take turns."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: publishing stays atomic, concurrent builders may both build
+        yield
+        return
+    with open(target.parent / f".{target.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _publish(target: Path, fill) -> Artifacts:
+    """Write a complete directory beside ``target`` with ``fill(tmp)``, then rename it into place
+    (moving a stale ``target`` aside first), so readers see either the old or the new directory."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        fill(tmp)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.rename(target, old / "stale")
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load(target)
+
+
+def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
+    """Weights the loss does not depend on (they feed only other outputs) get no gradient: the
+    gradient builder refuses them, so they are frozen here, with a warning naming them."""
+    outputs = fg.outputs
+    if not outputs:
+        return fg
+    reach = ancestors(fg.proto, outputs[0].name)
+    idle = [p.name for p in fg.params if p.role == "trainable" and p.name not in reach]
+    if not idle:
+        return fg
+    shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
+    warnings.warn(f"weights {shown} do not affect the loss, which is computed on the first output "
+                  f"{outputs[0].name!r}; they are not trained", stacklevel=3)
+    params = tuple(ParamSpec(p.name, p.shape, p.dtype, "frozen" if p.name in idle else p.role) for p in fg.params)
+    return ForwardGraph(fg.proto, params, fg.weights)
 
 
 def _forward_graph(model, trainable, frozen) -> ForwardGraph:
@@ -280,8 +355,8 @@ def _existing(target: Path, key: str) -> Artifacts | None:
     return art if art.key == key else None
 
 
-def _write(target: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer,
-           weighting: str | None) -> Artifacts:
+def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer,
+           weighting: str | None) -> None:
     if not fg.names("trainable"):
         raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights")
     lm, io = loss_model(fg, loss, weighting)
@@ -293,57 +368,40 @@ def _write(target: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: opt
     # opening them in onnxruntime-training is their check.
     check_model(lm, "forward graph with its loss")
     training, eval_model = engine.build_training_graphs(lm, fg.names("trainable"), frozen, io["train_outputs"])
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        onnx.save(training, tmp / "training.onnx")
-        onnx.save(eval_model, tmp / "eval.onnx")
-        opt_graph = opt.graph()
-        onnx.save(opt_graph, tmp / "optimizer.onnx")
-        # The forward graph in training flavour (dropout active), parameters as inputs: the
-        # model can be rebuilt from it; predictions apply to_inference() first.
-        check_model(fg.proto, "forward graph")
-        onnx.save(fg.proto, tmp / "forward.onnx")
-        engine.write_initial_checkpoint(tmp / "checkpoint", {n: fg.weights[n] for n in fg.names("trainable")},
-                                        {n: fg.weights[n] for n in frozen})
-        manifest = {
-            "format": FORMAT, "key": key, "versions": versions(), "opset": OPSET,
-            **io,
-            "parameters": [p.to_json() for p in fg.params],
-            "loss": loss.config(), "optimizer": opt.config(),
-            "weights_sha256": fg.weights_digest(),
-            "files": {name: _sha256(tmp / name) for name in FILES},
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        if target.exists():
-            shutil.rmtree(target)
+    onnx.save(training, directory / "training.onnx")
+    onnx.save(eval_model, directory / "eval.onnx")
+    onnx.save(opt.graph(), directory / "optimizer.onnx")
+    # The forward graph in training flavour (dropout active), parameters as inputs: the
+    # model can be rebuilt from it; predictions apply to_inference() first.
+    check_model(fg.proto, "forward graph")
+    onnx.save(fg.proto, directory / "forward.onnx")
+    manifest = {"format": FORMAT, "key": key, "versions": versions(), "opset": OPSET, **io,
+                "parameters": [p.to_json() for p in fg.params], "loss": loss.config(), "optimizer": opt.config()}
+    _finish(directory, manifest, fg)
+
+
+def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path) -> None:
+    """The graphs of ``existing`` (hard-linked where the file system allows) with ``fg``'s weights."""
+    for name in FILES:
+        if name == "checkpoint":
+            continue
         try:
-            os.rename(tmp, target)
+            os.link(existing.directory / name, directory / name)
         except OSError:
-            # Another process published the same key first; theirs is as good as ours.
-            if (target / "manifest.json").exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return load(target)
+            shutil.copyfile(existing.directory / name, directory / name)
+    manifest = {k: v for k, v in existing.manifest.items() if k not in ("files", "weights_sha256")}
+    _finish(directory, manifest, fg)
 
 
-def _refresh_checkpoint(art: Artifacts, fg: ForwardGraph) -> None:
-    """Rewrite only the checkpoint (new weights, same graphs) and the manifest's hashes."""
+def _finish(directory: Path, manifest: dict, fg: ForwardGraph) -> None:
+    """Write the checkpoint of ``fg``'s weights and the manifest with every file's hash."""
     roles = {p.name: p.role for p in fg.params}
-    tmp = art.directory / f".checkpoint.tmp-{os.getpid()}"
-    engine.write_initial_checkpoint(tmp, {n: a for n, a in fg.weights.items() if roles[n] == "trainable"},
+    engine.write_initial_checkpoint(directory / "checkpoint",
+                                    {n: a for n, a in fg.weights.items() if roles[n] == "trainable"},
                                     {n: a for n, a in fg.weights.items() if roles[n] != "trainable"})
-    manifest = dict(art.manifest)
-    manifest["weights_sha256"] = fg.weights_digest()
-    manifest["files"] = dict(manifest["files"], checkpoint=_sha256(tmp))
-    mtmp = art.directory / f".manifest.tmp-{os.getpid()}"
-    mtmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    os.replace(tmp, art.checkpoint)
-    os.replace(mtmp, art.directory / "manifest.json")
+    manifest = dict(manifest, weights_sha256=fg.weights_digest(),
+                    files={name: _sha256(directory / name) for name in FILES})
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def load(directory) -> Artifacts:
@@ -376,7 +434,7 @@ def load(directory) -> Artifacts:
         if not path.is_file():
             raise OrtrainError(f"artifacts in {str(d)!r} lack {name}; rebuild them")
         expected = manifest["files"].get(name)
-        if _sha256(path) != expected:
+        if _sha256(path, remember=True) != expected:
             raise OrtrainError(f"{str(path)!r} does not match the sha256 recorded in manifest.json: "
                                "the file was changed or damaged after it was written; rebuild the artifacts")
     return Artifacts(d, manifest)

@@ -30,11 +30,11 @@ from __future__ import annotations
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import as_array
+from ortrain._arrays import prepare_inputs, prepare_labels, prepare_sample_weight
 from ortrain.errors import OrtrainError, ShapeError
 
 __all__ = ["ArraySource", "CallableSource", "EpochIterator", "IterableSource", "as_source", "parse_batch",
-           "rows_of", "generator_source", "prepare_arrays", "validation_iterator", "split_arrays"]
+           "generator_source", "prepare_arrays", "validation_iterator", "split_arrays"]
 
 _BATCH_FORMS = "(x, y), (x, y, sample_weight) or {'inputs': [...], 'labels': [...], 'sample_weight': ...}"
 _DICT_KEYS = {"inputs", "labels", "sample_weight"}
@@ -72,12 +72,6 @@ def parse_batch(batch) -> tuple:
     if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
         return batch[0], batch[1], (batch[2] if len(batch) == 3 else None)
     raise OrtrainError(f"batch: expected {_BATCH_FORMS}; received {_describe(batch)}")
-
-
-def rows_of(x) -> int:
-    """The number of rows of a batch's inputs (the first input for several)."""
-    first = x[0] if isinstance(x, list) else x
-    return first.shape[0] if isinstance(first, np.ndarray) else len(first)
 
 
 class CallableSource:
@@ -238,24 +232,23 @@ def generator_source(data, steps_per_epoch, n_epochs: int, argument: str = "gene
     return source
 
 
-def prepare_arrays(model, x, y, w, xa: str, ya: str, wa: str):
-    """``x``, ``y`` and per-sample weights cast and checked against ``model`` (all rows at once)."""
-    xs = model._prepare(x, xa)
+def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "sample_weight",
+                   weight_shape: tuple | None = None):
+    """``x``, ``y`` and loss weights cast and checked against ``model``, all rows at once, so bad
+    input (a class label out of range in the last batch too) is refused before anything trains.
+
+    ``weight_shape`` is the weight input's shape (batch first); by default one weight per sample.
+    """
+    xs = prepare_inputs(model.input_specs, x, xa)
     n = xs[0].shape[0]
     if n == 0:
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")
-    ys = model._prepare_labels(y, n, ya)
-    ws = None if w is None else model._prepare_sample_weight(w, n, wa)
+    pred_shape = model.output_specs[0].shape
+    ys = prepare_labels(model._label_spec(), y, ya, n, model.loss.n_classes(pred_shape))
+    if weight_shape is None:
+        weight_shape = (None,) + (1,) * (len(pred_shape) - 1)
+    ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n)
     return xs, ys, ws
-
-
-def element_weights(w, rows: int) -> np.ndarray:
-    """Weights of any per-row shape (one per output element); the trainer checks the rest per batch."""
-    a = as_array(w, np.float32, "sample_weight")
-    if a.ndim == 0 or a.shape[0] != rows:
-        raise ShapeError(f"sample_weight: expected one row of weights per sample ({rows} rows), received shape "
-                         f"{a.shape}")
-    return a
 
 
 def looks_like_arrays(data) -> bool:

@@ -33,18 +33,17 @@ import numpy as np
 from ortrain import losses as losses_mod
 from ortrain import metrics as metrics_mod
 from ortrain import optim
+from ortrain._arrays import checked_int, prepare_inputs
 from ortrain.callbacks.base import CallbackList
 from ortrain.callbacks.progress import check_verbose, progress
 from ortrain.data import (
     ArraySource,
     EpochIterator,
     check_split,
-    element_weights,
     generator_source,
     looks_like_arrays,
     parse_batch,
     prepare_arrays,
-    rows_of,
     split_arrays,
     validation_iterator,
 )
@@ -59,18 +58,13 @@ DEFAULT_BATCH_SIZE = 32
 
 
 # -- argument checks ------------------------------------------------------------------------------
-def _count(value, argument: str, minimum: int = 1, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise OrtrainError(f"{argument}: expected {kind}{' or None' if allow_none else ''}, received {value!r}")
-    return int(value)
+def _count(value, argument: str) -> int | None:
+    """A step or batch count: a positive int, or None for "not given"."""
+    return checked_int(value, argument, minimum=1, allow_none=True)
 
 
 def _epochs(epochs, initial_epoch) -> tuple[int, int]:
-    return (_count(epochs, "epochs", 0, allow_none=False),
-            _count(initial_epoch, "initial_epoch", 0, allow_none=False))
+    return (checked_int(epochs, "epochs", minimum=0), checked_int(initial_epoch, "initial_epoch", minimum=0))
 
 
 def _located(exc: Exception, where: str) -> Exception:
@@ -98,7 +92,6 @@ class _Loop:
         self.base_lr = base.optimizer.lr
         self.metrics = metrics_mod.resolve(base.metrics, base.loss)
         self.val_metrics = metrics_mod.resolve(base.metrics, base.loss)
-        self._labels = base._prepare_labels
         source = iterator.source
         steps = iterator.steps
         size = source.batches_per_epoch if isinstance(source, ArraySource) else getattr(source, "size", None)
@@ -210,7 +203,9 @@ class _Loop:
         metrics = self.metrics
         for m in metrics:
             m.reset()
-        short_ok = self.iterator.source.short_batches
+        # Array sources cut the batches themselves (a short last one included); a generator's
+        # batches must all hold batch_size rows.
+        rows_fixed = None if self.iterator.source.short_batches else bs
         total = 0.0
         seen = 0
         step = -1
@@ -223,16 +218,11 @@ class _Loop:
                     w = None
                 else:
                     x, y, w = parse_batch(batch)
-                rows = bs
-                if short_ok and rows_of(x) != bs:
-                    loss, pred = tr.step_rows(x, y, w)
-                    rows = pred.shape[0]
-                elif metrics:
-                    loss, pred = tr.step_with_outputs(x, y, w)
-                else:
-                    loss = tr.step(x, y, w)
+                fetches, labels, weights = tr._step(x, y, w, rows_fixed)
+                loss = float(fetches[1].numpy())
+                rows = labels.shape[0]
                 if metrics:
-                    self._update(metrics, pred, y, w)
+                    _update(metrics, fetches[2].numpy(), labels, weights)
             except (OrtrainError, ValueError, TypeError) as exc:
                 raise _located(exc, f"epoch {epoch}, step {step} (counted from 0)") from exc
             total += loss * rows
@@ -260,11 +250,6 @@ class _Loop:
                           f"{it.steps} batches; epochs stay this short (warned once)", RuntimeWarning,
                           stacklevel=4)
 
-    def _update(self, metrics, pred, y, w) -> None:
-        y = self._labels(y, None, "y")
-        for m in metrics:
-            m.update(pred, y, w)
-
     def _validate(self, epoch: int) -> dict:
         tr = self.trainer
         metrics = self.val_metrics
@@ -275,12 +260,13 @@ class _Loop:
         for step, batch in self.validation.epoch(epoch):
             try:
                 x, y, w = parse_batch(batch)
-                loss, pred = tr.eval_with_outputs(x, y, w)
+                fetches, labels, weights = tr._eval(x, y, w, None)
+                loss = float(fetches[1].numpy())
                 if metrics:
-                    self._update(metrics, pred, y, w)
+                    _update(metrics, fetches[2].numpy(), labels, weights)
             except (OrtrainError, ValueError, TypeError) as exc:
                 raise _located(exc, f"validation after epoch {epoch}, step {step} (counted from 0)") from exc
-            rows = pred.shape[0]
+            rows = labels.shape[0]
             total += loss * rows
             seen += rows
         if seen == 0:
@@ -298,6 +284,12 @@ class _Loop:
         if self._model is not None:
             _ = self.model  # brings the weights over
             self._model.train_state = tr.export_state()
+
+
+def _update(metrics, pred: np.ndarray, labels: np.ndarray, weights: np.ndarray | None) -> None:
+    """Metrics from a step's predictions and the labels and weights the trainer checked and fed."""
+    for m in metrics:
+        m.update(pred, labels, weights)
 
 
 # -- entry points ---------------------------------------------------------------------------------
@@ -326,10 +318,8 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
         if sample_weight is not None and trainer._weight_spec is None:
             raise OrtrainError("sample_weight: this trainer has no loss weights; create it with loss_mask=1 (one "
                                "weight per sample) or loss_mask=<outputs> to train with them")
-        element = trainer.loss_mask not in (None, 1)
-        xs, ys, ws = prepare_arrays(base, data, y, None if element else sample_weight, "x", "y", "sample_weight")
-        if element and sample_weight is not None:
-            ws = element_weights(sample_weight, len(ys))
+        weight_shape = None if trainer._weight_spec is None else trainer._weight_spec.shape
+        xs, ys, ws = prepare_arrays(base, data, y, sample_weight, "x", "y", "sample_weight", weight_shape)
         source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=_flag(shuffle, "shuffle")), len(ys)
     vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size)
     loop = _Loop(trainer, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
@@ -343,22 +333,31 @@ def _flag(value, argument: str) -> bool:
     return bool(value)
 
 
-def _apply_compile_overrides(model: Model, loss, optimizer) -> None:
-    """``loss``/``optimizer`` given to ``fit_generator`` recompile the model first (checked before any
-    change). A new optimizer starts from fresh moments; a new loss alone keeps them."""
+def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
+    """The model to train: ``model`` itself, or for ``loss``/``optimizer`` overrides a copy compiled
+    with them, so the caller's model changes only once training can start (see :func:`_commit`).
+    A new optimizer starts from fresh moments; a new loss alone keeps them."""
     if loss is None and optimizer is None:
         if not model.compiled:
             raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) or pass loss=... "
                                "(and optimizer=...) to fit_generator")
-        return
+        return model
     new_loss = losses_mod.get(loss) if loss is not None else model.loss
     if new_loss is None:
         raise OrtrainError("loss: the model is not compiled and no loss was given; pass loss='mse' (or another "
                            "loss) or call model.compile first")
     new_opt = optim.get(optimizer) if optimizer is not None else (model.optimizer or optim.get("adam"))
-    state = model.train_state if optimizer is None else None
-    model.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics)
-    model.train_state = state
+    staged = model.copy()
+    staged.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics)
+    staged.train_state = model.train_state if optimizer is None else None
+    return staged
+
+
+def _commit(model: Model, staged: Model) -> None:
+    """Give the caller's model the compile settings (and optimizer state) training runs with."""
+    if staged is not model:
+        model.compile(optimizer=staged.optimizer, loss=staged.loss, metrics=staged.metrics)
+        model.train_state = staged.train_state
 
 
 def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initial_epoch=0,
@@ -399,12 +398,12 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     _count(nbatch_logical, "nbatch_logical")
     epochs, initial_epoch = _epochs(epochs, initial_epoch)
     source = generator_source(generator, steps_per_epoch, epochs - initial_epoch)
-    vit = validation_iterator(model, validation_generator, validation_steps, 1, "validation_generator")
     CallbackList(callbacks or ())  # checks the objects before anything runs
     check_verbose(verbose)
     if weight_decay is not None:
         optim.check_weight_decay(weight_decay)
-    _apply_compile_overrides(model, loss, optimizer)
+    staged = _with_compile_overrides(model, loss, optimizer)
+    vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator")
     if epochs <= initial_epoch:
         return History()
     source.start_epoch(initial_epoch)
@@ -413,15 +412,21 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
         warnings.warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
                       "nothing was trained", RuntimeWarning, stacklevel=2)
         return History()
+    where = f"epoch {initial_epoch}, step 0 (counted from 0)"
     try:
-        x, _, w = parse_batch(first)
-        rows = model._prepare(x, "x")[0].shape[0]
+        x, y, w = parse_batch(first)
+        rows = prepare_inputs(staged.input_specs, x, "x")[0].shape[0]  # the first batch sets the size
     except (OrtrainError, ValueError, TypeError) as exc:
-        raise _located(exc, f"epoch {initial_epoch}, step 0 (counted from 0)") from exc
+        raise _located(exc, where) from exc
     any_loss = loss_mask is None and w is not None
-    trainer = Trainer(model, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
+    trainer = Trainer(staged, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
                       weight_decay=weight_decay, _weights_any_loss=any_loss)
     with trainer:
+        try:
+            trainer._feeds(x, y, w, "step", rows)  # labels and weights too, before the caller's model changes
+        except (OrtrainError, ValueError, TypeError) as exc:
+            raise _located(exc, where) from exc
+        _commit(model, staged)
         if vit is not None and isinstance(vit.source, ArraySource):
             vit.source.batch_size = rows
         loop = _Loop(trainer, EpochIterator(source, steps_per_epoch, pending=first), epochs=epochs,

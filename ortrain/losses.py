@@ -50,6 +50,11 @@ class Loss:
     def label_shape(self, pred_shape: tuple) -> tuple:
         return tuple(pred_shape)
 
+    def n_classes(self, pred_shape: tuple) -> int | None:
+        """How many classes an integer label indexes (labels are checked against it); None when labels
+        are not class indices or the output's last dimension is free."""
+        return None
+
     def elementwise(self, gb: GraphBuilder, pred: str, label: str) -> str:
         raise NotImplementedError
 
@@ -153,6 +158,10 @@ class SparseCategoricalCrossentropy(Loss):
 
     def label_shape(self, pred_shape):
         return tuple(pred_shape[:-1])
+
+    def n_classes(self, pred_shape):
+        last = pred_shape[-1] if pred_shape else None
+        return int(last) if isinstance(last, (int, np.integer)) else None
 
     def elementwise(self, gb, pred, label):
         idx = gb.op("Unsqueeze", [label, _last_axis(gb)])

@@ -17,7 +17,7 @@ import numpy as np
 
 from ortrain import artifacts as artifacts_mod
 from ortrain import engine
-from ortrain._arrays import as_array, check_shape
+from ortrain._arrays import positive_int, prepare_inputs, prepare_labels, prepare_sample_weight, run_chunks
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
@@ -28,12 +28,6 @@ __all__ = ["Snapshot", "Trainer"]
 
 CALIBRATION_ROWS = 1024
 _PROP = "ortrain."
-
-
-def _positive_int(value, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise OrtrainError(f"{argument}: expected a positive int, received {value!r}")
-    return int(value)
 
 
 class Snapshot:
@@ -66,12 +60,15 @@ class Snapshot:
         self._live()
         return [self._weights[p.name].copy() for p in self._params]
 
-    def predict(self, x, batch_size=None) -> np.ndarray:
+    def predict(self, x, batch_size=None) -> np.ndarray | list[np.ndarray]:
+        """Outputs for any number of rows: one array, or a list in output order for several outputs."""
         self._live()
-        xs = _prepare_inputs(self._inputs, x, "x", None)
+        positive_int(batch_size, "batch_size", allow_none=True)
+        xs = prepare_inputs(self._inputs, x, "x")
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._forward, device=self._device)
-        return _run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)
+        outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)
+        return outs[0] if len(outs) == 1 else outs
 
     def free(self) -> None:
         """Release the session and weights; later ``predict``/``update_target`` on it raise FreedError."""
@@ -90,35 +87,6 @@ class Snapshot:
             self.free()
         except Exception:
             pass
-
-
-def _prepare_inputs(specs, x, argument: str, rows: int | None) -> list[np.ndarray]:
-    xs = list(x) if isinstance(x, (list, tuple)) and len(specs) > 1 else [x]
-    if len(xs) != len(specs):
-        raise ShapeError(f"{argument}: the model has {len(specs)} inputs ({', '.join(s.name for s in specs)}), "
-                         f"received {len(xs)} arrays")
-    out = []
-    for spec, a in zip(specs, xs):
-        arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
-        a = as_array(a, spec.dtype, arg)
-        check_shape(a, spec.shape, arg, rows)
-        out.append(a)
-    if rows is None and len({a.shape[0] for a in out}) > 1:
-        raise ShapeError(f"{argument}: inputs hold different numbers of rows")
-    return out
-
-
-def _run_chunks(runner, specs, xs, weights, batch_size):
-    n = xs[0].shape[0]
-    step = n if not batch_size else _positive_int(batch_size, "batch_size")
-    outs = []
-    for start in range(0, max(n, 1), max(step, 1)):
-        feeds = {s.name: a[start:start + step] for s, a in zip(specs, xs)}
-        feeds.update(weights)
-        outs.append(runner.run(feeds)[0])
-        if n == 0:
-            break
-    return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
 
 class Trainer:
@@ -149,11 +117,11 @@ class Trainer:
             raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
         if not model.compiled:
             raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) first")
-        self.batch_size = _positive_int(batch_size, "batch_size")
+        self.batch_size = positive_int(batch_size, "batch_size")
         if nbatch_logical is None:
             self._k = 1
         else:
-            nbl = _positive_int(nbatch_logical, "nbatch_logical")
+            nbl = positive_int(nbatch_logical, "nbatch_logical")
             if nbl % self.batch_size:
                 raise OrtrainError(f"nbatch_logical: expected a multiple of batch_size={self.batch_size}, "
                                    f"received {nbl}")
@@ -194,7 +162,7 @@ class Trainer:
                                       refresh_checkpoint=False)
         self._art = art
         self._model = model.copy()  # the caller's model is never changed
-        self._params = self._model.params()
+        self._params = list(art.params)  # the roles the graphs were built with
         self._trainable = [p.name for p in self._params if p.role == "trainable"]
         state = model.train_state
         # Without optimizer state to carry, the session opens on the artifacts' own checkpoint and
@@ -228,7 +196,7 @@ class Trainer:
         self._scale = np.array(1.0 / self._k, np.float32)
         self._one = np.array(1.0, np.float32)
         self._ones_weight = None
-        self._n_classes = pred.shape[-1] if model.loss.name == "sparse_categorical_crossentropy" else None
+        self._n_classes = model.loss.n_classes(pred.shape)
 
     def _write_checkpoint(self, path, model, state) -> None:
         weights = dict(zip(model.weight_names(), model.get_weights()))
@@ -275,16 +243,10 @@ class Trainer:
 
     # -- inputs ---------------------------------------------------------------------------------
     def _feeds(self, x, y, sample_weight, where: str, rows: int | None) -> list[np.ndarray]:
-        xs = _prepare_inputs(self._inputs, x, "x", rows)
+        """Inputs, labels and (with a weighted loss) weights, cast and checked; nothing runs yet."""
+        xs = prepare_inputs(self._inputs, x, "x", rows)
         rows = xs[0].shape[0]
-        lab = as_array(y, self._label.dtype, "y")
-        if self._label.dtype.kind == "i" and lab.ndim == len(self._label.shape) + 1 and lab.shape[-1] == 1:
-            lab = lab.reshape(lab.shape[:-1])
-        check_shape(lab, self._label.shape, "y", rows)
-        if self._n_classes is not None and lab.size and (lab.min() < 0 or lab.max() >= self._n_classes):
-            raise ShapeError(f"y: class labels must lie in [0, {self._n_classes - 1}], received values from "
-                             f"{lab.min()} to {lab.max()}")
-        feeds = xs + [lab]
+        feeds = xs + [prepare_labels(self._label, y, "y", rows, self._n_classes)]
         if self._weight_spec is not None:
             feeds.append(self._sample_weight(sample_weight, rows))
         elif sample_weight is not None:
@@ -293,20 +255,12 @@ class Trainer:
         return feeds
 
     def _sample_weight(self, w, rows: int) -> np.ndarray:
+        if w is not None:
+            return prepare_sample_weight(w, self._weight_spec.shape, "sample_weight", rows)
         shape = (rows,) + tuple(self._weight_spec.shape[1:])
-        if w is None:
-            if self._ones_weight is None or self._ones_weight.shape != shape:
-                self._ones_weight = np.ones(shape, np.float32)
-            return self._ones_weight
-        a = as_array(w, np.float32, "sample_weight")
-        if self.loss_mask == 1 and a.shape == (rows,):
-            a = a.reshape(shape)
-        if a.shape != shape:
-            accepted = f"{describe_shape((rows,))} or {describe_shape(shape)}" if self.loss_mask == 1 \
-                else describe_shape(shape)
-            raise ShapeError(f"sample_weight: expected shape {accepted} (loss_mask={self.loss_mask}), received "
-                             f"{describe_shape(a.shape)}")
-        return a
+        if self._ones_weight is None or self._ones_weight.shape != shape:
+            self._ones_weight = np.ones(shape, np.float32)
+        return self._ones_weight
 
     # -- steps ----------------------------------------------------------------------------------
     def _train(self, feeds: list[np.ndarray]):
@@ -326,20 +280,28 @@ class Trainer:
         """One forward and backward pass on exactly ``batch_size`` rows; the weights move on the
         accumulation boundary. Returns the batch's loss."""
         self._live()
-        fetches = self._train(self._feeds(x, y, sample_weight, "step", self.batch_size))
+        fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
         return float(fetches[1].numpy())
 
     def step_with_outputs(self, x, y, sample_weight=None) -> tuple[float, np.ndarray]:
         """``step`` that also returns the predictions of the forward pass (before the update)."""
         self._live()
-        fetches = self._train(self._feeds(x, y, sample_weight, "step", self.batch_size))
+        fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
         return float(fetches[1].numpy()), fetches[2].numpy()
 
     def step_rows(self, x, y, sample_weight=None) -> tuple[float, np.ndarray]:
         """A training step on any number of rows (the fit loop's short last batch)."""
         self._live()
-        fetches = self._train(self._feeds(x, y, sample_weight, "step", None))
+        fetches, _, _ = self._step(x, y, sample_weight, None)
         return float(fetches[1].numpy()), fetches[2].numpy()
+
+    def _step(self, x, y, sample_weight, rows: int | None):
+        """A training step: ``(fetches, labels, weights)``. The labels and weights are the checked
+        arrays that were fed (weights None when none were given), so the fit loop's metrics reuse
+        them instead of checking every batch twice."""
+        feeds = self._feeds(x, y, sample_weight, "step", rows)
+        labels, weights = self._fed_labels_and_weights(feeds, sample_weight)
+        return self._train(feeds), labels, weights
 
     def eval(self, x, y, sample_weight=None) -> float:
         """The loss on one batch of ``batch_size`` rows, without backward pass or dropout."""
@@ -348,10 +310,19 @@ class Trainer:
 
     def eval_with_outputs(self, x, y, sample_weight=None, rows: int | None = None) -> tuple[float, np.ndarray]:
         self._live()
-        feeds = self._feeds(x, y, sample_weight, "eval", rows)
-        feeds.append(self._one)
-        fetches = self._session.eval_step(feeds, check=False)
+        fetches, _, _ = self._eval(x, y, sample_weight, rows)
         return float(fetches[1].numpy()), fetches[2].numpy()
+
+    def _eval(self, x, y, sample_weight, rows: int | None):
+        """An eval step: ``(fetches, labels, weights)`` as for :meth:`_step`."""
+        feeds = self._feeds(x, y, sample_weight, "eval", rows)
+        labels, weights = self._fed_labels_and_weights(feeds, sample_weight)
+        feeds.append(self._one)
+        return self._session.eval_step(feeds, check=False), labels, weights
+
+    def _fed_labels_and_weights(self, feeds: list[np.ndarray], sample_weight):
+        n = len(self._inputs)
+        return feeds[n], (feeds[n + 1] if sample_weight is not None else None)
 
     # -- predictions and copies -----------------------------------------------------------------
     def _weights_now(self) -> dict[str, np.ndarray]:
@@ -359,13 +330,16 @@ class Trainer:
             return {p.name: self._session.view(p.name) for p in self._params}
         return {p.name: self._session.get(p.name) for p in self._params}
 
-    def predict(self, x, batch_size=None) -> np.ndarray:
-        """Predictions from the current weights for any number of rows (eval mode; training untouched)."""
+    def predict(self, x, batch_size=None) -> np.ndarray | list[np.ndarray]:
+        """Predictions from the current weights for any number of rows (eval mode; training untouched):
+        one array, or a list in output order for a model with several outputs."""
         self._live()
-        xs = _prepare_inputs(self._inputs, x, "x", None)
+        positive_int(batch_size, "batch_size", allow_none=True)
+        xs = prepare_inputs(self._inputs, x, "x")
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device)
-        return _run_chunks(self._runner, self._inputs, xs, self._weights_now(), batch_size)
+        outs = run_chunks(self._runner, self._inputs, xs, self._weights_now(), batch_size)
+        return outs[0] if len(outs) == 1 else outs
 
     def snapshot(self) -> Snapshot:
         """An independent eval-mode copy of the current weights (a target network)."""
@@ -429,12 +403,15 @@ class Trainer:
         """Set every batch norm's running mean and (biased) variance to the exact statistics of at most
         1024 rows of ``x``, layer by layer (each layer sees the layers before it already calibrated)."""
         self._live()
-        xs = _prepare_inputs(self._inputs, x, "x", None)
+        xs = prepare_inputs(self._inputs, x, "x", None)
         xs = [a[:CALIBRATION_ROWS] for a in xs]
         if xs[0].shape[0] < 2:
-            raise ShapeError("calibrate_bn: x needs at least 2 rows to estimate a variance")
-        import onnx
-        forward = onnx.load_from_string(self._inference_bytes())
+            raise ShapeError(f"calibrate_bn: x needs at least 2 rows to estimate a variance, received "
+                             f"{xs[0].shape[0]}")
+        # The graph before freezing: a batch norm whose statistics are frozen is written out as plain
+        # ops in the training graph, but calibrating it is still what the caller asks for.
+        from ortrain.graph.forward import to_inference
+        forward = to_inference(self._model._base_proto())
         nodes = batchnorm_nodes(forward)
         if not nodes:
             return

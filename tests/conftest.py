@@ -1,8 +1,5 @@
-"""Shared test fixtures.
-
-Every test gets its own artifact cache (``tmp_path``-based) so runs never touch
-``~/.cache`` and tests cannot see each other's artifacts.
-"""
+"""Shared test fixtures (the artifact-cache isolation lives in the repository's root conftest.py,
+so that the doctests in ``ortrain/`` get it too)."""
 
 from __future__ import annotations
 
@@ -10,16 +7,6 @@ import importlib.util
 
 import numpy as np
 import pytest
-
-import ortrain as ot
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory):
-    ot.artifacts.set_cache_dir(tmp_path_factory.mktemp("artifact-cache"))
-    ot.set_seed(1234)
-    yield
-    ot.artifacts.set_cache_dir(None)
 
 
 @pytest.fixture

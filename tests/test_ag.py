@@ -145,6 +145,28 @@ def test_forward_capture_values_match_numpy():
     np.testing.assert_allclose(ot.capture(lambda x: W @ x)(x=X0), h, rtol=1e-6)
 
 
+def test_sum_and_mean_over_no_axes_reduce_nothing_as_numpy_does():
+    W = ag.param(W0, name="W", trainable=False)
+    traced = {}
+
+    def fn(x):
+        outs = {"s": ag.sum(W @ x, axis=()), "m": ag.mean(W @ x, axis=(), keepdims=True), "i": ag.sum(x, axis=[])}
+        traced.update({k: v.shape for k, v in outs.items()})
+        return outs
+
+    out = ot.capture(fn)(x=X0)
+    h = W0 @ X0
+    for name, want in (("s", np.sum(h, axis=())), ("m", np.mean(h, axis=(), keepdims=True)),
+                       ("i", np.sum(X0, axis=()))):
+        assert out[name].shape == traced[name] == want.shape
+        np.testing.assert_allclose(out[name], want, rtol=1e-6, atol=1e-6)
+    # The gradient flows through unchanged: d/dW sum(sum(W @ x, axis=()) * p) = p @ x.T
+    V = ag.param(W0, name="V")
+    p = np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)
+    ot.capture_step(lambda x: ag.sum(ag.sum(V @ x, axis=()) * p), optimizer=ot.optim.SGD([V], lr=1.0))(x=X0)
+    np.testing.assert_allclose(W0 - V.numpy(), p @ X0.T, rtol=1e-4, atol=1e-5)
+
+
 def test_dropout_masks_are_redrawn_scaled_and_seeded():
     def run():
         W = ag.param(np.ones((1, 200), np.float32), name="W")

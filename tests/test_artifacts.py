@@ -1,6 +1,8 @@
 """Artifact generation, the content-hash cache and validation of what is loaded."""
 
 import json
+import multiprocessing
+import os
 
 import numpy as np
 import onnx
@@ -42,12 +44,20 @@ def test_second_build_is_a_cache_hit(monkeypatch):
     monkeypatch.setattr(engine, "build_training_graphs", lambda *a, **k: calls.append(1) or real(*a, **k))
     again = ot.artifacts.build(model, loss="mse", optimizer="adam")
     assert again.directory == first.directory and not calls
-    # Same architecture, other weights: still a hit, only the checkpoint is rewritten.
+    # Same architecture, other weights: no new graphs; a directory of its own for the weights,
+    # so the first record still holds the first weights.
     other = dense_model(4, 2, seed=99)
     hit = ot.artifacts.build(other, loss="mse", optimizer="adam")
-    assert hit.directory == first.directory and not calls
+    assert hit.directory != first.directory and hit.key == first.key and not calls
+    assert os.path.samefile(hit.training, first.training)  # graph files shared by hard link
     np.testing.assert_array_equal(engine.read_checkpoint(hit.checkpoint).trainable["dense_0.kernel"],
                                   other.get_weights()[0])
+    np.testing.assert_array_equal(engine.read_checkpoint(first.checkpoint).trainable["dense_0.kernel"],
+                                  model.get_weights()[0])
+    assert ot.artifacts.build(other, loss="mse", optimizer="adam").directory == hit.directory
+    # The Trainer's use: any weights are fine, the cached directory is used as it is.
+    assert ot.artifacts.build(other, loss="mse", optimizer="adam", refresh_checkpoint=False).directory \
+        == first.directory
     # Changed loss or optimizer: a miss.
     assert ot.artifacts.build(model, loss="mae", optimizer="adam").directory != first.directory
     assert ot.artifacts.build(model, loss="mse", optimizer="sgd").directory != first.directory
@@ -115,3 +125,44 @@ def test_artifacts_open_in_a_raw_session():
     assert [s.name for s in sess.train_inputs] == ["input", "ortrain.label", "ortrain.loss_scale"]
     assert sess.train_outputs[:2] == ["ortrain.scaled_loss", "ortrain.loss"]
     sess.free()
+
+
+def _build_in_process(cache: str, queue) -> None:
+    import ortrain as ot
+    ot.artifacts.set_cache_dir(cache)
+    try:
+        art = ot.artifacts.build(dense_model(16, 8), loss="mse", optimizer="adam")
+        with ot.Trainer.from_artifacts(art.directory, batch_size=4) as tr:
+            tr.step(np.ones((4, 16)), np.zeros((4, 8)))
+        queue.put(("ok", str(art.directory)))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        queue.put(("error", repr(exc)))
+
+
+def test_concurrent_builders_of_one_key_all_succeed(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_build_in_process, args=(str(tmp_path / "cache"), queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert all(status == "ok" for status, _ in results), results
+    assert len({directory for _, directory in results}) == 1
+
+
+def test_weights_that_only_feed_other_outputs_are_frozen_with_a_warning(rng):
+    import ortrain as ot
+    inp = ot.Input((4,))
+    h = ot.layers.Dense(8, activation="relu")(inp)
+    model = ot.Model(inp, [ot.layers.Dense(2)(h), ot.layers.Dense(5)(h)])  # the loss sees the first head
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.warns(UserWarning, match="dense_2.kernel, dense_2.bias do not affect the loss"):
+        tr = ot.Trainer(model, batch_size=4)
+    before = model.get_weights()
+    tr.step(rng.standard_normal((4, 4)), rng.standard_normal((4, 2)))
+    after = tr.model().get_weights()
+    np.testing.assert_array_equal(after[4], before[4])  # the second head is untouched
+    assert not np.array_equal(after[2], before[2])
+    tr.free()

@@ -252,7 +252,7 @@ def test_early_stopping_without_restore_keeps_the_last_weights_and_reads_val_los
 def test_early_stopping_baseline_and_warmup():
     values = [0.5, 0.6, 0.6, 0.6, 0.6]
     model = sgd_model()
-    for baseline, epochs in ((0.9, [0, 1, 2]), (None, [0, 1, 2, 3])):
+    for baseline, epochs in ((0.9, [0, 1]), (None, [0, 1, 2, 3])):  # 0.9: two epochs short of the baseline
         stop = ot.callbacks.EarlyStopping(monitor="acc", patience=2, baseline=baseline)
         hist = ot.fit_generator(model, batches(1, 4), epochs=10, verbose=0, callbacks=[Inject("acc", values), stop])
         assert stop.monitor.mode == "max" and hist.epoch == epochs
@@ -260,6 +260,41 @@ def test_early_stopping_baseline_and_warmup():
     hist = ot.fit_generator(model, batches(1, 4), epochs=10, verbose=0,
                             callbacks=[Inject("score", [1, 2, 3, 4, 5, 6]), stop])
     assert hist.epoch == [0, 1, 2, 3, 4]
+
+
+def keras_stop_epoch(values, patience, baseline, mode="min"):
+    """Where Keras' EarlyStopping stops (None: never), written out from its documented rule: ``wait``
+    grows every epoch and starts over only when the value beats both the best so far and the
+    baseline; training stops once ``wait`` reaches ``patience``, never in epoch 0."""
+    better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+    best, wait = (math.inf if mode == "min" else -math.inf), 0
+    for epoch, v in enumerate(values):
+        wait += 1
+        if better(v, best):
+            best = v
+            if baseline is None or better(v, baseline):
+                wait = 0
+                continue
+        if wait >= patience and epoch > 0:
+            return epoch
+    return None
+
+
+@pytest.mark.parametrize("values, patience, baseline, mode", [
+    ([0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35], 2, 0.1, "min"),   # improves every epoch, never beats 0.1
+    ([0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35], 0, 0.1, "min"),
+    ([0.9, 0.8, 0.05, 0.06, 0.07, 0.08, 0.04, 0.09], 2, 0.1, "min"),  # beats it at epoch 2, then stalls
+    ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75], 3, 0.9, "max"),
+    ([0.1, 0.2, 0.95, 0.96, 0.97, 0.98, 0.99, 0.999], 3, 0.9, "max"),  # beats both from epoch 2 on: never stops
+    ([0.9, 0.8, 0.7, 0.75, 0.6, 0.65, 0.7, 0.8], 1, None, "min"),
+])
+def test_early_stopping_baseline_follows_the_keras_rule(values, patience, baseline, mode):
+    stop = ot.callbacks.EarlyStopping(monitor="score", patience=patience, baseline=baseline, mode=mode)
+    hist = ot.fit_generator(sgd_model(), batches(1, 4), epochs=len(values), verbose=0,
+                            callbacks=[Inject("score", values), stop])
+    want = keras_stop_epoch(values, patience, baseline, mode)
+    assert stop.stopped_epoch == want
+    assert hist.epoch == list(range(len(values) if want is None else want + 1))
 
 
 def test_monitor_errors_and_missing_values():

@@ -193,3 +193,56 @@ def test_demo_reaches_the_accuracy_and_verifies_the_export(tmp_path, capsys):
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert summary["test_accuracy"] >= 0.95 and summary["max_abs_diff"] < 1e-4
     assert "InferenceSession reproduces the predictions" in out and str(tmp_path / "demo" / "model.onnx") in out
+
+
+def test_resume_honours_lr_and_refuses_a_different_batch_size_or_seed(workdir, capsys):
+    make_artifacts(capsys)
+    common = ["--data", "train.npz", "--verbose", "0"]
+    assert cli("train", "--artifacts", "art", *common, "--batch-size", "32", "--seed", "5", "--epochs", "1",
+               "--out", "run") == 0
+    after_one = weights("run/model.onnx")
+    state = (workdir / "run" / "state.json").read_text()
+    for flag, value, fixed in (("--batch-size", "16", 32), ("--seed", "6", 5)):
+        assert cli("train", "--out", "run", "--resume", *common, "--epochs", "2", flag, value) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} {value} differs from the run's {fixed}; the batch size and seed are fixed by the run" in err
+        assert "Traceback" not in err and (workdir / "run" / "state.json").read_text() == state
+    # The same values are accepted; --lr 0 replaces the checkpoint's rate, so Adam moves nothing.
+    assert cli("train", "--out", "run", "--resume", *common, "--epochs", "2", "--batch-size", "32", "--seed", "5",
+               "--lr", "0") == 0
+    for name, w in after_one.items():
+        np.testing.assert_array_equal(weights("run/model.onnx")[name], w)
+    assert json.loads((workdir / "run" / "history.json").read_text())["history"]["lr"] == [0.003, 0.0]
+
+
+def test_predict_writes_every_output_of_a_multi_output_model(workdir, capsys):
+    inp = ot.Input((64,))
+    h = ot.layers.Dense(8, activation="relu")(inp)
+    model = ot.Model(inp, [ot.layers.Dense(10)(h), ot.layers.Dense(1, activation="sigmoid")(h)])
+    model.export_onnx(workdir / "two.onnx")
+    want = model.predict(np.load("x.npy"))
+    assert cli("--json", "predict", "--model", "two.onnx", "--data", "x.npy", "-o", "p.npy") == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == {"predictions": ["p_0.npy", "p_1.npy"], "shapes": [[600, 10], [600, 1]]}
+    for i, w in enumerate(want):
+        np.testing.assert_allclose(np.load(f"p_{i}.npy"), w, rtol=1e-6, atol=1e-6)
+    assert not os.path.exists("p.npy")
+    assert cli("--json", "predict", "--model", "mlp.onnx", "--data", "x.npy", "-o", "single") == 0
+    assert json.loads(capsys.readouterr().out) == {"predictions": "single.npy", "shape": [600, 10]}
+
+
+def test_val_split_holds_out_the_rows_model_fit_would(workdir, capsys):
+    make_artifacts(capsys)
+    x, y = load_digits()
+    np.savez("ten.npz", x=x[:10], y=y[:10])
+    # 10 rows at 0.25: Keras' rule (and Model.fit's) trains on int(10 * 0.75) = 7 rows and holds out 3.
+    assert cli("train", "--artifacts", "art", "--data", "ten.npz", "--epochs", "1", "--batch-size", "7",
+               "--val-split", "0.25", "--seed", "1", "--out", "run", "--verbose", "0") == 0
+    trained = ot.from_onnx(workdir / "run" / "model.onnx")
+    trained.compile(loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = json.loads((workdir / "run" / "history.json").read_text())["history"]
+    assert history["val_loss"][0] == pytest.approx(trained.evaluate(x[7:10], y[7:10])["loss"], rel=1e-5)
+    assert cli("train", "--artifacts", "art", "--data", "ten.npz", "--epochs", "1", "--batch-size", "7",
+               "--val-split", "0.95", "--out", "run2", "--verbose", "0") == 2
+    assert "--val-split: validation_split=0.95 leaves 0 training and 10 validation rows" in capsys.readouterr().err
+    assert not (workdir / "run2").exists()

@@ -642,6 +642,115 @@ def test_model_fit_refuses_bad_input_and_changes_nothing():
         fresh.fit(x, y)
 
 
+def sparse_mlp():
+    model = mlp(out_act="softmax")
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_model_fit_checks_every_class_label_before_the_first_step():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((10, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 10)
+    late = y.copy()
+    late[9] = 3  # in the last batch (and in the held-out rows of a 0.2 split)
+    model = sparse_mlp()
+    before = model.get_weights()
+    cases = [
+        (dict(x=x, y=late), r"^y: class labels must lie in \[0, 2\] \(the output has 3 classes\), received values "
+                            r"from 0 to 3"),
+        (dict(x=x, y=late, validation_split=0.2), r"^y: class labels must lie in \[0, 2\]"),
+        (dict(x=x, y=y, validation_data=(x[:4], np.array([0, 1, -1, 2]))),
+         r"^validation_data\[1\]: class labels must lie in \[0, 2\] .* received values from -1 to 2"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ot.ShapeError, match=message):
+            model.fit(batch_size=4, shuffle=False, verbose=0, **kwargs)
+        for a, b in zip(before, model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        assert model.train_state is None
+    hist = model.fit(x, y[:, None], batch_size=4, verbose=0, validation_data=(x, y))  # (n, 1) labels train too
+    assert hist.history["val_loss"][0] == pytest.approx(model.evaluate(x, y)["loss"], rel=1e-5)
+
+
+def test_loop_checks_each_batch_once_and_still_names_the_step(monkeypatch):
+    import ortrain.trainer as trainer_mod
+    checked = []
+    real = trainer_mod.prepare_labels
+    monkeypatch.setattr(trainer_mod, "prepare_labels", lambda *a, **k: checked.append(1) or real(*a, **k))
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse", metrics=["mae"])
+    data, val = batches(3, 4), batches(2, 4, seed=5)
+    ot.fit_generator(model, data, validation_generator=val, epochs=2, verbose=0)
+    # One check per training and validation batch, and one for the first batch before the model's
+    # settings change (fit_generator), not a second one for the metrics.
+    assert len(checked) == 1 + 2 * (3 + 2)
+    bad = (data[1][0], data[1][1][:, :2])
+    with pytest.raises(ot.ShapeError, match=r"epoch 0, step 1 \(counted from 0\): y: expected shape \(4, 3\), "
+                                            r"received \(4, 2\)"):
+        ot.fit_generator(model, [data[0], bad], verbose=0)
+    with pytest.raises(ot.ShapeError, match=r"validation after epoch 0, step 1 \(counted from 0\): y: expected "
+                                            r"shape \(4, 3\), received \(4, 2\)"):
+        ot.fit_generator(model, data, validation_generator=[val[0], bad], verbose=0)
+
+
+def test_fit_generator_overrides_change_the_model_only_when_training_starts():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    data = batches(2, 4)
+    ot.fit_generator(model, data, verbose=0)
+    opt, loss, state, weights = model.optimizer, model.loss, model.train_state, model.get_weights()
+    x, y = data[0]
+    cases = [
+        (dict(generator=[(x, y[:, :2])], loss="mae", optimizer="sgd"), ot.ShapeError,
+         r"epoch 0, step 0 \(counted from 0\): y: expected shape \(4, 3\), received \(4, 2\)"),
+        (dict(generator=[(x, np.array([0, 1, 2, 5]))], loss="sparse_categorical_crossentropy"), ot.ShapeError,
+         r"epoch 0, step 0 \(counted from 0\): y: class labels must lie in \[0, 2\]"),
+        (dict(generator=[(x, y, np.ones((4, 3)))], loss="categorical_crossentropy", loss_mask=3), ot.OrtrainError,
+         "loss_mask=3 weights a mean squared error"),
+        (dict(generator=data, optimizer="sgd", validation_generator=(x, y[:, :1])), ot.ShapeError,
+         r"validation_generator\[1\]: expected shape \(4, 3\)"),
+    ]
+    for kwargs, exc, message in cases:
+        with pytest.raises(exc, match=message):
+            ot.fit_generator(model, verbose=0, **kwargs)
+        assert model.optimizer is opt and model.loss is loss and model.metrics == ["mae"]
+        assert model.train_state is state
+        for a, b in zip(model.get_weights(), weights):
+            np.testing.assert_array_equal(a, b)
+    # An uncompiled model takes its loss from the overrides, validation arrays included.
+    fresh = mlp()
+    xv, yv = regression(8, seed=2)
+    hist = ot.fit_generator(fresh, data, loss="mse", optimizer=ot.optim.SGD(lr=0.05), validation_generator=(xv, yv),
+                            verbose=0)
+    assert fresh.loss.name == "mse" and fresh.train_state.n_steps == 2
+    assert hist.history["val_loss"][0] == pytest.approx(fresh.evaluate(xv, yv)["loss"], rel=1e-5)
+
+
+def test_counts_follow_one_rule_everywhere():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    two = np.int64(2)  # numpy integers are counts too
+    ot.optim.schedules.cosine(0.1, total_steps=two)
+    ot.optim.schedules.step(0.1, every=two)
+    ot.optim.schedules.warmup_cosine(0.1, warmup_steps=np.int64(1), total_steps=two)
+    assert ot.callbacks.EarlyStopping(patience=two).patience == 2
+    ot.callbacks.ReduceLROnPlateau(patience=two, cooldown=np.int64(0))
+    ot.fit_generator(model, batches(2, 4), steps_per_epoch=two, epochs=two, verbose=0)
+    with ot.Trainer(model, batch_size=np.int64(4)) as tr:
+        assert tr.batch_size == 4
+    for bad in (0, True, 2.5):
+        with pytest.raises(ot.OrtrainError, match=rf"total_steps: expected a positive int, received {bad!r}"):
+            ot.optim.schedules.cosine(0.1, total_steps=bad)
+        with pytest.raises(ot.OrtrainError, match=rf"batch_size: expected a positive int, received {bad!r}"):
+            ot.Trainer(model, batch_size=bad)
+        with pytest.raises(ot.OrtrainError, match=rf"steps_per_epoch: expected a positive int or None, received "
+                                                  rf"{bad!r}"):
+            ot.fit_generator(model, batches(1, 4), steps_per_epoch=bad, verbose=0)
+    with pytest.raises(ot.OrtrainError, match=r"ReduceLROnPlateau\(cooldown=...\): expected an int >= 0, received -1"):
+        ot.callbacks.ReduceLROnPlateau(cooldown=-1)
+
+
 def test_validation_data_takes_precedence_over_split():
     x, y = regression(20)
     model = mlp()

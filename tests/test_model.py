@@ -1,5 +1,7 @@
 """Models: functional graphs, weights, freezing, save/load, export."""
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -185,3 +187,80 @@ def test_model_errors():
         ot.Trainer(model)
     with pytest.raises(ot.OrtrainError, match="metrics: unknown metric 'f1'"):
         model.compile(metrics=["f1"])
+
+
+# -- batch sizes, labels and compile checked before anything runs or changes -----------------------
+
+
+def sparse_model(seed=0):
+    model = ot.Sequential([L.Dense(3, activation="softmax")], input_shape=(4,), seed=seed)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_predict_and_evaluate_validate_batch_size(rng):
+    model = sparse_model()
+    x = rng.standard_normal((10, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 10)
+    w, b = model.get_weights()
+    np.testing.assert_allclose(model.predict(x, batch_size=np.int64(3)), softmax(x @ w + b), rtol=1e-5, atol=1e-6)
+    full = model.evaluate(x, y)
+    assert model.evaluate(x, y, batch_size=3)["loss"] == pytest.approx(full["loss"], rel=1e-6)
+    for bad in (-1, 0, 2.5, True, "4"):
+        with pytest.raises(ot.OrtrainError, match=f"batch_size: expected a positive int or None, received "
+                                                  f"{re.escape(repr(bad))}"):
+            model.predict(x, batch_size=bad)
+        with pytest.raises(ot.OrtrainError, match="batch_size: expected a positive int or None"):
+            model.evaluate(x, y, batch_size=bad)
+
+
+def test_evaluate_refuses_class_labels_out_of_range_and_matches_numpy(rng):
+    model = sparse_model()
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = np.array([0, 2, 1, 1, 0, 2])
+    w, b = model.get_weights()
+    p = softmax(x.astype(np.float64) @ w + b)
+    want = -np.mean(np.log(p[np.arange(6), y]))
+    for labels in (y, y[:, None], y.astype(np.float64)):  # (n,), (n, 1) and whole floats are class labels
+        assert model.evaluate(x, labels)["loss"] == pytest.approx(want, rel=1e-5)
+    for bad, low, high in ((-1, -1, 2), (3, 0, 3), (5, 0, 5)):
+        labels = y.copy()
+        labels[4] = bad
+        with pytest.raises(ot.ShapeError, match=rf"y: class labels must lie in \[0, 2\] \(the output has 3 "
+                                                rf"classes\), received values from {low} to {high}; number the "
+                                                "classes from 0"):
+            model.evaluate(x, labels, batch_size=2)
+
+
+def test_targets_of_shape_n_fit_an_output_of_shape_n_1(rng):
+    x = rng.standard_normal((12, 4)).astype(np.float32)
+    y = rng.standard_normal(12).astype(np.float32)
+    flat, column = (ot.Sequential([L.Dense(1)], input_shape=(4,), seed=3) for _ in range(2))
+    for m in (flat, column):
+        m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse", metrics=["mae"])
+    w, b = flat.get_weights()
+    res = flat.evaluate(x, y)
+    assert res["loss"] == pytest.approx(np.mean((x @ w + b - y[:, None]) ** 2), rel=1e-5)
+    assert res["mae"] == pytest.approx(np.mean(np.abs(x @ w + b - y[:, None])), rel=1e-5)
+    h1 = flat.fit(x, y, batch_size=4, shuffle=False, verbose=0, validation_data=(x, y))
+    h2 = column.fit(x, y[:, None], batch_size=4, shuffle=False, verbose=0, validation_data=(x, y[:, None]))
+    for a, c in zip(flat.get_weights(), column.get_weights()):
+        np.testing.assert_array_equal(a, c)
+    assert h1.history == h2.history
+    with ot.Trainer(flat, batch_size=4) as tr:
+        assert tr.eval(x[:4], y[:4]) == tr.eval(x[:4], y[:4, None])
+
+
+def test_a_refused_compile_changes_nothing(rng):
+    model = sparse_model()
+    model.fit(rng.standard_normal((8, 4)), rng.integers(0, 3, 8), batch_size=4, verbose=0)
+    before = (model.optimizer, model.loss, list(model.metrics), model.train_state)
+    with pytest.raises(ot.OrtrainError, match="loss: expected one of .* received 'bogus'"):
+        model.compile(optimizer="adamw", loss="bogus")
+    with pytest.raises(ot.OrtrainError, match="metrics: unknown metric 'f1'"):
+        model.compile(optimizer="adam", loss="mse", metrics=["mae", "f1"])
+    with pytest.raises(ot.OrtrainError, match="optimizer"):
+        model.compile(optimizer="bogus", loss="mse")
+    after = (model.optimizer, model.loss, list(model.metrics), model.train_state)
+    assert all(a is b for a, b in zip(before[:2], after[:2])) and before[2] == after[2] == ["accuracy"]
+    assert after[3] is before[3] and after[0].name == "sgd"

@@ -37,17 +37,38 @@ def test_relu_as_mask(rng):
     assert np.isnan(ReferenceEvaluator(rewritten).run(None, {"x": x})[0][0, 0])
 
 
-@pytest.mark.parametrize("attrs", [
+POOLS = [
     {"kernel_shape": [2, 2], "strides": [2, 2]},
     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1},
     {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [0, 1, 2, 0]},
-])
+    {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 0], "ceil_mode": 1},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1, "count_include_pad": 1},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+    {"kernel_shape": [2, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"},
+    {"kernel_shape": [3, 3], "strides": [1, 1], "auto_pad": "VALID"},
+]
+
+
+@pytest.mark.parametrize("attrs", POOLS)
 def test_average_pool_as_depthwise_conv(rng, attrs):
+    """Judged by onnxruntime itself: the rewrite must match the AveragePool the runtime runs."""
+    import onnxruntime as ort
     model = one_node_model("AveragePool", attrs, [None, 3, 9, 8])
     rewritten = average_pool_as_conv(model)
     assert "AveragePool" not in [n.op_type for n in rewritten.graph.node]
-    same_values(model, rewritten, rng.standard_normal((2, 3, 9, 8)).astype(np.float32), rtol=1e-5, atol=1e-6)
+    onnx.checker.check_model(rewritten)
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    run = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+           for m in (model, rewritten)]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-5, atol=1e-6)
+
+
+def test_average_pools_the_rewrite_cannot_express_are_refused():
+    model = one_node_model("AveragePool", {"kernel_shape": [2]}, [None, 3, 9])
+    with pytest.raises(ot.UnsupportedOpError, match="AveragePool node .*2-D average pools"):
+        average_pool_as_conv(model)
 
 
 def test_exported_models_keep_the_original_ops(tmp_path):
@@ -66,3 +87,23 @@ def test_exported_models_keep_the_original_ops(tmp_path):
 def test_rewrites_leave_other_graphs_alone():
     model = one_node_model("Sigmoid", {}, [None, 3])
     assert relu_as_mask(model) is model and average_pool_as_conv(model) is model
+
+
+def test_imported_ceil_mode_average_pool_trains(rng, tmp_path):
+    """A torch AvgPool2d(ceil_mode=True) export used to kill the process in the first step."""
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32) * 0.3
+    k = rng.standard_normal((4 * 3 * 3, 3)).astype(np.float32) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
+             helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("MatMul", ["f", "k"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, ["N", 2, 5, 5])],
+                              [helper.make_tensor_value_info("y", 1, ["N", 3])],
+                              [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(k, "k")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = ot.from_onnx(proto)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    x = rng.standard_normal((4, 2, 5, 5)).astype(np.float32)
+    y = rng.standard_normal((4, 3)).astype(np.float32)
+    with ot.Trainer(model, batch_size=4) as tr:
+        loss = tr.step(x, y)
+    np.testing.assert_allclose(loss, np.mean((model.predict(x) - y) ** 2), rtol=1e-5)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from conftest import torch_or_skip
-from helpers import NumpyAdam, dense_model, linear_mse_grads
+from helpers import NumpyAdam, dense_model, linear_mse_grads, softmax
 
 import ortrain as ot
 
@@ -330,3 +330,51 @@ def test_argument_errors():
     sgd = dense_model(4, 2)
     with pytest.raises(ot.OrtrainError, match="SGD in ortrain has no weight decay"):
         ot.Trainer(sgd, weight_decay=0.1)
+
+
+def two_output_model():
+    inp = ot.Input((4,))
+    h = L.Dense(5, activation="tanh")(inp)
+    model = ot.Model(inp, [L.Dense(3, activation="softmax")(h), L.Dense(1)(h)])
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="categorical_crossentropy")  # on the first output
+    return model
+
+
+def test_predict_and_snapshot_return_every_output(rng):
+    model = two_output_model()
+    x = rng.standard_normal((7, 4)).astype(np.float32)
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 4)]
+    with pytest.warns(UserWarning, match="dense_2.kernel, dense_2.bias do not affect the loss"):
+        tr = ot.Trainer(model, batch_size=4)
+    with tr:
+        tr.step(x[:4], y)
+        w1, b1, w2, b2, w3, b3 = tr.model().get_weights()
+        h = np.tanh(x.astype(np.float64) @ w1 + b1)
+        want = [softmax(h @ w2 + b2), h @ w3 + b3]
+        target = tr.snapshot()
+        for got in (tr.predict(x), tr.predict(x, batch_size=3), target.predict(x), target.predict(x, batch_size=2),
+                    tr.model().predict(x)):
+            assert isinstance(got, list) and [g.shape for g in got] == [(7, 3), (7, 1)]
+            for g, ref in zip(got, want):
+                np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-6)
+        for call in (tr.predict, target.predict):
+            with pytest.raises(ot.OrtrainError, match="batch_size: expected a positive int or None, received -1"):
+                call(x, batch_size=-1)
+        assert isinstance(tr.predict(x[:0]), list) and tr.predict(x[:0])[1].shape == (0, 1)
+    target.free()
+
+
+def test_step_and_eval_check_labels_once_with_the_shared_rules(rng):
+    model = dense_model(4, 3, loss="sparse_categorical_crossentropy", activation="softmax")
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    with ot.Trainer(model, batch_size=4) as tr:
+        before = (tr.model().get_weights(), tr.n_steps)
+        for labels, low, high in (([0, 1, -1, 2], -1, 2), ([0, 1, 3, 2], 0, 3)):
+            for call in (tr.step, tr.eval):
+                with pytest.raises(ot.ShapeError, match=rf"y: class labels must lie in \[0, 2\] \(the output has 3 "
+                                                        rf"classes\), received values from {low} to {high}"):
+                    call(x, np.array(labels))
+        for a, b in zip(tr.model().get_weights(), before[0]):
+            np.testing.assert_array_equal(a, b)
+        assert tr.n_steps == before[1]
+        assert tr.eval(x, np.array([0, 1, 2, 1])) == tr.eval(x, np.array([[0], [1], [2], [1]], np.float64))

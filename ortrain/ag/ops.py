@@ -226,10 +226,14 @@ def _reduced(x: Tensor, axes: tuple, keepdims: bool) -> tuple:
 
 
 def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - the ag op is called sum
-    """Sum over ``axis`` (an int, a tuple, or ``None`` for every axis)."""
+    """Sum over ``axis`` (an int, a tuple, or ``None`` for every axis).
+
+    ``axis=()`` reduces nothing and returns ``x``, as ``np.sum(x, axis=())`` does. (ONNX's
+    ReduceSum would read empty axes as "all axes", so no node is emitted for it.)
+    """
     x = as_tensor(x, "sum")
     axes = _reduce_axes("sum", x, axis)
-    if not x.ndim:
+    if not x.ndim or not axes:
         return x
 
     def emit(gb, names):
@@ -240,11 +244,14 @@ def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - the ag 
 
 
 def mean(x, axis=None, keepdims: bool = False) -> Tensor:
-    """Mean over ``axis`` (an int, a tuple, or ``None`` for every axis)."""
+    """Mean over ``axis`` (an int, a tuple, or ``None`` for every axis).
+
+    ``axis=()`` reduces nothing and returns ``x``, as ``np.mean(x, axis=())`` does (see :func:`sum`).
+    """
     x = as_tensor(x, "mean")
     _float("mean", x)
     axes = _reduce_axes("mean", x, axis)
-    if not x.ndim:
+    if not x.ndim or not axes:
         return x
     attrs = {} if len(axes) == x.ndim else {"axes": list(axes)}
     return Tensor(_reduced(x, axes, keepdims), x.dtype, "mean", (x,),

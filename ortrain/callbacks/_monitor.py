@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 
+from ortrain._arrays import checked_int
 from ortrain.errors import OrtrainError
 
 MODES = ("auto", "min", "max")
@@ -49,6 +50,4 @@ class Monitor:
 
 
 def check_non_negative_int(value, argument: str, owner: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise OrtrainError(f"{owner}({argument}=...): expected an int >= 0, received {value!r}")
-    return value
+    return checked_int(value, f"{owner}({argument}=...)", minimum=0)

@@ -12,7 +12,8 @@ class EarlyStopping(Callback):
     """Stop training once ``monitor`` has not improved by more than ``min_delta`` for ``patience``
     epochs.
 
-    ``baseline``: the value must beat it too before patience starts over.
+    ``baseline``: the value must beat it too before patience starts over, so training stops once
+    ``patience`` epochs went by without beating it, improving or not (Keras' rule).
     ``restore_best_weights``: at the end of training the weights of the best epoch are put back
     (also when training ran to the end), as Keras does. ``start_from_epoch``: epochs before it
     are not monitored (warm-up).
@@ -52,8 +53,10 @@ class EarlyStopping(Callback):
                 self.best_weights = self.loop.get_weights()
             if self.baseline is None or self.monitor.better(current, self.baseline):
                 self.wait = 0
-            return
-        if self.wait >= self.patience:
+                return
+        # An improvement that stays short of the baseline still counts towards patience (Keras'
+        # rule); like Keras, epoch 0 never stops training.
+        if self.wait >= self.patience and epoch > 0:
             self.stopped_epoch = epoch
             self.loop.stop_training = True
 

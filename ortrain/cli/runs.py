@@ -25,6 +25,7 @@ import ortrain as ot
 from ortrain import fit as fit_mod
 from ortrain.callbacks.base import Callback
 from ortrain.cli._common import UsageError, load_data, read_json, write_json, write_text
+from ortrain.data import split_arrays
 from ortrain.errors import OrtrainError
 
 KEEP_CHECKPOINTS = 2
@@ -66,13 +67,12 @@ class RunRecorder(Callback):
 
 
 def _split(x, y, w, fraction: float):
-    """Keras' validation_split: the last ``fraction`` of the rows, taken before any shuffling."""
-    n = len(y)
-    cut = n - int(round(n * fraction))
-    if cut <= 0 or cut >= n:
-        raise UsageError(f"--val-split: {fraction} leaves no training or no validation rows of {n}")
-    val = (x[cut:], y[cut:]) if w is None else (x[cut:], y[cut:], w[cut:])
-    return x[:cut], y[:cut], (None if w is None else w[:cut]), val
+    """``--val-split``: the rows ``Model.fit(validation_split=...)`` would hold out (the same function)."""
+    try:
+        ([x], y, w), ([vx], vy, vw) = split_arrays(([x], y, w), fraction)
+    except OrtrainError as exc:
+        raise UsageError(f"--val-split: {exc}") from None
+    return x, y, w, ((vx, vy) if vw is None else (vx, vy, vw))
 
 
 def _build_artifacts(cfg: dict, out: Path) -> Path:
@@ -88,9 +88,20 @@ def _build_artifacts(cfg: dict, out: Path) -> Path:
     return target
 
 
+# What decides which rows make each batch and in which order: a resumed run must keep them to
+# continue bit for bit, so they cannot be changed on --resume.
+FIXED_BY_RUN = {"batch_size": "--batch-size", "seed": "--seed"}
+
+
 def resume_settings(cfg: dict) -> dict:
-    """A resumed run keeps the settings it started with; options given now override them."""
+    """A resumed run keeps the settings it started with; options given now override them, except
+    the batch size and the seed, which are fixed by the run (a different value is refused)."""
     run = read_json(Path(cfg["out"]) / "run.json", "run settings")
+    for key, flag in FIXED_BY_RUN.items():
+        if cfg.get(key) is not None and cfg[key] != run[key]:
+            raise UsageError(f"train --resume: {flag} {cfg[key]} differs from the run's {run[key]}; the batch size "
+                             f"and seed are fixed by the run (they decide every batch of a bit-exact resume). Drop "
+                             f"{flag}, or start a new run in another --out directory")
     merged = {**run["settings"], **cfg}
     for key in ("data", "epochs"):
         if merged.get(key) is None:
@@ -100,6 +111,7 @@ def resume_settings(cfg: dict) -> dict:
 
 def train(cfg: dict) -> dict:
     """Run (or resume) a training run; returns a summary for the caller to print."""
+    lr_now = cfg.get("lr")  # on --resume only a learning rate given now replaces the checkpoint's
     if cfg.get("resume"):
         cfg = resume_settings(cfg)
     out = Path(cfg["out"])
@@ -124,7 +136,7 @@ def train(cfg: dict) -> dict:
         checkpoint = out / state["checkpoint"] if state else None
         initial_epoch = state["epoch"] if state else 0
         history, epochs_done = (state["history"], state["epochs"]) if state else ({}, [])
-        lr = None
+        lr = lr_now
     else:
         if (out / "state.json").exists() or (out / "run.json").exists():
             raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
@@ -213,9 +225,20 @@ def predict(opts) -> dict:
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model)
     x, _, _ = load_data(opts.data)
     pred = model.predict(x, batch_size=opts.batch_size)
-    out = Path(opts.output)
-    np.save(out, pred if isinstance(pred, np.ndarray) else pred[0])
-    return {"predictions": str(out), "shape": list(np.shape(pred))}
+    if isinstance(pred, np.ndarray):
+        path = _npy_path(Path(opts.output), None)
+        np.save(path, pred)
+        return {"predictions": str(path), "shape": list(pred.shape)}
+    paths = [_npy_path(Path(opts.output), i) for i in range(len(pred))]
+    for path, p in zip(paths, pred):
+        np.save(path, p)
+    return {"predictions": [str(p) for p in paths], "shapes": [list(p.shape) for p in pred]}
+
+
+def _npy_path(path: Path, index: int | None) -> Path:
+    """``OUT.npy`` for a single output, ``OUT_<index>.npy`` for output ``index`` of several."""
+    base = path.with_suffix("") if path.suffix == ".npy" else path
+    return base.with_name(base.name + ("" if index is None else f"_{index}") + ".npy")
 
 
 def export(opts) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ortrain._arrays import positive_int
 from ortrain.engine._runtime import C, get_ort_device_type
 from ortrain.errors import OrtrainError
 
@@ -74,9 +75,7 @@ _threads: int | None = None
 def set_num_threads(n: int | None) -> None:
     """Intra-op threads for sessions created from now on; ``None`` means all cores."""
     global _threads
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-        raise OrtrainError(f"set_num_threads: expected a positive int or None, received {n!r}")
-    _threads = n
+    _threads = positive_int(n, "set_num_threads", allow_none=True)
 
 
 def get_num_threads() -> int:

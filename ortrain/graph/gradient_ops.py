@@ -81,7 +81,7 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
         if outs:
             tainted.update(outs)
             candidates.append(node)
-    needed = _ancestors(model, target)
+    needed = ancestors(model, target)
     missing: dict[str, list[str]] = {}
     for i, node in enumerate(candidates):
         if node.op_type not in GRADIENT_OPS and any(o in needed for o in node.output):
@@ -89,7 +89,7 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     return missing
 
 
-def _ancestors(model: onnx.ModelProto, target: str) -> set[str]:
+def ancestors(model: onnx.ModelProto, target: str) -> set[str]:
     """Every value ``target`` is computed from (itself included)."""
     producer = {o: n for n in model.graph.node for o in n.output if o}
     seen, stack = {target}, [target]

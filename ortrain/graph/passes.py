@@ -8,13 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-
-def _rank_of(model: onnx.ModelProto, name: str) -> int | None:
-    inferred = onnx.shape_inference.infer_shapes(model)
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-        if vi.name == name and vi.type.tensor_type.HasField("shape"):
-            return len(vi.type.tensor_type.shape.dim)
-    return None
+from ortrain.errors import OrtrainError, UnsupportedOpError
 
 
 def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> onnx.ModelProto:
@@ -26,6 +20,7 @@ def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> o
     """
     if not running_means:
         return model
+    inferred = onnx.shape_inference.infer_shapes(model)
     out = copy.deepcopy(model)
     nodes = []
     counter = 0
@@ -35,7 +30,11 @@ def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> o
             continue
         eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
         x, gamma, beta, mean, var = node.input[:5]
-        rank = _rank_of(model, x) or 2
+        shape = _shape_of(inferred, x)
+        if shape is None:
+            raise OrtrainError(f"BatchNormalization node {node.name!r}: the rank of its input is unknown, so its "
+                               "statistics cannot be frozen; give the model's inputs a rank")
+        rank = len(shape)
         p = f"{node.name or 'bn'}/frozen_{counter}/"
         counter += 1
         params = [gamma, beta, mean, var]
@@ -88,18 +87,54 @@ def _attr(node, name, default):
     return default
 
 
+def _pool_geometry(node, size: int, axis: int, kernel: int, stride: int, pads: list[int]):
+    """Output length, end padding actually covered, and the divisor of every window on one axis.
+
+    Follows onnxruntime's AveragePool: ``ceil_mode`` adds a last window that may run past the
+    padded input; ``count_include_pad=0`` divides by the real cells in a window, ``1`` by the
+    full kernel size, whatever part of the window lies beyond the padding.
+    """
+    begin, end = pads[axis], pads[axis + 2]
+    span = size + begin + end - kernel
+    out = (-(-span // stride) if _attr(node, "ceil_mode", 0) else span // stride) + 1
+    if _attr(node, "ceil_mode", 0) and (out - 1) * stride >= size + begin:
+        out -= 1  # ONNX drops a last window that would start in the end padding alone
+    covered_end = max(end, (out - 1) * stride + kernel - size - begin)
+    if _attr(node, "count_include_pad", 0):
+        return out, covered_end, np.full(out, kernel, np.float32)
+    counts = [min(o * stride - begin + kernel, size) - max(o * stride - begin, 0) for o in range(out)]
+    return out, covered_end, np.array(counts, np.float32)
+
+
+def _explicit_pads(node, shape: list) -> list[int]:
+    auto = _attr(node, "auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("NOTSET", ""):
+        return list(_attr(node, "pads", [0, 0, 0, 0]))
+    if auto == "VALID":
+        return [0, 0, 0, 0]
+    kernel, strides = list(_attr(node, "kernel_shape", [])), list(_attr(node, "strides", [1, 1]))
+    begins, ends = [], []
+    for size, k, st in zip(shape[2:], kernel, strides):
+        total = max((-(-size // st) - 1) * st + k - size, 0)
+        small, large = total // 2, total - total // 2
+        begins.append(large if auto == "SAME_LOWER" else small)
+        ends.append(small if auto == "SAME_LOWER" else large)
+    return begins + ends
+
+
 def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrite 2-D AveragePool nodes as a depthwise Conv with constant weights.
 
     onnxruntime-training 1.19.2's CPU ``AveragePoolGrad`` sizes its output from the
     shapes stored in the graph, so with a free batch dimension it writes an empty
     gradient and the process dies with SIGFPE. A depthwise convolution with weights
-    ``1/(kh*kw)`` (divided by the true window size at the borders when padding is not
-    counted) computes the same average and has a working gradient. Only the training
-    and eval graphs get this form; exported models keep AveragePool.
+    ``1/(kh*kw)``, rescaled where a window holds fewer cells (borders, ``ceil_mode``),
+    computes the same average and has a working gradient. Only the training and eval
+    graphs get this form; exported models keep AveragePool. A pool this rewrite cannot
+    express (not 2-D, or sizes unknown) is refused rather than left to crash the process.
     """
-    pools = [n for n in model.graph.node if n.op_type == "AveragePool"]
-    if not pools:
+    if not any(n.op_type == "AveragePool" for n in model.graph.node):
         return model
     inferred = onnx.shape_inference.infer_shapes(model)
     out = copy.deepcopy(model)
@@ -110,31 +145,27 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         shape = _shape_of(inferred, node.input[0])
         kernel = list(_attr(node, "kernel_shape", []))
-        if shape is None or len(shape) != 4 or len(kernel) != 2 or any(d is None for d in shape[1:]) \
-                or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
-                or _attr(node, "ceil_mode", 0):
-            nodes.append(node)  # left as is; the gradient builder reports what it cannot take
-            continue
+        if shape is None or len(shape) != 4 or len(kernel) != 2 or any(d is None for d in shape[1:]):
+            raise UnsupportedOpError(
+                f"AveragePool node {node.name or i!r}: ortrain trains 2-D average pools whose channels, height "
+                f"and width are known (input shape {shape}); onnxruntime-training's own AveragePool gradient "
+                "crashes with a free batch size. Give the model static image sizes or replace the pool")
         c, h, w = shape[1:]
         strides = list(_attr(node, "strides", [1, 1]))
-        pads = list(_attr(node, "pads", [0, 0, 0, 0]))
-        include_pad = bool(_attr(node, "count_include_pad", 0))
+        pads = _explicit_pads(node, shape)
         kh, kw = kernel
+        ho, end_h, rows = _pool_geometry(node, h, 0, kh, strides[0], pads)
+        wo, end_w, cols = _pool_geometry(node, w, 1, kw, strides[1], pads)
+        conv_pads = [pads[0], pads[1], end_h, end_w]
         p = f"{node.name or 'AveragePool'}/as_conv_{i}/"
         weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32)
         out.graph.initializer.append(numpy_helper.from_array(weight, p + "weight"))
-        conv_out = node.output[0] if include_pad or not any(pads) else p + "sum"
+        scale = (kh * kw) / np.outer(rows, cols)
+        exact = np.all(scale == 1.0)
+        conv_out = node.output[0] if exact else p + "sum"
         nodes.append(helper.make_node("Conv", [node.input[0], p + "weight"], [conv_out], name=p + "Conv",
-                                      group=c, kernel_shape=kernel, strides=strides, pads=pads))
-        if conv_out != node.output[0]:
-            # Border windows cover fewer real cells: rescale kh*kw / (cells inside).
-            ho = (h + pads[0] + pads[2] - kh) // strides[0] + 1
-            wo = (w + pads[1] + pads[3] - kw) // strides[1] + 1
-            rows = np.array([min(r * strides[0] - pads[0] + kh, h) - max(r * strides[0] - pads[0], 0)
-                             for r in range(ho)], np.float32)
-            cols = np.array([min(q * strides[1] - pads[1] + kw, w) - max(q * strides[1] - pads[1], 0)
-                             for q in range(wo)], np.float32)
-            scale = (kh * kw) / np.outer(rows, cols)
+                                      group=c, kernel_shape=kernel, strides=strides, pads=conv_pads))
+        if not exact:
             out.graph.initializer.append(numpy_helper.from_array(scale.reshape(1, 1, ho, wo).astype(np.float32),
                                                                  p + "scale"))
             nodes.append(helper.make_node("Mul", [conv_out, p + "scale"], [node.output[0]], name=p + "Mul"))

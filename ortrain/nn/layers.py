@@ -222,7 +222,10 @@ class Dropout(Layer):
         return y
 
     def get_config(self):
-        return {"name": self.name, "rate": self.rate, "seed": self.seed}
+        # The seed the graph carries, so a copy or a reloaded model builds the same graph (and so
+        # the same artifacts, and resumes from the same checkpoints).
+        seed = self.seed if self.seed is not None else getattr(self, "graph_seed", None)
+        return {"name": self.name, "rate": self.rate, "seed": seed}
 
 
 class BatchNorm(Layer):

@@ -14,7 +14,8 @@ import numpy as np
 
 from ortrain import _random, losses, optim
 from ortrain import metrics as metrics_mod
-from ortrain._arrays import as_array, check_shape
+from ortrain._arrays import as_array, positive_int, prepare_inputs, row_slices, run_chunks
+from ortrain.data import prepare_arrays
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, with_weights
@@ -321,11 +322,15 @@ class Model:
 
     # -- compile / fit --------------------------------------------------------------------
     def compile(self, optimizer="adam", loss="mse", metrics=None) -> Model:
-        """Choose the optimizer, loss and metrics. A new compile starts optimizer state afresh."""
-        self.optimizer = optim.get(optimizer)
-        self.loss = losses.get(loss)
-        self.metrics = list(metrics or [])
-        metrics_mod.resolve(self.metrics, self.loss)  # validate names now
+        """Choose the optimizer, loss and metrics. A new compile starts optimizer state afresh.
+
+        All three are checked before any is set: a refused compile leaves the model as it was.
+        """
+        new_optimizer = optim.get(optimizer)
+        new_loss = losses.get(loss)
+        new_metrics = list(metrics or [])
+        metrics_mod.resolve(new_metrics, new_loss)  # validate names now
+        self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.train_state = None
         return self
 
@@ -344,23 +349,6 @@ class Model:
                          steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
 
     # -- inference --------------------------------------------------------------------------
-    def _prepare(self, x, argument: str = "x") -> list[np.ndarray]:
-        specs = self.input_specs
-        xs = list(x) if isinstance(x, (list, tuple)) and len(specs) > 1 else [x]
-        if len(xs) != len(specs):
-            raise ShapeError(f"{argument}: the model has {len(specs)} inputs "
-                             f"({', '.join(s.name for s in specs)}), received {len(xs)} arrays")
-        out = []
-        for spec, a in zip(specs, xs):
-            arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
-            a = as_array(a, spec.dtype, arg)
-            check_shape(a, spec.shape, arg)
-            out.append(a)
-        if len({a.shape[0] for a in out}) > 1:
-            raise ShapeError(f"{argument}: inputs hold different numbers of rows "
-                             f"({', '.join(str(a.shape[0]) for a in out)})")
-        return out
-
     def _runner(self, kind: str = "predict", weighting=None):
         key = (kind, weighting, self._version)
         runner = self._runners.get(key)
@@ -381,71 +369,48 @@ class Model:
         return runner
 
     def predict(self, x, batch_size=None, verbose=0) -> np.ndarray | list[np.ndarray]:
-        """Outputs for any number of rows, in inference mode (no dropout, running batch-norm statistics)."""
-        xs = self._prepare(x)
-        runner = self._runner("predict")
-        names = [s.name for s in self.input_specs]
-        n = xs[0].shape[0]
-        step = n if not batch_size else int(batch_size)
-        chunks = []
-        for start in range(0, max(n, 1), max(step, 1)):
-            feeds = {nm: a[start:start + step] for nm, a in zip(names, xs)}
-            chunks.append(runner.run(feeds))
-            if n == 0:
-                break
-        outs = [np.concatenate([c[i] for c in chunks]) for i in range(len(self.output_specs))]
+        """Outputs for any number of rows, in inference mode (no dropout, running batch-norm statistics).
+
+        One array for a single-output model, a list in output order otherwise. ``batch_size``
+        (a positive int) bounds the rows per run; ``None`` runs all rows at once.
+        """
+        positive_int(batch_size, "batch_size", allow_none=True)
+        xs = prepare_inputs(self.input_specs, x, "x")
+        outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
     def evaluate(self, x, y, batch_size=None, sample_weight=None, verbose=0) -> dict:
-        """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode."""
+        """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode.
+
+        Everything is checked before the first run: shapes, and class labels against the number
+        of classes for sparse cross-entropy.
+        """
         from ortrain.artifacts import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT
-        xs = self._prepare(x)
+        positive_int(batch_size, "batch_size", allow_none=True)
+        xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         n = xs[0].shape[0]
-        if n == 0:
-            raise ShapeError("evaluate: x holds no rows")
-        yl = self._prepare_labels(y, n, "y")
-        w = None if sample_weight is None else self._prepare_sample_weight(sample_weight, n, "sample_weight")
         runner = self._runner("evaluate", None if w is None else "sample")
-        names = [s.name for s in self.input_specs]
+        specs = self.input_specs
         ms = metrics_mod.resolve(self.metrics, self.loss)
-        step = n if not batch_size else int(batch_size)
         total = 0.0
-        for start in range(0, n, step):
-            sl = slice(start, start + step)
-            feeds = {nm: a[sl] for nm, a in zip(names, xs)}
+        for sl in row_slices(n, batch_size):
+            feeds = {s.name: a[sl] for s, a in zip(specs, xs)}
             feeds[LABEL] = yl[sl]
             feeds[LOSS_SCALE] = np.array(1.0, np.float32)
             if w is not None:
                 feeds[SAMPLE_WEIGHT] = w[sl]
             loss, pred = runner.run(feeds, [LOSS, self.output_specs[0].name])
-            rows = pred.shape[0]
-            total += float(loss) * rows
+            total += float(loss) * pred.shape[0]
             for m in ms:
                 m.update(pred, yl[sl], None if w is None else w[sl])
         return {"loss": total / n, **{m.name: m.result() for m in ms}}
 
     def _label_spec(self) -> TensorSpec:
+        """The loss's label input for this model's first output."""
         if self.loss is None:
             raise OrtrainError("the model is not compiled: call model.compile(optimizer=..., loss=...) first")
         pred = self.output_specs[0]
         return TensorSpec("y", self.loss.label_dtype, self.loss.label_shape(pred.shape))
-
-    def _prepare_labels(self, y, rows: int | None, argument: str) -> np.ndarray:
-        spec = self._label_spec()
-        a = as_array(y, spec.dtype, argument)
-        if spec.dtype.kind == "i" and a.ndim == len(spec.shape) + 1 and a.shape[-1] == 1:
-            a = a.reshape(a.shape[:-1])  # (batch, 1) integer labels
-        check_shape(a, spec.shape, argument, rows)
-        return a
-
-    def _prepare_sample_weight(self, w, rows: int, argument: str) -> np.ndarray:
-        a = as_array(w, np.float32, argument)
-        pred = self.output_specs[0]
-        want = (rows,) + (1,) * (len(pred.shape) - 1)
-        if a.shape == (rows,) or a.shape == want:
-            return a.reshape(want)
-        raise ShapeError(f"{argument}: expected shape {describe_shape((rows,))} or {describe_shape(want)} "
-                         f"(one weight per sample), received {describe_shape(a.shape)}")
 
     # -- export and persistence --------------------------------------------------------------
     def export_onnx(self, path) -> str:

@@ -78,13 +78,15 @@ def model_record(model) -> tuple[dict, dict, dict]:
         record["train_state"] = None
     weights = dict(zip(model.weight_names(), model.get_weights()))
     record["_extra"] = sorted(extra)
+    from ortrain.nn.model import Sequential
+    record["sequential"] = isinstance(model, Sequential)
     return record, weights, {"opt": opt_arrays, "extra": extra}
 
 
 def model_from_record(record: dict, weights: dict, aux: dict):
     from ortrain.nn.graph_model import GraphModel
     from ortrain.nn.layers import layer_from_config
-    from ortrain.nn.model import Input, Model
+    from ortrain.nn.model import Input, Model, Sequential
     if record.get("format") != FORMAT:
         raise OrtrainError(f"saved model format {record.get('format')!r} is not the format {FORMAT} this "
                            "ortrain reads")
@@ -100,13 +102,17 @@ def model_from_record(record: dict, weights: dict, aux: dict):
 
         def ref(r):
             return inputs[r[1]] if r[0] == "input" else tensors[r[1]]
+        # The weights are set from the record below: build with a private generator so that
+        # copying or loading a model neither consumes nor depends on ortrain's global seed.
+        scratch = np.random.default_rng(0)
         for node in record["nodes"]:
             args = [ref(r) for r in node["inputs"]]
             lyr = layers[node["layer"]]
+            lyr.build([t.shape for t in args], scratch)
             tensors.append(lyr(args if lyr.n_inputs is None else args[0]))
         model = Model(inputs, [ref(r) for r in record["outputs"]], name=record["name"])
         if record.get("sequential"):
-            model.__class__ = __import__("ortrain.nn.model", fromlist=["Sequential"]).Sequential
+            model.__class__ = Sequential
         missing = sorted(set(model.weight_names()) - set(weights))
         if missing:
             raise OrtrainError(f"saved model lacks weights {missing}")
@@ -132,10 +138,7 @@ def _npz_bytes(arrays: dict) -> bytes:
 
 
 def save_model(model, path) -> str:
-    from ortrain.nn.model import Sequential
     record, weights, aux = model_record(model)
-    if isinstance(model, Sequential):
-        record["sequential"] = True
     # npz keys must be valid file names inside the archive; index them and keep the names in JSON.
     wnames = list(weights)
     record["weight_order"] = wnames

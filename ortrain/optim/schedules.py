@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import math
 
+from ortrain._arrays import positive_int
 from ortrain.errors import OrtrainError
 
 __all__ = ["cosine", "step", "warmup_cosine"]
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OrtrainError(f"{name}: expected a positive int, received {value!r}")
-
-
 def step(initial_lr: float, drop: float = 0.5, every: int = 10):
     """``initial_lr * drop ** (t // every)``."""
-    _positive_int("every", every)
+    every = positive_int(every, "every")
     if not 0 < drop <= 1:
         raise OrtrainError(f"drop: expected a number in (0, 1], received {drop!r}")
     return lambda t: initial_lr * drop ** (int(t) // every)
@@ -31,7 +27,7 @@ def step(initial_lr: float, drop: float = 0.5, every: int = 10):
 
 def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
     """Cosine decay from ``initial_lr`` at 0 to ``final_lr`` at ``total_steps`` (then constant)."""
-    _positive_int("total_steps", total_steps)
+    total_steps = positive_int(total_steps, "total_steps")
 
     def schedule(t):
         frac = min(max(int(t), 0), total_steps) / total_steps
@@ -42,8 +38,8 @@ def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
 def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_lr: float = 0.0):
     """Linear warm-up from 0 over ``warmup_steps`` (reaching ``initial_lr`` at the last warm-up step),
     then cosine decay to ``final_lr`` at ``total_steps``."""
-    _positive_int("warmup_steps", warmup_steps)
-    _positive_int("total_steps", total_steps)
+    warmup_steps = positive_int(warmup_steps, "warmup_steps")
+    total_steps = positive_int(total_steps, "total_steps")
     if warmup_steps >= total_steps:
         raise OrtrainError(f"warmup_steps ({warmup_steps}) must be below total_steps ({total_steps})")
     decay = cosine(initial_lr, total_steps - warmup_steps, final_lr)

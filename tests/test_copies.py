@@ -1,0 +1,51 @@
+"""Copies and reloads of a model build the same graph, without touching the global seed."""
+
+import numpy as np
+
+import ortrain as ot
+
+L = ot.layers
+
+
+def dropout_model():
+    model = ot.Sequential([L.Dense(8, activation="relu"), L.Dropout(0.3), L.Dense(2)], input_shape=(4,))
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def test_copy_and_reload_keep_the_artifact_key(tmp_path):
+    model = dropout_model()  # seeded by conftest, so its dropout carries a graph seed
+    key = ot.artifacts.build(model).key
+    assert ot.artifacts.build(model.copy()).key == key
+    model.save(tmp_path / "m.ortrain")
+    assert ot.artifacts.build(ot.load_model(tmp_path / "m.ortrain")).key == key
+
+
+def test_copies_do_not_consume_the_global_generator():
+    ot.set_seed(3)
+    dropout_model()
+    expected = ot.Sequential([L.Dense(3)], input_shape=(2,)).get_weights()[0]
+    ot.set_seed(3)
+    model = dropout_model()
+    model.copy()
+    with ot.Trainer(model, batch_size=4) as tr:  # copies the model too
+        tr.model()
+    got = ot.Sequential([L.Dense(3)], input_shape=(2,)).get_weights()[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_copy_of_a_sequential_is_a_sequential():
+    assert isinstance(dropout_model().copy(), ot.Sequential)
+
+
+def test_resume_from_a_checkpoint_with_a_reloaded_dropout_model(tmp_path, rng):
+    model = dropout_model()
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    y = rng.standard_normal((4, 2)).astype(np.float32)
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.step(x, y)
+        tr.save_checkpoint(tmp_path / "ck")
+        trained = tr.model()
+    trained.save(tmp_path / "m.ortrain")
+    with ot.Trainer.from_checkpoint(ot.load_model(tmp_path / "m.ortrain"), tmp_path / "ck", batch_size=4) as tr2:
+        assert tr2.n_steps == 1
