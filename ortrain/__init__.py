@@ -6,26 +6,18 @@ through a ``Trainer`` you step yourself, ``fit``/``fit_generator`` epoch loops, 
 captured training step.
 """
 
-# The engine checks the environment on import (onnx pin, training build of onnxruntime).
-from ortrain import (  # noqa: E402
-    ag,  # noqa: E402
-    artifacts,
-    callbacks,  # noqa: E402
-    engine,  # noqa: E402,I001
-    layers,
-    losses,
-    metrics,
-    optim,
-)
-from ortrain._random import set_seed  # noqa: E402
+# Importing the engine (which every module below does) checks the environment: onnx pinned
+# below 1.18, the training build of onnxruntime; a problem is an OrtrainError naming the fix.
+from ortrain import ag, artifacts, callbacks, engine, layers, losses, metrics, optim
+from ortrain._random import set_seed
 from ortrain._version import __version__
-from ortrain.capture import capture, capture_step  # noqa: E402
-from ortrain.engine import get_num_threads, set_num_threads  # noqa: E402
+from ortrain.capture import capture, capture_step
+from ortrain.engine import get_num_threads, set_num_threads
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, UnsupportedOpError
-from ortrain.fit import fit_generator  # noqa: E402
-from ortrain.history import History  # noqa: E402
-from ortrain.nn import GraphModel, Input, Model, Sequential, from_onnx, load_model  # noqa: E402
-from ortrain.trainer import Snapshot, Trainer  # noqa: E402
+from ortrain.fit import fit_generator
+from ortrain.history import History
+from ortrain.nn import GraphModel, Input, Model, Sequential, from_onnx, load_model
+from ortrain.trainer import Snapshot, Trainer
 
 __all__ = [
     "FreedError",

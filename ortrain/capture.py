@@ -324,6 +324,9 @@ def capture_step(fn, params=None, optimizer=None, max_grad_norm=None) -> Capture
     raises ``ot.NonFiniteError`` before the update: weights, moments and the step counter stay
     as they were. The moments accumulate clipped gradients. CPU only; float32 weights.
     """
+    if isinstance(params, Optimizer) and optimizer is None:
+        raise OrtrainError("capture_step(fn, params=None, optimizer=...): the second positional argument is "
+                           "params; pass the optimizer by name: ot.capture_step(fn, optimizer=opt)")
     return CaptureStep(fn, params, optimizer, max_grad_norm)
 
 

@@ -219,7 +219,10 @@ def get(spec) -> Loss:
         name = cfg.pop("name", None)
         if name not in _BY_NAME:
             raise OrtrainError(f"loss: unknown name {name!r} in {spec!r}")
-        return _BY_NAME[name](**cfg)
+        try:
+            return _BY_NAME[name](**cfg)
+        except TypeError as exc:  # an unknown or misspelt key
+            raise OrtrainError(f"{name}: cannot build it from {spec!r}: {exc}") from None
     if isinstance(spec, str) and spec.lower() in _BY_NAME:
         return _BY_NAME[spec.lower()]()
     names = ", ".join(sorted(set(_BY_NAME) - {"mean_squared_error", "mean_absolute_error"}))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ortrain._files import atomic_path
 from ortrain.errors import OrtrainError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -45,15 +46,13 @@ def load_data(paths: list[str], argument: str = "--data") -> tuple[np.ndarray, n
 
 def write_json(path: Path, value) -> None:
     """Write JSON to a temporary file and rename it, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True, default=_jsonable))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(value, indent=2, sort_keys=True, default=_jsonable))
 
 
 def write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
 
 
 def _jsonable(value):

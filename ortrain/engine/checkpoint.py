@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import flatbuffers
 import numpy as np
 
+from ortrain._files import atomic_path
 from ortrain.engine._runtime import checkpoint_schema as _fbs
 from ortrain.errors import OrtrainError
 from ortrain.graph import np_dtype, onnx_dtype
@@ -208,7 +209,5 @@ def write_checkpoint(path: str | os.PathLike, data: CheckpointData) -> None:
         Checkpoint.CheckpointAddPropertyBag(b, bag)
     root = Checkpoint.CheckpointEnd(b)
     b.Finish(root, file_identifier=_IDENTIFIER)
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(b.Output())
-    os.replace(tmp, path)

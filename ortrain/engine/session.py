@@ -13,6 +13,7 @@ import os
 import numpy as np
 import onnx
 
+from ortrain._files import atomic_path
 from ortrain.engine._runtime import C, OrtValue
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
@@ -185,7 +186,8 @@ class TrainingSession:
             if self.device.kind != "cpu":
                 raise OrtrainError("live parameter views exist only on the CPU; use get()/set()")
             if name not in self.param_names:
-                raise KeyError(name)
+                raise OrtrainError(f"parameter {name!r} is not in this session; it holds "
+                                   f"{', '.join(self.param_names)}")
             v = self._views[name] = self._state.get_parameter(name).data.numpy()
         return v
 
@@ -218,9 +220,8 @@ class TrainingSession:
         self._live()
         for key, value in (properties or {}).items():
             self._state.add_property(key, value)
-        tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-        C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
 
     def properties(self) -> dict:
         self._live()

@@ -8,7 +8,6 @@ artifact cache's content hash meaningful.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -170,8 +169,3 @@ def check_model(model: onnx.ModelProto, what: str = "model") -> None:
         onnx.checker.check_model(model, full_check=False)
     except onnx.checker.ValidationError as exc:
         raise OrtrainError(f"the {what} ortrain built is not valid ONNX: {exc}") from exc
-
-
-def model_digest(model: onnx.ModelProto) -> str:
-    """sha256 of the deterministic serialization of ``model``."""
-    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()

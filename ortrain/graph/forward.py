@@ -46,7 +46,6 @@ class ForwardGraph:
     proto: onnx.ModelProto
     params: tuple[ParamSpec, ...]
     weights: dict[str, np.ndarray] = field(compare=False)
-    # input name -> the op a BatchNormalization-like consumer uses it for, etc. is not needed here
 
     @property
     def param_names(self) -> list[str]:

@@ -466,7 +466,11 @@ class Reshape(Layer):
 
     def __init__(self, target_shape, name=None):
         super().__init__(name)
-        target = tuple(int(d) for d in target_shape)
+        try:
+            target = tuple(int(d) for d in target_shape)
+        except (TypeError, ValueError):
+            raise OrtrainError(f"Reshape(target_shape=...): expected a tuple of ints, received {target_shape!r}") \
+                from None
         if not target or sum(d == -1 for d in target) > 1 or any(d == 0 or d < -1 for d in target):
             raise OrtrainError(f"Reshape(target_shape=...): expected positive sizes and at most one -1, "
                                f"received {target_shape!r}")

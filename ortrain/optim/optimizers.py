@@ -183,7 +183,10 @@ def get(spec) -> Optimizer:
             raise OrtrainError(f"optimizer: unknown name {name!r} in {spec!r}")
         if "betas" in cfg:
             cfg["betas"] = tuple(cfg["betas"])
-        return _BY_NAME[name](**cfg)
+        try:
+            return _BY_NAME[name](**cfg)
+        except TypeError as exc:  # an unknown or misspelt key
+            raise OrtrainError(f"{name}: cannot build it from {spec!r}: {exc}") from None
     if isinstance(spec, str) and spec.lower() in _BY_NAME:
         return _BY_NAME[spec.lower()]()
     raise OrtrainError(f"optimizer: expected 'adam', 'adamw', 'sgd' or an ot.optim object, received {spec!r}")

@@ -1,0 +1,105 @@
+"""The public surface of API.md: names exist, signatures and defaults are the contract's."""
+
+import inspect
+
+import pytest
+
+import ortrain as ot
+from ortrain import ag
+
+
+def params(fn) -> dict:
+    """Public parameters and their defaults (private ``_keywords`` are not part of the contract)."""
+    return {n: p.default for n, p in inspect.signature(fn).parameters.items() if not n.startswith("_")}
+
+
+def test_everything_in_all_is_importable():
+    for name in ot.__all__:
+        assert hasattr(ot, name), name
+
+
+@pytest.mark.parametrize("name", ["Dense", "Activation", "Dropout", "BatchNorm", "LayerNorm", "Embedding", "Conv2D",
+                                  "MaxPool2D", "AvgPool2D", "GlobalAvgPool2D", "Flatten", "Reshape", "Add",
+                                  "Concatenate"])
+def test_layers(name):
+    assert isinstance(getattr(ot.layers, name), type)
+
+
+def test_losses_optimizers_callbacks_errors():
+    for name in ("MeanSquaredError", "MeanAbsoluteError", "Huber", "CategoricalCrossentropy",
+                 "SparseCategoricalCrossentropy", "BinaryCrossentropy"):
+        assert hasattr(ot.losses, name)
+    assert params(ot.losses.Huber) == {"delta": 1.0}
+    assert params(ot.losses.CategoricalCrossentropy) == {"from_logits": False}
+    for name in ("Adam", "AdamW", "SGD"):
+        assert hasattr(ot.optim, name)
+    for name in ("step", "cosine", "warmup_cosine"):
+        assert callable(getattr(ot.optim.schedules, name))
+    for name in ("Callback", "EarlyStopping", "LearningRateScheduler", "StepDecay", "CosineDecay",
+                 "ReduceLROnPlateau", "CSVLogger", "ModelCheckpoint", "TerminateOnNaN"):
+        assert hasattr(ot.callbacks, name)
+    assert issubclass(ot.ShapeError, ValueError) and issubclass(ot.ShapeError, ot.OrtrainError)
+    assert issubclass(ot.FreedError, RuntimeError) and issubclass(ot.NonFiniteError, FloatingPointError)
+    assert issubclass(ot.UnsupportedOpError, NotImplementedError)
+
+
+def test_trainer_signatures():
+    assert params(ot.Trainer) == {"model": inspect.Parameter.empty, "batch_size": 32, "nbatch_logical": None,
+                                  "loss_mask": None, "weight_decay": None, "device": "cpu", "threads": None}
+    assert list(params(ot.Trainer.step)) == ["self", "x", "y", "sample_weight"]
+    assert list(params(ot.Trainer.eval)) == ["self", "x", "y", "sample_weight"]
+    assert params(ot.Trainer.predict)["batch_size"] is None
+    assert list(params(ot.Trainer.from_checkpoint))[:3] == ["model", "path", "batch_size"]
+    assert list(params(ot.Trainer.from_artifacts))[:2] == ["directory", "batch_size"]
+    for method in ("snapshot", "update_target", "model", "calibrate_bn", "set_lr", "save_checkpoint", "free"):
+        assert callable(getattr(ot.Trainer, method))
+    for method in ("predict", "get_weights", "free"):
+        assert callable(getattr(ot.Snapshot, method))
+
+
+def test_model_and_fit_signatures():
+    fit = params(ot.Model.fit)
+    for name, default in {"batch_size": None, "epochs": 1, "validation_split": 0.0, "validation_data": None,
+                          "shuffle": True, "sample_weight": None, "callbacks": None, "verbose": 1,
+                          "initial_epoch": 0}.items():
+        assert fit[name] == default, name
+    assert params(ot.fit_generator) == {
+        "model": inspect.Parameter.empty, "generator": inspect.Parameter.empty, "steps_per_epoch": None,
+        "epochs": 1, "initial_epoch": 0, "validation_generator": None, "validation_steps": None, "loss": None,
+        "optimizer": None, "nbatch_logical": None, "callbacks": (), "verbose": 1, "loss_mask": None,
+        "weight_decay": 0.0}
+    assert list(params(ot.from_onnx))[:4] == ["model", "trainable", "frozen", "input_names"]
+    for method in ("compile", "evaluate", "predict", "save", "export_onnx", "get_weights", "set_weights",
+                   "weight_names", "freeze", "unfreeze", "freeze_bn_stats", "unfreeze_bn_stats"):
+        assert callable(getattr(ot.Model, method))
+    assert params(ot.Model.predict)["batch_size"] is None
+
+
+def test_capture_signatures_and_ag_ops():
+    assert list(params(ot.capture_step)) == ["fn", "params", "optimizer", "max_grad_norm"]
+    assert params(ot.capture_step)["max_grad_norm"] is None
+    assert list(params(ot.capture)) == ["fn", "params"]
+    for name in ("param", "buffer", "matmul", "add", "sub", "mul", "div", "scale", "relu", "sigmoid", "tanh",
+                 "gelu", "softmax", "log_softmax", "exp", "log", "sum", "mean", "reshape", "transpose", "concat",
+                 "get_rows", "linear", "dropout", "mse_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
+                 "huber_loss", "bce_with_logits_loss"):
+        assert callable(getattr(ag, name)), name
+
+
+def test_artifacts_api():
+    assert list(params(ot.artifacts.build))[:6] == ["model", "trainable", "frozen", "loss", "optimizer", "out_dir"]
+    assert callable(ot.artifacts.load)
+
+
+def test_misplaced_optimizer_and_bad_configs_get_clear_errors():
+    import numpy as np
+    W = ag.param(np.zeros((2, 2)), name="W")
+    opt = ot.optim.Adam([W])
+    with pytest.raises(ot.OrtrainError, match="pass the optimizer by name"):
+        ot.capture_step(lambda x: ag.mean(W @ x), opt)
+    with pytest.raises(ot.OrtrainError, match="huber: cannot build it from"):
+        ot.losses.get({"name": "huber", "delt": 2})
+    with pytest.raises(ot.OrtrainError, match="adam: cannot build it from"):
+        ot.optim.get({"name": "adam", "learning_rate": 2})
+    with pytest.raises(ot.OrtrainError, match="Reshape\\(target_shape=...\\): expected a tuple of ints"):
+        ot.layers.Reshape(("a", 2))
