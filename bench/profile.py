@@ -84,16 +84,18 @@ def _node_profile(art, feeds, steps: int) -> list[tuple[str, float]]:
             module.lazy_reset_grad()
         del module, optimizer, state  # the profile is written when the sessions close
         times: dict[str, list[float]] = {}
+        decoder = json.JSONDecoder()
         for path in glob.glob(os.path.join(tmp, "profile*.json")):
             with open(path) as f:
-                for line in f:
-                    line = line.strip().rstrip(",")
-                    if not line.startswith("{"):
-                        continue
-                    event = json.loads(line)
-                    if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-                        key = f"{event['args'].get('op_name')} {event['name'][:-len('_kernel_time')]}"
-                        times.setdefault(key, []).append(event["dur"] * 1e-6)
+                text = f.read()
+            # Several sessions append their event arrays to one file; read every event object.
+            start = text.find('{"cat"')
+            while start != -1:
+                event, end = decoder.raw_decode(text, start)
+                if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                    key = f"{event['args'].get('op_name')} {event['name'][:-len('_kernel_time')]}"
+                    times.setdefault(key, []).append(event["dur"] * 1e-6)
+                start = text.find('{"cat"', end)
     warm = steps // 4
     return sorted(((k, statistics.median(v[warm:])) for k, v in times.items()), key=lambda kv: -kv[1])
 
