@@ -205,3 +205,30 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def compare_workers(module: str, names: list[str], rounds: int, warmup: int, calls: int,
+                    **kwargs) -> tuple[dict[str, list], dict[str, float]]:
+    """Time ``module``'s ``make_<name>(**kwargs)`` steps in worker processes, interleaved; returns
+    the per-call seconds of every round and each worker's peak resident memory (MB)."""
+    workers = {n: Worker(f"{module}:make_{n}", **kwargs) for n in names}
+    try:
+        times = interleave_workers(workers, rounds, warmup, calls)
+        rss = {n: w.peak_rss_mb() for n, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
+    return times, rss
+
+
+def implementations() -> list[str]:
+    """ortrain, the raw loop, and PyTorch when it is installed."""
+    return ["ortrain", "ort_loop"] + (["torch"] if have_torch() else [])
+
+
+def loop_ratios(times: dict[str, list]) -> dict:
+    """ortrain's time over the raw loop's, and PyTorch's time over ortrain's, per round."""
+    ratios = {"ortrain_time_over_ort_loop": paired_ratio(times["ortrain"], times["ort_loop"])}
+    if "torch" in times:
+        ratios["speedup_vs_torch"] = paired_ratio(times["torch"], times["ortrain"])
+    return ratios

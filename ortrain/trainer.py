@@ -18,6 +18,7 @@ import numpy as np
 from ortrain import artifacts as artifacts_mod
 from ortrain import engine
 from ortrain._arrays import positive_int, prepare_inputs, prepare_labels, prepare_sample_weight, run_chunks
+from ortrain._lifetime import Releasable
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
@@ -30,7 +31,7 @@ CALIBRATION_ROWS = 1024
 _PROP = "ortrain."
 
 
-class Snapshot:
+class Snapshot(Releasable):
     """An independent, eval-mode copy of a model's weights with its own inference session.
 
     It shares nothing mutable with the trainer that made it, does not move when the
@@ -82,14 +83,8 @@ class Snapshot:
     def freed(self) -> bool:
         return self._freed
 
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:
-            pass
 
-
-class Trainer:
+class Trainer(Releasable):
     """A training context for a compiled model; step it yourself.
 
     >>> import numpy as np, ortrain as ot
@@ -227,19 +222,6 @@ class Trainer:
             if r is not None:
                 r.free()
         self._runner = self._calib = None
-
-    def __enter__(self) -> Trainer:
-        self._live()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.free()
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:
-            pass
 
     # -- inputs ---------------------------------------------------------------------------------
     def _feeds(self, x, y, sample_weight, where: str, rows: int | None) -> list[np.ndarray]:

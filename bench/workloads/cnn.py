@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.common import Worker, have_torch, interleave_workers, ort_loop, paired_ratio, spread
+from bench.common import compare_workers, implementations, loop_ratios, ort_loop, spread
 
 BATCH, LR = 64, 1e-3
 HERE = "bench.workloads.cnn"
@@ -76,21 +76,13 @@ def run(quick: bool = False) -> dict:
     rounds, warmup, calls = (4, 1, 5) if quick else (15, 3, 20)
     from ortrain.engine import default_threads
     threads = default_threads()
-    names = ["ortrain", "ort_loop"] + (["torch"] if have_torch() else [])
-    workers = {n: Worker(f"{HERE}:make_{n}", threads=threads) for n in names}
-    try:
-        times = interleave_workers(workers, rounds, warmup, calls)
-    finally:
-        for w in workers.values():
-            w.close()
+    times, _ = compare_workers(HERE, implementations(), rounds, warmup, calls, threads=threads)
     sec = {n: spread(t) for n, t in times.items()}
     out = {"workload": "cnn", "title": "CNN 2x(conv3x3+BN), 28x28, batch 64, Adam", "threads": threads,
            "rounds": rounds, "calls_per_round": calls,
            "samples_per_s": {n: BATCH / s["median"] for n, s in sec.items()},
            "ms_per_step": {n: {k: 1e3 * s[k] for k in ("median", "p10", "p90")} for n, s in sec.items()},
-           "ratios": {"ortrain_time_over_ort_loop": paired_ratio(times["ortrain"], times["ort_loop"])}}
-    if "torch" in times:
-        out["ratios"]["speedup_vs_torch"] = paired_ratio(times["torch"], times["ortrain"])
+           "ratios": loop_ratios(times)}
     return out
 
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from bench.common import (
-    Worker,
+    compare_workers,
     dense_training_gemms,
-    have_torch,
-    interleave_workers,
+    implementations,
+    loop_ratios,
     ort_loop,
-    paired_ratio,
     sgemm_rate,
     spread,
 )
@@ -94,14 +93,7 @@ def run(quick: bool = False) -> dict:
     rounds, warmup, calls = (4, 1, 10) if quick else (15, 3, 40)
     from ortrain.engine import default_threads
     threads = default_threads()
-    names = ["ortrain", "ort_loop"] + (["torch"] if have_torch() else [])
-    workers = {n: Worker(f"{HERE}:make_{n}", threads=threads) for n in names}
-    try:
-        times = interleave_workers(workers, rounds, warmup, calls)
-        rss = {n: w.peak_rss_mb() for n, w in workers.items()}
-    finally:
-        for w in workers.values():
-            w.close()
+    times, rss = compare_workers(HERE, implementations(), rounds, warmup, calls, threads=threads)
     params = sum(a * b + b for a, b in zip(SIZES[:-1], SIZES[1:]))
     flops = 6.0 * params * BATCH
     peak, at_shapes = sgemm_rate(), sgemm_rate(dense_training_gemms(SIZES, BATCH))
@@ -115,12 +107,11 @@ def run(quick: bool = False) -> dict:
         "sgemm_gflops": {"square_1024": peak / 1e9, "step_shapes": at_shapes / 1e9},
         "ortrain_gflops": flops / ours / 1e9,
         "fraction_of_sgemm": {"square_1024": flops / ours / peak, "step_shapes": flops / ours / at_shapes},
-        "ratios": {"ortrain_time_over_ort_loop": paired_ratio(times["ortrain"], times["ort_loop"])},
+        "ratios": loop_ratios(times),
         "peak_rss_mb": rss,
         "notes": [] if "torch" in times else ["torch is not installed: the PyTorch loop was skipped"],
     }
     if "torch" in times:
-        out["ratios"]["speedup_vs_torch"] = paired_ratio(times["torch"], times["ortrain"])
         out["ratios"]["rss_ortrain_over_torch"] = rss["ortrain"] / rss["torch"]
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.common import Worker, have_torch, interleave_workers, ort_loop, paired_ratio, spread
+from bench.common import compare_workers, implementations, loop_ratios, ort_loop, spread
 
 BATCH, LR, THREADS = 16, 1e-3, 1
 HERE = "bench.workloads.trainer_step"
@@ -66,19 +66,11 @@ def make_torch():
 
 def run(quick: bool = False) -> dict:
     rounds, warmup, calls = (6, 2, 300) if quick else (30, 4, 1000)
-    names = ["ortrain", "ort_loop"] + (["torch"] if have_torch() else [])
-    workers = {n: Worker(f"{HERE}:make_{n}") for n in names}
-    try:
-        times = interleave_workers(workers, rounds, warmup, calls)
-    finally:
-        for w in workers.values():
-            w.close()
+    times, _ = compare_workers(HERE, implementations(), rounds, warmup, calls)
     us = {n: {k: 1e6 * v for k, v in spread(t).items() if k != "n"} for n, t in times.items()}
     out = {"workload": "trainer_step", "title": "Trainer.step, 4-8-2 softmax classifier, batch 16, Adam",
            "threads": THREADS, "rounds": rounds, "calls_per_round": calls, "us_per_call": us,
-           "ratios": {"ortrain_time_over_ort_loop": paired_ratio(times["ortrain"], times["ort_loop"])}}
-    if "torch" in times:
-        out["ratios"]["speedup_vs_torch"] = paired_ratio(times["torch"], times["ortrain"])
+           "ratios": loop_ratios(times)}
     return out
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ortrain import engine
 from ortrain._arrays import as_array
+from ortrain._lifetime import Releasable
 from ortrain.ag.tensor import Param
 from ortrain.ag.tracer import example_inputs, trace
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
@@ -32,7 +33,7 @@ def _extra_params(params, where: str) -> list[Param]:
     return items
 
 
-class TracedCall:
+class TracedCall(Releasable):
     """Base of the captures: binds arguments, checks inputs, tracks ``free``."""
 
     _where = "capture"
@@ -116,19 +117,6 @@ class TracedCall:
     @property
     def freed(self) -> bool:
         return self._freed
-
-    def __enter__(self):
-        self._live()
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:
-            pass
 
 
 class Capture(TracedCall):
