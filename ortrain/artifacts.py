@@ -257,18 +257,23 @@ def build(model, trainable=None, frozen=None, loss="mse", optimizer="adam", out_
     opt = optim.get(optimizer)
     key = _key(fg, loss, opt, weighting)
     target = Path(out_dir) if out_dir is not None else cache_dir() / key[:24]
+
+    def digest() -> str:
+        return _weights_digest(model, fg)
+
     with _publish_lock(target):
         existing = _existing(target, key)
         if existing is None:
-            return _publish(target, lambda tmp: _write(tmp, key, fg, loss, opt, weighting))
-        if not refresh_checkpoint or existing.manifest["weights_sha256"] == fg.weights_digest():
+            return _publish(target, lambda tmp: _write(tmp, key, fg, loss, opt, weighting, digest()))
+        if not refresh_checkpoint or existing.manifest["weights_sha256"] == digest():
             return existing
         if out_dir is not None:
-            return _publish(target, lambda tmp: _with_weights(existing, fg, tmp))
-    variant = target.with_name(f"{target.name}-{fg.weights_digest()[:12]}")
+            return _publish(target, lambda tmp: _with_weights(existing, fg, tmp, digest()))
+    variant = target.with_name(f"{target.name}-{digest()[:12]}")
     with _publish_lock(variant):
         found = _existing(variant, key)
-        return found if found is not None else _publish(variant, lambda tmp: _with_weights(existing, fg, tmp))
+        return found if found is not None else \
+            _publish(variant, lambda tmp: _with_weights(existing, fg, tmp, digest()))
 
 
 @contextlib.contextmanager
@@ -303,6 +308,11 @@ def _publish(target: Path, fill) -> Artifacts:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return load(target)
+
+
+def _weights_digest(model, fg: ForwardGraph) -> str:
+    """The model's remembered digest when it keeps one (ortrain models do), else a fresh one."""
+    return model.weights_digest() if hasattr(model, "weights_digest") else fg.weights_digest()
 
 
 def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
@@ -356,7 +366,7 @@ def _existing(target: Path, key: str) -> Artifacts | None:
 
 
 def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer,
-           weighting: str | None) -> None:
+           weighting: str | None, weights_sha256: str) -> None:
     if not fg.names("trainable"):
         raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights")
     lm, io = loss_model(fg, loss, weighting)
@@ -377,10 +387,10 @@ def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: 
     onnx.save(fg.proto, directory / "forward.onnx")
     manifest = {"format": FORMAT, "key": key, "versions": versions(), "opset": OPSET, **io,
                 "parameters": [p.to_json() for p in fg.params], "loss": loss.config(), "optimizer": opt.config()}
-    _finish(directory, manifest, fg)
+    _finish(directory, manifest, fg, weights_sha256)
 
 
-def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path) -> None:
+def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weights_sha256: str) -> None:
     """The graphs of ``existing`` (hard-linked where the file system allows) with ``fg``'s weights."""
     for name in FILES:
         if name == "checkpoint":
@@ -390,16 +400,16 @@ def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path) -> Non
         except OSError:
             shutil.copyfile(existing.directory / name, directory / name)
     manifest = {k: v for k, v in existing.manifest.items() if k not in ("files", "weights_sha256")}
-    _finish(directory, manifest, fg)
+    _finish(directory, manifest, fg, weights_sha256)
 
 
-def _finish(directory: Path, manifest: dict, fg: ForwardGraph) -> None:
+def _finish(directory: Path, manifest: dict, fg: ForwardGraph, weights_sha256: str) -> None:
     """Write the checkpoint of ``fg``'s weights and the manifest with every file's hash."""
     roles = {p.name: p.role for p in fg.params}
     engine.write_initial_checkpoint(directory / "checkpoint",
                                     {n: a for n, a in fg.weights.items() if roles[n] == "trainable"},
                                     {n: a for n, a in fg.weights.items() if roles[n] != "trainable"})
-    manifest = dict(manifest, weights_sha256=fg.weights_digest(),
+    manifest = dict(manifest, weights_sha256=weights_sha256,
                     files={name: _sha256(directory / name) for name in FILES})
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
 

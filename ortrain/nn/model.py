@@ -214,6 +214,14 @@ class Model:
         self._version += 1
         self._runners.clear()
 
+    def weights_digest(self) -> str:
+        """sha256 of the weights, remembered until ``set_weights`` (or training) changes them: a
+        cache hit on ResNet-50's artifacts would otherwise spend most of its time hashing 100 MB."""
+        memo = getattr(self, "_digest", None)
+        if memo is None or memo[0] != self._version:
+            self._digest = memo = (self._version, self.forward_graph().weights_digest())
+        return memo[1]
+
     # -- the forward graph ----------------------------------------------------------------
     @property
     def input_specs(self) -> list[TensorSpec]:
