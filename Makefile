@@ -7,9 +7,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.ortrain-installed
+TSTAMP := $(VENV)/.ortrain-test-installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv install test test-all demo bench lint artifacts clean
+.PHONY: help venv install install-test test test-all demo bench lint artifacts clean
 
 help:
 	@echo "make test      create .venv, install ortrain with test extras, run the tests and doctests (<10 min)"
@@ -27,29 +28,37 @@ $(VENV)/bin/python:
 
 venv: $(VENV)/bin/python
 
+# The demo needs ortrain and its progress/plot extras; the tests add pytest, torch (for the
+# PyTorch parity tests) and onnxscript (torch's ONNX exporter).
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -e ".[test,progress,plot]"
+	$(PIP) install -e ".[progress,plot]"
 	@touch $(STAMP)
+
+$(TSTAMP): $(STAMP)
+	$(PIP) install -e ".[test,progress,plot]"
+	@touch $(TSTAMP)
 
 install: $(STAMP)
 
-test: install
+install-test: $(TSTAMP)
+
+test: install-test
 	$(PYTEST) -q -m "not slow" ; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
-test-all: install
+test-all: install-test
 	$(PYTEST) -q ; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 demo: install
 	$(VENV)/bin/ortrain demo
 
-bench: install
+bench: install-test
 	$(PIP) install -e ".[bench]"
 	$(PY) -m bench.run
 
-artifacts: install
+artifacts: install-test
 	$(PY) artifacts/generate.py
 
-lint: install
+lint: install-test
 	$(PIP) install ruff
 	$(PY) -m ruff check ortrain tests bench examples
 
