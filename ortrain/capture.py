@@ -75,13 +75,7 @@ class CaptureStep(TracedCall):
     # -- the hot path ------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         """Run one step on the named input arrays; returns the loss, or a dict of outputs."""
-        if self._freed:
-            self._live()
-        if args:
-            kwargs = self._bind(args, kwargs)
-        if self._session is None:
-            self._build(kwargs)
-        feeds = self._prepare(kwargs)
+        feeds = self._arrive(args, kwargs, self._session is not None)
         opt = self._opt
         if opt._state_source is not self._source or opt._state_version != self._version or opt.step != self._step:
             self._resync()

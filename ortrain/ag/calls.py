@@ -69,6 +69,17 @@ class TracedCall(Releasable):
         self._feeds = [None] * len(order)
         self._checks = tuple((slot[name], name, rows, op) for name, rows, op in traced.index_checks)
 
+    def _arrive(self, args, kwargs, built: bool) -> list:
+        """What every call does first: refuse after free, bind positional arrays to names, trace on
+        the first call, and check the arrays against the traced inputs."""
+        if self._freed:
+            self._live()
+        if args:
+            kwargs = self._bind(args, kwargs)
+        if not built:
+            self._build(kwargs)
+        return self._prepare(kwargs)
+
     def _prepare(self, kwargs) -> list:
         """The feeds in graph order; raises ShapeError (changing nothing) on a bad input."""
         feeds = self._feeds
@@ -128,13 +139,7 @@ class Capture(TracedCall):
 
     def __call__(self, *args, **kwargs):
         """Run the forward graph on the named input arrays with the params' current values."""
-        if self._freed:
-            self._live()
-        if args:
-            kwargs = self._bind(args, kwargs)
-        if self._runner is None:
-            self._build(kwargs)
-        feeds = self._prepare(kwargs)
+        feeds = self._arrive(args, kwargs, self._runner is not None)
         named = self._named
         for i, name in enumerate(self._used):
             named[name] = feeds[i]
