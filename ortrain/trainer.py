@@ -156,7 +156,9 @@ class Trainer(Releasable):
             art = artifacts_mod.build(model, loss=model.loss, optimizer=opt, weighting=weighting,
                                       refresh_checkpoint=False)
         self._art = art
-        self._model = model.copy()  # the caller's model is never changed
+        # The architecture, for model() and calibrate_bn(): its weights are never read (model() takes
+        # the session's), so it holds read-only views of the caller's instead of a copy of them.
+        self._model = model._copy_with({n: _read_only(a) for n, a in model._weight_table().items()})
         self._params = list(art.params)  # the roles the graphs were built with
         self._trainable = [p.name for p in self._params if p.role == "trainable"]
         state = model.train_state
@@ -367,9 +369,7 @@ class Trainer(Releasable):
     def model(self) -> Model:
         """A new Model carrying the current weights (the constructor's model is never changed)."""
         self._live()
-        m = self._model.copy()
-        m.set_weights({p.name: self._session.get(p.name) for p in self._params})
-        return m
+        return self._model._copy_with({p.name: self._session.get(p.name) for p in self._params})
 
     def export_state(self) -> TrainState:
         """The optimizer state, for a model to carry into its next ``fit``."""
@@ -511,3 +511,9 @@ class Trainer(Releasable):
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"n_steps={self._n_steps}, lr={self._lr:g}"
         return f"<Trainer batch_size={getattr(self, 'batch_size', '?')} {state}>"
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view

@@ -49,3 +49,39 @@ def test_resume_from_a_checkpoint_with_a_reloaded_dropout_model(tmp_path, rng):
     trained.save(tmp_path / "m.ortrain")
     with ot.Trainer.from_checkpoint(ot.load_model(tmp_path / "m.ortrain"), tmp_path / "ck", batch_size=4) as tr2:
         assert tr2.n_steps == 1
+
+
+def _graph_model(rng):
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(rng.standard_normal((4, 2)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])], [w])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def test_trainer_models_own_their_weights(rng):
+    """A Trainer keeps only the architecture of the model it was given; the models it hands out
+    are independent of that model, of the trainer and of each other."""
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    y = rng.standard_normal((4, 2)).astype(np.float32)
+    for model in (dropout_model(), _graph_model(rng)):
+        before = [w.copy() for w in model.get_weights()]
+        with ot.Trainer(model, batch_size=4) as tr:
+            tr.step(x, y)
+            first = tr.model()
+            trained = [w.copy() for w in first.get_weights()]
+            assert any(not np.array_equal(a, b) for a, b in zip(trained, before))
+            first.set_weights([w + 1 for w in trained])
+            for w in first._weight_table().values():
+                w *= 2  # in place, through the model's own arrays
+            second = tr.model()
+            for got, want in zip(second.get_weights(), trained):
+                np.testing.assert_array_equal(got, want)
+            tr.step(x, y)
+        for got, want in zip(model.get_weights(), before):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(second.get_weights(), trained):
+            np.testing.assert_array_equal(got, want)

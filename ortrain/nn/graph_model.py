@@ -23,7 +23,8 @@ class GraphModel(Model):
         self._weights = {p.name: np.ascontiguousarray(forward.weights[p.name]) for p in self._params}
         self.layers = []
         self._nodes = []
-        missing = [p.name for p in self._params if p.name not in {vi.name for vi in self._proto.graph.input}]
+        listed = {vi.name for vi in self._proto.graph.input}
+        missing = [p.name for p in self._params if p.name not in listed]
         if missing:
             raise OrtrainError(f"parameters {missing} are not graph inputs of the forward graph")
 

@@ -440,8 +440,14 @@ class Model:
 
     def copy(self) -> Model:
         """An independent model with the same architecture, weights, freezing and compile settings."""
+        return self._copy_with(None)
+
+    def _copy_with(self, weights: dict[str, np.ndarray] | None) -> Model:
+        """A copy of this model holding ``weights`` (name -> array, taken as given where the model
+        keeps arrays as they come) instead of copies of its own: one copy of the weights, not two."""
         from ortrain.nn.saving import model_from_record, model_record
-        return model_from_record(*model_record(self))
+        record, own, aux = model_record(self, with_weights=weights is None)
+        return model_from_record(record, own if weights is None else weights, aux)
 
     def summary(self, print_fn=print) -> None:
         rows = [("Layer (type)", "Output shape", "Params")]

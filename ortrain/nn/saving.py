@@ -46,8 +46,9 @@ def _tensor_ref(model, t):
     raise OrtrainError("internal: tensor not found in the model graph")
 
 
-def model_record(model) -> tuple[dict, dict, dict]:
-    """(record, weights, optimizer arrays) describing ``model`` completely."""
+def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, dict]:
+    """(record, weights, optimizer arrays) describing ``model`` completely; the weights are copies
+    (``None`` without ``with_weights``)."""
     from ortrain.nn.graph_model import GraphModel
     record = {"format": FORMAT, "ortrain": __version__, "name": model.name,
               "frozen": sorted(model._frozen), "frozen_stats": sorted(model._frozen_stats)}
@@ -77,7 +78,7 @@ def model_record(model) -> tuple[dict, dict, dict]:
                 opt_arrays[f"{k}\x00{i}"] = m
     else:
         record["train_state"] = None
-    weights = dict(zip(model.weight_names(), model.get_weights()))
+    weights = dict(zip(model.weight_names(), model.get_weights())) if with_weights else None
     record["_extra"] = sorted(extra)
     from ortrain.nn.model import Sequential
     record["sequential"] = isinstance(model, Sequential)
