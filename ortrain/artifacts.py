@@ -450,8 +450,14 @@ def load(directory) -> Artifacts:
     return Artifacts(d, manifest)
 
 
-def optimizer_graph_file(opt: optim.Optimizer, weight_decay: float | None, directory: Path) -> Path:
-    """Write the update graph for ``opt`` (with a weight-decay override) into ``directory``."""
+def optimizer_graph_file(opt: optim.Optimizer, weight_decay: float | None, directory: Path,
+                         art: Artifacts | None = None) -> Path:
+    """The update graph for ``opt`` with a weight-decay override: ``art``'s own when that is the same
+    graph, else one written into ``directory``."""
+    if art is not None and weight_decay == getattr(opt, "weight_decay", 0.0):
+        built_for = {k: v for k, v in art.manifest["optimizer"].items() if k != "lr"}
+        if built_for == json.loads(json.dumps(_opt_config(opt))):
+            return art.optimizer_graph
     path = directory / "optimizer.onnx"
     onnx.save(opt.graph(weight_decay), path)
     return path

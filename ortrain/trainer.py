@@ -167,7 +167,7 @@ class Trainer(Releasable):
         # (half a second for ResNet-50), and the artifacts were built for exactly these weights' names.
         copy_weights = checkpoint is None and (state is None or not state.moments)
         with artifacts_mod.scratch_dir() as tmp:
-            opt_path = artifacts_mod.optimizer_graph_file(opt, weight_decay, tmp)
+            opt_path = artifacts_mod.optimizer_graph_file(opt, weight_decay, tmp, art)
             if copy_weights:
                 checkpoint = art.checkpoint
             elif checkpoint is None:

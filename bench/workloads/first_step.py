@@ -4,7 +4,8 @@ for the MLP of (c) and for ResNet-50 from the ONNX model zoo's light files (rand
 Each measurement is a fresh Python process: "cold" starts with an empty artifact cache,
 "warm" with the cache the cold run filled. The clock runs from the model description
 (the Sequential, or the ``.onnx`` file) to the end of the first ``Trainer.step``; importing
-ortrain is reported separately.
+ortrain is reported separately, and so are the parts of a start (describing the model, creating
+the Trainer, the first step) and the time of the step after it.
 """
 
 from __future__ import annotations
@@ -38,10 +39,15 @@ else:
     model.compile(optimizer="adam", loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
     x, y, batch = rng.random((1, 3, 224, 224), dtype=np.float32), np.array([3]), 1
+described = time.perf_counter()
 tr = ot.Trainer(model, batch_size=batch)
+ready = time.perf_counter()
 tr.step(x, y)
 end = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "first_step_s": end - start}))
+tr.step(x, y)
+again = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_step_s": end - start, "model_s": described - start,
+                  "trainer_s": ready - described, "step_s": end - ready, "next_step_s": again - end}))
 """
 
 
@@ -66,20 +72,23 @@ def _resnet_file(directory: Path) -> str:
 
 
 def measure(kind: str, path: str, colds: int, warms: int) -> dict:
-    cold, warm, imports = [], [], []
+    cold, warm = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(colds):
-            cache = Path(tmp) / f"cache-{i}"
-            r = _child(kind, cache, path)
-            cold.append(r["first_step_s"])
-            imports.append(r["import_s"])
+            cold.append(_child(kind, Path(tmp) / f"cache-{i}", path))
         for _ in range(warms):
-            r = _child(kind, Path(tmp) / "cache-0", path)
-            warm.append(r["first_step_s"])
-            imports.append(r["import_s"])
-    c, w = statistics.median(cold), statistics.median(warm)
-    return {"cold_s": c, "warm_s": w, "warm_over_cold": w / c, "cold_runs": cold, "warm_runs": warm,
-            "import_ortrain_s": statistics.median(imports)}
+            warm.append(_child(kind, Path(tmp) / "cache-0", path))
+
+    def median(runs, key):
+        return statistics.median(r[key] for r in runs)
+    c, w = median(cold, "first_step_s"), median(warm, "first_step_s")
+    # Where a start goes: describing the model, creating the Trainer (artifacts and sessions), the
+    # first step; and an ordinary step after it, the part of any start no cache can remove.
+    parts = ("model_s", "trainer_s", "step_s", "next_step_s")
+    return {"cold_s": c, "warm_s": w, "warm_over_cold": w / c,
+            "cold_parts": {k: median(cold, k) for k in parts}, "warm_parts": {k: median(warm, k) for k in parts},
+            "cold_runs": [r["first_step_s"] for r in cold], "warm_runs": [r["first_step_s"] for r in warm],
+            "import_ortrain_s": median(cold + warm, "import_s")}
 
 
 def run(quick: bool = False) -> dict:
