@@ -7,7 +7,14 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import ortrain as ot
-from ortrain.graph.passes import average_pool_as_conv, for_training, relu_as_mask
+from ortrain.graph.passes import (
+    BATCH_DIM,
+    average_pool_as_conv,
+    bias_grad_as_matmul,
+    for_training,
+    name_batch_dimension,
+    relu_as_mask,
+)
 
 
 def one_node_model(op, attrs, shape):
@@ -87,6 +94,68 @@ def test_exported_models_keep_the_original_ops(tmp_path):
 def test_rewrites_leave_other_graphs_alone():
     model = one_node_model("Sigmoid", {}, [None, 3])
     assert relu_as_mask(model) is model and average_pool_as_conv(model) is model
+    assert bias_grad_as_matmul(model) is model
+    fixed = one_node_model("Sigmoid", {}, [4, 3])
+    assert name_batch_dimension(fixed) is fixed
+
+
+def _dims(vi):
+    return [d.dim_param or d.dim_value or None for d in vi.type.tensor_type.shape.dim]
+
+
+def test_name_batch_dimension():
+    x = helper.make_tensor_value_info("x", 1, [None, 3])
+    named = helper.make_tensor_value_info("n", 1, ["rows", 3])
+    fixed = helper.make_tensor_value_info("f", 1, [2, 3])
+    scalar = helper.make_tensor_value_info("s", 1, [])
+    graph = helper.make_graph([helper.make_node("Sum", ["x", "n", "f", "s"], ["y"])], "g", [x, named, fixed, scalar],
+                              [helper.make_tensor_value_info("y", 1, [None, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    out = name_batch_dimension(model)
+    assert [_dims(vi) for vi in out.graph.input] == [[BATCH_DIM, 3], ["rows", 3], [2, 3], []]
+    assert _dims(out.graph.output[0]) == [None, 3]  # outputs are the model's own business
+    assert _dims(model.graph.input[0]) == [None, 3]  # the input model is left alone
+
+
+def test_named_batch_gives_plain_elementwise_gradients():
+    """With the batch named, the gradient builder sees that an elementwise product's operands have
+    one shape and emits no run-time broadcast reduction (a full copy of the gradient)."""
+    model = ot.Sequential([ot.layers.Dense(8, activation="relu"), ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    ops = [n.op_type for n in onnx.load(ot.artifacts.build(model).training).graph.node]
+    assert "BroadcastGradientArgs" not in ops and "ReduceSum" not in ops, ops
+    assert ops.count("MatMul") == 2  # the two bias gradients, as one-row products
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("axis", [0, -2])
+def test_bias_grad_as_matmul(rng, keepdims, axis):
+    from onnx import numpy_helper
+    w = numpy_helper.from_array(rng.standard_normal((5, 3)).astype(np.float32), "w")
+    axes = numpy_helper.from_array(np.array([axis], np.int64), "axes")
+    other = numpy_helper.from_array(np.array([1], np.int64), "axes1")
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["g"]),
+             helper.make_node("ReduceSum", ["x", "axes"], ["cols"], keepdims=keepdims),
+             helper.make_node("ReduceSum", ["x", "axes1"], ["rows"], keepdims=keepdims),  # not a column sum
+             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("ReduceSum", ["r", "axes"], ["free"], keepdims=keepdims)]  # no Gemm reads r
+    cols, rows = ([1, 5], ["batch", 1]) if keepdims else ([5], ["batch"])
+    outs = [helper.make_tensor_value_info(n, 1, shape)
+            for n, shape in (("g", ["batch", 3]), ("cols", cols), ("rows", rows), ("free", cols))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, ["batch", 5])], outs, [w, axes, other])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    out = bias_grad_as_matmul(model)
+    assert [n.op_type for n in out.graph.node].count("ReduceSum") == 2
+    assert "MatMul" in [n.op_type for n in out.graph.node]
+    onnx.checker.check_model(out, full_check=True)
+    for rows in (7, 1):
+        x = rng.standard_normal((rows, 5)).astype(np.float32)
+        want = ReferenceEvaluator(model).run(None, {"x": x})
+        got = ReferenceEvaluator(out).run(None, {"x": x})
+        np.testing.assert_allclose(got[1], x.sum(axis=0, keepdims=bool(keepdims)), rtol=1e-6, atol=1e-6)
+        for a, b in zip(got, want):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_imported_ceil_mode_average_pool_trains(rng, tmp_path):
