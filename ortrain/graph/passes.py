@@ -205,8 +205,6 @@ def relu_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-
-
 BATCH_DIM = "batch"
 
 
