@@ -13,7 +13,7 @@ from ortrain.graph.passes import (
     bias_grad_as_matmul,
     for_training,
     name_batch_dimension,
-    relu_as_mask,
+    relu_grad_as_mask,
 )
 
 
@@ -31,17 +31,43 @@ def same_values(model, rewritten, x, **tol):
     onnx.checker.check_model(rewritten)
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply")
-def test_relu_as_mask(rng):
-    model = one_node_model("Relu", {}, [None, 7])
-    rewritten = relu_as_mask(model)
-    assert [n.op_type for n in rewritten.graph.node] == ["Greater", "Cast", "Mul"]
-    x = rng.standard_normal((5, 7)).astype(np.float32)
-    x[0, :3] = [0.0, np.inf, 1e-30]
-    same_values(model, rewritten, x, rtol=0, atol=0)
-    # The one difference, documented: -inf times a zero mask is NaN where Relu gives 0.
-    x[0, 0] = -np.inf
-    assert np.isnan(ReferenceEvaluator(rewritten).run(None, {"x": x})[0][0, 0])
+def _relu_grad_model():
+    node = helper.make_node("ReluGrad", ["dy", "v"], ["dx"], domain="com.microsoft")
+    inputs = [helper.make_tensor_value_info(n, 1, [None, 9]) for n in ("dy", "v")]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("dx", 1, [None, 9])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=8)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply")
+def test_relu_grad_as_mask(rng):
+    """The rewrite gives dy where v > 0 and zero elsewhere, as onnxruntime's ReluGrad does, down to
+    subnormals and infinities; judged by numpy and by the runtime's own kernel."""
+    import onnxruntime as ort
+
+    from ortrain.engine._runtime import C  # noqa: F401  (the training build, which has ReluGrad)
+    model = _relu_grad_model()
+    rewritten = relu_grad_as_mask(model)
+    assert [n.op_type for n in rewritten.graph.node] == ["Mul", "Mul", "Clip", "Mul"]
+    onnx.checker.check_model(rewritten, full_check=True)
+    dy = rng.standard_normal((4, 9)).astype(np.float32)
+    v = rng.standard_normal((4, 9)).astype(np.float32)
+    tiny = np.float32(2.0 ** -149)
+    v[0] = [0.0, -0.0, tiny, -tiny, np.inf, -np.inf, np.finfo(np.float32).max, 1e-38, -1e-38]
+    want = np.where(v > 0, dy, np.float32(0))
+    got = ReferenceEvaluator(rewritten).run(None, {"dy": dy, "v": v})[0]
+    np.testing.assert_array_equal(np.abs(got), np.abs(want))  # zeros may carry a sign
+    kernel = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(np.abs(kernel.run(None, {"dy": dy, "v": v})[0]), np.abs(got))
+
+
+def test_training_graphs_have_no_relu_grad_kernel():
+    model = ot.Sequential([ot.layers.Conv2D(2, 3), ot.layers.BatchNorm(), ot.layers.Activation("relu"),
+                           ot.layers.Flatten(), ot.layers.Dense(3, activation="relu"), ot.layers.Dense(2)],
+                          input_shape=(1, 6, 6), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    ops = [n.op_type for n in onnx.load(ot.artifacts.build(model).training).graph.node]
+    assert ops.count("Relu") == 2 and "ReluGrad" not in ops and ops.count("Clip") == 2, ops
 
 
 POOLS = [
@@ -88,13 +114,13 @@ def test_exported_models_keep_the_original_ops(tmp_path):
     trained_ops = {n.op_type for n in onnx.load(art.training).graph.node}
     assert "ReluGrad" not in trained_ops and "AveragePoolGrad" not in trained_ops
     rewritten = {n.op_type for n in for_training(onnx.load(art.forward)).graph.node}
-    assert "Relu" not in rewritten and "AveragePool" not in rewritten
+    assert "AveragePool" not in rewritten
 
 
 def test_rewrites_leave_other_graphs_alone():
     model = one_node_model("Sigmoid", {}, [None, 3])
-    assert relu_as_mask(model) is model and average_pool_as_conv(model) is model
-    assert bias_grad_as_matmul(model) is model
+    assert average_pool_as_conv(model) is model
+    assert bias_grad_as_matmul(model) is model and relu_grad_as_mask(model) is model
     fixed = one_node_model("Sigmoid", {}, [4, 3])
     assert name_batch_dimension(fixed) is fixed
 
