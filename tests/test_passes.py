@@ -153,6 +153,17 @@ def test_named_batch_gives_plain_elementwise_gradients():
     assert ops.count("MatMul") == 2  # the two bias gradients, as one-row products
 
 
+def test_bias_grad_as_matmul_leaves_other_types_alone():
+    from onnx import numpy_helper
+    w = numpy_helper.from_array(np.ones((5, 3)), "w")  # float64: the Gemm and its operands are double
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["g"]), helper.make_node("ReduceSum", ["x", "axes"], ["cols"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, ["batch", 5])],
+                              [helper.make_tensor_value_info("cols", onnx.TensorProto.DOUBLE, [1, 5])], [w, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert bias_grad_as_matmul(model) is model
+
+
 @pytest.mark.parametrize("keepdims", [0, 1])
 @pytest.mark.parametrize("axis", [0, -2])
 def test_bias_grad_as_matmul(rng, keepdims, axis):

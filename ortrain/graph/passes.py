@@ -217,10 +217,16 @@ def bias_grad_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     The gradient builder sums ``Gemm``'s output gradient over the batch for the bias that way, and
     onnxruntime's CPU ``ReduceSum`` over axis 0 of a 2-D tensor is slow (about 50 us for 128 x 512,
     measured), where the same sums as a one-row matrix product cost a few microseconds. ``t`` is 2-D
-    because a ``Gemm`` reads it. The sums are the same up to the order of float additions.
+    because a ``Gemm`` reads it, and float32 because that ``Gemm`` also reads a tensor declared
+    float32 (its operands share one type); other column sums are left alone. The sums are the same
+    up to the order of float additions.
     """
-    inits = {t.name: t for t in model.graph.initializer}
-    gemm_inputs = {i for n in model.graph.node if n.op_type == "Gemm" for i in n.input[:2]}
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    declared = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.input, *g.value_info, *g.output]}
+    declared.update((t.name, t.data_type) for t in g.initializer)
+    gemm_inputs = {i for n in g.node if n.op_type == "Gemm"
+                   and any(declared.get(x) == onnx.TensorProto.FLOAT for x in n.input) for i in n.input[:2]}
 
     def column_sum(n) -> bool:
         if n.op_type != "ReduceSum" or n.input[0] not in gemm_inputs or len(n.input) < 2 or n.input[1] not in inits:
