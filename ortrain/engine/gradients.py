@@ -58,7 +58,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
                                      f"freeze the weights before it or replace the op") from exc
         raise OrtrainError(f"onnxruntime-training could not build the gradient graph: "
                            f"{str(exc).splitlines()[0]}") from exc
-    training = for_gradients(onnx.load_from_string(builder.get_model()))
+    training = for_gradients(onnx.load_from_string(builder.get_model()), model)
     training_graph_utils._reorder_outputs(training, outputs, grads)
     training_graph_utils.build_gradient_accumulation_graph(training, grads)
     for m in (training, eval_model):

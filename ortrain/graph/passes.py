@@ -262,17 +262,31 @@ def bias_grad_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
 _TWO_127 = float(2.0 ** 127)
 
 
-def relu_grad_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrite ``ReluGrad(dy, v)`` as ``dy * clip(v * 2^127 * 2^127, 0, 1)``.
+def float32_values(model: onnx.ModelProto) -> set[str]:
+    """Names of the float32 values of a standard-ONNX graph, by onnx's type inference (values it
+    cannot type are left out)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    out = {vi.name for vi in [*g.input, *g.value_info, *g.output]
+           if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    return out | {t.name for t in g.initializer if t.data_type == onnx.TensorProto.FLOAT}
+
+
+def relu_grad_as_mask(model: onnx.ModelProto, float32: set[str]) -> onnx.ModelProto:
+    """Rewrite ``ReluGrad(dy, v)``, ``v`` one of the ``float32`` values, as ``dy * clip(v * 2^127 * 2^127, 0, 1)``.
 
     onnxruntime-training 1.19.2's CPU ``ReluGrad`` kernel is slow (5 ns an element: 8.7 ms for a
     64 x 32 x 28 x 28 activation, measured), where multiplications and ``Clip`` are vectorised
     and threaded. ``v`` is the Relu's input or output, whichever the builder kept; the mask is
     exact either way: any ``v > 0``, down to the smallest subnormal 2^-149, times 2^254 is at
     least 1 (inf included) and clips to 1; ``v <= 0`` clips to 0. So each element of the result
-    is ``dy`` or zero, as ``ReluGrad`` gives (up to the sign of zero).
+    is ``dy`` or zero, as ``ReluGrad`` gives (up to the sign of zero). The constants are float32,
+    so a ``ReluGrad`` over another type (float16 has a kernel) is left as it is.
     """
-    if not any(n.op_type == "ReluGrad" for n in model.graph.node):
+    def rewritable(n) -> bool:
+        return n.op_type == "ReluGrad" and n.input[1] in float32
+
+    if not any(rewritable(n) for n in model.graph.node):
         return model
     out = copy.deepcopy(model)
     scale, zero, one = "ortrain.relu_grad/two_127", "ortrain.relu_grad/zero", "ortrain.relu_grad/one"
@@ -280,7 +294,7 @@ def relu_grad_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
                                  for v, name in ((_TWO_127, scale), (0.0, zero), (1.0, one)))
     nodes = []
     for i, node in enumerate(out.graph.node):
-        if node.op_type != "ReluGrad":
+        if not rewritable(node):
             nodes.append(node)
             continue
         p = f"{node.name or 'ReluGrad'}/as_mask_{i}/"
@@ -293,6 +307,7 @@ def relu_grad_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def for_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrites of a training graph as onnxruntime-training's gradient builder wrote it."""
-    return bias_grad_as_matmul(relu_grad_as_mask(model))
+def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrites of a training graph as onnxruntime-training's gradient builder wrote it from
+    ``forward`` (standard ONNX, whose value types the rewrites may need)."""
+    return bias_grad_as_matmul(relu_grad_as_mask(model, float32_values(forward)))
