@@ -116,8 +116,9 @@ def rows(results: dict) -> list[tuple]:
             m = r[name]
             parts = m.get("warm_parts")
             split = "" if parts is None else (
-                f" = model {_secs(parts['model_s'])} + Trainer {_secs(parts['trainer_s'])} + step "
-                f"{_secs(parts['step_s'])}; the next step {_secs(parts['next_step_s'])}")
+                f" (medians of its parts: model and data {_secs(parts['model_s'])}, Trainer "
+                f"{_secs(parts['trainer_s'])}, first step {_secs(parts['step_s'])}; the next step "
+                f"{_secs(parts['next_step_s'])})")
             out.append((f"(f) first step, {name}", "warm / cold", f"{m['warm_over_cold']:.2f}", "<= 0.20",
                         _met(m["warm_over_cold"] <= 0.2),
                         f"cold {_secs(m['cold_s'])}, warm {_secs(m['warm_s'])}{split}"))

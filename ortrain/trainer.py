@@ -157,7 +157,9 @@ class Trainer(Releasable):
                                       refresh_checkpoint=False)
         self._art = art
         # The architecture, for model() and calibrate_bn(): its weights are never read (model() takes
-        # the session's), so it holds read-only views of the caller's instead of a copy of them.
+        # the session's), so it is handed read-only views of the caller's. An imported model keeps
+        # them as they are (no copy of, say, ResNet-50's 100 MB); a layer model copies them into
+        # its layers.
         self._model = model._copy_with({n: _read_only(a) for n, a in model._weight_table().items()})
         self._params = list(art.params)  # the roles the graphs were built with
         self._trainable = [p.name for p in self._params if p.role == "trainable"]

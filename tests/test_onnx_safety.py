@@ -160,6 +160,29 @@ REFUSALS.update({
 })
 
 
+def _initializer_model(rng, edit, ir=8, listed=False):
+    w = numpy_helper.from_array(_f32(rng, 64, 2), "w")  # large enough that onnx would not inline-check it
+    edit(w)
+    inputs = [_vi("x", [None, 64])] + ([helper.make_tensor_value_info("w", w.data_type, [64, 2])] if listed else [])
+    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])], inputs, [_vi("y", [None, 2])], [w],
+                  opset=17 if ir >= 8 else 9, ir=ir)
+
+
+def test_initializers_are_checked_without_their_bytes(rng):
+    """What onnx's checker asked of each initializer, ortrain asks itself (the checker sees no weights)."""
+    cases = [  # both float_data and raw_data; no values; no element type
+        (lambda w: w.float_data.extend([1.0] * 128), "uses float_data, raw_data"),
+        (lambda w: w.ClearField("raw_data"), "uses none"),
+        (lambda w: setattr(w, "data_type", 0), "has no element type"),
+    ]
+    for edit, message in cases:
+        with pytest.raises(ot.OrtrainError, match=f"from_onnx: the model is not valid ONNX: initializer 'w' .*{message}"):
+            ot.from_onnx(_initializer_model(rng, edit))
+    with pytest.raises(ot.OrtrainError, match="initializer 'w' is not a graph input, which IR version 3 requires"):
+        ot.from_onnx(_initializer_model(rng, lambda w: None, ir=3))
+    ot.from_onnx(_initializer_model(rng, lambda w: None, ir=3, listed=True))
+
+
 def test_the_checker_is_not_handed_the_weights():
     from ortrain.graph import loading
     proto = make_models.light_model("squeezenet")

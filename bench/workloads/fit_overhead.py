@@ -15,9 +15,9 @@ warm-up rounds) with the spread as the 10th-90th percentile of the per-round rat
   Trainer, the plain loop, and ``free``. The difference is what handing the state
   back costs, which a plain loop does not do.
 * ``machinery``: the loop's own Python cost per step, free of timing noise: the same
-  epoch loop and the same plain loop driving a trainer whose ``step`` is a no-op, over
-  many epochs; the difference per step over the real step time.
-
+  epoch loop and the same plain loop over a trainer whose runtime call (``Trainer._train``,
+  which both go through) hands back the outputs of one real step, over many epochs; the
+  difference per step over the real step time.
 The target is ``epoch`` overhead at most 5%. On a shared machine other processes only
 ever add time, so the headline is the ratio of the fastest rounds (``overhead_min``);
 the median of the paired per-round ratios and its 10th-90th percentiles show the spread (60 rounds,

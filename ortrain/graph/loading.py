@@ -91,6 +91,7 @@ def _check_structure(model: onnx.ModelProto, what: str) -> None:
 
 
 def _check_onnx(model: onnx.ModelProto, what: str) -> None:
+    _check_initializers(model, what)
     skeleton = _skeleton(model)
     try:
         onnx.checker.check_model(skeleton, full_check=False)
@@ -98,13 +99,38 @@ def _check_onnx(model: onnx.ModelProto, what: str) -> None:
         raise OrtrainError(f"{what}: the model is not valid ONNX: {str(exc).splitlines()[0]}") from exc
 
 
+_VALUE_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def _check_initializers(model: onnx.ModelProto, what: str) -> None:
+    """What onnx's checker asks of each top-level initializer, without serializing its data: a type,
+    values in exactly one field (none for an empty tensor), no raw bytes for strings, and (IR < 4)
+    a graph input of the same name. Whether the bytes fit the shape, the importer checks as it
+    reads each one."""
+    listed = {i.name for i in model.graph.input}
+    for t in model.graph.initializer:
+        fields = [f for f in _VALUE_FIELDS if len(getattr(t, f))] + (["raw_data"] if t.HasField("raw_data") else [])
+        problem = None
+        if t.data_type == TensorProto.UNDEFINED:
+            problem = "has no element type"
+        elif len(fields) > 1 or (not fields and int(np.prod(t.dims)) != 0):
+            problem = f"should keep its values in one field, it uses {', '.join(fields) or 'none'}"
+        elif t.data_type == TensorProto.STRING and fields == ["raw_data"]:
+            problem = "holds strings as raw bytes"
+        elif model.ir_version < 4 and t.name not in listed:
+            problem = f"is not a graph input, which IR version {model.ir_version} requires of initializers"
+        if problem:
+            raise OrtrainError(f"{what}: the model is not valid ONNX: initializer {t.name!r} {problem}; "
+                               "the file is damaged")
+
+
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its initializers turned into typed graph inputs, for onnx's checker.
 
     The checker takes a serialized model; handing it the weights costs a copy of every byte
-    of them (a quarter of a second for ResNet-50) for checks the importer makes anyway when it
-    reads each initializer. Names, types, shapes, single assignment and every node are still
-    checked.
+    of them (a quarter of a second for ResNet-50). :func:`_check_initializers` checks the
+    initializers themselves; on the skeleton the checker still checks names, types, shapes,
+    single assignment and every node, subgraphs with their own initializers included.
     """
     sk = onnx.ModelProto()
     _copy_fields(sk, model, skip="graph")

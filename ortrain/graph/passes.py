@@ -279,9 +279,11 @@ def relu_grad_as_mask(model: onnx.ModelProto, float32: set[str]) -> onnx.ModelPr
     64 x 32 x 28 x 28 activation, measured), where multiplications and ``Clip`` are vectorised
     and threaded. ``v`` is the Relu's input or output, whichever the builder kept; the mask is
     exact either way: any ``v > 0``, down to the smallest subnormal 2^-149, times 2^254 is at
-    least 1 (inf included) and clips to 1; ``v <= 0`` clips to 0. So each element of the result
-    is ``dy`` or zero, as ``ReluGrad`` gives (up to the sign of zero). The constants are float32,
-    so a ``ReluGrad`` over another type (float16 has a kernel) is left as it is.
+    least 1 (inf included) and clips to 1; ``v <= 0`` clips to 0. So for finite values each element
+    of the result is ``dy`` or zero, as ``ReluGrad`` gives (up to the sign of zero). The one
+    difference: where ``v`` is NaN, or ``dy`` is infinite or NaN over a zero mask, the product is
+    NaN where ``ReluGrad`` gives 0; a step with such values has diverged anyway. The constants are
+    float32, so a ``ReluGrad`` over another type (float16 has a kernel) is left as it is.
     """
     def rewritable(n) -> bool:
         return n.op_type == "ReluGrad" and n.input[1] in float32
