@@ -125,6 +125,27 @@ def _explicit_pads(node, shape: list) -> list[int]:
     return begins + ends
 
 
+def _replace_nodes(model: onnx.ModelProto, match, expand, constants=()) -> onnx.ModelProto:
+    """A copy of ``model`` in which every node ``match(node)`` picks is replaced by the nodes
+    ``expand(i, node)`` returns with the initializers they need (``(nodes, initializers)``);
+    ``constants`` are initializers shared by all replacements. ``model`` itself when nothing matches."""
+    if not any(match(n) for n in model.graph.node):
+        return model
+    out = copy.deepcopy(model)
+    out.graph.initializer.extend(constants)
+    nodes = []
+    for i, node in enumerate(out.graph.node):
+        if not match(node):
+            nodes.append(node)
+            continue
+        new_nodes, initializers = expand(i, node)
+        nodes += new_nodes
+        out.graph.initializer.extend(initializers)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrite 2-D AveragePool nodes as a depthwise Conv with constant weights.
 
@@ -136,15 +157,14 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     graphs get this form; exported models keep AveragePool. A pool this rewrite cannot
     express (not 2-D, or sizes unknown) is refused rather than left to crash the process.
     """
-    if not any(n.op_type == "AveragePool" for n in model.graph.node):
+    def is_pool(n) -> bool:
+        return n.op_type == "AveragePool"
+
+    if not any(is_pool(n) for n in model.graph.node):
         return model
     inferred = onnx.shape_inference.infer_shapes(model)
-    out = copy.deepcopy(model)
-    nodes = []
-    for i, node in enumerate(out.graph.node):
-        if node.op_type != "AveragePool":
-            nodes.append(node)
-            continue
+
+    def as_conv(i, node):
         shape = _shape_of(inferred, node.input[0])
         kernel = list(_attr(node, "kernel_shape", []))
         if shape is None or len(shape) != 4 or len(kernel) != 2 or any(d is None for d in shape[1:]):
@@ -161,19 +181,18 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
         conv_pads = [pads[0], pads[1], end_h, end_w]
         p = f"{node.name or 'AveragePool'}/as_conv_{i}/"
         weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32)
-        out.graph.initializer.append(numpy_helper.from_array(weight, p + "weight"))
+        inits = [numpy_helper.from_array(weight, p + "weight")]
         scale = (kh * kw) / np.outer(rows, cols)
         exact = np.all(scale == 1.0)
         conv_out = node.output[0] if exact else p + "sum"
-        nodes.append(helper.make_node("Conv", [node.input[0], p + "weight"], [conv_out], name=p + "Conv",
-                                      group=c, kernel_shape=kernel, strides=strides, pads=conv_pads))
+        nodes = [helper.make_node("Conv", [node.input[0], p + "weight"], [conv_out], name=p + "Conv",
+                                  group=c, kernel_shape=kernel, strides=strides, pads=conv_pads)]
         if not exact:
-            out.graph.initializer.append(numpy_helper.from_array(scale.reshape(1, 1, ho, wo).astype(np.float32),
-                                                                 p + "scale"))
+            inits.append(numpy_helper.from_array(scale.reshape(1, 1, ho, wo).astype(np.float32), p + "scale"))
             nodes.append(helper.make_node("Mul", [conv_out, p + "scale"], [node.output[0]], name=p + "Mul"))
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
+        return nodes, inits
+
+    return _replace_nodes(model, is_pool, as_conv)
 
 
 BATCH_DIM = "batch"
@@ -233,30 +252,24 @@ def bias_grad_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
             return False
         return list(numpy_helper.to_array(inits[n.input[1]]).ravel()) in ([0], [-2])
 
-    if not any(column_sum(n) for n in model.graph.node):
-        return model
-    out = copy.deepcopy(model)
     one, flat = "ortrain.bias_grad/one", "ortrain.bias_grad/flat"
-    out.graph.initializer.extend([numpy_helper.from_array(np.array([1], np.int64), one),
-                                  numpy_helper.from_array(np.array([-1], np.int64), flat)])
-    nodes = []
-    for i, node in enumerate(out.graph.node):
-        if not column_sum(node):
-            nodes.append(node)
-            continue
+
+    def as_matmul(i, node):
         keep = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
         p = f"{node.name or 'ReduceSum'}/as_matmul_{i}/"
         row = p + "row" if not keep else node.output[0]
-        nodes += [helper.make_node("Shape", [node.input[0]], [p + "rows"], name=p + "Shape", end=1),
-                  helper.make_node("Concat", [one, p + "rows"], [p + "ones_shape"], name=p + "Concat", axis=0),
-                  helper.make_node("ConstantOfShape", [p + "ones_shape"], [p + "ones"], name=p + "Ones",
-                                   value=numpy_helper.from_array(np.array([1.0], np.float32))),
-                  helper.make_node("MatMul", [p + "ones", node.input[0]], [row], name=p + "MatMul")]
+        nodes = [helper.make_node("Shape", [node.input[0]], [p + "rows"], name=p + "Shape", end=1),
+                 helper.make_node("Concat", [one, p + "rows"], [p + "ones_shape"], name=p + "Concat", axis=0),
+                 helper.make_node("ConstantOfShape", [p + "ones_shape"], [p + "ones"], name=p + "Ones",
+                                  value=numpy_helper.from_array(np.array([1.0], np.float32))),
+                 helper.make_node("MatMul", [p + "ones", node.input[0]], [row], name=p + "MatMul")]
         if not keep:
             nodes.append(helper.make_node("Reshape", [row, flat], [node.output[0]], name=p + "Reshape"))
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
+        return nodes, []
+
+    return _replace_nodes(model, column_sum, as_matmul,
+                          [numpy_helper.from_array(np.array([1], np.int64), one),
+                           numpy_helper.from_array(np.array([-1], np.int64), flat)])
 
 
 _TWO_127 = float(2.0 ** 127)
@@ -288,25 +301,18 @@ def relu_grad_as_mask(model: onnx.ModelProto, float32: set[str]) -> onnx.ModelPr
     def rewritable(n) -> bool:
         return n.op_type == "ReluGrad" and n.input[1] in float32
 
-    if not any(rewritable(n) for n in model.graph.node):
-        return model
-    out = copy.deepcopy(model)
     scale, zero, one = "ortrain.relu_grad/two_127", "ortrain.relu_grad/zero", "ortrain.relu_grad/one"
-    out.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.float32), name)
-                                 for v, name in ((_TWO_127, scale), (0.0, zero), (1.0, one)))
-    nodes = []
-    for i, node in enumerate(out.graph.node):
-        if not rewritable(node):
-            nodes.append(node)
-            continue
+
+    def as_mask(i, node):
         p = f"{node.name or 'ReluGrad'}/as_mask_{i}/"
-        nodes += [helper.make_node("Mul", [node.input[1], scale], [p + "scaled"], name=p + "Mul_0"),
-                  helper.make_node("Mul", [p + "scaled", scale], [p + "huge"], name=p + "Mul_1"),
-                  helper.make_node("Clip", [p + "huge", zero, one], [p + "mask"], name=p + "Clip"),
-                  helper.make_node("Mul", [node.input[0], p + "mask"], [node.output[0]], name=p + "Mul_2")]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
+        return [helper.make_node("Mul", [node.input[1], scale], [p + "scaled"], name=p + "Mul_0"),
+                helper.make_node("Mul", [p + "scaled", scale], [p + "huge"], name=p + "Mul_1"),
+                helper.make_node("Clip", [p + "huge", zero, one], [p + "mask"], name=p + "Clip"),
+                helper.make_node("Mul", [node.input[0], p + "mask"], [node.output[0]], name=p + "Mul_2")], []
+
+    return _replace_nodes(model, rewritable, as_mask,
+                          [numpy_helper.from_array(np.array(v, np.float32), name)
+                           for v, name in ((_TWO_127, scale), (0.0, zero), (1.0, one))])
 
 
 def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
