@@ -36,13 +36,16 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None = None) -> None:
-    """``expected`` has ``None`` for free dimensions; ``rows`` pins the first one."""
+def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None = None,
+                rows_of: str | None = None) -> None:
+    """``expected`` has ``None`` for free dimensions; ``rows`` pins the first one: a trainer's batch
+    size, or with ``rows_of`` the rows of that other argument."""
     exp = (rows,) + tuple(expected[1:]) if rows is not None and expected else tuple(expected)
     if a.ndim != len(exp) or any(e is not None and e != n for e, n in zip(exp, a.shape)):
         hint = ""
         if rows is not None and a.ndim == len(exp) and a.shape[0] != rows:
-            hint = f"; every batch must hold exactly {rows} rows (pad the last one or drop it)"
+            hint = (f"; give one row per row of {rows_of}" if rows_of else
+                    f"; every batch must hold exactly {rows} rows (pad the last one or drop it)")
         raise ShapeError(f"{argument}: expected shape {describe_shape(exp)}, received "
                          f"{describe_shape(a.shape)}{hint}")
 
@@ -68,10 +71,12 @@ def positive_int(value, argument: str, *, allow_none: bool = False) -> int | Non
 
 
 # -- inputs, labels, weights -----------------------------------------------------------------------
-def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None) -> list[np.ndarray]:
+def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
+                   bounds: dict[str, tuple[int, int, str]] | None = None) -> list[np.ndarray]:
     """The arrays for the graph inputs ``specs``, cast and checked; ``rows`` pins the batch size.
 
     One input takes ``x`` itself; several take a list or tuple of arrays in ``specs`` order.
+    ``bounds`` (``Model.index_bounds()``) gives the range of inputs that index a table's rows.
     """
     xs = list(x) if isinstance(x, (list, tuple)) and len(specs) > 1 else [x]
     if len(xs) != len(specs):
@@ -82,6 +87,11 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None) -> li
         arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
         a = as_array(a, spec.dtype, arg)
         check_shape(a, spec.shape, arg, rows)
+        if bounds and spec.name in bounds and a.size:
+            low, high, what = bounds[spec.name]
+            if a.min() < low or a.max() > high:
+                raise ShapeError(f"{arg}: indices into {what} must lie in [{low}, {high}], received values from "
+                                 f"{a.min()} to {a.max()}; the table has {high + 1} rows")
         out.append(a)
     if rows is None and len({a.shape[0] for a in out}) > 1:
         raise ShapeError(f"{argument}: expected the same number of rows in every input, received "
@@ -90,7 +100,7 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None) -> li
 
 
 def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
-                   n_classes: int | None = None) -> np.ndarray:
+                   n_classes: int | None = None, rows_of: str | None = None) -> np.ndarray:
     """Labels for the loss's label input ``spec``, cast, shaped and checked.
 
     As Keras does, ``(n, 1)`` integer labels stand for ``(n,)`` class indices and ``(n,)``
@@ -104,7 +114,7 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
         a = a.reshape(a.shape[:-1])
     elif len(shape) >= 2 and shape[-1] == 1 and a.ndim == len(shape) - 1:
         a = a.reshape(a.shape + (1,))
-    check_shape(a, shape, argument, rows)
+    check_shape(a, shape, argument, rows, rows_of)
     if n_classes is not None and a.size:
         low, high = a.min(), a.max()
         if low < 0 or high >= n_classes:

@@ -236,14 +236,16 @@ def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tu
     return model, io
 
 
-def build(model, trainable=None, frozen=None, loss="mse", optimizer="adam", out_dir=None, *,
+def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainable=None, frozen=None,
           weighting: str | None = None, refresh_checkpoint: bool = True) -> Artifacts:
-    """Generate (or find in the cache) the training artifacts for ``model``.
+    """Generate (or find in the cache) the training artifacts for ``model_or_onnx``.
 
-    ``model`` is an :class:`ortrain.Model`, a :class:`ForwardGraph`, an ``onnx.ModelProto`` or
-    a path to an ``.onnx`` file. ``trainable``/``frozen`` (names or glob patterns) refine which
-    weights train. ``out_dir`` writes to that directory instead of the cache. ``weighting``
-    adds a ``sample_weight`` input: ``"sample"`` (one weight per sample) or ``"element"``.
+    ``model_or_onnx`` is an :class:`ortrain.Model`, a :class:`ForwardGraph`, an
+    ``onnx.ModelProto`` or a path to an ``.onnx`` file. ``loss`` and ``optimizer`` take what
+    ``Model.compile`` takes (the default ``"adamw"`` is ``ot.optim.AdamW()``, weight decay
+    0.01). ``out_dir`` writes to that directory instead of the cache. ``trainable``/``frozen``
+    (names or glob patterns) refine which weights train. ``weighting`` adds a ``sample_weight``
+    input: ``"sample"`` (one weight per sample) or ``"element"``.
 
     A published directory is never changed in place: the same architecture with other weights
     gets a directory of its own beside the cached one (sharing its graph files by hard link), so
@@ -252,14 +254,14 @@ def build(model, trainable=None, frozen=None, loss="mse", optimizer="adam", out_
     ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
     model's weights into its session anyway).
     """
-    fg = _freeze_unreachable(_forward_graph(model, trainable, frozen))
+    fg = _freeze_unreachable(_forward_graph(model_or_onnx, trainable, frozen))
     loss = losses.get(loss)
     opt = optim.get(optimizer)
     key = _key(fg, loss, opt, weighting)
     target = Path(out_dir) if out_dir is not None else cache_dir() / key[:24]
 
     def digest() -> str:
-        return _weights_digest(model, fg)
+        return _weights_digest(model_or_onnx, fg)
 
     with _publish_lock(target):
         existing = _existing(target, key)

@@ -50,22 +50,18 @@ class CaptureStep(TracedCall):
 
     def __init__(self, fn, params, optimizer, max_grad_norm):
         super().__init__(fn, params)
-        if not isinstance(optimizer, Optimizer):
-            raise OrtrainError(f"capture_step: optimizer expected an ot.optim.Adam, AdamW or SGD holding the params "
-                               f"to train, received {optimizer!r}")
-        if not isinstance(optimizer, (Adam, SGD)):
-            raise OrtrainError(f"capture_step: {type(optimizer).__name__} is not supported; use ot.optim.Adam, "
-                               "AdamW or SGD")
+        if not isinstance(optimizer, Adam):
+            got = type(optimizer).__name__ if isinstance(optimizer, Optimizer) else repr(optimizer)
+            fix = ("a captured step updates with Adam only; train with SGD through ot.Trainer" if isinstance(optimizer, SGD)
+                   else "create one with the params to train, e.g. ot.optim.Adam([W, b], lr=1e-3)")
+            raise OrtrainError(f"capture_step: optimizer expected an ot.optim.Adam or AdamW holding the params to "
+                               f"train, received {got}; {fix}")
         if not optimizer.params:
             raise OrtrainError("capture_step: the optimizer holds no params; create it with the params to train, "
                                "e.g. ot.optim.Adam([W, b], lr=1e-3)")
         bad = [p for p in optimizer.params if not isinstance(p, Param)]
         if bad:
             raise OrtrainError(f"capture_step: the optimizer's params must be ag.param objects, received {bad[0]!r}")
-        clash = [p.name for p in optimizer.params if any(p is q for q in self._extra)]
-        if clash:
-            raise OrtrainError(f"capture_step: param {clash[0]!r} is held by the optimizer and listed in params= "
-                               "(which freezes it); remove it from one of the two")
         self._opt = optimizer
         self._max_norm = _check_max_norm(max_grad_norm)
         self._session = None
@@ -224,7 +220,7 @@ class CaptureStep(TracedCall):
         trainable = {n: values[n] for n in self._trainable}
         frozen = {p.name: values[p.name] for p in self._params if p.name not in trainable}
         state = None
-        if self._opt.has_moments and (step or any(n in moments for n in trainable)):
+        if step or any(n in moments for n in trainable):
             mine = {n: moments.get(n) or (np.zeros_like(a), np.zeros_like(a)) for n, a in trainable.items()}
             state = engine.OptimizerState(int(step), float(self._opt.lr), mine)
         self._carried = {n: m for n, m in moments.items() if n not in trainable}
@@ -281,8 +277,6 @@ class CaptureStep(TracedCall):
         self._claim()
 
     def _moments_of(self, session) -> dict:
-        if not self._opt.has_moments:
-            return dict(self._carried)
         with artifacts.scratch_dir() as d:
             session.save_checkpoint(d / "state")
             data = engine.read_checkpoint(d / "state")
@@ -308,9 +302,11 @@ def capture_step(fn, params=None, optimizer=None, max_grad_norm=None) -> Capture
     ndarray, or a dict of ndarrays). The learning rate and the step counter are read from
     ``optimizer`` on every call, so schedules and ``opt.load_state()`` take effect at once.
 
-    ``optimizer`` is an ``ot.optim.Adam``/``AdamW``/``SGD`` holding the params to train; params
-    ``fn`` uses that it does not hold, that are ``trainable=False``, or that are listed in
-    ``params`` are frozen; buffers are never trained.
+    ``optimizer`` is an ``ot.optim.Adam`` or ``AdamW`` holding the params to train (SGD and
+    gradient accumulation are refused); params ``fn`` uses that it does not hold, that are
+    ``trainable=False``, or that are listed in ``params`` are frozen, even when the optimizer
+    holds them (their moments then stay as they are, as in PyTorch for a param without a
+    gradient); buffers are never trained.
 
     ``max_grad_norm``: gradients are scaled by ``min(1, max_grad_norm / (norm + 1e-6))`` before
     the update (as ``torch.nn.utils.clip_grad_norm_``) and the result gains ``grad_norm``, the

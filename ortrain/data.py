@@ -239,12 +239,12 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
 
     ``weight_shape`` is the weight input's shape (batch first); by default one weight per sample.
     """
-    xs = prepare_inputs(model.input_specs, x, xa)
+    xs = prepare_inputs(model.input_specs, x, xa, bounds=model.index_bounds())
     n = xs[0].shape[0]
     if n == 0:
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")
     pred_shape = model.output_specs[0].shape
-    ys = prepare_labels(model._label_spec(), y, ya, n, model.loss.n_classes(pred_shape))
+    ys = prepare_labels(model._label_spec(), y, ya, n, model.loss.n_classes(pred_shape), rows_of=xa)
     if weight_shape is None:
         weight_shape = (None,) + (1,) * (len(pred_shape) - 1)
     ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n)

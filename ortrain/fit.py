@@ -376,7 +376,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     ``loss``/``optimizer`` recompile the model before training (a new optimizer starts fresh
     moments). ``nbatch_logical``: gradients of several batches make one update. ``loss_mask``
     as for :class:`ortrain.Trainer`; batches carrying ``sample_weight`` without it weight each
-    sample's loss (any loss). ``weight_decay`` overrides the optimizer's (``None`` keeps it).
+    sample's loss (any loss). ``weight_decay`` (decoupled, in [0, 1]) overrides the optimizer's: the
+    default 0.0 turns decay off, with a warning when the compiled optimizer has some; ``None`` keeps
+    the compiled optimizer's, as ``model.fit`` does.
     The trained weights and optimizer state are written back into ``model``, so a later fit
     continues; when the generator raises, the error propagates after every callback's
     ``on_train_end`` ran and the model holds the last completed step.
@@ -403,6 +405,11 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     if weight_decay is not None:
         optim.check_weight_decay(weight_decay)
     staged = _with_compile_overrides(model, loss, optimizer)
+    compiled_decay = getattr(staged.optimizer, "weight_decay", 0.0)
+    if weight_decay == 0.0 and compiled_decay:
+        warnings.warn(f"weight_decay=0.0 (fit_generator's default) turns off the weight decay {compiled_decay} of the "
+                      f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
+                      "it)", UserWarning, stacklevel=2)
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator")
     if epochs <= initial_epoch:
         return History()
@@ -415,7 +422,7 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     where = f"epoch {initial_epoch}, step 0 (counted from 0)"
     try:
         x, y, w = parse_batch(first)
-        rows = prepare_inputs(staged.input_specs, x, "x")[0].shape[0]  # the first batch sets the size
+        rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]  # the first batch sets the size
     except (OrtrainError, ValueError, TypeError) as exc:
         raise _located(exc, where) from exc
     any_loss = loss_mask is None and w is not None

@@ -19,7 +19,7 @@ from ortrain import artifacts as artifacts_mod
 from ortrain import engine
 from ortrain._arrays import positive_int, prepare_inputs, prepare_labels, prepare_sample_weight, run_chunks
 from ortrain._lifetime import Releasable
-from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
+from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
 from ortrain.nn.saving import TrainState
@@ -39,11 +39,12 @@ class Snapshot(Releasable):
     """
 
     def __init__(self, forward_bytes: bytes, params, weights: dict[str, np.ndarray], input_specs,
-                 device: str):
+                 device: str, bounds: dict | None = None):
         self._forward = forward_bytes
         self._params = list(params)
         self._weights = weights
         self._inputs = list(input_specs)
+        self._bounds = bounds or {}
         self._device = device
         self._runner = None
         self._freed = False
@@ -65,7 +66,7 @@ class Snapshot(Releasable):
         """Outputs for any number of rows: one array, or a list in output order for several outputs."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self._inputs, x, "x")
+        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._forward, device=self._device)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)
@@ -190,6 +191,7 @@ class Trainer(Releasable):
         self._calib = None
         self._inference = None
         self._inputs = art.inputs
+        self._bounds = model.index_bounds()
         self._label = art.label
         self._weight_spec = art.sample_weight
         self._scale = np.array(1.0 / self._k, np.float32)
@@ -230,7 +232,7 @@ class Trainer(Releasable):
     # -- inputs ---------------------------------------------------------------------------------
     def _feeds(self, x, y, sample_weight, where: str, rows: int | None) -> list[np.ndarray]:
         """Inputs, labels and (with a weighted loss) weights, cast and checked; nothing runs yet."""
-        xs = prepare_inputs(self._inputs, x, "x", rows)
+        xs = prepare_inputs(self._inputs, x, "x", rows, self._bounds)
         rows = xs[0].shape[0]
         feeds = xs + [prepare_labels(self._label, y, "y", rows, self._n_classes)]
         if self._weight_spec is not None:
@@ -286,8 +288,21 @@ class Trainer(Releasable):
         arrays that were fed (weights None when none were given), so the fit loop's metrics reuse
         them instead of checking every batch twice."""
         feeds = self._feeds(x, y, sample_weight, "step", rows)
+        self._refuse_non_finite(feeds)
         labels, weights = self._fed_labels_and_weights(feeds, sample_weight)
         return self._train(feeds), labels, weights
+
+    def _refuse_non_finite(self, feeds: list[np.ndarray]) -> None:
+        """A NaN or an infinity in a float input, label or weight would reach every weight through
+        the update; refuse the step before it runs."""
+        for i, a in enumerate(feeds):
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                n = len(self._inputs)
+                arg = ("x" if n == 1 else f"x[{self._inputs[i].name!r}]") if i < n else \
+                    ("y" if i == n else "sample_weight")
+                at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
+                raise NonFiniteError(f"{arg}: holds {a[at]} in row {at[0]}; a training step needs finite values, "
+                                     "so nothing was trained (drop or repair that sample)")
 
     def eval(self, x, y, sample_weight=None) -> float:
         """The loss on one batch of ``batch_size`` rows, without backward pass or dropout."""
@@ -321,7 +336,7 @@ class Trainer(Releasable):
         one array, or a list in output order for a model with several outputs."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self._inputs, x, "x")
+        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights_now(), batch_size)
@@ -331,7 +346,7 @@ class Trainer(Releasable):
         """An independent eval-mode copy of the current weights (a target network)."""
         self._live()
         weights = {p.name: self._session.get(p.name) for p in self._params}
-        return Snapshot(self._inference_bytes(), self._params, weights, self._inputs, self.device)
+        return Snapshot(self._inference_bytes(), self._params, weights, self._inputs, self.device, self._bounds)
 
     def _inference_bytes(self) -> bytes:
         if self._inference is None:
@@ -387,7 +402,7 @@ class Trainer(Releasable):
         """Set every batch norm's running mean and (biased) variance to the exact statistics of at most
         1024 rows of ``x``, layer by layer (each layer sees the layers before it already calibrated)."""
         self._live()
-        xs = prepare_inputs(self._inputs, x, "x", None)
+        xs = prepare_inputs(self._inputs, x, "x", None, self._bounds)
         xs = [a[:CALIBRATION_ROWS] for a in xs]
         if xs[0].shape[0] < 2:
             raise ShapeError(f"calibrate_bn: x needs at least 2 rows to estimate a variance, received "

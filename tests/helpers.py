@@ -88,3 +88,16 @@ def dense_model(n_in, n_out, loss="mse", optimizer=None, seed=0, activation=None
     model = ot.Sequential([ot.layers.Dense(n_out, activation=activation)], input_shape=(n_in,), seed=seed)
     model.compile(optimizer=optimizer or ot.optim.SGD(lr=0.1), loss=loss)
     return model
+
+
+def gradient_probe(params):
+    """An Adam for ``capture_step`` that leaves ``params`` where they are (lr 0) and keeps the last
+    gradient as its first moment (beta1 0: ``m = 0 * m + 1 * g``, exact): read it with
+    :func:`probed_grads`."""
+    return ot.optim.Adam(params, lr=0.0, betas=(0.0, 0.999))
+
+
+def probed_grads(opt) -> list[np.ndarray]:
+    """The gradients of the last captured step, one per param of :func:`gradient_probe`."""
+    moments = opt.state()["moments"]
+    return [moments[p.name]["m"] for p in opt.params]

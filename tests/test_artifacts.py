@@ -171,3 +171,15 @@ def test_weights_that_only_feed_other_outputs_are_frozen_with_a_warning(rng):
     np.testing.assert_array_equal(after[4], before[4])  # the second head is untouched
     assert not np.array_equal(after[2], before[2])
     tr.free()
+
+
+def test_build_follows_the_documented_signature(tmp_path):
+    """``build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None)``: positional in that
+    order, the model by keyword too, and AdamW (weight decay 0.01) by default."""
+    model = dense_model(4, 2)
+    positional = ot.artifacts.build(model, "mae", "sgd", tmp_path / "p")
+    assert (positional.manifest["loss"]["name"], positional.manifest["optimizer"]["name"]) == ("mae", "sgd")
+    default = ot.artifacts.build(model_or_onnx=model, out_dir=tmp_path / "d")
+    opt = default.manifest["optimizer"]
+    assert (opt["name"], opt["weight_decay"], opt["lr"]) == ("adamw", 0.01, 1e-3)
+    assert default.directory == tmp_path / "d"

@@ -407,13 +407,19 @@ def test_csv_logger_appends_and_uses_the_separator(tmp_path):
 
 def test_terminate_on_nan_stops_after_the_bad_step(capsys):
     data = batches(5, 4)
-    data[2] = (np.full((4, 4), np.nan, np.float32), data[2][1])
+    data[2] = (np.full((4, 4), 1e30, np.float32), data[2][1])   # finite input, a loss that overflows
     cb = ot.callbacks.TerminateOnNaN()
     model = sgd_model()
     hist = ot.fit_generator(model, data, epochs=3, callbacks=[cb], verbose=0)
     assert cb.stopped_at == (0, 2)
-    assert model.train_state.n_steps == 3 and hist.epoch == [0] and math.isnan(hist.history["loss"][0])
-    assert "Epoch 1, step 2: the loss is nan; terminating training" in capsys.readouterr().out
+    assert model.train_state.n_steps == 3 and hist.epoch == [0] and not math.isfinite(hist.history["loss"][0])
+    assert "Epoch 1, step 2: the loss is inf; terminating training" in capsys.readouterr().out
+    # NaN in the data itself never reaches a step: it is refused before it can touch the weights
+    data[2] = (np.full((4, 4), np.nan, np.float32), data[2][1])
+    model = sgd_model()
+    with pytest.raises(ot.NonFiniteError, match="epoch 0, step 2 \\(counted from 0\\): x: holds nan in row 0"):
+        ot.fit_generator(model, data, epochs=3, callbacks=[ot.callbacks.TerminateOnNaN()], verbose=0)
+    assert model.train_state.n_steps == 2
 
 
 # -- progress display ------------------------------------------------------------------------------

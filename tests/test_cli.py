@@ -167,6 +167,8 @@ def test_train_from_model_and_toml_config(workdir, capsys):
      "run settings 'norun/run.json' does not exist"),
     (["artifacts", "nothing.onnx", "-o", "a2", "--loss", "mse"], 2, "MODEL: no such file 'nothing.onnx'"),
     (["--bogus"], 2, "unrecognized arguments"),
+    (["export", "-o", "x.onnx"], 2, "give exactly one of --run, --artifacts\n"),
+    (["predict", "--data", "x.npy"], 2, "give exactly one of --run, --artifacts or --model"),
 ])
 def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     make_artifacts(capsys)
@@ -185,6 +187,27 @@ def test_existing_run_is_not_overwritten(workdir, capsys):
     assert cli(*base) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (workdir / "run" / "state.json").read_text() == before
+
+
+def test_a_run_that_fails_before_its_first_epoch_leaves_nothing_and_can_be_rerun(workdir, capsys):
+    make_artifacts(capsys)
+    np.savez("wrong.npz", x=np.zeros((20, 5)), y=np.zeros(20, np.int64))
+    (workdir / "kept").mkdir()
+    (workdir / "kept" / "artifacts").mkdir()   # not the run's: left alone
+    for out, data in (("fresh", "wrong.npz"), ("kept", "wrong.npz")):
+        assert cli("train", "--artifacts", "art", "--data", data, "--epochs", "1", "--batch-size", "8", "--out", out,
+                   "--verbose", "0") == 1
+        assert "x: expected shape (N, 64), received (20, 5)" in capsys.readouterr().err
+    assert not (workdir / "fresh").exists()
+    assert sorted(p.name for p in (workdir / "kept").iterdir()) == ["artifacts"]
+    assert cli("train", "--model", "nothing.onnx", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",
+               "--out", "built") == 1
+    assert not (workdir / "built").exists()
+    # the same command, with good data, starts the run afresh; an artifacts run records no optimizer of its own
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",
+               "--out", "fresh", "--verbose", "0") == 0
+    settings = json.loads((workdir / "fresh" / "run.json").read_text())["settings"]
+    assert "optimizer" not in settings and "loss" not in settings
 
 
 def test_demo_reaches_the_accuracy_and_verifies_the_export(tmp_path, capsys):

@@ -118,7 +118,7 @@ def test_thread_setting():
 
 
 def test_bad_feeds_name_the_input_and_change_nothing(rng):
-    art = ot.artifacts.build(dense_model(3, 2))
+    art = ot.artifacts.build(dense_model(3, 2), optimizer="adam")
     sess = open_session(art)
     before = sess.get("dense_0.kernel")
     x, y, s = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), np.array(1.0, np.float32)

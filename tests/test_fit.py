@@ -186,8 +186,24 @@ def test_loss_mask_and_weight_decay_reach_the_trainer():
         for x, y in data:
             ref.step(mse_grads(ref.p, x, y)[1])
         kwargs = {} if default else {"weight_decay": wd}
-        ot.fit_generator(model, data, verbose=0, **kwargs)  # the API default turns decay off
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ot.fit_generator(model, data, verbose=0, **kwargs)  # the API default turns decay off
         assert_weights(model, ref.p)
+        said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        assert said == (["weight_decay=0.0 (fit_generator's default) turns off the weight decay 0.01 of the compiled "
+                         "AdamW; pass weight_decay=None to keep it (model.fit keeps it)"] if default else [])
+    # None keeps the compiled decay, and equals model.fit on the same generator
+    kept, through_fit = mlp(), mlp()
+    ref = NumpyAdam(kept.get_weights(), lr=1e-2, weight_decay=0.01)
+    for x, y in data:
+        ref.step(mse_grads(ref.p, x, y)[1])
+    for m in (kept, through_fit):
+        m.compile(optimizer=ot.optim.AdamW(lr=1e-2), loss="mse")
+    ot.fit_generator(kept, data, verbose=0, weight_decay=None)
+    through_fit.fit(data, verbose=0)
+    assert_weights(kept, ref.p)
+    assert_weights(through_fit, ref.p)
 
 
 def test_two_input_model_with_a_short_last_batch():

@@ -160,3 +160,10 @@ def test_layer_argument_errors():
         L.Embedding(3, 2)(ot.Input((2,)))
     with pytest.raises(ot.OrtrainError, match="Reshape cannot fit"):
         ot.Sequential([L.Reshape((5,))], input_shape=(4,))
+    with pytest.raises(ot.ShapeError, match="Conv2D kernel \\(3, 3\\) does not fit input \\(N, 1, 2, 2\\)"):
+        ot.Sequential([L.Conv2D(2, 3)], input_shape=(1, 2, 2))
+    for pool in (L.MaxPool2D, L.AvgPool2D):
+        with pytest.raises(ot.ShapeError, match=f"{pool.__name__} pool_size \\(4, 4\\) does not fit input "
+                                                "\\(N, 1, 2, 2\\); use a smaller pool or padding='same'"):
+            ot.Sequential([pool(4)], input_shape=(1, 2, 2))
+        assert ot.Sequential([pool(4, padding="same")], input_shape=(1, 2, 2)).output_specs[0].shape == (None, 1, 1, 1)

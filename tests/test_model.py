@@ -119,6 +119,11 @@ def test_save_and_load_round_trip(tmp_path, rng):
     (tmp_path / "junk").write_bytes(b"PK\x03\x04 not really")
     with pytest.raises(ot.OrtrainError, match="is not a model saved by ortrain"):
         ot.load_model(tmp_path / "junk")
+    missing = tmp_path / "no-such-dir" / "m.ortrain"
+    with pytest.raises(ot.OrtrainError, match="cannot write '.*m.ortrain': the directory '.*no-such-dir' does not "
+                                              "exist; create it first"):
+        model.save(missing)
+    assert not missing.parent.exists()
 
 
 def test_freeze_and_unfreeze(rng):
@@ -212,6 +217,10 @@ def test_predict_and_evaluate_validate_batch_size(rng):
             model.predict(x, batch_size=bad)
         with pytest.raises(ot.OrtrainError, match="batch_size: expected a positive int or None"):
             model.evaluate(x, y, batch_size=bad)
+    for call in (model.evaluate, lambda x, y: model.fit(x, y, verbose=0)):
+        with pytest.raises(ot.ShapeError, match=re.escape("y: expected shape (10,), received (9,); give one row per "
+                                                          "row of x")):
+            call(x, y[:9])
 
 
 def test_evaluate_refuses_class_labels_out_of_range_and_matches_numpy(rng):

@@ -111,6 +111,12 @@ def test_optimizer_argument_errors():
         ot.optim.get("rmsprop")
     with pytest.raises(ot.OrtrainError, match="SGD in ortrain has no weight decay"):
         ot.optim.SGD().graph(weight_decay=0.1)
+    with pytest.raises(ot.OrtrainError, match=r"params: expected None or a list of ag.param objects \(for capture_step\), "
+                                              r"received 0.05; pass the other settings by name, e.g. "
+                                              r"ot.optim.AdamW\(weight_decay=0.05\)"):
+        ot.optim.AdamW(0.05)
+    with pytest.raises(ot.OrtrainError, match=r"e.g. ot.optim.Adam\(lr=0.1\)"):
+        ot.optim.Adam(0.1)
 
 
 def test_optimizer_defaults_follow_pytorch():

@@ -87,7 +87,10 @@ def test_capture_signatures_and_ag_ops():
 
 
 def test_artifacts_api():
-    assert list(params(ot.artifacts.build))[:6] == ["model", "trainable", "frozen", "loss", "optimizer", "out_dir"]
+    sig = inspect.signature(ot.artifacts.build).parameters
+    assert [(n, p.default) for n, p in list(sig.items())[:4]] == \
+        [("model_or_onnx", inspect.Parameter.empty), ("loss", "mse"), ("optimizer", "adamw"), ("out_dir", None)]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(sig.values())[4:])
     assert callable(ot.artifacts.load)
 
 

@@ -136,8 +136,9 @@ def _train_config(opts) -> dict:
         if cfg.get("artifacts") and (cfg.get("loss") or cfg.get("optimizer")):
             raise UsageError("train: --loss and --optimizer are fixed by the artifacts; drop them or train from "
                              "--model")
-        cfg.setdefault("loss", "mse")
-        cfg.setdefault("optimizer", "adam")
+        if cfg.get("model"):  # artifacts carry their own loss and optimizer
+            cfg.setdefault("loss", "mse")
+            cfg.setdefault("optimizer", "adam")
     return cfg
 
 

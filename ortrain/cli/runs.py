@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -141,8 +142,13 @@ def train(cfg: dict) -> dict:
         if (out / "state.json").exists() or (out / "run.json").exists():
             raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
                              "another directory")
+        discard = _discarder(out)
         out.mkdir(parents=True, exist_ok=True)
-        art_dir = Path(cfg["artifacts"]).resolve() if cfg.get("artifacts") else _build_artifacts(cfg, out)
+        try:
+            art_dir = Path(cfg["artifacts"]).resolve() if cfg.get("artifacts") else _build_artifacts(cfg, out)
+        except BaseException:
+            discard()
+            raise
         seed = cfg["seed"] if cfg.get("seed") is not None else int(np.random.default_rng().integers(2**31))
         batch_size, checkpoint, initial_epoch, history, epochs_done = cfg["batch_size"], None, 0, {}, []
         lr = cfg.get("lr")
@@ -152,18 +158,23 @@ def train(cfg: dict) -> dict:
         return {"out": str(out), "epochs": initial_epoch, "note": f"the run already completed {initial_epoch} "
                 f"epochs; pass --epochs above {initial_epoch} to train further"}
     ot.set_seed(seed)
-    trainer = ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint,
-                                        metrics=cfg.get("metrics"))
     try:
-        if lr is not None:
-            trainer.set_lr(lr)
-        recorder = RunRecorder(out, history, epochs_done)
-        fit_mod.train(trainer, x, y, sample_weight=w, epochs=cfg["epochs"], initial_epoch=initial_epoch,
-                     validation_data=val, shuffle=cfg.get("shuffle", True), callbacks=[recorder],
-                     verbose=cfg.get("verbose", 1))
-        model = trainer.model()
-    finally:
-        trainer.free()
+        trainer = ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint,
+                                            metrics=cfg.get("metrics"))
+        try:
+            if lr is not None:
+                trainer.set_lr(lr)
+            recorder = RunRecorder(out, history, epochs_done)
+            fit_mod.train(trainer, x, y, sample_weight=w, epochs=cfg["epochs"], initial_epoch=initial_epoch,
+                         validation_data=val, shuffle=cfg.get("shuffle", True), callbacks=[recorder],
+                         verbose=cfg.get("verbose", 1))
+            model = trainer.model()
+        finally:
+            trainer.free()
+    except BaseException:
+        if not cfg.get("resume") and not (out / "state.json").exists():
+            discard()  # no epoch finished: the same command can simply be run again
+        raise
     model.export_onnx(out / "model.onnx")
     summary = {"out": str(out), "epochs": len(recorder.epochs), "model": str(out / "model.onnx"),
                "final": {k: v[-1] for k, v in recorder.history.items() if v}}
@@ -171,6 +182,20 @@ def train(cfg: dict) -> dict:
     if plot:
         summary["plot"] = plot
     return summary
+
+
+def _discarder(out: Path):
+    """What removes a new run that fails before its first epoch ends: its settings, the artifacts
+    it built, and its directory when the run created it. Nothing that was there before is touched."""
+    created, had_artifacts = not out.exists(), (out / "artifacts").exists()
+
+    def discard() -> None:
+        (out / "run.json").unlink(missing_ok=True)
+        if not had_artifacts:
+            shutil.rmtree(out / "artifacts", ignore_errors=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+    return discard
 
 
 def _plot(recorder: RunRecorder, out: Path) -> str | None:
@@ -194,11 +219,11 @@ def _plot(recorder: RunRecorder, out: Path) -> str | None:
 
 
 def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, onnx_model: str | None = None,
-               metrics=None):
+               metrics=None, takes_model: bool = False):
     """The model a run, an artifacts directory (with an optional checkpoint) or an .onnx file holds."""
     given = [a for a in (run, artifacts, onnx_model) if a]
     if len(given) != 1:
-        raise UsageError("give exactly one of --run, --artifacts or --model")
+        raise UsageError("give exactly one of --run, --artifacts" + (" or --model" if takes_model else ""))
     if onnx_model:
         return ot.from_onnx(onnx_model)
     if run:
@@ -222,7 +247,7 @@ def evaluate(opts) -> dict:
 
 
 def predict(opts) -> dict:
-    model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model)
+    model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
     x, _, _ = load_data(opts.data)
     pred = model.predict(x, batch_size=opts.batch_size)
     if isinstance(pred, np.ndarray):

@@ -51,6 +51,21 @@ class GraphModel(Model):
     def output_specs(self) -> list[TensorSpec]:
         return [spec_of(vi) for vi in self._proto.graph.output]
 
+    def index_bounds(self) -> dict[str, tuple[int, int, str]]:
+        """Inputs that index a weight's rows straight away (``Gather`` on axis 0): ONNX allows
+        ``[-rows, rows - 1]``, negative ones counting from the end."""
+        rows = {p.name: p.shape[0] for p in self._params if p.shape}
+        inputs = {s.name for s in self.input_specs}
+        bounds: dict[str, tuple[int, int, str]] = {}
+        for n in self._proto.graph.node:
+            axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+            if n.op_type == "Gather" and axis == 0 and len(n.input) == 2 and n.input[0] in rows \
+                    and n.input[1] in inputs:
+                k = rows[n.input[0]]
+                if n.input[1] not in bounds or k - 1 < bounds[n.input[1]][1]:
+                    bounds[n.input[1]] = (-k, k - 1, f"Gather node {n.name or n.output[0]!r}")
+        return bounds
+
     def summary(self, print_fn=print) -> None:
         ops: dict[str, int] = {}
         for n in self._proto.graph.node:

@@ -415,8 +415,12 @@ class _Pool2D(Layer):
     def output_shape(self, input_shapes):
         shape = input_shapes[0]
         t, lft, b, r = self._pads(shape)
-        return (shape[0], shape[1], _conv_out(shape[2], self.pool_size[0], self.strides[0], t + b),
-                _conv_out(shape[3], self.pool_size[1], self.strides[1], lft + r))
+        h = _conv_out(shape[2], self.pool_size[0], self.strides[0], t + b)
+        w = _conv_out(shape[3], self.pool_size[1], self.strides[1], lft + r)
+        if h is not None and h < 1 or w is not None and w < 1:
+            raise ShapeError(f"{type(self).__name__} pool_size {self.pool_size} does not fit input "
+                             f"{describe_shape(shape)}; use a smaller pool or padding='same'")
+        return (shape[0], shape[1], h, w)
 
     def emit(self, ctx, inputs):
         shape = (None,) + self.built_for[0]

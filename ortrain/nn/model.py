@@ -231,6 +231,22 @@ class Model:
     def output_specs(self) -> list[TensorSpec]:
         return [TensorSpec(self._output_name(i), np.float32, t.shape) for i, t in enumerate(self._outputs)]
 
+    def index_bounds(self) -> dict[str, tuple[int, int, str]]:
+        """For each input read as row indices of a table: ``(lowest, highest, what)`` it allows.
+
+        An ``Embedding`` fed straight from a model input takes indices in ``[0, input_dim - 1]``, as
+        in Keras and PyTorch; onnxruntime would fail on a larger one deep in a step and wrap a
+        negative one into another row.
+        """
+        from ortrain.nn.layers import Embedding
+        names = {id(t): self._input_name(i) for i, t in enumerate(self._inputs)}
+        bounds: dict[str, tuple[int, int, str]] = {}
+        for node in self._nodes:
+            name = names.get(id(node.inputs[0])) if isinstance(node.layer, Embedding) else None
+            if name is not None and (name not in bounds or node.layer.input_dim - 1 < bounds[name][1]):
+                bounds[name] = (0, node.layer.input_dim - 1, f"Embedding {node.layer.name!r}")
+        return bounds
+
     def _input_name(self, i: int) -> str:
         t = self._inputs[i]
         return t.name or ("input" if len(self._inputs) == 1 else f"input_{i}")
@@ -383,7 +399,7 @@ class Model:
         (a positive int) bounds the rows per run; ``None`` runs all rows at once.
         """
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self.input_specs, x, "x")
+        xs = prepare_inputs(self.input_specs, x, "x", bounds=self.index_bounds())
         outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
 

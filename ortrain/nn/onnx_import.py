@@ -7,7 +7,8 @@ The steps, each a pure function of the model before it:
 3. choose the data inputs (initializers listed as graph inputs, as IR 3 files do, are weights);
 4. rewrite what the gradient builder cannot take (:mod:`ortrain.graph.repairs`);
 5. free a fixed batch dimension unless a hard-coded shape pins it;
-6. classify initializers into weights, batch-norm buffers and constants, and move the
+6. give every ``Identity(initializer)`` its own copy (exporters merge equal tensors that way),
+   classify initializers into weights, batch-norm buffers and constants, and move the
    weights to graph inputs (the :class:`~ortrain.graph.forward.ForwardGraph` form);
 7. refuse, in one error, every op on the way back to a trainable weight that has no gradient.
 
@@ -84,6 +85,51 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None) -> ForwardGrap
 
 # -- classification ---------------------------------------------------------------------------
 
+def _to_array(t: onnx.TensorProto) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as exc:
+        raise OrtrainError(f"from_onnx: initializer {t.name!r} cannot be read ({exc}); the file is damaged") from exc
+
+
+def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> list[str]:
+    """Give every ``Identity(initializer)`` output an initializer of its own (in place); returns the new names.
+
+    torch's TorchScript exporter writes ``Identity(kept)`` for a *distinct* parameter or buffer
+    whose tensor it merged into ``kept`` (``DeduplicateInitializers``: equal values in an eval
+    export, e.g. a fresh batch norm's running variance and its gamma, both ones; in any mode,
+    distinct ``Parameter`` objects over one storage, a rare construction). A parameter
+    genuinely tied in PyTorch (one ``Parameter`` used twice) is written once and read
+    directly, never through ``Identity``. So each ``Identity`` output is a tensor of its own:
+    it gets a copy of the value under its name and is classified like any initializer.
+    Chains resolve in graph order; an ``Identity`` that writes a graph output stays.
+    """
+    g = model.graph
+    tensors = {t.name: t for t in g.initializer}
+    graph_outputs = {o.name for o in g.output}
+    kept, copies = [], []
+    for node in g.node:
+        src = node.input[0] if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input else ""
+        out = node.output[0] if node.output else ""
+        if not out or out in graph_outputs or (src not in tensors and src not in stash):
+            kept.append(node)
+            continue
+        if src in tensors:
+            tensors[out] = copy.deepcopy(tensors[src])
+            tensors[out].name = out
+            g.initializer.append(tensors[out])
+        else:
+            stash[out] = stash[src].copy()
+        copies.append(out)
+    if copies:
+        del g.node[:]
+        g.node.extend(kept)
+        info = [vi for vi in g.value_info if vi.name not in set(copies)]
+        del g.value_info[:]
+        g.value_info.extend(info)
+    return copies
+
+
 def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
     """(names read at all, names read where a gradient flows, batch-norm running statistics)."""
     used = {o.name for o in model.graph.output}
@@ -101,27 +147,82 @@ def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
     return used, differentiable, buffers
 
 
-def _to_array(t: onnx.TensorProto) -> np.ndarray:
-    try:
-        return numpy_helper.to_array(t)
-    except Exception as exc:
-        raise OrtrainError(f"from_onnx: initializer {t.name!r} cannot be read ({exc}); the file is damaged") from exc
+def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set[str]:
+    """Rank-0 float32 initializers named exactly in ``trainable=`` (globs never pick scalars)."""
+    named = set(_patterns(trainable, "trainable") or ())
+    out = set()
+    for name, value in values.items():
+        tensor = isinstance(value, onnx.TensorProto)
+        scalar = not value.dims if tensor else value.ndim == 0
+        is_float = value.data_type == onnx.TensorProto.FLOAT if tensor else value.dtype == np.float32
+        if name not in named or not scalar:
+            continue
+        if not is_float or name not in differentiable:
+            raise OrtrainError(f"trainable: {name!r} is a scalar constant that cannot train: it is not float32 or "
+                               f"no gradient reaches it (it is read only as a shape, ratio, exponent or the like); "
+                               f"remove it from trainable=")
+        out.add(name)
+    return out
+
+
+def _read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
+    """Nodes read each one-element weight in ``names`` through ``Reshape(name, [])`` (in place).
+
+    ortrain's weight tables hold arrays of rank >= 1, so a trainable scalar is stored with
+    shape (1,); the reshape keeps the graph's arithmetic (output ranks included) that of the
+    original scalar.
+    """
+    if not names:
+        return
+    g = model.graph
+    taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {v.name for v in g.output}
+    taken |= {x for n in g.node for x in (*n.input, *n.output)}
+    empty = _fresh("scalar_shape", taken)
+    g.initializer.append(numpy_helper.from_array(np.zeros(0, np.int64), empty))
+    renamed = {n: _fresh(f"{n}/scalar", taken) for n in names}
+    for node in g.node:
+        for i, x in enumerate(node.input):
+            if x in renamed:
+                node.input[i] = renamed[x]
+    reshapes = [onnx.helper.make_node("Reshape", [n, empty], [r], name=r) for n, r in renamed.items()]
+    nodes = reshapes + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def _fresh(hint: str, taken: set[str]) -> str:
+    name, k = hint, 0
+    while name in taken:
+        k += 1
+        name = f"{hint}_{k}"
+    taken.add(name)
+    return name
 
 
 def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                       stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None) -> ForwardGraph:
     """Classify initializers and move the weights to graph inputs.
 
-    Float32 initializers of rank >= 1 are weights (trainable unless frozen) when some node
-    reads them where a gradient flows; the running statistics of BatchNormalization nodes
-    (inputs 3 and 4, found by position) are buffers; everything else (scalars, integers,
-    shapes, exponents, ratios) stays a constant. Initializers nothing reads are dropped.
-    ``stash`` holds initializers already taken out of the graph (see ``_stash_weights``);
-    they are classified the same way. Weights come in ``order`` (names), by default the
-    graph's initializer order.
+    First every ``Identity(initializer)`` output becomes an initializer of its own, a copy
+    of the value under the ``Identity`` output's name (see ``_untie_identities``): torch's
+    eval-mode export writes a fresh batch norm's running variance as ``Identity(gamma)`` and
+    two zero biases as one, though PyTorch trains them apart. Then float32 initializers of
+    rank >= 1 are weights (trainable unless frozen) when some node reads them where a
+    gradient flows; the running statistics of BatchNormalization nodes (inputs 3 and 4,
+    found by position) are buffers; everything else (scalars, integers, shapes, exponents,
+    ratios) stays a constant. A float32 scalar becomes a trainable weight only when
+    ``trainable=`` names it exactly and a gradient reaches it: exporters write arithmetic
+    constants (GELU's 0.5 and 1/sqrt(2)) as scalar initializers, and training those
+    would change the formula, so neither the default nor a glob such as ``"*"`` picks them.
+    Such a weight has shape (1,), read through a ``Reshape`` to rank 0 (``_read_as_scalars``).
+    Initializers nothing reads are dropped. ``stash`` holds initializers already taken out
+    of the graph (see ``_stash_weights``); they are classified the same way. Weights come
+    in ``order`` (names), by default the graph's initializer order; the copies follow.
     """
     model = copy.deepcopy(model)
-    stash = stash or {}
+    stash = dict(stash or {})
+    first = list(order) if order else [t.name for t in model.graph.initializer] + list(stash)
+    copies = _untie_identities(model, stash)
     used, differentiable, bn_stats = _uses(model)
     inits = [t.name for t in model.graph.initializer]
     # IR 3 files list initializers among the graph inputs too.
@@ -129,24 +230,26 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     del model.graph.input[:]
     model.graph.input.extend(keep_inputs)
     params, weights, constants = [], {}, []
-    values = [(t.name, t) for t in model.graph.initializer] + list(stash.items())
-    for name, value in values:
+    values = {t.name: t for t in model.graph.initializer} | stash
+    scalars = _trainable_scalars(trainable, values, differentiable)
+    for name, value in values.items():
         if name not in used:
             continue
         tensor = isinstance(value, onnx.TensorProto)
         is_float = value.data_type == onnx.TensorProto.FLOAT if tensor else value.dtype == np.float32
         rank = len(value.dims) if tensor else value.ndim
-        if is_float and rank >= 1 and (name in bn_stats or name in differentiable):
-            arr = np.ascontiguousarray(_to_array(value) if tensor else value, dtype=np.float32)
+        if name in scalars or (is_float and rank >= 1 and (name in bn_stats or name in differentiable)):
+            arr = np.ascontiguousarray(_to_array(value) if tensor else value, dtype=np.float32)  # a scalar: (1,)
             role = "buffer" if name in bn_stats else "trainable"
             params.append(ParamSpec(name, tuple(arr.shape), np.dtype(np.float32), role))
             weights[name] = arr
         else:
             constants.append(value if tensor else numpy_helper.from_array(value, name))
-    rank = {name: i for i, name in enumerate(order or inits + list(stash))}
+    rank = {name: i for i, name in enumerate(first + copies)}
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
     model.graph.initializer.extend(constants)
+    _read_as_scalars(model, sorted(scalars))
     model.graph.input.extend(onnx.helper.make_tensor_value_info(p.name, onnx.TensorProto.FLOAT, list(p.shape))
                              for p in params)
     fg = ForwardGraph(model, tuple(params), weights)
@@ -246,6 +349,15 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     ``trainable``/``frozen``: weight names or glob patterns (``"fc.*"``); ``trainable`` given
     means only those train. ``input_names``: the graph inputs to feed, in the order
     ``predict``/``fit`` take them (default: every graph input without an initializer).
+
+    Which initializers train (details in :func:`canonical_forward`): float32 tensors of rank
+    >= 1 that a gradient reaches; batch-norm running statistics are buffers; scalars,
+    integers and shapes are constants, though ``trainable=`` may name a float32 scalar
+    exactly to train it. ``Identity(initializer)`` is a tensor of its own, not a tie: torch's
+    eval-mode export writes a fresh batch norm's running variance as ``Identity(gamma)``
+    (both ones) and merges equal zero biases, while a parameter PyTorch really shares is
+    read directly. So each ``Identity`` output gets a copy of the value and trains, or
+    tracks running statistics, apart, as the original model did.
     Raises :class:`~ortrain.OrtrainError` for files that are damaged or unsafe and
     :class:`~ortrain.UnsupportedOpError` naming every op and node without a gradient.
     """

@@ -43,6 +43,11 @@ class Optimizer:
     has_moments = False
 
     def __init__(self, params=None, lr: float = 1e-3):
+        if params is not None and (isinstance(params, (str, bytes, dict)) or not hasattr(params, "__iter__")):
+            setting = "weight_decay" if type(self).__name__ == "AdamW" else "lr"
+            raise OrtrainError(f"params: expected None or a list of ag.param objects (for capture_step), received "
+                               f"{params!r:.60}; pass the other settings by name, e.g. "
+                               f"ot.optim.{type(self).__name__}({setting}={params!r:.20})")
         self._lr = check_lr(lr)
         self.params = list(params) if params is not None else []
         self.step = 0

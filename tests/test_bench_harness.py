@@ -1,0 +1,50 @@
+"""The benchmark harness's own arithmetic: the machine floor of (c) and the table built from a
+results file. Timing itself is not tested here; ``make bench`` measures it."""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import common, run
+from bench.workloads import mlp
+
+
+def test_memory_bandwidth_counts_three_streams(monkeypatch):
+    # Each timed run takes exactly 1 ms of perf_counter, so the rate is bytes / 1 ms.
+    ticks = itertools.count(0.0, 1e-3)
+    monkeypatch.setattr(common.time, "perf_counter", lambda: next(ticks))
+    rate = common.memory_bandwidth(1000, threads=2, seconds=0.0025)
+    assert rate == pytest.approx(3 * 4 * 1000 / 1e-3)
+
+
+def test_machine_floor_adds_gemms_at_peak_and_adams_traffic(monkeypatch):
+    monkeypatch.setattr(mlp, "memory_bandwidth", lambda floats, threads=1: 20e9 if threads == 1 else 25e9)
+    params = sum(a * b + b for a, b in zip(mlp.SIZES[:-1], mlp.SIZES[1:]))
+    floor = mlp.machine_floor(params, peak=300e9, threads=2)
+    # forward and weight gradient of every layer, input gradient of all but the first
+    gemm_flops = 2 * 128 * (784 * 512 * 2 + 512 * 512 * 3 + 512 * 10 * 3)
+    assert floor["gemm_s"] == pytest.approx(gemm_flops / 300e9)
+    assert floor["adam_s"] == pytest.approx(28 * 669_706 / 25e9)
+    assert floor["seconds"] == pytest.approx(floor["gemm_s"] + floor["adam_s"])
+    assert floor["fraction_of_sgemm"] == pytest.approx(6 * 669_706 * 128 / floor["seconds"] / 300e9)
+
+
+def test_table_renders_every_workload_with_its_goal():
+    results = json.loads((Path(run.__file__).parent / "results.json").read_text())
+    results["mlp"]["floor"] = {"seconds": 2e-3, "gemm_s": 1.4e-3, "adam_s": 0.6e-3, "bandwidth_gbs": 30.0,
+                               "fraction_of_sgemm": 0.8,
+                               "torch_over_floor": {"median": 1.7, "p10": 1.6, "p90": 1.8, "n": 15}}
+    table = run.table(results)
+    lines = table.splitlines()
+    assert lines[0].startswith("| workload | comparison | ratio")
+    for label in ("(a) captured step", "(b) Trainer.step", "(c) MLP", "(d) CNN", "(e) fit_generator",
+                  "(f) first step, mlp", "(f) first step, resnet50", "(g) peak memory"):
+        assert any(line.startswith(f"| {label}") for line in lines), label
+    floor_row = next(line for line in lines if "machine floor" in line)
+    assert "1.70x (1.60-1.80)" in floor_row and "floor 2.00 ms = GEMMs 1.40 ms" in floor_row
+    # a goal's verdict follows its figure
+    speed = results["mlp"]["ratios"]["speedup_vs_torch"]["median"]
+    row = next(line for line in lines if "samples/s over PyTorch eager" in line and "(c)" in line)
+    assert ("| yes |" in row) == (speed >= 1.5)

@@ -1,0 +1,94 @@
+"""Input values a step cannot use: indices outside an embedding table, NaN and infinity. Each is
+refused with the argument, what it allows and what it received, and nothing changes."""
+
+import re
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ortrain as ot
+
+L = ot.layers
+
+
+def embedding_model():
+    ids = ot.Input((3,), dtype="int64")
+    model = ot.Model(ids, L.Dense(2)(L.Flatten()(L.Embedding(10, 4)(ids))))
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def _state(tr):
+    return [w.copy() for w in tr.model().get_weights()], tr.n_steps
+
+
+def _assert_unchanged(tr, before):
+    weights, steps = before
+    assert tr.n_steps == steps
+    for a, b in zip(weights, tr.model().get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("ids, received", [([[1, 2, 10]], "from 1 to 10"), ([[1, -1, 2]], "from -1 to 2")])
+def test_embedding_indices_outside_the_table_are_refused_everywhere(ids, received):
+    model = embedding_model()
+    x, y = np.repeat(np.array(ids), 4, axis=0), np.zeros((4, 2), np.float32)
+    said = f"x: indices into Embedding 'embedding_0' must lie in \\[0, 9\\], received values {received}"
+    with ot.Trainer(model, batch_size=4) as tr:
+        before = _state(tr)
+        for call in (lambda: tr.step(x, y), lambda: tr.predict(x), lambda: tr.snapshot().predict(x)):
+            with pytest.raises(ot.ShapeError, match=said):
+                call()
+        _assert_unchanged(tr, before)
+    weights = model.get_weights()
+    for call in (lambda: model.predict(x), lambda: model.fit(x, y, verbose=0), lambda: model.evaluate(x, y)):
+        with pytest.raises(ot.ShapeError, match=said):
+            call()
+    with pytest.raises(ot.ShapeError, match=said):
+        ot.fit_generator(model, [(x, y)], verbose=0)
+    for a, b in zip(weights, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert model.train_state is None
+    # the whole table is reachable
+    table = model.get_weights()[0]
+    edge = np.array([[0, 9, 9]] * 4)
+    out = model.predict(edge)
+    kernel, bias = model.get_weights()[1:]
+    np.testing.assert_allclose(out, table[edge].reshape(4, -1) @ kernel + bias, rtol=1e-6, atol=1e-7)
+
+
+def test_imported_gather_takes_onnx_range_negative_rows_count_from_the_end():
+    table = np.arange(12, dtype=np.float32).reshape(6, 2)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0, name="lookup"),
+         helper.make_node("ReduceSum", ["rows", "axes"], ["y"], keepdims=0)],
+        "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
+    ids = np.array([[0, -1], [5, -6]])
+    np.testing.assert_allclose(model.predict(ids), table[ids].sum(axis=1))
+    with pytest.raises(ot.ShapeError, match="x: indices into Gather node 'lookup' must lie in \\[-6, 5\\], received "
+                                            "values from -7 to 0; the table has 6 rows"):
+        model.predict(np.array([[0, -7]]))
+
+
+@pytest.mark.parametrize("where, bad", [("x", np.nan), ("y", np.inf), ("sample_weight", -np.inf)])
+def test_a_non_finite_value_refuses_the_step_and_changes_nothing(where, bad):
+    model = ot.Sequential([L.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 3)).astype(np.float32), "y": np.zeros((4, 2), np.float32),
+             "sample_weight": np.ones(4, np.float32)}
+    feeds[where][(2,) if where == "sample_weight" else (2, 1)] = bad
+    with ot.Trainer(model, batch_size=4, loss_mask=1) as tr:
+        tr.step(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32))   # moments exist
+        before = _state(tr)
+        with pytest.raises(ot.NonFiniteError, match=re.escape(f"{where}: holds {bad} in row 2; a training step "
+                                                              "needs finite values, so nothing was trained")):
+            tr.step(feeds["x"], feeds["y"], feeds["sample_weight"])
+        _assert_unchanged(tr, before)
+        ok = {k: np.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0) for k, v in feeds.items()}
+        tr.step(ok["x"], ok["y"], ok["sample_weight"])  # the trainer goes on
+        assert tr.n_steps == before[1] + 1

@@ -1,0 +1,225 @@
+"""``ot.from_onnx`` on exports that merged equal initializers, and trainable scalars.
+
+torch's TorchScript exporter in eval mode writes a distinct tensor whose value equals an
+earlier one as ``Identity(earlier)``: a fresh batch norm's running variance becomes
+``Identity(gamma)``. Each such output must train (or track statistics) apart, as in PyTorch.
+References: numpy batch norm and Adam, the same graph without the merge, and PyTorch.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from _onnx_helpers import f32 as _f32
+from _onnx_helpers import model as _model
+from _onnx_helpers import vi as _vi
+from conftest import torch_or_skip
+from helpers import NumpyAdam
+from onnx import helper, numpy_helper
+
+import ortrain as ot
+
+EPS, MOMENTUM = 1e-5, 0.9  # ONNX momentum: running <- MOMENTUM * running + (1 - MOMENTUM) * batch
+
+
+def _weights(model) -> dict[str, np.ndarray]:
+    return dict(zip(model.weight_names(), model.get_weights(), strict=True))
+
+
+# -- batch-norm statistics merged into gamma and beta ---------------------------------------------
+
+def _merged_bn_model(rng):
+    """x -> MatMul W1 -> BatchNormalization whose running statistics are Identity(gamma), Identity(beta)."""
+    inits = [numpy_helper.from_array(_f32(rng, 4, 6), "W1"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, 6).astype(np.float32), "g"),
+             numpy_helper.from_array(_f32(rng, 6), "be")]
+    nodes = [helper.make_node("Identity", ["g"], ["rv"]), helper.make_node("Identity", ["be"], ["rm"]),
+             helper.make_node("MatMul", ["x", "W1"], ["h"]),
+             helper.make_node("BatchNormalization", ["h", "g", "be", "rm", "rv"], ["y"],
+                              epsilon=EPS, momentum=MOMENTUM)]
+    return _model(nodes, [_vi("x", [None, 4])], [_vi("y", [None, 6])], inits)
+
+
+def test_running_statistics_read_through_identity_are_buffers_of_their_own(rng):
+    proto = _merged_bn_model(rng)
+    w0 = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in proto.graph.initializer}
+    model = ot.from_onnx(proto)
+    assert {p.name: p.role for p in model.params()} == {
+        "W1": "trainable", "g": "trainable", "be": "trainable", "rm": "buffer", "rv": "buffer"}
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    rm, rv = w0["be"].copy(), w0["g"].copy()
+    batches = [(_f32(rng, 8, 4), _f32(rng, 8, 6)) for _ in range(2)]
+    with ot.Trainer(model, batch_size=8) as tr:
+        for x, y in batches:
+            h = x @ w0["W1"]
+            want = (h - h.mean(0)) / np.sqrt(h.var(0) + EPS) * w0["g"] + w0["be"]  # batch statistics
+            np.testing.assert_allclose(tr.step(x, y), np.mean((want - y) ** 2), rtol=1e-5)
+            rm = MOMENTUM * rm + (1 - MOMENTUM) * h.mean(0)
+            rv = MOMENTUM * rv + (1 - MOMENTUM) * h.var(0)  # biased, as ortrain documents
+        x = batches[0][0]
+        inference = (x @ w0["W1"] - rm) / np.sqrt(rv + EPS) * w0["g"] + w0["be"]
+        np.testing.assert_allclose(tr.predict(x), inference, rtol=1e-4, atol=1e-5)
+        after = _weights(tr.model())
+    for name in ("W1", "g", "be"):  # lr=0: the running-statistics update writes none of them
+        np.testing.assert_array_equal(after[name], w0[name].astype(np.float32), err_msg=name)
+    np.testing.assert_allclose(after["rm"], rm, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(after["rv"], rv, rtol=1e-5, atol=1e-6)
+
+
+def _two_layers(rng, merged: bool):
+    """x -> MatMul W1 (32x32, large enough to be stashed) + b1 -> Relu -> MatMul W2 + b2, where W2
+    and b2 equal W1 and b1 and are either Identity(W1), Identity(b1) or initializers of their own."""
+    w, b = _f32(rng, 32, 32) * 0.2, np.zeros(32, np.float32)
+    inits = [numpy_helper.from_array(w, "W1"), numpy_helper.from_array(b, "b1")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Relu", ["a1"], ["r"]), helper.make_node("MatMul", ["r", "W2"], ["m2"]),
+             helper.make_node("Add", ["m2", "b2"], ["y"])]
+    if merged:
+        nodes[:0] = [helper.make_node("Identity", ["W1"], ["W2"]), helper.make_node("Identity", ["b1"], ["b2"])]
+    else:
+        inits += [numpy_helper.from_array(w, "W2"), numpy_helper.from_array(b, "b2")]
+    return _model(nodes, [_vi("x", [None, 32])], [_vi("y", [None, 32])], inits)
+
+
+def test_weights_merged_by_value_train_apart_like_the_unmerged_file(rng):
+    x, y = _f32(rng, 8, 32), _f32(rng, 8, 32)
+    trained = []
+    for merged in (True, False):
+        model = ot.from_onnx(_two_layers(np.random.default_rng(1), merged))
+        assert {p.name: p.role for p in model.params()} == dict.fromkeys(["W1", "b1", "W2", "b2"], "trainable")
+        model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+        with ot.Trainer(model, batch_size=8) as tr:
+            losses = [tr.step(x, y) for _ in range(3)]
+            trained.append((losses, _weights(tr.model())))
+    (losses, got), (want_losses, want) = trained
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert not np.allclose(got["W1"], got["W2"]) and not np.allclose(got["b1"], got["b2"])
+
+
+# -- PyTorch parity on fresh eval-mode exports ----------------------------------------------------
+
+def _torch_net(torch, kind: str):
+    nn = torch.nn
+    torch.manual_seed(0)
+    if kind == "batchnorm":
+        # No bias before the batch norm: its gradient is zero up to rounding, and Adam turns
+        # rounding noise into lr-sized steps that differ between any two implementations.
+        return nn.Sequential(nn.Linear(4, 8, bias=False), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    return nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 8), nn.LayerNorm(8),
+                         nn.Linear(8, 3))
+
+
+def _eval_export(torch, module) -> onnx.ModelProto:
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
+        # No constant folding: it would store a bias-free Linear's weight transposed, under a new name.
+        torch.onnx.export(module, (torch.zeros(2, 4),), f, training=torch.onnx.TrainingMode.EVAL, dynamo=False,
+                          do_constant_folding=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "b"}, "y": {0: "b"}})
+    return onnx.load_from_string(f.getvalue())
+
+
+def _torch_steps(torch, module, kind, optimizer, batches):
+    """Training-mode steps in PyTorch; also the biased running variance ortrain keeps (numpy)."""
+    bn_inputs = []
+    if kind == "batchnorm":
+        module[1].register_forward_hook(lambda mod, args, out: bn_inputs.append(args[0].detach().double().numpy()))
+    params = list(module.parameters())
+    opt = torch.optim.SGD(params, lr=0.1) if optimizer == "sgd" else torch.optim.Adam(params, lr=0.01)
+    module.train()
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(module(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    state = {k: v.detach().numpy().copy() for k, v in module.state_dict().items() if v.is_floating_point()}
+    if kind == "batchnorm":  # PyTorch tracks the unbiased batch variance, ortrain the biased one
+        rv = np.ones(8)
+        for h in bn_inputs:
+            rv = MOMENTUM * rv + (1 - MOMENTUM) * h.var(0)
+        state["1.running_var"] = rv
+    return losses, state
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("kind", ["batchnorm", "layernorm"])
+def test_fresh_eval_export_trains_like_pytorch(rng, kind, optimizer):
+    torch = torch_or_skip()
+    module = _torch_net(torch, kind)
+    proto = _eval_export(torch, module)
+    inits = {t.name for t in proto.graph.initializer}
+    merged = {n.output[0] for n in proto.graph.node if n.op_type == "Identity" and n.input[0] in inits}
+    assert merged == ({"1.running_mean", "1.running_var"} if kind == "batchnorm" else {"4.weight", "4.bias"})
+    batches = [(_f32(rng, 8, 4), _f32(rng, 8, 3)) for _ in range(3)]
+    want_losses, want = _torch_steps(torch, module, kind, optimizer, batches)
+    model = ot.from_onnx(proto).compile(
+        optimizer=ot.optim.SGD(lr=0.1) if optimizer == "sgd" else ot.optim.Adam(lr=0.01), loss="mse")
+    assert {p.name: p.role for p in model.params()} == {
+        k: "buffer" if "running" in k else "trainable" for k in want}
+    with ot.Trainer(model, batch_size=8) as tr:
+        losses = [tr.step(x, y) for x, y in batches]
+        got = _weights(tr.model())
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# -- scalars ---------------------------------------------------------------------------------------
+
+def _scaled_model(rng):
+    """y = MatMul(x, W) * s with a learnable scale s (a rank-0 initializer) and a constant exponent."""
+    inits = [numpy_helper.from_array(_f32(rng, 3, 2), "W"), numpy_helper.from_array(np.array(2.0, np.float32), "s"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "p")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Mul", ["h", "s"], ["hs"]),
+             helper.make_node("Pow", ["hs", "p"], ["y"])]
+    return _model(nodes, [_vi("x", [None, 3])], [_vi("y", [None, 2])], inits)
+
+
+def test_scalars_stay_constant_unless_named(rng):
+    proto = _scaled_model(rng)
+    assert [p.name for p in ot.from_onnx(proto).params()] == ["W"]
+    assert [p.name for p in ot.from_onnx(proto, trainable="*").params()] == ["W"]  # globs never pick scalars
+    with pytest.raises(ot.OrtrainError, match=r"trainable: 'p' is a scalar constant that cannot train: .* "
+                                              r"no gradient reaches it"):
+        ot.from_onnx(proto, trainable=["W", "p"])
+
+
+def test_a_named_scalar_trains_saves_and_exports(rng, tmp_path):
+    proto = _scaled_model(rng)
+    model = ot.from_onnx(proto, trainable=["W", "s"])
+    assert [(p.name, p.role, p.shape) for p in model.params()] == [("W", "trainable", (3, 2)),
+                                                                   ("s", "trainable", (1,))]
+    model.compile(optimizer=ot.optim.Adam(lr=0.1), loss="mse")
+    ref = NumpyAdam([numpy_helper.to_array(proto.graph.initializer[0]), 2.0], lr=0.1)
+    batches = [(_f32(rng, 8, 3), _f32(rng, 8, 2)) for _ in range(3)]
+    with ot.Trainer(model, batch_size=8) as tr:
+        for x, y in batches:
+            w, s = ref.p
+            h = x.astype(np.float64) @ w
+            np.testing.assert_allclose(tr.step(x, y), np.mean((h * s - y) ** 2), rtol=1e-5)
+            d = 2 * (h * s - y) / y.size
+            ref.step([x.T @ (d * s), np.sum(d * h)])
+        trained = tr.model()
+    got = _weights(trained)
+    np.testing.assert_allclose(got["W"], ref.p[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["s"], [ref.p[1]], rtol=1e-5)
+    x = batches[0][0]
+    want = x @ ref.p[0] * ref.p[1]
+    loaded = ot.load_model(trained.save(tmp_path / "scaled"))
+    np.testing.assert_array_equal(_weights(loaded)["s"], got["s"])
+    np.testing.assert_allclose(loaded.predict(x), want, rtol=1e-5, atol=1e-6)
+    path = trained.export_onnx(tmp_path / "scaled.onnx")
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    out = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
