@@ -100,6 +100,33 @@ def sgemm_rate(shapes: list[tuple[int, int, int]] | None = None, seconds: float 
     return flops / best
 
 
+def memory_bandwidth(floats: int, threads: int = 1, seconds: float = 0.5) -> float:
+    """Bytes per second that numpy streams through arrays of ``floats`` float32 elements (two
+    read, one written: ``c = a + b``), split over ``threads`` threads, best of repeated runs.
+
+    This is the rate an elementwise update such as Adam's can reach at most: it does next to
+    no arithmetic per byte, so memory, not the cores, sets its speed.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+    rng = np.random.default_rng(0)
+    a, b = rng.random(floats, dtype=np.float32), rng.random(floats, dtype=np.float32)
+    c = np.empty_like(a)
+    bounds = np.linspace(0, floats, threads + 1).astype(int)
+    parts = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    with ThreadPoolExecutor(threads) as pool:
+        def run():
+            list(pool.map(lambda s: np.add(a[s], b[s], out=c[s]), parts))
+        for _ in range(3):
+            run()
+        best = float("inf")
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - t0)
+    return 3 * 4 * floats / best
+
+
 def dense_training_gemms(sizes: list[int], batch: int) -> list[tuple[int, int, int]]:
     """The GEMMs of one MLP training step: forward, weight gradients, and input gradients of every
     layer but the first (nothing needs the gradient of the data)."""

@@ -86,6 +86,14 @@ def rows(results: dict) -> list[tuple]:
                     _met(frac["square_1024"] >= 0.6),
                     f"ortrain {r['ortrain_gflops']:.0f} GFLOP/s; sgemm {r['sgemm_gflops']['square_1024']:.0f} / "
                     f"{r['sgemm_gflops']['step_shapes']:.0f} GFLOP/s"))
+        fl = r.get("floor")
+        if fl and "torch_over_floor" in fl:
+            out.append(("(c) MLP 784-512-512-10", "machine floor: PyTorch eager time / least possible step",
+                        _x(fl["torch_over_floor"]), "-", "-",
+                        f"floor {1e3 * fl['seconds']:.2f} ms = GEMMs {1e3 * fl['gemm_s']:.2f} ms at the 1024^2 "
+                        f"sgemm rate + Adam {1e3 * fl['adam_s']:.2f} ms at {fl['bandwidth_gbs']:.0f} GB/s; "
+                        f"its fraction of sgemm {fl['fraction_of_sgemm']:.2f}; ortrain "
+                        f"{r['ms_per_step']['ortrain']['median']:.2f} ms"))
         out.append(("(c) MLP 784-512-512-10", "time / raw ORT-training loop",
                     _x(r["ratios"]["ortrain_time_over_ort_loop"]), "-", "-", ""))
         rss = r["peak_rss_mb"]

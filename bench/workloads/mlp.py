@@ -6,6 +6,13 @@ artifacts and a plain PyTorch eager loop with the same initial weights, data and
 each in its own process, with numpy's sgemm rate as the ceiling. Training FLOPs are counted
 as 6 x parameters x samples. The ceiling is numpy's rate on 1024x1024 products (the machine's
 peak) and on the very GEMMs of this step (the peak at these shapes).
+
+It also measures the machine's floor for this step, a time no implementation can beat: the
+step's GEMMs at numpy's peak rate, plus Adam's update at the memory bandwidth numpy reaches
+(the update reads weight, gradient and both moments and writes weight and both moments: 28
+bytes a weight, with next to no arithmetic). Everything else a step does (activations, loss,
+the ReLU and bias gradients) is left out, so the floor is generous. PyTorch's time over the
+floor is the most any implementation could gain over PyTorch in this run.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from bench.common import (
     dense_training_gemms,
     implementations,
     loop_ratios,
+    memory_bandwidth,
     ort_loop,
     sgemm_rate,
     spread,
@@ -99,6 +107,7 @@ def run(quick: bool = False) -> dict:
     peak, at_shapes = sgemm_rate(), sgemm_rate(dense_training_gemms(SIZES, BATCH))
     sec = {n: spread(v) for n, v in times.items()}
     ours = sec["ortrain"]["median"]
+    floor = machine_floor(params, peak, threads)
     out = {
         "workload": "mlp", "title": "MLP 784-512-512-10, batch 128, Adam", "threads": threads, "params": params,
         "rounds": rounds, "calls_per_round": calls,
@@ -108,12 +117,25 @@ def run(quick: bool = False) -> dict:
         "ortrain_gflops": flops / ours / 1e9,
         "fraction_of_sgemm": {"square_1024": flops / ours / peak, "step_shapes": flops / ours / at_shapes},
         "ratios": loop_ratios(times),
+        "floor": floor,
         "peak_rss_mb": rss,
         "notes": [] if "torch" in times else ["torch is not installed: the PyTorch loop was skipped"],
     }
     if "torch" in times:
         out["ratios"]["rss_ortrain_over_torch"] = rss["ortrain"] / rss["torch"]
+        floor["torch_over_floor"] = spread([t / floor["seconds"] for t in times["torch"]])
     return out
+
+
+def machine_floor(params: int, peak: float, threads: int) -> dict:
+    """The least time a step of this MLP can take here: its GEMMs at ``peak`` FLOP/s and Adam's
+    28 bytes a weight at the best memory bandwidth numpy reaches on one or ``threads`` threads."""
+    gemm_flops = sum(2.0 * m * k * n for m, k, n in dense_training_gemms(SIZES, BATCH))
+    bandwidth = max(memory_bandwidth(params, 1), memory_bandwidth(params, threads))
+    gemm_s, adam_s = gemm_flops / peak, 28.0 * params / bandwidth
+    seconds = gemm_s + adam_s
+    return {"seconds": seconds, "gemm_s": gemm_s, "adam_s": adam_s, "bandwidth_gbs": bandwidth / 1e9,
+            "fraction_of_sgemm": 6.0 * params * BATCH / seconds / peak}
 
 
 if __name__ == "__main__":
