@@ -218,6 +218,10 @@ class _Loop:
                     w = None
                 else:
                     x, y, w = parse_batch(batch)
+                    if w is not None and tr._weight_spec is None:
+                        raise OrtrainError("sample_weight: this batch carries loss weights but the first batch did "
+                                           "not, so training started without them; pass loss_mask=1 to "
+                                           "fit_generator, or give every batch weights (ones where none apply)")
                 fetches, labels, weights = tr._step(x, y, w, rows_fixed)
                 loss = float(fetches[1].numpy())
                 rows = labels.shape[0]
@@ -384,6 +388,13 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     ``on_train_end`` ran and the model holds the last completed step.
 
     ``initial_epoch``/``epochs`` follow Keras: epochs ``initial_epoch .. epochs-1`` run.
+
+    When the generator is called: its first batch is read before anything else (its rows fix
+    the batch size the trainer is built for, so before ``on_train_begin``); every later batch
+    is read before its own ``on_batch_begin`` and after the previous step's ``on_batch_end``
+    (and after ``on_epoch_begin`` for an epoch's first batch). A callback that prepares data
+    (fills a replay buffer, raises a curriculum level) therefore does it in ``on_batch_end``
+    or ``on_epoch_begin`` for the batches that follow.
 
     >>> import numpy as np, ortrain as ot
     >>> model = ot.Sequential([ot.layers.Dense(1)], input_shape=(2,), seed=0)

@@ -394,8 +394,11 @@ def test_weights_in_a_later_batch_only_are_refused():
     (x, y), = batches(1, 4)
     model = mlp()
     model.compile(optimizer="adam", loss="mse")
-    with pytest.raises(ot.OrtrainError, match=r"epoch 0, step 1 .*sample_weight: this trainer has no loss weights"):
+    with pytest.raises(ot.OrtrainError, match=r"epoch 0, step 1 .*sample_weight: this batch carries loss weights but "
+                                              r"the first batch did not, .*pass loss_mask=1 to fit_generator"):
         ot.fit_generator(model, [(x, y), (x, y, np.ones(4))], verbose=0)
+    ot.fit_generator(model, [(x, y), (x, y, np.ones(4))], loss_mask=1, verbose=0)  # the fix it names works
+    assert model.train_state.n_steps == 3
 
 
 def test_exception_in_generator_propagates_after_on_train_end(tmp_path):

@@ -114,6 +114,31 @@ def test_sum_becomes_a_chain_of_adds(rng):
         np.testing.assert_allclose(tr.step(x, np.zeros((4, 3))), np.mean(want ** 2), rtol=1e-5)
 
 
+def test_tanh_gelu_trains_with_the_tanh_formulas_gradient(rng):
+    """onnxruntime differentiates every Gelu as the erf one; the repaired graph must give the
+    derivative of the tanh formula (numpy, written out below)."""
+    w = _f32(rng, 3, 4)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["u"]),
+             helper.make_node("Gelu", ["u"], ["y"], approximate="tanh", name="act")]
+    proto = _model(nodes, [_vi("x", [None, 3])], [_vi("y", [None, 4])], [numpy_helper.from_array(w, "w")],
+                   opset=20, ir=9)
+    fixed, n = repairs.gelu_tanh_as_arithmetic(proto)
+    assert n == 1 and "Gelu" not in [x.op_type for x in fixed.graph.node]
+    x, target = 2 * _f32(rng, 16, 3), _f32(rng, 16, 4)
+    u = x.astype(np.float64) @ w
+    k, c = np.sqrt(2 / np.pi), 0.044715
+    t = np.tanh(k * (u + c * u ** 3))
+    y = 0.5 * u * (1 + t)
+    dy_du = 0.5 * (1 + t) + 0.5 * u * (1 - t ** 2) * k * (1 + 3 * c * u ** 2)
+    grad_w = x.T @ (2 * (y - target) / y.size * dy_du)
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=1.0), loss="mse")
+    np.testing.assert_allclose(model.predict(x), y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ReferenceEvaluator(fixed).run(None, {"x": x})[0], y, rtol=1e-5, atol=1e-6)
+    with ot.Trainer(model, batch_size=16) as tr:
+        np.testing.assert_allclose(tr.step(x, target), np.mean((y - target) ** 2), rtol=1e-5)
+        np.testing.assert_allclose(w - tr.model().get_weights()[0], grad_w, rtol=1e-4, atol=1e-7)
+
+
 def test_single_output_layernorm_gets_its_statistics(rng):
     inits = [numpy_helper.from_array(_f32(rng, 4, 6), "w"), numpy_helper.from_array(_f32(rng, 6), "g"),
              numpy_helper.from_array(_f32(rng, 6), "b")]

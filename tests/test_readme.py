@@ -17,4 +17,4 @@ def test_readme_example_runs(index, tmp_path, monkeypatch, capsys):
 
 
 def test_readme_has_the_examples_it_promises():
-    assert len(BLOCKS) == 4
+    assert len(BLOCKS) == 5

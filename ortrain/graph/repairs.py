@@ -12,6 +12,9 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
   ortrain's training graph turns every batch norm into batch statistics anyway.
 * ``Dropout`` without a ``training_mode`` input never drops: it gets one, so it is
   active in training steps and a no-op in evaluation, prediction and export.
+* ``Gelu(approximate="tanh")`` (opset 20, torch's default export of ``nn.GELU("tanh")``)
+  gets the exact GELU's gradient from the runtime: it is written out as the tanh formula
+  in plain arithmetic, whose gradient the builder derives correctly.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
-           "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input"]
+           "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
+           "gelu_tanh_as_arithmetic"]
 
 MAX_OPSET = 21  # the newest default-domain opset onnxruntime 1.19.2 loads
 MAX_IR = 10  # the newest IR version it reads
@@ -174,10 +178,74 @@ def dropout_with_training_input(model: onnx.ModelProto) -> tuple[onnx.ModelProto
     return out, len(targets)
 
 
+def gelu_tanh_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``Gelu(x, approximate="tanh")`` -> ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``.
+
+    onnxruntime-training 1.19.2 differentiates every ``Gelu`` as the exact (erf) one, so the
+    tanh form would train with a wrong gradient (off by up to 5e-4 relative); the same formula
+    in ``Mul``/``Add``/``Tanh`` (what torch exports below opset 20) has the right one.
+    """
+    def is_tanh(n):
+        return n.op_type == "Gelu" and n.domain in ("", "ai.onnx") and \
+            any(a.name == "approximate" and a.s == b"tanh" for a in n.attribute)
+    if not any(is_tanh(n) for n in model.graph.node):
+        return model, 0
+    out = copy.deepcopy(model)
+    names = _Names(out)
+    dtypes = _elem_types(out)
+    nodes, count = [], 0
+    for node in out.graph.node:
+        if is_tanh(node):
+            count += 1
+            dtype = helper.tensor_dtype_to_np_dtype(dtypes.get(node.input[0], onnx.TensorProto.FLOAT))
+            nodes.extend(_gelu_tanh_nodes(out.graph, names, node.input[0], node.output[0],
+                                          node.name or names.fresh("Gelu"), dtype))
+        else:
+            nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out, count
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element types of the graph's tensors, as far as onnx's type inference finds them."""
+    try:
+        g = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # an unknown op or a damaged part: callers fall back to float32
+        g = model.graph
+    infos = [*g.input, *g.value_info, *g.output]
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in infos if vi.type.HasField("tensor_type")}
+    types.update((t.name, t.data_type) for t in g.initializer)
+    return {k: v for k, v in types.items() if v}
+
+
+def _gelu_tanh_nodes(graph, names: _Names, x: str, y: str, base: str, dtype) -> list[onnx.NodeProto]:
+    """Nodes computing ``y = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``, the
+    constants in ``x``'s element type ``dtype``."""
+    nodes = []
+
+    def const(hint: str, value: float) -> str:
+        name = names.fresh(f"{base}/{hint}")
+        graph.initializer.append(numpy_helper.from_array(np.array(value, dtype), name))
+        return name
+
+    def op(kind: str, *args: str, result: str | None = None) -> str:
+        result = result or names.fresh(f"{base}/{kind.lower()}")
+        nodes.append(helper.make_node(kind, list(args), [result], name=names.fresh(f"{base}/{kind}")))
+        return result
+
+    k, c, one, half = const("k", np.sqrt(2.0 / np.pi)), const("c", 0.044715), const("one", 1.0), const("half", 0.5)
+    cube = op("Mul", op("Mul", x, x), x)
+    inner = op("Mul", op("Add", x, op("Mul", cube, c)), k)
+    op("Mul", op("Mul", x, op("Add", op("Tanh", inner), one)), half, result=y)
+    return nodes
+
+
 def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """Every rewrite above, in order; returns the model and ``{pass name: nodes changed}``."""
     report = {}
-    for fn in (sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input):
+    for fn in (sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
+               gelu_tanh_as_arithmetic):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n
