@@ -127,9 +127,11 @@ def rows(results: dict) -> list[tuple]:
                 f" (medians of its parts: model and data {_secs(parts['model_s'])}, Trainer "
                 f"{_secs(parts['trainer_s'])}, first step {_secs(parts['step_s'])}; the next step "
                 f"{_secs(parts['next_step_s'])})")
+            runs = m.get("warm_runs") or [m["warm_s"]]
             out.append((f"(f) first step, {name}", "warm / cold", f"{m['warm_over_cold']:.2f}", "<= 0.20",
                         _met(m["warm_over_cold"] <= 0.2),
-                        f"cold {_secs(m['cold_s'])}, warm {_secs(m['warm_s'])}{split}"))
+                        f"cold {_secs(m['cold_s'])}, warm {_secs(m['warm_s'])} (runs {_secs(min(runs))} to "
+                        f"{_secs(max(runs))}){split}"))
     return out
 
 

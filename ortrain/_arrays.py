@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.errors import NonFiniteError, OrtrainError, ShapeError, describe_shape
 
 
 def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
@@ -48,6 +48,16 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                     f"; every batch must hold exactly {rows} rows (pad the last one or drop it)")
         raise ShapeError(f"{argument}: expected shape {describe_shape(exp)}, received "
                          f"{describe_shape(a.shape)}{hint}")
+
+
+def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: str) -> None:
+    """Raise :class:`NonFiniteError` naming the first float array holding a NaN or an infinity,
+    the value and its row; ``outcome`` says what was (not) done, e.g. "nothing was trained"."""
+    for a, arg in zip(arrays, arguments):
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
+            raise NonFiniteError(f"{arg}: holds {a[at]} in row {at[0]}; training needs finite values, so "
+                                 f"{outcome} (drop or repair that sample)")
 
 
 # -- counts ----------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import prepare_inputs, prepare_labels, prepare_sample_weight
+from ortrain._arrays import prepare_inputs, prepare_labels, prepare_sample_weight, refuse_non_finite
 from ortrain.errors import OrtrainError, ShapeError
 
 __all__ = ["ArraySource", "CallableSource", "EpochIterator", "IterableSource", "as_source", "parse_batch",
@@ -249,6 +249,14 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
         weight_shape = (None,) + (1,) * (len(pred_shape) - 1)
     ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n)
     return xs, ys, ws
+
+
+def refuse_non_finite_arrays(model, xs, ys, ws) -> None:
+    """Training arrays from :func:`prepare_arrays` must be finite: checked once, before the first
+    step, so a NaN in the last rows stops nothing halfway."""
+    names = ["x" if len(xs) == 1 else f"x[{s.name!r}]" for s in model.input_specs]
+    refuse_non_finite([*xs, ys] + ([ws] if ws is not None else []), [*names, "y", "sample_weight"],
+                      "nothing was trained")
 
 
 def looks_like_arrays(data) -> bool:

@@ -44,6 +44,7 @@ from ortrain.data import (
     looks_like_arrays,
     parse_batch,
     prepare_arrays,
+    refuse_non_finite_arrays,
     split_arrays,
     validation_iterator,
 )
@@ -206,6 +207,7 @@ class _Loop:
         # Array sources cut the batches themselves (a short last one included); a generator's
         # batches must all hold batch_size rows.
         rows_fixed = None if self.iterator.source.short_batches else bs
+        checked = isinstance(self.iterator.source, ArraySource)  # whole arrays were checked up front
         total = 0.0
         seen = 0
         step = -1
@@ -222,7 +224,7 @@ class _Loop:
                         raise OrtrainError("sample_weight: this batch carries loss weights but the first batch did "
                                            "not, so training started without them; pass loss_mask=1 to "
                                            "fit_generator, or give every batch weights (ones where none apply)")
-                fetches, labels, weights = tr._step(x, y, w, rows_fixed)
+                fetches, labels, weights = tr._step(x, y, w, rows_fixed, checked)
                 loss = float(fetches[1].numpy())
                 rows = labels.shape[0]
                 if metrics:
@@ -324,6 +326,7 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
                                "weight per sample) or loss_mask=<outputs> to train with them")
         weight_shape = None if trainer._weight_spec is None else trainer._weight_spec.shape
         xs, ys, ws = prepare_arrays(base, data, y, sample_weight, "x", "y", "sample_weight", weight_shape)
+        refuse_non_finite_arrays(base, xs, ys, ws)
         source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=_flag(shuffle, "shuffle")), len(ys)
     vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size)
     loop = _Loop(trainer, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
@@ -441,7 +444,8 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
                       weight_decay=weight_decay, _weights_any_loss=any_loss)
     with trainer:
         try:
-            trainer._feeds(x, y, w, "step", rows)  # labels and weights too, before the caller's model changes
+            # labels and weights too, before the caller's model changes
+            trainer._refuse_non_finite(trainer._feeds(x, y, w, "step", rows))
         except (OrtrainError, ValueError, TypeError) as exc:
             raise _located(exc, where) from exc
         _commit(model, staged)
@@ -488,6 +492,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     else:
         (xs, ys, ws), held = split_arrays(arrays, validation_split)
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
+    refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
     weighted = ws is not None or (vit is not None and isinstance(vit.source, ArraySource) and vit.source._w is not None)
     with Trainer(model, batch_size=bs, loss_mask=1 if weighted else None, _weights_any_loss=weighted) as tr:
         source = ArraySource(xs, ys, ws, bs, shuffle=shuffle)

@@ -17,9 +17,16 @@ import numpy as np
 
 from ortrain import artifacts as artifacts_mod
 from ortrain import engine
-from ortrain._arrays import positive_int, prepare_inputs, prepare_labels, prepare_sample_weight, run_chunks
+from ortrain._arrays import (
+    positive_int,
+    prepare_inputs,
+    prepare_labels,
+    prepare_sample_weight,
+    refuse_non_finite,
+    run_chunks,
+)
 from ortrain._lifetime import Releasable
-from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
+from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
 from ortrain.nn.saving import TrainState
@@ -283,26 +290,25 @@ class Trainer(Releasable):
         fetches, _, _ = self._step(x, y, sample_weight, None)
         return float(fetches[1].numpy()), fetches[2].numpy()
 
-    def _step(self, x, y, sample_weight, rows: int | None):
+    def _step(self, x, y, sample_weight, rows: int | None, checked: bool = False):
         """A training step: ``(fetches, labels, weights)``. The labels and weights are the checked
         arrays that were fed (weights None when none were given), so the fit loop's metrics reuse
-        them instead of checking every batch twice."""
+        them instead of checking every batch twice. ``checked``: the values were already found
+        finite (the fit loop checks whole arrays before it starts)."""
         feeds = self._feeds(x, y, sample_weight, "step", rows)
-        self._refuse_non_finite(feeds)
+        if not checked:
+            self._refuse_non_finite(feeds)
         labels, weights = self._fed_labels_and_weights(feeds, sample_weight)
         return self._train(feeds), labels, weights
 
     def _refuse_non_finite(self, feeds: list[np.ndarray]) -> None:
         """A NaN or an infinity in a float input, label or weight would reach every weight through
         the update; refuse the step before it runs."""
-        for i, a in enumerate(feeds):
-            if a.dtype.kind == "f" and not np.isfinite(a).all():
-                n = len(self._inputs)
-                arg = ("x" if n == 1 else f"x[{self._inputs[i].name!r}]") if i < n else \
-                    ("y" if i == n else "sample_weight")
-                at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
-                raise NonFiniteError(f"{arg}: holds {a[at]} in row {at[0]}; a training step needs finite values, "
-                                     "so nothing was trained (drop or repair that sample)")
+        n = len(self._inputs)
+        names = ["x" if n == 1 else f"x[{s.name!r}]" for s in self._inputs] + ["y", "sample_weight"]
+        if self._weight_spec is not None and feeds[-1] is self._ones_weight:
+            feeds, names = feeds[:-1], names[:-1]
+        refuse_non_finite(feeds, names, "this step was not taken")
 
     def eval(self, x, y, sample_weight=None) -> float:
         """The loss on one batch of ``batch_size`` rows, without backward pass or dropout."""

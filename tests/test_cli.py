@@ -201,7 +201,7 @@ def test_a_run_that_fails_before_its_first_epoch_leaves_nothing_and_can_be_rerun
     assert not (workdir / "fresh").exists()
     assert sorted(p.name for p in (workdir / "kept").iterdir()) == ["artifacts"]
     assert cli("train", "--model", "nothing.onnx", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",
-               "--out", "built") == 1
+               "--out", "built/deep/run") == 1
     assert not (workdir / "built").exists()
     # the same command, with good data, starts the run afresh; an artifacts run records no optimizer of its own
     assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",

@@ -85,10 +85,34 @@ def test_a_non_finite_value_refuses_the_step_and_changes_nothing(where, bad):
     with ot.Trainer(model, batch_size=4, loss_mask=1) as tr:
         tr.step(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32))   # moments exist
         before = _state(tr)
-        with pytest.raises(ot.NonFiniteError, match=re.escape(f"{where}: holds {bad} in row 2; a training step "
-                                                              "needs finite values, so nothing was trained")):
+        with pytest.raises(ot.NonFiniteError, match=re.escape(f"{where}: holds {bad} in row 2; training needs finite "
+                                                              "values, so this step was not taken")):
             tr.step(feeds["x"], feeds["y"], feeds["sample_weight"])
         _assert_unchanged(tr, before)
         ok = {k: np.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0) for k, v in feeds.items()}
         tr.step(ok["x"], ok["y"], ok["sample_weight"])  # the trainer goes on
         assert tr.n_steps == before[1] + 1
+
+
+def test_fit_refuses_non_finite_rows_before_the_first_step():
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((64, 3)).astype(np.float32), rng.standard_normal((64, 2)).astype(np.float32)
+    x[60, 1] = np.nan                       # in the last batch
+    model = ot.Sequential([L.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    weights = model.get_weights()
+    with pytest.raises(ot.NonFiniteError, match=re.escape("x: holds nan in row 60; training needs finite values, so "
+                                                          "nothing was trained")):
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    assert model.train_state is None
+    for a, b in zip(weights, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # rows held out for validation are only evaluated: they do not stop training
+    history = model.fit(x, y, batch_size=8, validation_split=0.25, verbose=0)
+    assert model.train_state.n_steps == 6 and np.isnan(history.history["val_loss"][0])
+    # a generator's first batch is checked before the caller's model changes
+    model = ot.Sequential([L.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ot.NonFiniteError, match="epoch 0, step 0 \\(counted from 0\\): x: holds nan in row 4"):
+        ot.fit_generator(model, [(x[56:], y[56:])], optimizer="sgd", verbose=0)
+    assert isinstance(model.optimizer, ot.optim.Adam) and model.train_state is None

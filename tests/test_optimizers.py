@@ -1,11 +1,14 @@
 """Optimizers: weights after 5 updates against numpy (and PyTorch), accumulation, schedules."""
 
+import re
+
 import numpy as np
 import pytest
 from conftest import torch_or_skip
 from helpers import NumpyAdam, dense_model, linear_mse_grads
 
 import ortrain as ot
+from ortrain import ag
 
 B, NIN, NOUT = 8, 5, 3
 
@@ -111,12 +114,18 @@ def test_optimizer_argument_errors():
         ot.optim.get("rmsprop")
     with pytest.raises(ot.OrtrainError, match="SGD in ortrain has no weight decay"):
         ot.optim.SGD().graph(weight_decay=0.1)
-    with pytest.raises(ot.OrtrainError, match=r"params: expected None or a list of ag.param objects \(for capture_step\), "
-                                              r"received 0.05; pass the other settings by name, e.g. "
-                                              r"ot.optim.AdamW\(weight_decay=0.05\)"):
-        ot.optim.AdamW(0.05)
-    with pytest.raises(ot.OrtrainError, match=r"e.g. ot.optim.Adam\(lr=0.1\)"):
-        ot.optim.Adam(0.1)
+    W = ag.param(np.zeros((2, 2), np.float32), name="W")
+    expected = "params: expected None or a list of ag.param objects (for capture_step), received "
+    for call, said in [
+            (lambda: ot.optim.AdamW(0.05), "the number 0.05; pass settings by name, e.g. ot.optim.AdamW(lr=0.05) or "
+                                           "ot.optim.AdamW(weight_decay=0.05)"),
+            (lambda: ot.optim.Adam(np.array(0.1)), "the number 0.1; pass settings by name, e.g. ot.optim.Adam(lr=0.1)"),
+            (lambda: ot.optim.Adam(W), "the single param 'W'; wrap it in a list: ot.optim.Adam([W], ...)"),
+            (lambda: ot.optim.Adam({"W": W}), "dict; pass a list, e.g. ot.optim.Adam([W, b], lr=1e-3)"),
+            (lambda: ot.optim.SGD([W, 3]), "a list holding int 3; create params with ag.param(array, name=...)")]:
+        with pytest.raises(ot.OrtrainError, match=re.escape(expected + said)):
+            call()
+    assert ot.optim.Adam(iter([W])).params == [W] and ot.optim.Adam((W,)).params == [W]  # any iterable
 
 
 def test_optimizer_defaults_follow_pytorch():

@@ -186,15 +186,21 @@ def train(cfg: dict) -> dict:
 
 def _discarder(out: Path):
     """What removes a new run that fails before its first epoch ends: its settings, the artifacts
-    it built, and its directory when the run created it. Nothing that was there before is touched."""
-    created, had_artifacts = not out.exists(), (out / "artifacts").exists()
+    it built, and the directories the run created (parents included). Nothing that was there
+    before is touched."""
+    had_artifacts = (out / "artifacts").exists()
+    created = None  # the outermost directory this run creates
+    for d in (out, *out.parents):
+        if d.exists():
+            break
+        created = d
 
     def discard() -> None:
         (out / "run.json").unlink(missing_ok=True)
         if not had_artifacts:
             shutil.rmtree(out / "artifacts", ignore_errors=True)
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
     return discard
 
 

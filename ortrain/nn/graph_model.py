@@ -23,6 +23,7 @@ class GraphModel(Model):
         self._weights = {p.name: np.ascontiguousarray(forward.weights[p.name]) for p in self._params}
         self.layers = []
         self._nodes = []
+        self._bounds = None
         listed = {vi.name for vi in self._proto.graph.input}
         missing = [p.name for p in self._params if p.name not in listed]
         if missing:
@@ -53,7 +54,13 @@ class GraphModel(Model):
 
     def index_bounds(self) -> dict[str, tuple[int, int, str]]:
         """Inputs that index a weight's rows straight away (``Gather`` on axis 0): ONNX allows
-        ``[-rows, rows - 1]``, negative ones counting from the end."""
+        ``[-rows, rows - 1]``, negative ones counting from the end. Found once: the graph and the
+        weights' shapes never change."""
+        if self._bounds is None:
+            self._bounds = self._find_index_bounds()
+        return self._bounds
+
+    def _find_index_bounds(self) -> dict[str, tuple[int, int, str]]:
         rows = {p.name: p.shape[0] for p in self._params if p.shape}
         inputs = {s.name for s in self.input_specs}
         bounds: dict[str, tuple[int, int, str]] = {}

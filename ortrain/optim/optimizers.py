@@ -38,18 +38,37 @@ def check_weight_decay(value, where: str = "weight_decay") -> float:
     return float(value)
 
 
+def _checked_params(params, cls: str) -> list:
+    """``params`` (None or any iterable of ag params) as a list; anything else gets an error that
+    says what to write instead."""
+    from ortrain.ag.tensor import Param
+    if params is None:
+        return []
+    expected = "params: expected None or a list of ag.param objects (for capture_step), received"
+    if isinstance(params, Param):
+        raise OrtrainError(f"{expected} the single param {params.name!r}; wrap it in a list: "
+                           f"ot.optim.{cls}([{params.name}], ...)")
+    if isinstance(params, (int, float, np.number)) or (isinstance(params, np.ndarray) and params.ndim == 0):
+        v = float(params)
+        named = f"ot.optim.{cls}(lr={v!r})" + (f" or ot.optim.{cls}(weight_decay={v!r})" if cls == "AdamW" else "")
+        raise OrtrainError(f"{expected} the number {v!r}; pass settings by name, e.g. {named}")
+    items = list(params) if hasattr(params, "__iter__") and not isinstance(params, (str, bytes, dict)) else None
+    if items is None:
+        raise OrtrainError(f"{expected} {type(params).__name__}; pass a list, e.g. ot.optim.{cls}([W, b], lr=1e-3)")
+    bad = next((p for p in items if not isinstance(p, Param)), None)
+    if bad is not None:
+        raise OrtrainError(f"{expected} a list holding {type(bad).__name__} {bad!r:.40}; create params with "
+                           "ag.param(array, name=...)")
+    return items
+
+
 class Optimizer:
     name = "optimizer"
     has_moments = False
 
     def __init__(self, params=None, lr: float = 1e-3):
-        if params is not None and (isinstance(params, (str, bytes, dict)) or not hasattr(params, "__iter__")):
-            setting = "weight_decay" if type(self).__name__ == "AdamW" else "lr"
-            raise OrtrainError(f"params: expected None or a list of ag.param objects (for capture_step), received "
-                               f"{params!r:.60}; pass the other settings by name, e.g. "
-                               f"ot.optim.{type(self).__name__}({setting}={params!r:.20})")
+        self.params = _checked_params(params, type(self).__name__)
         self._lr = check_lr(lr)
-        self.params = list(params) if params is not None else []
         self.step = 0
         self._moments: dict[str, tuple[np.ndarray, ...]] = {}
         self._state_source = None  # set by a live capture: returns {param name: moments}
