@@ -89,6 +89,11 @@ def sgemm_rate(shapes: list[tuple[int, int, int]] | None = None, seconds: float 
     def run():
         for a, b in mats:
             a @ b
+    return flops / best_time(run, seconds)
+
+
+def best_time(run: Callable[[], object], seconds: float) -> float:
+    """The least seconds ``run()`` took over ``seconds`` of repeats, after three warm-up calls."""
     for _ in range(3):
         run()
     best = float("inf")
@@ -97,7 +102,7 @@ def sgemm_rate(shapes: list[tuple[int, int, int]] | None = None, seconds: float 
         t0 = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - t0)
-    return flops / best
+    return best
 
 
 def memory_bandwidth(floats: int, threads: int = 1, seconds: float = 0.5) -> float:
@@ -116,15 +121,7 @@ def memory_bandwidth(floats: int, threads: int = 1, seconds: float = 0.5) -> flo
     with ThreadPoolExecutor(threads) as pool:
         def run():
             list(pool.map(lambda s: np.add(a[s], b[s], out=c[s]), parts))
-        for _ in range(3):
-            run()
-        best = float("inf")
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - t0)
-    return 3 * 4 * floats / best
+        return 3 * 4 * floats / best_time(run, seconds)
 
 
 def dense_training_gemms(sizes: list[int], batch: int) -> list[tuple[int, int, int]]:
