@@ -488,6 +488,9 @@ class Trainer(Releasable):
         if art is not None and props[_PROP + "key"] != art.key:
             raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
                                "optimizer than this model; resume with the model and settings that wrote it")
+        # The key matched artifacts with one weight per sample: a fit with sample weights wrote it,
+        # which weights any loss, so loss_mask=1 resumes it whatever the loss.
+        tr._any_loss = tr._any_loss or (art is not None and weighting == "sample")
         tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
                   checkpoint=os.fspath(path), art=art)
         tr._restore_counters(props, data)

@@ -364,6 +364,28 @@ def test_model_checkpoint_resume_is_bit_exact(tmp_path):
             np.testing.assert_array_equal(got, want)
 
 
+def test_model_checkpoint_of_a_weighted_cross_entropy_fit_resumes_with_loss_mask_1(tmp_path):
+    rng = np.random.default_rng(4)
+    data = [(rng.standard_normal((4, 4)).astype(np.float32), rng.integers(0, 3, 4), rng.random(4).astype(np.float32))
+            for _ in range(2)]
+
+    def model():
+        m = mlp(seed=2)
+        m.compile(optimizer=ot.optim.Adam(lr=1e-2), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+    whole = model()
+    ot.fit_generator(whole, data, epochs=3, verbose=0)
+    part = model()
+    ot.fit_generator(part, data, epochs=2, callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "last")], verbose=0)
+    with ot.Trainer.from_checkpoint(model(), tmp_path / "last", batch_size=4, loss_mask=1) as tr:
+        for x, y, w in data:
+            tr.step(x, y, w)
+        for got, want in zip(tr.model().get_weights(), whole.get_weights()):
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(ot.OrtrainError, match="loss_mask=1 weights a mean squared error"):
+        ot.Trainer(model(), batch_size=4, loss_mask=1)   # a new trainer still refuses it
+
+
 def test_model_checkpoint_best_only_with_formatted_names(tmp_path):
     model = sgd_model()
     ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "best-{epoch:02d}-{score:.1f}", monitor="score",

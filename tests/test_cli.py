@@ -65,6 +65,8 @@ def test_console_script_runs():
 
 
 def test_info(capsys):
+    assert cli("info", "--json") == 0   # after the subcommand as well as before it
+    assert json.loads(capsys.readouterr().out)["onnxruntime-training"] == "1.19.2"
     assert cli("--json", "info") == 0
     info = json.loads(capsys.readouterr().out)
     assert info["onnxruntime-training"] == "1.19.2" and "CPUExecutionProvider" in info["execution_providers"]
@@ -137,6 +139,23 @@ def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys):
     a, b = weights("straight/model.onnx"), weights("killed/model.onnx")
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_ctrl_c_in_the_first_epoch_keeps_a_run_that_resumes(workdir, capsys, monkeypatch):
+    make_artifacts(capsys)
+    from ortrain import fit as fit_mod
+    real = fit_mod.train
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fit_mod, "train", interrupted)
+    args = ["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32", "--seed", "3",
+            "--out", "run", "--verbose", "0"]
+    assert cli(*args) == 130
+    assert (workdir / "run" / "run.json").is_file() and not (workdir / "run" / "state.json").exists()
+    monkeypatch.setattr(fit_mod, "train", real)
+    assert cli("train", "--out", "run", "--resume", "--verbose", "0") == 0
+    assert json.loads((workdir / "run" / "state.json").read_text())["epoch"] == 1
 
 
 def test_train_from_model_and_toml_config(workdir, capsys):

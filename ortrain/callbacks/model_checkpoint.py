@@ -17,8 +17,8 @@ class ModelCheckpoint(Callback):
 
     The file holds weights, optimizer moments, step counters and learning rate;
     ``ot.Trainer.from_checkpoint(model, filepath, batch_size=...)`` continues from it bit-exactly
-    (with the ``nbatch_logical`` and ``loss_mask`` of the fit that wrote it; a fit with per-sample
-    weights trained with ``loss_mask=1``). ``filepath`` may hold
+    (with the ``nbatch_logical`` and ``loss_mask`` of the fit that wrote it; ``loss_mask=1`` for a
+    fit with per-sample weights, whatever its loss). ``filepath`` may hold
     ``str.format`` fields: ``{epoch}`` (counted from 1, as Keras names files) and any logged
     value, e.g. ``"ckpt-{epoch:02d}-{val_loss:.3f}"``. Every file is written to a temporary name
     and renamed, so a checkpoint on disk is always complete, also after a failed fit.

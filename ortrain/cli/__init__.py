@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write an inference ONNX model from a run or a checkpoint")
     _model_source(p)
     p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx")
+    for p in sub.choices.values():  # --json before or after the subcommand
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print results as JSON")
     return parser
 
 

@@ -147,7 +147,7 @@ def train(cfg: dict) -> dict:
         try:
             art_dir = Path(cfg["artifacts"]).resolve() if cfg.get("artifacts") else _build_artifacts(cfg, out)
         except BaseException:
-            discard()
+            discard()  # nothing of the run exists yet to resume
             raise
         seed = cfg["seed"] if cfg.get("seed") is not None else int(np.random.default_rng().integers(2**31))
         batch_size, checkpoint, initial_epoch, history, epochs_done = cfg["batch_size"], None, 0, {}, []
@@ -171,9 +171,11 @@ def train(cfg: dict) -> dict:
             model = trainer.model()
         finally:
             trainer.free()
-    except BaseException:
+    except Exception:
+        # An error before the first epoch ends: the same command can simply be run again. An
+        # interrupt (Ctrl-C) keeps the run, which --resume starts over from its settings.
         if not cfg.get("resume") and not (out / "state.json").exists():
-            discard()  # no epoch finished: the same command can simply be run again
+            discard()
         raise
     model.export_onnx(out / "model.onnx")
     summary = {"out": str(out), "epochs": len(recorder.epochs), "model": str(out / "model.onnx"),
