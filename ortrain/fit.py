@@ -436,7 +436,8 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     where = f"epoch {initial_epoch}, step 0 (counted from 0)"
     try:
         x, y, w = parse_batch(first)
-        rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]  # the first batch sets the size
+        # the first batch sets the size
+        rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]
     except (OrtrainError, ValueError, TypeError) as exc:
         raise _located(exc, where) from exc
     any_loss = loss_mask is None and w is not None
