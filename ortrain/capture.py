@@ -52,8 +52,10 @@ class CaptureStep(TracedCall):
         super().__init__(fn, params)
         if not isinstance(optimizer, Adam):
             got = type(optimizer).__name__ if isinstance(optimizer, Optimizer) else repr(optimizer)
-            fix = ("a captured step updates with Adam only; train with SGD through ot.Trainer" if isinstance(optimizer, SGD)
-                   else "create one with the params to train, e.g. ot.optim.Adam([W, b], lr=1e-3)")
+            if isinstance(optimizer, SGD):
+                fix = "a captured step updates with Adam only; train with SGD through ot.Trainer"
+            else:
+                fix = "create one with the params to train, e.g. ot.optim.Adam([W, b], lr=1e-3)"
             raise OrtrainError(f"capture_step: optimizer expected an ot.optim.Adam or AdamW holding the params to "
                                f"train, received {got}; {fix}")
         if not optimizer.params:
