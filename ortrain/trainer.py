@@ -199,6 +199,8 @@ class Trainer(Releasable):
         self._inference = None
         self._inputs = art.inputs
         self._bounds = model.index_bounds()
+        n = len(self._inputs)
+        self._feed_names = ["x" if n == 1 else f"x[{s.name!r}]" for s in self._inputs] + ["y", "sample_weight"]
         self._label = art.label
         self._weight_spec = art.sample_weight
         self._scale = np.array(1.0 / self._k, np.float32)
@@ -304,8 +306,7 @@ class Trainer(Releasable):
     def _refuse_non_finite(self, feeds: list[np.ndarray]) -> None:
         """A NaN or an infinity in a float input, label or weight would reach every weight through
         the update; refuse the step before it runs."""
-        n = len(self._inputs)
-        names = ["x" if n == 1 else f"x[{s.name!r}]" for s in self._inputs] + ["y", "sample_weight"]
+        names = self._feed_names
         if self._weight_spec is not None and feeds[-1] is self._ones_weight:
             feeds, names = feeds[:-1], names[:-1]
         refuse_non_finite(feeds, names, "this step was not taken")

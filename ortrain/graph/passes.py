@@ -275,14 +275,20 @@ def bias_grad_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
 _TWO_127 = float(2.0 ** 127)
 
 
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element types (``onnx.TensorProto`` codes) of a standard-ONNX graph's values, by onnx's
+    type inference; values it cannot type are left out."""
+    g = onnx.shape_inference.infer_shapes(model).graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.input, *g.value_info, *g.output]
+             if vi.type.HasField("tensor_type")}
+    types.update((t.name, t.data_type) for t in g.initializer)
+    return {k: v for k, v in types.items() if v}
+
+
 def float32_values(model: onnx.ModelProto) -> set[str]:
     """Names of the float32 values of a standard-ONNX graph, by onnx's type inference (values it
     cannot type are left out)."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    g = inferred.graph
-    out = {vi.name for vi in [*g.input, *g.value_info, *g.output]
-           if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
-    return out | {t.name for t in g.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    return {name for name, t in elem_types(model).items() if t == onnx.TensorProto.FLOAT}
 
 
 def relu_grad_as_mask(model: onnx.ModelProto, float32: set[str]) -> onnx.ModelProto:

@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
+from ortrain.graph.passes import elem_types
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
@@ -37,7 +38,7 @@ MAX_IR = 10  # the newest IR version it reads
 BATCH = "batch"
 
 
-class _Names:
+class FreshNames:
     """Fresh tensor and node names that collide with nothing already in the graph."""
 
     def __init__(self, model: onnx.ModelProto):
@@ -89,7 +90,7 @@ def sum_to_add(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if not any(n.op_type == "Sum" for n in model.graph.node):
         return model, 0
     out = copy.deepcopy(model)
-    names = _Names(out)
+    names = FreshNames(out)
     nodes, count = [], 0
     for node in out.graph.node:
         if node.op_type != "Sum" or node.domain not in ("", "ai.onnx"):
@@ -118,7 +119,7 @@ def layernorm_with_statistics(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     if not targets:
         return model, 0
     out = copy.deepcopy(model)
-    names = _Names(out)
+    names = FreshNames(out)
     for i in targets:
         node = out.graph.node[i]
         base = node.name or f"LayerNormalization_{i}"
@@ -159,7 +160,7 @@ def dropout_with_training_input(model: onnx.ModelProto) -> tuple[onnx.ModelProto
     if not targets or default_opset(model) < 12:
         return model, 0
     out = copy.deepcopy(model)
-    names = _Names(out)
+    names = FreshNames(out)
     for i in targets:
         node = out.graph.node[i]
         base = node.name or f"Dropout_{i}"
@@ -191,7 +192,7 @@ def gelu_tanh_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
     if not any(is_tanh(n) for n in model.graph.node):
         return model, 0
     out = copy.deepcopy(model)
-    names = _Names(out)
+    names = FreshNames(out)
     dtypes = _elem_types(out)
     nodes, count = [], 0
     for node in out.graph.node:
@@ -208,18 +209,15 @@ def gelu_tanh_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element types of the graph's tensors, as far as onnx's type inference finds them."""
+    """:func:`~ortrain.graph.passes.elem_types`, or nothing where onnx cannot type the graph (an
+    unknown op, a damaged part): callers then fall back to float32."""
     try:
-        g = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:  # an unknown op or a damaged part: callers fall back to float32
-        g = model.graph
-    infos = [*g.input, *g.value_info, *g.output]
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in infos if vi.type.HasField("tensor_type")}
-    types.update((t.name, t.data_type) for t in g.initializer)
-    return {k: v for k, v in types.items() if v}
+        return elem_types(model)
+    except Exception:
+        return {}
 
 
-def _gelu_tanh_nodes(graph, names: _Names, x: str, y: str, base: str, dtype) -> list[onnx.NodeProto]:
+def _gelu_tanh_nodes(graph, names: FreshNames, x: str, y: str, base: str, dtype) -> list[onnx.NodeProto]:
     """Nodes computing ``y = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``, the
     constants in ``x``'s element type ``dtype``."""
     nodes = []

@@ -39,7 +39,7 @@ from ortrain.graph import check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec
 from ortrain.graph.gradient_ops import NON_DIFFERENTIABLE_INPUTS, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
-from ortrain.graph.repairs import free_batch_dimension, repair, upgrade_opset
+from ortrain.graph.repairs import FreshNames, free_batch_dimension, repair, upgrade_opset
 
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
 
@@ -175,11 +175,10 @@ def _read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
     if not names:
         return
     g = model.graph
-    taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {v.name for v in g.output}
-    taken |= {x for n in g.node for x in (*n.input, *n.output)}
-    empty = _fresh("scalar_shape", taken)
+    fresh = FreshNames(model).fresh
+    empty = fresh("scalar_shape")
     g.initializer.append(numpy_helper.from_array(np.zeros(0, np.int64), empty))
-    renamed = {n: _fresh(f"{n}/scalar", taken) for n in names}
+    renamed = {n: fresh(f"{n}/scalar") for n in names}
     for node in g.node:
         for i, x in enumerate(node.input):
             if x in renamed:
@@ -189,14 +188,6 @@ def _read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
     del g.node[:]
     g.node.extend(nodes)
 
-
-def _fresh(hint: str, taken: set[str]) -> str:
-    name, k = hint, 0
-    while name in taken:
-        k += 1
-        name = f"{hint}_{k}"
-    taken.add(name)
-    return name
 
 
 def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
