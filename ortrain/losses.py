@@ -188,10 +188,14 @@ class BinaryCrossentropy(Loss):
 
     def elementwise(self, gb, pred, label):
         if self.from_logits:
-            # max(z, 0) - z*y + log(1 + exp(-|z|)): stable for any z.
+            # max(z, 0) - z*y + log(1 + exp(-|z|)), stable for any z. max and -|z| are written as
+            # Where on one z >= 0 test: the runtime's Relu and Abs gradients are 0 at z = 0, which
+            # would make the gradient there -y instead of sigmoid(0) - y.
             z = pred
-            t1 = gb.op("Sub", [gb.op("Relu", [z]), gb.op("Mul", [z, label])])
-            e = gb.op("Exp", [gb.op("Neg", [gb.op("Abs", [z])])])
+            nonneg = gb.op("GreaterOrEqual", [z, gb.const(0.0, hint="zero")])
+            relu = gb.op("Where", [nonneg, z, gb.const(0.0, hint="zero")])
+            e = gb.op("Exp", [gb.op("Where", [nonneg, gb.op("Neg", [z]), z])])
+            t1 = gb.op("Sub", [relu, gb.op("Mul", [z, label])])
             return gb.op("Add", [t1, gb.op("Log", [gb.op("Add", [e, gb.const(1.0, hint="one")])])])
         p = _clip_probs(gb, pred)
         one = gb.const(1.0, hint="one")

@@ -95,6 +95,16 @@ def test_binary_on_logits(data):
     check(ot.losses.BinaryCrossentropy(from_logits=True), z, y, value, (sigmoid(zd) - y) / z.size)
 
 
+def test_binary_on_logits_at_zero(data):
+    # A logit of exactly 0 (a zero row into a zero bias) has the gradient sigmoid(0) - y = 0.5 - y,
+    # on both sides of the max(z, 0) and |z| kinks the stable formula has there.
+    z, y = data["z"].copy(), data["y01"]
+    z[:, :2] = 0.0
+    zd = z.astype(np.float64)
+    value = np.mean(np.maximum(zd, 0) - zd * y + np.log1p(np.exp(-np.abs(zd))))
+    check(ot.losses.BinaryCrossentropy(from_logits=True), z, y, value, (sigmoid(zd) - y) / z.size)
+
+
 def test_weighted_mse_per_sample(data, rng):
     p, y = data["z"], data["y"]
     w = rng.uniform(0, 2, (B, 1))

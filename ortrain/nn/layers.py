@@ -142,7 +142,10 @@ class Layer:
 
 
 class Dense(Layer):
-    """``activation(x @ kernel + bias)``; kernel ``(in, out)``, Glorot-uniform; bias zeros."""
+    """``activation(x @ kernel + bias)``; kernel ``(in, out)``, Glorot-uniform; bias zeros.
+
+    ``activation`` is one of ``ACTIVATIONS`` (see ``Activation`` for their exact definitions).
+    """
 
     def __init__(self, units: int, activation=None, use_bias: bool = True, name=None, seed=None):
         super().__init__(name, seed)
@@ -184,6 +187,16 @@ class Dense(Layer):
 
 
 class Activation(Layer):
+    """An activation on its own. The names, as Keras defines them:
+
+    - ``relu``, ``sigmoid``, ``tanh``, ``linear`` (the identity);
+    - ``softmax`` over the last axis;
+    - ``gelu``: the exact form ``x * (1 + erf(x / sqrt 2)) / 2`` (PyTorch's ``GELU()``, not
+      its ``approximate="tanh"``);
+    - ``leaky_relu``: negative slope 0.2, Keras 3's default (PyTorch's ``LeakyReLU`` defaults
+      to 0.01); a model with another slope can come in through ``ot.from_onnx``.
+    """
+
     def __init__(self, activation, name=None):
         super().__init__(name)
         self.activation = check_activation(activation)
@@ -266,6 +279,8 @@ class BatchNorm(Layer):
 
 class LayerNorm(Layer):
     """Layer normalisation over the last axis, with learned ``gamma``/``beta``.
+
+    ``epsilon`` defaults to Keras' 1e-3; PyTorch's ``nn.LayerNorm`` uses 1e-5.
 
     Emitted as ONNX ``LayerNormalization`` with its mean and inverse-std outputs,
     the form whose gradient onnxruntime-training has.
@@ -438,6 +453,9 @@ class MaxPool2D(_Pool2D):
 
 
 class AvgPool2D(_Pool2D):
+    """Mean over each window. With ``padding="same"`` the padded cells are left out of the mean
+    (Keras' convention; PyTorch's ``AvgPool2d`` counts them unless ``count_include_pad=False``)."""
+
     op_type = "AveragePool"
 
 
