@@ -18,7 +18,11 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
     labels cast to int64 when they are integers. Strings, objects, complex numbers and
     floats with a fraction given as integer labels are refused.
     """
-    a = value if isinstance(value, np.ndarray) else np.asarray(value)
+    try:
+        a = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged nested lists, objects numpy cannot read
+        raise ShapeError(f"{argument}: expected an array (nested lists need rows of equal length), received a "
+                         f"{type(value).__name__} numpy cannot make one from ({str(exc).split('.')[0]})") from None
     kind = a.dtype.kind
     if kind in "OUSVcMm":
         raise ShapeError(f"{argument}: expected a numeric array castable to {np.dtype(dtype).name}, received "
@@ -33,6 +37,10 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
                                  "with a fractional part or non-finite values")
         elif kind not in "iub":
             raise ShapeError(f"{argument}: expected integers, received dtype {a.dtype}")
+        info = np.iinfo(dtype)
+        if a.size and kind in "fu" and (a.max() > info.max or (kind == "f" and a.min() < info.min)):
+            raise ShapeError(f"{argument}: holds {a.max() if a.max() > info.max else a.min()}, beyond the range of "
+                             f"{dtype.name} [{info.min}, {info.max}]")
     return np.ascontiguousarray(a, dtype=dtype)
 
 

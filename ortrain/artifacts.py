@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
+from ortrain._files import fresh_dir
 from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
@@ -251,9 +252,12 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     gets a directory of its own beside the cached one (sharing its graph files by hard link), so
     an :class:`Artifacts` record keeps pointing at the weights it was built with, and processes
     building the same thing at once take turns on a lock instead of replacing each other's files.
+    An ``out_dir`` that holds artifacts of another model, loss or optimizer is replaced whole.
     ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
     model's weights into its session anyway).
     """
+    if weighting not in WEIGHTINGS:
+        raise OrtrainError(f"weighting: expected None, 'sample' or 'element', received {weighting!r}")
     fg = _freeze_unreachable(_forward_graph(model_or_onnx, trainable, frozen))
     loss = losses.get(loss)
     opt = optim.get(optimizer)
@@ -280,25 +284,43 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
 
 @contextlib.contextmanager
 def _publish_lock(target: Path):
-    """An exclusive lock per artifact directory, so concurrent builders of one key take turns."""
+    """An exclusive lock per artifact directory, so concurrent builders of one key take turns. A
+    build that fails before anything is published leaves no trace: the lock file and the folders
+    made for it are removed (a builder waiting on that lock then works on alone, and publishing
+    stays atomic)."""
+    if target.exists() and not target.is_dir():
+        raise OrtrainError(f"out_dir: {str(target)!r} is a file; artifacts need a directory, choose another path")
+    made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.parent / f".{target.name}.lock"
+    made_lock = not lock.exists()
     try:
-        import fcntl
-    except ImportError:  # not on POSIX: publishing stays atomic, concurrent builders may both build
-        yield
-        return
-    with open(target.parent / f".{target.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            import fcntl
+        except ImportError:  # not on POSIX: publishing stays atomic, concurrent builders may both build
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            return
+        with open(lock, "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+    except BaseException:
+        if not target.exists():
+            if made_lock:
+                with contextlib.suppress(OSError):
+                    lock.unlink()
+            for folder in made:  # innermost first
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        raise
 
 
 def _publish(target: Path, fill) -> Artifacts:
     """Write a complete directory beside ``target`` with ``fill(tmp)``, then rename it into place
     (moving a stale ``target`` aside first), so readers see either the old or the new directory."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = fresh_dir(target.parent, f".{target.name}.tmp-")
     try:
         fill(tmp)
         if target.exists():

@@ -260,23 +260,43 @@ def refuse_non_finite_arrays(model, xs, ys, ws) -> None:
 
 
 def looks_like_arrays(data) -> bool:
-    """``(x, y)`` or ``(x, y, sample_weight)`` arrays rather than a collection of batches."""
-    return isinstance(data, tuple) and len(data) in (2, 3) and not isinstance(data[0], (tuple, dict))
+    """``(x, y)`` or ``(x, y, sample_weight)`` arrays rather than a collection of batches: a tuple
+    whose first item is not a batch, or (as Keras takes it too) a list of two or three arrays."""
+    if isinstance(data, tuple):
+        return len(data) in (2, 3) and not isinstance(data[0], (tuple, dict))
+    return (isinstance(data, list) and len(data) in (2, 3) and all(isinstance(a, np.ndarray) for a in data[:2])
+            and (len(data) == 2 or data[2] is None or isinstance(data[2], np.ndarray)))
 
 
 def validation_iterator(model, data, steps, batch_size: int, argument: str = "validation_data"):
-    """An epoch iterator over validation arrays ``(x, y[, sample_weight])`` or a generator; None for None."""
+    """An epoch iterator over validation arrays ``(x, y[, sample_weight])`` or a generator; None for None.
+
+    What can be checked before training is: arrays, and each batch of a list or tuple of batches
+    (inputs and labels against the model), so a mistake there stops nothing halfway."""
     if data is None:
         return None
     if looks_like_arrays(data):
         xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None,
                                     f"{argument}[0]", f"{argument}[1]", f"{argument}[2]")
         return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
+    if isinstance(data, (list, tuple)) and data and isinstance(data[0], np.ndarray):
+        raise OrtrainError(f"{argument}: expected (x, y) or (x, y, sample_weight) arrays, or batches of those; "
+                           f"received a {type(data).__name__} of {len(data)} arrays")
+    if isinstance(data, (list, tuple)):
+        for i, batch in enumerate(data):
+            if batch is None:
+                break
+            try:
+                x, y, _ = parse_batch(batch)
+            except OrtrainError as exc:
+                raise OrtrainError(f"{argument}[{i}]: {exc}") from None
+            prepare_arrays(model, x, y, None, f"{argument}[{i}] x", f"{argument}[{i}] y")
     return EpochIterator(as_source(data, argument), steps)
 
 
 def check_split(validation_split) -> None:
-    if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
+    if isinstance(validation_split, (bool, np.bool_)) or not isinstance(validation_split, (int, float, np.integer,
+                                                                                          np.floating)) \
             or not 0.0 <= validation_split < 1.0:
         raise OrtrainError(f"validation_split: expected a fraction in [0, 1), received {validation_split!r}")
 

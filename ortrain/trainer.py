@@ -25,8 +25,9 @@ from ortrain._arrays import (
     refuse_non_finite,
     run_chunks,
 )
+from ortrain._files import checked_target
 from ortrain._lifetime import Releasable
-from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
+from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
 from ortrain.nn.saving import TrainState
@@ -275,7 +276,12 @@ class Trainer(Releasable):
 
     def step(self, x, y, sample_weight=None) -> float:
         """One forward and backward pass on exactly ``batch_size`` rows; the weights move on the
-        accumulation boundary. Returns the batch's loss."""
+        accumulation boundary. Returns the batch's loss.
+
+        A NaN or infinity in ``x``, ``y`` or ``sample_weight`` is refused (:class:`NonFiniteError`)
+        and changes nothing. A step whose inputs are finite but whose loss overflows (training
+        diverging, inputs far beyond the usual range) is taken, as in Keras and PyTorch: check the
+        returned loss, or stop a fit with ``callbacks.TerminateOnNaN``."""
         self._live()
         fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
         return float(fetches[1].numpy())
@@ -414,6 +420,7 @@ class Trainer(Releasable):
         if xs[0].shape[0] < 2:
             raise ShapeError(f"calibrate_bn: x needs at least 2 rows to estimate a variance, received "
                              f"{xs[0].shape[0]}")
+        refuse_non_finite(xs, ["calibrate_bn: x"], "the statistics were not changed")
         # The graph before freezing: a batch norm whose statistics are frozen is written out as plain
         # ops in the training graph, but calibrating it is still what the caller asks for.
         from ortrain.graph.forward import to_inference
@@ -425,12 +432,21 @@ class Trainer(Releasable):
             probe = with_extra_outputs(forward, [n.input[0] for n in nodes])
             self._calib = engine.InferenceRunner(probe, device=self.device)
         feeds = {s.name: a for s, a in zip(self._inputs, xs)}
+        before = {name: self._session.get(name).copy() for node in nodes for name in node.input[3:5]}
         for node in nodes:
             feeds.update(self._weights_now())
             value = self._calib.run(feeds, [node.input[0]])[0].astype(np.float64)
             axes = tuple(i for i in range(value.ndim) if i != 1)
-            self._session.set(node.input[3], value.mean(axis=axes).astype(np.float32))
-            self._session.set(node.input[4], value.var(axis=axes).astype(np.float32))
+            with np.errstate(over="ignore", invalid="ignore"):
+                mean, var = value.mean(axis=axes).astype(np.float32), value.var(axis=axes).astype(np.float32)
+            if not (np.isfinite(mean).all() and np.isfinite(var).all()):
+                for name, old in before.items():  # all or nothing
+                    self._session.set(name, old)
+                raise NonFiniteError(f"calibrate_bn: the input of batch norm {node.name!r} has statistics "
+                                     "beyond float32 (its values overflow); the statistics were not changed. "
+                                     "Scale x to a usual range first")
+            self._session.set(node.input[3], mean)
+            self._session.set(node.input[4], var)
 
     # -- learning rate and counters ------------------------------------------------------------
     def set_lr(self, lr: float) -> None:
@@ -458,9 +474,7 @@ class Trainer(Releasable):
     def save_checkpoint(self, path) -> str:
         """Weights, optimizer moments and step, learning rate and counters, for a bit-exact resume."""
         self._live()
-        path = Path(path)
-        if not path.parent.exists():
-            raise OrtrainError(f"save_checkpoint: directory {str(path.parent)!r} does not exist")
+        path = checked_target(path, "save_checkpoint(path)")
         if self._accum:
             warnings.warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
                           "part of the checkpoint; save on an accumulation boundary for an exact resume",

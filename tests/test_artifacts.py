@@ -183,3 +183,23 @@ def test_build_follows_the_documented_signature(tmp_path):
     opt = default.manifest["optimizer"]
     assert (opt["name"], opt["weight_decay"], opt["lr"]) == ("adamw", 0.01, 1e-3)
     assert default.directory == tmp_path / "d"
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = dense_model(3, 2)
+    for kwargs, message in ((dict(weighting="bogus", out_dir=tmp_path / "a"), "weighting: expected None, 'sample'"),
+                            (dict(frozen=["*"], out_dir=tmp_path / "x" / "y" / "z"), "nothing to train"),
+                            (dict(frozen=["*"]), "nothing to train")):
+        with pytest.raises(ot.OrtrainError, match=message):
+            ot.artifacts.build(model, loss="mse", **kwargs)
+    assert list(tmp_path.iterdir()) == []   # no lock files, no folders made for the build
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ot.OrtrainError, match="out_dir: '.*file' is a file; artifacts need a directory"):
+        ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "file")
+    old_umask = os.umask(0o022)
+    try:
+        art = ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "art")
+    finally:
+        os.umask(old_umask)
+    assert os.stat(art.directory).st_mode & 0o777 == 0o755   # readable by others, as mkdir would make it

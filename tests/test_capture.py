@@ -320,6 +320,16 @@ def test_load_state_refuses_mismatched_moments_and_changes_nothing():
         opt.load_state(bad)
     with pytest.raises(ot.OrtrainError, match=r"moments of 'W' expected a dict with keys \['m', 'v'\]"):
         opt.load_state({"step": 1, "moments": {"W": {"m": np.zeros((2, 3))}}})
+    z = np.zeros((2, 3))
+    for moments, message in (({"W": {"m": z, "v": -np.ones((2, 3))}}, r"moment 'v' of 'W' holds -1.0; it needs "
+                                                                      r"finite values >= 0"),
+                             ({"W": {"m": np.full((2, 3), np.nan), "v": z}}, "moment 'm' of 'W' holds nan"),
+                             ({"Q": {"m": z, "v": z}}, "moments of 'Q', which this optimizer does not hold "
+                                                       r"\(its params: 'W'\)"),
+                             ([z, z], r"'moments' expected a dict \{param name: "),
+                             ({"W": {"m": "m", "v": "v"}}, "moments of 'W' expected float arrays, received str")):
+        with pytest.raises(ot.OrtrainError, match=message):
+            opt.load_state({"step": 1, "moments": moments})
     assert opt.step == 0 and opt.lr == 0.05 and opt.state()["moments"] == {}
 
 

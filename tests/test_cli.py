@@ -182,9 +182,20 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     (["train", "--artifacts", "art", "--data", "wrong.npz", "--epochs", "1", "--batch-size", "8", "--verbose", "0"],
      1, "x: expected shape (N, 64), received (20, 5)"),
     (["eval", "--artifacts", "nowhere", "--data", "test.npz"], 1, "is not an ortrain artifacts directory"),
-    (["train", "--resume", "--out", "norun", "--data", "train.npz", "--epochs", "1"], 1,
-     "run settings 'norun/run.json' does not exist"),
+    (["train", "--resume", "--out", "norun", "--data", "train.npz", "--epochs", "1"], 2,
+     "'norun' holds no run to resume; drop --resume"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--seed", "-5"],
+     2, "argument --seed: expected an integer >= 0, received '-5'"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--lr", "nan"],
+     2, "argument --lr: expected a finite number >= 0, received 'nan'"),
+    (["train", "bad.toml"], 2, "CONFIG: key 'epochs' expected a positive integer, received '0'"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--out",
+      "train.npz"], 2, "--out: 'train.npz' is a file"),
+    (["train", "--artifacts", "art", "--data", "weighted.npz", "--epochs", "1", "--batch-size", "8"], 2,
+     "holds sample_weight, which the artifacts in 'art' do not take; build them with `ortrain artifacts ... "
+     "--sample-weights`"),
     (["artifacts", "nothing.onnx", "-o", "a2", "--loss", "mse"], 2, "MODEL: no such file 'nothing.onnx'"),
+    (["artifacts", "mlp.onnx", "-o", "train.npz", "--loss", "mse"], 2, "-o: 'train.npz' is a file"),
     (["--bogus"], 2, "unrecognized arguments"),
     (["export", "-o", "x.onnx"], 2, "give exactly one of --run, --artifacts\n"),
     (["predict", "--data", "x.npy"], 2, "give exactly one of --run, --artifacts or --model"),
@@ -192,9 +203,14 @@ def test_train_from_model_and_toml_config(workdir, capsys):
 def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     make_artifacts(capsys)
     np.savez("wrong.npz", x=np.zeros((20, 5)), y=np.zeros(20, np.int64))
+    x, y = np.load("train.npz")["x"], np.load("train.npz")["y"]
+    np.savez("weighted.npz", x=x, y=y, sample_weight=np.ones(len(y), np.float32))
+    (workdir / "bad.toml").write_text("artifacts = 'art'\ndata = ['train.npz']\nbatch_size = 8\nepochs = 0\n")
+    before = sorted(p.name for p in workdir.iterdir())
     assert cli(*args) == code
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert sorted(p.name for p in workdir.iterdir()) == before  # nothing written, not even a run.json
 
 
 def test_existing_run_is_not_overwritten(workdir, capsys):
@@ -227,6 +243,15 @@ def test_a_run_that_fails_before_its_first_epoch_leaves_nothing_and_can_be_rerun
                "--out", "fresh", "--verbose", "0") == 0
     settings = json.loads((workdir / "fresh" / "run.json").read_text())["settings"]
     assert "optimizer" not in settings and "loss" not in settings
+
+
+def test_artifacts_says_when_it_replaces_other_artifacts(workdir, capsys):
+    make_artifacts(capsys)
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "sparse_categorical_crossentropy",
+               "--from-logits", "--optimizer", "adam", "--lr", "0.003") == 0
+    assert "note:" not in capsys.readouterr().out  # the same artifacts: nothing replaced
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0
+    assert "note: replaced the artifacts 'art' held" in capsys.readouterr().out
 
 
 def test_demo_reaches_the_accuracy_and_verifies_the_export(tmp_path, capsys):

@@ -708,9 +708,17 @@ def test_loop_checks_each_batch_once_and_still_names_the_step(monkeypatch):
     with pytest.raises(ot.ShapeError, match=r"epoch 0, step 1 \(counted from 0\): y: expected shape \(4, 3\), "
                                             r"received \(4, 2\)"):
         ot.fit_generator(model, [data[0], bad], verbose=0)
+    # A list of validation batches is checked before training; a generator only as it runs.
+    before = model.get_weights()
+    with pytest.raises(ot.ShapeError, match=r"^validation_generator\[1\] y: expected shape \(4, 3\), "
+                                            r"received \(4, 2\)"):
+        ot.fit_generator(model, data, validation_generator=[val[0], bad], verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    pending = iter([val[0], bad, None])
     with pytest.raises(ot.ShapeError, match=r"validation after epoch 0, step 1 \(counted from 0\): y: expected "
                                             r"shape \(4, 3\), received \(4, 2\)"):
-        ot.fit_generator(model, data, validation_generator=[val[0], bad], verbose=0)
+        ot.fit_generator(model, data, validation_generator=lambda: next(pending), verbose=0)
 
 
 def test_fit_generator_overrides_change_the_model_only_when_training_starts():

@@ -116,3 +116,122 @@ def test_fit_refuses_non_finite_rows_before_the_first_step():
     with pytest.raises(ot.NonFiniteError, match="epoch 0, step 0 \\(counted from 0\\): x: holds nan in row 4"):
         ot.fit_generator(model, [(x[56:], y[56:])], optimizer="sgd", verbose=0)
     assert isinstance(model.optimizer, ot.optim.Adam) and model.train_state is None
+
+
+def test_calibrate_bn_refuses_non_finite_statistics_and_changes_nothing():
+    model = ot.Sequential([L.Dense(4), L.BatchNorm(), L.Dense(2), L.BatchNorm()], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(2).random((16, 3))
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.calibrate_bn(x)
+        before = _state(tr)
+        bad = x.copy()
+        bad[5, 1] = np.nan
+        with pytest.raises(ot.NonFiniteError, match=re.escape("calibrate_bn: x: holds nan in row 5")):
+            tr.calibrate_bn(bad)
+        bad[5, 1] = 1e30   # finite, but its variance is beyond float32
+        with pytest.raises(ot.NonFiniteError, match="the statistics were not changed"):
+            tr.calibrate_bn(bad)
+        _assert_unchanged(tr, before)   # the first batch norm's statistics too, all or nothing
+
+
+def _reshaped_lookup():
+    """A table looked up through a Reshape: no check before the run can see the indices' range."""
+    table = numpy_helper.from_array(np.random.default_rng(0).random((10, 4)).astype(np.float32), "emb")
+    shape = numpy_helper.from_array(np.array([-1, 3], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["idx", "shape"], ["flat"]), helper.make_node("Gather", ["emb", "flat"], ["e"]),
+         helper.make_node("ReduceMean", ["e"], ["y"], axes=[1], keepdims=0)], "g",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [table, shape])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def test_a_step_the_runtime_refuses_is_an_ortrain_error_and_changes_nothing():
+    model, y = _reshaped_lookup(), np.zeros((2, 4), np.float32)
+    with ot.Trainer(model, batch_size=2) as tr, ot.Trainer(model, batch_size=2) as twin:
+        for t in (tr, twin):
+            t.step(np.array([[0, 1, 2]] * 2), y)
+        before = _state(tr)
+        with pytest.raises(ot.OrtrainError, match=r"onnxruntime could not run the training step: .*Gather.*"
+                                                  r"idx=10 must be within the inclusive range \[-10,9\]"):
+            tr.step(np.array([[0, 1, 10]] * 2), y)
+        _assert_unchanged(tr, before)
+        with pytest.raises(ot.OrtrainError, match="onnxruntime could not run the forward graph: .*idx=10"):
+            tr.predict(np.array([[0, 1, 10]]))
+        assert tr.step(np.array([[3, 4, 5]] * 2), y) == twin.step(np.array([[3, 4, 5]] * 2), y)
+        for a, b in zip(tr.model().get_weights(), twin.model().get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_from_onnx_refuses_shapes_that_do_not_fit_together():
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="proj")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(np.ones((5, 3), np.float32), "W")])
+    with pytest.raises(ot.ShapeError, match="shapes or types do not fit together: .*node name: proj.*Incompatible "
+                                            "dimensions for matrix multiplication"):
+        ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+
+
+def test_validation_data_is_checked_before_training():
+    rng = np.random.default_rng(3)
+    x, y = rng.random((40, 4)).astype(np.float32), np.arange(40) % 3
+
+    def fresh():
+        model = ot.Sequential([L.Dense(3, activation="softmax")], input_shape=(4,), seed=1)
+        return model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+
+    for bad, message in (((x[:8],), r"validation_data: expected \(x, y\) or \(x, y, sample_weight\) arrays, or "
+                                    r"batches of those; received a tuple of 1 arrays"),
+                         ([(x[:8], y[:8]), (x[:8], np.full(8, 9))], r"validation_data\[1\] y: class labels must lie "
+                                                                    r"in \[0, 2\]")):
+        model = fresh()
+        weights = model.get_weights()
+        with pytest.raises(ot.OrtrainError, match=message):
+            model.fit(x, y, batch_size=8, verbose=0, validation_data=bad)
+        assert model.train_state is None
+        for a, b in zip(weights, model.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
+    # a list [x, y] is arrays, as Keras takes it
+    as_list = fresh().fit(x, y, batch_size=8, verbose=0, shuffle=False, validation_data=[x[:8], y[:8]])
+    as_tuple = fresh().fit(x, y, batch_size=8, verbose=0, shuffle=False, validation_data=(x[:8], y[:8]))
+    assert as_list.history["val_loss"] == as_tuple.history["val_loss"]
+
+
+def test_arguments_numpy_or_python_cannot_read_get_ortrain_errors(tmp_path):
+    model = ot.Sequential([L.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    classifier = ot.Sequential([L.Dense(3, activation="softmax")], input_shape=(3,), seed=0)
+    classifier.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    x = np.ones((4, 3), np.float32)
+    cases = [
+        (lambda: model.predict([[1, 2, 3], [1, 2]]), r"x: expected an array \(nested lists need rows of equal length\)"),
+        (lambda: model.set_weights(None), "set_weights: expected a list of arrays .* received NoneType"),
+        (lambda: model.freeze(L.Dense(3)), "freeze: a Dense layer is not part of this model"),
+        (lambda: classifier.fit(x, np.array([0, 1, 2, 2**63 + 5], np.uint64), verbose=0),
+         r"y: holds 9223372036854775813, beyond the range of int64"),
+        (lambda: classifier.fit(x, np.array([0, 1, 2, 1e20]), verbose=0), r"y: holds 1e\+20, beyond the range of int64"),
+        (lambda: ot.optim.Adam(betas=("a", "b")), r"betas: expected two numbers in \[0, 1\)"),
+        (lambda: ot.optim.Adam(betas=(0.9,)), r"betas: expected two numbers in \[0, 1\)"),
+    ]
+    weights = model.get_weights()
+    for call, message in cases:
+        with pytest.raises(ot.OrtrainError, match=message):
+            call()
+    for a, b in zip(weights, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert classifier.train_state is None
+    # numpy's own float types are numbers too
+    model.fit(np.ones((10, 3)), np.ones((10, 2)), validation_split=np.float32(0.2), verbose=0)
+    assert model.train_state.n_steps == 1
+    path = tmp_path / "c.ckpt"
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.save_checkpoint(path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2:] = bytes(len(data) - len(data) // 2)   # zeroed second half
+    path.write_bytes(bytes(data))
+    with pytest.raises(ot.OrtrainError, match="checkpoint '.*c.ckpt' cannot be read: .*it is damaged"):
+        ot.Trainer.from_checkpoint(model, path, batch_size=4)

@@ -1,5 +1,6 @@
 """Models: functional graphs, weights, freezing, save/load, export."""
 
+import os
 import re
 
 import numpy as np
@@ -124,6 +125,42 @@ def test_save_and_load_round_trip(tmp_path, rng):
                                               "exist; create it first"):
         model.save(missing)
     assert not missing.parent.exists()
+
+
+def test_writing_files_checks_the_path_and_keeps_the_usual_permissions(tmp_path, monkeypatch):
+    import json
+    import stat
+    import zipfile
+    monkeypatch.chdir(tmp_path)
+    model = skip_model()
+    model.compile(optimizer="adam", loss="mse")
+    old_umask = os.umask(0o022)
+    try:
+        model.save("m.ortrain")
+        model.export_onnx("m.onnx")
+        with ot.Trainer(model, batch_size=4) as tr:
+            tr.save_checkpoint("m.ckpt")
+    finally:
+        os.umask(old_umask)
+    for name in ("m.ortrain", "m.onnx", "m.ckpt"):   # readable by others, as open() would make them
+        assert stat.S_IMODE(os.stat(name).st_mode) == 0o644
+    (tmp_path / "file").write_text("")
+    for write in (model.save, model.export_onnx):
+        for path, message in ((None, "expected a file path"), ("", "expected a file path"),
+                              (".", "it is a directory"), ("file/m", "'file' is a file, not a directory")):
+            with pytest.raises(ot.OrtrainError, match=message):
+                write(path)
+    assert sorted(os.listdir(".")) == ["file", "m.ckpt", "m.onnx", "m.ortrain"]
+    # a damaged model.json is the same clear error as a damaged zip
+    with zipfile.ZipFile("m.ortrain") as z:
+        parts = {n: z.read(n) for n in z.namelist()}
+    record = json.loads(parts["model.json"])
+    for damaged in ({k: v for k, v in record.items() if k != "kind"}, [1, 2]):
+        with zipfile.ZipFile("bad.ortrain", "w") as z:
+            for name, data in {**parts, "model.json": json.dumps(damaged)}.items():
+                z.writestr(name, data)
+        with pytest.raises(ot.OrtrainError, match="'bad.ortrain' (is damaged|is not a model saved by ortrain)"):
+            ot.load_model("bad.ortrain")
 
 
 def test_freeze_and_unfreeze(rng):

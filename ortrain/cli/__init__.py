@@ -32,6 +32,32 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, received {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, received {text!r}")
+    return value
+
+
+def _learning_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, received {text!r}") from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, received {text!r}")
+    return value
+
+
+def _verbosity(text: str) -> int:
+    if text not in ("0", "1", "2"):
+        raise argparse.ArgumentTypeError(f"expected 0, 1 or 2, received {text!r}")
+    return int(text)
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -50,6 +76,10 @@ def _model_source(p: argparse.ArgumentParser, onnx_model: bool = False) -> None:
         p.add_argument("--model", help="an .onnx model file")
 
 
+TOML_VALUES = {"epochs": _positive_int, "batch_size": _positive_int, "seed": _seed, "lr": _learning_rate,
+               "val_split": _fraction, "verbose": _verbosity}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ortrain", description="Train ONNX models with onnxruntime-training.")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
@@ -58,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="train on the bundled digits data, export and verify model.onnx")
     p.add_argument("--out", default="ortrain-demo", help="output directory (default: ortrain-demo)")
     p.add_argument("--epochs", type=_positive_int, default=30)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1)
 
     sub.add_parser("info", help="versions, execution providers, threads, the artifact cache")
@@ -69,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", required=True, choices=LOSSES)
     p.add_argument("--from-logits", action="store_true", help="cross-entropy losses take logits")
     p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    p.add_argument("--lr", type=float, help="learning rate stored as the default")
+    p.add_argument("--lr", type=_learning_rate, help="learning rate stored as the default")
     p.add_argument("--trainable", nargs="+", metavar="PATTERN", help="only these weights train (names or globs)")
     p.add_argument("--frozen", nargs="+", metavar="PATTERN", help="these weights do not train")
     p.add_argument("--sample-weights", action="store_true", help="add a per-sample weight input to the loss")
@@ -82,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", nargs="+", metavar="FILE", help="FILE.npz (x, y[, sample_weight]) or X.npy Y.npy")
     p.add_argument("--epochs", type=_positive_int, help="train until this many epochs are done")
     p.add_argument("--batch-size", type=_positive_int, dest="batch_size", help="fixed by the run on --resume")
-    p.add_argument("--lr", type=float, help="learning rate; on --resume it replaces the checkpoint's")
+    p.add_argument("--lr", type=_learning_rate, help="learning rate; on --resume it replaces the checkpoint's")
     p.add_argument("--loss", choices=LOSSES, help="with --model (default mse)")
     p.add_argument("--from-logits", action="store_true", default=None, dest="from_logits")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="with --model (default adam)")
@@ -92,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--val-split", type=_fraction, dest="val_split")
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/run)")
     p.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
-    p.add_argument("--seed", type=int, help="fixed by the run on --resume")
+    p.add_argument("--seed", type=_seed, help="fixed by the run on --resume")
     p.add_argument("--no-shuffle", action="store_false", dest="shuffle", default=None)
     p.add_argument("--verbose", type=int, choices=(0, 1, 2))
     p.add_argument("--trainable", nargs="+", metavar="PATTERN")
@@ -171,6 +201,11 @@ def _read_toml(path: str) -> dict:
             value = float(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise UsageError(f"CONFIG: key {key!r} expects {kind.__name__}, received {value!r}")
+        if key in TOML_VALUES:  # the same ranges as the options
+            try:
+                TOML_VALUES[key](str(value))
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"CONFIG: key {key!r} {exc}") from None
         if key in ("model", "artifacts", "out"):
             value = str(base / value)
         elif key in ("data", "val_data"):

@@ -16,6 +16,7 @@ rename, so a run stopped at any moment (Ctrl-C, a kill) leaves a directory that
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 from pathlib import Path
@@ -97,7 +98,10 @@ FIXED_BY_RUN = {"batch_size": "--batch-size", "seed": "--seed"}
 def resume_settings(cfg: dict) -> dict:
     """A resumed run keeps the settings it started with; options given now override them, except
     the batch size and the seed, which are fixed by the run (a different value is refused)."""
-    run = read_json(Path(cfg["out"]) / "run.json", "run settings")
+    out = Path(cfg["out"])
+    if not (out / "run.json").is_file():
+        raise UsageError(f"train --resume: {str(out)!r} holds no run to resume; drop --resume to start one there")
+    run = read_json(out / "run.json", "run settings")
     for key, flag in FIXED_BY_RUN.items():
         if cfg.get(key) is not None and cfg[key] != run[key]:
             raise UsageError(f"train --resume: {flag} {cfg[key]} differs from the run's {run[key]}; the batch size "
@@ -116,6 +120,8 @@ def train(cfg: dict) -> dict:
     if cfg.get("resume"):
         cfg = resume_settings(cfg)
     out = Path(cfg["out"])
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {str(out)!r} is a file; a run needs a directory, choose another path")
     x, y, w = load_data(cfg["data"])
     if y is None:
         raise UsageError(f"--data: {', '.join(cfg['data'])} holds no labels 'y'")
@@ -142,6 +148,12 @@ def train(cfg: dict) -> dict:
         if (out / "state.json").exists() or (out / "run.json").exists():
             raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
                              "another directory")
+        if w is not None and cfg.get("artifacts"):
+            manifest = read_json(Path(cfg["artifacts"]) / "manifest.json", "artifacts manifest")
+            if manifest.get("sample_weight") is None:
+                raise UsageError(f"--data: {', '.join(cfg['data'])} holds sample_weight, which the artifacts in "
+                                 f"{cfg['artifacts']!r} do not take; build them with `ortrain artifacts ... "
+                                 "--sample-weights`, or leave sample_weight out of the data")
         discard = _discarder(out)
         out.mkdir(parents=True, exist_ok=True)
         try:
@@ -284,6 +296,12 @@ def export(opts) -> dict:
 def artifacts(opts) -> dict:
     if not os.path.isfile(opts.model):
         raise UsageError(f"MODEL: no such file {opts.model!r}")
+    if os.path.exists(opts.output) and not os.path.isdir(opts.output):
+        raise UsageError(f"-o: {opts.output!r} is a file; artifacts need a directory, choose another path")
+    try:
+        before = json.loads(Path(opts.output, "manifest.json").read_text())["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        before = None
     model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
     loss = ot.losses.get({"name": opts.loss, "from_logits": True} if opts.from_logits else opts.loss)
     opt = ot.optim.get(opts.optimizer)
@@ -294,7 +312,11 @@ def artifacts(opts) -> dict:
     roles = {"trainable": [], "frozen": [], "buffer": []}
     for p in art.params:
         roles[p.role].append(p.name)
-    return {"directory": str(art.directory), "hash": art.key, **roles}
+    result = {"directory": str(art.directory), "hash": art.key, **roles}
+    if before is not None and before != art.key:
+        result["note"] = (f"replaced the artifacts {opts.output!r} held (another model, loss or optimizer); "
+                          "runs trained from them cannot --resume")
+    return result
 
 
 def check_run_dir(path: str) -> None:

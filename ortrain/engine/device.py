@@ -83,9 +83,11 @@ def get_num_threads() -> int:
 
 
 def session_options(threads: int | None = None):
-    """SessionOptions shared by every session ortrain creates (quiet logs, chosen thread count)."""
+    """SessionOptions shared by every session ortrain creates (quiet logs, chosen thread count).
+    Only fatal messages are logged: every error the runtime reports also fails the call, and ortrain
+    raises it as an exception with the runtime's reason."""
     so = C.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4
     so.intra_op_num_threads = threads or get_num_threads()
     so.inter_op_num_threads = 1
     return so

@@ -7,6 +7,7 @@ import onnx
 
 from ortrain.engine._runtime import ort
 from ortrain.engine.device import Device, parse_device, session_options
+from ortrain.engine.session import runtime_failure
 from ortrain.errors import FreedError, OrtrainError
 
 
@@ -34,7 +35,10 @@ class InferenceRunner:
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         if self._sess is None:
             raise FreedError("this inference session was freed")
-        return self._sess.run(outputs or self.output_names, feeds)
+        try:
+            return self._sess.run(outputs or self.output_names, feeds)
+        except Exception as exc:  # the runtime's own exception types derive from Exception
+            raise runtime_failure(exc, "forward graph") from exc
 
     def free(self) -> None:
         self._sess = None

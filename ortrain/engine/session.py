@@ -58,6 +58,15 @@ def check_feeds(specs: list[TensorSpec], arrays, where: str) -> list[np.ndarray]
     return out
 
 
+def runtime_failure(exc: Exception, what: str) -> OrtrainError:
+    """An :class:`OrtrainError` for a run the runtime refused (an index out of range that no check
+    before the run could see, say), carrying the runtime's own reason without its source location."""
+    text = (str(exc).splitlines() or [""])[0]
+    _, marker, reason = text.partition("[ONNXRuntimeError] : ")
+    reason = reason.split(" : ", 2)[-1] if marker else text  # drop "<code> : <STATUS> : "
+    return OrtrainError(f"onnxruntime could not run the {what}: {reason.strip() or type(exc).__name__}")
+
+
 class TrainingSession:
     """Training graph, eval graph, optional optimizer graph and their shared state.
 
@@ -116,7 +125,10 @@ class TrainingSession:
         if check:
             feeds = check_feeds(self.train_inputs, feeds, "train step")
         fetches = C.OrtValueVector()
-        self._module.train_step(feeds, fetches)
+        try:
+            self._module.train_step(feeds, fetches)
+        except RuntimeError as exc:
+            raise runtime_failure(exc, "training step") from exc
         return fetches
 
     def bind_train_outputs(self, arrays: list[np.ndarray]) -> None:
@@ -135,7 +147,10 @@ class TrainingSession:
         """A train step (no input checks) writing its outputs into the arrays of :meth:`bind_train_outputs`."""
         self._live()
         vec, arrays, unconfirmed = self._bound
-        self._module.train_step(feeds, vec)
+        try:
+            self._module.train_step(feeds, vec)
+        except RuntimeError as exc:
+            raise runtime_failure(exc, "training step") from exc
         if unconfirmed:
             # The runtime writes into caller-allocated outputs whose shapes match; until a step shows
             # that it did, copy from whatever buffers it handed back.
@@ -151,14 +166,20 @@ class TrainingSession:
         if check:
             feeds = check_feeds(self.eval_inputs, feeds, "eval step")
         fetches = C.OrtValueVector()
-        self._module.eval_step(feeds, fetches)
+        try:
+            self._module.eval_step(feeds, fetches)
+        except RuntimeError as exc:
+            raise runtime_failure(exc, "evaluation step") from exc
         return fetches
 
     def optimizer_step(self) -> None:
         self._live()
         if self._optimizer is None:
             raise OrtrainError("this session was opened without an optimizer graph")
-        self._optimizer.optimizer_step()
+        try:
+            self._optimizer.optimizer_step()
+        except RuntimeError as exc:
+            raise runtime_failure(exc, "optimizer step") from exc
 
     def zero_grad(self) -> None:
         """The next train step overwrites the gradient buffers instead of adding to them."""

@@ -15,6 +15,7 @@ import numpy as np
 from ortrain import _random, losses, optim
 from ortrain import metrics as metrics_mod
 from ortrain._arrays import as_array, positive_int, prepare_inputs, row_slices, run_chunks
+from ortrain._files import atomic_path, checked_target
 from ortrain.data import prepare_arrays
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
@@ -194,6 +195,9 @@ class Model:
                 raise OrtrainError(f"set_weights: unknown weight names {unknown}; the model has {names}")
             items = list(weights.items())
         else:
+            if not isinstance(weights, (list, tuple)):
+                raise OrtrainError(f"set_weights: expected a list of arrays in weight_names() order or a dict "
+                                   f"keyed by weight name, received {type(weights).__name__}")
             weights = list(weights)
             if len(weights) != len(names):
                 raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), "
@@ -285,7 +289,9 @@ class Model:
         for item in items:
             if isinstance(item, Layer):
                 if all(item is not lyr for lyr in layer_names.values()):
-                    raise OrtrainError(f"{verb}: layer {item.name!r} is not part of this model")
+                    named = f"layer {item.name!r}" if item.name else f"a {type(item).__name__} layer"
+                    raise OrtrainError(f"{verb}: {named} is not part of this model; pass this model's layers "
+                                       f"or weight names ({', '.join(layer_names)})")
                 out += [f"{item.name}.{s}" for s in item.weights]
             elif isinstance(item, str) and item in layer_names:
                 out += [f"{item}.{s}" for s in layer_names[item].weights]
@@ -442,11 +448,13 @@ class Model:
         import onnx
 
         from ortrain.graph.forward import to_inference
+        path = checked_target(path, "export_onnx(path)")
         fg = self.forward_graph()
         proto = with_weights(to_inference(fg.proto), fg.weights)
         proto.doc_string = f"Exported by ortrain from model {self.name!r}"
         check_model(proto, "exported model")
-        onnx.save(proto, str(path))
+        with atomic_path(path) as tmp:
+            onnx.save(proto, tmp)
         return str(path)
 
     def save(self, path) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ortrain.errors import OrtrainError, UnsupportedOpError
+from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec
 from ortrain.graph.gradient_ops import NON_DIFFERENTIABLE_INPUTS, nodes_without_gradient
@@ -51,8 +51,11 @@ def _matches(name: str, patterns) -> bool:
 def _patterns(value, argument: str) -> list[str] | None:
     if value is None:
         return None
-    items = [value] if isinstance(value, str) else list(value)
-    if not all(isinstance(v, str) for v in items):
+    try:
+        items = [value] if isinstance(value, str) else list(value)
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(v, str) for v in items):
         raise OrtrainError(f"{argument}: expected weight names or glob patterns (strings), received {value!r}")
     return items
 
@@ -334,6 +337,19 @@ def _check_gradients(fg: ForwardGraph) -> None:
         f"(frozen=[...] or trainable=[...] with names or glob patterns) or replace the ops in the model")
 
 
+def _check_shapes(fg) -> None:
+    """Shapes and types that cannot fit together (a ``MatMul`` of 4 columns into 5 rows, an int64
+    tensor into a float op) are refused here, naming the node, instead of failing later in the
+    runtime's gradient builder without saying where."""
+    try:
+        onnx.shape_inference.infer_shapes(fg.proto, check_type=True, strict_mode=True)
+    except onnx.shape_inference.InferenceError as exc:
+        reason = " ".join(str(exc).split())
+        raise ShapeError(f"the model's shapes or types do not fit together: {reason}; fix the model (or its "
+                         "export) so that onnx.shape_inference.infer_shapes(model, strict_mode=True) passes") \
+            from None
+
+
 def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | None = None):
     """Turn an ONNX model (a path, its bytes or an ``onnx.ModelProto``) into a trainable model.
 
@@ -362,6 +378,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, _ = free_batch_dimension(proto, data)
     check_model(proto, "imported model")
     fg = canonical_forward(proto, trainable, frozen, stash, order)
+    _check_shapes(fg)
     _check_gradients(fg)
     if name is None:
         stem = os.path.splitext(os.path.basename(os.fspath(model)))[0] if isinstance(model, (str, os.PathLike)) \

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from ortrain import losses, optim
-from ortrain._files import atomic_path
+from ortrain._files import atomic_path, checked_target
 from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph.forward import ForwardGraph, ParamSpec
@@ -146,7 +146,7 @@ def save_model(model, path) -> str:
     record["weight_order"] = wnames
     onames = list(aux["opt"])
     record["optimizer_order"] = onames
-    path = os.fspath(path)
+    path = os.fspath(checked_target(path, "save(path)"))
     with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("model.json", json.dumps(record, indent=1, sort_keys=True))
         z.writestr("weights.npz", _npz_bytes({f"w{i}": weights[n] for i, n in enumerate(wnames)}))
@@ -159,10 +159,14 @@ def save_model(model, path) -> str:
 
 def load_model(path):
     """Load a model written by ``Model.save``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise OrtrainError(f"load_model(path): expected a file path (str or os.PathLike), received {path!r}")
     path = os.fspath(path)
     try:
         with zipfile.ZipFile(path) as z:
             record = json.loads(z.read("model.json"))
+            if not isinstance(record, dict):
+                raise ValueError(f"model.json holds a {type(record).__name__}, not an object")
             with np.load(io.BytesIO(z.read("weights.npz")), allow_pickle=False) as f:
                 weights = {n: f[f"w{i}"] for i, n in enumerate(record["weight_order"])}
             opt = {}
@@ -172,6 +176,12 @@ def load_model(path):
             extra = {name: z.read(name) for name in record.get("_extra", [])}
     except FileNotFoundError:
         raise OrtrainError(f"load_model: no such file {path!r}") from None
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+    except (zipfile.BadZipFile, KeyError, TypeError, ValueError, OSError) as exc:
         raise OrtrainError(f"load_model: {path!r} is not a model saved by ortrain ({exc})") from exc
-    return model_from_record(record, weights, {"opt": opt, "extra": extra})
+    try:
+        return model_from_record(record, weights, {"opt": opt, "extra": extra})
+    except OrtrainError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise OrtrainError(f"load_model: {path!r} is damaged: its model.json does not describe a model "
+                           f"({type(exc).__name__}: {exc}); save the model again") from exc

@@ -117,6 +117,15 @@ class Optimizer:
         step = state["step"]
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise OrtrainError(f"load_state: 'step' must be an int >= 0, received {step!r}")
+        if not isinstance(state["moments"], dict):
+            raise OrtrainError("load_state: 'moments' expected a dict {param name: {'m': array, 'v': array}}, "
+                               f"received {type(state['moments']).__name__}")
+        held = [p.name for p in self.params]
+        unknown = [str(n) for n in state["moments"] if held and n not in held]
+        if unknown:
+            raise OrtrainError(f"load_state: moments of {', '.join(map(repr, unknown))}, which this optimizer "
+                               f"does not hold (its params: {', '.join(map(repr, held))}); load the state of an "
+                               "optimizer over the same params")
         moments = {pname: self._checked_moments(pname, ms) for pname, ms in state["moments"].items()}
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         self._moments, self.step, self._lr = moments, int(step), lr
@@ -129,12 +138,21 @@ class Optimizer:
         if not isinstance(ms, dict) or any(k not in ms for k in keys):
             raise OrtrainError(f"load_state: moments of {pname!r} expected a dict with keys {list(keys)}, "
                                f"received {ms!r:.80}")
-        arrays = tuple(np.array(ms[k], dtype=np.float32, copy=True) for k in keys)
+        try:
+            arrays = tuple(np.array(ms[k], dtype=np.float32, copy=True) for k in keys)
+        except (TypeError, ValueError) as exc:
+            raise OrtrainError(f"load_state: moments of {pname!r} expected float arrays, received "
+                               f"{', '.join(type(ms[k]).__name__ for k in keys)} ({exc})") from None
         shape = next((tuple(p.shape) for p in self.params if getattr(p, "name", None) == pname), None)
         for k, a in zip(keys, arrays, strict=True):
             if shape is not None and a.shape != shape:
                 raise OrtrainError(f"load_state: moment {k!r} of {pname!r} has shape {a.shape}, the param "
                                    f"{shape}; load the state of an optimizer over the same params")
+            bad = ~np.isfinite(a) | ((a < 0) if k == "v" else False)
+            if bad.any():
+                need = "finite values >= 0 (it averages squared gradients)" if k == "v" else "finite values"
+                raise OrtrainError(f"load_state: moment {k!r} of {pname!r} holds {a[bad].flat[0]}; it needs "
+                                   f"{need}, so the state was not loaded")
         return arrays
 
     def __repr__(self) -> str:
@@ -152,7 +170,10 @@ class Adam(Optimizer):
     def __init__(self, params=None, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float | None = None):
         super().__init__(params, lr)
-        b1, b2 = (float(b) for b in betas)
+        try:
+            b1, b2 = (float(b) for b in betas)
+        except (TypeError, ValueError):
+            b1 = b2 = float("nan")
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
             raise OrtrainError(f"betas: expected two numbers in [0, 1), received {betas!r}")
         if not (isinstance(eps, (int, float)) and eps > 0):
