@@ -38,9 +38,14 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
         elif kind not in "iub":
             raise ShapeError(f"{argument}: expected integers, received dtype {a.dtype}")
         info = np.iinfo(dtype)
-        if a.size and kind in "fu" and (a.max() > info.max or (kind == "f" and a.min() < info.min)):
-            raise ShapeError(f"{argument}: holds {a.max() if a.max() > info.max else a.min()}, beyond the range of "
-                             f"{dtype.name} [{info.min}, {info.max}]")
+        # floats compare against 2**63, not float(2**63 - 1), which rounds up to it
+        top, wider = float(info.max) + 1.0, kind == "f" or np.iinfo(a.dtype).max > info.max \
+            or np.iinfo(a.dtype).min < info.min
+        if a.size and wider:
+            hi, lo = a.max(), a.min()
+            if (hi >= top if kind == "f" else hi > info.max) or lo < info.min:
+                raise ShapeError(f"{argument}: holds {hi if lo >= info.min else lo}, beyond the range of "
+                                 f"{dtype.name} [{info.min}, {info.max}]")
     return np.ascontiguousarray(a, dtype=dtype)
 
 

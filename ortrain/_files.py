@@ -17,13 +17,14 @@ def checked_target(path, what: str = "path") -> Path:
         raise OrtrainError(f"{what}: expected a file path (str or os.PathLike), received {path!r}")
     path = Path(path)
     if path.is_dir():
-        raise OrtrainError(f"cannot write {str(path)!r}: it is a directory; give the path of a file, "
+        raise OrtrainError(f"{what}: cannot write {str(path)!r}: it is a directory; give the path of a file, "
                            f"e.g. {str(path / 'model')!r}")
     if not path.parent.is_dir():
         if path.parent.exists():
-            raise OrtrainError(f"cannot write {str(path)!r}: {str(path.parent)!r} is a file, not a directory")
-        raise OrtrainError(f"cannot write {str(path)!r}: the directory {str(path.parent)!r} does not exist; "
-                           "create it first")
+            raise OrtrainError(f"{what}: cannot write {str(path)!r}: {str(path.parent)!r} is a file, not a "
+                               "directory")
+        raise OrtrainError(f"{what}: cannot write {str(path)!r}: the directory {str(path.parent)!r} does not "
+                           "exist; create it first")
     return path
 
 
@@ -47,7 +48,8 @@ def atomic_path(path, what: str = "path"):
     The file gets the usual permissions (0666 less the umask), as ``open`` would give it."""
     path = checked_target(path, what)
     while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        # the same suffix: writers such as onnx.save choose the format by it
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}"
         try:
             os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
             break

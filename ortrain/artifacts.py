@@ -191,14 +191,23 @@ def _opt_config(opt: optim.Optimizer) -> dict:
     return {k: v for k, v in opt.config().items() if k != "lr"}
 
 
+def _check_weighting(weighting) -> None:
+    if weighting not in WEIGHTINGS:
+        raise OrtrainError(f"weighting: expected None, 'sample' or 'element', received {weighting!r}")
+
+
+def _check_trainable(fg: ForwardGraph) -> None:
+    if not fg.names("trainable"):
+        raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights")
+
+
 def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tuple[onnx.ModelProto, dict]:
     """The forward graph with the loss appended; returns the model and the manifest's I/O entries.
 
     Outputs: ``[scaled_loss, loss, prediction]``. ``scaled_loss = loss * loss_scale`` is where
     backpropagation starts, so gradient accumulation over k batches can feed ``1/k``.
     """
-    if weighting not in WEIGHTINGS:
-        raise OrtrainError(f"sample weighting: expected None, 'sample' or 'element', received {weighting!r}")
+    _check_weighting(weighting)
     outputs = fg.outputs
     if not outputs:
         raise OrtrainError("the model has no outputs to put a loss on")
@@ -256,9 +265,9 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
     model's weights into its session anyway).
     """
-    if weighting not in WEIGHTINGS:
-        raise OrtrainError(f"weighting: expected None, 'sample' or 'element', received {weighting!r}")
+    _check_weighting(weighting)
     fg = _freeze_unreachable(_forward_graph(model_or_onnx, trainable, frozen))
+    _check_trainable(fg)
     loss = losses.get(loss)
     opt = optim.get(optimizer)
     key = _key(fg, loss, opt, weighting)
@@ -282,39 +291,60 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
             _publish(variant, lambda tmp: _with_weights(existing, fg, tmp, digest()))
 
 
+def _check_target(target: Path) -> None:
+    """``target`` and its parents are folders or do not exist yet."""
+    for path in (target, *target.parents):
+        if path.exists():
+            if not path.is_dir():
+                what = "is a file" if path == target else f"lies under the file {str(path)!r}"
+                raise OrtrainError(f"out_dir: {str(target)!r} {what}; artifacts need a directory, choose another "
+                                   "path")
+            return
+
+
 @contextlib.contextmanager
 def _publish_lock(target: Path):
-    """An exclusive lock per artifact directory, so concurrent builders of one key take turns. A
-    build that fails before anything is published leaves no trace: the lock file and the folders
-    made for it are removed (a builder waiting on that lock then works on alone, and publishing
-    stays atomic)."""
-    if target.exists() and not target.is_dir():
-        raise OrtrainError(f"out_dir: {str(target)!r} is a file; artifacts need a directory, choose another path")
-    made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = target.parent / f".{target.name}.lock"
-    made_lock = not lock.exists()
+    """An exclusive lock per artifact directory, so concurrent builders of one key take turns.
+
+    A build that fails before anything is published leaves no trace: still holding the lock, it
+    removes the lock file and the folders it made. A builder that was waiting on that lock sees
+    that its file is gone (another inode, or none, at the path) and takes the lock afresh, so
+    two builders never work on one directory at once.
+    """
+    _check_target(target)
     try:
+        import fcntl
+    except ImportError:  # not on POSIX: publishing stays atomic, concurrent builders may both build
+        target.parent.mkdir(parents=True, exist_ok=True)
+        yield
+        return
+    lock, made = target.parent / f".{target.name}.lock", []
+    while True:
+        made += [p for p in (target.parent, *target.parent.parents) if not p.exists() and p not in made]
         try:
-            import fcntl
-        except ImportError:  # not on POSIX: publishing stays atomic, concurrent builders may both build
-            yield
-            return
-        with open(lock, "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(lock, "a")
+        except FileNotFoundError:  # a failing builder removed a folder just made: try again
+            continue
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            if os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()  # that lock file was removed while this builder waited
+    try:
+        yield
     except BaseException:
         if not target.exists():
-            if made_lock:
-                with contextlib.suppress(OSError):
-                    lock.unlink()
+            with contextlib.suppress(OSError):
+                lock.unlink()
             for folder in made:  # innermost first
                 with contextlib.suppress(OSError):
                     folder.rmdir()
         raise
+    finally:
+        handle.close()  # releases the lock
 
 
 def _publish(target: Path, fill) -> Artifacts:
@@ -391,8 +421,7 @@ def _existing(target: Path, key: str) -> Artifacts | None:
 
 def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer,
            weighting: str | None, weights_sha256: str) -> None:
-    if not fg.names("trainable"):
-        raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights")
+    _check_trainable(fg)
     lm, io = loss_model(fg, loss, weighting)
     lm = for_training(lm)
     frozen = fg.names("frozen") + fg.names("buffer")

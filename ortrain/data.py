@@ -259,13 +259,27 @@ def refuse_non_finite_arrays(model, xs, ys, ws) -> None:
                       "nothing was trained")
 
 
+def _inputs_like(value) -> bool:
+    """An input array, or a list/tuple of them (a model with several inputs)."""
+    return isinstance(value, np.ndarray) or (isinstance(value, (list, tuple)) and len(value) > 0
+                                             and all(isinstance(a, np.ndarray) for a in value))
+
+
+def _batch_like(value) -> bool:
+    """A batch ``(x, y[, w])``, ``[x, y[, w]]`` or dict, as opposed to labels or weights."""
+    return isinstance(value, (tuple, dict)) or (isinstance(value, list) and len(value) > 0
+                                                and isinstance(value[0], (np.ndarray, list, tuple, dict)))
+
+
 def looks_like_arrays(data) -> bool:
     """``(x, y)`` or ``(x, y, sample_weight)`` arrays rather than a collection of batches: a tuple
-    whose first item is not a batch, or (as Keras takes it too) a list of two or three arrays."""
+    whose first item is not a batch, or (as Keras takes it too) a list ``[x, y]`` or
+    ``[x, y, sample_weight]`` whose ``x`` is an array or a list of arrays and whose other items
+    are not batches."""
     if isinstance(data, tuple):
         return len(data) in (2, 3) and not isinstance(data[0], (tuple, dict))
-    return (isinstance(data, list) and len(data) in (2, 3) and all(isinstance(a, np.ndarray) for a in data[:2])
-            and (len(data) == 2 or data[2] is None or isinstance(data[2], np.ndarray)))
+    return (isinstance(data, list) and len(data) in (2, 3) and _inputs_like(data[0])
+            and not any(_batch_like(v) for v in data[1:]))
 
 
 def validation_iterator(model, data, steps, batch_size: int, argument: str = "validation_data"):
@@ -280,8 +294,9 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
                                     f"{argument}[0]", f"{argument}[1]", f"{argument}[2]")
         return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], np.ndarray):
+        items = ", ".join(_describe(v) for v in data)
         raise OrtrainError(f"{argument}: expected (x, y) or (x, y, sample_weight) arrays, or batches of those; "
-                           f"received a {type(data).__name__} of {len(data)} arrays")
+                           f"received a {type(data).__name__} of {len(data)}: {items}")
     if isinstance(data, (list, tuple)):
         for i, batch in enumerate(data):
             if batch is None:

@@ -420,7 +420,8 @@ class Trainer(Releasable):
         if xs[0].shape[0] < 2:
             raise ShapeError(f"calibrate_bn: x needs at least 2 rows to estimate a variance, received "
                              f"{xs[0].shape[0]}")
-        refuse_non_finite(xs, ["calibrate_bn: x"], "the statistics were not changed")
+        refuse_non_finite(xs, [f"calibrate_bn: {n}" for n in self._feed_names[:len(xs)]],
+                          "the statistics were not changed")
         # The graph before freezing: a batch norm whose statistics are frozen is written out as plain
         # ops in the training graph, but calibrating it is still what the caller asks for.
         from ortrain.graph.forward import to_inference
@@ -443,8 +444,8 @@ class Trainer(Releasable):
                 for name, old in before.items():  # all or nothing
                     self._session.set(name, old)
                 raise NonFiniteError(f"calibrate_bn: the input of batch norm {node.name!r} has statistics "
-                                     "beyond float32 (its values overflow); the statistics were not changed. "
-                                     "Scale x to a usual range first")
+                                     "beyond float32 (finite x whose values overflow on the way); the statistics "
+                                     "were not changed. Scale x to a usual range first")
             self._session.set(node.input[3], mean)
             self._session.set(node.input[4], var)
 

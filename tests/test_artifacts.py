@@ -186,20 +186,67 @@ def test_build_follows_the_documented_signature(tmp_path):
 
 
 def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ot.artifacts.set_cache_dir(tmp_path / "cache")   # not there yet
     model = dense_model(3, 2)
     for kwargs, message in ((dict(weighting="bogus", out_dir=tmp_path / "a"), "weighting: expected None, 'sample'"),
                             (dict(frozen=["*"], out_dir=tmp_path / "x" / "y" / "z"), "nothing to train"),
                             (dict(frozen=["*"]), "nothing to train")):
         with pytest.raises(ot.OrtrainError, match=message):
             ot.artifacts.build(model, loss="mse", **kwargs)
+    # A build that fails once it holds the lock (here: the gradient builder) removes the lock file
+    # and the folders it made.
+    from ortrain import engine
+
+    def refuse(*args, **kwargs):
+        raise ot.OrtrainError("the gradient builder failed")
+
+    monkeypatch.setattr(engine, "build_training_graphs", refuse)
+    for out_dir in (tmp_path / "x" / "y" / "z", None):
+        with pytest.raises(ot.OrtrainError, match="the gradient builder failed"):
+            ot.artifacts.build(model, loss="mse", out_dir=out_dir)
+    monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []   # no lock files, no folders made for the build
     (tmp_path / "file").write_text("")
-    with pytest.raises(ot.OrtrainError, match="out_dir: '.*file' is a file; artifacts need a directory"):
-        ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "file")
+    for out_dir in (tmp_path / "file", tmp_path / "file" / "art"):
+        with pytest.raises(ot.OrtrainError, match="out_dir: '.*file.*' (is a file|lies under the file)"):
+            ot.artifacts.build(model, loss="mse", out_dir=out_dir)
     old_umask = os.umask(0o022)
     try:
         art = ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "art")
     finally:
         os.umask(old_umask)
     assert os.stat(art.directory).st_mode & 0o777 == 0o755   # readable by others, as mkdir would make it
+
+
+def test_a_builder_waiting_on_a_failed_builders_lock_still_works_alone(tmp_path):
+    import threading
+    import time
+
+    from ortrain.artifacts import _publish_lock
+    target = tmp_path / "new" / "art"
+    inside, overlaps, errors = [], [], []
+
+    def builder(start: float, hold: float, fail: bool) -> None:
+        time.sleep(start)
+        try:
+            with _publish_lock(target):
+                overlaps.append(list(inside))
+                inside.append(start)
+                time.sleep(hold)
+                inside.remove(start)
+                if fail:
+                    raise RuntimeError("this build fails")
+                target.mkdir(exist_ok=True)   # what publishing leaves
+        except RuntimeError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    # A fails while B waits on its lock (and its lock file and folder go); C comes while B works.
+    threads = [threading.Thread(target=builder, args=args) for args in ((0.0, 0.3, True), (0.1, 0.4, False),
+                                                                         (0.5, 0.0, False))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and overlaps == [[], [], []] and target.is_dir()

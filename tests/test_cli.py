@@ -188,7 +188,7 @@ def test_train_from_model_and_toml_config(workdir, capsys):
      2, "argument --seed: expected an integer >= 0, received '-5'"),
     (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--lr", "nan"],
      2, "argument --lr: expected a finite number >= 0, received 'nan'"),
-    (["train", "bad.toml"], 2, "CONFIG: key 'epochs' expected a positive integer, received '0'"),
+    (["train", "bad.toml"], 2, "CONFIG: key 'epochs' expected a positive integer, received 0"),
     (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--out",
       "train.npz"], 2, "--out: 'train.npz' is a file"),
     (["train", "--artifacts", "art", "--data", "weighted.npz", "--epochs", "1", "--batch-size", "8"], 2,

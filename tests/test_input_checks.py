@@ -185,7 +185,7 @@ def test_validation_data_is_checked_before_training():
         return model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 
     for bad, message in (((x[:8],), r"validation_data: expected \(x, y\) or \(x, y, sample_weight\) arrays, or "
-                                    r"batches of those; received a tuple of 1 arrays"),
+                                    r"batches of those; received a tuple of 1: an array of shape \(8, 4\)"),
                          ([(x[:8], y[:8]), (x[:8], np.full(8, 9))], r"validation_data\[1\] y: class labels must lie "
                                                                     r"in \[0, 2\]")):
         model = fresh()

@@ -139,6 +139,63 @@ def test_tanh_gelu_trains_with_the_tanh_formulas_gradient(rng):
         np.testing.assert_allclose(w - tr.model().get_weights()[0], grad_w, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("act", ["PReLU", "ELU", "Softplus", "Hardsigmoid", "Hardswish"])
+def test_activations_without_a_gradient_builder_train_like_pytorch(tmp_path, act):
+    """Written out in ops the runtime differentiates, with PyTorch's derivative at the kinks too:
+    the inputs hit 0 and +-3 exactly (a zero bias in front), and the far tails."""
+    from conftest import torch_or_skip
+    torch = torch_or_skip()
+    nn = torch.nn
+    make = {"PReLU": lambda: nn.PReLU(6, init=0.25), "ELU": lambda: nn.ELU(alpha=0.7), "Softplus": nn.Softplus,
+            "Hardsigmoid": nn.Hardsigmoid, "Hardswish": nn.Hardswish}[act]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b, self.act, self.out = nn.Parameter(torch.zeros(6)), make(), nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.out(self.act(x + self.b))
+
+    torch.manual_seed(0)
+    net = Net()
+    x = np.array([[0, 3, -3, 1, -1, 0.5], [30, -30, 2.5, -2.5, 0, 3], [-0.5, 0, -3, 3, 25, -25]], np.float32)
+    x = np.concatenate([x, np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32) * 4])
+    y = np.random.default_rng(1).standard_normal((8, 2)).astype(np.float32)
+    path = tmp_path / "net.onnx"
+    torch.onnx.export(net, (torch.from_numpy(x),), str(path), input_names=["x"], output_names=["y"], opset_version=17,
+                      dynamic_axes={"x": {0: "batch"}}, do_constant_folding=False, dynamo=False)
+    model = ot.from_onnx(path).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    assert act.upper() not in {n.op_type.upper() for n in model.forward_graph().proto.graph.node}
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with ot.Trainer(model, batch_size=8) as tr:
+        loss = tr.step(x, y)
+        ref = torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y))
+        opt.zero_grad()
+        ref.backward()
+        opt.step()
+        np.testing.assert_allclose(loss, ref.item(), rtol=1e-6)
+        trained = tr.model()
+    got = dict(zip(trained.weight_names(), trained.get_weights(), strict=True))
+    want = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+    np.testing.assert_allclose(got["b"], want["b"], rtol=1e-6, atol=1e-7)   # the activation's derivative
+    if act == "PReLU":
+        np.testing.assert_allclose(got["act.weight"], want["act.weight"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(trained.predict(x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_castlike_becomes_cast(rng):
+    w = _f32(rng, 3, 2)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("CastLike", ["h", "w"], ["y"])]
+    proto = _model(nodes, [_vi("x", [None, 3])], [_vi("y", [None, 2])], [numpy_helper.from_array(w, "w")], opset=17)
+    fixed, n = repairs.activations_as_arithmetic(proto)
+    assert n == 1 and [x.op_type for x in fixed.graph.node] == ["MatMul", "Cast"]
+    x = _f32(rng, 4, 3)
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=4) as tr:
+        np.testing.assert_allclose(tr.step(x, np.zeros((4, 2))), np.mean((x @ w) ** 2), rtol=1e-5)
+
+
 def test_single_output_layernorm_gets_its_statistics(rng):
     inits = [numpy_helper.from_array(_f32(rng, 4, 6), "w"), numpy_helper.from_array(_f32(rng, 6), "g"),
              numpy_helper.from_array(_f32(rng, 6), "b")]
@@ -307,11 +364,11 @@ def _conv_net(rng, middle):
 
 
 def test_every_unsupported_op_is_named_in_one_error(rng):
-    proto = _conv_net(rng, [("LRN", {"size": 3}), ("Softplus", {}), ("HardSwish", {}), ("Softplus", {})])
+    proto = _conv_net(rng, [("LRN", {"size": 3}), ("Softsign", {}), ("Selu", {}), ("Softsign", {})])
     with pytest.raises(ot.UnsupportedOpError) as info:
         ot.from_onnx(proto)
     msg = str(info.value)
-    for part in ("HardSwish (nodes: hardswish_2)", "LRN (nodes: lrn_0)", "Softplus (nodes: softplus_1, softplus_3)",
+    for part in ("Selu (nodes: selu_2)", "LRN (nodes: lrn_0)", "Softsign (nodes: softsign_1, softsign_3)",
                  "Freeze the weights before them"):
         assert part in msg
 

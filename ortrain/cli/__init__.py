@@ -205,7 +205,8 @@ def _read_toml(path: str) -> dict:
             try:
                 TOML_VALUES[key](str(value))
             except argparse.ArgumentTypeError as exc:
-                raise UsageError(f"CONFIG: key {key!r} {exc}") from None
+                expected = str(exc).split(", received")[0]
+                raise UsageError(f"CONFIG: key {key!r} {expected}, received {value!r}") from None
         if key in ("model", "artifacts", "out"):
             value = str(base / value)
         elif key in ("data", "val_data"):

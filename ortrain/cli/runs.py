@@ -16,7 +16,6 @@ rename, so a run stopped at any moment (Ctrl-C, a kill) leaves a directory that
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 from pathlib import Path
@@ -133,7 +132,14 @@ def train(cfg: dict) -> dict:
         val = (vx, vy) if vw is None else (vx, vy, vw)
     elif cfg.get("val_split"):
         x, y, w, val = _split(x, y, w, cfg["val_split"])
-    cfg["has_sample_weight"] = w is not None
+    weighted = [f for f, v in (("--data", w), ("--val-data", val[2] if val and len(val) == 3 else None))
+                if v is not None]
+    cfg["has_sample_weight"] = bool(weighted)
+    given = read_json(out / "run.json", "run settings")["artifacts"] if cfg.get("resume") else cfg.get("artifacts")
+    if weighted and given and ot.artifacts.load(given).sample_weight is None:
+        raise UsageError(f"{weighted[0]}: the data holds sample_weight, which the artifacts in {given!r} do not "
+                         "take; build them with `ortrain artifacts ... --sample-weights`, or leave sample_weight "
+                         "out of the data")
 
     if cfg.get("resume"):
         run = read_json(out / "run.json", "run settings")
@@ -148,12 +154,6 @@ def train(cfg: dict) -> dict:
         if (out / "state.json").exists() or (out / "run.json").exists():
             raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
                              "another directory")
-        if w is not None and cfg.get("artifacts"):
-            manifest = read_json(Path(cfg["artifacts"]) / "manifest.json", "artifacts manifest")
-            if manifest.get("sample_weight") is None:
-                raise UsageError(f"--data: {', '.join(cfg['data'])} holds sample_weight, which the artifacts in "
-                                 f"{cfg['artifacts']!r} do not take; build them with `ortrain artifacts ... "
-                                 "--sample-weights`, or leave sample_weight out of the data")
         discard = _discarder(out)
         out.mkdir(parents=True, exist_ok=True)
         try:
@@ -299,8 +299,8 @@ def artifacts(opts) -> dict:
     if os.path.exists(opts.output) and not os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a file; artifacts need a directory, choose another path")
     try:
-        before = json.loads(Path(opts.output, "manifest.json").read_text())["key"]
-    except (OSError, ValueError, KeyError, TypeError):
+        before = ot.artifacts.load(opts.output).key
+    except OrtrainError:
         before = None
     model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
     loss = ot.losses.get({"name": opts.loss, "from_logits": True} if opts.from_logits else opts.loss)
@@ -314,8 +314,8 @@ def artifacts(opts) -> dict:
         roles[p.role].append(p.name)
     result = {"directory": str(art.directory), "hash": art.key, **roles}
     if before is not None and before != art.key:
-        result["note"] = (f"replaced the artifacts {opts.output!r} held (another model, loss or optimizer); "
-                          "runs trained from them cannot --resume")
+        result["note"] = (f"replaced the artifacts {opts.output!r} held (another model, loss, optimizer or "
+                          "ortrain version); runs trained from them cannot --resume")
     return result
 
 

@@ -71,6 +71,8 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointData:
                            "(missing the 'ODTC' file identifier)")
     try:
         return _parse(buf)
+    except OrtrainError:  # an intact file ortrain cannot use: its own reason
+        raise
     except Exception as exc:  # a truncated or corrupted flatbuffer raises anything from struct to IndexError
         raise OrtrainError(f"checkpoint {os.fspath(path)!r} cannot be read: {exc}; it is damaged, or was not "
                            "written by onnxruntime-training 1.19.2 or ortrain") from exc

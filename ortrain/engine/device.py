@@ -84,8 +84,8 @@ def get_num_threads() -> int:
 
 def session_options(threads: int | None = None):
     """SessionOptions shared by every session ortrain creates (quiet logs, chosen thread count).
-    Only fatal messages are logged: every error the runtime reports also fails the call, and ortrain
-    raises it as an exception with the runtime's reason."""
+    Only fatal messages are logged: a run the runtime fails is raised as an exception that carries
+    the runtime's reason, which its error log would only repeat."""
     so = C.SessionOptions()
     so.log_severity_level = 4
     so.intra_op_num_threads = threads or get_num_threads()

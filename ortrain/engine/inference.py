@@ -37,7 +37,7 @@ class InferenceRunner:
             raise FreedError("this inference session was freed")
         try:
             return self._sess.run(outputs or self.output_names, feeds)
-        except Exception as exc:  # the runtime's own exception types derive from Exception
+        except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "forward graph") from exc
 
     def free(self) -> None:

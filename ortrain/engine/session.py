@@ -60,8 +60,14 @@ def check_feeds(specs: list[TensorSpec], arrays, where: str) -> list[np.ndarray]
 
 def runtime_failure(exc: Exception, what: str) -> OrtrainError:
     """An :class:`OrtrainError` for a run the runtime refused (an index out of range that no check
-    before the run could see, say), carrying the runtime's own reason without its source location."""
-    text = (str(exc).splitlines() or [""])[0]
+    before the run could see, say), carrying the runtime's reason: its whole message, less the
+    C++ function it came from and any stack trace."""
+    lines = []
+    for line in str(exc).splitlines():
+        if line.strip().startswith("Stacktrace"):
+            break
+        lines.append(line.strip())
+    text = " ".join(line for line in lines if line)
     _, marker, reason = text.partition("[ONNXRuntimeError] : ")
     reason = reason.split(" : ", 2)[-1] if marker else text  # drop "<code> : <STATUS> : "
     return OrtrainError(f"onnxruntime could not run the {what}: {reason.strip() or type(exc).__name__}")
@@ -127,7 +133,7 @@ class TrainingSession:
         fetches = C.OrtValueVector()
         try:
             self._module.train_step(feeds, fetches)
-        except RuntimeError as exc:
+        except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "training step") from exc
         return fetches
 
@@ -149,7 +155,7 @@ class TrainingSession:
         vec, arrays, unconfirmed = self._bound
         try:
             self._module.train_step(feeds, vec)
-        except RuntimeError as exc:
+        except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "training step") from exc
         if unconfirmed:
             # The runtime writes into caller-allocated outputs whose shapes match; until a step shows
@@ -168,7 +174,7 @@ class TrainingSession:
         fetches = C.OrtValueVector()
         try:
             self._module.eval_step(feeds, fetches)
-        except RuntimeError as exc:
+        except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "evaluation step") from exc
         return fetches
 
@@ -178,7 +184,7 @@ class TrainingSession:
             raise OrtrainError("this session was opened without an optimizer graph")
         try:
             self._optimizer.optimizer_step()
-        except RuntimeError as exc:
+        except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "optimizer step") from exc
 
     def zero_grad(self) -> None:

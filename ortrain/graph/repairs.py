@@ -15,6 +15,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
 * ``Gelu(approximate="tanh")`` (opset 20, torch's default export of ``nn.GELU("tanh")``)
   gets the exact GELU's gradient from the runtime: it is written out as the tanh formula
   in plain arithmetic, whose gradient the builder derives correctly.
+* ``PRelu``, ``Elu``, ``Softplus``, ``HardSigmoid`` and ``HardSwish`` have no gradient builder,
+  and neither has ``CastLike`` (the dynamo exporter's): they are written in ops that have one.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ortrain.graph.passes import elem_types
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
-           "gelu_tanh_as_arithmetic"]
+           "gelu_tanh_as_arithmetic", "activations_as_arithmetic"]
 
 MAX_OPSET = 21  # the newest default-domain opset onnxruntime 1.19.2 loads
 MAX_IR = 10  # the newest IR version it reads
@@ -179,35 +181,6 @@ def dropout_with_training_input(model: onnx.ModelProto) -> tuple[onnx.ModelProto
     return out, len(targets)
 
 
-def gelu_tanh_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """``Gelu(x, approximate="tanh")`` -> ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``.
-
-    onnxruntime-training 1.19.2 differentiates every ``Gelu`` as the exact (erf) one, so the
-    tanh form would train with a wrong gradient (off by up to 5e-4 relative); the same formula
-    in ``Mul``/``Add``/``Tanh`` (what torch exports below opset 20) has the right one.
-    """
-    def is_tanh(n):
-        return n.op_type == "Gelu" and n.domain in ("", "ai.onnx") and \
-            any(a.name == "approximate" and a.s == b"tanh" for a in n.attribute)
-    if not any(is_tanh(n) for n in model.graph.node):
-        return model, 0
-    out = copy.deepcopy(model)
-    names = FreshNames(out)
-    dtypes = _elem_types(out)
-    nodes, count = [], 0
-    for node in out.graph.node:
-        if is_tanh(node):
-            count += 1
-            dtype = helper.tensor_dtype_to_np_dtype(dtypes.get(node.input[0], onnx.TensorProto.FLOAT))
-            nodes.extend(_gelu_tanh_nodes(out.graph, names, node.input[0], node.output[0],
-                                          node.name or names.fresh("Gelu"), dtype))
-        else:
-            nodes.append(node)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out, count
-
-
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """:func:`~ortrain.graph.passes.elem_types`, or nothing where onnx cannot type the graph (an
     unknown op, a damaged part): callers then fall back to float32."""
@@ -217,33 +190,137 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
         return {}
 
 
-def _gelu_tanh_nodes(graph, names: FreshNames, x: str, y: str, base: str, dtype) -> list[onnx.NodeProto]:
-    """Nodes computing ``y = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``, the
-    constants in ``x``'s element type ``dtype``."""
-    nodes = []
+class _Expansion:
+    """Writes the nodes that replace one node: constants in the element type of its input, fresh
+    names under the node's own."""
 
-    def const(hint: str, value: float) -> str:
-        name = names.fresh(f"{base}/{hint}")
-        graph.initializer.append(numpy_helper.from_array(np.array(value, dtype), name))
+    def __init__(self, graph, names: FreshNames, base: str, dtype):
+        self.graph, self.names, self.base, self.dtype, self.nodes = graph, names, base, dtype, []
+
+    def const(self, hint: str, value: float) -> str:
+        name = self.names.fresh(f"{self.base}/{hint}")
+        self.graph.initializer.append(numpy_helper.from_array(np.array(value, self.dtype), name))
         return name
 
-    def op(kind: str, *args: str, result: str | None = None) -> str:
-        result = result or names.fresh(f"{base}/{kind.lower()}")
-        nodes.append(helper.make_node(kind, list(args), [result], name=names.fresh(f"{base}/{kind}")))
+    def op(self, kind: str, *args: str, result: str | None = None, **attrs) -> str:
+        result = result or self.names.fresh(f"{self.base}/{kind.lower()}")
+        self.nodes.append(helper.make_node(kind, list(args), [result], name=self.names.fresh(f"{self.base}/{kind}"),
+                                           **attrs))
         return result
 
-    k, c, one, half = const("k", np.sqrt(2.0 / np.pi)), const("c", 0.044715), const("one", 1.0), const("half", 0.5)
-    cube = op("Mul", op("Mul", x, x), x)
-    inner = op("Mul", op("Add", x, op("Mul", cube, c)), k)
-    op("Mul", op("Mul", x, op("Add", op("Tanh", inner), one)), half, result=y)
-    return nodes
+
+def _expand(model: onnx.ModelProto, ops: set[str], rewrite) -> tuple[onnx.ModelProto, int]:
+    """Replace every node of a type in ``ops`` for which ``rewrite(expansion, node, elem_types)``
+    writes nodes (it returns False to keep a node as it is); returns the new model and the count
+    replaced."""
+    def candidate(node) -> bool:
+        return node.op_type in ops and node.domain in ("", "ai.onnx") and len(node.input) > 0
+    if not any(candidate(n) for n in model.graph.node):
+        return model, 0
+    out = copy.deepcopy(model)
+    names = FreshNames(out)
+    dtypes = _elem_types(out)
+    nodes, count = [], 0
+    for node in out.graph.node:
+        if not candidate(node):
+            nodes.append(node)
+            continue
+        dtype = helper.tensor_dtype_to_np_dtype(dtypes.get(node.input[0], onnx.TensorProto.FLOAT))
+        e = _Expansion(out.graph, names, node.name or names.fresh(node.op_type), dtype)
+        if rewrite(e, node, dtypes):
+            count += 1
+            nodes.extend(e.nodes)
+        else:
+            nodes.append(node)
+    if not count:
+        return model, 0
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out, count
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    a = next((a for a in node.attribute if a.name == name), None)
+    return default if a is None else helper.get_attribute_value(a)
+
+
+def gelu_tanh_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``Gelu(x, approximate="tanh")`` -> ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``.
+
+    onnxruntime-training 1.19.2 differentiates every ``Gelu`` as the exact (erf) one, so the
+    tanh form would train with a wrong gradient (off by up to 5e-4 relative); the same formula
+    in ``Mul``/``Add``/``Tanh`` (what torch exports below opset 20) has the right one.
+    """
+    def rewrite(e: _Expansion, node, _types) -> bool:
+        if _attr(node, "approximate", b"none") != b"tanh":
+            return False
+        x = node.input[0]
+        k, c, one, half = e.const("k", np.sqrt(2.0 / np.pi)), e.const("c", 0.044715), e.const("one", 1.0), \
+            e.const("half", 0.5)
+        cube = e.op("Mul", e.op("Mul", x, x), x)
+        inner = e.op("Mul", e.op("Add", x, e.op("Mul", cube, c)), k)
+        e.op("Mul", e.op("Mul", x, e.op("Add", e.op("Tanh", inner), one)), half, result=node.output[0])
+        return True
+    return _expand(model, {"Gelu"}, rewrite)
+
+
+def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Activations the runtime cannot differentiate, written in ops it can, with PyTorch's
+    derivative at every point (the kinks included):
+
+    * ``PRelu(x, slope)`` -> ``Where(x > 0, x, slope * x)``;
+    * ``Elu(x)`` -> ``Where(x > 0, x, alpha * (exp(u) - 1))`` with ``u = Where(x > 0, 0, x)``, so
+      the unused branch never overflows;
+    * ``Softplus(x)`` -> ``max(x, 0) + log(1 + exp(-|x|))``, both written with ``Where`` on one
+      ``x >= 0`` test (the runtime's ``Relu`` and ``Abs`` have derivative 0 at 0);
+    * ``HardSigmoid(x)`` -> ``z = alpha * x + beta`` clamped to [0, 1] by ``Where`` (derivative
+      ``alpha`` strictly inside, 0 on the edges);
+    * ``HardSwish(x)`` -> ``0`` up to -3, ``x * (x + 3) / 6`` between, ``x`` from 3 (derivative
+      ``x / 3 + 1 / 2`` strictly inside, 0 at -3, 1 at 3);
+    * ``CastLike(x, like)`` -> ``Cast(x, to=<like's element type>)`` where that type is known.
+    """
+    def rewrite(e: _Expansion, node, types) -> bool:
+        kind, x, y = node.op_type, node.input[0], node.output[0]
+        if kind == "CastLike":
+            to = types.get(node.input[1]) if len(node.input) > 1 else None
+            if not to:
+                return False
+            e.op("Cast", x, result=y, to=to)
+            return True
+        zero = e.const("zero", 0.0)
+        if kind == "PRelu":
+            e.op("Where", e.op("Greater", x, zero), x, e.op("Mul", node.input[1], x), result=y)
+        elif kind == "Elu":
+            positive = e.op("Greater", x, zero)
+            u = e.op("Where", positive, zero, x)
+            tail = e.op("Mul", e.const("alpha", _attr(node, "alpha", 1.0)), e.op("Sub", e.op("Exp", u),
+                                                                                 e.const("one", 1.0)))
+            e.op("Where", positive, x, tail, result=y)
+        elif kind == "Softplus":
+            nonneg = e.op("GreaterOrEqual", x, zero)
+            relu = e.op("Where", nonneg, x, zero)
+            exp = e.op("Exp", e.op("Where", nonneg, e.op("Neg", x), x))
+            e.op("Add", relu, e.op("Log", e.op("Add", exp, e.const("one", 1.0))), result=y)
+        elif kind == "HardSigmoid":
+            z = e.op("Add", e.op("Mul", x, e.const("alpha", _attr(node, "alpha", 0.2))),
+                     e.const("beta", _attr(node, "beta", 0.5)))
+            one = e.const("one", 1.0)
+            e.op("Where", e.op("LessOrEqual", z, zero), zero,
+                 e.op("Where", e.op("GreaterOrEqual", z, one), one, z), result=y)
+        else:  # HardSwish: x * max(0, min(1, x / 6 + 1 / 2))
+            three = e.const("three", 3.0)
+            middle = e.op("Div", e.op("Mul", x, e.op("Add", x, three)), e.const("six", 6.0))
+            e.op("Where", e.op("LessOrEqual", x, e.op("Neg", three)), zero,
+                 e.op("Where", e.op("Less", x, three), middle, x), result=y)
+        return True
+    return _expand(model, {"CastLike", "PRelu", "Elu", "Softplus", "HardSigmoid", "HardSwish"}, rewrite)
 
 
 def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """Every rewrite above, in order; returns the model and ``{pass name: nodes changed}``."""
     report = {}
     for fn in (sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
-               gelu_tanh_as_arithmetic):
+               gelu_tanh_as_arithmetic, activations_as_arithmetic):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n

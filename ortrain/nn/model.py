@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -189,13 +190,13 @@ class Model:
         """
         names = self.weight_names()
         table = self._weight_table()
-        if isinstance(weights, dict):
+        if isinstance(weights, Mapping):
             unknown = sorted(set(weights) - set(names))
             if unknown:
                 raise OrtrainError(f"set_weights: unknown weight names {unknown}; the model has {names}")
-            items = list(weights.items())
+            items = [(k, weights[k]) for k in weights]
         else:
-            if not isinstance(weights, (list, tuple)):
+            if weights is None or isinstance(weights, (str, bytes, np.ndarray)) or not hasattr(weights, "__iter__"):
                 raise OrtrainError(f"set_weights: expected a list of arrays in weight_names() order or a dict "
                                    f"keyed by weight name, received {type(weights).__name__}")
             weights = list(weights)
@@ -453,7 +454,7 @@ class Model:
         proto = with_weights(to_inference(fg.proto), fg.weights)
         proto.doc_string = f"Exported by ortrain from model {self.name!r}"
         check_model(proto, "exported model")
-        with atomic_path(path) as tmp:
+        with atomic_path(path, "export_onnx(path)") as tmp:
             onnx.save(proto, tmp)
         return str(path)
 

@@ -341,13 +341,15 @@ def _check_shapes(fg) -> None:
     """Shapes and types that cannot fit together (a ``MatMul`` of 4 columns into 5 rows, an int64
     tensor into a float op) are refused here, naming the node, instead of failing later in the
     runtime's gradient builder without saying where."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(fg.proto)
+    del probe.graph.value_info[:]  # annotations of intermediate tensors may be stale; the runtime ignores them
     try:
-        onnx.shape_inference.infer_shapes(fg.proto, check_type=True, strict_mode=True)
+        onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True)
     except onnx.shape_inference.InferenceError as exc:
         reason = " ".join(str(exc).split())
-        raise ShapeError(f"the model's shapes or types do not fit together: {reason}; fix the model (or its "
-                         "export) so that onnx.shape_inference.infer_shapes(model, strict_mode=True) passes") \
-            from None
+        raise ShapeError(f"the model's shapes or types do not fit together: {reason}; fix the model or its "
+                         "export") from None
 
 
 def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | None = None):

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from ortrain import losses, optim
-from ortrain._files import atomic_path, checked_target
+from ortrain._files import atomic_path
 from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph.forward import ForwardGraph, ParamSpec
@@ -146,15 +146,14 @@ def save_model(model, path) -> str:
     record["weight_order"] = wnames
     onames = list(aux["opt"])
     record["optimizer_order"] = onames
-    path = os.fspath(checked_target(path, "save(path)"))
-    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+    with atomic_path(path, "save(path)") as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("model.json", json.dumps(record, indent=1, sort_keys=True))
         z.writestr("weights.npz", _npz_bytes({f"w{i}": weights[n] for i, n in enumerate(wnames)}))
         if onames:
             z.writestr("optimizer.npz", _npz_bytes({f"m{i}": aux["opt"][n] for i, n in enumerate(onames)}))
         for name, data in aux["extra"].items():
             z.writestr(name, data)
-    return path
+    return os.fspath(path)
 
 
 def load_model(path):
