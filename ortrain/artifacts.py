@@ -306,10 +306,10 @@ def _check_target(target: Path) -> None:
 def _publish_lock(target: Path):
     """An exclusive lock per artifact directory, so concurrent builders of one key take turns.
 
-    A build that fails before anything is published leaves no trace: still holding the lock, it
-    removes the lock file and the folders it made. A builder that was waiting on that lock sees
-    that its file is gone (another inode, or none, at the path) and takes the lock afresh, so
-    two builders never work on one directory at once.
+    The lock file is removed by its holder before it lets go, so builds leave none behind (and a
+    build that fails before anything is published also removes the folders it made). A builder
+    that was waiting on a removed file sees that it is gone (another inode, or none, at the
+    path) and takes the lock afresh, so two builders never work on one directory at once.
     """
     _check_target(target)
     try:
@@ -333,17 +333,19 @@ def _publish_lock(target: Path):
         except FileNotFoundError:
             pass
         handle.close()  # that lock file was removed while this builder waited
+    failed = False
     try:
         yield
     except BaseException:
-        if not target.exists():
-            with contextlib.suppress(OSError):
-                lock.unlink()
+        failed = True
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        if failed and not target.exists():
             for folder in made:  # innermost first
                 with contextlib.suppress(OSError):
                     folder.rmdir()
-        raise
-    finally:
         handle.close()  # releases the lock
 
 

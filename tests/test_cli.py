@@ -118,7 +118,8 @@ def test_resume_after_stopping_is_bit_exact(workdir, capsys):
     assert json.loads((workdir / "stopped" / "history.json").read_text())["epoch"] == [0, 1, 2]
 
 
-def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys, stop):
     make_artifacts(capsys)
     x, y = load_digits()
     np.savez("big.npz", x=np.tile(x, (8, 1)), y=np.tile(y, 8))  # epochs long enough to interrupt
@@ -130,10 +131,11 @@ def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys):
     deadline = time.time() + 120
     while not (workdir / "killed" / "state.json").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err  # interrupted, not finished
-    assert "interrupted" in err and "Traceback" not in err
+    assert "interrupted; the run in 'killed' keeps its completed epochs, continue it with --resume" in err
+    assert "Traceback" not in err
     assert json.loads((workdir / "killed" / "state.json").read_text())["epoch"] < 6
     assert cli("train", "--out", "killed", "--resume", "--verbose", "0") == 0
     a, b = weights("straight/model.onnx"), weights("killed/model.onnx")
@@ -150,12 +152,44 @@ def test_ctrl_c_in_the_first_epoch_keeps_a_run_that_resumes(workdir, capsys, mon
         raise KeyboardInterrupt
     monkeypatch.setattr(fit_mod, "train", interrupted)
     args = ["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32", "--seed", "3",
-            "--out", "run", "--verbose", "0"]
+            "--lr", "0.01", "--out", "run", "--verbose", "0"]
     assert cli(*args) == 130
     assert (workdir / "run" / "run.json").is_file() and not (workdir / "run" / "state.json").exists()
     monkeypatch.setattr(fit_mod, "train", real)
     assert cli("train", "--out", "run", "--resume", "--verbose", "0") == 0
-    assert json.loads((workdir / "run" / "state.json").read_text())["epoch"] == 1
+    state = json.loads((workdir / "run" / "state.json").read_text())
+    assert state["epoch"] == 1 and state["history"]["lr"] == [0.01]   # the run's --lr, not the artifacts' 3e-3
+
+
+def test_a_run_resumes_from_anywhere_and_finishes_what_a_kill_left(workdir, capsys, monkeypatch):
+    make_artifacts(capsys)
+    (workdir / "sub").mkdir()
+    monkeypatch.chdir(workdir / "sub")
+    assert cli("train", "--artifacts", "../art", "--data", "../train.npz", "--epochs", "1", "--batch-size", "32",
+               "--seed", "3", "--out", "../run", "--verbose", "0") == 0
+    monkeypatch.chdir(workdir)   # run.json holds absolute paths: another working directory reads the same files
+    run = workdir / "run"
+    reference = weights(run / "model.onnx")
+    # what a kill leaves: half-written files of atomic writes, no model.onnx after the last epoch
+    (run / "model.onnx").unlink()
+    leftovers = [run / ".state.json.0123456789ab.tmp", run / "checkpoints" / ".epoch-0002.ckpt.0123456789ab.tmp",
+                 run / ".model.onnx.0123456789ab.tmp.onnx"]
+    for p in leftovers:
+        p.write_text("half")
+    assert cli("train", "--out", "run", "--resume", "--epochs", "1", "--verbose", "0") == 0
+    assert "note: the run already completed 1 epochs" in capsys.readouterr().out
+    for name, value in weights(run / "model.onnx").items():
+        np.testing.assert_array_equal(value, reference[name])
+    assert not any(p.exists() for p in leftovers)
+    assert cli("eval", "--run", "run", "--data", "test.npz") == 0
+
+
+def test_json_output_is_the_only_thing_on_stdout(workdir, capsys):
+    make_artifacts(capsys)
+    assert cli("--json", "train", "--artifacts", "art", "--data", "train.npz", "--epochs", "2", "--batch-size", "32",
+               "--out", "run", "--verbose", "2") == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["epochs"] == 2 and "Epoch 1/2" in captured.err
 
 
 def test_train_from_model_and_toml_config(workdir, capsys):
@@ -236,6 +270,9 @@ def test_a_run_that_fails_before_its_first_epoch_leaves_nothing_and_can_be_rerun
     assert not (workdir / "fresh").exists()
     assert sorted(p.name for p in (workdir / "kept").iterdir()) == ["artifacts"]
     assert cli("train", "--model", "nothing.onnx", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",
+               "--out", "built/deep/run") == 2
+    (workdir / "bad.onnx").write_bytes(b"not a model")   # fails while the run builds its artifacts
+    assert cli("train", "--model", "bad.onnx", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",
                "--out", "built/deep/run") == 1
     assert not (workdir / "built").exists()
     # the same command, with good data, starts the run afresh; an artifacts run records no optimizer of its own

@@ -420,3 +420,23 @@ def test_dynamo_export_keeps_its_pinned_batch():
     assert model.input_specs[0].shape == (4, 3, 6, 6)
     with pytest.raises(ot.ShapeError, match="has a fixed batch of 4 rows"):
         ot.Trainer(model, batch_size=8)
+
+
+def test_imported_dropout_is_seeded_by_set_seed(rng):
+    w = _f32(rng, 4, 16)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Dropout", ["h"], ["y"], name="drop")]
+    proto = _model(nodes, [_vi("x", [None, 4])], [_vi("y", [None, 16])], [numpy_helper.from_array(w, "w")])
+    x, y = _f32(rng, 8, 4), np.zeros((8, 16), np.float32)
+
+    def losses():
+        model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+        with ot.Trainer(model, batch_size=8) as tr:
+            return [tr.step(x, y) for _ in range(3)]
+
+    ot.set_seed(11)
+    first = losses()
+    ot.set_seed(11)
+    assert losses() == first                       # the same masks, step after step
+    ot.set_seed(None)
+    graph = ot.from_onnx(proto).forward_graph().proto.graph
+    assert not any(a.name == "seed" for n in graph.node if n.op_type == "Dropout" for a in n.attribute)

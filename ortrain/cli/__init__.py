@@ -1,15 +1,18 @@
 """The ``ortrain`` command line.
 
 Exit codes: 0 success, 1 a run that failed (one line on stderr, no traceback for
-errors in the input), 2 bad arguments, 130 interrupted (the run directory stays
-consistent; ``--resume`` continues it).
+errors in the input), 2 bad arguments, 130 interrupted by Ctrl-C or SIGTERM (the run
+directory stays consistent; ``--resume`` continues it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 
 __all__ = ["main"]
 
@@ -248,7 +251,9 @@ def _dispatch(opts) -> dict:
     if opts.command == "artifacts":
         return runs.artifacts(opts)
     if opts.command == "train":
-        return runs.train(_train_config(opts))
+        cfg = _train_config(opts)
+        opts.run_dir = cfg["out"]  # for the message if the run is interrupted
+        return runs.train(cfg)
     if opts.command == "eval":
         return runs.evaluate(opts)
     if opts.command == "predict":
@@ -270,6 +275,21 @@ def _print(result: dict, as_json: bool) -> None:
         print(f"{key}: {value}")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _kept(opts) -> str:
+    """What an interrupted command leaves: for a training run with completed epochs, how to go on."""
+    if opts.command != "train":
+        return ""
+    from pathlib import Path
+    out = Path(opts.run_dir) if getattr(opts, "run_dir", None) else None
+    if out is None or not (out / "run.json").is_file():
+        return "; no run was kept"
+    return f"; the run in {str(out)!r} keeps its completed epochs, continue it with --resume"
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     try:
@@ -285,19 +305,24 @@ def main(argv=None) -> int:
     except Exception as exc:  # the environment check failed while importing ortrain
         print(f"ortrain: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None  # a scheduler's stop, too
     try:
-        result = _dispatch(opts)
+        # With --json, stdout carries the result alone: progress goes to stderr.
+        with contextlib.redirect_stdout(sys.stderr) if opts.json else contextlib.nullcontext():
+            result = _dispatch(opts)
     except UsageError as exc:
         print(f"ortrain {opts.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        where = f" in {opts.out}" if getattr(opts, "out", None) and opts.command == "train" else ""
-        print(f"ortrain {opts.command}: interrupted; completed epochs are saved{where}, continue with --resume",
-              file=sys.stderr)
+        print(f"ortrain {opts.command}: interrupted{_kept(opts)}", file=sys.stderr)
         return 130
     except (OrtrainError, OSError) as exc:
         print(f"ortrain {opts.command}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     if opts.command == "demo" and not opts.json:
         return 0
     _print(result, opts.json)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -113,11 +114,52 @@ def resume_settings(cfg: dict) -> dict:
     return merged
 
 
+PATH_KEYS = ("model", "artifacts", "data", "val_data")
+
+
+def _absolute(cfg: dict) -> dict:
+    """The settings with every file path absolute, as ``run.json`` keeps them: a resume, an eval
+    or an export reads the same files from any working directory."""
+    out = dict(cfg)
+    for key in PATH_KEYS:
+        if out.get(key):
+            out[key] = [os.path.abspath(p) for p in out[key]] if isinstance(out[key], list) else \
+                os.path.abspath(out[key])
+    return out
+
+
+def sweep_temporaries(out: Path) -> list[str]:
+    """Remove what a killed process left half-written in a run directory: temporary files and
+    folders of atomic writes, the lock of its artifacts build. Only names ortrain makes are touched."""
+    removed = []
+    for folder in (out, out / "checkpoints"):
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            name = p.name
+            if not name.startswith("."):
+                continue
+            if p.is_file() and (_TEMP_FILE.match(name) or name == ".artifacts.lock"):
+                p.unlink(missing_ok=True)
+            elif p.is_dir() and _TEMP_DIR.match(name):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                continue
+            removed.append(name)
+    return removed
+
+
+_TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp")          # _files.atomic_path
+_TEMP_DIR = re.compile(r"^\.artifacts\.(tmp|old)-")             # artifacts._publish
+
+
 def train(cfg: dict) -> dict:
     """Run (or resume) a training run; returns a summary for the caller to print."""
     lr_now = cfg.get("lr")  # on --resume only a learning rate given now replaces the checkpoint's
     if cfg.get("resume"):
         cfg = resume_settings(cfg)
+    if not cfg.get("resume") and cfg.get("model") and not os.path.isfile(cfg["model"]):
+        raise UsageError(f"--model: no such file {cfg['model']!r}")
     out = Path(cfg["out"])
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: {str(out)!r} is a file; a run needs a directory, choose another path")
@@ -143,32 +185,40 @@ def train(cfg: dict) -> dict:
 
     if cfg.get("resume"):
         run = read_json(out / "run.json", "run settings")
+        sweep_temporaries(out)
         state = read_json(out / "state.json", "run state") if (out / "state.json").exists() else None
         art_dir = Path(run["artifacts"])
         seed, batch_size = run["seed"], run["batch_size"]
         checkpoint = out / state["checkpoint"] if state else None
         initial_epoch = state["epoch"] if state else 0
         history, epochs_done = (state["history"], state["epochs"]) if state else ({}, [])
-        lr = lr_now
+        # Without a checkpoint yet, the run's own --lr still applies; after one, the checkpoint's.
+        lr = lr_now if lr_now is not None or checkpoint is not None else cfg.get("lr")
     else:
         if (out / "state.json").exists() or (out / "run.json").exists():
             raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
                              "another directory")
+        seed = cfg["seed"] if cfg.get("seed") is not None else int(np.random.default_rng().integers(2**31))
         discard = _discarder(out)
         out.mkdir(parents=True, exist_ok=True)
         try:
-            art_dir = Path(cfg["artifacts"]).resolve() if cfg.get("artifacts") else _build_artifacts(cfg, out)
+            ot.set_seed(seed)  # the seed of an imported model's dropout masks
+            art_dir = Path(cfg["artifacts"] if cfg.get("artifacts") else _build_artifacts(cfg, out)).resolve()
         except BaseException:
             discard()  # nothing of the run exists yet to resume
             raise
-        seed = cfg["seed"] if cfg.get("seed") is not None else int(np.random.default_rng().integers(2**31))
         batch_size, checkpoint, initial_epoch, history, epochs_done = cfg["batch_size"], None, 0, {}, []
         lr = cfg.get("lr")
         write_json(out / "run.json", {"artifacts": str(art_dir), "seed": seed, "batch_size": batch_size,
-                                      "settings": {k: v for k, v in cfg.items() if k not in ("resume",)}})
+                                      "settings": {k: v for k, v in _absolute(cfg).items() if k != "resume"}})
+    recorder = RunRecorder(out, history, epochs_done)
     if cfg["epochs"] <= initial_epoch:
-        return {"out": str(out), "epochs": initial_epoch, "note": f"the run already completed {initial_epoch} "
-                f"epochs; pass --epochs above {initial_epoch} to train further"}
+        summary = {"out": str(out), "epochs": initial_epoch, "note": f"the run already completed {initial_epoch} "
+                   f"epochs; pass --epochs above {initial_epoch} to train further"}
+        if not (out / "model.onnx").exists():  # stopped after its last epoch, before the export
+            with ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint) as trainer:
+                summary.update(_finish(out, trainer.model(), recorder))
+        return summary
     ot.set_seed(seed)
     try:
         trainer = ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint,
@@ -176,7 +226,6 @@ def train(cfg: dict) -> dict:
         try:
             if lr is not None:
                 trainer.set_lr(lr)
-            recorder = RunRecorder(out, history, epochs_done)
             fit_mod.train(trainer, x, y, sample_weight=w, epochs=cfg["epochs"], initial_epoch=initial_epoch,
                          validation_data=val, shuffle=cfg.get("shuffle", True), callbacks=[recorder],
                          verbose=cfg.get("verbose", 1))
@@ -189,9 +238,13 @@ def train(cfg: dict) -> dict:
         if not cfg.get("resume") and not (out / "state.json").exists():
             discard()
         raise
+    return {"out": str(out), "epochs": len(recorder.epochs), **_finish(out, model, recorder)}
+
+
+def _finish(out: Path, model, recorder: RunRecorder) -> dict:
+    """The end of a run: ``model.onnx`` and the loss plot."""
     model.export_onnx(out / "model.onnx")
-    summary = {"out": str(out), "epochs": len(recorder.epochs), "model": str(out / "model.onnx"),
-               "final": {k: v[-1] for k, v in recorder.history.items() if v}}
+    summary = {"model": str(out / "model.onnx"), "final": {k: v[-1] for k, v in recorder.history.items() if v}}
     plot = _plot(recorder, out)
     if plot:
         summary["plot"] = plot
@@ -247,6 +300,8 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
     if onnx_model:
         return ot.from_onnx(onnx_model)
     if run:
+        if not Path(run, "run.json").is_file():
+            raise UsageError(f"--run: {run!r} is not a run directory (no run.json)")
         settings = read_json(Path(run) / "run.json", "run settings")
         art = ot.artifacts.load(settings["artifacts"])
         if checkpoint is None and (Path(run) / "state.json").exists():
@@ -317,8 +372,3 @@ def artifacts(opts) -> dict:
         result["note"] = (f"replaced the artifacts {opts.output!r} held (another model, loss, optimizer or "
                           "ortrain version); runs trained from them cannot --resume")
     return result
-
-
-def check_run_dir(path: str) -> None:
-    if not Path(path, "run.json").is_file():
-        raise OrtrainError(f"--run: {path!r} is not a run directory (no run.json)")

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ortrain import _random
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec
@@ -337,6 +338,18 @@ def _check_gradients(fg: ForwardGraph) -> None:
         f"(frozen=[...] or trainable=[...] with names or glob patterns) or replace the ops in the model")
 
 
+def _seed_dropouts(proto: onnx.ModelProto) -> None:
+    """After ``ot.set_seed``, a ``Dropout`` without a seed of its own gets one drawn from ortrain's
+    generator, as ortrain's own ``Dropout`` layer does: the same seed, the same masks, run after
+    run. Unseeded, it keeps none, so models that differ only in weights share cached artifacts."""
+    if not _random.is_seeded():
+        return
+    for node in proto.graph.node:
+        if node.op_type == "Dropout" and node.domain in ("", "ai.onnx") and \
+                not any(a.name == "seed" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("seed", _random.draw_seed()))
+
+
 def _check_shapes(fg) -> None:
     """Shapes and types that cannot fit together (a ``MatMul`` of 4 columns into 5 rows, an int64
     tensor into a float op) are refused here, naming the node, instead of failing later in the
@@ -377,6 +390,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, data = _select_inputs(proto, input_names, stash)
     _check_data_inputs(proto, data)
     proto, _ = repair(proto)
+    _seed_dropouts(proto)
     proto, _ = free_batch_dimension(proto, data)
     check_model(proto, "imported model")
     fg = canonical_forward(proto, trainable, frozen, stash, order)
