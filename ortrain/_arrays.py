@@ -46,7 +46,7 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
             if (hi >= top if kind == "f" else hi > info.max) or lo < info.min:
                 raise ShapeError(f"{argument}: holds {hi if lo >= info.min else lo}, beyond the range of "
                                  f"{dtype.name} [{info.min}, {info.max}]")
-    return np.ascontiguousarray(a, dtype=dtype)
+    return np.asarray(a, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
 
 
 def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None = None,

@@ -216,6 +216,7 @@ def test_arguments_numpy_or_python_cannot_read_get_ortrain_errors(tmp_path):
         (lambda: classifier.fit(x, np.array([0, 1, 2, 1e20]), verbose=0), r"y: holds 1e\+20, beyond the range of int64"),
         (lambda: ot.optim.Adam(betas=("a", "b")), r"betas: expected two numbers in \[0, 1\)"),
         (lambda: ot.optim.Adam(betas=(0.9,)), r"betas: expected two numbers in \[0, 1\)"),
+        (lambda: model.fit(x, np.ones((4, 2)), sample_weight=1.0, verbose=0), r"received \(\)$"),
     ]
     weights = model.get_weights()
     for call, message in cases:
