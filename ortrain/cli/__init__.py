@@ -25,50 +25,25 @@ TRAIN_KEYS = {"model": str, "artifacts": str, "data": list, "val_data": list, "v
               "frozen": list}
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
-    return value
+def _number(convert, accepts, expected: str):
+    """An argparse type: ``convert`` the text, keep it when ``accepts`` it, else say what was expected."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not accepts(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, received {text!r}")
+        return value
+    parse.__name__ = expected  # argparse names the type in some messages
+    return parse
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, received {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, received {text!r}")
-    return value
-
-
-def _learning_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, received {text!r}") from None
-    if not (value >= 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, received {text!r}")
-    return value
-
-
-def _verbosity(text: str) -> int:
-    if text not in ("0", "1", "2"):
-        raise argparse.ArgumentTypeError(f"expected 0, 1 or 2, received {text!r}")
-    return int(text)
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), received {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), received {text!r}")
-    return value
+_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+_seed = _number(int, lambda v: v >= 0, "an integer >= 0")
+_learning_rate = _number(float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
+_verbosity = _number(int, lambda v: v in (0, 1, 2), "0, 1 or 2")
+_fraction = _number(float, lambda v: 0 < v < 1, "a number in (0, 1)")
 
 
 def _model_source(p: argparse.ArgumentParser, onnx_model: bool = False) -> None:
