@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -294,12 +295,14 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
 def _check_target(target: Path) -> None:
     """``target`` and its parents are folders or do not exist yet."""
     for path in (target, *target.parents):
-        if path.exists():
-            if not path.is_dir():
-                what = "is a file" if path == target else f"lies under the file {str(path)!r}"
-                raise OrtrainError(f"out_dir: {str(target)!r} {what}; artifacts need a directory, choose another "
-                                   "path")
-            return
+        try:
+            mode = os.stat(path).st_mode  # one look: a publisher may be renaming the target right now
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if not stat.S_ISDIR(mode):
+            what = "is a file" if path == target else f"lies under the file {str(path)!r}"
+            raise OrtrainError(f"out_dir: {str(target)!r} {what}; artifacts need a directory, choose another path")
+        return
 
 
 @contextlib.contextmanager

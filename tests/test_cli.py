@@ -131,6 +131,9 @@ def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys, stop):
     deadline = time.time() + 120
     while not (workdir / "killed" / "state.json").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
+    # one process at a time trains a run: a second is refused before it touches anything
+    assert cli("train", "--out", "killed", "--resume", "--verbose", "0") == 2
+    assert "another ortrain process is training the run in 'killed'" in capsys.readouterr().err
     proc.send_signal(stop)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err  # interrupted, not finished
@@ -172,16 +175,41 @@ def test_a_run_resumes_from_anywhere_and_finishes_what_a_kill_left(workdir, caps
     reference = weights(run / "model.onnx")
     # what a kill leaves: half-written files of atomic writes, no model.onnx after the last epoch
     (run / "model.onnx").unlink()
-    leftovers = [run / ".state.json.0123456789ab.tmp", run / "checkpoints" / ".epoch-0002.ckpt.0123456789ab.tmp",
+    leftovers = [run / ".state.json.0123456789ab.tmp.json", run / "checkpoints" / ".epoch-0002.ckpt.0123456789ab.tmp.ckpt",
                  run / ".model.onnx.0123456789ab.tmp.onnx"]
-    for p in leftovers:
+    users = [run / ".notes.0123456789ab.tmpl", run / ".state.json.tmp", run / "checkpoints" / ".mine.ckpt"]
+    for p in leftovers + users:
         p.write_text("half")
+    (run / ".artifacts.tmp-0123456789ab").mkdir()
     assert cli("train", "--out", "run", "--resume", "--epochs", "1", "--verbose", "0") == 0
     assert "note: the run already completed 1 epochs" in capsys.readouterr().out
     for name, value in weights(run / "model.onnx").items():
         np.testing.assert_array_equal(value, reference[name])
-    assert not any(p.exists() for p in leftovers)
+    assert not any(p.exists() for p in leftovers) and not (run / ".artifacts.tmp-0123456789ab").exists()
+    assert all(p.exists() for p in users)   # names ortrain does not write are left alone
+    # a resume that trains further first removes the export it will replace: a kill cannot leave it looking final
+    (run / "model.onnx").write_text("stale")
+    from ortrain import fit as fit_mod
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fit_mod, "train", stop)
+    assert cli("train", "--out", "run", "--resume", "--epochs", "2", "--verbose", "0") == 130
+    assert not (run / "model.onnx").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(workdir)
     assert cli("eval", "--run", "run", "--data", "test.npz") == 0
+
+
+def test_a_moved_run_keeps_its_own_artifacts(workdir, capsys):
+    import shutil
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--data", "train.npz", "--epochs", "1", "--batch-size", "32", "--seed", "2", "--out", "run",
+               "--verbose", "0") == 0
+    shutil.move(workdir / "run", workdir / "moved")
+    assert cli("eval", "--run", "moved", "--data", "test.npz") == 0
+    assert cli("train", "--out", "moved", "--resume", "--epochs", "2", "--verbose", "0") == 0
+    assert json.loads((workdir / "moved" / "state.json").read_text())["epoch"] == 2
 
 
 def test_json_output_is_the_only_thing_on_stdout(workdir, capsys):

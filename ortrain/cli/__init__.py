@@ -280,8 +280,11 @@ def main(argv=None) -> int:
     except Exception as exc:  # the environment check failed while importing ortrain
         print(f"ortrain: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None  # a scheduler's stop, too
+    # A scheduler's stop (SIGTERM) is an interrupt too, unless the host ignores it or handles it in C.
+    previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    handle_term = previous not in (None, signal.SIG_IGN)
+    if handle_term:
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         # With --json, stdout carries the result alone: progress goes to stderr.
         with contextlib.redirect_stdout(sys.stderr) if opts.json else contextlib.nullcontext():
@@ -296,7 +299,7 @@ def main(argv=None) -> int:
         print(f"ortrain {opts.command}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     finally:
-        if in_main:
+        if handle_term:
             signal.signal(signal.SIGTERM, previous)
     if opts.command == "demo" and not opts.json:
         return 0

@@ -15,6 +15,7 @@ rename, so a run stopped at any moment (Ctrl-C, a kill) leaves a directory that
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -129,28 +130,63 @@ def _absolute(cfg: dict) -> dict:
 
 
 def sweep_temporaries(out: Path) -> list[str]:
-    """Remove what a killed process left half-written in a run directory: temporary files and
-    folders of atomic writes, the lock of its artifacts build. Only names ortrain makes are touched."""
+    """Remove what a killed process left half-written in a run directory: the temporary files of
+    its atomic writes (``.state.json.<12 hex>.tmp.json`` and the like) and the temporary folders
+    of its artifacts build. Nothing else matches these names."""
     removed = []
-    for folder in (out, out / "checkpoints"):
+    for folder, pattern in ((out, _TEMP_IN_RUN), (out / "checkpoints", _TEMP_IN_CHECKPOINTS)):
         if not folder.is_dir():
             continue
         for p in folder.iterdir():
-            name = p.name
-            if not name.startswith("."):
+            if not pattern.match(p.name) or p.is_symlink():
                 continue
-            if p.is_file() and (_TEMP_FILE.match(name) or name == ".artifacts.lock"):
-                p.unlink(missing_ok=True)
-            elif p.is_dir() and _TEMP_DIR.match(name):
+            if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
-                continue
-            removed.append(name)
+                p.unlink(missing_ok=True)
+            removed.append(p.name)
     return removed
 
 
-_TEMP_FILE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp")          # _files.atomic_path
-_TEMP_DIR = re.compile(r"^\.artifacts\.(tmp|old)-")             # artifacts._publish
+# _files.atomic_path names a temporary ".<name>.<12 hex>.tmp<suffix>"; artifacts._publish uses
+# ".artifacts.tmp-<12 hex>" and ".artifacts.old-<8 chars>" folders.
+_TEMP_IN_RUN = re.compile(r"^\.((state|run|history)\.json\.[0-9a-f]{12}\.tmp\.json|log\.csv\.[0-9a-f]{12}\.tmp\.csv"
+                          r"|model\.onnx\.[0-9a-f]{12}\.tmp\.onnx|artifacts\.tmp-[0-9a-f]{12}|artifacts\.old-\w{8})$")
+_TEMP_IN_CHECKPOINTS = re.compile(r"^\.epoch-\d{4,}\.ckpt\.[0-9a-f]{12}\.tmp\.ckpt$")
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path):
+    """One process at a time trains a run: a second one is refused at once, before it touches
+    anything (it would remove the first one's files in flight)."""
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: no guard
+        yield
+        return
+    lock = out / ".lock"
+    handle = open(lock, "a")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"--out: another ortrain process is training the run in {str(out)!r}; wait for it "
+                             "to end") from None
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                lock.unlink()  # while still holding it
+    finally:
+        handle.close()
+
+
+def _artifacts_of(out: Path, run: dict) -> Path:
+    """The run's artifacts: its own folder (kept relative to the run, which may move) or the
+    absolute path it was given (runs of earlier versions kept a path relative to the working
+    directory)."""
+    path = Path(run["artifacts"])
+    return out / path if not path.is_absolute() and (out / path).is_dir() else path
 
 
 def train(cfg: dict) -> dict:
@@ -177,67 +213,83 @@ def train(cfg: dict) -> dict:
     weighted = [f for f, v in (("--data", w), ("--val-data", val[2] if val and len(val) == 3 else None))
                 if v is not None]
     cfg["has_sample_weight"] = bool(weighted)
-    given = read_json(out / "run.json", "run settings")["artifacts"] if cfg.get("resume") else cfg.get("artifacts")
+    given = _artifacts_of(out, read_json(out / "run.json", "run settings")) if cfg.get("resume") else \
+        cfg.get("artifacts")
     if weighted and given and ot.artifacts.load(given).sample_weight is None:
-        raise UsageError(f"{weighted[0]}: the data holds sample_weight, which the artifacts in {given!r} do not "
-                         "take; build them with `ortrain artifacts ... --sample-weights`, or leave sample_weight "
-                         "out of the data")
-
+        raise UsageError(f"{weighted[0]}: the data holds sample_weight, which the artifacts in {str(given)!r} do "
+                         "not take; build them with `ortrain artifacts ... --sample-weights`, or leave "
+                         "sample_weight out of the data")
+    data = (x, y, w, val)
     if cfg.get("resume"):
-        run = read_json(out / "run.json", "run settings")
-        sweep_temporaries(out)
-        state = read_json(out / "state.json", "run state") if (out / "state.json").exists() else None
-        art_dir = Path(run["artifacts"])
-        seed, batch_size = run["seed"], run["batch_size"]
-        checkpoint = out / state["checkpoint"] if state else None
-        initial_epoch = state["epoch"] if state else 0
-        history, epochs_done = (state["history"], state["epochs"]) if state else ({}, [])
-        # Without a checkpoint yet, the run's own --lr still applies; after one, the checkpoint's.
-        lr = lr_now if lr_now is not None or checkpoint is not None else cfg.get("lr")
-    else:
-        if (out / "state.json").exists() or (out / "run.json").exists():
+        with _run_lock(out):
+            return _resume(cfg, out, data, lr_now)
+    if (out / "state.json").exists() or (out / "run.json").exists():
+        raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
+                         "another directory")
+    discard = _discarder(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with _run_lock(out):
+        if (out / "run.json").exists():  # another process started a run here meanwhile
             raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
                              "another directory")
-        seed = cfg["seed"] if cfg.get("seed") is not None else int(np.random.default_rng().integers(2**31))
-        discard = _discarder(out)
-        out.mkdir(parents=True, exist_ok=True)
         try:
-            ot.set_seed(seed)  # the seed of an imported model's dropout masks
-            art_dir = Path(cfg["artifacts"] if cfg.get("artifacts") else _build_artifacts(cfg, out)).resolve()
-        except BaseException:
-            discard()  # nothing of the run exists yet to resume
+            return _start(cfg, out, data, discard)
+        except BaseException as exc:
+            # An error before the first epoch ends: the same command can simply be run again. An
+            # interrupt (Ctrl-C) keeps a run that has its settings, which --resume starts over.
+            if not (out / "state.json").exists() and \
+                    (not isinstance(exc, KeyboardInterrupt) or not (out / "run.json").exists()):
+                discard()
             raise
-        batch_size, checkpoint, initial_epoch, history, epochs_done = cfg["batch_size"], None, 0, {}, []
-        lr = cfg.get("lr")
-        write_json(out / "run.json", {"artifacts": str(art_dir), "seed": seed, "batch_size": batch_size,
-                                      "settings": {k: v for k, v in _absolute(cfg).items() if k != "resume"}})
-    recorder = RunRecorder(out, history, epochs_done)
+
+
+def _start(cfg: dict, out: Path, data, discard) -> dict:
+    seed = cfg["seed"] if cfg.get("seed") is not None else int(np.random.default_rng().integers(2**31))
+    ot.set_seed(seed)  # the seed of an imported model's dropout masks
+    art_dir = Path(cfg["artifacts"] if cfg.get("artifacts") else _build_artifacts(cfg, out)).resolve()
+    own = out.resolve() in art_dir.parents
+    write_json(out / "run.json", {"artifacts": str(art_dir.relative_to(out.resolve()) if own else art_dir),
+                                  "seed": seed, "batch_size": cfg["batch_size"],
+                                  "settings": {k: v for k, v in _absolute(cfg).items() if k != "resume"}})
+    return _fit(cfg, out, data, art_dir, seed, cfg["batch_size"], None, 0, RunRecorder(out, {}, []), cfg.get("lr"))
+
+
+def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
+    run = read_json(out / "run.json", "run settings")
+    sweep_temporaries(out)
+    state = read_json(out / "state.json", "run state") if (out / "state.json").exists() else None
+    art_dir = _artifacts_of(out, run)
+    checkpoint = out / state["checkpoint"] if state else None
+    initial_epoch = state["epoch"] if state else 0
+    recorder = RunRecorder(out, *((state["history"], state["epochs"]) if state else ({}, [])))
     if cfg["epochs"] <= initial_epoch:
         summary = {"out": str(out), "epochs": initial_epoch, "note": f"the run already completed {initial_epoch} "
                    f"epochs; pass --epochs above {initial_epoch} to train further"}
         if not (out / "model.onnx").exists():  # stopped after its last epoch, before the export
-            with ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint) as trainer:
-                summary.update(_finish(out, trainer.model(), recorder))
+            with ot.Trainer.from_artifacts(art_dir, batch_size=run["batch_size"], checkpoint=checkpoint) as tr:
+                summary.update(_finish(out, tr.model(), recorder))
         return summary
+    # What an earlier end exported is about to be out of date: a run stopped before its new end
+    # must not leave it looking final.
+    for name in ("model.onnx", "loss.png"):
+        (out / name).unlink(missing_ok=True)
+    # Without a checkpoint yet, the run's own --lr still applies; after one, the checkpoint's.
+    lr = lr_now if lr_now is not None or checkpoint is not None else cfg.get("lr")
+    return _fit(cfg, out, data, art_dir, run["seed"], run["batch_size"], checkpoint, initial_epoch, recorder, lr)
+
+
+def _fit(cfg: dict, out: Path, data, art_dir: Path, seed: int, batch_size: int, checkpoint, initial_epoch: int,
+         recorder: RunRecorder, lr) -> dict:
+    x, y, w, val = data
     ot.set_seed(seed)
-    try:
-        trainer = ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint,
-                                            metrics=cfg.get("metrics"))
-        try:
-            if lr is not None:
-                trainer.set_lr(lr)
-            fit_mod.train(trainer, x, y, sample_weight=w, epochs=cfg["epochs"], initial_epoch=initial_epoch,
-                         validation_data=val, shuffle=cfg.get("shuffle", True), callbacks=[recorder],
-                         verbose=cfg.get("verbose", 1))
-            model = trainer.model()
-        finally:
-            trainer.free()
-    except Exception:
-        # An error before the first epoch ends: the same command can simply be run again. An
-        # interrupt (Ctrl-C) keeps the run, which --resume starts over from its settings.
-        if not cfg.get("resume") and not (out / "state.json").exists():
-            discard()
-        raise
+    with ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint,
+                                   metrics=cfg.get("metrics")) as trainer:
+        if lr is not None:
+            trainer.set_lr(lr)
+        fit_mod.train(trainer, x, y, sample_weight=w, epochs=cfg["epochs"], initial_epoch=initial_epoch,
+                      validation_data=val, shuffle=cfg.get("shuffle", True), callbacks=[recorder],
+                      verbose=cfg.get("verbose", 1))
+        model = trainer.model()
     return {"out": str(out), "epochs": len(recorder.epochs), **_finish(out, model, recorder)}
 
 
@@ -303,7 +355,7 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
         if not Path(run, "run.json").is_file():
             raise UsageError(f"--run: {run!r} is not a run directory (no run.json)")
         settings = read_json(Path(run) / "run.json", "run settings")
-        art = ot.artifacts.load(settings["artifacts"])
+        art = ot.artifacts.load(_artifacts_of(Path(run), settings))
         if checkpoint is None and (Path(run) / "state.json").exists():
             checkpoint = str(Path(run) / read_json(Path(run) / "state.json", "run state")["checkpoint"])
     else:

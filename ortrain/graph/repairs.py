@@ -273,8 +273,9 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
       the unused branch never overflows;
     * ``Softplus(x)`` -> ``max(x, 0) + log(1 + exp(-|x|))``, both written with ``Where`` on one
       ``x >= 0`` test (the runtime's ``Relu`` and ``Abs`` have derivative 0 at 0);
-    * ``HardSigmoid(x)`` -> ``z = alpha * x + beta`` clamped to [0, 1] by ``Where`` (derivative
-      ``alpha`` strictly inside, 0 on the edges);
+    * ``HardSigmoid(x)`` -> ``z = alpha * x + beta`` clamped to [0, 1] by ``Where`` on ``x``
+      (derivative ``alpha`` strictly inside, 0 on the edges, ``x = -beta / alpha`` and
+      ``(1 - beta) / alpha``);
     * ``HardSwish(x)`` -> ``0`` up to -3, ``x * (x + 3) / 6`` between, ``x`` from 3 (derivative
       ``x / 3 + 1 / 2`` strictly inside, 0 at -3, 1 at 3);
     * ``CastLike(x, like)`` -> ``Cast(x, to=<like's element type>)`` where that type is known.
@@ -302,11 +303,16 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
             exp = e.op("Exp", e.op("Where", nonneg, e.op("Neg", x), x))
             e.op("Add", relu, e.op("Log", e.op("Add", exp, e.const("one", 1.0))), result=y)
         elif kind == "HardSigmoid":
-            z = e.op("Add", e.op("Mul", x, e.const("alpha", _attr(node, "alpha", 0.2))),
-                     e.const("beta", _attr(node, "beta", 0.5)))
-            one = e.const("one", 1.0)
-            e.op("Where", e.op("LessOrEqual", z, zero), zero,
-                 e.op("Where", e.op("GreaterOrEqual", z, one), one, z), result=y)
+            alpha, beta = float(_attr(node, "alpha", 0.2)), float(_attr(node, "beta", 0.5))
+            z = e.op("Add", e.op("Mul", x, e.const("alpha", alpha)), e.const("beta", beta))
+            if alpha == 0.0:
+                e.op("Clip", z, zero, e.const("one", 1.0), result=y)  # a constant: no derivative to match
+                return True
+            # The edges are tested on x (where z is exactly 0 and 1), not on the rounded z.
+            at_zero, at_one = e.const("x_at_0", -beta / alpha), e.const("x_at_1", (1.0 - beta) / alpha)
+            low, high = ("LessOrEqual", "GreaterOrEqual") if alpha > 0 else ("GreaterOrEqual", "LessOrEqual")
+            e.op("Where", e.op(low, x, at_zero), zero,
+                 e.op("Where", e.op(high, x, at_one), e.const("one", 1.0), z), result=y)
         else:  # HardSwish: x * max(0, min(1, x / 6 + 1 / 2))
             three = e.const("three", 3.0)
             middle = e.op("Div", e.op("Mul", x, e.op("Add", x, three)), e.const("six", 6.0))
