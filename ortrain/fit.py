@@ -89,6 +89,10 @@ class _Loop:
         self.epochs, self.initial_epoch = epochs, initial_epoch
         self._model = model
         self._synced_at = None
+        # What a callback changes through ``model`` reaches the training, as in Keras: weights it
+        # sets, its optimizer's learning rate, ``model.stop_training``.
+        self._model_version = None
+        self._model_lr = model.optimizer.lr if model is not None and model.optimizer is not None else None
         base = trainer._model
         self.base_lr = base.optimizer.lr
         self.metrics = metrics_mod.resolve(base.metrics, base.loss)
@@ -152,17 +156,37 @@ class _Loop:
         if self._model is not None and self._synced_at != self.trainer.n_steps:
             self._model.set_weights(self.get_weights())
             self._synced_at = self.trainer.n_steps
+            self._model_version = self._model._version
         return self._model
+
+    def _take_model_edits(self) -> None:
+        """After callbacks ran: weights a callback set on ``model``, a learning rate it gave
+        ``model.optimizer`` and ``model.stop_training`` take effect in the training."""
+        m = self._model
+        if m is None:
+            return
+        if self._model_version is not None and m._version != self._model_version:
+            self.set_weights(m.get_weights())
+            self._synced_at, self._model_version = self.trainer.n_steps, m._version
+        if m.optimizer is not None and m.optimizer.lr != self._model_lr:
+            self._model_lr = m.optimizer.lr
+            self.trainer.set_lr(self._model_lr)
+        if getattr(m, "stop_training", False):
+            self.stop_training = True
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> History:
         cbs = self.callbacks
         logs: dict = {}
+        if self._model is not None:
+            self._model.stop_training = False
         try:
-            cbs.on_train_begin()
+            cbs.on_train_begin({})
+            self._take_model_edits()
             for epoch in range(self.initial_epoch, self.epochs):
                 self.epoch = epoch
-                cbs.on_epoch_begin(epoch)
+                cbs.on_epoch_begin(epoch, {})
+                self._take_model_edits()
                 logs = self._train_epoch(epoch)
                 if logs is None:
                     break
@@ -170,6 +194,7 @@ class _Loop:
                     logs.update(self._validate(epoch))
                 logs["lr"] = self.trainer.lr
                 cbs.on_epoch_end(epoch, logs)
+                self._take_model_edits()
                 if self.stop_training:
                     break
                 if self.iterator.source.exhausted and epoch + 1 < self.epochs:
@@ -214,6 +239,7 @@ class _Loop:
         for step, batch in self.iterator.epoch(epoch):
             if hooks:
                 cbs.on_batch_begin(step, {"batch": step})
+                self._take_model_edits()
             try:
                 if type(batch) is tuple and len(batch) == 2:
                     x, y = batch
@@ -235,6 +261,7 @@ class _Loop:
             seen += rows
             if hooks:
                 cbs.on_batch_end(step, {"batch": step, "size": rows, "loss": loss})
+                self._take_model_edits()
             if self.stop_training:
                 break
         self.epoch_steps, self.epoch_samples = step + 1, seen

@@ -507,3 +507,60 @@ def test_live_bar_is_closed_when_training_fails(monkeypatch):
         ot.fit_generator(model, failing_generator(batches(2, 4), 3), steps_per_epoch=2, epochs=2,
                          callbacks=[progress_mod.progress(1, file=term)], verbose=0)
     assert term.getvalue().endswith("\n")
+
+
+def test_what_a_callback_changes_on_self_model_reaches_the_training():
+    """Keras idioms: model.set_weights, model.optimizer.lr and model.stop_training in a hook."""
+    data = batches(1, 4)
+
+    class KerasStyle(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                self.model.set_weights([np.zeros_like(w) + 0.1 for w in self.model.get_weights()])
+                self.model.optimizer.lr = 0.5
+            if epoch == 1:
+                self.model.stop_training = True
+
+    model = sgd_model()
+    hist = ot.fit_generator(model, data, epochs=5, verbose=0, callbacks=[KerasStyle()])
+    assert hist.epoch == [0, 1] and hist.history["lr"] == [0.1, 0.5]
+    start = [np.zeros_like(w) + 0.1 for w in model.get_weights()]
+    _, grads = mse_grads(start, *data[0])
+    for got, want in zip(model.get_weights(), sgd(start, grads, 0.5)):   # epoch 1: one step from the set weights
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    assert model.train_state.lr == 0.5
+    hist = ot.fit_generator(model, data, epochs=2, verbose=0)   # the flag does not outlive its fit
+    assert hist.epoch == [0, 1]
+
+
+def test_on_train_end_runs_only_for_callbacks_that_began():
+    class Fails(ot.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            raise RuntimeError("cannot start")
+
+    model = sgd_model()
+    stop = ot.callbacks.EarlyStopping(monitor="loss", restore_best_weights=True)
+    ot.fit_generator(model, batches(1, 4), epochs=2, verbose=0, callbacks=[stop])   # stop now holds best weights
+    ot.fit_generator(model, batches(1, 4), epochs=2, verbose=0)                      # which are old now
+    trained = model.get_weights()
+    with pytest.raises(RuntimeError, match="cannot start"):
+        ot.fit_generator(model, batches(1, 4), epochs=2, verbose=0, callbacks=[Fails(), stop])
+    for a, b in zip(trained, model.get_weights()):   # the stale best weights were not put back
+        np.testing.assert_array_equal(a, b)
+
+
+def test_hooks_get_a_dict_and_schedules_with_a_default_lr_get_it():
+    seen = []
+
+    class Logs(ot.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen.append(logs)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            logs["mine"] = epoch   # a Keras callback may write into them
+            seen.append(logs)
+
+    sched = ot.callbacks.LearningRateScheduler(lambda epoch, lr=None: 0.02 if lr is None else lr / 2)
+    hist = ot.fit_generator(sgd_model(), batches(1, 4), epochs=3, verbose=0, callbacks=[Logs(), sched])
+    assert seen == [{}, {"mine": 0}, {"mine": 1}, {"mine": 2}]
+    assert hist.history["lr"] == [0.05, 0.025, 0.0125]   # called as schedule(epoch, lr), as Keras does

@@ -7,12 +7,19 @@ A callback sees the running fit through three attributes set before ``on_train_b
 * ``loop``: the fit loop: ``loop.stop_training = True`` stops training at the end of the
   current step; ``loop.get_weights()`` / ``loop.set_weights(ws)`` read and write the
   trained weights (``model.get_weights()`` order); ``loop.base_lr`` is the compiled rate;
-* ``model``: the model being trained; reading it brings the current weights into it;
+* ``model``: the model being trained; reading it brings the current weights into it, and
+  as in Keras what a hook changes on it takes effect when the hook returns: weights it sets
+  (``model.set_weights``), a learning rate given to ``model.optimizer.lr``, and
+  ``model.stop_training = True``;
 * ``params``: ``epochs``, ``initial_epoch``, ``steps``, ``batch_size``, ``samples``,
   ``verbose``, ``metrics``.
 
 Epochs are counted from 0 as in Keras; ``initial_epoch`` shifts them. A callback resets
-its own state in ``on_train_begin`` so one object can serve several fits.
+its own state in ``on_train_begin`` so one object can serve several fits; ``on_train_end``
+runs for every callback whose ``on_train_begin`` did. The logs: ``on_batch_end`` gets
+``batch``, ``size`` and that batch's own ``loss`` (Keras passes the running mean instead);
+``on_epoch_end`` the epoch's ``loss`` and metrics, the ``val_`` ones and ``lr``; the other
+hooks an empty dict.
 """
 
 from __future__ import annotations
@@ -82,13 +89,16 @@ class CallbackList:
             cb.set_loop(loop)
 
     def on_train_begin(self, logs=None) -> None:
+        self._started = []
         for cb in self.callbacks:
             cb.on_train_begin(logs)
+            self._started.append(cb)
 
     def on_train_end(self, logs=None) -> None:
-        """Every callback's ``on_train_end`` runs even when one raises; the first error is re-raised."""
+        """``on_train_end`` of every callback whose ``on_train_begin`` ran, even when one raises;
+        the first error is re-raised. (A callback that never started holds another fit's state.)"""
         error = None
-        for cb in self.callbacks:
+        for cb in getattr(self, "_started", self.callbacks):
             try:
                 cb.on_train_end(logs)
             except Exception as exc:  # noqa: BLE001 - the others must still close their files

@@ -13,7 +13,9 @@ class EarlyStopping(Callback):
     epochs.
 
     ``baseline``: the value must beat it too before patience starts over, so training stops once
-    ``patience`` epochs went by without beating it, improving or not (Keras' rule).
+    ``patience`` epochs went by without beating it, improving or not: the rule Keras documents
+    ("training will stop if the model doesn't show improvement over the baseline") and tf.keras 2
+    runs. Keras 3's code differs: there an epoch that improves on the best never stops training.
     ``restore_best_weights``: at the end of training the weights of the best epoch are put back
     (also when training ran to the end), as Keras does. ``start_from_epoch``: epochs before it
     are not monitored (warm-up).

@@ -12,20 +12,22 @@ __all__ = ["LearningRateScheduler"]
 
 
 def _n_args(fn) -> int:
+    """How many positional arguments ``fn`` takes, those with defaults included (Keras passes
+    ``(epoch, lr)`` to any function that accepts two)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return 2
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return 2
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
 class LearningRateScheduler(Callback):
     """At the start of every epoch set the learning rate to ``schedule(epoch, lr)``.
 
     ``epoch`` counts from 0 and includes ``initial_epoch``; ``lr`` is the current rate.
-    A ``schedule(epoch)`` of one argument is accepted too. The rate is set before the
+    A ``schedule(epoch)`` that takes only one argument is called so. The rate is set before the
     epoch's first step and recorded in the history as ``lr``.
     """
 

@@ -130,8 +130,8 @@ class _TqdmBar:
         self._file = file
 
     def draw(self, steps: int, text: str) -> None:
+        self._bar.set_postfix_str(text, refresh=False)  # first: update() may redraw
         self._bar.update(steps - self._bar.n)
-        self._bar.set_postfix_str(text, refresh=False)
 
     def finish(self, steps: int, line: str) -> None:
         self._bar.update(steps - self._bar.n)
