@@ -564,3 +564,23 @@ def test_hooks_get_a_dict_and_schedules_with_a_default_lr_get_it():
     hist = ot.fit_generator(sgd_model(), batches(1, 4), epochs=3, verbose=0, callbacks=[Logs(), sched])
     assert seen == [{}, {"mine": 0}, {"mine": 1}, {"mine": 2}]
     assert hist.history["lr"] == [0.05, 0.025, 0.0125]   # called as schedule(epoch, lr), as Keras does
+
+
+def test_model_checkpoint_can_save_the_model_as_keras_does(tmp_path):
+    data = batches(2, 4)
+    model = sgd_model()
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    saver = ot.callbacks.ModelCheckpoint(tmp_path / "m-{epoch}.ortrain", monitor="loss", save_model=True)
+    ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[saver])
+    assert [p.rsplit("/", 1)[-1] for p in saver.saved] == ["m-1.ortrain", "m-2.ortrain"]
+    last = ot.load_model(tmp_path / "m-2.ortrain")
+    x = data[0][0]
+    np.testing.assert_array_equal(last.predict(x), model.predict(x))
+    ot.fit_generator(model, data, epochs=1, verbose=0)   # the file carries the Adam moments too:
+    ot.fit_generator(last, data, epochs=1, verbose=0)    # both continue the same way
+    for a, b in zip(model.get_weights(), last.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ot.OrtrainError, match="save_model=True\\): this fit trains a bare trainer"):
+        with ot.Trainer(sgd_model(), batch_size=4) as tr:
+            ot.fit.train(tr, data[0][0], data[0][1], epochs=1, verbose=0,
+                         callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "x", save_model=True)])

@@ -1,4 +1,4 @@
-"""``ModelCheckpoint``: save a resumable training checkpoint after epochs."""
+"""``ModelCheckpoint``: save a resumable training checkpoint, or the model, after epochs."""
 
 from __future__ import annotations
 
@@ -22,12 +22,17 @@ class ModelCheckpoint(Callback):
     ``str.format`` fields: ``{epoch}`` (counted from 1, as Keras names files) and any logged
     value, e.g. ``"ckpt-{epoch:02d}-{val_loss:.3f}"``. Every file is written to a temporary name
     and renamed, so a checkpoint on disk is always complete, also after a failed fit.
+
+    ``save_model=True`` writes the model instead, as Keras' ``ModelCheckpoint`` does:
+    ``model.save(filepath)`` with the weights of that epoch and the optimizer state, which
+    ``ot.load_model`` reads back and ``fit`` continues from (a fit of a model, not of a bare trainer).
     """
 
     def __init__(self, filepath, monitor: str = "val_loss", save_best_only: bool = False, mode: str = "auto",
-                 verbose: int = 0):
+                 verbose: int = 0, save_model: bool = False):
         self.filepath = os.fspath(filepath)
         self.save_best_only = bool(save_best_only)
+        self.save_model = bool(save_model)
         self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint")
         self.verbose = verbose
         self.saved: list[str] = []
@@ -37,6 +42,9 @@ class ModelCheckpoint(Callback):
         if not os.path.isdir(directory):
             raise OrtrainError(f"ModelCheckpoint: directory {directory!r} does not exist; create it or choose "
                                "another filepath")
+        if self.save_model and self.loop.model is None:
+            raise OrtrainError("ModelCheckpoint(save_model=True): this fit trains a bare trainer, not a model; "
+                               "save trainer checkpoints (save_model=False) instead")
         self.monitor.reset()
         self.saved = []
 
@@ -56,7 +64,12 @@ class ModelCheckpoint(Callback):
                 return
             self.monitor.best = current
         path = self._path(epoch, logs)
-        self.trainer.save_checkpoint(path)
+        if self.save_model:
+            model = self.model  # holds this epoch's weights
+            model.train_state = self.trainer.export_state()
+            model.save(path)
+        else:
+            self.trainer.save_checkpoint(path)
         self.saved.append(path)
         if self.verbose:
             print(f"Epoch {epoch + 1}: checkpoint saved to {path}")
