@@ -397,9 +397,14 @@ class Trainer(Releasable):
                 t[...] = cur
 
     def model(self) -> Model:
-        """A new Model carrying the current weights (the constructor's model is never changed)."""
+        """A new Model carrying the current weights (the constructor's model is never changed).
+
+        It carries no optimizer state (``train_state`` is None, so its ``fit`` starts fresh
+        moments); ``m.train_state = trainer.export_state()`` hands the trainer's over."""
         self._live()
-        return self._model._copy_with({p.name: self._session.get(p.name) for p in self._params})
+        model = self._model._copy_with({p.name: self._session.get(p.name) for p in self._params})
+        model.train_state = None  # the constructor's model's state is not this trainer's
+        return model
 
     def export_state(self) -> TrainState:
         """The optimizer state, for a model to carry into its next ``fit``."""
@@ -473,27 +478,35 @@ class Trainer(Releasable):
 
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, path) -> str:
-        """Weights, optimizer moments and step, learning rate and counters, for a bit-exact resume."""
+        """Weights, optimizer moments and step, learning rate, weight decay and counters, for a
+        bit-exact resume, with two exceptions: dropout masks (the runtime's random state is not
+        part of a checkpoint, so a resumed trainer draws other masks) and batches accumulated
+        towards an update that has not happened (``nbatch_logical``; a resumed trainer starts
+        a new period), for which it warns."""
         self._live()
         path = checked_target(path, "save_checkpoint(path)")
         if self._accum:
             warnings.warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
-                          "part of the checkpoint; save on an accumulation boundary for an exact resume",
-                          stacklevel=2)
+                          "part of the checkpoint, and a trainer resumed from it starts a new accumulation "
+                          "period (its updates fall on other steps); save on an accumulation boundary for an "
+                          "exact resume", stacklevel=2)
         self._session.save_checkpoint(path, {
             _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
-            _PROP + "lr": repr(self._lr), _PROP + "format": 1})
+            _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1})
         return str(path)
 
     @classmethod
     def from_checkpoint(cls, model: Model, path, batch_size: int = 32, nbatch_logical=None, loss_mask=None,
                         weight_decay=None, device: str = "cpu", threads=None,
                         _weights_any_loss: bool = False) -> Trainer:
-        """A trainer for ``model`` that continues bit-exactly from ``save_checkpoint(path)``."""
+        """A trainer for ``model`` that continues bit-exactly from ``save_checkpoint(path)`` (with the
+        exceptions listed there). ``weight_decay=None`` takes the one the checkpoint was written with."""
         data = engine.read_checkpoint(path)
         props = data.properties
         if _PROP + "key" not in props:
             raise OrtrainError(f"{os.fspath(path)!r} was not written by Trainer.save_checkpoint")
+        if weight_decay is None and _PROP + "weight_decay" in props:
+            weight_decay = float(props[_PROP + "weight_decay"])
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = bool(_weights_any_loss)
@@ -541,6 +554,8 @@ class Trainer(Releasable):
             loss_mask = 1
         elif art.weighting == "element":
             loss_mask = art.outputs[0].shape[-1]
+        if weight_decay is None and _PROP + "weight_decay" in data.properties:
+            weight_decay = float(data.properties[_PROP + "weight_decay"])
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = True  # the artifacts fixed the weighting; whatever loss they hold takes it

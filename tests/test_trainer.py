@@ -211,6 +211,25 @@ def test_checkpoint_resume_is_bit_exact(tmp_path, rng):
         ot.Trainer(model, batch_size=16).save_checkpoint(tmp_path / "no" / "ck")
 
 
+def test_a_checkpoint_keeps_the_weight_decay_and_model_carries_no_stale_state(tmp_path):
+    model = seed_model()
+    model.compile(optimizer="adamw", loss="mse")
+    x, y = seed_data()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)    # the model now carries an optimizer state
+    with ot.Trainer(model, batch_size=16, weight_decay=0.5) as tr:
+        tr.step(x[:16], y[:16])
+        assert tr.model().train_state is None           # not the constructor's model's, now out of date
+        tr.save_checkpoint(tmp_path / "ck")
+        tail = [tr.step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(1, 4)]
+    with ot.Trainer.from_checkpoint(model, tmp_path / "ck", batch_size=16) as tr2:   # weight_decay=None
+        assert tr2.weight_decay == 0.5
+        assert [tr2.step(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(1, 4)] == tail
+    with ot.Trainer(model, batch_size=16, nbatch_logical=32) as tr:
+        tr.step(x[:16], y[:16])
+        with pytest.warns(UserWarning, match="starts a new accumulation period"):
+            tr.save_checkpoint(tmp_path / "mid")
+
+
 def test_predict_eval_snapshot_do_not_disturb_training():
     x, y = seed_data()
     model = ot.Sequential([L.Dense(8, activation="relu"), L.Dropout(0.3, seed=1), L.BatchNorm(),
