@@ -77,6 +77,16 @@ OPS = {
     "linear_bias": (lambda w, b, x: ag.linear(x.T, w, b), lambda t, w, b, x: t.nn.functional.linear(x.T, w, b),
                     [W0, R.standard_normal(3).astype(np.float32)], {"x": X0}),
     "two_params": (lambda w, v, x: ag.tanh(w @ x) * v, lambda t, w, v, x: t.tanh(w @ x) * v, [W0, V0], {"x": X0}),
+    # 1-d operands on the right: made matrices, since the runtime's MatMul gradient gets them wrong
+    "matmul_1d_right_param": (lambda v, x: ag.matmul(ag.transpose(x), v), lambda t, v, x: x.T @ v,
+                              [np.random.default_rng(5).standard_normal(4).astype(np.float32)], {"x": X0}),
+    "matmul_matrix_vector": (lambda w, x: w @ x, lambda t, w, x: w @ x, [V0], {"x": X0[0].copy()}),
+    "matmul_vector_dot": (lambda v, x: v @ x, lambda t, v, x: v @ x,
+                          [np.random.default_rng(6).standard_normal(5).astype(np.float32)], {"x": V0[1].copy()}),
+    # a param whose only use is both inputs of one op (its gradient name would be defined twice)
+    "param_squared": (lambda w, x: w * w, lambda t, w, x: w * w, [W0], {"x": X0}),
+    "param_concat_twice": (lambda w, x: ag.concat([w, w], axis=1), lambda t, w, x: t.cat([w, w], 1), [W0],
+                           {"x": X0}),
 }
 
 

@@ -186,7 +186,14 @@ def matmul(a, b) -> Tensor:
     """Matrix product with numpy's ``@`` rules (1-d operands, broadcast batch dimensions)."""
     a, b = as_tensor(a, "matmul"), as_tensor(b, "matmul")
     _float("matmul", a, b)
-    return Tensor(_matmul_shape(a, b), FLOAT, "matmul", (a, b), _node("MatMul"))
+    out = _matmul_shape(a, b)
+    if a.ndim > 1 and b.ndim > 1:
+        return Tensor(out, FLOAT, "matmul", (a, b), _node("MatMul"))
+    # A 1-d operand is made a matrix (row for the first, column for the second) and the product
+    # reshaped back: the runtime's MatMul gradient gets 1-d operands wrong.
+    a2 = reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
+    b2 = reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
+    return reshape(Tensor(_matmul_shape(a2, b2), FLOAT, "matmul", (a2, b2), _node("MatMul")), out)
 
 
 def linear(x, weight, bias=None) -> Tensor:

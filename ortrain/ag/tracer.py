@@ -134,7 +134,11 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
         elif isinstance(t, Const):
             names[id(t)] = gb.add_initializer(gb.unique("const"), t.value)
         else:
-            names[id(t)] = t._emit(gb, [names[id(i)] for i in t.inputs])
+            args = [names[id(i)] for i in t.inputs]
+            # The gradient builder defines one gradient name per input: a tensor that is two inputs
+            # of one op (W * W, concat([W, W])) would be defined twice, so its repeats get an Identity.
+            args = [gb.op("Identity", [a]) if a in args[:k] else a for k, a in enumerate(args)]
+            names[id(t)] = t._emit(gb, args)
             if len(t.inputs) > 1 and isinstance(t.inputs[1], Input) and t.inputs[1].dtype == INT:
                 if t.op == "get_rows":
                     checks.append((t.inputs[1].name, t.inputs[0].shape[0], "get_rows"))

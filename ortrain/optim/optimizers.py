@@ -161,7 +161,10 @@ class Optimizer:
 
 
 class Adam(Optimizer):
-    """Adam as ``torch.optim.Adam`` (bias-corrected moments); defaults ``lr=1e-3, betas=(0.9, 0.999), eps=1e-8``."""
+    """Adam as ``torch.optim.Adam`` (bias-corrected moments); defaults ``lr=1e-3, betas=(0.9, 0.999), eps=1e-8``.
+
+    A ``weight_decay`` given here is decoupled, as in ``torch.optim.AdamW`` (not added to the
+    gradient as ``torch.optim.Adam`` does); :class:`AdamW` defaults it to 0.01."""
 
     name = "adam"
     has_moments = True

@@ -36,8 +36,10 @@ def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
 
 
 def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_lr: float = 0.0):
-    """Linear warm-up from 0 over ``warmup_steps`` (reaching ``initial_lr`` at the last warm-up step),
-    then cosine decay to ``final_lr`` at ``total_steps``."""
+    """Linear warm-up over ``warmup_steps``: step ``t`` (from 0) gets ``initial_lr * (t + 1) /
+    warmup_steps``, so the first step already moves and the last warm-up step reaches
+    ``initial_lr``; then cosine decay from ``initial_lr`` (at step ``warmup_steps``, so the peak
+    lasts two steps) to ``final_lr`` at ``total_steps``."""
     warmup_steps = positive_int(warmup_steps, "warmup_steps")
     total_steps = positive_int(total_steps, "total_steps")
     if warmup_steps >= total_steps:
