@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
-from ortrain._files import fresh_dir
+from ortrain._files import atomic_path, fresh_dir
 from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
@@ -60,7 +60,9 @@ def cache_dir() -> Path:
     """Where artifacts are cached: ``set_cache_dir`` > ``$XDG_CACHE_HOME/ortrain/artifacts`` > ``~/.cache/...``."""
     if _cache_root is not None:
         return _cache_root
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: the XDG spec says to ignore it
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ortrain" / "artifacts"
 
 
@@ -263,6 +265,9 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     an :class:`Artifacts` record keeps pointing at the weights it was built with, and processes
     building the same thing at once take turns on a lock instead of replacing each other's files.
     An ``out_dir`` that holds artifacts of another model, loss or optimizer is replaced whole.
+    The learning rate shapes no graph and is not in the key: a hit asked for another rate
+    returns a record that carries it, and an ``out_dir``'s manifest is rewritten to it (a
+    ``Trainer`` of a model takes the model's rate in any case).
     ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
     model's weights into its session anyway).
     """
@@ -282,14 +287,28 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
         if existing is None:
             return _publish(target, lambda tmp: _write(tmp, key, fg, loss, opt, weighting, digest()))
         if not refresh_checkpoint or existing.manifest["weights_sha256"] == digest():
-            return existing
+            return _with_lr(existing, opt, rewrite=out_dir is not None)
         if out_dir is not None:
             return _publish(target, lambda tmp: _with_weights(existing, fg, tmp, digest()))
     variant = target.with_name(f"{target.name}-{digest()[:12]}")
     with _publish_lock(variant):
         found = _existing(variant, key)
-        return found if found is not None else \
+        return _with_lr(found, opt, rewrite=False) if found is not None else \
             _publish(variant, lambda tmp: _with_weights(existing, fg, tmp, digest()))
+
+
+def _with_lr(art: Artifacts, opt: optim.Optimizer, rewrite: bool) -> Artifacts:
+    """A hit whose learning rate differs (it shapes no graph, so it is not in the key): the
+    record carries the requested one, and an ``out_dir``'s manifest is rewritten to it (the
+    manifest is the one file a published directory may change; the cache's are shared)."""
+    wanted = json.loads(json.dumps(opt.config()))
+    if art.manifest["optimizer"] == wanted:
+        return art
+    manifest = dict(art.manifest, optimizer=wanted)
+    if rewrite:
+        with atomic_path(art.directory / "manifest.json") as tmp:
+            Path(tmp).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return Artifacts(art.directory, manifest)
 
 
 def _check_target(target: Path) -> None:

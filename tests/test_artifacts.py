@@ -250,3 +250,21 @@ def test_a_builder_waiting_on_a_failed_builders_lock_still_works_alone(tmp_path)
     for t in threads:
         t.join()
     assert errors == [] and overlaps == [[], [], []] and target.is_dir()
+
+
+def test_a_hit_with_another_learning_rate_carries_it(tmp_path, monkeypatch):
+    model = dense_model(3, 2)
+    a = ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=1e-3))
+    b = ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.5))
+    assert a.directory == b.directory and (a.optimizer.lr, b.optimizer.lr) == (1e-3, 0.5)
+    out = tmp_path / "art"
+    ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=1e-3), out_dir=out)
+    ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.5), out_dir=out)
+    assert ot.artifacts.load(out).optimizer.lr == 0.5
+    with ot.Trainer.from_artifacts(out, batch_size=4) as tr:
+        assert tr.lr == 0.5
+    # a relative $XDG_CACHE_HOME is ignored, as the XDG spec says
+    ot.artifacts.set_cache_dir(None)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ot.artifacts.cache_dir() == tmp_path / ".cache" / "ortrain" / "artifacts"

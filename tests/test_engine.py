@@ -100,6 +100,8 @@ def test_devices():
         engine.parse_device("gpu0")
     with pytest.raises(ot.OrtrainError, match="device: expected"):
         engine.parse_device(0)
+    with pytest.raises(ot.OrtrainError, match="received 'cuda:\u0661'"):   # a digit, but not an ASCII one
+        engine.parse_device("cuda:\u0661", providers=["CUDAExecutionProvider"])
     if "CUDAExecutionProvider" not in engine.available_providers():
         model = dense_model(3, 2)
         with pytest.raises(ot.OrtrainError, match="CUDA"):
@@ -115,6 +117,9 @@ def test_thread_setting():
         ot.set_num_threads(None)
     with pytest.raises(ot.OrtrainError, match="set_num_threads: expected a positive int"):
         ot.set_num_threads(0)
+    for bad in (0, -2, 2.5, "x"):   # a trainer's own count is checked the same way
+        with pytest.raises(ot.OrtrainError, match="threads: expected a positive int or None, received"):
+            ot.Trainer(dense_model(3, 2), batch_size=4, threads=bad)
 
 
 def test_bad_feeds_name_the_input_and_change_nothing(rng):

@@ -310,3 +310,46 @@ def test_a_refused_compile_changes_nothing(rng):
     after = (model.optimizer, model.loss, list(model.metrics), model.train_state)
     assert all(a is b for a, b in zip(before[:2], after[:2])) and before[2] == after[2] == ["accuracy"]
     assert after[3] is before[3] and after[0].name == "sgd"
+
+
+def test_model_caches_follow_compile_shared_layers_and_names():
+    x = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal((6, 3)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss="mse", metrics="mae")       # a single metric name is a list of one
+    assert model.metrics == ["mae"]
+    pred = model.predict(x)
+    np.testing.assert_allclose(model.evaluate(x, y)["loss"], np.mean((pred - y) ** 2), rtol=1e-5)
+    model.compile(optimizer="adam", loss="mae")                       # evaluate follows a new compile
+    np.testing.assert_allclose(model.evaluate(x, y)["loss"], np.mean(np.abs(pred - y)), rtol=1e-5)
+    # a layer shared by two models: training one shows in the other's predictions
+    inp = ot.Input((4,))
+    encode = ot.layers.Dense(2)
+    encoder = ot.Model(inp, encode(inp))
+    auto = ot.Model(inp, ot.layers.Dense(4)(encode(inp))).compile(optimizer=ot.optim.SGD(lr=0.5), loss="mse")
+    before = encoder.predict(x)
+    auto.fit(x, x, batch_size=6, epochs=2, verbose=0)
+    kernel, bias = encoder.get_weights()
+    np.testing.assert_allclose(encoder.predict(x), x @ kernel + bias, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(encoder.predict(x), before)
+    for names, message in (([("q", 4), ("q", 4)], "input name 'q' is another input's name"),
+                           ([("output", 4)], "input name 'output' is an output's or a weight's name")):
+        ins = [ot.Input((d,), name=n) for n, d in names]
+        h = ins[0] if len(ins) == 1 else ot.layers.Add()(ins)
+        with pytest.raises(ot.OrtrainError, match=message):
+            ot.Model(ins, ot.layers.Dense(2)(h))
+    with pytest.raises(ot.ShapeError, match=r"Concatenate\(axis=3\): inputs of rank 2 have axes -2 to 1"):
+        ot.layers.Concatenate(axis=3)([ot.Input((2,)), ot.Input((2,))])
+
+
+def test_an_export_with_frozen_batchnorm_statistics_keeps_them_statistics(tmp_path):
+    model = ot.Sequential([ot.layers.Dense(4), ot.layers.BatchNorm(), ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
+    model.fit(x, np.zeros((8, 2), np.float32), batch_size=8, verbose=0)
+    model.freeze_bn_stats()
+    model.export_onnx(tmp_path / "m.onnx")
+    again = ot.from_onnx(tmp_path / "m.onnx")
+    roles = {p.name: p.role for p in again.forward_graph().params}
+    assert [roles[n] for n in sorted(roles) if "running" in n] == ["buffer", "buffer"]
+    np.testing.assert_allclose(again.predict(x), model.predict(x), rtol=1e-5, atol=1e-6)

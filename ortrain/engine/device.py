@@ -50,7 +50,7 @@ def parse_device(device, providers: list[str] | None = None) -> Device:
             parsed = Device("cpu")
         elif text == "cuda":
             parsed = Device("cuda", 0)
-        elif text.startswith("cuda:") and text[5:].isdigit():
+        elif text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit():
             parsed = Device("cuda", int(text[5:]))
         else:
             raise OrtrainError(f"device: expected 'cpu', 'cuda' or 'cuda:N' (N a GPU index), received {device!r}")
@@ -88,6 +88,6 @@ def session_options(threads: int | None = None):
     the runtime's reason, which its error log would only repeat."""
     so = C.SessionOptions()
     so.log_severity_level = 4
-    so.intra_op_num_threads = threads or get_num_threads()
+    so.intra_op_num_threads = positive_int(threads, "threads", allow_none=True) or get_num_threads()
     so.inter_op_num_threads = 1
     return so

@@ -555,6 +555,9 @@ class Concatenate(Layer):
 
     def output_shape(self, input_shapes):
         rank = len(input_shapes[0])
+        if not -rank <= self.axis < rank:
+            raise ShapeError(f"Concatenate(axis={self.axis}): inputs of rank {rank} have axes {-rank} to "
+                             f"{rank - 1}")
         axis = self.axis % rank
         if axis == 0 or any(len(s) != rank for s in input_shapes):
             raise ShapeError(f"Concatenate(axis={self.axis}) cannot join "

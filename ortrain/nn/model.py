@@ -118,7 +118,19 @@ class Model:
             if all(node.layer is not lyr for lyr in self.layers):
                 self.layers.append(node.layer)
         self._name_layers()
+        self._check_input_names()
 
+    def _check_input_names(self) -> None:
+        """Input names become graph names: they must differ from each other, the outputs' and
+        the weights'."""
+        names = [self._input_name(i) for i in range(len(self._inputs))]
+        taken = {self._output_name(i) for i in range(len(self._outputs))} | set(self.weight_names())
+        for i, n in enumerate(names):
+            if n in names[:i] or n in taken or n.startswith("ortrain."):
+                what = "another input's" if n in names[:i] else "an output's or a weight's" if n in taken else \
+                    "reserved for ortrain's loss inputs"
+                raise OrtrainError(f"Model: input name {n!r} is {what} name; give ot.Input(..., name=...) a name "
+                                   "of its own")
     # -- construction helpers -----------------------------------------------------------
     def _init_state(self, name: str) -> None:
         self.name = name
@@ -163,6 +175,7 @@ class Model:
         for lyr in self.layers:
             if lyr.name == layer_name:
                 lyr.weights[suffix] = value
+                lyr._stored = getattr(lyr, "_stored", 0) + 1  # another model sharing the layer sees it
                 return
         raise KeyError(name)
 
@@ -219,12 +232,16 @@ class Model:
         self._version += 1
         self._runners.clear()
 
+    def _weights_stamp(self) -> tuple:
+        """Changes whenever the weights do, also through another model that shares a layer."""
+        return (self._version, *(getattr(lyr, "_stored", 0) for lyr in getattr(self, "layers", ())))
+
     def weights_digest(self) -> str:
         """sha256 of the weights, remembered until ``set_weights`` (or training) changes them: a
         cache hit on ResNet-50's artifacts would otherwise spend most of its time hashing 100 MB."""
         memo = getattr(self, "_digest", None)
-        if memo is None or memo[0] != self._version:
-            self._digest = memo = (self._version, self.forward_graph().weights_digest())
+        if memo is None or memo[0] != self._weights_stamp():
+            self._digest = memo = (self._weights_stamp(), self.forward_graph().weights_digest())
         return memo[1]
 
     # -- the forward graph ----------------------------------------------------------------
@@ -359,10 +376,11 @@ class Model:
         """
         new_optimizer = optim.get(optimizer)
         new_loss = losses.get(loss)
-        new_metrics = list(metrics or [])
+        new_metrics = [metrics] if isinstance(metrics, str) else list(metrics or [])
         metrics_mod.resolve(new_metrics, new_loss)  # validate names now
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.train_state = None
+        self._runners.clear()  # evaluate's graph holds the loss
         return self
 
     @property
@@ -381,7 +399,7 @@ class Model:
 
     # -- inference --------------------------------------------------------------------------
     def _runner(self, kind: str = "predict", weighting=None):
-        key = (kind, weighting, self._version)
+        key = (kind, weighting, self._weights_stamp())
         runner = self._runners.get(key)
         if runner is None:
             from ortrain import engine
@@ -396,7 +414,7 @@ class Model:
                 proto = to_inference(loss_model(fg, self.loss, weighting)[0])
             proto = with_weights(proto, fg.weights)
             runner = engine.InferenceRunner(proto)
-            self._runners = {key: runner, **{k: v for k, v in self._runners.items() if k[2] == self._version}}
+            self._runners = {key: runner, **{k: v for k, v in self._runners.items() if k[2] == key[2]}}
         return runner
 
     def predict(self, x, batch_size=None, verbose=0) -> np.ndarray | list[np.ndarray]:
@@ -451,7 +469,9 @@ class Model:
         from ortrain.graph.forward import to_inference
         path = checked_target(path, "export_onnx(path)")
         fg = self.forward_graph()
-        proto = with_weights(to_inference(fg.proto), fg.weights)
+        # From the graph before freezing: batch norms with frozen statistics stay BatchNormalization
+        # nodes (the same outputs in inference), so an importer still sees their statistics as such.
+        proto = with_weights(to_inference(self._base_proto()), fg.weights)
         proto.doc_string = f"Exported by ortrain from model {self.name!r}"
         check_model(proto, "exported model")
         with atomic_path(path, "export_onnx(path)") as tmp:
