@@ -289,12 +289,12 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
         if not refresh_checkpoint or existing.manifest["weights_sha256"] == digest():
             return _with_lr(existing, opt, rewrite=out_dir is not None)
         if out_dir is not None:
-            return _publish(target, lambda tmp: _with_weights(existing, fg, tmp, digest()))
+            return _publish(target, lambda tmp: _with_weights(existing, fg, tmp, digest(), opt))
     variant = target.with_name(f"{target.name}-{digest()[:12]}")
     with _publish_lock(variant):
         found = _existing(variant, key)
         return _with_lr(found, opt, rewrite=False) if found is not None else \
-            _publish(variant, lambda tmp: _with_weights(existing, fg, tmp, digest()))
+            _publish(variant, lambda tmp: _with_weights(existing, fg, tmp, digest(), opt))
 
 
 def _with_lr(art: Artifacts, opt: optim.Optimizer, rewrite: bool) -> Artifacts:
@@ -467,8 +467,10 @@ def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: 
     _finish(directory, manifest, fg, weights_sha256)
 
 
-def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weights_sha256: str) -> None:
-    """The graphs of ``existing`` (hard-linked where the file system allows) with ``fg``'s weights."""
+def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weights_sha256: str,
+                  opt: optim.Optimizer) -> None:
+    """The graphs of ``existing`` (hard-linked where the file system allows) with ``fg``'s weights
+    and ``opt``'s learning rate."""
     for name in FILES:
         if name == "checkpoint":
             continue
@@ -477,6 +479,7 @@ def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weight
         except OSError:
             shutil.copyfile(existing.directory / name, directory / name)
     manifest = {k: v for k, v in existing.manifest.items() if k not in ("files", "weights_sha256")}
+    manifest["optimizer"] = json.loads(json.dumps(opt.config()))
     _finish(directory, manifest, fg, weights_sha256)
 
 

@@ -89,10 +89,7 @@ class _Loop:
         self.epochs, self.initial_epoch = epochs, initial_epoch
         self._model = model
         self._synced_at = None
-        # What a callback changes through ``model`` reaches the training, as in Keras: weights it
-        # sets, its optimizer's learning rate, ``model.stop_training``.
-        self._model_version = None
-        self._model_lr = model.optimizer.lr if model is not None and model.optimizer is not None else None
+
         base = trainer._model
         self.base_lr = base.optimizer.lr
         self.metrics = metrics_mod.resolve(base.metrics, base.loss)
@@ -114,7 +111,20 @@ class _Loop:
         display = progress(verbose)
         self.callbacks = CallbackList([*callbacks, self.history, *([display] if display else [])])
         self.callbacks.set_loop(self)
+        self.callbacks._after = self._take_model_edits
         self._warned_short = False
+        # What a callback changes through ``model`` reaches the training, as in Keras: weights it
+        # sets, its optimizer's learning rate (which reads the live rate during the fit),
+        # ``model.stop_training``.
+        self._opt = model.optimizer if model is not None else None
+        self._model_lr = None
+        if model is not None:
+            model._written.clear()  # what was set before the fit is in the trainer already
+        if self._opt is not None:
+            self._compiled_lr = self._opt.lr
+            if getattr(model, "_lr_after_fit", self._compiled_lr) != self._compiled_lr:
+                trainer.set_lr(self._compiled_lr)  # model.optimizer.lr was set between fits
+            self._opt.lr = self._model_lr = trainer.lr
 
     def _log_names(self) -> list[str]:
         names = ["loss", *(m.name for m in self.metrics)]
@@ -155,22 +165,27 @@ class _Loop:
         """The caller's model, brought up to date with the trained weights when read."""
         if self._model is not None and self._synced_at != self.trainer.n_steps:
             self._model.set_weights(self.get_weights())
+            self._model._written.clear()
             self._synced_at = self.trainer.n_steps
-            self._model_version = self._model._version
         return self._model
 
     def _take_model_edits(self) -> None:
-        """After callbacks ran: weights a callback set on ``model``, a learning rate it gave
-        ``model.optimizer`` and ``model.stop_training`` take effect in the training."""
+        """After callbacks ran: the weights a callback set on ``model`` (those names only: the
+        others may be out of date), a learning rate it gave ``model.optimizer`` and
+        ``model.stop_training`` take effect in the training; ``model.optimizer.lr`` then shows the
+        live rate (a schedule's too)."""
         m = self._model
         if m is None:
             return
-        if self._model_version is not None and m._version != self._model_version:
-            self.set_weights(m.get_weights())
-            self._synced_at, self._model_version = self.trainer.n_steps, m._version
-        if m.optimizer is not None and m.optimizer.lr != self._model_lr:
-            self._model_lr = m.optimizer.lr
-            self.trainer.set_lr(self._model_lr)
+        if m._written:
+            table, session = m._weight_table(), self.trainer._session
+            for name in m._written:
+                session.set(name, table[name])
+            m._written.clear()
+        if self._opt is not None:
+            if self._opt.lr != self._model_lr:
+                self.trainer.set_lr(self._opt.lr)
+            self._opt.lr = self._model_lr = self.trainer.lr
         if getattr(m, "stop_training", False):
             self.stop_training = True
 
@@ -182,11 +197,9 @@ class _Loop:
             self._model.stop_training = False
         try:
             cbs.on_train_begin({})
-            self._take_model_edits()
             for epoch in range(self.initial_epoch, self.epochs):
                 self.epoch = epoch
                 cbs.on_epoch_begin(epoch, {})
-                self._take_model_edits()
                 logs = self._train_epoch(epoch)
                 if logs is None:
                     break
@@ -194,8 +207,9 @@ class _Loop:
                     logs.update(self._validate(epoch))
                 logs["lr"] = self.trainer.lr
                 cbs.on_epoch_end(epoch, logs)
-                self._take_model_edits()
                 if self.stop_training:
+                    if self._model is not None:
+                        self._model.stop_training = True  # as Keras leaves it
                     break
                 if self.iterator.source.exhausted and epoch + 1 < self.epochs:
                     self._warn_dry(epoch)
@@ -239,7 +253,6 @@ class _Loop:
         for step, batch in self.iterator.epoch(epoch):
             if hooks:
                 cbs.on_batch_begin(step, {"batch": step})
-                self._take_model_edits()
             try:
                 if type(batch) is tuple and len(batch) == 2:
                     x, y = batch
@@ -261,7 +274,6 @@ class _Loop:
             seen += rows
             if hooks:
                 cbs.on_batch_end(step, {"batch": step, "size": rows, "loss": loss})
-                self._take_model_edits()
             if self.stop_training:
                 break
         self.epoch_steps, self.epoch_samples = step + 1, seen
@@ -314,6 +326,9 @@ class _Loop:
             warnings.warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
                           f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
                           f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning, stacklevel=4)
+        if self._opt is not None:  # the live rate stays in train_state; the compiled one comes back
+            self._opt.lr = self._compiled_lr
+            self._model._lr_after_fit = self._compiled_lr
         if self._model is not None:
             _ = self.model  # brings the weights over
             self._model.train_state = tr.export_state()

@@ -268,3 +268,12 @@ def test_a_hit_with_another_learning_rate_carries_it(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert ot.artifacts.cache_dir() == tmp_path / ".cache" / "ortrain" / "artifacts"
+
+
+def test_a_weights_variant_carries_the_requested_learning_rate(tmp_path):
+    first, second = dense_model(3, 2, seed=0), dense_model(3, 2, seed=1)
+    ot.artifacts.build(first, optimizer=ot.optim.Adam(lr=0.1), out_dir=tmp_path / "art")
+    art = ot.artifacts.build(second, optimizer=ot.optim.Adam(lr=0.5), out_dir=tmp_path / "art")
+    assert art.optimizer.lr == 0.5 and ot.artifacts.load(tmp_path / "art").optimizer.lr == 0.5
+    ot.artifacts.build(first, optimizer=ot.optim.Adam(lr=1e-3))
+    assert ot.artifacts.build(second, optimizer=ot.optim.Adam(lr=0.3)).optimizer.lr == 0.3   # the cache's variant

@@ -584,3 +584,50 @@ def test_model_checkpoint_can_save_the_model_as_keras_does(tmp_path):
         with ot.Trainer(sgd_model(), batch_size=4) as tr:
             ot.fit.train(tr, data[0][0], data[0][1], epochs=1, verbose=0,
                          callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "x", save_model=True)])
+
+
+def test_model_edits_in_hooks_follow_keras_semantics_exactly():
+    data = batches(1, 4)
+    # model.optimizer.lr reads the live rate, so a hook composes with a schedule instead of undoing it
+    seen = []
+
+    class Halve(ot.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.append(self.model.optimizer.lr)
+            self.model.optimizer.lr = self.model.optimizer.lr * 0.5
+
+    model = sgd_model(lr=0.1)
+    sched = ot.callbacks.LearningRateScheduler(lambda epoch: 0.1 / (epoch + 1))
+    hist = ot.fit_generator(model, data, epochs=3, verbose=0, callbacks=[sched, Halve()])
+    np.testing.assert_allclose(hist.history["lr"], [0.05, 0.025, 0.1 / 6])
+    np.testing.assert_allclose(seen, [0.1, 0.05, 0.1 / 3])
+    assert model.optimizer.lr == 0.1 and model.train_state.lr == pytest.approx(0.1 / 6)   # compiled rate kept
+    model.optimizer.lr = 0.5                          # set between fits: the next fit takes it
+    assert ot.fit_generator(model, data, epochs=1, verbose=0).history["lr"] == [0.5]
+    # freezing through a held reference is no weight edit; a partial set_weights edits those names only
+    model, trained = sgd_model(), []
+
+    class Edits(ot.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.held = model
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                self.held.freeze([])          # bumps the model's version, changes no weight
+                trained.append(self.loop.get_weights())
+                self.held.set_weights({"dense_1.bias": np.zeros(3, np.float32)})
+
+    ot.fit_generator(model, data, epochs=3, verbose=0, callbacks=[Edits()])
+    reference = sgd_model()
+    ot.fit_generator(reference, data, epochs=2, verbose=0)
+    for got, want in zip(trained[0], reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    start = dict(zip(model.weight_names(), trained[0]))
+    start["dense_1.bias"] = np.zeros(3, np.float32)
+    _, grads = mse_grads(list(start.values()), *data[0])
+    for got, want in zip(model.get_weights(), sgd(list(start.values()), grads, 0.1)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    # a stop by a callback leaves model.stop_training set, as Keras does
+    stop = ot.callbacks.EarlyStopping(monitor="loss", patience=0, mode="max")
+    ot.fit_generator(model, data, epochs=5, verbose=0, callbacks=[stop])
+    assert model.stop_training is True

@@ -8,9 +8,11 @@ A callback sees the running fit through three attributes set before ``on_train_b
   current step; ``loop.get_weights()`` / ``loop.set_weights(ws)`` read and write the
   trained weights (``model.get_weights()`` order); ``loop.base_lr`` is the compiled rate;
 * ``model``: the model being trained; reading it brings the current weights into it, and
-  as in Keras what a hook changes on it takes effect when the hook returns: weights it sets
-  (``model.set_weights``), a learning rate given to ``model.optimizer.lr``, and
-  ``model.stop_training = True``;
+  as in Keras what a hook changes on it takes effect when the hook returns: the weights it
+  sets (``model.set_weights``, those names only), a learning rate given to
+  ``model.optimizer.lr`` (which reads the live rate during a fit, a schedule's included; the
+  compiled rate comes back after it, the live one staying in ``train_state``), and
+  ``model.stop_training = True`` (which a stop by any callback sets too, as in Keras);
 * ``params``: ``epochs``, ``initial_epoch``, ``steps``, ``batch_size``, ``samples``,
   ``verbose``, ``metrics``.
 
@@ -88,11 +90,16 @@ class CallbackList:
         for cb in self.callbacks:
             cb.set_loop(loop)
 
+    @staticmethod
+    def _after() -> None:
+        """Run after each callback's hook (the fit loop takes over what it changed on the model)."""
+
     def on_train_begin(self, logs=None) -> None:
         self._started = []
         for cb in self.callbacks:
             cb.on_train_begin(logs)
             self._started.append(cb)
+            self._after()
 
     def on_train_end(self, logs=None) -> None:
         """``on_train_end`` of every callback whose ``on_train_begin`` ran, even when one raises;
@@ -109,15 +116,19 @@ class CallbackList:
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         for cb in self.callbacks:
             cb.on_epoch_begin(epoch, logs)
+            self._after()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         for cb in self.callbacks:
             cb.on_epoch_end(epoch, logs)
+            self._after()
 
     def on_batch_begin(self, step: int, logs=None) -> None:
         for cb in self._batch_begin:
             cb.on_batch_begin(step, logs)
+            self._after()
 
     def on_batch_end(self, step: int, logs=None) -> None:
         for cb in self._batch_end:
             cb.on_batch_end(step, logs)
+            self._after()

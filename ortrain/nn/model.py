@@ -142,6 +142,7 @@ class Model:
         self.train_state = None  # optimizer state carried between fit() calls
         self._version = 0
         self._runners: dict = {}
+        self._written: set[str] = set()  # weights set since a running fit last synced this model
 
     def _name_layers(self) -> None:
         counts: dict[str, int] = {}
@@ -226,6 +227,7 @@ class Model:
             staged.append((name, a.copy()))
         for name, a in staged:
             self._store_weight(name, a)
+        self._written.update(name for name, _ in staged)  # what a fit in progress takes over
         self._changed()
 
     def _changed(self) -> None:
