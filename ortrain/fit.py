@@ -114,17 +114,16 @@ class _Loop:
         self.callbacks._after = self._take_model_edits
         self._warned_short = False
         # What a callback changes through ``model`` reaches the training, as in Keras: weights it
-        # sets, its optimizer's learning rate (which reads the live rate during the fit),
-        # ``model.stop_training``.
-        self._opt = model.optimizer if model is not None else None
-        self._model_lr = None
+        # sets, a learning rate it writes to ``model.optimizer.lr``, ``model.stop_training``.
+        # fit and fit_generator build their trainer from the model's weights, so what was set on
+        # it before is in the trainer already (fit.train with a trainer built earlier keeps the
+        # trainer's weights).
         if model is not None:
-            model._written.clear()  # what was set before the fit is in the trainer already
-        if self._opt is not None:
-            self._compiled_lr = self._opt.lr
-            if getattr(model, "_lr_after_fit", self._compiled_lr) != self._compiled_lr:
-                trainer.set_lr(self._compiled_lr)  # model.optimizer.lr was set between fits
-            self._opt.lr = self._model_lr = trainer.lr
+            model._written.clear()
+            opt = model.optimizer
+            if opt is not None and getattr(model, "_lr_seen", None) not in (None, (id(opt), _lr_writes(opt))):
+                trainer.set_lr(opt.lr)  # model.optimizer.lr was written between fits
+            self._lr_seen = (id(opt), _lr_writes(opt))
 
     def _log_names(self) -> list[str]:
         names = ["loss", *(m.name for m in self.metrics)]
@@ -182,10 +181,10 @@ class _Loop:
             for name in m._written:
                 session.set(name, table[name])
             m._written.clear()
-        if self._opt is not None:
-            if self._opt.lr != self._model_lr:
-                self.trainer.set_lr(self._opt.lr)
-            self._opt.lr = self._model_lr = self.trainer.lr
+        opt = m.optimizer
+        if opt is not None and (id(opt), _lr_writes(opt)) != self._lr_seen:  # written (or recompiled)
+            self._lr_seen = (id(opt), _lr_writes(opt))
+            self.trainer.set_lr(opt.lr)
         if getattr(m, "stop_training", False):
             self.stop_training = True
 
@@ -322,16 +321,18 @@ class _Loop:
 
     def _finish(self) -> None:
         tr = self.trainer
-        if tr._accum:
-            warnings.warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
-                          f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
-                          f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning, stacklevel=4)
-        if self._opt is not None:  # the live rate stays in train_state; the compiled one comes back
-            self._opt.lr = self._compiled_lr
-            self._model._lr_after_fit = self._compiled_lr
         if self._model is not None:
             _ = self.model  # brings the weights over
             self._model.train_state = tr.export_state()
+            self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
+        if tr._accum:  # last: under an "error" warnings filter the state above is handed back already
+            warnings.warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
+                          f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
+                          f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning, stacklevel=4)
+
+
+def _lr_writes(opt) -> int:
+    return getattr(opt, "lr_writes", 0) if opt is not None else 0
 
 
 def _update(metrics, pred: np.ndarray, labels: np.ndarray, weights: np.ndarray | None) -> None:

@@ -586,24 +586,33 @@ def test_model_checkpoint_can_save_the_model_as_keras_does(tmp_path):
                          callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "x", save_model=True)])
 
 
-def test_model_edits_in_hooks_follow_keras_semantics_exactly():
+def test_model_edits_in_hooks_follow_keras_semantics_exactly(tmp_path):
     data = batches(1, 4)
-    # model.optimizer.lr reads the live rate, so a hook composes with a schedule instead of undoing it
+    # a rate written to model.optimizer.lr is taken over, even one equal to the compiled rate;
+    # the live rate, a schedule's included, is trainer.lr
     seen = []
 
     class Halve(ot.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            seen.append(self.model.optimizer.lr)
-            self.model.optimizer.lr = self.model.optimizer.lr * 0.5
+            seen.append(self.trainer.lr)
+            self.model.optimizer.lr = self.trainer.lr * 0.5
 
     model = sgd_model(lr=0.1)
     sched = ot.callbacks.LearningRateScheduler(lambda epoch: 0.1 / (epoch + 1))
     hist = ot.fit_generator(model, data, epochs=3, verbose=0, callbacks=[sched, Halve()])
     np.testing.assert_allclose(hist.history["lr"], [0.05, 0.025, 0.1 / 6])
     np.testing.assert_allclose(seen, [0.1, 0.05, 0.1 / 3])
-    assert model.optimizer.lr == 0.1 and model.train_state.lr == pytest.approx(0.1 / 6)   # compiled rate kept
-    model.optimizer.lr = 0.5                          # set between fits: the next fit takes it
-    assert ot.fit_generator(model, data, epochs=1, verbose=0).history["lr"] == [0.5]
+    assert model.train_state.lr == pytest.approx(0.1 / 6)
+    model.optimizer.lr = 0.1                          # written between fits (equal to what it held): taken
+    assert ot.fit_generator(model, data, epochs=1, verbose=0).history["lr"] == [0.1]
+    # a model saved mid-fit keeps its compiled rate, so a schedule resumed from it continues its curve
+    model = sgd_model(lr=0.1)
+    saver = ot.callbacks.ModelCheckpoint(tmp_path / "m.ortrain", monitor="loss", save_model=True)
+    ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1), saver])
+    resumed = ot.load_model(tmp_path / "m.ortrain")
+    hist = ot.fit_generator(resumed, data, epochs=4, initial_epoch=2, verbose=0,
+                            callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+    assert hist.history["lr"] == [0.025, 0.0125]
     # freezing through a held reference is no weight edit; a partial set_weights edits those names only
     model, trained = sgd_model(), []
 
@@ -613,7 +622,8 @@ def test_model_edits_in_hooks_follow_keras_semantics_exactly():
 
         def on_epoch_end(self, epoch, logs=None):
             if epoch == 1:
-                self.held.freeze([])          # bumps the model's version, changes no weight
+                self.held.freeze("dense_0")   # bumps the model's version, changes no weight
+                self.held.unfreeze("dense_0")
                 trained.append(self.loop.get_weights())
                 self.held.set_weights({"dense_1.bias": np.zeros(3, np.float32)})
 

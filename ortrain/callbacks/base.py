@@ -9,10 +9,10 @@ A callback sees the running fit through three attributes set before ``on_train_b
   trained weights (``model.get_weights()`` order); ``loop.base_lr`` is the compiled rate;
 * ``model``: the model being trained; reading it brings the current weights into it, and
   as in Keras what a hook changes on it takes effect when the hook returns: the weights it
-  sets (``model.set_weights``, those names only), a learning rate given to
-  ``model.optimizer.lr`` (which reads the live rate during a fit, a schedule's included; the
-  compiled rate comes back after it, the live one staying in ``train_state``), and
-  ``model.stop_training = True`` (which a stop by any callback sets too, as in Keras);
+  sets (``model.set_weights``, those names only), a learning rate written to
+  ``model.optimizer.lr``, and ``model.stop_training = True`` (which a stop by any callback
+  sets too, as in Keras). ``model.optimizer.lr`` holds the compiled rate unless written; the
+  live one, a schedule's included, is ``trainer.lr``;
 * ``params``: ``epochs``, ``initial_epoch``, ``steps``, ``batch_size``, ``samples``,
   ``verbose``, ``metrics``.
 
@@ -108,6 +108,7 @@ class CallbackList:
         for cb in getattr(self, "_started", self.callbacks):
             try:
                 cb.on_train_end(logs)
+                self._after()
             except Exception as exc:  # noqa: BLE001 - the others must still close their files
                 error = error or exc
         if error is not None:

@@ -81,6 +81,7 @@ class Optimizer:
     @lr.setter
     def lr(self, value) -> None:
         self._lr = check_lr(value)
+        self.lr_writes = getattr(self, "lr_writes", 0) + 1  # a fit takes over a rate written, even an equal one
 
     @property
     def hyperparameters(self) -> dict:
