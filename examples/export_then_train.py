@@ -50,6 +50,8 @@ def export_torch_model(path, seed: int = 0):
     with warnings.catch_warnings():
         # torch.export's internals emit FutureWarnings that say nothing about this model.
         warnings.simplefilter("ignore", FutureWarning)
+        # dynamo's default optimize=True is safe here: nothing in this network can be merged or
+        # folded (no batch norm, no equal tensors). For networks with them, see the README.
         program = torch.onnx.export(module, (torch.zeros(4, 64),), dynamo=True, input_names=["pixels"],
                                     output_names=["logits"], dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
                                     verbose=False)

@@ -325,7 +325,7 @@ class _Loop:
             _ = self.model  # brings the weights over
             self._model.train_state = tr.export_state()
             self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
-        if tr._accum:  # last: under an "error" warnings filter the state above is handed back already
+        if tr._accum and tr.nbatch_logical > tr.batch_size:  # last: an "error" filter cannot lose the state
             warnings.warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
                           f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
                           f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning, stacklevel=4)

@@ -18,10 +18,11 @@ A callback sees the running fit through three attributes set before ``on_train_b
 
 Epochs are counted from 0 as in Keras; ``initial_epoch`` shifts them. A callback resets
 its own state in ``on_train_begin`` so one object can serve several fits; ``on_train_end``
-runs for every callback whose ``on_train_begin`` did. The logs: ``on_batch_end`` gets
-``batch``, ``size`` and that batch's own ``loss`` (Keras passes the running mean instead);
-``on_epoch_end`` the epoch's ``loss`` and metrics, the ``val_`` ones and ``lr``; the other
-hooks an empty dict.
+runs for every callback whose ``on_train_begin`` did. The logs: ``on_batch_begin`` gets
+``batch``; ``on_batch_end`` ``batch``, ``size`` and that batch's own ``loss`` (Keras passes the
+running mean instead); ``on_epoch_end`` the epoch's ``loss`` and metrics, the ``val_`` ones
+and ``lr``; ``on_train_end`` the last epoch's logs; ``on_train_begin`` and ``on_epoch_begin``
+an empty dict.
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="train on the bundled digits data, export and verify model.onnx")
     p.add_argument("--out", default="ortrain-demo", help="output directory (default: ortrain-demo)")
-    p.add_argument("--epochs", type=_positive_int, default=30)
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--epochs", type=_positive_int, default=30, help="epochs to train (default: 30)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and shuffling (default: 0)")
     p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1)
 
     sub.add_parser("info", help="versions, execution providers, threads, the artifact cache")

@@ -9,8 +9,9 @@ A run directory holds::
     log.csv, history.json, model.onnx (at the end), loss.png (with matplotlib)
 
 After every epoch the checkpoint is written first and ``state.json`` last, each by
-rename, so a run stopped at any moment (Ctrl-C, a kill) leaves a directory that
-``--resume`` continues from the last completed epoch, bit for bit.
+rename, so a run stopped at any moment once ``run.json`` exists (Ctrl-C, SIGTERM, a kill)
+leaves a directory that ``--resume`` continues from the last completed epoch, bit for bit
+except for dropout masks.
 """
 
 from __future__ import annotations
@@ -197,8 +198,10 @@ def train(cfg: dict) -> dict:
     if not cfg.get("resume") and cfg.get("model") and not os.path.isfile(cfg["model"]):
         raise UsageError(f"--model: no such file {cfg['model']!r}")
     out = Path(cfg["out"])
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {str(out)!r} is a file; a run needs a directory, choose another path")
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        where = "is a file" if blocking == out else f"lies under the file {str(blocking)!r}"
+        raise UsageError(f"--out: {str(out)!r} {where}; a run needs a directory, choose another path")
     x, y, w = load_data(cfg["data"])
     if y is None:
         raise UsageError(f"--data: {', '.join(cfg['data'])} holds no labels 'y'")
@@ -405,9 +408,9 @@ def artifacts(opts) -> dict:
         raise UsageError(f"MODEL: no such file {opts.model!r}")
     if os.path.exists(opts.output) and not os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a file; artifacts need a directory, choose another path")
-    try:
-        before = ot.artifacts.load(opts.output).key
-    except OrtrainError:
+    try:  # the manifest alone: artifacts of another version are replaced too
+        before = read_json(Path(opts.output) / "manifest.json", "manifest").get("key")
+    except (OrtrainError, AttributeError):
         before = None
     model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
     loss = ot.losses.get({"name": opts.loss, "from_logits": True} if opts.from_logits else opts.loss)
