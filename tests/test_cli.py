@@ -253,6 +253,8 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     (["train", "bad.toml"], 2, "CONFIG: key 'epochs' expected a positive integer, received 0"),
     (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--out",
       "train.npz"], 2, "--out: 'train.npz' is a file"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--out",
+      "train.npz/run"], 2, "--out: 'train.npz/run' lies under the file 'train.npz'"),
     (["train", "--artifacts", "art", "--data", "weighted.npz", "--epochs", "1", "--batch-size", "8"], 2,
      "holds sample_weight, which the artifacts in 'art' do not take; build them with `ortrain artifacts ... "
      "--sample-weights`"),
