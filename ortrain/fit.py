@@ -89,7 +89,6 @@ class _Loop:
         self.epochs, self.initial_epoch = epochs, initial_epoch
         self._model = model
         self._synced_at = None
-
         base = trainer._model
         self.base_lr = base.optimizer.lr
         self.metrics = metrics_mod.resolve(base.metrics, base.loss)
@@ -169,10 +168,9 @@ class _Loop:
         return self._model
 
     def _take_model_edits(self) -> None:
-        """After callbacks ran: the weights a callback set on ``model`` (those names only: the
-        others may be out of date), a learning rate it gave ``model.optimizer`` and
-        ``model.stop_training`` take effect in the training; ``model.optimizer.lr`` then shows the
-        live rate (a schedule's too)."""
+        """After each callback's hook: the weights it set on ``model`` (those names only: the
+        others may be out of date), a learning rate it wrote to ``model.optimizer.lr`` (or a new
+        optimizer it compiled) and ``model.stop_training`` take effect in the training."""
         m = self._model
         if m is None:
             return
