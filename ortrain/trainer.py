@@ -215,11 +215,13 @@ class Trainer(Releasable):
         others = {p.name: weights[p.name] for p in self._params if p.role != "trainable"}
         optimizer = None
         if state is not None and state.moments:
-            if set(state.moments) != set(trainable):
-                warnings.warn("the model's saved optimizer state does not cover the same trainable weights; "
-                              "optimizer moments start from zero", stacklevel=3)
-            else:
-                optimizer = engine.OptimizerState(state.step, float(state.lr), dict(state.moments))
+            # As Keras keeps an optimizer's per-weight state: a weight that trained before keeps its
+            # moments, one that starts training now (unfrozen) starts from zero, and the update count
+            # (which bias correction reads) is the optimizer's, shared by all.
+            zero = next(iter(state.moments.values()))
+            moments = {n: state.moments[n] if n in state.moments else tuple(np.zeros_like(w) for _ in zero)
+                       for n, w in trainable.items()}
+            optimizer = engine.OptimizerState(state.step, float(state.lr), moments)
         engine.write_checkpoint(path, engine.CheckpointData(trainable, others, optimizer))
 
     # -- lifetime -------------------------------------------------------------------------------

@@ -883,3 +883,25 @@ def test_no_warning_on_a_clean_fit():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+
+
+def test_unfreezing_keeps_the_moments_of_weights_that_trained_as_keras_does():
+    x, y = batches(1, 4)[0]
+    model = mlp()
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    ws = [w.astype(np.float64) for w in model.get_weights()]
+    model.freeze("dense_0")
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)   # two updates of dense_1
+    model.unfreeze("dense_0")
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)   # dense_0 joins at update 3
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 0.01
+    m, v = [np.zeros_like(w) for w in ws], [np.zeros_like(w) for w in ws]
+    for t, trained in ((1, (2, 3)), (2, (2, 3)), (3, (0, 1, 2, 3))):
+        _, grads = mse_grads(ws, x, y)
+        for i in trained:   # one update count, shared; a weight's moments start when it starts training
+            m[i] = b1 * m[i] + (1 - b1) * grads[i]
+            v[i] = b2 * v[i] + (1 - b2) * grads[i] ** 2
+            ws[i] = ws[i] - lr * (m[i] / (1 - b1 ** t)) / (np.sqrt(v[i] / (1 - b2 ** t)) + eps)
+    for got, want in zip(model.get_weights(), ws):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    assert model.train_state.step == 3
