@@ -101,3 +101,15 @@ def probed_grads(opt) -> list[np.ndarray]:
     """The gradients of the last captured step, one per param of :func:`gradient_probe`."""
     moments = opt.state()["moments"]
     return [moments[p.name]["m"] for p in opt.params]
+
+
+def torch_steps(torch, net, opt, loss_fn, batches) -> list[float]:
+    """A plain PyTorch training loop over numpy ``(x, y)`` batches; the loss of each step."""
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = loss_fn(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import torch_or_skip
+from helpers import torch_steps
 
 import ortrain as ot
 from ortrain.datasets import load_digits
@@ -122,13 +123,7 @@ def test_trainer_from_artifacts_trains_like_pytorch(name, regenerated):
 
     net = _torch_twin(torch, name, start)
     opt = torch.optim.Adam(net.parameters(), lr=0.003)
-    ref_losses = []
-    for xb, yb in batches:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(xb)), torch.from_numpy(yb))
-        loss.backward()
-        opt.step()
-        ref_losses.append(float(loss.detach()))
+    ref_losses = torch_steps(torch, net, opt, torch.nn.functional.cross_entropy, batches)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
     reference = _torch_twin(torch, name, trained)
     ref_state = {k: v.detach().numpy() for k, v in net.state_dict().items()}

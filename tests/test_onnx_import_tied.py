@@ -19,7 +19,7 @@ from _onnx_helpers import f32 as _f32
 from _onnx_helpers import model as _model
 from _onnx_helpers import vi as _vi
 from conftest import torch_or_skip
-from helpers import NumpyAdam
+from helpers import NumpyAdam, torch_steps
 from onnx import helper, numpy_helper
 
 import ortrain as ot
@@ -135,13 +135,7 @@ def _torch_steps(torch, module, kind, optimizer, batches):
     params = list(module.parameters())
     opt = torch.optim.SGD(params, lr=0.1) if optimizer == "sgd" else torch.optim.Adam(params, lr=0.01)
     module.train()
-    losses = []
-    for x, y in batches:
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(module(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = torch_steps(torch, module, opt, torch.nn.functional.mse_loss, batches)
     state = {k: v.detach().numpy().copy() for k, v in module.state_dict().items() if v.is_floating_point()}
     if kind == "batchnorm":  # PyTorch tracks the unbiased batch variance, ortrain the biased one
         rv = np.ones(8)
