@@ -55,10 +55,11 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
     size, or with ``rows_of`` the rows of that other argument."""
     exp = (rows,) + tuple(expected[1:]) if rows is not None and expected else tuple(expected)
     if a.ndim != len(exp) or any(e is not None and e != n for e, n in zip(exp, a.shape)):
-        hint = ""
         if rows is not None and a.ndim == len(exp) and a.shape[0] != rows:
             hint = (f"; give one row per row of {rows_of}" if rows_of else
                     f"; every batch must hold exactly {rows} rows (pad the last one or drop it)")
+        else:
+            hint = f"; reshape {argument} to that, or build the model for this shape"
         raise ShapeError(f"{argument}: expected shape {describe_shape(exp)}, received "
                          f"{describe_shape(a.shape)}{hint}")
 

@@ -9,6 +9,13 @@ from pathlib import Path
 
 from ortrain.errors import OrtrainError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None
+
+CAN_LOCK = fcntl is not None  # lock_file works here
+
 
 def checked_target(path, what: str = "path") -> Path:
     """``path`` as a ``Path`` for a file about to be written, or a clear error: it must be a
@@ -62,3 +69,23 @@ def atomic_path(path, what: str = "path"):
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def lock_file(path: Path, wait: bool = True):
+    """``path`` opened and locked exclusively (POSIX ``flock``): the open handle, which holds the
+    lock until closed, or None when ``wait`` is false and another process holds it. A holder may
+    remove the file while it holds the lock (so none is left behind); a process that was waiting
+    on the removed file then locks a fresh one instead."""
+    while True:
+        handle = open(path, "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        try:
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
+        handle.close()  # that file was removed while this process waited

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
-from ortrain._files import atomic_path, fresh_dir
+from ortrain._files import CAN_LOCK, atomic_path, fresh_dir, lock_file
 from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
@@ -165,9 +165,9 @@ _verified: dict[tuple, str] = {}
 
 def _sha256(path: Path, remember: bool = False) -> str:
     """sha256 of a file. With ``remember``, a file this process already hashed and that has not
-    changed since (same size and modification time) is not read again."""
+    changed since (same inode, size and modification time) is not read again."""
     stat = os.stat(path)
-    memo = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+    memo = (os.path.abspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if remember and memo in _verified:
         return _verified[memo]
     h = hashlib.sha256()
@@ -334,9 +334,7 @@ def _publish_lock(target: Path):
     path) and takes the lock afresh, so two builders never work on one directory at once.
     """
     _check_target(target)
-    try:
-        import fcntl
-    except ImportError:  # not on POSIX: publishing stays atomic, concurrent builders may both build
+    if not CAN_LOCK:  # not on POSIX: publishing stays atomic, concurrent builders may both build
         target.parent.mkdir(parents=True, exist_ok=True)
         yield
         return
@@ -345,16 +343,10 @@ def _publish_lock(target: Path):
         made += [p for p in (target.parent, *target.parent.parents) if not p.exists() and p not in made]
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(lock, "a")
+            handle = lock_file(lock)
+            break
         except FileNotFoundError:  # a failing builder removed a folder just made: try again
             continue
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            if os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        handle.close()  # that lock file was removed while this builder waited
     failed = False
     try:
         yield

@@ -120,6 +120,8 @@ class CaptureStep(TracedCall):
         total = 0.0
         for g in grads:
             total += float(np.dot(g, g))
+        if not math.isfinite(total):  # float32 squares overflow above ~1.8e19; NaN and inf stay so
+            total = sum(float(np.dot(g64, g64)) for g64 in (g.astype(np.float64) for g in grads))
         norm = math.sqrt(total)
         if not math.isfinite(norm):
             self._refuse("gradient norm", norm)

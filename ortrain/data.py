@@ -186,32 +186,44 @@ def as_source(data, argument: str = "generator"):
                            f"received {_describe(data)}") from None
 
 
+_NOTHING = object()  # no batch pulled ahead (None is a pulled end of epoch)
+
+
 class EpochIterator:
     """Steps of one epoch over a source: ``(step, batch)`` pairs.
 
     With ``steps`` the source is pulled exactly ``steps`` times unless it ends the epoch
-    first; without, until it returns ``None``. ``pending`` is a batch already pulled for
-    the first epoch (the fit loop reads one to learn the batch size).
+    first; without, until it returns ``None``. A batch already pulled for the first epoch
+    (the fit loop reads one to learn the batch size, or whether validation batches carry
+    weights) is handed back with :meth:`peek`.
     """
 
-    def __init__(self, source, steps: int | None = None, pending=None):
+    def __init__(self, source, steps: int | None = None):
         self.source = source
         self.steps = steps
-        self._pending = pending
+        self._pending = _NOTHING
         self.taken = 0  # batches of the last epoch
         self.ended_early = False  # the source ended an epoch before ``steps``
 
+    def peek(self, epoch: int):
+        """The first batch of epoch ``epoch`` (None when it has none), pulled now and yielded
+        again as that epoch's first step."""
+        if self._pending is _NOTHING:
+            self.source.start_epoch(epoch)
+            self._pending = self.source.pull()
+        return self._pending
+
     def epoch(self, epoch: int):
         source, steps = self.source, self.steps
-        pending, self._pending = self._pending, None
-        if pending is None:
+        pending, self._pending = self._pending, _NOTHING
+        if pending is _NOTHING:
             source.start_epoch(epoch)
         self.taken = 0
         self.ended_early = False
         pull = source.pull
         while steps is None or self.taken < steps:
-            if pending is not None:
-                batch, pending = pending, None
+            if pending is not _NOTHING:
+                batch, pending = pending, _NOTHING
             else:
                 batch = pull()
             if batch is None:

@@ -156,15 +156,15 @@ class _Loop:
             staged.append((name, a))
         for name, a in staged:
             session.set(name, a)
-        self._synced_at = None
 
     @property
     def model(self) -> Model | None:
-        """The caller's model, brought up to date with the trained weights when read."""
-        if self._model is not None and self._synced_at != self.trainer.n_steps:
+        """The caller's model, brought up to date with the trainer's weights when read."""
+        writes = self.trainer._session.writes
+        if self._model is not None and self._synced_at != writes:
             self._model.set_weights(self.get_weights())
             self._model._written.clear()
-            self._synced_at = self.trainer.n_steps
+            self._synced_at = writes
         return self._model
 
     def _take_model_edits(self) -> None:
@@ -176,9 +176,12 @@ class _Loop:
             return
         if m._written:
             table, session = m._weight_table(), self.trainer._session
+            in_sync = self._synced_at == session.writes
             for name in m._written:
                 session.set(name, table[name])
             m._written.clear()
+            if in_sync:  # the model held the trainer's weights and now both hold its edits
+                self._synced_at = session.writes
         opt = m.optimizer
         if opt is not None and (id(opt), _lr_writes(opt)) != self._lr_seen:  # written (or recompiled)
             self._lr_seen = (id(opt), _lr_writes(opt))
@@ -424,7 +427,7 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     ``loss``/``optimizer`` recompile the model before training (a new optimizer starts fresh
     moments). ``nbatch_logical``: gradients of several batches make one update. ``loss_mask``
     as for :class:`ortrain.Trainer`; batches carrying ``sample_weight`` without it weight each
-    sample's loss (any loss). ``weight_decay`` (decoupled, in [0, 1]) overrides the optimizer's: the
+    sample's loss (any loss), in training and in validation alike. ``weight_decay`` (decoupled, in [0, 1]) overrides the optimizer's: the
     default 0.0 turns decay off, with a warning when the compiled optimizer has some; ``None`` keeps
     the compiled optimizer's, as ``model.fit`` does.
     The trained weights and optimizer state are written back into ``model``, so a later fit
@@ -438,7 +441,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     is read before its own ``on_batch_begin`` and after the previous step's ``on_batch_end``
     (and after ``on_epoch_begin`` for an epoch's first batch). A callback that prepares data
     (fills a replay buffer, raises a curriculum level) therefore does it in ``on_batch_end``
-    or ``on_epoch_begin`` for the batches that follow.
+    or ``on_epoch_begin`` for the batches that follow. The validation generator's first batch
+    (unless it is arrays) is read then too, to learn whether validation carries weights; the
+    first validation uses it.
 
     >>> import numpy as np, ortrain as ot
     >>> model = ot.Sequential([ot.layers.Dense(1)], input_shape=(2,), seed=0)
@@ -468,8 +473,8 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator")
     if epochs <= initial_epoch:
         return History()
-    source.start_epoch(initial_epoch)
-    first = source.pull()
+    batches = EpochIterator(source, steps_per_epoch)
+    first = batches.peek(initial_epoch)
     if first is None:
         warnings.warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
                       "nothing was trained", RuntimeWarning, stacklevel=2)
@@ -481,7 +486,7 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
         rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]
     except (OrtrainError, ValueError, TypeError) as exc:
         raise _located(exc, where) from exc
-    any_loss = loss_mask is None and w is not None
+    any_loss = loss_mask is None and (w is not None or _validation_weighted(vit, initial_epoch))
     trainer = Trainer(staged, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
                       weight_decay=weight_decay, _weights_any_loss=any_loss)
     with trainer:
@@ -493,7 +498,7 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
         _commit(model, staged)
         if vit is not None and isinstance(vit.source, ArraySource):
             vit.source.batch_size = rows
-        loop = _Loop(trainer, EpochIterator(source, steps_per_epoch, pending=first), epochs=epochs,
+        loop = _Loop(trainer, batches, epochs=epochs,
                      initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
                      model=model)
         return loop.run()
@@ -535,12 +540,26 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
         (xs, ys, ws), held = split_arrays(arrays, validation_split)
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
-    weighted = ws is not None or (vit is not None and isinstance(vit.source, ArraySource) and vit.source._w is not None)
+    weighted = ws is not None or _validation_weighted(vit, initial_epoch)
     with Trainer(model, batch_size=bs, loss_mask=1 if weighted else None, _weights_any_loss=weighted) as tr:
         source = ArraySource(xs, ys, ws, bs, shuffle=shuffle)
         loop = _Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
                      validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys))
         return loop.run()
+
+
+def _validation_weighted(vit: EpochIterator | None, epoch: int) -> bool:
+    """Whether the validation batches carry loss weights, which the trainer needs an input for.
+    Arrays say so; from another source the first batch is read now (and validated first)."""
+    if vit is None or vit.steps == 0:
+        return False
+    if isinstance(vit.source, ArraySource):
+        return vit.source._w is not None
+    first = vit.peek(epoch)
+    try:
+        return first is not None and parse_batch(first)[2] is not None
+    except (OrtrainError, ValueError, TypeError) as exc:
+        raise _located(exc, f"validation after epoch {epoch}, step 0 (counted from 0)") from exc
 
 
 def _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_split, **kwargs) -> History:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
 import os
 
+from ortrain._files import atomic_path
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 
@@ -51,15 +53,15 @@ class History(Callback):
 
     # -- export ---------------------------------------------------------------------------
     def to_csv(self, path) -> str:
-        """Write ``epoch`` and every logged value, one row per epoch."""
-        path = os.fspath(path)
+        """Write ``epoch`` and every logged value, one row per epoch (numbers at full precision,
+        anything else a callback logged as its text)."""
         keys = list(self.history)
-        with open(path, "w", newline="") as f:
+        with atomic_path(path, "to_csv(path)") as tmp, open(tmp, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["epoch", *keys])
             for i, e in enumerate(self.epoch):
-                w.writerow([e, *(repr(float(self.history[k][i])) for k in keys)])
-        return path
+                w.writerow([e, *(_cell(self.history[k][i]) for k in keys)])
+        return os.fspath(path)
 
     def to_pandas(self):
         """A ``pandas.DataFrame`` indexed by epoch (needs pandas: ``pip install 'ortrain[plot]'``)."""
@@ -99,3 +101,9 @@ class History(Callback):
         fig.savefig(path)
         plt.close(fig)
         return path
+
+
+def _cell(value) -> str:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return repr(float(value))
+    return str(value)

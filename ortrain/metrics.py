@@ -1,9 +1,10 @@
 """Metrics computed from predictions the training or eval graph already returns.
 
-A metric accumulates ``(total, count)`` over batches; its value is ``total / count``.
-``"accuracy"`` resolves by loss, as in Keras: sparse labels compare the arg-max with
-the label, one-hot labels compare arg-maxes, binary cross-entropy thresholds at 0.5
-(at 0 for logits).
+A metric accumulates ``(total, count)`` over batches; its value is ``total / count``
+(0 when every weight was 0, as Keras divides). ``"accuracy"`` resolves as in Keras:
+sparse labels compare the arg-max with the label, binary cross-entropy thresholds at
+0.5 (at 0 for logits), any other loss on a one-unit output thresholds at 0.5, and
+one-hot (or probability) labels compare arg-maxes.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Metric:
             self.count += len(values)
 
     def result(self) -> float:
-        return self.total / self.count if self.count else float("nan")
+        return self.total / self.count if self.count else 0.0
 
 
 def _sparse_acc(pred, y):
@@ -45,6 +46,13 @@ def _sparse_acc(pred, y):
 
 def _categorical_acc(pred, y):
     return (np.argmax(pred, axis=-1) == np.argmax(y, axis=-1)).reshape(len(pred), -1).mean(axis=1)
+
+
+def _accuracy_by_shape(pred, y):
+    """Keras's ``"accuracy"`` for losses that do not fix it: binary on one output unit."""
+    if pred.ndim == 1 or pred.shape[-1] == 1:
+        return _binary_acc(0.5)(pred, y)
+    return _categorical_acc(pred, y)
 
 
 def _binary_acc(threshold):
@@ -75,7 +83,7 @@ def resolve(names, loss) -> list[Metric]:
             elif lname == "binary_crossentropy":
                 fn = _binary_acc(0.0 if getattr(loss, "from_logits", False) else 0.5)
             else:
-                fn = _categorical_acc
+                fn = _accuracy_by_shape
             out.append(Metric("accuracy", fn))
         elif key == "sparse_categorical_accuracy":
             out.append(Metric(key, _sparse_acc))

@@ -117,10 +117,7 @@ class Trainer(Releasable):
     # -- construction --------------------------------------------------------------------------
     def _setup(self, model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
                checkpoint=None, art=None):
-        if not isinstance(model, Model):
-            raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
-        if not model.compiled:
-            raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) first")
+        _check_model(model)
         self.batch_size = positive_int(batch_size, "batch_size")
         if nbatch_logical is None:
             self._k = 1
@@ -132,15 +129,7 @@ class Trainer(Releasable):
             self._k = nbl // self.batch_size
         self.nbatch_logical = self._k * self.batch_size
         pred = model.output_specs[0]
-        n_out = pred.shape[-1] if len(pred.shape) >= 2 else 1
-        if loss_mask is None:
-            weighting = None
-        elif isinstance(loss_mask, bool) or not isinstance(loss_mask, (int, np.integer)) or \
-                loss_mask not in (1, n_out):
-            raise OrtrainError(f"loss_mask: expected None, 1 (one weight per sample) or {n_out} (one weight per "
-                               f"output element), received {loss_mask!r}")
-        else:
-            weighting = "sample" if loss_mask == 1 else "element"
+        weighting = _weighting(loss_mask, model)
         if weighting is not None and model.loss.name != "mse" and \
                 not (weighting == "sample" and getattr(self, "_any_loss", False)):
             raise OrtrainError(f"loss_mask={loss_mask} weights a mean squared error; the model is compiled with "
@@ -242,11 +231,12 @@ class Trainer(Releasable):
         self._runner = self._calib = None
 
     # -- inputs ---------------------------------------------------------------------------------
-    def _feeds(self, x, y, sample_weight, where: str, rows: int | None) -> list[np.ndarray]:
-        """Inputs, labels and (with a weighted loss) weights, cast and checked; nothing runs yet."""
-        xs = prepare_inputs(self._inputs, x, "x", rows, self._bounds)
+    def _feeds(self, x, y, sample_weight, where: str, rows: int | None, checked: bool = False) -> list[np.ndarray]:
+        """Inputs, labels and (with a weighted loss) weights, cast and checked; nothing runs yet.
+        ``checked``: the rows come from arrays whose index and label ranges were checked whole."""
+        xs = prepare_inputs(self._inputs, x, "x", rows, None if checked else self._bounds)
         rows = xs[0].shape[0]
-        feeds = xs + [prepare_labels(self._label, y, "y", rows, self._n_classes)]
+        feeds = xs + [prepare_labels(self._label, y, "y", rows, None if checked else self._n_classes)]
         if self._weight_spec is not None:
             feeds.append(self._sample_weight(sample_weight, rows))
         elif sample_weight is not None:
@@ -266,14 +256,17 @@ class Trainer(Releasable):
     def _train(self, feeds: list[np.ndarray]):
         feeds.append(self._scale)
         fetches = self._session.train_step(feeds, check=False)
-        self._n_steps += 1
-        self._accum += 1
-        if self._accum == self._k:
+        if self._accum + 1 == self._k:
             self._session.lr = self._lr
-            self._session.optimizer_step()
-            self._session.zero_grad()
-            self._accum = 0
+            try:
+                self._session.optimizer_step()
+            finally:  # a failed update drops the period's gradients and counts no step
+                self._session.zero_grad()
+                self._accum = 0
             self._updates += 1
+        else:
+            self._accum += 1
+        self._n_steps += 1
         return fetches
 
     def step(self, x, y, sample_weight=None) -> float:
@@ -288,24 +281,12 @@ class Trainer(Releasable):
         fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
         return float(fetches[1].numpy())
 
-    def step_with_outputs(self, x, y, sample_weight=None) -> tuple[float, np.ndarray]:
-        """``step`` that also returns the predictions of the forward pass (before the update)."""
-        self._live()
-        fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
-        return float(fetches[1].numpy()), fetches[2].numpy()
-
-    def step_rows(self, x, y, sample_weight=None) -> tuple[float, np.ndarray]:
-        """A training step on any number of rows (the fit loop's short last batch)."""
-        self._live()
-        fetches, _, _ = self._step(x, y, sample_weight, None)
-        return float(fetches[1].numpy()), fetches[2].numpy()
-
     def _step(self, x, y, sample_weight, rows: int | None, checked: bool = False):
         """A training step: ``(fetches, labels, weights)``. The labels and weights are the checked
         arrays that were fed (weights None when none were given), so the fit loop's metrics reuse
         them instead of checking every batch twice. ``checked``: the values were already found
-        finite (the fit loop checks whole arrays before it starts)."""
-        feeds = self._feeds(x, y, sample_weight, "step", rows)
+        finite and in range (the fit loop checks whole arrays before it starts)."""
+        feeds = self._feeds(x, y, sample_weight, "step", rows, checked)
         if not checked:
             self._refuse_non_finite(feeds)
         labels, weights = self._fed_labels_and_weights(feeds, sample_weight)
@@ -441,20 +422,23 @@ class Trainer(Releasable):
             self._calib = engine.InferenceRunner(probe, device=self.device)
         feeds = {s.name: a for s, a in zip(self._inputs, xs)}
         before = {name: self._session.get(name).copy() for node in nodes for name in node.input[3:5]}
-        for node in nodes:
-            feeds.update(self._weights_now())
-            value = self._calib.run(feeds, [node.input[0]])[0].astype(np.float64)
-            axes = tuple(i for i in range(value.ndim) if i != 1)
-            with np.errstate(over="ignore", invalid="ignore"):
-                mean, var = value.mean(axis=axes).astype(np.float32), value.var(axis=axes).astype(np.float32)
-            if not (np.isfinite(mean).all() and np.isfinite(var).all()):
-                for name, old in before.items():  # all or nothing
-                    self._session.set(name, old)
-                raise NonFiniteError(f"calibrate_bn: the input of batch norm {node.name!r} has statistics "
-                                     "beyond float32 (finite x whose values overflow on the way); the statistics "
-                                     "were not changed. Scale x to a usual range first")
-            self._session.set(node.input[3], mean)
-            self._session.set(node.input[4], var)
+        try:
+            for node in nodes:
+                feeds.update(self._weights_now())
+                value = self._calib.run(feeds, [node.input[0]])[0].astype(np.float64)
+                axes = tuple(i for i in range(value.ndim) if i != 1)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    mean, var = value.mean(axis=axes).astype(np.float32), value.var(axis=axes).astype(np.float32)
+                if not (np.isfinite(mean).all() and np.isfinite(var).all()):
+                    raise NonFiniteError(f"calibrate_bn: the input of batch norm {node.name!r} has statistics "
+                                         "beyond float32 (finite x whose values overflow on the way); the "
+                                         "statistics were not changed. Scale x to a usual range first")
+                self._session.set(node.input[3], mean)
+                self._session.set(node.input[4], var)
+        except BaseException:
+            for name, old in before.items():  # all or nothing
+                self._session.set(name, old)
+            raise
 
     # -- learning rate and counters ------------------------------------------------------------
     def set_lr(self, lr: float) -> None:
@@ -509,19 +493,20 @@ class Trainer(Releasable):
             raise OrtrainError(f"{os.fspath(path)!r} was not written by Trainer.save_checkpoint")
         if weight_decay is None and _PROP + "weight_decay" in props:
             weight_decay = float(props[_PROP + "weight_decay"])
+        _check_model(model)
+        weighting = _weighting(loss_mask, model)
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = bool(_weights_any_loss)
         # Build the artifacts first to check the checkpoint belongs to this model, loss and optimizer.
-        weighting = None if loss_mask is None else ("sample" if loss_mask == 1 else "element")
         art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
-                                  refresh_checkpoint=False) if model.compiled else None
-        if art is not None and props[_PROP + "key"] != art.key:
+                                  refresh_checkpoint=False)
+        if props[_PROP + "key"] != art.key:
             raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
                                "optimizer than this model; resume with the model and settings that wrote it")
         # The key matched artifacts with one weight per sample: a fit with sample weights wrote it,
         # which weights any loss, so loss_mask=1 resumes it whatever the loss.
-        tr._any_loss = tr._any_loss or (art is not None and weighting == "sample")
+        tr._any_loss = tr._any_loss or weighting == "sample"
         tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
                   checkpoint=os.fspath(path), art=art)
         tr._restore_counters(props, data)
@@ -570,6 +555,26 @@ class Trainer(Releasable):
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"n_steps={self._n_steps}, lr={self._lr:g}"
         return f"<Trainer batch_size={getattr(self, 'batch_size', '?')} {state}>"
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, Model):
+        raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
+    if not model.compiled:
+        raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) first")
+
+
+def _weighting(loss_mask, model: Model) -> str | None:
+    """The artifacts' loss weighting for ``loss_mask``, checked against the model's first output:
+    None, ``"sample"`` (``loss_mask=1``) or ``"element"`` (``loss_mask=<outputs>``)."""
+    if loss_mask is None:
+        return None
+    pred = model.output_specs[0]
+    n_out = pred.shape[-1] if len(pred.shape) >= 2 else 1
+    if isinstance(loss_mask, bool) or not isinstance(loss_mask, (int, np.integer)) or loss_mask not in (1, n_out):
+        raise OrtrainError(f"loss_mask: expected None, 1 (one weight per sample) or {n_out} (one weight per "
+                           f"output element), received {loss_mask!r}")
+    return "sample" if loss_mask == 1 else "element"
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

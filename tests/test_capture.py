@@ -595,3 +595,20 @@ def test_bound_outputs_are_written_in_place_or_copied_when_the_runtime_does_not(
     np.testing.assert_array_equal(other[1], _w0())
     with pytest.raises(ot.OrtrainError, match="bind_train_outputs: expected 2 contiguous arrays, one per output"):
         session.bind_train_outputs(mine[:1])
+
+
+def test_clipping_takes_a_finite_norm_beyond_float32_squares():
+    # |g| = 1e20: its square overflows float32, the norm does not; the step is clipped, not refused
+    W = ag.param(np.ones((1,), np.float32), name="W")
+    opt = ot.optim.Adam([W], lr=1e-3)
+    step = ot.capture_step(lambda x: ag.sum(ag.mul(W, x)), optimizer=opt, max_grad_norm=1.0)
+    out = step(x=np.array([1e20], np.float32))
+    assert out["grad_norm"] == np.float32(1e20)
+    g = np.float32(1e20) * np.float32(1.0 / (1e20 + 1e-6))  # the clipped gradient, as in the update
+    ref = NumpyAdam([np.ones((1,), np.float32)], lr=1e-3)
+    ref.step([np.array([g], np.float32)])
+    np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-6)
+    assert opt.state()["step"] == 1
+    with pytest.raises(ot.ShapeError, match="missing 'x'; pass the same inputs by name at every call"):
+        step()
+    step.free()

@@ -380,3 +380,19 @@ def test_val_split_holds_out_the_rows_model_fit_would(workdir, capsys):
                "--val-split", "0.95", "--out", "run2", "--verbose", "0") == 2
     assert "--val-split: validation_split=0.95 leaves 0 training and 10 validation rows" in capsys.readouterr().err
     assert not (workdir / "run2").exists()
+
+
+def test_a_run_past_epoch_9999_keeps_its_newest_checkpoints(tmp_path):
+    from ortrain.cli.runs import RunRecorder
+
+    class Writes:
+        def save_checkpoint(self, path):
+            open(path, "wb").write(b"ckpt")
+
+    recorder = RunRecorder(tmp_path, {}, [])
+    recorder.trainer = Writes()
+    for epoch in (9997, 9998, 9999):  # the last writes epoch-10000.ckpt
+        recorder.on_epoch_end(epoch, {"loss": 1.0})
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["checkpoint"] == "checkpoints/epoch-10000.ckpt"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch-10000.ckpt", "epoch-9999.ckpt"]

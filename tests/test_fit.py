@@ -905,3 +905,82 @@ def test_unfreezing_keeps_the_moments_of_weights_that_trained_as_keras_does():
     for got, want in zip(model.get_weights(), ws):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     assert model.train_state.step == 3
+
+
+def test_history_to_csv_writes_text_a_callback_logged(tmp_path):
+    class Phase(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logs["phase"] = "warmup" if epoch == 0 else "main"
+
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    hist = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[Phase()])
+    lines = open(hist.to_csv(tmp_path / "h.csv")).read().splitlines()
+    assert lines[0] == "epoch,loss,lr,phase"
+    assert [line.split(",")[3] for line in lines[1:]] == ["warmup", "main"]
+
+
+def test_the_model_fit_returns_holds_what_a_callback_changed_without_a_step(rng):
+    x = rng.normal(3.0, 2.0, (256, 4)).astype(np.float32)
+    y = np.zeros((256, 1), np.float32)
+
+    class Calibrate(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            _ = self.model  # brought up to date here, then the trainer's weights change again
+            self.trainer.calibrate_bn(x)
+
+    model = ot.Sequential([ot.layers.BatchNorm(), ot.layers.Dense(1)], input_shape=(4,), seed=0)
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0, shuffle=False, callbacks=[Calibrate()])
+    weights = dict(zip(model.weight_names(), model.get_weights()))
+    np.testing.assert_allclose(weights["batch_norm_0.running_mean"], x.astype(np.float64).mean(0), rtol=1e-5)
+    np.testing.assert_allclose(weights["batch_norm_0.running_var"], x.astype(np.float64).var(0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["fit_generator", "fit generator", "fit arrays"])
+def test_weighted_validation_batches_weight_val_loss_whatever_the_training_batches(how, rng):
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    y = rng.standard_normal((16, 3)).astype(np.float32)
+    w = rng.random(16).astype(np.float32)
+    train = [(x[:8], y[:8]), (x[8:], y[8:])]
+    calls = []
+
+    def val():  # a callable: its first batch is read before training to learn it carries weights
+        calls.append(len(calls))
+        if len(calls) % 3 == 0:
+            return None
+        i = len(calls) % 3 - 1
+        return x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8], w[i * 8:(i + 1) * 8]
+
+    model = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer="sgd", loss="mse")
+    if how == "fit_generator":
+        hist = ot.fit_generator(model, train, epochs=2, validation_generator=val, verbose=0)
+    elif how == "fit generator":
+        hist = model.fit(train, epochs=2, validation_data=val, verbose=0)
+    else:
+        hist = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, validation_data=val, verbose=0)
+    assert calls == list(range(6))  # two validations of two batches and an end, nothing pulled twice
+    k, b = model.get_weights()
+    err = ((x.astype(np.float64) @ k + b - y) ** 2).mean(axis=1)
+    np.testing.assert_allclose(hist.history["val_loss"][-1], (w * err).sum() / 16, rtol=1e-5)
+    # the training itself is the unweighted one
+    ref = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    ref.compile(optimizer="sgd", loss="mse")
+    ref.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for a, r in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_allclose(a, r, rtol=1e-6, atol=1e-7)
+
+
+def test_accuracy_on_one_output_unit_thresholds_whatever_the_loss():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((200, 4)).astype(np.float32)
+    y = (rng.random((200, 1)) > 0.5).astype(np.float32)
+    for loss in ("mse", "mae", ot.losses.Huber()):
+        model = ot.Sequential([ot.layers.Dense(1, activation="sigmoid")], input_shape=(4,), seed=0)
+        model.compile(optimizer="sgd", loss=loss, metrics=["accuracy"])
+        p = model.predict(x)
+        assert model.evaluate(x, y)["accuracy"] == pytest.approx(np.mean((p > 0.5) == (y > 0.5)))
+        # every weight 0: Keras divides with divide_no_nan and reports 0
+        assert model.evaluate(x, y, sample_weight=np.zeros(200))["accuracy"] == 0.0

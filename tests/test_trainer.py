@@ -397,3 +397,62 @@ def test_step_and_eval_check_labels_once_with_the_shared_rules(rng):
             np.testing.assert_array_equal(a, b)
         assert tr.n_steps == before[1]
         assert tr.eval(x, np.array([0, 1, 2, 1])) == tr.eval(x, np.array([[0], [1], [2], [1]], np.float64))
+
+
+def test_from_checkpoint_checks_loss_mask_before_building_anything(tmp_path):
+    model = seed_model()
+    x, y = seed_data()
+    with ot.Trainer(model, batch_size=16) as tr:
+        tr.step(x[:16], y[:16])
+        tr.save_checkpoint(tmp_path / "ck")
+    cache = ot.artifacts.cache_dir()
+    before = sorted(p.name for p in cache.iterdir())
+    for bad in (7, True, 2.5):
+        with pytest.raises(ot.OrtrainError, match=rf"loss_mask: expected None, 1 .* or 2 .*received {bad!r}"):
+            ot.Trainer.from_checkpoint(model, tmp_path / "ck", batch_size=16, loss_mask=bad)
+    assert sorted(p.name for p in cache.iterdir()) == before
+
+
+def test_a_failed_update_counts_no_step_and_drops_its_gradients(monkeypatch):
+    x, y = seed_data()
+    ref, model = seed_model(), seed_model()
+    with ot.Trainer(ref, batch_size=16) as good, ot.Trainer(model, batch_size=16) as tr:
+        good.step(x[:16], y[:16])
+        tr.step(x[:16], y[:16])
+        session = tr._session
+        real = session.optimizer_step
+
+        def fail():
+            raise ot.OrtrainError("injected")
+        monkeypatch.setattr(session, "optimizer_step", fail)
+        with pytest.raises(ot.OrtrainError, match="injected"):
+            tr.step(x[16:32], y[16:32])
+        monkeypatch.setattr(session, "optimizer_step", real)
+        assert (tr.n_steps, tr.n_updates) == (1, 1)
+        # the next update holds only its own batch's gradients, as in a trainer that never failed
+        assert tr.step(x[32:48], y[32:48]) == good.step(x[32:48], y[32:48])
+        for a, b in zip(tr.model().get_weights(), good.model().get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_calibrate_bn_restores_every_statistic_when_a_later_layer_fails(monkeypatch, rng):
+    model = ot.Sequential([L.Dense(4), L.BatchNorm(), L.Dense(3), L.BatchNorm()], input_shape=(2,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x = rng.standard_normal((64, 2)).astype(np.float32) * 3 + 1
+    with ot.Trainer(model, batch_size=8) as tr:
+        tr.calibrate_bn(x[:8])  # creates the calibration runner
+        before = tr.model().get_weights()
+        calls = []
+        real = tr._calib.run
+
+        def run(feeds, names):
+            calls.append(names)
+            if len(calls) == 2:
+                raise ot.OrtrainError("injected")
+            return real(feeds, names)
+        monkeypatch.setattr(tr._calib, "run", run)
+        with pytest.raises(ot.OrtrainError, match="injected"):
+            tr.calibrate_bn(x)
+        assert len(calls) == 2  # the first layer's statistics had been written
+        for a, b in zip(tr.model().get_weights(), before):
+            np.testing.assert_array_equal(a, b)

@@ -108,7 +108,8 @@ class TracedCall(Releasable):
         raise ShapeError(f"{self._where}: the first call fixed the inputs ({', '.join(want)}); "
                          + (f"missing {', '.join(map(repr, missing))}" if missing else "")
                          + ("; " if missing and extra else "")
-                         + (f"unexpected {', '.join(map(repr, extra))}" if extra else ""))
+                         + (f"unexpected {', '.join(map(repr, extra))}" if extra else "")
+                         + "; pass the same inputs by name at every call, or capture another step for others")
 
     def _convert(self, name, a, shape, dtype):
         a = as_array(a, dtype, f"{self._where}: input {name!r}")

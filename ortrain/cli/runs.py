@@ -27,6 +27,7 @@ import numpy as np
 
 import ortrain as ot
 from ortrain import fit as fit_mod
+from ortrain._files import CAN_LOCK, lock_file
 from ortrain.callbacks.base import Callback
 from ortrain.cli._common import UsageError, load_data, read_json, write_json, write_text
 from ortrain.data import split_arrays
@@ -57,7 +58,7 @@ class RunRecorder(Callback):
         write_json(self.out / "history.json", {"epoch": self.epochs, "history": self.history})
         write_json(self.out / "state.json", {"epoch": epoch + 1, "checkpoint": f"checkpoints/{ck.name}",
                                              "epochs": self.epochs, "history": self.history})
-        for old in sorted(ckdir.glob("epoch-*.ckpt"))[:-KEEP_CHECKPOINTS]:
+        for old in sorted(ckdir.glob("epoch-*.ckpt"), key=_epoch_of)[:-KEEP_CHECKPOINTS]:
             old.unlink()
 
     def _csv(self) -> str:
@@ -68,6 +69,11 @@ class RunRecorder(Callback):
             cells = [str(e)] + ["" if self.history[k][i] is None else repr(float(self.history[k][i])) for k in keys]
             buf.write(",".join(cells) + "\n")
         return buf.getvalue()
+
+
+def _epoch_of(checkpoint: Path) -> int:
+    """The epoch in a checkpoint's name (``epoch-0012.ckpt``: names sort wrongly past 9999)."""
+    return int(checkpoint.name[len("epoch-"):-len(".ckpt")])
 
 
 def _split(x, y, w, fraction: float):
@@ -160,25 +166,19 @@ _TEMP_IN_CHECKPOINTS = re.compile(r"^\.epoch-\d{4,}\.ckpt\.[0-9a-f]{12}\.tmp\.ck
 def _run_lock(out: Path):
     """One process at a time trains a run: a second one is refused at once, before it touches
     anything (it would remove the first one's files in flight)."""
-    try:
-        import fcntl
-    except ImportError:  # not on POSIX: no guard
+    if not CAN_LOCK:  # not on POSIX: no guard
         yield
         return
     lock = out / ".lock"
-    handle = open(lock, "a")
+    handle = lock_file(lock, wait=False)
+    if handle is None:
+        raise UsageError(f"--out: another ortrain process is training the run in {str(out)!r}; wait for it "
+                         "to end")
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"--out: another ortrain process is training the run in {str(out)!r}; wait for it "
-                             "to end") from None
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                lock.unlink()  # while still holding it
+        yield
     finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()  # while still holding it
         handle.close()
 
 

@@ -107,6 +107,9 @@ class TrainingSession:
         self._lr: float | None = None
         self._bound = None
         self._freed = False
+        # Counts the calls that may change parameter values (train steps move batch-norm
+        # statistics), so a copy of the weights can tell whether it is still current.
+        self.writes = 0
 
     # -- lifetime ---------------------------------------------------------------------
     def _live(self):
@@ -131,6 +134,7 @@ class TrainingSession:
         if check:
             feeds = check_feeds(self.train_inputs, feeds, "train step")
         fetches = C.OrtValueVector()
+        self.writes += 1
         try:
             self._module.train_step(feeds, fetches)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
@@ -153,6 +157,7 @@ class TrainingSession:
         """A train step (no input checks) writing its outputs into the arrays of :meth:`bind_train_outputs`."""
         self._live()
         vec, arrays, unconfirmed = self._bound
+        self.writes += 1
         try:
             self._module.train_step(feeds, vec)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
@@ -182,6 +187,7 @@ class TrainingSession:
         self._live()
         if self._optimizer is None:
             raise OrtrainError("this session was opened without an optimizer graph")
+        self.writes += 1
         try:
             self._optimizer.optimizer_step()
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
@@ -233,6 +239,7 @@ class TrainingSession:
 
     def set(self, name: str, value: np.ndarray) -> None:
         self._live()
+        self.writes += 1
         if self.device.kind == "cpu":
             view = self.view(name)
             if view.shape != value.shape:
