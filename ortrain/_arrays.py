@@ -58,6 +58,10 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
         if rows is not None and a.ndim == len(exp) and a.shape[0] != rows:
             hint = (f"; give one row per row of {rows_of}" if rows_of else
                     f"; every batch must hold exactly {rows} rows (pad the last one or drop it)")
+        elif a.ndim == len(exp) and exp and exp[0] is not None and a.shape[0] != exp[0] and \
+                all(e is None or e == n for e, n in zip(exp[1:], a.shape[1:])):
+            hint = (f"; the model takes batches of exactly {exp[0]} rows: give that many, or re-export it with "
+                    "a dynamic batch axis")
         else:
             hint = f"; reshape {argument} to that, or build the model for this shape"
         raise ShapeError(f"{argument}: expected shape {describe_shape(exp)}, received "

@@ -99,9 +99,40 @@ def test_average_pool_as_depthwise_conv(rng, attrs):
     np.testing.assert_allclose(run[1], run[0], rtol=1e-5, atol=1e-6)
 
 
+def _numpy_average_pool(x, k, s, p, cip):
+    """Square windows; a window with no cell of the input is 0. Divisor: the real cells, or the
+    whole kernel with count_include_pad."""
+    def windows(size):
+        out = -(-(size + 2 * p - k) // s) + 1  # ceil_mode, no window dropped (as onnxruntime 1.19.2)
+        return [(max(o * s - p, 0), min(o * s - p + k, size)) for o in range(out)]
+    rows, cols = windows(x.shape[2]), windows(x.shape[3])
+    y = np.zeros(x.shape[:2] + (len(rows), len(cols)))
+    for i, (r0, r1) in enumerate(rows):
+        for j, (c0, c1) in enumerate(cols):
+            if r1 > r0 and c1 > c0:
+                div = k * k if cip else (r1 - r0) * (c1 - c0)
+                y[:, :, i, j] = x[:, :, r0:r1, c0:c1].sum(axis=(2, 3)) / div
+    return y
+
+
+@pytest.mark.parametrize("k, s, p, cip", [(2, 2, 1, 0), (2, 2, 1, 1), (3, 3, 1, 0)])
+def test_ceil_mode_average_pool_keeps_the_runtimes_last_windows(rng, k, s, p, cip):
+    """Last windows that start past the input: onnxruntime keeps them (PyTorch drops them), so the
+    training graph must too, or its shapes differ from the model's; their value is 0."""
+    import onnxruntime as ort
+    attrs = {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4, "ceil_mode": 1, "count_include_pad": cip}
+    model = one_node_model("AveragePool", attrs, [None, 3, 9, 8])
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    runtime = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    rewritten = average_pool_as_conv(model)
+    got = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert got.shape == runtime.shape
+    np.testing.assert_allclose(got, _numpy_average_pool(x.astype(np.float64), k, s, p, cip), rtol=1e-5, atol=1e-6)
+
+
 def test_average_pools_the_rewrite_cannot_express_are_refused():
     model = one_node_model("AveragePool", {"kernel_shape": [2]}, [None, 3, 9])
-    with pytest.raises(ot.UnsupportedOpError, match="AveragePool node .*2-D average pools"):
+    with pytest.raises(ot.UnsupportedOpError, match="AveragePool node .*2-D average pools, this one is 1-D"):
         average_pool_as_conv(model)
 
 

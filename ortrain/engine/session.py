@@ -9,6 +9,7 @@ onnxruntime-training only through this class.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -16,7 +17,7 @@ import onnx
 from ortrain._files import atomic_path
 from ortrain.engine._runtime import C, OrtValue
 from ortrain.engine.device import Device, parse_device, session_options
-from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
+from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
 
 
@@ -58,10 +59,8 @@ def check_feeds(specs: list[TensorSpec], arrays, where: str) -> list[np.ndarray]
     return out
 
 
-def runtime_failure(exc: Exception, what: str) -> OrtrainError:
-    """An :class:`OrtrainError` for a run the runtime refused (an index out of range that no check
-    before the run could see, say), carrying the runtime's reason: its whole message, less the
-    C++ function it came from and any stack trace."""
+def _reason(exc: Exception) -> str:
+    """The runtime's message, less the C++ function it came from and any stack trace."""
     lines = []
     for line in str(exc).splitlines():
         if line.strip().startswith("Stacktrace"):
@@ -70,7 +69,28 @@ def runtime_failure(exc: Exception, what: str) -> OrtrainError:
     text = " ".join(line for line in lines if line)
     _, marker, reason = text.partition("[ONNXRuntimeError] : ")
     reason = reason.split(" : ", 2)[-1] if marker else text  # drop "<code> : <STATUS> : "
-    return OrtrainError(f"onnxruntime could not run the {what}: {reason.strip() or type(exc).__name__}")
+    return reason.strip() or type(exc).__name__
+
+
+def runtime_failure(exc: Exception, what: str) -> OrtrainError:
+    """An :class:`OrtrainError` for a run the runtime refused (an index out of range that no check
+    before the run could see, say), carrying the runtime's reason."""
+    return OrtrainError(f"onnxruntime could not run the {what}: {_reason(exc)}")
+
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+?)Grad\(\d+\) node with name '(.*?)_Grad/")
+
+
+def _open_failure(exc: Exception, device) -> OrtrainError:
+    reason = _reason(exc)
+    missing = _NO_KERNEL.search(reason)
+    if missing:
+        op, node = missing.groups()
+        return UnsupportedOpError(
+            f"onnxruntime-training 1.19.2 has no {device.kind.upper()} kernel for the gradient of {op} (node "
+            f"{node!r}), so the model cannot train through it on this device. Freeze its weights and those before it "
+            f"(ot.from_onnx(..., frozen=[...])) or replace the op")
+    return OrtrainError(f"onnxruntime-training could not open the artifacts: {reason}")
 
 
 class TrainingSession:
@@ -95,8 +115,7 @@ class TrainingSession:
             self._optimizer = (C.Optimizer(os.fspath(optimizer_path), self._state, dev, so)
                                if optimizer_path is not None else None)
         except RuntimeError as exc:
-            raise OrtrainError(f"onnxruntime-training could not open the artifacts: "
-                               f"{str(exc).splitlines()[0]}") from exc
+            raise _open_failure(exc, self.device) from exc
         self.train_inputs = read_input_specs(training_path, list(self._module.input_names(True)))
         self.eval_inputs = read_input_specs(eval_path, list(self._module.input_names(False)))
         self.train_outputs = list(self._module.output_names(True))

@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.graph.builder import GraphBuilder, TensorSpec, check_model, spec_of
+from ortrain.graph.passes import node_inputs
 
 ROLES = ("trainable", "frozen", "buffer")
 
@@ -117,7 +118,7 @@ def to_inference(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    used = {i for n in model.graph.node for i in node_inputs(n)} | {o.name for o in model.graph.output}
     keep = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)

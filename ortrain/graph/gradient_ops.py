@@ -18,7 +18,9 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-__all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "nodes_without_gradient"]
+from ortrain.graph.passes import _attr, elem_types, int64_constants, node_inputs
+
+__all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "nodes_without_gradient", "untrainable_form"]
 
 GRADIENT_OPS = frozenset({
     # ai.onnx, measured on the installed onnxruntime-training 1.19.2
@@ -47,17 +49,21 @@ NON_DIFFERENTIABLE_INPUTS = {
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 
 
-def _value_types(model: onnx.ModelProto) -> dict[str, int]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
-        inferred = model
-    g = inferred.graph
-    types = {t.name: t.data_type for t in g.initializer}
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
-    return types
+def gradient_reach(model: onnx.ModelProto) -> set[str]:
+    """The values a gradient from the graph's outputs flows into: backwards through the inputs
+    of nodes one of whose float outputs it reaches, except at positions no gradient enters
+    (``NON_DIFFERENTIABLE_INPUTS``). Integer and boolean values (shapes, a comparison's mask)
+    stop it, so a float tensor read only through ``Equal`` is a constant. Values of unknown
+    type count as float."""
+    types = elem_types(model, lenient=True)
+    reach = {o.name for o in model.graph.output}
+    for node in reversed(model.graph.node):  # topological order, so consumers come first
+        if not any(o in reach and types.get(o, TensorProto.FLOAT) in _FLOATS for o in node.output):
+            continue
+        skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
+        reach.update(name for pos, name in enumerate(node.input) if name and pos not in skip)
+        reach.update(node_inputs(node)[len(node.input):])  # what its subgraphs read from outside
+    return reach
 
 
 def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None = None) -> dict[str, list[str]]:
@@ -71,22 +77,51 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     Values of unknown type count as float.
     """
     target = target or model.graph.output[0].name
-    types = _value_types(model)
+    types = elem_types(model, lenient=True)
     tainted = set(trainable)
     candidates = []
     for node in model.graph.node:
-        if not any(i in tainted for i in node.input if i):
+        if not any(i in tainted for i in node_inputs(node)):
             continue
         outs = [o for o in node.output if o and types.get(o, TensorProto.FLOAT) in _FLOATS]
         if outs:
             tainted.update(outs)
             candidates.append(node)
     needed = ancestors(model, target)
+    consts = int64_constants(model)
     missing: dict[str, list[str]] = {}
     for i, node in enumerate(candidates):
-        if node.op_type not in GRADIENT_OPS and any(o in needed for o in node.output):
-            missing.setdefault(node.op_type, []).append(node.name or f"{node.op_type}#{i}")
+        if not any(o in needed for o in node.output):
+            continue
+        what = node.op_type if node.op_type not in GRADIENT_OPS else untrainable_form(node, consts)
+        if what:
+            missing.setdefault(what, []).append(node.name or f"{node.op_type}#{i}")
     return missing
+
+
+def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
+    """How ``node``, of an op the gradient builder knows, still cannot be trained through in
+    onnxruntime-training 1.19.2, or None: its builder takes only constant padding for ``Pad``,
+    builds an invalid graph for ``ReduceL2`` over every axis without ``keepdims``, and its
+    gradient kernels fail on negative ``Slice`` steps and run ``LSTM``/``GRU`` forward only.
+    ``consts``: the graph's int64 constants (``passes.int64_constants``)."""
+    op = node.op_type
+    if op == "Pad":
+        mode = _attr(node, "mode", b"constant")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if mode != "constant":
+            return f"Pad in {mode!r} mode"
+    elif op == "Slice" and len(node.input) > 4 and node.input[4] in consts and (consts[node.input[4]] < 0).any():
+        return "Slice with a negative step"
+    elif op == "ReduceL2" and not _attr(node, "keepdims", 1) and not _attr(node, "axes", None) and \
+            (len(node.input) < 2 or not node.input[1]):
+        return "ReduceL2 over every axis without keepdims"
+    elif op in ("LSTM", "GRU"):
+        direction = _attr(node, "direction", b"forward")
+        direction = direction.decode() if isinstance(direction, bytes) else direction
+        if direction != "forward":
+            return f"{op} in direction {direction!r}"
+    return None
 
 
 def ancestors(model: onnx.ModelProto, target: str) -> set[str]:
@@ -97,8 +132,8 @@ def ancestors(model: onnx.ModelProto, target: str) -> set[str]:
         node = producer.get(stack.pop())
         if node is None:
             continue
-        for i in node.input:
-            if i and i not in seen:
+        for i in node_inputs(node):
+            if i not in seen:
                 seen.add(i)
                 stack.append(i)
     return seen

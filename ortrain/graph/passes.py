@@ -92,15 +92,15 @@ def _attr(node, name, default):
 def _pool_geometry(node, size: int, axis: int, kernel: int, stride: int, pads: list[int]):
     """Output length, end padding actually covered, and the divisor of every window on one axis.
 
-    Follows onnxruntime's AveragePool: ``ceil_mode`` adds a last window that may run past the
-    padded input; ``count_include_pad=0`` divides by the real cells in a window, ``1`` by the
-    full kernel size, whatever part of the window lies beyond the padding.
+    Follows onnxruntime 1.19.2's AveragePool: ``ceil_mode`` adds a last window that may run past
+    the padded input, and keeps it even where it holds no cell of the input (PyTorch, and
+    later ONNX specifications, drop such a window; onnxruntime reads past the input for it,
+    the rewrite gives 0); ``count_include_pad=0`` divides by the real cells in a window, ``1``
+    by the full kernel size, whatever part of the window lies beyond the padding.
     """
     begin, end = pads[axis], pads[axis + 2]
     span = size + begin + end - kernel
     out = (-(-span // stride) if _attr(node, "ceil_mode", 0) else span // stride) + 1
-    if _attr(node, "ceil_mode", 0) and (out - 1) * stride >= size + begin:
-        out -= 1  # ONNX drops a last window that would start in the end padding alone
     covered_end = max(end, (out - 1) * stride + kernel - size - begin)
     if _attr(node, "count_include_pad", 0):
         return out, covered_end, np.full(out, kernel, np.float32)
@@ -167,7 +167,12 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     def as_conv(i, node):
         shape = _shape_of(inferred, node.input[0])
         kernel = list(_attr(node, "kernel_shape", []))
-        if shape is None or len(shape) != 4 or len(kernel) != 2 or any(d is None for d in shape[1:]):
+        if len(kernel) != 2:
+            raise UnsupportedOpError(
+                f"AveragePool node {node.name or i!r}: ortrain trains 2-D average pools, this one is "
+                f"{len(kernel)}-D (kernel {kernel}); onnxruntime-training's own AveragePool gradient crashes with "
+                "a free batch size. Freeze the weights before it or replace the pool")
+        if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
             raise UnsupportedOpError(
                 f"AveragePool node {node.name or i!r}: ortrain trains 2-D average pools whose channels, height "
                 f"and width are known (input shape {shape}); onnxruntime-training's own AveragePool gradient "
@@ -182,7 +187,9 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
         p = f"{node.name or 'AveragePool'}/as_conv_{i}/"
         weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32)
         inits = [numpy_helper.from_array(weight, p + "weight")]
-        scale = (kh * kw) / np.outer(rows, cols)
+        counts = np.outer(rows, cols)
+        # A window with no cell of the input averages to 0 (onnxruntime reads past the input there).
+        scale = np.divide(kh * kw, counts, out=np.zeros_like(counts), where=counts > 0)
         exact = np.all(scale == 1.0)
         conv_out = node.output[0] if exact else p + "sum"
         nodes = [helper.make_node("Conv", [node.input[0], p + "weight"], [conv_out], name=p + "Conv",
@@ -275,14 +282,44 @@ def bias_grad_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
 _TWO_127 = float(2.0 ** 127)
 
 
-def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """The values ``node`` reads: its inputs, then the outer values its subgraphs (``Loop``,
+    ``If`` and ``Scan`` bodies) read by name."""
+    names = [i for i in node.input if i]
+    for attr in node.attribute:
+        for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            inner = {v.name for v in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                names += [i for i in node_inputs(n) if i not in inner]
+                inner.update(n.output)
+    return list(dict.fromkeys(names))
+
+
+def elem_types(model: onnx.ModelProto, lenient: bool = False) -> dict[str, int]:
     """Element types (``onnx.TensorProto`` codes) of a standard-ONNX graph's values, by onnx's
-    type inference; values it cannot type are left out."""
-    g = onnx.shape_inference.infer_shapes(model).graph
+    type inference; values it cannot type are left out. ``lenient``: where onnx cannot type the
+    graph at all (an unknown op, a damaged part), the types the graph declares."""
+    try:
+        g = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        if not lenient:
+            raise
+        g = model.graph
     types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.input, *g.value_info, *g.output]
              if vi.type.HasField("tensor_type")}
     types.update((t.name, t.data_type) for t in g.initializer)
     return {k: v for k, v in types.items() if v}
+
+
+def int64_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The int64 values an initializer or a ``Constant`` node fixes (shapes, axes, steps), by name."""
+    values = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    values[n.output[0]] = a.t
+    return {name: numpy_helper.to_array(t) for name, t in values.items() if t.data_type == onnx.TensorProto.INT64}
 
 
 def float32_values(model: onnx.ModelProto) -> set[str]:

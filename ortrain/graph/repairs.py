@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
-from ortrain.graph.passes import elem_types
+from ortrain.graph.passes import elem_types, int64_constants
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
@@ -181,15 +181,6 @@ def dropout_with_training_input(model: onnx.ModelProto) -> tuple[onnx.ModelProto
     return out, len(targets)
 
 
-def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    """:func:`~ortrain.graph.passes.elem_types`, or nothing where onnx cannot type the graph (an
-    unknown op, a damaged part): callers then fall back to float32."""
-    try:
-        return elem_types(model)
-    except Exception:
-        return {}
-
-
 class _Expansion:
     """Writes the nodes that replace one node: constants in the element type of its input, fresh
     names under the node's own."""
@@ -219,7 +210,7 @@ def _expand(model: onnx.ModelProto, ops: set[str], rewrite) -> tuple[onnx.ModelP
         return model, 0
     out = copy.deepcopy(model)
     names = FreshNames(out)
-    dtypes = _elem_types(out)
+    dtypes = elem_types(out, lenient=True)  # untyped values count as float32
     nodes, count = [], 0
     for node in out.graph.node:
         if not candidate(node):
@@ -335,26 +326,16 @@ def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
 
 # -- the batch dimension --------------------------------------------------------------------------
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    values = {t.name: t for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    values[n.output[0]] = a.t
-    out = {}
-    for name, t in values.items():
-        if t.data_type == onnx.TensorProto.INT64:
-            out[name] = numpy_helper.to_array(t)
-    return out
-
-
 def _dim0(vi: onnx.ValueInfoProto):
+    return (_dims(vi) or [None])[0]
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list | None:
+    """Each dimension of a value: a number, a symbol or None."""
     tt = vi.type.tensor_type
-    if not tt.HasField("shape") or not tt.shape.dim:
+    if not tt.HasField("shape"):
         return None
-    d = tt.shape.dim[0]
-    return d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
 
 
 def _set_dim0(vi: onnx.ValueInfoProto, param: str) -> None:
@@ -368,7 +349,8 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
 
     Returns the new model and an empty list, or the unchanged model and what pins the
     batch: a ``Reshape`` to a constant shape whose first entry is a number (e.g. ``[1, 2048]``),
-    or an output whose first dimension stays a number once the inputs' is free.
+    a recurrent layer's initial state made for the fixed batch, or an output whose first
+    dimension stays a number once the inputs' is free.
     """
     ins = [vi for vi in model.graph.input if vi.name in set(data_inputs)]
     fixed = {_dim0(vi) for vi in ins}
@@ -389,13 +371,24 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
         return model, [f"shape inference with a free batch ({str(exc).splitlines()[0]})"]
     dims = {vi.name: _dim0(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
             + list(inferred.graph.output)}
-    consts = _constants(model)
+    consts = int64_constants(model)
     blockers = []
     for node in model.graph.node:
         if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in consts:
             shape = consts[node.input[1]].reshape(-1)
             if dims.get(node.input[0]) == BATCH and shape.size and shape[0] > 0:
                 blockers.append(f"Reshape {node.name or node.output[0]!r} to the constant shape {shape.tolist()}")
+    shapes = {vi.name: _dims(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    for node in model.graph.node:
+        if node.op_type in ("LSTM", "GRU", "RNN") and len(node.input) > 5:
+            # the initial states (inputs 5, and 6 for LSTM) are laid out (directions, batch, hidden),
+            # or (batch, directions, hidden) with layout=1, as X is (seq, batch, in) or (batch, seq, in)
+            axis = 0 if any(a.name == "layout" and a.i == 1 for a in node.attribute) else 1
+            x_batch = (shapes.get(node.input[0]) or [None, None])[axis]
+            for state in node.input[5:7]:
+                if state and x_batch == BATCH and (shapes.get(state) or [None, None])[axis] == batch:
+                    blockers.append(f"{node.op_type} {node.name or node.output[0]!r}'s initial state {state!r} "
+                                    f"has a fixed batch of {batch}")
     for vi in inferred.graph.output:
         if dims.get(vi.name) == batch:
             blockers.append(f"output {vi.name!r} keeps a first dimension of {batch}")

@@ -38,9 +38,16 @@ from ortrain import _random
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec
-from ortrain.graph.gradient_ops import NON_DIFFERENTIABLE_INPUTS, nodes_without_gradient
+from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
-from ortrain.graph.repairs import FreshNames, free_batch_dimension, repair, upgrade_opset
+from ortrain.graph.passes import node_inputs
+from ortrain.graph.repairs import (
+    FreshNames,
+    batchnorm_inference_form,
+    free_batch_dimension,
+    repair,
+    upgrade_opset,
+)
 
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
 
@@ -135,20 +142,15 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
 
 
 def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
-    """(names read at all, names read where a gradient flows, batch-norm running statistics)."""
+    """(names read at all, subgraphs included; names a gradient from the outputs reaches;
+    batch-norm running statistics)."""
     used = {o.name for o in model.graph.output}
-    differentiable, buffers = set(), set()
+    buffers = set()
     for node in model.graph.node:
-        skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
-        for pos, name in enumerate(node.input):
-            if not name:
-                continue
-            used.add(name)
-            if pos not in skip:
-                differentiable.add(name)
+        used.update(node_inputs(node))
         if node.op_type == "BatchNormalization" and len(node.input) >= 5:
             buffers.update(node.input[3:5])
-    return used, differentiable, buffers
+    return used, gradient_reach(model), buffers
 
 
 def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set[str]:
@@ -202,15 +204,16 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     of the value under the ``Identity`` output's name (see ``_untie_identities``): torch's
     eval-mode export writes a fresh batch norm's running variance as ``Identity(gamma)`` and
     two zero biases as one, though PyTorch trains them apart. Then float32 initializers of
-    rank >= 1 are weights (trainable unless frozen) when some node reads them where a
-    gradient flows; the running statistics of BatchNormalization nodes (inputs 3 and 4,
+    rank >= 1 are weights (trainable unless frozen) when a gradient from the outputs reaches
+    them (:func:`~ortrain.graph.gradient_ops.gradient_reach`: not through integer or boolean
+    values, such as a causal mask read through ``Equal``); the running statistics of BatchNormalization nodes (inputs 3 and 4,
     found by position) are buffers; everything else (scalars, integers, shapes, exponents,
     ratios) stays a constant. A float32 scalar becomes a trainable weight only when
     ``trainable=`` names it exactly and a gradient reaches it: exporters write arithmetic
     constants (GELU's 0.5 and 1/sqrt(2)) as scalar initializers, and training those
     would change the formula, so neither the default nor a glob such as ``"*"`` picks them.
     Such a weight has shape (1,), read through a ``Reshape`` to rank 0 (``_read_as_scalars``).
-    Initializers nothing reads are dropped. ``stash`` holds initializers already taken out
+    Initializers nothing reads (subgraphs of ``Loop`` or ``If`` included) are dropped. ``stash`` holds initializers already taken out
     of the graph (see ``_stash_weights``); they are classified the same way. Weights come
     in ``order`` (names), by default the graph's initializer order; the copies follow.
     """
@@ -333,8 +336,8 @@ def _check_gradients(fg: ForwardGraph) -> None:
         return
     listing = "; ".join(f"{op} (nodes: {', '.join(nodes)})" for op, nodes in sorted(missing.items()))
     raise UnsupportedOpError(
-        f"from_onnx: onnxruntime-training 1.19.2 has no gradient for {', '.join(sorted(missing))}, and these "
-        f"nodes lie between trainable weights and the output: {listing}. Freeze the weights before them "
+        f"from_onnx: onnxruntime-training 1.19.2 cannot differentiate these nodes, which lie between trainable "
+        f"weights and the output: {listing}. Freeze the weights before them "
         f"(frozen=[...] or trainable=[...] with names or glob patterns) or replace the ops in the model")
 
 
@@ -386,6 +389,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     from ortrain.nn.graph_model import GraphModel
     proto = load_untrusted(model)
     stash, order = _stash_weights(proto)
+    proto, _ = batchnorm_inference_form(proto)  # first: onnx's opset converter cannot take its training form
     proto = upgrade_opset(proto)
     proto, data = _select_inputs(proto, input_names, stash)
     _check_data_inputs(proto, data)

@@ -1,0 +1,199 @@
+"""``ot.from_onnx`` on model forms found in torch exports: values no gradient reaches, subgraphs,
+ops the runtime knows but cannot train through in some form, recurrent layers exported with a
+fixed batch, and batch norm exported in training mode at an old opset. References: PyTorch
+(where installed) and numpy."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import pytest
+from _onnx_helpers import f32, vi
+from _onnx_helpers import model as _model
+from conftest import torch_or_skip
+from helpers import torch_steps
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import ortrain as ot
+
+# torch's TorchScript exporter, which the README advises for training, announces its deprecation
+pytestmark = pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript", "ignore:The feature will be removed",
+                                        "ignore:Converting a tensor to a Python boolean")
+
+
+def _export(torch, module, shape, **kwargs) -> onnx.ModelProto:
+    f = io.BytesIO()
+    torch.onnx.export(module, (torch.zeros(*shape),), f, dynamo=False, input_names=["x"], **kwargs)
+    return onnx.load_from_string(f.getvalue())
+
+
+def _train_side_by_side(torch, net, model, batches, lr=0.5):
+    """Losses and weights after SGD steps in PyTorch and in ortrain."""
+    want = torch_steps(torch, net, torch.optim.SGD(net.parameters(), lr=lr), torch.nn.functional.mse_loss, batches)
+    model.compile(optimizer=ot.optim.SGD(lr=lr), loss="mse")
+    with ot.Trainer(model, batch_size=len(batches[0][0])) as tr:
+        got = [tr.step(x, y) for x, y in batches]
+        weights = dict(zip(model.weight_names(), tr.model().get_weights(), strict=True))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    for name, value in net.state_dict().items():
+        if name in weights:
+            np.testing.assert_allclose(weights[name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    return weights
+
+
+@pytest.mark.torch
+def test_a_float_buffer_read_only_through_a_comparison_is_a_constant(rng):
+    """nanoGPT's causal mask: ``masked_fill(self.mask == 0, ...)``. No gradient crosses ``Equal``,
+    so the buffer is a constant (it was made a weight, and the gradient builder then failed)."""
+    torch = torch_or_skip()
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.register_buffer("mask", torch.tril(torch.ones(4, 4)))
+
+        def forward(self, x):
+            return torch.softmax(self.fc(x).masked_fill(self.mask == 0, -1e4), dim=-1)
+
+    torch.manual_seed(0)
+    net = Masked()
+    proto = _export(torch, net, (2, 4, 4), do_constant_folding=False, dynamic_axes={"x": {0: "batch"}})
+    assert any(n.op_type == "Equal" for n in proto.graph.node)
+    model = ot.from_onnx(proto)
+    assert "mask" not in model.weight_names() and len(model.weight_names()) == 2
+    _train_side_by_side(torch, net, model, [(f32(rng, 2, 4, 4), f32(rng, 2, 4, 4)) for _ in range(3)])
+
+
+def _if_model(rng):
+    """``y = x @ W`` or ``2 * (x @ W)``, chosen by a constant condition; ``W`` is read only
+    inside the branches."""
+    def branch(name, scale):
+        nodes = [helper.make_node("MatMul", ["x", "W"], [f"{name}_h"])]
+        out = f"{name}_h"
+        if scale != 1:
+            nodes.append(helper.make_node("Mul", [out, "two"], [f"{name}_y"]))
+            out = f"{name}_y"
+        return helper.make_graph(nodes, name, [], [vi(out, [None, 2])])
+
+    w = f32(rng, 3, 2)
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(True), "cond")]
+    node = helper.make_node("If", ["cond"], ["y"], name="choose", then_branch=branch("then", 1),
+                            else_branch=branch("else", 2))
+    return _model([node], [vi("x", [None, 3])], [vi("y", [None, 2])], inits), w
+
+
+def test_weights_read_inside_a_subgraph_are_kept_and_the_node_is_named(rng):
+    proto, w = _if_model(rng)
+    with pytest.raises(ot.UnsupportedOpError, match=r"cannot differentiate these nodes.*If \(nodes: choose\)"):
+        ot.from_onnx(proto)
+    model = ot.from_onnx(proto, frozen=["W"])
+    assert model.weight_names() == ["W"]
+    x = f32(rng, 5, 3)
+    np.testing.assert_allclose(model.predict(x), x @ w, rtol=1e-6)
+
+
+def _one_op_model(op_nodes, out_shape, inits=()):
+    """``x * w`` (w a trainable weight of 3) into ``op_nodes``, which read ``h`` and write ``y``."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]), *op_nodes]
+    weights = [numpy_helper.from_array(np.full(3, 0.5, np.float32), "w"), *inits]
+    return _model(nodes, [vi("x", [None, 3])], [vi("y", out_shape)], weights)
+
+
+def _i64(name, values):
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+FORMS = {
+    "Pad in 'reflect' mode": _one_op_model(
+        [helper.make_node("Pad", ["h", "pads"], ["y"], name="pad", mode="reflect")], [None, 5],
+        [_i64("pads", [0, 1, 0, 1])]),
+    "Slice with a negative step": _one_op_model(
+        [helper.make_node("Slice", ["h", "starts", "ends", "axes", "steps"], ["y"], name="flip")], [None, 3],
+        [_i64("starts", [-1]), _i64("ends", [-(2 ** 62)]), _i64("axes", [1]), _i64("steps", [-1])]),
+    "ReduceL2 over every axis without keepdims": _one_op_model(
+        [helper.make_node("ReduceL2", ["h"], ["norm"], name="norm", keepdims=0),
+         helper.make_node("Mul", ["h", "norm"], ["y"])], [None, 3]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_forms_the_runtime_cannot_train_through_are_refused_at_import(rng, form):
+    """The gradient builder knows these ops, but not these forms of them: the builder or the
+    gradient kernel fails later, without naming the node."""
+    proto = FORMS[form]
+    node = next(n.name for n in proto.graph.node if n.name)
+    with pytest.raises(ot.UnsupportedOpError, match=rf"cannot differentiate .*{form} \(nodes: {node}\)"):
+        ot.from_onnx(proto)
+    model = ot.from_onnx(proto, frozen=["w"])  # nothing to differentiate: it imports and runs
+    x = f32(rng, 4, 3)
+    ref = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    np.testing.assert_allclose(model.predict(x), ref, rtol=1e-6)
+
+
+def test_an_op_without_a_gradient_kernel_on_the_device_is_named_when_the_trainer_opens(rng):
+    w = numpy_helper.from_array(f32(rng, 1, 1, 2, 2), "W")
+    node = helper.make_node("ConvTranspose", ["x", "W"], ["y"], name="up")
+    proto = _model([node], [vi("x", [None, 1, 3, 3])], [vi("y", [None, 1, 4, 4])], [w])
+    model = ot.from_onnx(proto).compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=r"no CPU kernel for the gradient of ConvTranspose \(node 'up'\)"):
+        ot.Trainer(model, batch_size=2)
+
+
+@pytest.mark.torch
+def test_a_recurrent_layer_exported_with_a_fixed_batch_keeps_it(rng):
+    """torch writes the initial state for the export's batch: freeing the batch would fail in the
+    runtime at any other number of rows."""
+    torch = torch_or_skip()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.r, self.h = torch.nn.LSTM(3, 6, batch_first=True), torch.nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.h(self.r(x)[0])
+
+    torch.manual_seed(0)
+    net = Net()
+    model = ot.from_onnx(_export(torch, net, (4, 5, 3)))
+    assert model.input_specs[0].shape == (4, 5, 3)
+    with pytest.raises(ot.ShapeError, match="fixed batch of 4 rows"):
+        ot.Trainer(model.compile(optimizer="sgd", loss="mse"), batch_size=6)
+    with pytest.raises(ot.ShapeError, match="the model takes batches of exactly 4 rows"):
+        model.predict(f32(rng, 10, 5, 3))
+    _train_side_by_side(torch, net, model, [(f32(rng, 4, 5, 3), f32(rng, 4, 5, 2)) for _ in range(3)], lr=0.1)
+
+
+@pytest.mark.torch
+def test_a_bidirectional_recurrent_layer_is_refused_at_import():
+    torch = torch_or_skip()
+    net = torch.nn.GRU(3, 4, bidirectional=True)
+    with pytest.raises(ot.UnsupportedOpError, match=r"GRU in direction 'bidirectional' \(nodes: "):
+        ot.from_onnx(_export(torch, net, (5, 2, 3), dynamic_axes={"x": {1: "batch"}}))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("opset", [13, 17])
+def test_a_training_mode_batch_norm_export_imports_at_old_opsets(rng, opset):
+    """onnx's opset converter cannot take a training-mode BatchNormalization: it is repaired first."""
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    proto = _export(torch, net, (2, 4), opset_version=opset, training=torch.onnx.TrainingMode.TRAINING,
+                    do_constant_folding=False, dynamic_axes={"x": {0: "batch"}})
+    # the export ran one training forward pass: its running statistics moved a step from PyTorch's
+    model = ot.from_onnx(proto)
+    assert [o.type.tensor_type.elem_type for o in proto.graph.output] == [TensorProto.FLOAT]
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in zip(model.weight_names(), model.get_weights())},
+                        strict=False)
+    batches = [(f32(rng, 8, 4), f32(rng, 8, 2)) for _ in range(3)]
+    want = torch_steps(torch, net, torch.optim.SGD(net.parameters(), lr=0.1), torch.nn.functional.mse_loss, batches)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=8) as tr:
+        got = [tr.step(x, y) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
