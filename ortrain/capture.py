@@ -281,11 +281,7 @@ class CaptureStep(TracedCall):
         self._claim()
 
     def _moments_of(self, session) -> dict:
-        with artifacts.scratch_dir() as d:
-            session.save_checkpoint(d / "state")
-            data = engine.read_checkpoint(d / "state")
-        found = data.optimizer.moments if data.optimizer is not None else {}
-        return {**self._carried, **found}
+        return {**self._carried, **session.optimizer_moments()}
 
     def _read_moments(self) -> dict:
         """``opt.state()`` reads the live moments through this while the step is alive."""

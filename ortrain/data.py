@@ -5,7 +5,7 @@ Every source answers two calls: ``start_epoch(epoch)`` when an epoch begins and
 counts steps on top of a source; it never asks a source for more than
 ``steps_per_epoch`` batches.
 
-The generator contract (API section 3):
+The generator contract (``ot.fit_generator``):
 
 * a **callable** of no arguments returns one batch per call and ``None`` at the end of
   an epoch; a finite one resets itself before returning ``None``, so the next call

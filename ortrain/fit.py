@@ -120,7 +120,7 @@ class _Loop:
         if model is not None:
             model._written.clear()
             opt = model.optimizer
-            if opt is not None and getattr(model, "_lr_seen", None) not in (None, (id(opt), _lr_writes(opt))):
+            if opt is not None and model._lr_seen not in (None, (id(opt), _lr_writes(opt))):
                 trainer.set_lr(opt.lr)  # model.optimizer.lr was written between fits
             self._lr_seen = (id(opt), _lr_writes(opt))
 
@@ -146,14 +146,13 @@ class _Loop:
         if len(weights) != len(names):
             raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), "
                                f"received {len(weights)}")
-        session = self.trainer._session
         staged = []
-        for name, w in zip(names, weights):
-            cur = session.get(name)
-            a = np.asarray(w, dtype=cur.dtype)
-            if a.shape != cur.shape:
-                raise ShapeError(f"set_weights: {name!r} expected shape {cur.shape}, received {a.shape}")
-            staged.append((name, a))
+        for p, w in zip(self.trainer._params, weights):
+            a = np.asarray(w, dtype=p.dtype)
+            if a.shape != tuple(p.shape):
+                raise ShapeError(f"set_weights: {p.name!r} expected shape {tuple(p.shape)}, received {a.shape}")
+            staged.append((p.name, a))
+        session = self.trainer._session
         for name, a in staged:
             session.set(name, a)
 
@@ -333,7 +332,7 @@ class _Loop:
 
 
 def _lr_writes(opt) -> int:
-    return getattr(opt, "lr_writes", 0) if opt is not None else 0
+    return opt.lr_writes if opt is not None else 0
 
 
 def _update(metrics, pred: np.ndarray, labels: np.ndarray, weights: np.ndarray | None) -> None:

@@ -392,11 +392,7 @@ class Trainer(Releasable):
     def export_state(self) -> TrainState:
         """The optimizer state, for a model to carry into its next ``fit``."""
         self._live()
-        with artifacts_mod.scratch_dir() as tmp:
-            self._session.save_checkpoint(tmp / "ckpt")
-            data = engine.read_checkpoint(tmp / "ckpt")
-        moments = data.optimizer.moments if data.optimizer else {}
-        return TrainState(self._updates, self._lr, moments, self._n_steps)
+        return TrainState(self._updates, self._lr, self._session.optimizer_moments(), self._n_steps)
 
     # -- batch norm ----------------------------------------------------------------------------
     def calibrate_bn(self, x) -> None:

@@ -984,3 +984,14 @@ def test_accuracy_on_one_output_unit_thresholds_whatever_the_loss():
         assert model.evaluate(x, y)["accuracy"] == pytest.approx(np.mean((p > 0.5) == (y > 0.5)))
         # every weight 0: Keras divides with divide_no_nan and reports 0
         assert model.evaluate(x, y, sample_weight=np.zeros(200))["accuracy"] == 0.0
+
+
+def test_a_rate_restored_by_load_state_between_fits_is_the_next_fits():
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    model = mlp()
+    model.compile(optimizer=ot.optim.Adam(lr=0.1), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    state = model.optimizer.state()
+    state["lr"] = 0.01
+    model.optimizer.load_state(state)
+    assert model.fit(x, y, batch_size=8, epochs=1, verbose=0).history["lr"] == [0.01]

@@ -1,6 +1,6 @@
 """The callback contract: a fixed set of hooks, no-ops by default.
 
-A callback sees the running fit through three attributes set before ``on_train_begin``:
+A callback sees the running fit through four attributes set before ``on_train_begin``:
 
 * ``trainer``: the live :class:`ortrain.Trainer` (``lr``, ``set_lr``, ``save_checkpoint``,
   ``predict``, ``n_steps``);

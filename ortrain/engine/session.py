@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 
 import numpy as np
 import onnx
 
 from ortrain._files import atomic_path
 from ortrain.engine._runtime import C, OrtValue
+from ortrain.engine.checkpoint import read_checkpoint
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
@@ -275,6 +278,19 @@ class TrainingSession:
             self._state.add_property(key, value)
         with atomic_path(path) as tmp:
             C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
+
+    def optimizer_moments(self) -> dict:
+        """The optimizer's moments by parameter name (``{}`` without optimizer state), read back
+        through a checkpoint in a scratch directory: the runtime offers no other way to them."""
+        self._live()
+        scratch = tempfile.mkdtemp(prefix="ortrain-")
+        try:
+            path = os.path.join(scratch, "state")
+            C.save_checkpoint(self._state, path, self._optimizer is not None)
+            data = read_checkpoint(path)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return data.optimizer.moments if data.optimizer is not None else {}
 
     def properties(self) -> dict:
         self._live()

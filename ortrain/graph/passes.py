@@ -5,6 +5,7 @@ leaves its input alone."""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import numpy as np
 import onnx
@@ -23,13 +24,12 @@ def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> o
     if not running_means:
         return model
     inferred = onnx.shape_inference.infer_shapes(model)
-    out = copy.deepcopy(model)
-    nodes = []
-    counter = 0
-    for node in out.graph.node:
-        if node.op_type != "BatchNormalization" or len(node.input) < 5 or node.input[3] not in running_means:
-            nodes.append(node)
-            continue
+    counter = itertools.count()
+
+    def frozen(node) -> bool:
+        return node.op_type == "BatchNormalization" and len(node.input) >= 5 and node.input[3] in running_means
+
+    def plain_ops(_, node):
         eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
         x, gamma, beta, mean, var = node.input[:5]
         shape = _shape_of(inferred, x)
@@ -37,18 +37,18 @@ def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> o
             raise OrtrainError(f"BatchNormalization node {node.name!r}: the rank of its input is unknown, so its "
                                "statistics cannot be frozen; give the model's inputs a rank")
         rank = len(shape)
-        p = f"{node.name or 'bn'}/frozen_{counter}/"
-        counter += 1
+        p = f"{node.name or 'bn'}/frozen_{next(counter)}/"
+        nodes, inits = [], []
         params = [gamma, beta, mean, var]
         if rank > 2:
             axes = p + "axes"
-            out.graph.initializer.append(numpy_helper.from_array(np.arange(1, rank - 1, dtype=np.int64), axes))
+            inits.append(numpy_helper.from_array(np.arange(1, rank - 1, dtype=np.int64), axes))
             params = []
             for i, n in enumerate((gamma, beta, mean, var)):
                 nodes.append(helper.make_node("Unsqueeze", [n, axes], [f"{p}u{i}"], name=f"{p}Unsqueeze_{i}"))
                 params.append(f"{p}u{i}")
         g, b, m, v = params
-        out.graph.initializer.append(numpy_helper.from_array(np.array(eps, np.float32), p + "eps"))
+        inits.append(numpy_helper.from_array(np.array(eps, np.float32), p + "eps"))
         nodes += [
             helper.make_node("Add", [v, p + "eps"], [p + "var_eps"], name=p + "Add_eps"),
             helper.make_node("Sqrt", [p + "var_eps"], [p + "std"], name=p + "Sqrt"),
@@ -57,9 +57,9 @@ def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> o
             helper.make_node("Mul", [p + "centered", p + "scale"], [p + "scaled"], name=p + "Mul"),
             helper.make_node("Add", [p + "scaled", b], [node.output[0]], name=p + "Add"),
         ]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
+        return nodes, inits
+
+    return _replace_nodes(model, frozen, plain_ops)
 
 
 def batchnorm_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:

@@ -143,6 +143,7 @@ class Model:
         self._version = 0
         self._runners: dict = {}
         self._written: set[str] = set()  # weights set since a running fit last synced this model
+        self._lr_seen = None  # (optimizer id, its lr_writes) when the last fit ended
 
     def _name_layers(self) -> None:
         counts: dict[str, int] = {}
@@ -423,7 +424,8 @@ class Model:
         """Outputs for any number of rows, in inference mode (no dropout, running batch-norm statistics).
 
         One array for a single-output model, a list in output order otherwise. ``batch_size``
-        (a positive int) bounds the rows per run; ``None`` runs all rows at once.
+        (a positive int) bounds the rows per run; ``None`` runs all rows at once. ``verbose`` is
+        accepted for Keras code and shows nothing.
         """
         positive_int(batch_size, "batch_size", allow_none=True)
         xs = prepare_inputs(self.input_specs, x, "x", bounds=self.index_bounds())
@@ -434,7 +436,7 @@ class Model:
         """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode.
 
         Everything is checked before the first run: shapes, and class labels against the number
-        of classes for sparse cross-entropy.
+        of classes for sparse cross-entropy. ``verbose`` is accepted for Keras code and shows nothing.
         """
         from ortrain.artifacts import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT
         positive_int(batch_size, "batch_size", allow_none=True)

@@ -73,6 +73,7 @@ class Optimizer:
         self._moments: dict[str, tuple[np.ndarray, ...]] = {}
         self._state_source = None  # set by a live capture: returns {param name: moments}
         self._state_version = 0
+        self.lr_writes = 0  # a fit takes over a rate written since it last looked, even an equal one
 
     @property
     def lr(self) -> float:
@@ -81,7 +82,7 @@ class Optimizer:
     @lr.setter
     def lr(self, value) -> None:
         self._lr = check_lr(value)
-        self.lr_writes = getattr(self, "lr_writes", 0) + 1  # a fit takes over a rate written, even an equal one
+        self.lr_writes += 1
 
     @property
     def hyperparameters(self) -> dict:
@@ -130,6 +131,7 @@ class Optimizer:
         moments = {pname: self._checked_moments(pname, ms) for pname, ms in state["moments"].items()}
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         self._moments, self.step, self._lr = moments, int(step), lr
+        self.lr_writes += 1
         # A live capture reads the loaded moments at its next call, instead of its own.
         self._state_source = None
         self._state_version += 1
