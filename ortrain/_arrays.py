@@ -46,6 +46,16 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
             if (hi >= top if kind == "f" else hi > info.max) or lo < info.min:
                 raise ShapeError(f"{argument}: holds {hi if lo >= info.min else lo}, beyond the range of "
                                  f"{dtype.name} [{info.min}, {info.max}]")
+    if kind == "f" and dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize:
+        with np.errstate(over="ignore"):
+            out = np.asarray(a, dtype=dtype, order="C")
+        if a.size and not np.isfinite(out).all():
+            beyond = ~np.isfinite(out) & np.isfinite(a)
+            if beyond.any():
+                info = np.finfo(dtype)
+                raise ShapeError(f"{argument}: holds {a[beyond].flat[0]:g}, beyond the range of {dtype.name} "
+                                 f"[{info.min:g}, {info.max:g}]; scale the data to a usual range")
+        return out
     return np.asarray(a, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
 
 

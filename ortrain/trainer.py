@@ -148,7 +148,9 @@ class Trainer(Releasable):
             if spec.shape and spec.shape[0] is not None and spec.shape[0] != self.batch_size:
                 raise ShapeError(f"batch_size={self.batch_size}: the model's input {spec.name!r} has a fixed "
                                  f"batch of {spec.shape[0]} rows {describe_shape(spec.shape)}; use "
-                                 f"batch_size={spec.shape[0]} or re-export the model with a dynamic batch axis")
+                                 f"batch_size={spec.shape[0]} or re-export the model with a dynamic batch axis "
+                                 "(every input is batch first: one without a batch axis, such as an attention "
+                                 "mask, must be a constant of the model or get one)")
 
         if art is None:
             art = artifacts_mod.build(model, loss=model.loss, optimizer=opt, weighting=weighting,

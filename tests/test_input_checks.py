@@ -236,3 +236,18 @@ def test_arguments_numpy_or_python_cannot_read_get_ortrain_errors(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ot.OrtrainError, match="checkpoint '.*c.ckpt' cannot be read: .*it is damaged"):
         ot.Trainer.from_checkpoint(model, path, batch_size=4)
+
+
+def test_float64_values_beyond_float32_are_refused_not_made_infinite():
+    model = ot.Sequential([L.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.zeros((4, 3))
+    x[1, 2] = 1e39
+    before = model.get_weights()
+    for call in (lambda: model.predict(x), lambda: model.fit(x, np.zeros((4, 2)), verbose=0)):
+        with pytest.raises(ot.ShapeError, match=r"x: holds 1e\+39, beyond the range of float32"):
+            call()
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    x[1, 2] = np.inf  # an infinity stays an infinity: predict runs it, training refuses it
+    assert np.isnan(model.predict(x)).any() or np.isinf(model.predict(x)).any()

@@ -167,3 +167,15 @@ def test_layer_argument_errors():
                                                 "\\(N, 1, 2, 2\\); use a smaller pool or padding='same'"):
             ot.Sequential([pool(4)], input_shape=(1, 2, 2))
         assert ot.Sequential([pool(4, padding="same")], input_shape=(1, 2, 2)).output_specs[0].shape == (None, 1, 1, 1)
+
+
+def test_reshape_with_a_free_size_runs_on_zero_rows(tmp_path, rng):
+    import onnxruntime as ort
+    model = ot.Sequential([L.Reshape((2, -1)), L.Flatten(), L.Dense(2)], input_shape=(8,), seed=0)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    w, b = model.get_weights()
+    np.testing.assert_allclose(model.predict(x), x @ w + b, rtol=1e-5, atol=1e-6)
+    assert model.predict(x[:0]).shape == (0, 2)
+    model.export_onnx(tmp_path / "m.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"input": x[:0]})[0].shape == (0, 2)

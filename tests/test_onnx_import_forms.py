@@ -197,3 +197,18 @@ def test_a_training_mode_batch_norm_export_imports_at_old_opsets(rng, opset):
     with ot.Trainer(model, batch_size=8) as tr:
         got = [tr.step(x, y) for x, y in batches]
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_an_export_of_an_imported_training_mode_dropout_keeps_no_dead_constant(tmp_path, rng):
+    w = numpy_helper.from_array(f32(rng, 3, 2), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.5, np.float32))),
+             helper.make_node("Constant", [], ["training"], value=numpy_helper.from_array(np.array(True))),
+             helper.make_node("Dropout", ["h", "ratio", "training"], ["y"])]
+    model = ot.from_onnx(_model(nodes, [vi("x", [None, 3])], [vi("y", [None, 2])], [w]))
+    model.export_onnx(tmp_path / "m.onnx")
+    exported = onnx.load(tmp_path / "m.onnx")
+    read = {i for n in exported.graph.node for i in n.input}
+    assert all(o in read for n in exported.graph.node if n.op_type == "Constant" for o in n.output)
+    x = f32(rng, 4, 3)
+    np.testing.assert_allclose(model.predict(x), x @ numpy_helper.to_array(w), rtol=1e-6)

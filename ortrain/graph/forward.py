@@ -114,6 +114,10 @@ def to_inference(proto: onnx.ModelProto) -> onnx.ModelProto:
                     node.attribute.remove(attr)
             del node.output[1:]
     _drop_unused_initializers(model)
+    used = {i for n in model.graph.node for i in node_inputs(n)} | {o.name for o in model.graph.output}
+    dead = [n for n in model.graph.node if n.op_type == "Constant" and not any(o in used for o in n.output)]
+    for n in dead:  # e.g. the training flag a Dropout no longer reads
+        model.graph.node.remove(n)
     return model
 
 

@@ -73,10 +73,12 @@ def _int_tuple(value, n: int, what: str) -> tuple:
 
 
 class EmitContext:
-    """What a layer needs while emitting: the builder, its weights' graph names and the model's flags."""
+    """What a layer needs while emitting: the builder, its weights' graph names and the shape of
+    the output it emits (batch first, ``None`` where free)."""
 
     def __init__(self, gb: GraphBuilder):
         self.gb = gb
+        self.output_shape: tuple = ()
 
     @staticmethod
     def weight(layer: Layer, suffix: str) -> str:
@@ -514,8 +516,11 @@ class Reshape(Layer):
         return (input_shapes[0][0],) + tuple(target)
 
     def emit(self, ctx, inputs):
-        # 0 copies the batch dimension, so the batch stays free.
-        shape = ctx.gb.const([0, *self.target_shape], np.int64, hint="shape")
+        # 0 copies the batch dimension, so the batch stays free. The -1 is written resolved where the
+        # sizes are known: with 0 rows the runtime cannot infer it.
+        rest = ctx.output_shape[1:]
+        target = rest if rest and None not in rest else self.target_shape
+        shape = ctx.gb.const([0, *target], np.int64, hint="shape")
         return ctx.gb.op("Reshape", [inputs[0], shape])
 
     def get_config(self):

@@ -288,6 +288,7 @@ class Model:
             gb.add_input(p.name, p.dtype, p.shape)
         ctx = EmitContext(gb)
         for node in self._nodes:
+            ctx.output_shape = node.output.shape
             with gb.scope(node.layer.name):
                 values[id(node.output)] = node.layer.emit(ctx, [values[id(t)] for t in node.inputs])
         for i, t in enumerate(self._outputs):
