@@ -150,6 +150,12 @@ class Artifacts:
         from ortrain.nn.graph_model import GraphModel
         data = checkpoint if isinstance(checkpoint, engine.CheckpointData) else \
             engine.read_checkpoint(self.checkpoint if checkpoint is None else checkpoint)
+        written_for = data.properties.get("ortrain.key")  # recorded by Trainer.save_checkpoint
+        if written_for is not None and written_for != self.key:
+            where = "" if isinstance(checkpoint, engine.CheckpointData) else f" {os.fspath(checkpoint)!r}"
+            raise OrtrainError(f"the checkpoint{where} was not written for the artifacts in {str(self.directory)!r} "
+                               "(another model, loss or optimizer, or artifacts rebuilt since); use the artifacts "
+                               "it was trained with")
         weights = {**data.trainable, **data.frozen}
         missing = sorted({p.name for p in self.params} - set(weights))
         if missing:

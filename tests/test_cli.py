@@ -243,7 +243,7 @@ def test_train_from_model_and_toml_config(workdir, capsys):
      "fixed by the artifacts"),
     (["train", "--artifacts", "art", "--data", "wrong.npz", "--epochs", "1", "--batch-size", "8", "--verbose", "0"],
      1, "x: expected shape (N, 64), received (20, 5)"),
-    (["eval", "--artifacts", "nowhere", "--data", "test.npz"], 1, "is not an ortrain artifacts directory"),
+    (["eval", "--artifacts", "nowhere", "--data", "test.npz"], 2, "--artifacts: no such directory 'nowhere'"),
     (["train", "--resume", "--out", "norun", "--data", "train.npz", "--epochs", "1"], 2,
      "'norun' holds no run to resume; drop --resume"),
     (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--seed", "-5"],
@@ -263,13 +263,40 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     (["--bogus"], 2, "unrecognized arguments"),
     (["export", "-o", "x.onnx"], 2, "give exactly one of --run, --artifacts\n"),
     (["predict", "--data", "x.npy"], 2, "give exactly one of --run, --artifacts or --model"),
+    (["predict", "--model", "nothing.onnx", "--data", "x.npy"], 2, "--model: no such file 'nothing.onnx'"),
+    (["train", "--artifacts", "nowhere", "--data", "train.npz", "--epochs", "1", "--batch-size", "8"], 2,
+     "--artifacts: no such directory 'nowhere'"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--frozen", "d*"],
+     2, "--frozen: the loss, the optimizer and which weights train are fixed by the artifacts"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--from-logits"],
+     2, "--from-logits: the loss"),
+    (["train", "loss.toml"], 2, "CONFIG: key 'loss' expected one of mse, mae"),
+    (["train", "val.toml", "--val-split", "0.5"], 2, "give --val-data or --val-split, not both"),
+    (["train", "--artifacts", "art", "--data", "truncated.npz", "--epochs", "1", "--batch-size", "8"], 2,
+     "--data: cannot read 'truncated.npz' as numpy arrays"),
+    (["train", "--artifacts", "art", "--data", "single.npz", "--epochs", "1", "--batch-size", "8"], 2,
+     "--data: 'single.npz' holds a single array, not an .npz archive"),
+    (["train", "--artifacts", "art", "--data", "text.npy", "--epochs", "1", "--batch-size", "8"], 2,
+     "--data: cannot read 'text.npy' as numpy arrays (not numeric arrays"),
+    (["train", "--artifacts", "art", "--data", "typo.npz", "--epochs", "1", "--batch-size", "8"], 2,
+     "has arrays ['sample_weights', 'x', 'y']; expected 'x', 'y' and optionally 'sample_weight', nothing else"),
+    (["demo", "--out", "train.npz"], 2, "--out: 'train.npz' is a file"),
 ])
 def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     make_artifacts(capsys)
     np.savez("wrong.npz", x=np.zeros((20, 5)), y=np.zeros(20, np.int64))
     x, y = np.load("train.npz")["x"], np.load("train.npz")["y"]
     np.savez("weighted.npz", x=x, y=y, sample_weight=np.ones(len(y), np.float32))
+    np.savez("typo.npz", x=x, y=y, sample_weights=np.ones(len(y), np.float32))
+    (workdir / "truncated.npz").write_bytes((workdir / "train.npz").read_bytes()[:200])
+    np.save("single.npy", x)
+    (workdir / "single.npy").rename(workdir / "single.npz")
+    (workdir / "text.npy").write_text("1,2,3\n")
     (workdir / "bad.toml").write_text("artifacts = 'art'\ndata = ['train.npz']\nbatch_size = 8\nepochs = 0\n")
+    (workdir / "loss.toml").write_text("model = 'mlp.onnx'\ndata = ['train.npz']\nbatch_size = 8\nepochs = 1\n"
+                                       "loss = 'nope'\n")
+    (workdir / "val.toml").write_text("artifacts = 'art'\ndata = ['train.npz']\nbatch_size = 8\nepochs = 1\n"
+                                      "val_data = ['test.npz']\n")
     before = sorted(p.name for p in workdir.iterdir())
     assert cli(*args) == code
     err = capsys.readouterr().err
@@ -396,3 +423,41 @@ def test_a_run_past_epoch_9999_keeps_its_newest_checkpoints(tmp_path):
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["checkpoint"] == "checkpoints/epoch-10000.ckpt"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch-10000.ckpt", "epoch-9999.ckpt"]
+
+
+def test_a_failed_run_leaves_a_run_started_beside_it_in_a_shared_new_folder(tmp_path):
+    from ortrain.cli.runs import _discarder
+
+    discard = _discarder(tmp_path / "results" / "jobB")  # results/ does not exist yet
+    (tmp_path / "results" / "jobB").mkdir(parents=True)
+    (tmp_path / "results" / "jobA").mkdir()  # another job's run, started meanwhile
+    (tmp_path / "results" / "jobA" / "run.json").write_text("{}")
+    discard()
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["jobA"]
+    discard = _discarder(tmp_path / "new" / "deeper" / "run")
+    (tmp_path / "new" / "deeper" / "run").mkdir(parents=True)
+    discard()
+    assert not (tmp_path / "new").exists()  # alone, it removes every folder it made
+
+
+def test_json_results_are_standard_json_and_eval_refuses_replaced_artifacts(workdir, capsys):
+    make_artifacts(capsys)
+    assert cli("--json", "train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32",
+               "--out", "run", "--lr", "1e30", "--verbose", "0") == 0
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert strict(capsys.readouterr().out)["final"]["loss"] is None  # NaN: diverged
+    assert strict((workdir / "run" / "history.json").read_text())["history"]["loss"] == [None]
+    assert cli("--json", "eval", "--run", "run", "--data", "test.npz") == 0
+    assert strict(capsys.readouterr().out)["loss"] is None
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0  # replaces the run's artifacts
+    capsys.readouterr()
+    assert cli("eval", "--run", "run", "--data", "test.npz") == 1
+    assert "was not written for the artifacts in" in capsys.readouterr().err
+
+
+def test_no_subcommand_prints_the_help_as_a_usage_error(capsys):
+    assert cli() == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "COMMAND" in captured.err

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import signal
 import sys
 import threading
@@ -55,7 +54,9 @@ def _model_source(p: argparse.ArgumentParser, onnx_model: bool = False) -> None:
 
 
 TOML_VALUES = {"epochs": _positive_int, "batch_size": _positive_int, "seed": _seed, "lr": _learning_rate,
-               "val_split": _fraction, "verbose": _verbosity}
+               "val_split": _fraction, "verbose": _verbosity,
+               "loss": _number(str, lambda v: v in LOSSES, f"one of {', '.join(LOSSES)}"),
+               "optimizer": _number(str, lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,12 +144,16 @@ def _train_config(opts) -> dict:
         for key in ("data", "epochs", "batch_size"):
             if cfg.get(key) is None:
                 raise UsageError(f"train: --{key.replace('_', '-')} is required")
-        if cfg.get("artifacts") and (cfg.get("loss") or cfg.get("optimizer")):
-            raise UsageError("train: --loss and --optimizer are fixed by the artifacts; drop them or train from "
-                             "--model")
+        fixed = [f"--{k.replace('_', '-')}" for k in ("loss", "optimizer", "from_logits", "trainable", "frozen")
+                 if cfg.get(k)]
+        if cfg.get("artifacts") and fixed:
+            raise UsageError(f"train: {', '.join(fixed)}: the loss, the optimizer and which weights train are fixed "
+                             "by the artifacts; drop them, or train from --model")
         if cfg.get("model"):  # artifacts carry their own loss and optimizer
             cfg.setdefault("loss", "mse")
             cfg.setdefault("optimizer", "adam")
+    if cfg.get("val_data") and cfg.get("val_split"):
+        raise UsageError("train: give --val-data or --val-split, not both (one may come from the config file)")
     return cfg
 
 
@@ -238,7 +243,8 @@ def _dispatch(opts) -> dict:
 
 def _print(result: dict, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+        from ortrain.cli._common import dumps
+        print(dumps(result))
         return
     for key, value in result.items():
         if isinstance(value, dict):
@@ -272,7 +278,7 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # argparse has printed the usage and the reason
         return int(exc.code or 0)
     if opts.command is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
     try:
         from ortrain.cli._common import UsageError

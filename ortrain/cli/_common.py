@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -26,28 +28,76 @@ def load_data(paths: list[str], argument: str = "--data") -> tuple[np.ndarray, n
     for p in paths:
         if not os.path.isfile(p):
             raise UsageError(f"{argument}: no such file {p!r}")
+    if len(paths) == 1 and paths[0].endswith(".npz"):
+        f = _load(paths[0], argument)
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            raise UsageError(f"{argument}: {paths[0]!r} holds a single array, not an .npz archive; save x and y "
+                             "with np.savez(path, x=x, y=y), or name the file .npy")
+        with f:
+            unknown = sorted(set(f.files) - set(NPZ_KEYS))
+            if "x" not in f or unknown:
+                raise UsageError(f"{argument}: {paths[0]!r} has arrays {sorted(f.files)}; expected 'x', 'y' "
+                                 "and optionally 'sample_weight', nothing else")
+            return tuple(_read(f, key, paths[0], argument) if key in f else None for key in NPZ_KEYS)
+    arrays = []
+    for p in paths:
+        if not p.endswith(".npy"):
+            raise UsageError(f"{argument}: expected one FILE.npz, or X.npy [Y.npy]; received {p!r}")
+        a = _load(p, argument)
+        if not isinstance(a, np.ndarray):
+            raise UsageError(f"{argument}: {p!r} is an .npz archive; give it alone, or name it .npz")
+        arrays.append(a)
+    return arrays[0], (arrays[1] if len(arrays) > 1 else None), None
+
+
+NPZ_KEYS = ("x", "y", "sample_weight")
+
+
+def _load(path: str, argument: str):
     try:
-        if len(paths) == 1 and paths[0].endswith(".npz"):
-            with np.load(paths[0], allow_pickle=False) as f:
-                if "x" not in f:
-                    raise UsageError(f"{argument}: {paths[0]!r} has arrays {sorted(f.files)}; expected 'x', 'y' "
-                                     "and optionally 'sample_weight'")
-                return f["x"], (f["y"] if "y" in f else None), \
-                    (f["sample_weight"] if "sample_weight" in f else None)
-        arrays = []
-        for p in paths:
-            if not p.endswith(".npy"):
-                raise UsageError(f"{argument}: expected .npz or .npy files, received {p!r}")
-            arrays.append(np.load(p, allow_pickle=False))
-        return arrays[0], (arrays[1] if len(arrays) > 1 else None), None
-    except ValueError as exc:  # pickled object arrays, damaged files
-        raise UsageError(f"{argument}: cannot read {', '.join(paths)}: {exc}") from exc
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # not numpy's format, damaged, pickled
+        raise UsageError(f"{argument}: cannot read {path!r} as numpy arrays ({_why(exc)}); write the data with "
+                         "np.savez or np.save") from None
+
+
+def _read(f, key: str, path: str, argument: str) -> np.ndarray:
+    try:
+        return f[key]
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"{argument}: cannot read array {key!r} of {path!r} ({_why(exc)}); write the data with "
+                         "np.savez") from None
+
+
+def _why(exc: Exception) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if "pickle" in text:
+        return "not numeric arrays: pickled Python objects or another format"
+    return text.split(". ")[0]
+
+
+def dumps(value) -> str:
+    """Standard JSON: numpy values as Python ones, NaN and infinities as null (JSON has no such
+    numbers, and strict parsers refuse them)."""
+    return json.dumps(_finite(value), indent=2, sort_keys=True, default=_jsonable, allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _finite(value.tolist())
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
 
 
 def write_json(path: Path, value) -> None:
     """Write JSON to a temporary file and rename it, so a reader never sees half a file."""
     with atomic_path(path) as tmp:
-        Path(tmp).write_text(json.dumps(value, indent=2, sort_keys=True, default=_jsonable))
+        Path(tmp).write_text(dumps(value))
 
 
 def write_text(path: Path, text: str) -> None:

@@ -197,6 +197,8 @@ def train(cfg: dict) -> dict:
         cfg = resume_settings(cfg)
     if not cfg.get("resume") and cfg.get("model") and not os.path.isfile(cfg["model"]):
         raise UsageError(f"--model: no such file {cfg['model']!r}")
+    if not cfg.get("resume") and cfg.get("artifacts") and not os.path.isdir(cfg["artifacts"]):
+        raise UsageError(f"--artifacts: no such directory {cfg['artifacts']!r}")
     out = Path(cfg["out"])
     blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
@@ -308,21 +310,26 @@ def _finish(out: Path, model, recorder: RunRecorder) -> dict:
 
 def _discarder(out: Path):
     """What removes a new run that fails before its first epoch ends: its settings, the artifacts
-    it built, and the directories the run created (parents included). Nothing that was there
-    before is touched."""
+    it built, and the directories the run created (parents that stay empty included: another
+    run may have started beside it meanwhile). Nothing that was there before is touched."""
     had_artifacts = (out / "artifacts").exists()
-    created = None  # the outermost directory this run creates
+    created = []  # the directories this run creates, innermost first
     for d in (out, *out.parents):
         if d.exists():
             break
-        created = d
+        created.append(d)
 
     def discard() -> None:
         (out / "run.json").unlink(missing_ok=True)
         if not had_artifacts:
             shutil.rmtree(out / "artifacts", ignore_errors=True)
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
+        if created and created[0] == out:
+            shutil.rmtree(out, ignore_errors=True)
+        for d in created[1:]:
+            try:
+                d.rmdir()
+            except OSError:  # not empty: someone else's now
+                break
     return discard
 
 
@@ -335,8 +342,9 @@ def _plot(recorder: RunRecorder, out: Path) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in ("loss", "val_loss"):
-        if key in recorder.history:
-            ax.plot([e + 1 for e in recorder.epochs], recorder.history[key], marker="o", label=key)
+        if key in recorder.history:  # None: a value JSON could not hold (NaN), or an epoch without one
+            values = [np.nan if v is None else v for v in recorder.history[key]]
+            ax.plot([e + 1 for e in recorder.epochs], values, marker="o", label=key)
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     ax.legend()
@@ -353,6 +361,8 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
     if len(given) != 1:
         raise UsageError("give exactly one of --run, --artifacts" + (" or --model" if takes_model else ""))
     if onnx_model:
+        if not os.path.isfile(onnx_model):
+            raise UsageError(f"--model: no such file {onnx_model!r}")
         return ot.from_onnx(onnx_model)
     if run:
         if not Path(run, "run.json").is_file():
@@ -362,6 +372,8 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
         if checkpoint is None and (Path(run) / "state.json").exists():
             checkpoint = str(Path(run) / read_json(Path(run) / "state.json", "run state")["checkpoint"])
     else:
+        if not os.path.isdir(artifacts):
+            raise UsageError(f"--artifacts: no such directory {artifacts!r}")
         art = ot.artifacts.load(artifacts)
     if checkpoint is not None and not os.path.isfile(checkpoint):
         raise UsageError(f"--checkpoint: no such file {checkpoint!r}")
