@@ -36,7 +36,7 @@ from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
-from ortrain.graph.gradient_ops import ancestors
+from ortrain.graph.gradient_ops import gradient_reach
 from ortrain.graph.passes import for_training
 
 __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", "SAMPLE_WEIGHT", "LOSS_SCALE"]
@@ -150,20 +150,31 @@ class Artifacts:
         from ortrain.nn.graph_model import GraphModel
         data = checkpoint if isinstance(checkpoint, engine.CheckpointData) else \
             engine.read_checkpoint(self.checkpoint if checkpoint is None else checkpoint)
-        written_for = data.properties.get("ortrain.key")  # recorded by Trainer.save_checkpoint
-        if written_for is not None and written_for != self.key:
+        trained_with = data.properties.get(CHECKPOINT_LOSS)
+        if trained_with is not None and trained_with != loss_text(self.loss):
             where = "" if isinstance(checkpoint, engine.CheckpointData) else f" {os.fspath(checkpoint)!r}"
-            raise OrtrainError(f"the checkpoint{where} was not written for the artifacts in {str(self.directory)!r} "
-                               "(another model, loss or optimizer, or artifacts rebuilt since); use the artifacts "
-                               "it was trained with")
+            raise OrtrainError(f"the checkpoint{where} was trained with the loss {trained_with}, the artifacts in "
+                               f"{str(self.directory)!r} compute {loss_text(self.loss)} (rebuilt since?); use the "
+                               "artifacts it was trained with")
         weights = {**data.trainable, **data.frozen}
         missing = sorted({p.name for p in self.params} - set(weights))
         if missing:
             raise OrtrainError(f"the checkpoint lacks weights {missing[:5]} of these artifacts")
-        model = GraphModel(ForwardGraph(onnx.load(self.forward), tuple(self.params), weights),
-                           name=self.directory.name or "artifacts")
+        try:
+            forward = onnx.load(self.forward)
+        except FileNotFoundError:
+            raise OrtrainError(f"the artifacts in {str(self.directory)!r} changed while being read (rebuilt by another "
+                               "process?); load them again") from None
+        model = GraphModel(ForwardGraph(forward, tuple(self.params), weights), name=self.directory.name or "artifacts")
         model.compile(optimizer=self.optimizer, loss=self.loss, metrics=metrics)
         return model
+
+
+CHECKPOINT_LOSS = "ortrain.loss"  # the property Trainer.save_checkpoint records the loss in
+
+
+def loss_text(loss: losses.Loss) -> str:
+    return json.dumps(loss.config(), sort_keys=True)
 
 
 _verified: dict[tuple, str] = {}
@@ -371,18 +382,26 @@ def _publish_lock(target: Path):
 
 def _publish(target: Path, fill) -> Artifacts:
     """Write a complete directory beside ``target`` with ``fill(tmp)``, then rename it into place
-    (moving a stale ``target`` aside first), so readers see either the old or the new directory."""
+    (moving a stale ``target`` aside just before, and removing it after), so a reader sees the
+    old directory, the new one, or for the moment between two renames none; an error or an
+    interrupt at any point leaves the old one or the new one in place."""
     tmp = fresh_dir(target.parent, f".{target.name}.tmp-")
+    old = None
     try:
         fill(tmp)
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
             os.rename(target, old / "stale")
-            shutil.rmtree(old, ignore_errors=True)
         os.rename(tmp, target)
     except BaseException:
+        if old is not None and (old / "stale").exists() and not target.exists():
+            os.rename(old / "stale", target)  # put the old directory back
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return load(target)
 
 
@@ -397,7 +416,7 @@ def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
     outputs = fg.outputs
     if not outputs:
         return fg
-    reach = ancestors(fg.proto, outputs[0].name)
+    reach = gradient_reach(fg.proto, [outputs[0].name])
     idle = [p.name for p in fg.params if p.role == "trainable" and p.name not in reach]
     if not idle:
         return fg

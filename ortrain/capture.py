@@ -85,25 +85,28 @@ class CaptureStep(TracedCall):
 
     def _run(self, feeds):
         session = self._session
-        try:
-            session.train_step_into(feeds)
-        except Exception as exc:
-            session.zero_grad()
-            raise OrtrainError(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") from exc
         outs = self._outs
-        loss = outs[0].copy()
         norm = None
-        if self._max_norm is not None:
-            norm = self._clip()
-        elif not math.isfinite(loss):
-            self._refuse("loss", float(loss))
-        session.optimizer_step()
-        session.zero_grad()
-        self._step += 1
-        self._opt.step = self._step
-        if _live_steps[0] > 1:
-            _world[0] += 1
-            self._world_seen = _world[0]
+        try:
+            try:
+                session.train_step_into(feeds)
+            except Exception as exc:
+                raise OrtrainError(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") from exc
+            loss = outs[0].copy()
+            if self._max_norm is not None:
+                norm = self._clip()
+            elif not math.isfinite(loss):
+                self._refuse("loss", float(loss))
+            session.optimizer_step()
+            session.zero_grad()
+        except BaseException as exc:
+            # Nothing but the gradients moved: they are dropped. An interrupt (Ctrl-C), which Python
+            # raises once a runtime call has returned, may come just after the update ran: it counts.
+            session.zero_grad()
+            if not isinstance(exc, Exception) and session.optimizer_state().step > self._step:
+                self._advance()
+            raise
+        self._advance()
         if not self._dict and norm is None:
             return loss
         out = {"loss": loss}
@@ -112,6 +115,14 @@ class CaptureStep(TracedCall):
         if norm is not None:
             out["grad_norm"] = np.array(norm, np.float32)
         return out
+
+    def _advance(self) -> None:
+        """Count an update: the step, the optimizer's, and for other live captured steps a change."""
+        self._step += 1
+        self._opt.step = self._step
+        if _live_steps[0] > 1:
+            _world[0] += 1
+            self._world_seen = _world[0]
 
     def _clip(self) -> float:
         grads = self._grads
@@ -133,8 +144,7 @@ class CaptureStep(TracedCall):
         return norm
 
     def _refuse(self, what: str, value: float):
-        # Dropping the gradients is the whole cleanup: nothing else has moved yet.
-        self._session.zero_grad()
+        # _run drops the gradients: nothing else has moved yet.
         raise NonFiniteError(f"capture_step: the {what} is {value}; the update was refused and the weights, the "
                              f"optimizer's moments and step ({self._step}) are unchanged. Look for inf or NaN in "
                              "the inputs, or lower the learning rate")
@@ -281,7 +291,8 @@ class CaptureStep(TracedCall):
         self._claim()
 
     def _moments_of(self, session) -> dict:
-        return {**self._carried, **session.optimizer_moments()}
+        state = session.optimizer_state()
+        return {**self._carried, **(state.moments if state else {})}
 
     def _read_moments(self) -> dict:
         """``opt.state()`` reads the live moments through this while the step is alive."""

@@ -441,8 +441,8 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     (and after ``on_epoch_begin`` for an epoch's first batch). A callback that prepares data
     (fills a replay buffer, raises a curriculum level) therefore does it in ``on_batch_end``
     or ``on_epoch_begin`` for the batches that follow. The validation generator's first batch
-    (unless it is arrays) is read then too, to learn whether validation carries weights; the
-    first validation uses it.
+    is read right after the training generator's, to learn whether validation carries
+    weights; the first validation uses it.
 
     >>> import numpy as np, ortrain as ot
     >>> model = ot.Sequential([ot.layers.Dense(1)], input_shape=(2,), seed=0)
@@ -485,7 +485,8 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
         rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]
     except (OrtrainError, ValueError, TypeError) as exc:
         raise _located(exc, where) from exc
-    any_loss = loss_mask is None and (w is not None or _validation_weighted(vit, initial_epoch))
+    val_weighted = _validation_weighted(vit, initial_epoch)
+    any_loss = loss_mask is None and (w is not None or val_weighted)
     trainer = Trainer(staged, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
                       weight_decay=weight_decay, _weights_any_loss=any_loss)
     with trainer:
@@ -515,7 +516,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     ``validation_data`` (arrays or a generator) takes precedence over it, as in Keras.
     ``sample_weight`` weights each sample's loss (and metrics), for every loss.
     ``steps_per_epoch`` with arrays: every epoch starts a new pass and trains its first
-    ``steps_per_epoch`` batches.
+    ``steps_per_epoch`` batches. A validation generator's first batch is read before training,
+    to learn whether validation carries weights; the first validation uses it.
     """
     if not model.compiled:
         raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) before fit")
@@ -539,7 +541,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
         (xs, ys, ws), held = split_arrays(arrays, validation_split)
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
-    weighted = ws is not None or _validation_weighted(vit, initial_epoch)
+    val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch)
+    weighted = ws is not None or val_weighted
     with Trainer(model, batch_size=bs, loss_mask=1 if weighted else None, _weights_any_loss=weighted) as tr:
         source = ArraySource(xs, ys, ws, bs, shuffle=shuffle)
         loop = _Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
@@ -550,7 +553,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
 def _validation_weighted(vit: EpochIterator | None, epoch: int) -> bool:
     """Whether the validation batches carry loss weights, which the trainer needs an input for.
     Arrays say so; from another source the first batch is read now (and validated first)."""
-    if vit is None or vit.steps == 0:
+    if vit is None:
         return False
     if isinstance(vit.source, ArraySource):
         return vit.source._w is not None

@@ -256,20 +256,39 @@ class Trainer(Releasable):
 
     # -- steps ----------------------------------------------------------------------------------
     def _train(self, feeds: list[np.ndarray]):
+        """One step. A runtime that refuses the batch changes nothing; a failed update drops its
+        period's gradients and counts no step. An interrupt (Ctrl-C), which Python raises only
+        once a runtime call has returned, drops the period's gradients (the runtime may have added
+        this batch's) and counts the update if it ran, so the counters always match the weights."""
         feeds.append(self._scale)
-        fetches = self._session.train_step(feeds, check=False)
-        if self._accum + 1 == self._k:
-            self._session.lr = self._lr
-            try:
-                self._session.optimizer_step()
-            finally:  # a failed update drops the period's gradients and counts no step
-                self._session.zero_grad()
-                self._accum = 0
-            self._updates += 1
-        else:
+        session = self._session
+        try:
+            fetches = session.train_step(feeds, check=False)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._drop_period()
+            raise
+        if self._accum + 1 < self._k:
             self._accum += 1
+            self._n_steps += 1
+            return fetches
+        try:
+            session.lr = self._lr
+            session.optimizer_step()
+            self._drop_period()
+        except BaseException as exc:
+            self._drop_period()
+            if not isinstance(exc, Exception) and session.optimizer_state().step > self._updates:
+                self._updates += 1  # the update ran before the interrupt arrived
+                self._n_steps += 1
+            raise
+        self._updates += 1
         self._n_steps += 1
         return fetches
+
+    def _drop_period(self) -> None:
+        self._session.zero_grad()
+        self._accum = 0
 
     def step(self, x, y, sample_weight=None) -> float:
         """One forward and backward pass on exactly ``batch_size`` rows; the weights move on the
@@ -394,7 +413,8 @@ class Trainer(Releasable):
     def export_state(self) -> TrainState:
         """The optimizer state, for a model to carry into its next ``fit``."""
         self._live()
-        return TrainState(self._updates, self._lr, self._session.optimizer_moments(), self._n_steps)
+        state = self._session.optimizer_state()
+        return TrainState(self._updates, self._lr, state.moments if state else {}, self._n_steps)
 
     # -- batch norm ----------------------------------------------------------------------------
     def calibrate_bn(self, x) -> None:
@@ -476,7 +496,8 @@ class Trainer(Releasable):
                           "exact resume", stacklevel=2)
         self._session.save_checkpoint(path, {
             _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
-            _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1})
+            _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
+            artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss)})
         return str(path)
 
     @classmethod

@@ -277,3 +277,38 @@ def test_a_weights_variant_carries_the_requested_learning_rate(tmp_path):
     assert art.optimizer.lr == 0.5 and ot.artifacts.load(tmp_path / "art").optimizer.lr == 0.5
     ot.artifacts.build(first, optimizer=ot.optim.Adam(lr=1e-3))
     assert ot.artifacts.build(second, optimizer=ot.optim.Adam(lr=0.3)).optimizer.lr == 0.3   # the cache's variant
+
+
+def test_artifacts_model_reads_a_checkpoint_of_the_same_model_and_loss_whatever_the_optimizer(tmp_path):
+    model = dense_model(3, 2, optimizer="adam")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    with ot.Trainer(model, batch_size=4, loss_mask=1) as tr:  # artifacts with a weight input, Adam
+        tr.step(x, y)
+        tr.save_checkpoint(tmp_path / "ck")
+        want = tr.model().get_weights()
+    plain = ot.artifacts.build(model, loss="mse", optimizer="sgd", out_dir=tmp_path / "sgd")
+    for a, b in zip(plain.model(tmp_path / "ck").get_weights(), want):
+        np.testing.assert_array_equal(a, b)
+    other = ot.artifacts.build(model, loss="mae", optimizer="adam", out_dir=tmp_path / "mae")
+    with pytest.raises(ot.OrtrainError, match=r"was trained with the loss \{\"name\": \"mse\"\}.* compute "
+                                              r"\{\"name\": \"mae\"\}"):
+        other.model(tmp_path / "ck")
+
+
+def test_an_interrupted_rebuild_of_an_out_dir_leaves_old_or_new_artifacts(tmp_path, monkeypatch):
+    import shutil
+    out = tmp_path / "art"
+    ot.artifacts.build(dense_model(3, 2, seed=0), loss="mse", out_dir=out)
+    real = shutil.rmtree
+
+    def interrupted(path, *args, **kwargs):  # Ctrl-C while the replaced artifacts are removed
+        if ".old-" in str(path):
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ot.artifacts.build(dense_model(3, 2, seed=1), loss="mse", out_dir=out)
+    monkeypatch.undo()
+    model = ot.artifacts.load(out).model()
+    np.testing.assert_array_equal(model.get_weights()[0], dense_model(3, 2, seed=1).get_weights()[0])

@@ -612,3 +612,34 @@ def test_clipping_takes_a_finite_norm_beyond_float32_squares():
     with pytest.raises(ot.ShapeError, match="missing 'x'; pass the same inputs by name at every call"):
         step()
     step.free()
+
+
+@pytest.mark.parametrize("where", ["train_step_into", "optimizer_step"])
+def test_an_interrupt_leaves_the_step_counter_matching_the_weights(monkeypatch, where):
+    def run(interrupt):
+        W = ag.param(_w0(), name="W")
+        opt = ot.optim.Adam([W], lr=1e-2)
+        step = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x), y), optimizer=opt)
+        step(x=X, y=Y)
+        if interrupt:
+            real = getattr(step._session, where)
+
+            def interrupted(*args):
+                real(*args)
+                raise KeyboardInterrupt
+            monkeypatch.setattr(step._session, where, interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                step(x=X * 2, y=Y)
+            monkeypatch.undo()
+        elif where == "optimizer_step":  # the interrupted update ran and counts
+            step(x=X * 2, y=Y)
+        state = (opt.state()["step"], W.numpy().copy())
+        after = step(x=X * 3, y=Y)  # no gradient of the interrupted call left over
+        return state, after, W.numpy().copy()
+
+    (step_a, w_a), loss_a, end_a = run(True)
+    (step_b, w_b), loss_b, end_b = run(False)
+    assert step_a == step_b
+    np.testing.assert_array_equal(w_a, w_b)
+    np.testing.assert_array_equal(loss_a, loss_b)
+    np.testing.assert_array_equal(end_a, end_b)

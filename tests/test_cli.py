@@ -418,11 +418,14 @@ def test_a_run_past_epoch_9999_keeps_its_newest_checkpoints(tmp_path):
 
     recorder = RunRecorder(tmp_path, {}, [])
     recorder.trainer = Writes()
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "epoch-best.ckpt").write_bytes(b"a user's copy")  # not the run's: kept
     for epoch in (9997, 9998, 9999):  # the last writes epoch-10000.ckpt
         recorder.on_epoch_end(epoch, {"loss": 1.0})
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["checkpoint"] == "checkpoints/epoch-10000.ckpt"
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch-10000.ckpt", "epoch-9999.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
+        ["epoch-10000.ckpt", "epoch-9999.ckpt", "epoch-best.ckpt"]
 
 
 def test_a_failed_run_leaves_a_run_started_beside_it_in_a_shared_new_folder(tmp_path):
@@ -454,7 +457,7 @@ def test_json_results_are_standard_json_and_eval_refuses_replaced_artifacts(work
     assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0  # replaces the run's artifacts
     capsys.readouterr()
     assert cli("eval", "--run", "run", "--data", "test.npz") == 1
-    assert "was not written for the artifacts in" in capsys.readouterr().err
+    assert "was trained with the loss" in capsys.readouterr().err
 
 
 def test_no_subcommand_prints_the_help_as_a_usage_error(capsys):

@@ -995,3 +995,27 @@ def test_a_rate_restored_by_load_state_between_fits_is_the_next_fits():
     state["lr"] = 0.01
     model.optimizer.load_state(state)
     assert model.fit(x, y, batch_size=8, epochs=1, verbose=0).history["lr"] == [0.01]
+
+
+@pytest.mark.parametrize("weighted_training", [False, True])
+def test_the_first_validation_batch_is_read_before_training_whatever_the_batches(weighted_training):
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    events = []
+
+    def val():
+        events.append("validation batch")
+        return None if events.count("validation batch") % 2 == 0 else (x, y)
+
+    class Record(ot.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            events.append("train begin")
+
+    batch = (x, y, np.ones(8, np.float32)) if weighted_training else (x, y)
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    ot.fit_generator(model, [batch], epochs=1, validation_generator=val, callbacks=[Record()], verbose=0)
+    assert events == ["validation batch", "train begin", "validation batch"]
+    events.clear()
+    model.fit(x, y, batch_size=8, epochs=1, validation_data=val, callbacks=[Record()], verbose=0,
+              sample_weight=np.ones(8) if weighted_training else None)
+    assert events == ["validation batch", "train begin", "validation batch"]

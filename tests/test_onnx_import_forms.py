@@ -212,3 +212,60 @@ def test_an_export_of_an_imported_training_mode_dropout_keeps_no_dead_constant(t
     assert all(o in read for n in exported.graph.node if n.op_type == "Constant" for o in n.output)
     x = f32(rng, 4, 3)
     np.testing.assert_allclose(model.predict(x), x @ numpy_helper.to_array(w), rtol=1e-6)
+
+
+def _loop_model(trip_count: str):
+    """``v`` runs through a Loop whose body adds ``W``; the trip count input may be left out."""
+    body = helper.make_graph(
+        [helper.make_node("Less", ["i", "two"], ["c_out"]), helper.make_node("Add", ["v", "W"], ["v_out"])],
+        "body", [vi("i", [], TensorProto.INT64), vi("c", [], TensorProto.BOOL), vi("v", [None, 3])],
+        [vi("c_out", [], TensorProto.BOOL), vi("v_out", [None, 3])],
+        [numpy_helper.from_array(np.array(2, np.int64), "two")])
+    inits = [numpy_helper.from_array(np.ones(3, np.float32), "W"), numpy_helper.from_array(np.array(True), "cond"),
+             numpy_helper.from_array(np.array(5, np.int64), "M")]
+    node = helper.make_node("Loop", [trip_count, "cond", "x"], ["y"], name="loop", body=body)
+    return _model([node], [vi("x", [None, 3])], [vi("y", [None, 3])], inits)
+
+
+@pytest.mark.parametrize("trip_count", ["M", ""])
+def test_a_weight_read_only_in_a_loop_body_is_refused_by_name(trip_count):
+    with pytest.raises(ot.UnsupportedOpError, match=r"Loop \(nodes: loop\)"):
+        ot.from_onnx(_loop_model(trip_count))
+
+
+def test_a_recurrent_initial_state_stored_as_an_initializer_keeps_a_fixed_batch(rng):
+    h, n_in, batch, seq = 6, 3, 4, 5
+    inits = [numpy_helper.from_array(f32(rng, 1, 4 * h, n_in) * 0.3, "W"),
+             numpy_helper.from_array(f32(rng, 1, 4 * h, h) * 0.3, "R"),
+             numpy_helper.from_array(np.zeros((1, batch, h), np.float32), "h0"),
+             numpy_helper.from_array(np.zeros((1, batch, h), np.float32), "c0")]
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+             helper.make_node("LSTM", ["xt", "W", "R", "", "", "h0", "c0"], ["Y"], hidden_size=h, name="lstm"),
+             helper.make_node("ReduceMean", ["Y"], ["y"], axes=[0, 1], keepdims=0)]
+    proto = _model(nodes, [vi("x", [batch, seq, n_in])], [vi("y", [batch, h])], inits)
+    model = ot.from_onnx(proto)
+    assert model.input_specs[0].shape == (batch, seq, n_in)
+    x = f32(rng, batch, seq, n_in)
+    np.testing.assert_allclose(model.predict(x), ReferenceEvaluator(proto).run(None, {"x": x})[0], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_a_weight_reaching_the_loss_only_through_an_arg_max_is_not_trained(rng):
+    """An integer value stops the gradient: ``W`` feeds the loss only through ArgMax, so it is frozen
+    with a warning (the gradient builder refused it)."""
+    w, v = f32(rng, 3, 4), f32(rng, 3, 1)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["logits"]),
+             helper.make_node("ArgMax", ["logits"], ["cls"], axis=1, keepdims=1),
+             helper.make_node("Cast", ["cls"], ["clsf"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "V"], ["v"]), helper.make_node("Add", ["v", "clsf"], ["y"])]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 1]), vi("logits", [None, 4])],
+                   [numpy_helper.from_array(w, "W"), numpy_helper.from_array(v, "V")])
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x, y = f32(rng, 8, 3), f32(rng, 8, 1)
+    with pytest.warns(UserWarning, match="weights W do not affect the loss"), ot.Trainer(model, batch_size=8) as tr:
+        tr.step(x, y)
+        after = dict(zip(model.weight_names(), tr.model().get_weights()))
+    np.testing.assert_array_equal(after["W"], w)
+    cls = (x @ w).argmax(1)[:, None].astype(np.float64)
+    grad_v = x.T.astype(np.float64) @ (2 * (x @ v + cls - y) / len(x))
+    np.testing.assert_allclose(after["V"], v - 0.1 * grad_v, rtol=1e-5, atol=1e-6)

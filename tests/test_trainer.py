@@ -456,3 +456,31 @@ def test_calibrate_bn_restores_every_statistic_when_a_later_layer_fails(monkeypa
         assert len(calls) == 2  # the first layer's statistics had been written
         for a, b in zip(tr.model().get_weights(), before):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("where", ["train_step", "optimizer_step"])
+def test_an_interrupt_leaves_the_counters_matching_the_weights(monkeypatch, where):
+    """Python raises a KeyboardInterrupt once the runtime call it arrived during has returned: after
+    the train step added its gradients, or after the update moved the weights."""
+    x, y = seed_data()
+    batches = [(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(3)]
+    with ot.Trainer(seed_model(), batch_size=16) as good, ot.Trainer(seed_model(), batch_size=16) as tr:
+        good.step(*batches[0])
+        tr.step(*batches[0])
+        real = getattr(tr._session, where)
+
+        def interrupted(*args, **kwargs):
+            real(*args, **kwargs)
+            raise KeyboardInterrupt
+        monkeypatch.setattr(tr._session, where, interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            tr.step(*batches[1])
+        monkeypatch.undo()
+        if where == "optimizer_step":  # the update ran: it counts
+            good.step(*batches[1])
+        assert (tr.n_steps, tr.n_updates) == (good.n_steps, good.n_updates)
+        for a, b in zip(tr.model().get_weights(), good.model().get_weights()):
+            np.testing.assert_array_equal(a, b)
+        assert tr.step(*batches[2]) == good.step(*batches[2])  # no gradient of the interrupted batch left over
+        for a, b in zip(tr.model().get_weights(), good.model().get_weights()):
+            np.testing.assert_array_equal(a, b)

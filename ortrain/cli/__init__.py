@@ -38,6 +38,11 @@ def _number(convert, accepts, expected: str):
     return parse
 
 
+def _choice(options: tuple):
+    """A TOML value check for a name the options take from ``choices``."""
+    return _number(str, lambda v: v in options, f"one of {', '.join(options)}")
+
+
 _positive_int = _number(int, lambda v: v >= 1, "a positive integer")
 _seed = _number(int, lambda v: v >= 0, "an integer >= 0")
 _learning_rate = _number(float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
@@ -55,8 +60,7 @@ def _model_source(p: argparse.ArgumentParser, onnx_model: bool = False) -> None:
 
 TOML_VALUES = {"epochs": _positive_int, "batch_size": _positive_int, "seed": _seed, "lr": _learning_rate,
                "val_split": _fraction, "verbose": _verbosity,
-               "loss": _number(str, lambda v: v in LOSSES, f"one of {', '.join(LOSSES)}"),
-               "optimizer": _number(str, lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")}
+               "loss": _choice(LOSSES), "optimizer": _choice(OPTIMIZERS)}
 
 
 def build_parser() -> argparse.ArgumentParser:

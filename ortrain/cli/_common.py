@@ -106,11 +106,17 @@ def write_text(path: Path, text: str) -> None:
 
 
 def _jsonable(value):
-    if isinstance(value, (np.floating, np.integer)):
+    if isinstance(value, (np.integer, np.bool_)):  # floats and arrays were made Python by _finite
         return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def check_out_dir(out: Path, what: str) -> None:
+    """``--out`` must be a directory or a path where one can be made: not a file, not under one."""
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        where = "is a file" if blocking == out else f"lies under the file {str(blocking)!r}"
+        raise UsageError(f"--out: {str(out)!r} {where}; {what} needs a directory, choose another path")
 
 
 def read_json(path: Path, what: str) -> dict:

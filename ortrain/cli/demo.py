@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 import ortrain as ot
-from ortrain.cli._common import UsageError, write_json
+from ortrain.cli._common import check_out_dir, write_json
 from ortrain.datasets import load_digits
 
 L = ot.layers
@@ -44,10 +44,7 @@ def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int
 
     start = time.perf_counter()
     out_dir = Path(out)
-    blocking = next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        where = "is a file" if blocking == out_dir else f"lies under the file {str(blocking)!r}"
-        raise UsageError(f"--out: {str(out_dir)!r} {where}; the demo writes into a directory, choose another path")
+    check_out_dir(out_dir, "the demo")
     out_dir.mkdir(parents=True, exist_ok=True)
     ot.set_seed(seed)
     x, y = load_digits()

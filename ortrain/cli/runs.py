@@ -29,7 +29,7 @@ import ortrain as ot
 from ortrain import fit as fit_mod
 from ortrain._files import CAN_LOCK, lock_file
 from ortrain.callbacks.base import Callback
-from ortrain.cli._common import UsageError, load_data, read_json, write_json, write_text
+from ortrain.cli._common import UsageError, check_out_dir, load_data, read_json, write_json, write_text
 from ortrain.data import split_arrays
 from ortrain.errors import OrtrainError
 
@@ -58,7 +58,8 @@ class RunRecorder(Callback):
         write_json(self.out / "history.json", {"epoch": self.epochs, "history": self.history})
         write_json(self.out / "state.json", {"epoch": epoch + 1, "checkpoint": f"checkpoints/{ck.name}",
                                              "epochs": self.epochs, "history": self.history})
-        for old in sorted(ckdir.glob("epoch-*.ckpt"), key=_epoch_of)[:-KEEP_CHECKPOINTS]:
+        ours = [p for p in ckdir.glob("epoch-*.ckpt") if _CHECKPOINT.fullmatch(p.name)]
+        for old in sorted(ours, key=_epoch_of)[:-KEEP_CHECKPOINTS]:
             old.unlink()
 
     def _csv(self) -> str:
@@ -71,9 +72,12 @@ class RunRecorder(Callback):
         return buf.getvalue()
 
 
+_CHECKPOINT = re.compile(r"epoch-(\d{4,})\.ckpt")
+
+
 def _epoch_of(checkpoint: Path) -> int:
     """The epoch in a checkpoint's name (``epoch-0012.ckpt``: names sort wrongly past 9999)."""
-    return int(checkpoint.name[len("epoch-"):-len(".ckpt")])
+    return int(_CHECKPOINT.fullmatch(checkpoint.name).group(1))
 
 
 def _split(x, y, w, fraction: float):
@@ -200,10 +204,7 @@ def train(cfg: dict) -> dict:
     if not cfg.get("resume") and cfg.get("artifacts") and not os.path.isdir(cfg["artifacts"]):
         raise UsageError(f"--artifacts: no such directory {cfg['artifacts']!r}")
     out = Path(cfg["out"])
-    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        where = "is a file" if blocking == out else f"lies under the file {str(blocking)!r}"
-        raise UsageError(f"--out: {str(out)!r} {where}; a run needs a directory, choose another path")
+    check_out_dir(out, "a run")
     x, y, w = load_data(cfg["data"])
     if y is None:
         raise UsageError(f"--data: {', '.join(cfg['data'])} holds no labels 'y'")

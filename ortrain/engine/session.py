@@ -279,18 +279,18 @@ class TrainingSession:
         with atomic_path(path) as tmp:
             C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
 
-    def optimizer_moments(self) -> dict:
-        """The optimizer's moments by parameter name (``{}`` without optimizer state), read back
-        through a checkpoint in a scratch directory: the runtime offers no other way to them."""
+    def optimizer_state(self):
+        """The optimizer's state (its update count and moments by parameter name; None without an
+        optimizer), read back through a checkpoint in a scratch directory: the runtime offers no
+        other way to it."""
         self._live()
         scratch = tempfile.mkdtemp(prefix="ortrain-")
         try:
             path = os.path.join(scratch, "state")
             C.save_checkpoint(self._state, path, self._optimizer is not None)
-            data = read_checkpoint(path)
+            return read_checkpoint(path).optimizer
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        return data.optimizer.moments if data.optimizer is not None else {}
 
     def properties(self) -> dict:
         self._live()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-from ortrain.graph.passes import _attr, elem_types, int64_constants, node_inputs
+from ortrain.graph.passes import _attr, elem_types, int64_constants, node_inputs, subgraph_reads
 
 __all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "nodes_without_gradient", "untrainable_form"]
 
@@ -49,20 +49,20 @@ NON_DIFFERENTIABLE_INPUTS = {
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 
 
-def gradient_reach(model: onnx.ModelProto) -> set[str]:
-    """The values a gradient from the graph's outputs flows into: backwards through the inputs
-    of nodes one of whose float outputs it reaches, except at positions no gradient enters
-    (``NON_DIFFERENTIABLE_INPUTS``). Integer and boolean values (shapes, a comparison's mask)
-    stop it, so a float tensor read only through ``Equal`` is a constant. Values of unknown
-    type count as float."""
+def gradient_reach(model: onnx.ModelProto, targets=None) -> set[str]:
+    """The values a gradient from ``targets`` (default: every graph output) flows into: backwards
+    through the inputs of nodes one of whose float outputs it reaches, except at positions no
+    gradient enters (``NON_DIFFERENTIABLE_INPUTS``), and into what their subgraphs read from
+    outside. Integer and boolean values (shapes, a comparison's mask, an arg-max) stop it, so a
+    float tensor read only through ``Equal`` is a constant. Values of unknown type count as float."""
     types = elem_types(model, lenient=True)
-    reach = {o.name for o in model.graph.output}
+    reach = set(targets) if targets is not None else {o.name for o in model.graph.output}
     for node in reversed(model.graph.node):  # topological order, so consumers come first
         if not any(o in reach and types.get(o, TensorProto.FLOAT) in _FLOATS for o in node.output):
             continue
         skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
         reach.update(name for pos, name in enumerate(node.input) if name and pos not in skip)
-        reach.update(node_inputs(node)[len(node.input):])  # what its subgraphs read from outside
+        reach.update(subgraph_reads(node))
     return reach
 
 
@@ -101,9 +101,10 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
 
 def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     """How ``node``, of an op the gradient builder knows, still cannot be trained through in
-    onnxruntime-training 1.19.2, or None: its builder takes only constant padding for ``Pad``,
+    onnxruntime-training 1.19.2, or None: its builder takes only ``Pad`` in mode ``constant``,
     builds an invalid graph for ``ReduceL2`` over every axis without ``keepdims``, and its
     gradient kernels fail on negative ``Slice`` steps and run ``LSTM``/``GRU`` forward only.
+    Steps and axes are seen where an int64 initializer or ``Constant`` holds them.
     ``consts``: the graph's int64 constants (``passes.int64_constants``)."""
     op = node.op_type
     if op == "Pad":

@@ -283,9 +283,13 @@ _TWO_127 = float(2.0 ** 127)
 
 
 def node_inputs(node: onnx.NodeProto) -> list[str]:
-    """The values ``node`` reads: its inputs, then the outer values its subgraphs (``Loop``,
-    ``If`` and ``Scan`` bodies) read by name."""
-    names = [i for i in node.input if i]
+    """The values ``node`` reads: its inputs, then what its subgraphs read from outside."""
+    return list(dict.fromkeys([i for i in node.input if i] + subgraph_reads(node)))
+
+
+def subgraph_reads(node: onnx.NodeProto) -> list[str]:
+    """The outer values the subgraphs of ``node`` (``Loop``, ``If`` and ``Scan`` bodies) read by name."""
+    names = []
     for attr in node.attribute:
         for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
             inner = {v.name for v in g.input} | {t.name for t in g.initializer}

@@ -378,7 +378,8 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
             shape = consts[node.input[1]].reshape(-1)
             if dims.get(node.input[0]) == BATCH and shape.size and shape[0] > 0:
                 blockers.append(f"Reshape {node.name or node.output[0]!r} to the constant shape {shape.tolist()}")
-    shapes = {vi.name: _dims(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    shapes.update((vi.name, _dims(vi)) for vi in list(inferred.graph.value_info) + list(inferred.graph.input))
     for node in model.graph.node:
         if node.op_type in ("LSTM", "GRU", "RNN") and len(node.input) > 5:
             # the initial states (inputs 5, and 6 for LSTM) are laid out (directions, batch, hidden),
