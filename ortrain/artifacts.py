@@ -36,7 +36,7 @@ from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
-from ortrain.graph.gradient_ops import gradient_reach
+from ortrain.graph.gradient_ops import ancestors, gradient_reach, may_stop_gradients
 from ortrain.graph.passes import for_training
 
 __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", "SAMPLE_WEIGHT", "LOSS_SCALE"]
@@ -416,8 +416,10 @@ def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
     outputs = fg.outputs
     if not outputs:
         return fg
-    reach = gradient_reach(fg.proto, [outputs[0].name])
-    idle = [p.name for p in fg.params if p.role == "trainable" and p.name not in reach]
+    trainable = [p.name for p in fg.params if p.role == "trainable"]
+    reach = gradient_reach(fg.proto, [outputs[0].name]) if may_stop_gradients(fg.proto, trainable) else \
+        ancestors(fg.proto, outputs[0].name)
+    idle = [name for name in trainable if name not in reach]
     if not idle:
         return fg
     shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")

@@ -269,3 +269,15 @@ def test_a_weight_reaching_the_loss_only_through_an_arg_max_is_not_trained(rng):
     cls = (x @ w).argmax(1)[:, None].astype(np.float64)
     grad_v = x.T.astype(np.float64) @ (2 * (x @ v + cls - y) / len(x))
     np.testing.assert_allclose(after["V"], v - 0.1 * grad_v, rtol=1e-5, atol=1e-6)
+
+
+def test_type_inference_is_needed_only_where_a_value_may_stop_a_gradient(rng):
+    """The warm start of a model whose gradients surely reach every weight skips it (milliseconds)."""
+    from ortrain.graph.gradient_ops import may_stop_gradients
+    mlp = ot.Sequential([ot.layers.Dense(4, activation="relu"), ot.layers.BatchNorm(), ot.layers.Dense(2)],
+                        input_shape=(3,), seed=0).forward_graph()
+    assert not may_stop_gradients(mlp.proto, mlp.names("trainable"))
+    exponent = _one_op_model([helper.make_node("Pow", ["h", "e"], ["y"])], [None, 3],
+                             [numpy_helper.from_array(np.ones(3, np.float32), "e")])
+    assert may_stop_gradients(exponent, ["w", "e"]) and not may_stop_gradients(exponent, ["w"])
+    assert may_stop_gradients(_loop_model("M"), ["W"])
