@@ -426,9 +426,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     ``loss``/``optimizer`` recompile the model before training (a new optimizer starts fresh
     moments). ``nbatch_logical``: gradients of several batches make one update. ``loss_mask``
     as for :class:`ortrain.Trainer`; batches carrying ``sample_weight`` without it weight each
-    sample's loss (any loss), in training and in validation alike. ``weight_decay`` (decoupled, in [0, 1]) overrides the optimizer's: the
-    default 0.0 turns decay off, with a warning when the compiled optimizer has some; ``None`` keeps
-    the compiled optimizer's, as ``model.fit`` does.
+    sample's loss (any loss), in training and in validation alike. ``weight_decay`` (decoupled,
+    in [0, 1]) overrides the optimizer's: the default 0.0 turns decay off, with a warning when
+    the compiled optimizer has some; ``None`` keeps the compiled optimizer's, as ``model.fit`` does.
     The trained weights and optimizer state are written back into ``model``, so a later fit
     continues; when the generator raises, the error propagates after every callback's
     ``on_train_end`` ran and the model holds the last completed step.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-from ortrain.graph.passes import _attr, elem_types, int64_constants, node_inputs, subgraph_reads
+from ortrain.graph.passes import attribute, elem_types, int64_constants, node_inputs, subgraph_reads
 
 __all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients", "nodes_without_gradient", "untrainable_form"]
 
@@ -129,17 +129,17 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     ``consts``: the graph's int64 constants (``passes.int64_constants``)."""
     op = node.op_type
     if op == "Pad":
-        mode = _attr(node, "mode", b"constant")
+        mode = attribute(node, "mode", b"constant")
         mode = mode.decode() if isinstance(mode, bytes) else mode
         if mode != "constant":
             return f"Pad in {mode!r} mode"
     elif op == "Slice" and len(node.input) > 4 and node.input[4] in consts and (consts[node.input[4]] < 0).any():
         return "Slice with a negative step"
-    elif op == "ReduceL2" and not _attr(node, "keepdims", 1) and not _attr(node, "axes", None) and \
+    elif op == "ReduceL2" and not attribute(node, "keepdims", 1) and not attribute(node, "axes", None) and \
             (len(node.input) < 2 or not node.input[1]):
         return "ReduceL2 over every axis without keepdims"
     elif op in ("LSTM", "GRU"):
-        direction = _attr(node, "direction", b"forward")
+        direction = attribute(node, "direction", b"forward")
         direction = direction.decode() if isinstance(direction, bytes) else direction
         if direction != "forward":
             return f"{op} in direction {direction!r}"

@@ -82,7 +82,8 @@ def _shape_of(inferred: onnx.ModelProto, name: str) -> list | None:
     return None
 
 
-def _attr(node, name, default):
+def attribute(node: onnx.NodeProto, name: str, default):
+    """The value of ``node``'s attribute ``name`` (strings as bytes), or ``default``."""
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
@@ -100,22 +101,22 @@ def _pool_geometry(node, size: int, axis: int, kernel: int, stride: int, pads: l
     """
     begin, end = pads[axis], pads[axis + 2]
     span = size + begin + end - kernel
-    out = (-(-span // stride) if _attr(node, "ceil_mode", 0) else span // stride) + 1
+    out = (-(-span // stride) if attribute(node, "ceil_mode", 0) else span // stride) + 1
     covered_end = max(end, (out - 1) * stride + kernel - size - begin)
-    if _attr(node, "count_include_pad", 0):
+    if attribute(node, "count_include_pad", 0):
         return out, covered_end, np.full(out, kernel, np.float32)
     counts = [min(o * stride - begin + kernel, size) - max(o * stride - begin, 0) for o in range(out)]
     return out, covered_end, np.array(counts, np.float32)
 
 
 def _explicit_pads(node, shape: list) -> list[int]:
-    auto = _attr(node, "auto_pad", b"NOTSET")
+    auto = attribute(node, "auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if auto in ("NOTSET", ""):
-        return list(_attr(node, "pads", [0, 0, 0, 0]))
+        return list(attribute(node, "pads", [0, 0, 0, 0]))
     if auto == "VALID":
         return [0, 0, 0, 0]
-    kernel, strides = list(_attr(node, "kernel_shape", [])), list(_attr(node, "strides", [1, 1]))
+    kernel, strides = list(attribute(node, "kernel_shape", [])), list(attribute(node, "strides", [1, 1]))
     begins, ends = [], []
     for size, k, st in zip(shape[2:], kernel, strides):
         total = max((-(-size // st) - 1) * st + k - size, 0)
@@ -166,7 +167,7 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
 
     def as_conv(i, node):
         shape = _shape_of(inferred, node.input[0])
-        kernel = list(_attr(node, "kernel_shape", []))
+        kernel = list(attribute(node, "kernel_shape", []))
         if len(kernel) != 2:
             raise UnsupportedOpError(
                 f"AveragePool node {node.name or i!r}: ortrain trains 2-D average pools, this one is "
@@ -178,7 +179,7 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
                 f"and width are known (input shape {shape}); onnxruntime-training's own AveragePool gradient "
                 "crashes with a free batch size. Give the model static image sizes or replace the pool")
         c, h, w = shape[1:]
-        strides = list(_attr(node, "strides", [1, 1]))
+        strides = list(attribute(node, "strides", [1, 1]))
         pads = _explicit_pads(node, shape)
         kh, kw = kernel
         ho, end_h, rows = _pool_geometry(node, h, 0, kh, strides[0], pads)

@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
-from ortrain.graph.passes import elem_types, int64_constants
+from ortrain.graph.passes import attribute, elem_types, int64_constants
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
@@ -230,11 +230,6 @@ def _expand(model: onnx.ModelProto, ops: set[str], rewrite) -> tuple[onnx.ModelP
     return out, count
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
-    a = next((a for a in node.attribute if a.name == name), None)
-    return default if a is None else helper.get_attribute_value(a)
-
-
 def gelu_tanh_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """``Gelu(x, approximate="tanh")`` -> ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))``.
 
@@ -243,7 +238,7 @@ def gelu_tanh_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
     in ``Mul``/``Add``/``Tanh`` (what torch exports below opset 20) has the right one.
     """
     def rewrite(e: _Expansion, node, _types) -> bool:
-        if _attr(node, "approximate", b"none") != b"tanh":
+        if attribute(node, "approximate", b"none") != b"tanh":
             return False
         x = node.input[0]
         k, c, one, half = e.const("k", np.sqrt(2.0 / np.pi)), e.const("c", 0.044715), e.const("one", 1.0), \
@@ -285,7 +280,7 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
         elif kind == "Elu":
             positive = e.op("Greater", x, zero)
             u = e.op("Where", positive, zero, x)
-            tail = e.op("Mul", e.const("alpha", _attr(node, "alpha", 1.0)), e.op("Sub", e.op("Exp", u),
+            tail = e.op("Mul", e.const("alpha", attribute(node, "alpha", 1.0)), e.op("Sub", e.op("Exp", u),
                                                                                  e.const("one", 1.0)))
             e.op("Where", positive, x, tail, result=y)
         elif kind == "Softplus":
@@ -294,7 +289,7 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
             exp = e.op("Exp", e.op("Where", nonneg, e.op("Neg", x), x))
             e.op("Add", relu, e.op("Log", e.op("Add", exp, e.const("one", 1.0))), result=y)
         elif kind == "HardSigmoid":
-            alpha, beta = float(_attr(node, "alpha", 0.2)), float(_attr(node, "beta", 0.5))
+            alpha, beta = float(attribute(node, "alpha", 0.2)), float(attribute(node, "beta", 0.5))
             z = e.op("Add", e.op("Mul", x, e.const("alpha", alpha)), e.const("beta", beta))
             if alpha == 0.0:
                 e.op("Clip", z, zero, e.const("one", 1.0), result=y)  # a constant: no derivative to match
@@ -384,7 +379,7 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
         if node.op_type in ("LSTM", "GRU", "RNN") and len(node.input) > 5:
             # the initial states (inputs 5, and 6 for LSTM) are laid out (directions, batch, hidden),
             # or (batch, directions, hidden) with layout=1, as X is (seq, batch, in) or (batch, seq, in)
-            axis = 0 if any(a.name == "layout" and a.i == 1 for a in node.attribute) else 1
+            axis = 0 if attribute(node, "layout", 0) == 1 else 1
             x_batch = (shapes.get(node.input[0]) or [None, None])[axis]
             for state in node.input[5:7]:
                 if state and x_batch == BATCH and (shapes.get(state) or [None, None])[axis] == batch:
