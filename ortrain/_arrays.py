@@ -113,9 +113,19 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
                    bounds: dict[str, tuple[int, int, str]] | None = None) -> list[np.ndarray]:
     """The arrays for the graph inputs ``specs``, cast and checked; ``rows`` pins the batch size.
 
-    One input takes ``x`` itself; several take a list or tuple of arrays in ``specs`` order.
-    ``bounds`` (``Model.index_bounds()``) gives the range of inputs that index a table's rows.
+    One input takes ``x`` itself; several take a list or tuple of arrays in ``specs`` order, or
+    (as Keras does) a dict keyed by input name. ``bounds`` (``Model.index_bounds()``) gives the
+    range of inputs that index a table's rows.
     """
+    if isinstance(x, dict):
+        names = [s.name for s in specs]
+        if set(x) != set(names):
+            missing = [n for n in names if n not in x]
+            extra = sorted(str(k) for k in x if k not in names)
+            raise ShapeError(f"{argument}: a dict of inputs needs one array per input name {names}; "
+                             + "; ".join(([f"missing {missing}"] if missing else [])
+                                         + ([f"unexpected {extra}"] if extra else [])))
+        x = [x[n] for n in names] if len(specs) > 1 else x[names[0]]
     xs = list(x) if isinstance(x, (list, tuple)) and len(specs) > 1 else [x]
     if len(xs) != len(specs):
         raise ShapeError(f"{argument}: the model has {len(specs)} inputs ({', '.join(s.name for s in specs)}), "
@@ -146,13 +156,22 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
     every label must lie in ``[0, n_classes - 1]``: the graph's GatherElements would wrap a
     negative index into a wrong loss and fail on a large one only inside onnxruntime.
     """
-    a = as_array(y, spec.dtype, argument)
-    shape = tuple(spec.shape)
-    if spec.dtype.kind in "iu" and a.ndim == len(shape) + 1 and a.shape[-1] == 1:
-        a = a.reshape(a.shape[:-1])
-    elif len(shape) >= 2 and shape[-1] == 1 and a.ndim == len(shape) - 1:
-        a = a.reshape(a.shape + (1,))
-    check_shape(a, shape, argument, rows, rows_of)
+    try:
+        a = as_array(y, spec.dtype, argument)
+        shape = tuple(spec.shape)
+        if spec.dtype.kind in "iu" and a.ndim == len(shape) + 1 and a.shape[-1] == 1:
+            a = a.reshape(a.shape[:-1])
+        elif len(shape) >= 2 and shape[-1] == 1 and a.ndim == len(shape) - 1:
+            a = a.reshape(a.shape + (1,))
+        check_shape(a, shape, argument, rows, rows_of)
+    except ShapeError:
+        several = list(y.values()) if isinstance(y, dict) else y
+        if isinstance(several, (list, tuple)) and len(several) > 1 and \
+                all(isinstance(v, np.ndarray) for v in several):
+            raise ShapeError(f"{argument}: expected one label array, for the model's first output (the loss is "
+                             f"computed on it alone), received a {type(y).__name__} of {len(several)} arrays; give "
+                             "the first output's labels") from None
+        raise
     if n_classes is not None and a.size:
         low, high = a.min(), a.max()
         if low < 0 or high >= n_classes:

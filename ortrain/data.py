@@ -272,9 +272,11 @@ def refuse_non_finite_arrays(model, xs, ys, ws) -> None:
 
 
 def _inputs_like(value) -> bool:
-    """An input array, or a list/tuple of them (a model with several inputs)."""
-    return isinstance(value, np.ndarray) or (isinstance(value, (list, tuple)) and len(value) > 0
-                                             and all(isinstance(a, np.ndarray) for a in value))
+    """An input array, or a list/tuple of them or a dict of them by input name (a model with
+    several inputs)."""
+    arrays = list(value.values()) if isinstance(value, dict) else value
+    return isinstance(value, np.ndarray) or (isinstance(arrays, (list, tuple)) and len(arrays) > 0
+                                             and all(isinstance(a, np.ndarray) for a in arrays))
 
 
 def _batch_like(value) -> bool:
@@ -285,12 +287,11 @@ def _batch_like(value) -> bool:
 
 def looks_like_arrays(data) -> bool:
     """``(x, y)`` or ``(x, y, sample_weight)`` arrays rather than a collection of batches: a tuple
-    whose first item is not a batch, or (as Keras takes it too) a list ``[x, y]`` or
-    ``[x, y, sample_weight]`` whose ``x`` is an array or a list of arrays and whose other items
-    are not batches."""
-    if isinstance(data, tuple):
-        return len(data) in (2, 3) and not isinstance(data[0], (tuple, dict))
-    return (isinstance(data, list) and len(data) in (2, 3) and _inputs_like(data[0])
+    whose first item is not a batch, or (as Keras takes them too) a tuple or list whose ``x`` is
+    an array, a list or tuple of arrays or a dict of them, and whose other items are not batches."""
+    if isinstance(data, tuple) and len(data) in (2, 3) and not isinstance(data[0], (tuple, dict)):
+        return True
+    return (isinstance(data, (list, tuple)) and len(data) in (2, 3) and _inputs_like(data[0])
             and not any(_batch_like(v) for v in data[1:]))
 
 

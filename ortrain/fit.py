@@ -120,8 +120,9 @@ class _Loop:
         if model is not None:
             model._written.clear()
             opt = model.optimizer
-            if opt is not None and model._lr_seen not in (None, (id(opt), _lr_writes(opt))):
-                trainer.set_lr(opt.lr)  # model.optimizer.lr was written between fits
+            # A model no fit has seen (new, loaded, copied) counts its optimizer as not written yet.
+            if opt is not None and (id(opt), _lr_writes(opt)) != (model._lr_seen or (id(opt), 0)):
+                trainer.set_lr(opt.lr)  # model.optimizer.lr was written since
             self._lr_seen = (id(opt), _lr_writes(opt))
 
     def _log_names(self) -> list[str]:

@@ -182,6 +182,8 @@ class Trainer(Releasable):
                 self._session.set(name, value)
         self._freed = False
         self._session.zero_grad()
+        # Moments of weights that do not train here (frozen for now) travel on to the next fit.
+        self._carried = {n: m for n, m in state.moments.items() if n not in self._trainable} if state else {}
         self._n_steps = state.n_steps if state else 0
         self._updates = state.step if state else 0
         self._lr = state.lr if state else opt.lr
@@ -411,10 +413,12 @@ class Trainer(Releasable):
         return model
 
     def export_state(self) -> TrainState:
-        """The optimizer state, for a model to carry into its next ``fit``."""
+        """The optimizer state, for a model to carry into its next ``fit``: the moments of the
+        weights trained here, and those of weights frozen here as the model brought them."""
         self._live()
         state = self._session.optimizer_state()
-        return TrainState(self._updates, self._lr, state.moments if state else {}, self._n_steps)
+        return TrainState(self._updates, self._lr, {**self._carried, **(state.moments if state else {})},
+                          self._n_steps)
 
     # -- batch norm ----------------------------------------------------------------------------
     def calibrate_bn(self, x) -> None:

@@ -464,3 +464,29 @@ def test_no_subcommand_prints_the_help_as_a_usage_error(capsys):
     assert cli() == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "COMMAND" in captured.err
+
+
+def test_a_model_with_several_inputs_is_refused_with_the_way_to_train_it(workdir, capsys):
+    a, b = ot.Input((3,), name="a"), ot.Input((2,), name="b")
+    two = ot.Model([a, b], ot.layers.Dense(1)(ot.layers.Concatenate()([a, b])))
+    two.export_onnx(workdir / "two.onnx")
+    np.savez("two.npz", x=np.zeros((8, 3)), y=np.zeros((8, 1)))
+    assert cli("train", "--model", "two.onnx", "--data", "two.npz", "--epochs", "1", "--batch-size", "4",
+               "--out", "tworun", "--verbose", "0") == 2
+    err = capsys.readouterr().err
+    assert "the model has 2 inputs (a, b) and the command line feeds one array x" in err
+    assert not (workdir / "tworun").exists()
+    assert cli("predict", "--model", "two.onnx", "--data", "two.npz") == 2
+    assert "feeds one array x" in capsys.readouterr().err
+
+
+def test_warnings_are_one_line_each(workdir, capsys):
+    a = ot.Input((3,), name="a")
+    h = ot.layers.Dense(2)(a)
+    ot.Model(a, [h, ot.layers.Dense(1)(a)]).export_onnx(workdir / "two_out.onnx")  # the second output's weights idle
+    np.savez("d.npz", x=np.zeros((8, 3)), y=np.zeros((8, 2)))
+    assert cli("train", "--model", "two_out.onnx", "--data", "d.npz", "--epochs", "1", "--batch-size", "4",
+               "--out", "r", "--verbose", "0") == 0
+    err = capsys.readouterr().err
+    assert "ortrain train: warning: weights dense_1.kernel, dense_1.bias do not affect the loss" in err
+    assert "runs.py" not in err and len(err.strip().splitlines()) == 1

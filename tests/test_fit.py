@@ -1019,3 +1019,74 @@ def test_the_first_validation_batch_is_read_before_training_whatever_the_batches
     model.fit(x, y, batch_size=8, epochs=1, validation_data=val, callbacks=[Record()], verbose=0,
               sample_weight=np.ones(8) if weighted_training else None)
     assert events == ["validation batch", "train begin", "validation batch"]
+
+
+def test_a_weight_frozen_for_a_fit_keeps_its_moments_for_when_it_trains_again(tmp_path):
+    x, y = batches(1, 4)[0]
+    model = mlp()
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    ws = [w.astype(np.float64) for w in model.get_weights()]
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)   # update 1: every weight
+    model.freeze("dense_0")
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)   # update 2: dense_1 alone
+    model.save(tmp_path / "m")  # the frozen weights' moments are part of the saved state too
+    model = ot.load_model(tmp_path / "m")
+    model.unfreeze("dense_0")
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)   # update 3: dense_0 goes on from update 1
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 0.01
+    m, v = [np.zeros_like(w) for w in ws], [np.zeros_like(w) for w in ws]
+    for t, trained in ((1, (0, 1, 2, 3)), (2, (2, 3)), (3, (0, 1, 2, 3))):
+        _, grads = mse_grads(ws, x, y)
+        for i in trained:
+            m[i] = b1 * m[i] + (1 - b1) * grads[i]
+            v[i] = b2 * v[i] + (1 - b2) * grads[i] ** 2
+            ws[i] = ws[i] - lr * (m[i] / (1 - b1 ** t)) / (np.sqrt(v[i] / (1 - b2 ** t)) + eps)
+    for got, want in zip(model.get_weights(), ws):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("how", ["load_model", "copy"])
+def test_a_rate_written_on_a_loaded_or_copied_model_is_the_next_fits(tmp_path, how):
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    model = mlp()
+    model.compile(optimizer=ot.optim.Adam(lr=0.1), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    if how == "load_model":
+        model.save(tmp_path / "m")
+        other = ot.load_model(tmp_path / "m")
+    else:
+        other = model.copy()
+    again = other.copy()
+    assert again.fit(x, y, batch_size=8, epochs=1, verbose=0).history["lr"] == [0.1]  # the state's rate
+    other.optimizer.lr = 0.001  # before any fit of this object
+    assert other.fit(x, y, batch_size=8, epochs=1, verbose=0).history["lr"] == [0.001]
+
+
+def test_several_inputs_as_a_list_a_tuple_or_a_dict_by_name_as_in_keras():
+    rng = np.random.default_rng(0)
+    xa, xb, y = rng.random((16, 4)), rng.random((16, 3)), rng.random((16, 1))
+    a, b = ot.Input((4,), name="a"), ot.Input((3,), name="b")
+
+    def model():
+        m = ot.Model([a, b], ot.layers.Dense(1)(ot.layers.Concatenate()([a, b])))
+        m.set_weights([np.arange(7, dtype=np.float32).reshape(7, 1) / 10, np.zeros(1, np.float32)])
+        return m.compile(optimizer="sgd", loss="mse")
+
+    forms = {"list": [xa, xb], "tuple": (xa, xb), "dict": {"b": xb, "a": xa}}
+    results = {}
+    for name, x in forms.items():
+        m = model()
+        hist = m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x, y))
+        results[name] = (hist.history["loss"], hist.history["val_loss"], m.predict(x), m.evaluate(x, y)["loss"])
+    for name in ("tuple", "dict"):
+        for got, want in zip(results[name], results["list"]):
+            np.testing.assert_array_equal(got, want)
+    k, bias = m.get_weights()  # the dict form's model, trained
+    pred = np.concatenate([xa, xb], 1) @ k + bias
+    np.testing.assert_allclose(results["dict"][2], pred, rtol=1e-5)
+    np.testing.assert_allclose(results["dict"][3], np.mean((pred - y) ** 2), rtol=1e-5)
+    with pytest.raises(ot.ShapeError, match=r"x: a dict of inputs needs one array per input name \['a', 'b'\]; "
+                                            r"missing \['b'\]; unexpected \['c'\]"):
+        m.predict({"a": xa, "c": xb})
+    with pytest.raises(ot.ShapeError, match="y: expected one label array, for the model's first output"):
+        m.fit(forms["list"], [y, y], verbose=0)

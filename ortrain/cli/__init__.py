@@ -12,6 +12,7 @@ import contextlib
 import signal
 import sys
 import threading
+import warnings
 
 __all__ = ["main"]
 
@@ -296,8 +297,12 @@ def main(argv=None) -> int:
     if handle_term:
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        # With --json, stdout carries the result alone: progress goes to stderr.
-        with contextlib.redirect_stdout(sys.stderr) if opts.json else contextlib.nullcontext():
+        # With --json, stdout carries the result alone: progress goes to stderr. Warnings are one
+        # line each, as errors are.
+        with contextlib.redirect_stdout(sys.stderr) if opts.json else contextlib.nullcontext(), \
+                warnings.catch_warnings():
+            warnings.showwarning = lambda message, category, *_: print(
+                f"ortrain {opts.command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
             result = _dispatch(opts)
     except UsageError as exc:
         print(f"ortrain {opts.command}: error: {exc}", file=sys.stderr)

@@ -284,10 +284,19 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     return _fit(cfg, out, data, art_dir, run["seed"], run["batch_size"], checkpoint, initial_epoch, recorder, lr)
 
 
+def _one_input(specs) -> None:
+    """The command line feeds one array ``x``: a model with several inputs trains from Python."""
+    if len(specs) > 1:
+        raise UsageError(f"the model has {len(specs)} inputs ({', '.join(s.name for s in specs)}) and the command "
+                         "line feeds one array x; train or run it from Python (ot.Trainer.from_artifacts, "
+                         "Model.fit/predict with a list or dict of arrays)")
+
+
 def _fit(cfg: dict, out: Path, data, art_dir: Path, seed: int, batch_size: int, checkpoint, initial_epoch: int,
          recorder: RunRecorder, lr) -> dict:
     x, y, w, val = data
     ot.set_seed(seed)
+    _one_input(ot.artifacts.load(art_dir).inputs)
     with ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint,
                                    metrics=cfg.get("metrics")) as trainer:
         if lr is not None:
@@ -383,6 +392,7 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
 
 def evaluate(opts) -> dict:
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, metrics=opts.metrics)
+    _one_input(model.input_specs)
     x, y, w = load_data(opts.data)
     if y is None:
         raise UsageError("--data: the file holds no labels 'y' to evaluate against")
@@ -391,6 +401,7 @@ def evaluate(opts) -> dict:
 
 def predict(opts) -> dict:
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
+    _one_input(model.input_specs)
     x, _, _ = load_data(opts.data)
     pred = model.predict(x, batch_size=opts.batch_size)
     if isinstance(pred, np.ndarray):
