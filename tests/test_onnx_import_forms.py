@@ -281,3 +281,53 @@ def test_type_inference_is_needed_only_where_a_value_may_stop_a_gradient(rng):
                              [numpy_helper.from_array(np.ones(3, np.float32), "e")])
     assert may_stop_gradients(exponent, ["w", "e"]) and not may_stop_gradients(exponent, ["w"])
     assert may_stop_gradients(_loop_model("M"), ["W"])
+
+
+def _noise_model(rng):
+    """``y = x @ W + RandomNormalLike(x @ W)``: the noise reads only its input's shape (a VAE's
+    ``torch.randn_like``)."""
+    w = f32(rng, 3, 2)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("RandomNormalLike", ["h"], ["eps"], name="noise"),
+             helper.make_node("Add", ["h", "eps"], ["y"])]
+    return _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 2])], [numpy_helper.from_array(w, "W")]), w
+
+
+def test_random_draws_shaped_like_a_trained_value_train_and_follow_set_seed(rng):
+    proto, w = _noise_model(rng)
+    x = f32(rng, 256, 3)
+    draws = []
+    for _ in range(2):
+        ot.set_seed(3)
+        model = ot.from_onnx(proto)  # it was refused: RandomNormalLike has no gradient, none is needed
+        draws.append(model.predict(x) - x @ w)
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert 0.8 < draws[0].std() < 1.2 and abs(draws[0].mean()) < 0.2  # standard normal noise
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=256) as tr:
+        tr.step(x, np.zeros((256, 2), np.float32))
+        assert not np.array_equal(tr.model().get_weights()[0], w)
+
+
+def test_compile_refuses_a_model_whose_first_output_is_not_float(rng):
+    w = f32(rng, 3, 4)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["logits"]),
+             helper.make_node("ArgMax", ["logits"], ["pred"], axis=1, keepdims=0)]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("pred", [None], TensorProto.INT64), vi("logits", [None, 4])],
+                   [numpy_helper.from_array(w, "W")])
+    model = ot.from_onnx(proto)
+    with pytest.raises(ot.OrtrainError, match=r"first output, which must be float32; the outputs are 'pred' "
+                                              r"\(int64\), 'logits' \(float32\)"):
+        model.compile(optimizer="sgd", loss="mse")
+    assert not model.compiled
+    np.testing.assert_array_equal(model.predict(f32(rng, 2, 3))[0].shape, (2,))  # it still predicts
+
+
+def test_a_trainable_scalar_takes_a_0d_value(rng):
+    nodes = [helper.make_node("Mul", ["x", "temp"], ["y"])]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 3])],
+                   [numpy_helper.from_array(np.array(2.0, np.float32), "temp")])
+    model = ot.from_onnx(proto, trainable=["temp"])
+    model.set_weights({"temp": np.float32(0.5)})
+    assert model.get_weights()[0].shape == (1,)
+    np.testing.assert_array_equal(model.predict(np.ones((1, 3), np.float32)), [[0.5, 0.5, 0.5]])

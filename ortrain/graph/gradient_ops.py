@@ -42,6 +42,7 @@ NON_DIFFERENTIABLE_INPUTS = {
     "BatchNormalization": {3, 4}, "Clip": {1, 2}, "ConstantOfShape": {0}, "Dropout": {1, 2},
     "Expand": {1}, "Gather": {1}, "GatherElements": {1}, "GatherND": {1}, "OneHot": {0, 1, 2},
     "Pad": {1, 2, 3}, "Pow": {1}, "Range": {0, 1, 2}, "ReduceL2": {1}, "ReduceMean": {1}, "ReduceSum": {1},
+    "RandomNormalLike": {0}, "RandomUniformLike": {0}, "EyeLike": {0},  # only the input's shape is read
     "Reshape": {1}, "Resize": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1}, "Squeeze": {1}, "Tile": {1},
     "TopK": {1}, "Unsqueeze": {1}, "Upsample": {1},
 }
@@ -102,7 +103,9 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     tainted = set(trainable)
     candidates = []
     for node in model.graph.node:
-        if not any(i in tainted for i in node_inputs(node)):
+        skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
+        read = [i for pos, i in enumerate(node.input) if pos not in skip] + subgraph_reads(node)
+        if not any(i in tainted for i in read):
             continue
         outs = [o for o in node.output if o and types.get(o, TensorProto.FLOAT) in _FLOATS]
         if outs:

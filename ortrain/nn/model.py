@@ -222,6 +222,8 @@ class Model:
         staged = []
         for name, value in items:
             a = as_array(value, table[name].dtype, f"set_weights[{name!r}]")
+            if a.shape == () and table[name].shape == (1,):  # a trainable scalar is kept with shape (1,)
+                a = a.reshape(1)
             if a.shape != table[name].shape:
                 raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(table[name].shape)}, "
                                  f"received {describe_shape(a.shape)}")
@@ -382,6 +384,12 @@ class Model:
         new_loss = losses.get(loss)
         new_metrics = [metrics] if isinstance(metrics, str) else list(metrics or [])
         metrics_mod.resolve(new_metrics, new_loss)  # validate names now
+        first = self.output_specs[0]
+        if np.dtype(first.dtype) != np.float32:
+            names = ", ".join(f"{s.name!r} ({np.dtype(s.dtype).name})" for s in self.output_specs)
+            raise OrtrainError(f"compile: the loss is computed on the model's first output, which must be float32; "
+                               f"the outputs are {names}. Make a float output the first one (e.g. return the "
+                               "logits before the arg-max)")
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.train_state = None
         self._runners.clear()  # evaluate's graph holds the loss

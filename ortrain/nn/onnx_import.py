@@ -341,16 +341,22 @@ def _check_gradients(fg: ForwardGraph) -> None:
         f"(frozen=[...] or trainable=[...] with names or glob patterns) or replace the ops in the model")
 
 
-def _seed_dropouts(proto: onnx.ModelProto) -> None:
-    """After ``ot.set_seed``, a ``Dropout`` without a seed of its own gets one drawn from ortrain's
-    generator, as ortrain's own ``Dropout`` layer does: the same seed, the same masks, run after
+# Ops that draw random numbers, and the type of their ``seed`` attribute.
+_RANDOM_OPS = {"Dropout": int, "RandomNormal": float, "RandomNormalLike": float, "RandomUniform": float,
+               "RandomUniformLike": float, "Bernoulli": float, "Multinomial": float}
+
+
+def _seed_random_ops(proto: onnx.ModelProto) -> None:
+    """After ``ot.set_seed``, a ``Dropout`` (or another op drawing random numbers: a VAE's
+    ``RandomNormalLike``, ``Bernoulli``) without a seed of its own gets one drawn from ortrain's
+    generator, as ortrain's own ``Dropout`` layer does: the same seed, the same draws, run after
     run. Unseeded, it keeps none, so models that differ only in weights share cached artifacts."""
     if not _random.is_seeded():
         return
     for node in proto.graph.node:
-        if node.op_type == "Dropout" and node.domain in ("", "ai.onnx") and \
-                not any(a.name == "seed" for a in node.attribute):
-            node.attribute.append(onnx.helper.make_attribute("seed", _random.draw_seed()))
+        kind = _RANDOM_OPS.get(node.op_type)
+        if kind is not None and node.domain in ("", "ai.onnx") and not any(a.name == "seed" for a in node.attribute):
+            node.attribute.append(onnx.helper.make_attribute("seed", kind(_random.draw_seed())))
 
 
 def _check_shapes(fg) -> None:
@@ -394,7 +400,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, data = _select_inputs(proto, input_names, stash)
     _check_data_inputs(proto, data)
     proto, _ = repair(proto)
-    _seed_dropouts(proto)
+    _seed_random_ops(proto)
     proto, _ = free_batch_dimension(proto, data)
     check_model(proto, "imported model")
     fg = canonical_forward(proto, trainable, frozen, stash, order)
