@@ -89,6 +89,11 @@ def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: s
 
 
 # -- counts ----------------------------------------------------------------------------------------
+def is_real(value) -> bool:
+    """A real number, Python's or numpy's (``np.float32(0.5)`` included), not a bool."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def checked_int(value, argument: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
     """``value`` as an int of at least ``minimum``; ``None`` passes through when ``allow_none``.
 

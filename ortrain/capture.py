@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from ortrain import artifacts, engine
+from ortrain._arrays import is_real
 from ortrain.ag.calls import Capture, TracedCall
 from ortrain.ag.tensor import Buffer, Param
 from ortrain.ag.tracer import example_inputs, trace
@@ -37,8 +38,7 @@ _live_steps = [0]  # captured steps alive; with one, nothing can be shared
 def _check_max_norm(value):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or \
-            not math.isfinite(value) or value <= 0:
+    if not is_real(value) or not math.isfinite(value) or value <= 0:
         raise OrtrainError(f"max_grad_norm: expected None or a positive finite number, received {value!r}")
     return float(value)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import prepare_inputs, prepare_labels, prepare_sample_weight, refuse_non_finite
+from ortrain._arrays import is_real, prepare_inputs, prepare_labels, prepare_sample_weight, refuse_non_finite
 from ortrain.errors import OrtrainError, ShapeError
 
 __all__ = ["ArraySource", "CallableSource", "EpochIterator", "IterableSource", "as_source", "parse_batch",
@@ -323,9 +323,7 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
 
 
 def check_split(validation_split) -> None:
-    if isinstance(validation_split, (bool, np.bool_)) or not isinstance(validation_split, (int, float, np.integer,
-                                                                                          np.floating)) \
-            or not 0.0 <= validation_split < 1.0:
+    if not is_real(validation_split) or not 0.0 <= validation_split < 1.0:
         raise OrtrainError(f"validation_split: expected a fraction in [0, 1), received {validation_split!r}")
 
 

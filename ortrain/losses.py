@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ortrain._arrays import is_real
 from ortrain.errors import OrtrainError
 from ortrain.graph import GraphBuilder
 
@@ -107,7 +108,7 @@ class Huber(Loss):
     name = "huber"
 
     def __init__(self, delta: float = 1.0):
-        if not (isinstance(delta, (int, float)) and delta > 0 and np.isfinite(delta)):
+        if not (is_real(delta) and delta > 0 and np.isfinite(delta)):
             raise OrtrainError(f"Huber(delta=...): expected a positive finite number, received {delta!r}")
         self.delta = float(delta)
 

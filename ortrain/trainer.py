@@ -18,6 +18,7 @@ import numpy as np
 from ortrain import artifacts as artifacts_mod
 from ortrain import engine
 from ortrain._arrays import (
+    is_real,
     positive_int,
     prepare_inputs,
     prepare_labels,
@@ -383,7 +384,7 @@ class Trainer(Releasable):
             raise OrtrainError(f"target: expected a Snapshot from trainer.snapshot(), received "
                                f"{type(target).__name__}")
         target._live()
-        if isinstance(tau, bool) or not isinstance(tau, (int, float, np.floating)) or not 0.0 <= tau <= 1.0:
+        if not is_real(tau) or not 0.0 <= tau <= 1.0:
             raise OrtrainError(f"tau: expected a number in [0, 1], received {tau!r}")
         mine = {p.name: tuple(p.shape) for p in self._params}
         theirs = {p.name: tuple(target._weights[p.name].shape) for p in target._params}

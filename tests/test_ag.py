@@ -296,3 +296,17 @@ def test_topological_order_is_iterative_and_puts_inputs_first():
     step = ot.capture_step(lambda x: ag.mean(ag.reshape(t, (3,)) * x), optimizer=opt)
     np.testing.assert_allclose(step(x=np.ones(3, np.float32)), 1.0, rtol=1e-6)
     np.testing.assert_allclose(probed_grads(opt)[0], np.full(W.shape, 1 / 3), rtol=1e-6)
+
+
+def test_a_python_number_keeps_the_rank_numpy_gives_it():
+    x = ag.buffer(np.arange(6, dtype=np.float32).reshape(2, 3))
+    fwd = ot.capture(lambda i: {"total": ag.sum(ag.get_rows(x, i)) + 1.0,
+                                "twice": ag.scale(ag.mean(ag.get_rows(x, i)), 2.0),
+                                "row": ag.get_rows(x, 1)})
+    out = fwd(i=np.array([0, 1], np.int64))
+    assert {k: v.shape for k, v in out.items()} == {"total": (), "twice": (), "row": (3,)}
+    np.testing.assert_allclose(out["total"], 16.0)
+    np.testing.assert_allclose(out["twice"], 5.0)
+    np.testing.assert_array_equal(out["row"], [3, 4, 5])
+    with pytest.raises(ot.ShapeError, match="holds 9223372036854775808, beyond the range of int64"):
+        ot.capture(lambda i: ag.add(i, 2 ** 63))(i=np.array([1], np.int64))

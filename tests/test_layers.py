@@ -179,3 +179,31 @@ def test_reshape_with_a_free_size_runs_on_zero_rows(tmp_path, rng):
     model.export_onnx(tmp_path / "m.onnx")
     sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     assert sess.run(None, {"input": x[:0]})[0].shape == (0, 2)
+
+
+def test_a_refused_layer_call_leaves_the_layer_as_it_was():
+    add = L.Add()
+    a, b = ot.Input((3,)), ot.Input((4,))
+    with pytest.raises(ot.ShapeError, match="Add needs inputs of one shape"):
+        add([a, b])
+    assert add([a, ot.Input((3,))]).shape == (None, 3)  # it was left built for the refused shapes
+    conv = L.Conv2D(2, 6)
+    with pytest.raises(ot.ShapeError, match="does not fit"):
+        conv(ot.Input((3, 5, 5)))
+    assert conv.weights == {} and conv(ot.Input((3, 8, 8))).shape == (None, 2, 3, 3)
+
+
+@pytest.mark.parametrize("pool", [L.MaxPool2D, L.AvgPool2D])
+def test_same_padding_pools_need_known_sizes(pool):
+    with pytest.raises(ot.ShapeError, match=r"padding='same'\) needs a known height and width"):
+        pool(2, padding="same")(ot.Input((3, None, None)))
+
+
+def test_numbers_are_numpy_or_python_and_nothing_else():
+    assert L.Dropout(np.float32(0.5)).rate == 0.5
+    assert ot.losses.Huber(np.float32(2.0)).delta == 2.0
+    assert ot.optim.Adam(eps=np.float32(1e-7)).eps == pytest.approx(1e-7)
+    for bad in (lambda: L.BatchNorm(momentum="0.9"), lambda: ot.Input(3.0), lambda: ot.Input((True,)),
+                lambda: L.Concatenate(axis=1.7), lambda: L.Concatenate(axis=True), lambda: L.Dropout(True)):
+        with pytest.raises(ot.OrtrainError, match="expected"):
+            bad()

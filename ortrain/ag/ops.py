@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ortrain._arrays import as_array, is_real
 from ortrain._random import draw_seed
 from ortrain.ag.tensor import FLOAT, INT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
@@ -36,7 +37,7 @@ def as_tensor(value, where: str, like: Tensor | None = None) -> Tensor:
     if dtype.kind in "iu" and a.dtype.kind == "f" and np.any(a != np.round(a)):
         raise ShapeError(f"{where}: the constant {value!r} has a fractional part but the other operand is "
                          f"{dtype.name}")
-    return Const(np.ascontiguousarray(a, dtype=dtype))
+    return Const(as_array(a, dtype, where))  # keeps a number 0-d; refuses ints beyond int64
 
 
 def _float(where: str, *ts: Tensor) -> None:
@@ -341,7 +342,7 @@ def dropout(x, rate: float = 0.5) -> Tensor:
     """
     x = as_tensor(x, "dropout")
     _float("dropout", x)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0.0 <= rate < 1.0:
+    if not is_real(rate) or not 0.0 <= rate < 1.0:
         raise OrtrainError(f"dropout: rate expected a number in [0, 1), received {rate!r}")
     if rate == 0:
         return x

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from ortrain._arrays import checked_int
+from ortrain._arrays import checked_int, is_real
 from ortrain.errors import OrtrainError
 
 MODES = ("auto", "min", "max")
@@ -19,7 +19,7 @@ class Monitor:
                                f"received {monitor!r}")
         if mode not in MODES:
             raise OrtrainError(f"{owner}(mode=...): expected 'auto', 'min' or 'max', received {mode!r}")
-        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not math.isfinite(min_delta):
+        if not is_real(min_delta) or not math.isfinite(min_delta):
             raise OrtrainError(f"{owner}(min_delta=...): expected a finite number, received {min_delta!r}")
         self.name = monitor
         self.owner = owner

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-
+from ortrain._arrays import is_real
 from ortrain.callbacks._monitor import Monitor, check_non_negative_int
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
@@ -19,8 +18,7 @@ class ReduceLROnPlateau(Callback):
 
     def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, mode: str = "auto",
                  min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0, verbose: int = 0):
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 < factor < 1.0 \
-                or not math.isfinite(factor):
+        if not is_real(factor) or not 0.0 < factor < 1.0:
             raise OrtrainError(f"ReduceLROnPlateau(factor=...): expected a number in (0, 1), received {factor!r}")
         self.monitor = Monitor(monitor, mode, min_delta, "ReduceLROnPlateau")
         self.factor = float(factor)

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ortrain import _random
+from ortrain._arrays import is_real
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 
@@ -106,10 +107,15 @@ class Layer:
         key = tuple(tuple(s[1:]) for s in input_shapes)
         if self.built_for is not None:
             if key != self.built_for:
-                raise ShapeError(f"layer {self.name!r} was built for inputs {self.built_for} and is now called on "
+                raise ShapeError(f"layer {self.name or type(self).__name__!r} was built for inputs {self.built_for} and is now called on "
                                  f"{key}; a layer used twice must see the same shapes")
             return
-        self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
+        try:
+            self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
+            self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
+        except BaseException:
+            self.weights, self.roles = {}, {}
+            raise
         self.built_for = key
 
     def _build(self, input_shapes, rng) -> None:
@@ -219,7 +225,7 @@ class Dropout(Layer):
 
     def __init__(self, rate: float, name=None, seed=None):
         super().__init__(name, seed)
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+        if not is_real(rate) or not 0.0 <= rate < 1.0:
             raise OrtrainError(f"Dropout(rate=...): expected a number in [0, 1), received {rate!r}")
         self.rate = float(rate)
 
@@ -254,9 +260,9 @@ class BatchNorm(Layer):
 
     def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3, name=None):
         super().__init__(name)
-        if not 0.0 <= momentum < 1.0:
+        if not is_real(momentum) or not 0.0 <= momentum < 1.0:
             raise OrtrainError(f"BatchNorm(momentum=...): expected a number in [0, 1), received {momentum!r}")
-        if not epsilon > 0:
+        if not is_real(epsilon) or not epsilon > 0:
             raise OrtrainError(f"BatchNorm(epsilon=...): expected a positive number, received {epsilon!r}")
         self.momentum = float(momentum)
         self.epsilon = float(epsilon)
@@ -428,6 +434,9 @@ class _Pool2D(Layer):
         if len(input_shapes[0]) != 4:
             raise ShapeError(f"{type(self).__name__} expects (batch, channels, height, width) inputs, "
                              f"received {describe_shape(input_shapes[0])}")
+        if self.padding == "same" and None in input_shapes[0][2:]:
+            raise ShapeError(f"{type(self).__name__}(padding='same') needs a known height and width, received "
+                             f"{describe_shape(input_shapes[0])}; give the input its size or use padding='valid'")
 
     def output_shape(self, input_shapes):
         shape = input_shapes[0]
@@ -554,6 +563,8 @@ class Concatenate(Layer):
 
     def __init__(self, axis: int = -1, name=None):
         super().__init__(name)
+        if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+            raise OrtrainError(f"Concatenate(axis=...): expected an int, received {axis!r}")
         if axis == 0:
             raise OrtrainError("Concatenate(axis=0) would join along the batch; choose a feature axis")
         self.axis = int(axis)

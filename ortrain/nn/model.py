@@ -62,10 +62,14 @@ class SymbolicTensor:
 
 def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  # noqa: N802 - Keras' name
     """A model input of per-sample ``shape`` (the batch dimension is added in front)."""
-    if isinstance(shape, int):
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         shape = (shape,)
+    if not isinstance(shape, (tuple, list)):
+        raise OrtrainError(f"Input(shape=...): expected a tuple of positive ints (None for a free size), received "
+                           f"{shape!r}")
     shape = tuple(shape)
-    if any(not (d is None or (isinstance(d, (int, np.integer)) and d > 0)) for d in shape):
+    if any(not (d is None or (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0))
+           for d in shape):
         raise OrtrainError(f"Input(shape=...): expected positive ints (None for a free size), received {shape!r}")
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float32), np.dtype(np.int64)):

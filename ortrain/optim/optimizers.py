@@ -13,6 +13,7 @@ import math
 import numpy as np
 import onnx
 
+from ortrain._arrays import is_real
 from ortrain.errors import OrtrainError
 from ortrain.optim.graphs import adamw_graph, sgd_graph
 
@@ -21,7 +22,7 @@ __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "get", "check_lr", "check_weight
 
 def check_lr(value, where: str = "lr") -> float:
     """A learning rate must be a finite number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+    if not is_real(value):
         raise OrtrainError(f"{where}: expected a finite number >= 0, received {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < 0:
@@ -31,8 +32,7 @@ def check_lr(value, where: str = "lr") -> float:
 
 
 def check_weight_decay(value, where: str = "weight_decay") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-            or not (0.0 <= float(value) <= 1.0):
+    if not is_real(value) or not (0.0 <= float(value) <= 1.0):
         raise OrtrainError(f"{where}: expected a number in [0, 1] (decoupled decay, as in AdamW), "
                            f"received {value!r}")
     return float(value)
@@ -182,7 +182,7 @@ class Adam(Optimizer):
             b1 = b2 = float("nan")
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
             raise OrtrainError(f"betas: expected two numbers in [0, 1), received {betas!r}")
-        if not (isinstance(eps, (int, float)) and eps > 0):
+        if not (is_real(eps) and eps > 0):
             raise OrtrainError(f"eps: expected a positive number, received {eps!r}")
         self.betas = (b1, b2)
         self.eps = float(eps)
