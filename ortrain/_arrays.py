@@ -39,8 +39,8 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
             raise ShapeError(f"{argument}: expected integers, received dtype {a.dtype}")
         info = np.iinfo(dtype)
         # floats compare against 2**63, not float(2**63 - 1), which rounds up to it
-        top, wider = float(info.max) + 1.0, kind == "f" or np.iinfo(a.dtype).max > info.max \
-            or np.iinfo(a.dtype).min < info.min
+        top = float(info.max) + 1.0
+        wider = kind == "f" or (kind in "iu" and (np.iinfo(a.dtype).max > info.max or np.iinfo(a.dtype).min < info.min))
         if a.size and wider:
             hi, lo = a.max(), a.min()
             if (hi >= top if kind == "f" else hi > info.max) or lo < info.min:
@@ -91,6 +91,8 @@ def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: s
 # -- counts ----------------------------------------------------------------------------------------
 def is_real(value) -> bool:
     """A real number, Python's or numpy's (``np.float32(0.5)`` included), not a bool."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 and value.dtype.kind in "iuf"
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 

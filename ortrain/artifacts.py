@@ -150,13 +150,23 @@ class Artifacts:
         from ortrain.nn.graph_model import GraphModel
         data = checkpoint if isinstance(checkpoint, engine.CheckpointData) else \
             engine.read_checkpoint(self.checkpoint if checkpoint is None else checkpoint)
+        where = f" {os.fspath(checkpoint)!r}" if isinstance(checkpoint, (str, os.PathLike)) else ""
         trained_with = data.properties.get(CHECKPOINT_LOSS)
         if trained_with is not None and trained_with != loss_text(self.loss):
-            where = "" if isinstance(checkpoint, engine.CheckpointData) else f" {os.fspath(checkpoint)!r}"
             raise OrtrainError(f"the checkpoint{where} was trained with the loss {trained_with}, the artifacts in "
                                f"{str(self.directory)!r} compute {loss_text(self.loss)} (rebuilt since?); use the "
                                "artifacts it was trained with")
+        architecture = data.properties.get(CHECKPOINT_FORWARD)
+        if architecture is not None and architecture != self.manifest["files"]["forward.onnx"]:
+            raise OrtrainError(f"the checkpoint{where} was trained with another architecture than the artifacts in "
+                               f"{str(self.directory)!r} hold (rebuilt since?); use the artifacts it was trained with")
         weights = {**data.trainable, **data.frozen}
+        misfits = [f"{p.name} {tuple(weights[p.name].shape)} for {tuple(p.shape)}" for p in self.params
+                   if p.name in weights and tuple(weights[p.name].shape) != tuple(p.shape)]
+        if misfits:
+            raise OrtrainError(f"the checkpoint{where} holds weights of other shapes than the artifacts in "
+                               f"{str(self.directory)!r}: {', '.join(misfits[:4])}; use the artifacts it was "
+                               "trained with")
         missing = sorted({p.name for p in self.params} - set(weights))
         if missing:
             raise OrtrainError(f"the checkpoint lacks weights {missing[:5]} of these artifacts")
@@ -170,7 +180,10 @@ class Artifacts:
         return model
 
 
-CHECKPOINT_LOSS = "ortrain.loss"  # the property Trainer.save_checkpoint records the loss in
+# Properties Trainer.save_checkpoint records: the loss, and the architecture (forward.onnx's sha256,
+# the same whatever the optimizer or loss weighting).
+CHECKPOINT_LOSS = "ortrain.loss"
+CHECKPOINT_FORWARD = "ortrain.forward"
 
 
 def loss_text(loss: losses.Loss) -> str:

@@ -103,7 +103,7 @@ class CaptureStep(TracedCall):
             # Nothing but the gradients moved: they are dropped. An interrupt (Ctrl-C), which Python
             # raises once a runtime call has returned, may come just after the update ran: it counts.
             session.zero_grad()
-            if not isinstance(exc, Exception) and session.optimizer_state().step > self._step:
+            if not isinstance(exc, Exception) and session.update_ran(self._step):
                 self._advance()
             raise
         self._advance()
@@ -291,8 +291,7 @@ class CaptureStep(TracedCall):
         self._claim()
 
     def _moments_of(self, session) -> dict:
-        state = session.optimizer_state()
-        return {**self._carried, **(state.moments if state else {})}
+        return {**self._carried, **session.optimizer_moments()}
 
     def _read_moments(self) -> dict:
         """``opt.state()`` reads the live moments through this while the step is alive."""

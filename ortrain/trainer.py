@@ -169,6 +169,10 @@ class Trainer(Releasable):
         # the model's weights are copied in afterwards: much cheaper than writing a checkpoint
         # (half a second for ResNet-50), and the artifacts were built for exactly these weights' names.
         copy_weights = checkpoint is None and (state is None or not state.moments)
+        # Moments of weights that do not train here (frozen for now) travel on to the next fit; a
+        # checkpoint given to resume from holds the whole state.
+        carried = {n: m for n, m in state.moments.items() if n not in self._trainable} \
+            if state and checkpoint is None else {}
         with artifacts_mod.scratch_dir() as tmp:
             opt_path = artifacts_mod.optimizer_graph_file(opt, weight_decay, tmp, art)
             if copy_weights:
@@ -183,8 +187,7 @@ class Trainer(Releasable):
                 self._session.set(name, value)
         self._freed = False
         self._session.zero_grad()
-        # Moments of weights that do not train here (frozen for now) travel on to the next fit.
-        self._carried = {n: m for n, m in state.moments.items() if n not in self._trainable} if state else {}
+        self._carried = carried
         self._n_steps = state.n_steps if state else 0
         self._updates = state.step if state else 0
         self._lr = state.lr if state else opt.lr
@@ -281,7 +284,7 @@ class Trainer(Releasable):
             self._drop_period()
         except BaseException as exc:
             self._drop_period()
-            if not isinstance(exc, Exception) and session.optimizer_state().step > self._updates:
+            if not isinstance(exc, Exception) and session.update_ran(self._updates):
                 self._updates += 1  # the update ran before the interrupt arrived
                 self._n_steps += 1
             raise
@@ -417,8 +420,7 @@ class Trainer(Releasable):
         """The optimizer state, for a model to carry into its next ``fit``: the moments of the
         weights trained here, and those of weights frozen here as the model brought them."""
         self._live()
-        state = self._session.optimizer_state()
-        return TrainState(self._updates, self._lr, {**self._carried, **(state.moments if state else {})},
+        return TrainState(self._updates, self._lr, {**self._carried, **self._session.optimizer_moments()},
                           self._n_steps)
 
     # -- batch norm ----------------------------------------------------------------------------
@@ -502,7 +504,8 @@ class Trainer(Releasable):
         self._session.save_checkpoint(path, {
             _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
             _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
-            artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss)})
+            artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss),
+            artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]})
         return str(path)
 
     @classmethod

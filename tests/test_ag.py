@@ -310,3 +310,9 @@ def test_a_python_number_keeps_the_rank_numpy_gives_it():
     np.testing.assert_array_equal(out["row"], [3, 4, 5])
     with pytest.raises(ot.ShapeError, match="holds 9223372036854775808, beyond the range of int64"):
         ot.capture(lambda i: ag.add(i, 2 ** 63))(i=np.array([1], np.int64))
+
+
+def test_bool_constants_are_integers_as_numpy_makes_them():
+    x = ag.buffer(np.arange(6, dtype=np.float32).reshape(2, 3))
+    out = ot.capture(lambda i: ag.get_rows(x, ag.add(i, True)))(i=np.array([0], np.int64))
+    np.testing.assert_array_equal(out, [[3, 4, 5]])

@@ -312,3 +312,19 @@ def test_an_interrupted_rebuild_of_an_out_dir_leaves_old_or_new_artifacts(tmp_pa
     monkeypatch.undo()
     model = ot.artifacts.load(out).model()
     np.testing.assert_array_equal(model.get_weights()[0], dense_model(3, 2, seed=1).get_weights()[0])
+
+
+def test_artifacts_model_refuses_a_checkpoint_of_another_architecture(tmp_path):
+    small = ot.Sequential([ot.layers.Dense(8), ot.layers.Dense(1)], input_shape=(4,), seed=0, name="m")
+    small.compile(optimizer="sgd", loss="mse")
+    with ot.Trainer(small, batch_size=4) as tr:
+        tr.step(np.ones((4, 4)), np.zeros((4, 1)))
+        tr.save_checkpoint(tmp_path / "ck")
+    wide = ot.Sequential([ot.layers.Dense(16), ot.layers.Dense(1)], input_shape=(4,), seed=0, name="m")
+    art = ot.artifacts.build(wide, loss="mse", optimizer="sgd", out_dir=tmp_path / "art")  # same names, loss
+    with pytest.raises(ot.OrtrainError, match="was trained with another architecture"):
+        art.model(tmp_path / "ck")
+    data = engine.read_checkpoint(tmp_path / "ck")
+    del data.properties["ortrain.forward"]  # a checkpoint of an earlier version: the shapes still tell
+    with pytest.raises(ot.OrtrainError, match=r"weights of other shapes .*dense_0.kernel \(4, 8\) for \(4, 16\)"):
+        art.model(data)

@@ -207,3 +207,7 @@ def test_numbers_are_numpy_or_python_and_nothing_else():
                 lambda: L.Concatenate(axis=1.7), lambda: L.Concatenate(axis=True), lambda: L.Dropout(True)):
         with pytest.raises(ot.OrtrainError, match="expected"):
             bad()
+
+
+def test_a_0d_array_is_a_number():
+    assert L.BatchNorm(momentum=np.array(0.9)).momentum == pytest.approx(0.9)

@@ -331,3 +331,16 @@ def test_a_trainable_scalar_takes_a_0d_value(rng):
     model.set_weights({"temp": np.float32(0.5)})
     assert model.get_weights()[0].shape == (1,)
     np.testing.assert_array_equal(model.predict(np.ones((1, 3), np.float32)), [[0.5, 0.5, 0.5]])
+
+
+def test_a_weight_reaching_a_no_gradient_position_through_other_values_needs_type_inference(rng):
+    from ortrain.graph.gradient_ops import gradient_reach, may_stop_gradients
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("ReduceMean", ["a"], ["top"]),
+             helper.make_node("Clip", ["h", "", "top"], ["y"]), helper.make_node("Mul", ["x", "a"], ["z"])]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 3]), vi("z", [None, 3])],
+                   [numpy_helper.from_array(f32(rng, 3, 3), "W"), numpy_helper.from_array(f32(rng, 3), "a")])
+    assert "a" not in gradient_reach(proto, ["y"])  # Clip's bound takes no gradient
+    assert may_stop_gradients(proto, ["W", "a"])
+    model = ot.from_onnx(proto).compile(optimizer="sgd", loss="mse")
+    with pytest.warns(UserWarning, match="weights a do not affect the loss"), ot.Trainer(model, batch_size=2) as tr:
+        tr.step(f32(rng, 2, 3), f32(rng, 2, 3))

@@ -292,6 +292,21 @@ class TrainingSession:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def optimizer_moments(self) -> dict:
+        """The optimizer's moments by parameter name (``{}`` before any)."""
+        state = self.optimizer_state()
+        return state.moments if state is not None else {}
+
+    def update_ran(self, updates_before: int) -> bool:
+        """Whether the optimizer has taken more than ``updates_before`` updates: after an interrupt
+        (Ctrl-C, raised once a runtime call returned) this tells whether the update it cut short
+        ran. False when the state cannot be read, so the interrupt is what propagates."""
+        try:
+            state = self.optimizer_state()
+        except Exception:
+            return False
+        return state is not None and state.step > updates_before
+
     def properties(self) -> dict:
         self._live()
         return {n: self._state.get_property(n) for n in self._state.property_names()}

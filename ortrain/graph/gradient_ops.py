@@ -52,22 +52,27 @@ _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorPro
 
 # Ops whose outputs may be integers or booleans (a gradient stops there), or that hold subgraphs.
 _TYPE_CHANGING = frozenset({
-    "And", "ArgMax", "ArgMin", "Cast", "CastLike", "Equal", "Greater", "GreaterOrEqual", "If", "IsInf", "IsNaN",
-    "Less", "LessOrEqual", "Loop", "NonZero", "Not", "Or", "Scan", "Shape", "Size", "TopK", "Unique", "Xor"})
+    "And", "ArgMax", "ArgMin", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "Cast", "CastLike",
+    "DynamicQuantizeLinear", "Equal", "Greater", "GreaterOrEqual", "If", "IsInf", "IsNaN", "Less", "LessOrEqual",
+    "Loop", "Multinomial", "NonMaxSuppression", "NonZero", "Not", "Or", "QuantizeLinear", "Scan", "Shape", "Size",
+    "TopK", "Unique", "Xor"})
 
 
 def may_stop_gradients(model: onnx.ModelProto, weights) -> bool:
-    """False when a gradient surely reaches every one of ``weights`` that ``target`` depends on,
-    so :func:`ancestors` answers what :func:`gradient_reach` would without its type inference
-    (milliseconds that a warm start would pay): no op that may make integers or booleans, no
-    subgraph, no weight read at a position no gradient enters."""
-    weights = set(weights)
+    """False when :func:`ancestors` answers what :func:`gradient_reach` would for ``weights``,
+    without its type inference (milliseconds that a warm start would pay): the graph has no op
+    that may make integers or booleans and no subgraph, and nothing computed from a weight is
+    read at a position no gradient enters."""
+    derived = set(weights)
     for node in model.graph.node:
         if node.op_type in _TYPE_CHANGING:
             return True
         skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
-        if any(pos in skip and name in weights for pos, name in enumerate(node.input)):
+        read = [(pos, name) for pos, name in enumerate(node.input) if name in derived]
+        if any(pos in skip for pos, _ in read):
             return True
+        if read:
+            derived.update(o for o in node.output if o)
     return False
 
 
