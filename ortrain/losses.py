@@ -87,6 +87,8 @@ def _last_axis(gb: GraphBuilder) -> str:
 
 
 class MeanSquaredError(Loss):
+    """``mean((pred - y)^2)`` over the batch and the output elements, as PyTorch's default."""
+
     name = "mse"
     element_weights = True
 
@@ -96,6 +98,8 @@ class MeanSquaredError(Loss):
 
 
 class MeanAbsoluteError(Loss):
+    """``mean(|pred - y|)`` over the batch and the output elements (gradient 0 where equal)."""
+
     name = "mae"
 
     def elementwise(self, gb, pred, label):
@@ -179,6 +183,9 @@ class SparseCategoricalCrossentropy(Loss):
 
 
 class BinaryCrossentropy(Loss):
+    """``-mean(y log p + (1 - y) log(1 - p))``: probabilities clipped to ``[1e-7, 1 - 1e-7]``, or
+    logits with ``from_logits=True`` (computed stably, as PyTorch's ``BCEWithLogitsLoss``)."""
+
     name = "binary_crossentropy"
 
     def __init__(self, from_logits: bool = False):

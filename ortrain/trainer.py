@@ -97,6 +97,14 @@ class Snapshot(Releasable):
 class Trainer(Releasable):
     """A training context for a compiled model; step it yourself.
 
+    ``batch_size``: the rows of every ``step``/``eval`` batch. ``nbatch_logical``: a multiple of
+    it; gradients of ``nbatch_logical / batch_size`` batches make one update, equal to one batch
+    that large. ``loss_mask``: ``None`` (the compiled loss), ``1`` (a weighted mean squared error,
+    one ``sample_weight`` per sample) or the number of output units (one weight per output
+    element; a 0 removes that element's gradient exactly). ``weight_decay``: decoupled, in
+    [0, 1], frozen weights never decayed; ``None`` takes the compiled optimizer's. ``device``:
+    ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``threads``: onnxruntime's intra-op threads.
+
     >>> import numpy as np, ortrain as ot
     >>> model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
     >>> _ = model.compile(optimizer="sgd", loss="mse")

@@ -118,18 +118,22 @@ def _unary(where: str, op_type: str, x, domain: str = "") -> Tensor:
 
 
 def neg(x) -> Tensor:
+    """``-x``."""
     return _unary("neg", "Neg", x)
 
 
 def relu(x) -> Tensor:
+    """``max(x, 0)`` elementwise (gradient 0 at 0, as PyTorch's)."""
     return _unary("relu", "Relu", x)
 
 
 def sigmoid(x) -> Tensor:
+    """``1 / (1 + exp(-x))`` elementwise."""
     return _unary("sigmoid", "Sigmoid", x)
 
 
 def tanh(x) -> Tensor:
+    """Hyperbolic tangent, elementwise."""
     return _unary("tanh", "Tanh", x)
 
 
@@ -139,6 +143,7 @@ def gelu(x) -> Tensor:
 
 
 def exp(x) -> Tensor:
+    """``e^x`` elementwise."""
     return _unary("exp", "Exp", x)
 
 
@@ -148,6 +153,7 @@ def log(x) -> Tensor:
 
 
 def softmax(x, axis: int = -1) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``axis`` (the last by default)."""
     x = as_tensor(x, "softmax")
     _float("softmax", x)
     a = _axis("softmax", axis, x.ndim)
@@ -155,6 +161,7 @@ def softmax(x, axis: int = -1) -> Tensor:
 
 
 def log_softmax(x, axis: int = -1) -> Tensor:
+    """``log(softmax(x))`` along ``axis``, computed stably."""
     x = as_tensor(x, "log_softmax")
     _float("log_softmax", x)
     a = _axis("log_softmax", axis, x.ndim)

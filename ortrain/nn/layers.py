@@ -460,6 +460,9 @@ class _Pool2D(Layer):
 
 
 class MaxPool2D(_Pool2D):
+    """Maximum over each ``pool_size`` window of ``(batch, channels, h, w)`` inputs; ``strides``
+    default to the pool size, ``padding`` is ``"valid"`` or ``"same"``."""
+
     op_type = "MaxPool"
 
 
@@ -486,6 +489,8 @@ class GlobalAvgPool2D(Layer):
 
 
 class Flatten(Layer):
+    """Every non-batch dimension into one: ``(batch, d1, d2, ...) -> (batch, d1 * d2 * ...)``."""
+
     def output_shape(self, input_shapes):
         rest = input_shapes[0][1:]
         return (input_shapes[0][0], None if any(d is None for d in rest) else int(np.prod(rest, dtype=np.int64)))

@@ -406,7 +406,13 @@ class Model:
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose=1, callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0, steps_per_epoch=None,
             validation_steps=None):
-        """Train on arrays or on a generator; see :func:`ortrain.fit_generator` for generators."""
+        """Train on arrays (``x`` and ``y``) or on a generator (``x`` alone, see
+        :func:`ortrain.fit_generator`), as Keras' ``fit``: ``batch_size`` (32 by default) rows a
+        step, a shorter last batch included; ``validation_split`` holds out the last rows, before
+        shuffling; ``validation_data`` arrays or a generator; ``sample_weight`` weights each
+        sample's loss and metrics; ``shuffle`` redraws the order every epoch (reproducibly after
+        ``ot.set_seed``); ``initial_epoch``/``epochs`` run epochs ``initial_epoch .. epochs-1``.
+        Returns the :class:`History`; a later ``fit`` continues with the same optimizer state."""
         from ortrain.fit import fit_model
         return fit_model(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
                          validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,

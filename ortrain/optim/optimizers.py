@@ -63,6 +63,9 @@ def _checked_params(params, cls: str) -> list:
 
 
 class Optimizer:
+    """The base of ``Adam``, ``AdamW`` and ``SGD``: ``lr`` (settable), ``step`` (updates taken),
+    ``state()``/``load_state()``; ``params`` only for ``capture_step``."""
+
     name = "optimizer"
     has_moments = False
 
