@@ -322,10 +322,22 @@ class _Loop:
 
     def _finish(self) -> None:
         tr = self.trainer
-        if self._model is not None:
-            _ = self.model  # brings the weights over
-            self._model.train_state = tr.export_state()
-            self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
+        interrupt = None
+        while self._model is not None:
+            # Weights and optimizer state go back together: a Ctrl-C in between would leave the model
+            # trained with the state of before, so it waits until both are written (a second one not).
+            try:
+                state = tr.export_state()
+                _ = self.model  # brings the weights over
+                self._model.train_state = state
+                self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
+                break
+            except KeyboardInterrupt as exc:
+                if interrupt is not None:
+                    raise
+                interrupt = exc
+        if interrupt is not None:
+            raise interrupt
         if tr._accum and tr.nbatch_logical > tr.batch_size:  # last: an "error" filter cannot lose the state
             warnings.warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
                           f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "

@@ -1090,3 +1090,41 @@ def test_several_inputs_as_a_list_a_tuple_or_a_dict_by_name_as_in_keras():
         m.predict({"a": xa, "c": xb})
     with pytest.raises(ot.ShapeError, match="y: expected one label array, for the model's first output"):
         m.fit(forms["list"], [y, y], verbose=0)
+
+
+def test_a_ctrl_c_while_fit_writes_back_still_writes_weights_and_state_together(monkeypatch):
+    x, y = np.ones((16, 4), np.float32), np.zeros((16, 3), np.float32)
+    ref, model = mlp(), mlp()
+    for m in (ref, model):
+        m.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    ref.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    real, calls = ot.Trainer.export_state, []
+
+    def interrupted(self):
+        calls.append(1)
+        if len(calls) == 1:  # Ctrl-C lands in the write-back
+            raise KeyboardInterrupt
+        return real(self)
+    monkeypatch.setattr(ot.Trainer, "export_state", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert model.train_state.n_steps == ref.train_state.n_steps == 4
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for name, moments in ref.train_state.moments.items():
+        for a, b in zip(model.train_state.moments[name], moments):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_trainer_takes_a_rate_written_on_a_model_that_carries_state(tmp_path):
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.save(tmp_path / "m")
+    for m in (model, ot.load_model(tmp_path / "m"), model.copy()):
+        with ot.Trainer(m, batch_size=8) as tr:
+            assert tr.lr == 0.1  # the state's
+        m.optimizer.lr = 0.5
+        with ot.Trainer(m, batch_size=8) as tr:
+            assert tr.lr == 0.5

@@ -344,3 +344,15 @@ def test_a_weight_reaching_a_no_gradient_position_through_other_values_needs_typ
     model = ot.from_onnx(proto).compile(optimizer="sgd", loss="mse")
     with pytest.warns(UserWarning, match="weights a do not affect the loss"), ot.Trainer(model, batch_size=2) as tr:
         tr.step(f32(rng, 2, 3), f32(rng, 2, 3))
+
+
+def test_constant_probabilities_of_a_bernoulli_are_no_weight(rng):
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Bernoulli", ["p"], ["m"]),
+             helper.make_node("Mul", ["h", "m"], ["y"])]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 2])],
+                   [numpy_helper.from_array(f32(rng, 3, 2), "W"), numpy_helper.from_array(np.full(2, 0.5, np.float32), "p")])
+    model = ot.from_onnx(proto)
+    assert model.weight_names() == ["W"]
+    proto.graph.node[1].input[0] = "h"  # probabilities computed from a weight: the runtime has no gradient
+    with pytest.raises(ot.UnsupportedOpError, match=r"Bernoulli \(nodes: "):
+        ot.from_onnx(proto)

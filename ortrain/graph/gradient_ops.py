@@ -76,6 +76,12 @@ def may_stop_gradients(model: onnx.ModelProto, weights) -> bool:
     return False
 
 
+# Random draws whose inputs take no gradient (PyTorch's bernoulli gives its probabilities none): a
+# constant there is no weight. onnxruntime-training has no gradient for them at all, so a weight
+# feeding one is still refused (nodes_without_gradient).
+_DRAWS = frozenset({"Bernoulli", "Multinomial"})
+
+
 def gradient_reach(model: onnx.ModelProto, targets=None) -> set[str]:
     """The values a gradient from ``targets`` (default: every graph output) flows into: backwards
     through the inputs of nodes one of whose float outputs it reaches, except at positions no
@@ -85,7 +91,8 @@ def gradient_reach(model: onnx.ModelProto, targets=None) -> set[str]:
     types = elem_types(model, lenient=True)
     reach = set(targets) if targets is not None else {o.name for o in model.graph.output}
     for node in reversed(model.graph.node):  # topological order, so consumers come first
-        if not any(o in reach and types.get(o, TensorProto.FLOAT) in _FLOATS for o in node.output):
+        if node.op_type in _DRAWS or \
+                not any(o in reach and types.get(o, TensorProto.FLOAT) in _FLOATS for o in node.output):
             continue
         skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
         reach.update(name for pos, name in enumerate(node.input) if name and pos not in skip)
