@@ -62,6 +62,9 @@ def atomic_path(path, what: str = "path"):
             break
         except FileExistsError:
             continue
+        except OSError as exc:  # a folder that cannot be written
+            raise OrtrainError(f"{what}: cannot write {str(path)!r}: {exc.strerror or exc}; choose a folder you "
+                               "can write to") from None
     try:
         yield str(tmp)
         os.replace(tmp, path)

@@ -463,10 +463,14 @@ def _forward_graph(model, trainable, frozen) -> ForwardGraph:
 
 def _existing(target: Path, key: str) -> Artifacts | None:
     manifest = target / "manifest.json"
+    others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json")) \
+        if target.is_dir() else []
+    if not manifest.exists() and target.exists() and any(target.iterdir()) or others:
+        # only artifacts are replaced: anything else in the folder is the user's
+        raise OrtrainError(f"out_dir {str(target)!r} exists and is not an ortrain artifacts directory"
+                           + (f" (it holds {', '.join(others[:4])})" if others else "")
+                           + "; choose an empty or new directory")
     if not manifest.exists():
-        if target.exists() and any(target.iterdir()):
-            raise OrtrainError(f"out_dir {str(target)!r} exists and is not an ortrain artifacts directory; "
-                               "choose an empty or new directory")
         return None
     try:
         art = load(target)

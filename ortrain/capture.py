@@ -280,6 +280,10 @@ class CaptureStep(TracedCall):
         """Reopen the session from a checkpoint: ``opt.load_state()``, a changed ``opt.step``, or
         another captured step that used this optimizer since this one last ran."""
         opt = self._opt
+        step = opt.step
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < 2 ** 62:
+            raise OrtrainError(f"opt.step: expected the number of updates taken, an int >= 0, received {step!r}; "
+                               "nothing was run (set it to an int, or restore a state with opt.load_state)")
         if opt._state_source is self._source:
             moments = self._read_moments()
         else:

@@ -33,7 +33,7 @@ import numpy as np
 from ortrain import losses as losses_mod
 from ortrain import metrics as metrics_mod
 from ortrain import optim
-from ortrain._arrays import checked_int, prepare_inputs
+from ortrain._arrays import checked_int, is_real, prepare_inputs
 from ortrain.callbacks.base import CallbackList
 from ortrain.callbacks.progress import check_verbose, progress
 from ortrain.data import (
@@ -585,7 +585,7 @@ def _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_s
                            "callable or an iterable of (x, y) batches as x")
     for name, value, unset in (("batch_size", batch_size, None), ("sample_weight", sample_weight, None),
                                ("validation_split", validation_split, 0.0)):
-        if value is not unset and value != unset:
+        if (value is not None) if unset is None else not (is_real(value) and value == unset):
             raise OrtrainError(f"{name}: not used with a generator (its batches set the batch size and carry "
                                f"their own sample weights, validation comes from validation_data); "
                                f"received {name}={value!r}")

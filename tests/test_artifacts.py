@@ -328,3 +328,14 @@ def test_artifacts_model_refuses_a_checkpoint_of_another_architecture(tmp_path):
     del data.properties["ortrain.forward"]  # a checkpoint of an earlier version: the shapes still tell
     with pytest.raises(ot.OrtrainError, match=r"weights of other shapes .*dense_0.kernel \(4, 8\) for \(4, 16\)"):
         art.model(data)
+
+
+def test_an_out_dir_holding_other_files_is_never_replaced(tmp_path):
+    out = tmp_path / "web"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "my-web-app"}')
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ot.OrtrainError, match=r"not an ortrain artifacts directory \(it holds notes.txt\)"):
+        ot.artifacts.build(dense_model(3, 2), loss="mse", out_dir=out)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"

@@ -641,3 +641,16 @@ def test_model_edits_in_hooks_follow_keras_semantics_exactly(tmp_path):
     stop = ot.callbacks.EarlyStopping(monitor="loss", patience=0, mode="max")
     ot.fit_generator(model, data, epochs=5, verbose=0, callbacks=[stop])
     assert model.stop_training is True
+
+
+def test_model_checkpoint_paths_are_checked_before_anything_trains(tmp_path):
+    for path, message in ((tmp_path / "ck-{val_loss:.3f}", "names 'val_loss', and this fit has no validation data"),
+                          (tmp_path / "ck-{epoch:s}", "has a bad format"), (tmp_path, "a directory")):
+        model = sgd_model()
+        before = model.get_weights()
+        with pytest.raises(ot.OrtrainError, match=message):
+            ot.fit_generator(model, batches(1, 4), callbacks=[ot.callbacks.ModelCheckpoint(path)], verbose=0)
+        for a, b in zip(model.get_weights(), before):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ot.OrtrainError, match=r"ModelCheckpoint\(filepath=...\): expected a file path"):
+        ot.callbacks.ModelCheckpoint(None)

@@ -643,3 +643,19 @@ def test_an_interrupt_leaves_the_step_counter_matching_the_weights(monkeypatch, 
     np.testing.assert_array_equal(w_a, w_b)
     np.testing.assert_array_equal(loss_a, loss_b)
     np.testing.assert_array_equal(end_a, end_b)
+
+
+def test_a_bad_opt_step_is_refused_before_anything_runs():
+    W = ag.param(_w0(), name="W")
+    opt = ot.optim.Adam([W], lr=1e-2)
+    step = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x), y), optimizer=opt)
+    step(x=X, y=Y)
+    before = W.numpy().copy()
+    for bad in (-1, "abc", 2.5):
+        opt.step = bad
+        with pytest.raises(ot.OrtrainError, match="opt.step: expected the number of updates taken"):
+            step(x=X, y=Y)
+        np.testing.assert_array_equal(W.numpy(), before)
+    with pytest.raises(ot.OrtrainError, match="'step' must be an int >= 0"):
+        opt.load_state({**opt.state(), "step": 2 ** 70})
+    step.free()

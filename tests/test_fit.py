@@ -1128,3 +1128,14 @@ def test_a_trainer_takes_a_rate_written_on_a_model_that_carries_state(tmp_path):
         m.optimizer.lr = 0.5
         with ot.Trainer(m, batch_size=8) as tr:
             assert tr.lr == 0.5
+
+
+def test_fit_with_a_generator_refuses_arrays_of_sample_weights_by_name(tmp_path):
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    batch = (np.ones((4, 4), np.float32), np.zeros((4, 3), np.float32))
+    with pytest.raises(ot.OrtrainError, match="sample_weight: not used with a generator"):
+        model.fit([batch], sample_weight=np.ones(4), verbose=0)
+    model.fit([batch], validation_split=0, verbose=0)  # the default, as an int
+    with pytest.raises(ot.OrtrainError, match=r"save\(path\): cannot write .*choose a folder you can write to"):
+        model.save("/proc/m.ortrain")

@@ -30,6 +30,9 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, filepath, monitor: str = "val_loss", save_best_only: bool = False, mode: str = "auto",
                  verbose: int = 0, save_model: bool = False):
+        if not isinstance(filepath, (str, os.PathLike)) or not os.fspath(filepath):
+            raise OrtrainError(f"ModelCheckpoint(filepath=...): expected a file path such as 'ckpt-{{epoch}}', "
+                               f"received {filepath!r}")
         self.filepath = os.fspath(filepath)
         self.save_best_only = bool(save_best_only)
         self.save_model = bool(save_model)
@@ -45,6 +48,23 @@ class ModelCheckpoint(Callback):
         if self.save_model and self.loop.model is None:
             raise OrtrainError("ModelCheckpoint(save_model=True): this fit trains a bare trainer, not a model; "
                                "save trainer checkpoints (save_model=False) instead")
+        # The path of the first epoch, with every value the fit logs: a bad format, a validation value
+        # without validation data or a folder is refused now, before anything trains (a name another
+        # callback may add to the logs is looked up at the epoch's end).
+        logged = dict.fromkeys(self.params.get("metrics") or (), 0.0)
+        try:
+            path = self.filepath.format(epoch=1, **logged)
+        except KeyError as exc:
+            name, path = str(exc.args[0]), None
+            if name.startswith("val_") and not any(k.startswith("val_") for k in logged):
+                raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} names {name!r}, and this fit has "
+                                   "no validation data; pass validation_data or validation_split, or drop it from "
+                                   "the path") from None
+        except (IndexError, ValueError):
+            path = self._path(0, logged)  # raises, naming the format
+        if path is not None and os.path.isdir(path):
+            raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} gives {path!r}, a directory; give a file "
+                               "path such as 'ckpt-{epoch}'")
         self.monitor.reset()
         self.saved = []
 

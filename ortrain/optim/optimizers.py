@@ -120,7 +120,7 @@ class Optimizer:
             raise OrtrainError(f"load_state: state of a {state.get('name')!r} optimizer cannot be loaded into "
                                f"{self.name!r}")
         step = state["step"]
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < 2 ** 62:
             raise OrtrainError(f"load_state: 'step' must be an int >= 0, received {step!r}")
         if not isinstance(state["moments"], dict):
             raise OrtrainError("load_state: 'moments' expected a dict {param name: {'m': array, 'v': array}}, "
