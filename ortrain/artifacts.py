@@ -532,6 +532,8 @@ def _finish(directory: Path, manifest: dict, fg: ForwardGraph, weights_sha256: s
 
 def load(directory) -> Artifacts:
     """Open an artifact directory, refusing other versions and files that do not match the manifest."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise OrtrainError(f"directory: expected the path of an artifacts directory, received {directory!r}")
     d = Path(directory)
     mpath = d / "manifest.json"
     if not mpath.is_file():

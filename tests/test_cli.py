@@ -490,3 +490,11 @@ def test_warnings_are_one_line_each(workdir, capsys):
     err = capsys.readouterr().err
     assert "ortrain train: warning: weights dense_1.kernel, dense_1.bias do not affect the loss" in err
     assert "runs.py" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_predict_refuses_a_directory_as_output(workdir, capsys):
+    make_artifacts(capsys)
+    (workdir / "outdir").mkdir()
+    assert cli("predict", "--artifacts", "art", "--data", "x.npy", "-o", "outdir") == 2
+    assert "-o: 'outdir' is a directory" in capsys.readouterr().err
+    assert not (workdir / "outdir.npy").exists()

@@ -1139,3 +1139,20 @@ def test_fit_with_a_generator_refuses_arrays_of_sample_weights_by_name(tmp_path)
     model.fit([batch], validation_split=0, verbose=0)  # the default, as an int
     with pytest.raises(ot.OrtrainError, match=r"save\(path\): cannot write .*choose a folder you can write to"):
         model.save("/proc/m.ortrain")
+
+
+def test_arguments_of_the_wrong_kind_are_named():
+    model = mlp()
+    with pytest.raises(ot.OrtrainError, match=r"metrics: expected a list of names"):
+        model.compile(optimizer="sgd", loss="mse", metrics=5)
+    assert not model.compiled
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    before = model.get_weights()
+    for callbacks in (5, ot.callbacks.TerminateOnNaN()):
+        with pytest.raises(ot.OrtrainError, match="callbacks: expected a list of ot.callbacks.Callback objects"):
+            model.fit(x, y, callbacks=callbacks, verbose=0)
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ot.OrtrainError, match="directory: expected the path of an artifacts directory"):
+        ot.artifacts.load(None)

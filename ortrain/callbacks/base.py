@@ -77,6 +77,10 @@ class CallbackList:
 
     def __init__(self, callbacks=()):
         self.callbacks = []
+        if isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
+            from ortrain.errors import OrtrainError
+            raise OrtrainError(f"callbacks: expected a list of ot.callbacks.Callback objects, received "
+                               f"{type(callbacks).__name__}; wrap a single callback in a list")
         for cb in callbacks:
             if not isinstance(cb, Callback):
                 from ortrain.errors import OrtrainError

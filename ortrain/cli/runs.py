@@ -400,6 +400,9 @@ def evaluate(opts) -> dict:
 
 
 def predict(opts) -> dict:
+    if os.path.isdir(opts.output):
+        raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
+                         f"{os.path.join(opts.output, 'predictions.npy')!r}")
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
     _one_input(model.input_specs)
     x, _, _ = load_data(opts.data)

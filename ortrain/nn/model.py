@@ -386,6 +386,8 @@ class Model:
         """
         new_optimizer = optim.get(optimizer)
         new_loss = losses.get(loss)
+        if metrics is not None and not isinstance(metrics, (str, list, tuple)):
+            raise OrtrainError(f"metrics: expected a list of names such as ['accuracy'], received {metrics!r}")
         new_metrics = [metrics] if isinstance(metrics, str) else list(metrics or [])
         metrics_mod.resolve(new_metrics, new_loss)  # validate names now
         first = self.output_specs[0]
