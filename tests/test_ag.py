@@ -316,3 +316,10 @@ def test_bool_constants_are_integers_as_numpy_makes_them():
     x = ag.buffer(np.arange(6, dtype=np.float32).reshape(2, 3))
     out = ot.capture(lambda i: ag.get_rows(x, ag.add(i, True)))(i=np.array([0], np.int64))
     np.testing.assert_array_equal(out, [[3, 4, 5]])
+
+
+def test_a_buffer_write_with_a_zero_slice_step_changes_nothing():
+    buf = ag.buffer(np.zeros((4, 2), np.float32))
+    with pytest.raises(ot.ShapeError, match="a slice step cannot be 0"):
+        buf.write(slice(0, 4, 0), np.ones((4, 2), np.float32))
+    np.testing.assert_array_equal(buf.numpy(), np.zeros((4, 2)))

@@ -1156,3 +1156,12 @@ def test_arguments_of_the_wrong_kind_are_named():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ot.OrtrainError, match="directory: expected the path of an artifacts directory"):
         ot.artifacts.load(None)
+
+
+def test_paths_of_the_wrong_kind_are_named():
+    with pytest.raises(ot.OrtrainError, match=r"CSVLogger\(filename=...\): expected a file path"):
+        ot.callbacks.CSVLogger(None)
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.OrtrainError, match="checkpoint: expected a file path, received None"):
+        ot.Trainer.from_checkpoint(model, None, batch_size=4)

@@ -198,6 +198,8 @@ class Buffer(Param):
     def _rows(self, rows, values, where: str):
         cap = self.capacity
         if isinstance(rows, slice):
+            if rows.step is not None and rows.step == 0:
+                raise ShapeError(f"{where}: rows: a slice step cannot be 0, received {rows!r}")
             return rows
         if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool):
             n = np.shape(values)[0] if np.ndim(values) == len(self.shape) else 1

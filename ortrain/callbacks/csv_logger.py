@@ -30,6 +30,9 @@ class CSVLogger(Callback):
     def __init__(self, filename, separator: str = ",", append: bool = False):
         if not isinstance(separator, str) or len(separator) != 1:
             raise OrtrainError(f"CSVLogger(separator=...): expected one character, received {separator!r}")
+        if not isinstance(filename, (str, os.PathLike)) or not os.fspath(filename):
+            raise OrtrainError(f"CSVLogger(filename=...): expected a file path such as 'log.csv', received "
+                               f"{filename!r}")
         self.filename = os.fspath(filename)
         self.separator = separator
         self.append = bool(append)

@@ -61,6 +61,8 @@ def _read_tensor(t) -> tuple[str, np.ndarray]:
 
 def read_checkpoint(path: str | os.PathLike) -> CheckpointData:
     """Parse a checkpoint written by onnxruntime-training (or by :func:`write_checkpoint`)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise OrtrainError(f"checkpoint: expected a file path, received {path!r}")
     try:
         with open(path, "rb") as f:
             buf = f.read()
