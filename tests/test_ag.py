@@ -323,3 +323,14 @@ def test_a_buffer_write_with_a_zero_slice_step_changes_nothing():
     with pytest.raises(ot.ShapeError, match="a slice step cannot be 0"):
         buf.write(slice(0, 4, 0), np.ones((4, 2), np.float32))
     np.testing.assert_array_equal(buf.numpy(), np.zeros((4, 2)))
+
+
+def test_constant_labels_and_indices_are_checked_as_inputs_are():
+    x = ag.buffer(np.arange(12, dtype=np.float32).reshape(4, 3) / 10)
+    for loss in (ag.softmax_cross_entropy_loss, ag.cross_entropy_loss):
+        for labels in ([3, 3, 3, 3], [-1, 0, 0, 0]):
+            with pytest.raises(ot.ShapeError, match=r"class labels must lie in \[0, 2\] for 3 classes"):
+                ot.capture(lambda i, loss=loss, labels=labels: loss(ag.get_rows(x, i), np.array(labels)))(
+                    i=np.arange(4))
+    with pytest.raises(ot.ShapeError, match="received booleans"):
+        ot.capture(lambda: ag.get_rows(x, [True, False, True, False]))()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ortrain import losses as _losses
 from ortrain.ag.ops import _float, as_tensor
-from ortrain.ag.tensor import FLOAT, Tensor
+from ortrain.ag.tensor import FLOAT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
 __all__ = ["bce_with_logits_loss", "cross_entropy_loss", "huber_loss", "mse_loss", "softmax_cross_entropy_loss"]
@@ -60,6 +60,11 @@ def _classes(where: str, x, target) -> tuple[Tensor, Tensor, bool]:
         if target.shape != x.shape[:-1]:
             raise ShapeError(f"{where}: integer class labels expected shape {describe_shape(x.shape[:-1])} for "
                              f"input {describe_shape(x.shape)}, received {describe_shape(target.shape)}")
+        n = x.shape[-1]
+        if isinstance(target, Const) and target.value.size and n is not None and \
+                (target.value.min() < 0 or target.value.max() >= n):
+            raise ShapeError(f"{where}: class labels must lie in [0, {n - 1}] for {n} classes, received values "
+                             f"from {target.value.min()} to {target.value.max()}")
         return x, target, True
     if target.shape != x.shape:
         raise ShapeError(f"{where}: probability targets expected shape {describe_shape(x.shape)} like the input, "

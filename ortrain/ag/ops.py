@@ -332,6 +332,10 @@ def get_rows(table, idx) -> Tensor:
     if not isinstance(table, Tensor) or not table.shape:
         raise OrtrainError(f"get_rows: table expected an ag.param, ag.buffer or tensor with rows, received "
                            f"{table!r}")
+    if isinstance(idx, (bool, np.bool_)) or (isinstance(idx, (list, tuple, np.ndarray))
+                                              and np.asarray(idx).dtype.kind == "b"):
+        raise ShapeError("get_rows: idx expected integer row indices, received booleans (a mask); pass the rows "
+                         "it selects, np.flatnonzero(mask)")
     idx = as_tensor(idx, "get_rows", like=None)
     if idx.dtype.kind not in "iu":
         raise ShapeError(f"get_rows: idx expected integer indices (int64), received {idx.dtype.name}; pass the "
