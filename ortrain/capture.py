@@ -28,6 +28,7 @@ from ortrain.ag.tracer import example_inputs, trace
 from ortrain.errors import NonFiniteError, OrtrainError, describe_shape
 from ortrain.graph import spec_of
 from ortrain.optim import SGD, Adam, Optimizer
+from ortrain.optim.optimizers import is_step
 
 __all__ = ["Capture", "CaptureStep", "capture", "capture_step"]
 
@@ -281,7 +282,7 @@ class CaptureStep(TracedCall):
         another captured step that used this optimizer since this one last ran."""
         opt = self._opt
         step = opt.step
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < 2 ** 62:
+        if not is_step(step):
             raise OrtrainError(f"opt.step: expected the number of updates taken, an int >= 0, received {step!r}; "
                                "nothing was run (set it to an int, or restore a state with opt.load_state)")
         if opt._state_source is self._source:

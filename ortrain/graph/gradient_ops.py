@@ -144,8 +144,7 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     ``consts``: the graph's int64 constants (``passes.int64_constants``)."""
     op = node.op_type
     if op == "Pad":
-        mode = attribute(node, "mode", b"constant")
-        mode = mode.decode() if isinstance(mode, bytes) else mode
+        mode = _text(attribute(node, "mode", b"constant"))
         if mode != "constant":
             return f"Pad in {mode!r} mode"
     elif op == "Slice" and len(node.input) > 4 and node.input[4] in consts and (consts[node.input[4]] < 0).any():
@@ -154,11 +153,14 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
             (len(node.input) < 2 or not node.input[1]):
         return "ReduceL2 over every axis without keepdims"
     elif op in ("LSTM", "GRU"):
-        direction = attribute(node, "direction", b"forward")
-        direction = direction.decode() if isinstance(direction, bytes) else direction
+        direction = _text(attribute(node, "direction", b"forward"))
         if direction != "forward":
             return f"{op} in direction {direction!r}"
     return None
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def ancestors(model: onnx.ModelProto, target: str) -> set[str]:

@@ -20,6 +20,11 @@ from ortrain.optim.graphs import adamw_graph, sgd_graph
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "get", "check_lr", "check_weight_decay"]
 
 
+def is_step(value) -> bool:
+    """An optimizer's update count: an int >= 0 that int64 holds with room to count on."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and 0 <= value < 2 ** 62
+
+
 def check_lr(value, where: str = "lr") -> float:
     """A learning rate must be a finite number >= 0."""
     if not is_real(value):
@@ -120,7 +125,7 @@ class Optimizer:
             raise OrtrainError(f"load_state: state of a {state.get('name')!r} optimizer cannot be loaded into "
                                f"{self.name!r}")
         step = state["step"]
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < 2 ** 62:
+        if not is_step(step):
             raise OrtrainError(f"load_state: 'step' must be an int >= 0, received {step!r}")
         if not isinstance(state["moments"], dict):
             raise OrtrainError("load_state: 'moments' expected a dict {param name: {'m': array, 'v': array}}, "
