@@ -78,14 +78,15 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                          f"{describe_shape(a.shape)}{hint}")
 
 
-def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: str) -> None:
+def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: str,
+                      needs: str = "training needs finite values") -> None:
     """Raise :class:`NonFiniteError` naming the first float array holding a NaN or an infinity,
     the value and its row; ``outcome`` says what was (not) done, e.g. "nothing was trained"."""
     for a, arg in zip(arrays, arguments):
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
-            raise NonFiniteError(f"{arg}: holds {a[at]} in row {at[0]}; training needs finite values, so "
-                                 f"{outcome} (drop or repair that sample)")
+            raise NonFiniteError(f"{arg}: holds {a[at]} in row {at[0]}; {needs}, so {outcome} (drop or repair "
+                                 "that sample)")
 
 
 # -- counts ----------------------------------------------------------------------------------------

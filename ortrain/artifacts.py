@@ -280,7 +280,7 @@ def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tu
 
 
 def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainable=None, frozen=None,
-          weighting: str | None = None, refresh_checkpoint: bool = True) -> Artifacts:
+          weighting: str | None = None, refresh_checkpoint: bool = True, _accept_key=None) -> Artifacts:
     """Generate (or find in the cache) the training artifacts for ``model_or_onnx``.
 
     ``model_or_onnx`` is an :class:`ortrain.Model`, a :class:`ForwardGraph`, an
@@ -299,7 +299,8 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     returns a record that carries it, and an ``out_dir``'s manifest is rewritten to it (a
     ``Trainer`` of a model takes the model's rate in any case).
     ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
-    model's weights into its session anyway).
+    model's weights into its session anyway). ``_accept_key`` (internal) is called with the key
+    before anything is written, and may refuse it by raising.
     """
     _check_weighting(weighting)
     fg = _freeze_unreachable(_forward_graph(model_or_onnx, trainable, frozen))
@@ -307,6 +308,8 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     loss = losses.get(loss)
     opt = optim.get(optimizer)
     key = _key(fg, loss, opt, weighting)
+    if _accept_key is not None:
+        _accept_key(key)
     target = Path(out_dir) if out_dir is not None else cache_dir() / key[:24]
 
     def digest() -> str:
@@ -530,6 +533,49 @@ def _finish(directory: Path, manifest: dict, fg: ForwardGraph, weights_sha256: s
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
+def _is_dims(value) -> bool:
+    return isinstance(value, list) and all(d is None or (type(d) is int and d >= 0) for d in value)
+
+
+def _is_dtype(value) -> bool:
+    try:
+        return isinstance(value, str) and np.dtype(value).kind in "biuf"
+    except TypeError:
+        return False
+
+
+def _is_spec(d) -> bool:
+    return isinstance(d, dict) and isinstance(d.get("name"), str) and _is_dtype(d.get("dtype")) and \
+        _is_dims(d.get("shape"))
+
+
+def _is_param(d) -> bool:
+    return _is_spec(d) and None not in d["shape"] and d.get("role") in ("trainable", "frozen", "buffer")
+
+
+def _is_strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# What load() checks each manifest field is, before anything reads it.
+_FIELDS = {
+    "key": ("a string", lambda v: isinstance(v, str)),
+    "versions": ("a dict of version strings", lambda v: isinstance(v, dict)),
+    "files": ("a dict of sha256 strings by file name",
+              lambda v: isinstance(v, dict) and all(isinstance(h, str) for h in v.values())),
+    "inputs": ("a non-empty list of tensor specs", lambda v: isinstance(v, list) and v and all(map(_is_spec, v))),
+    "outputs": ("a non-empty list of tensor specs", lambda v: isinstance(v, list) and v and all(map(_is_spec, v))),
+    "label": ("a tensor spec", _is_spec),
+    "sample_weight": ("null or a tensor spec", lambda v: v is None or _is_spec(v)),
+    "parameters": ("a list of parameter specs", lambda v: isinstance(v, list) and all(map(_is_param, v))),
+    "loss": ("a loss config dict", lambda v: isinstance(v, dict)),
+    "optimizer": ("an optimizer config dict", lambda v: isinstance(v, dict)),
+    "prediction": ("an output name", lambda v: isinstance(v, str)),
+    "train_outputs": ("a list of output names", _is_strings),
+    "weighting": ("null, 'sample' or 'element'", lambda v: v in (None, "sample", "element")),
+}
+
+
 def load(directory) -> Artifacts:
     """Open an artifact directory, refusing other versions and files that do not match the manifest."""
     if not isinstance(directory, (str, os.PathLike)):
@@ -552,6 +598,13 @@ def load(directory) -> Artifacts:
     missing = [k for k in required if k not in manifest]
     if missing:
         raise OrtrainError(f"{str(mpath)!r} lacks {', '.join(missing)}; the directory is damaged, rebuild it")
+    for field, (expected, fits) in _FIELDS.items():
+        if not fits(manifest[field]):
+            raise OrtrainError(f"{str(mpath)!r}: {field} expected {expected}, received {manifest[field]!r:.80}; the "
+                               "directory is damaged, rebuild it")
+    if manifest["prediction"] not in [o["name"] for o in manifest["outputs"]]:
+        raise OrtrainError(f"{str(mpath)!r}: prediction expected one of the outputs' names, received "
+                           f"{manifest['prediction']!r:.80}; the directory is damaged, rebuild it")
     if manifest["versions"] != versions():
         got = ", ".join(f"{k} {v}" for k, v in sorted(manifest["versions"].items()))
         now = ", ".join(f"{k} {v}" for k, v in sorted(versions().items()))

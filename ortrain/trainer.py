@@ -535,12 +535,13 @@ class Trainer(Releasable):
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = bool(_weights_any_loss)
-        # Build the artifacts first to check the checkpoint belongs to this model, loss and optimizer.
+        def accept(key: str) -> None:  # before the artifacts are written: a refusal leaves no cache entry
+            if props[_PROP + "key"] != key:
+                raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
+                                   "optimizer than this model; resume with the model and settings that wrote it")
+
         art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
-                                  refresh_checkpoint=False)
-        if props[_PROP + "key"] != art.key:
-            raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
-                               "optimizer than this model; resume with the model and settings that wrote it")
+                                  refresh_checkpoint=False, _accept_key=accept)
         # The key matched artifacts with one weight per sample: a fit with sample weights wrote it,
         # which weights any loss, so loss_mask=1 resumes it whatever the loss.
         tr._any_loss = tr._any_loss or weighting == "sample"

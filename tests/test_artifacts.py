@@ -3,6 +3,7 @@
 import json
 import multiprocessing
 import os
+import re
 
 import numpy as np
 import onnx
@@ -100,6 +101,35 @@ def test_tampered_files_are_refused(tmp_path, victim):
         match = "does not match the sha256"
     with pytest.raises(ot.OrtrainError, match=match):
         ot.artifacts.load(tmp_path / "a")
+
+
+def test_hand_edited_manifest_fields_are_refused_by_name(tmp_path):
+    ot.artifacts.build(dense_model(4, 2), out_dir=tmp_path / "a")
+    mpath = tmp_path / "a" / "manifest.json"
+    good = mpath.read_text()
+    fields = ["key", "versions", "files", "inputs", "outputs", "label", "sample_weight", "parameters", "loss",
+              "optimizer", "prediction", "train_outputs", "weighting"]
+    for field in fields:
+        for bad in (5, [5]) + (() if field in ("versions", "loss", "optimizer") else ({"name": 5},)):
+            man = json.loads(good)
+            man[field] = bad
+            mpath.write_text(json.dumps(man))
+            with pytest.raises(ot.OrtrainError, match=rf"manifest.json': {field} expected .*, received "
+                                                      rf"{re.escape(repr(bad))}; the directory is damaged"):
+                ot.artifacts.load(tmp_path / "a")
+    man = json.loads(good)
+    man["parameters"][0]["shape"] = [None, 2]   # weights have fixed shapes
+    man["prediction"] = "output"
+    mpath.write_text(json.dumps(man))
+    with pytest.raises(ot.OrtrainError, match="parameters expected a list of parameter specs"):
+        ot.artifacts.load(tmp_path / "a")
+    man = json.loads(good)
+    man["prediction"] = "logits"
+    mpath.write_text(json.dumps(man))
+    with pytest.raises(ot.OrtrainError, match="prediction expected one of the outputs' names, received 'logits'"):
+        ot.artifacts.load(tmp_path / "a")
+    mpath.write_text(good)
+    assert ot.artifacts.load(tmp_path / "a").manifest == json.loads(good)
 
 
 def test_other_versions_are_refused(tmp_path):

@@ -278,6 +278,23 @@ def test_evaluate_refuses_class_labels_out_of_range_and_matches_numpy(rng):
             model.evaluate(x, labels, batch_size=2)
 
 
+def test_evaluate_weights_samples_as_numpy_and_refuses_non_finite_weights(rng):
+    model = sparse_model()
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = np.array([0, 2, 1, 1, 0, 2])
+    sw = np.array([1.0, 0.5, 2.0, 0.0, 1.0, 3.0], np.float32)
+    w, b = model.get_weights()
+    nll = -np.log(softmax(x.astype(np.float64) @ w + b)[np.arange(6), y])
+    assert model.evaluate(x, y, sample_weight=sw, batch_size=4)["loss"] == pytest.approx(
+        np.sum(sw * nll) / len(y), rel=1e-5)  # Keras' "sum over batch size", batch by batch
+    for bad in (np.nan, np.inf):
+        weights = sw.copy()
+        weights[3] = bad
+        with pytest.raises(ot.NonFiniteError, match=f"sample_weight: holds {bad} in row 3; weights must be finite, "
+                                                    "so nothing was evaluated"):
+            model.evaluate(x, y, sample_weight=weights)
+
+
 def test_targets_of_shape_n_fit_an_output_of_shape_n_1(rng):
     x = rng.standard_normal((12, 4)).astype(np.float32)
     y = rng.standard_normal(12).astype(np.float32)

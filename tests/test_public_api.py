@@ -1,6 +1,7 @@
 """The public surface of API.md: names exist, signatures and defaults are the contract's."""
 
 import inspect
+import re
 
 import pytest
 
@@ -104,5 +105,10 @@ def test_misplaced_optimizer_and_bad_configs_get_clear_errors():
         ot.losses.get({"name": "huber", "delt": 2})
     with pytest.raises(ot.OrtrainError, match="adam: cannot build it from"):
         ot.optim.get({"name": "adam", "learning_rate": 2})
+    for betas in (5, (0.9,), ("0.9", "0.99"), (0.9, 1.0), (0.9, float("nan"))):
+        with pytest.raises(ot.OrtrainError, match=re.escape(f"betas: expected two numbers in [0, 1), received "
+                                                            f"{betas!r}")):
+            ot.optim.get({"name": "adam", "betas": betas})
+    assert ot.optim.get({"name": "adamw", "betas": [0.8, 0.9]}).betas == (0.8, 0.9)  # a JSON list
     with pytest.raises(ot.OrtrainError, match="Reshape\\(target_shape=...\\): expected a tuple of ints"):
         ot.layers.Reshape(("a", 2))

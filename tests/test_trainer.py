@@ -205,8 +205,10 @@ def test_checkpoint_resume_is_bit_exact(tmp_path, rng):
         for a, b in zip(tr2.model().get_weights(), final):
             np.testing.assert_array_equal(a, b)
     other = dense_model(4, 2)
+    cached = sorted(p.name for p in ot.artifacts.cache_dir().iterdir())
     with pytest.raises(ot.OrtrainError, match="belongs to another architecture"):
         ot.Trainer.from_checkpoint(other, tmp_path / "ck", batch_size=16)
+    assert sorted(p.name for p in ot.artifacts.cache_dir().iterdir()) == cached  # refused before writing
     with pytest.raises(ot.OrtrainError, match="directory .* does not exist"):
         ot.Trainer(model, batch_size=16).save_checkpoint(tmp_path / "no" / "ck")
 

@@ -114,6 +114,11 @@ class TrainingSession:
         dev = self.device.ort_device()
         try:
             self._state = C.load_checkpoint(os.fspath(checkpoint_path))
+        except RuntimeError as exc:
+            raise OrtrainError(f"checkpoint {os.fspath(checkpoint_path)!r} cannot be read: {_reason(exc).rstrip('.')}; it is "
+                               "damaged (cut short or changed after it was written): use another checkpoint or a "
+                               "copy of this one") from exc
+        try:
             self._module = C.Module(os.fspath(training_path), self._state, os.fspath(eval_path), dev, so)
             self._optimizer = (C.Optimizer(os.fspath(optimizer_path), self._state, dev, so)
                                if optimizer_path is not None else None)

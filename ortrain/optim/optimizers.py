@@ -185,11 +185,12 @@ class Adam(Optimizer):
                  weight_decay: float | None = None):
         super().__init__(params, lr)
         try:
-            b1, b2 = (float(b) for b in betas)
+            b1, b2 = betas
         except (TypeError, ValueError):
             b1 = b2 = float("nan")
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+        if not all(is_real(b) and 0.0 <= b < 1.0 for b in (b1, b2)):
             raise OrtrainError(f"betas: expected two numbers in [0, 1), received {betas!r}")
+        b1, b2 = float(b1), float(b2)
         if not (is_real(eps) and eps > 0):
             raise OrtrainError(f"eps: expected a positive number, received {eps!r}")
         self.betas = (b1, b2)
@@ -240,8 +241,6 @@ def get(spec) -> Optimizer:
         name = cfg.pop("name", None)
         if name not in _BY_NAME:
             raise OrtrainError(f"optimizer: unknown name {name!r} in {spec!r}")
-        if "betas" in cfg:
-            cfg["betas"] = tuple(cfg["betas"])
         try:
             return _BY_NAME[name](**cfg)
         except TypeError as exc:  # an unknown or misspelt key
