@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from ortrain._arrays import as_array
+from ortrain._dag import post_order
 from ortrain.ag.losses import check_loss
 from ortrain.ag.ops import reshape
 from ortrain.ag.tensor import FLOAT, INT, Const, Input, Param, Tensor
@@ -56,20 +57,7 @@ def example_inputs(arrays: dict, where: str) -> dict[str, np.ndarray]:
 
 def topological_order(roots: list[Tensor]) -> list[Tensor]:
     """Every tensor the roots depend on, each after its inputs, in a deterministic order."""
-    order: list[Tensor] = []
-    seen: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        t, expanded = stack.pop()
-        if expanded:
-            order.append(t)
-            continue
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.append((t, True))
-        stack.extend((i, False) for i in reversed(t.inputs) if id(i) not in seen)
-    return order
+    return post_order(roots, lambda t: t.inputs)
 
 
 def _scalar(loss: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ import numpy as np
 from ortrain import _random, losses, optim
 from ortrain import metrics as metrics_mod
 from ortrain._arrays import as_array, positive_int, prepare_inputs, refuse_non_finite, row_slices, run_chunks
+from ortrain._dag import post_order
 from ortrain._files import atomic_path, checked_target
 from ortrain.data import prepare_arrays
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
@@ -82,24 +83,9 @@ def _snake(name: str) -> str:
 
 
 def _topological(outputs: list[SymbolicTensor]) -> tuple[list[_Node], list[SymbolicTensor]]:
-    """Nodes in dependency order and the input tensors reached, without recursion."""
-    order, inputs, seen = [], [], set()
-    stack = [(t, False) for t in reversed(outputs)]
-    while stack:
-        t, expanded = stack.pop()
-        if id(t) in seen:
-            continue
-        if t.node is None:
-            seen.add(id(t))
-            inputs.append(t)
-            continue
-        if expanded:
-            seen.add(id(t))
-            order.append(t.node)
-            continue
-        stack.append((t, True))
-        stack.extend((i, False) for i in reversed(t.node.inputs) if id(i) not in seen)
-    return order, inputs
+    """Nodes in dependency order and the input tensors reached."""
+    tensors = post_order(outputs, lambda t: t.node.inputs if t.node is not None else ())
+    return [t.node for t in tensors if t.node is not None], [t for t in tensors if t.node is None]
 
 
 class Model:
