@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from pathlib import Path
 
 from ortrain.errors import OrtrainError
@@ -33,6 +34,21 @@ def checked_target(path, what: str = "path") -> Path:
         raise OrtrainError(f"{what}: cannot write {str(path)!r}: the directory {str(path.parent)!r} does not "
                            "exist; create it first")
     return path
+
+
+def not_a_folder(target: Path) -> str | None:
+    """Why ``target`` cannot be a folder ("is a file", "lies under the file ..."), or None when it
+    and its parents are folders or do not exist yet. One look at each path: a publisher may be
+    renaming the target right now."""
+    for path in (target, *target.parents):
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISDIR(mode):
+            return None
+        return "is a file" if path == target else f"lies under the file {str(path)!r}"
+    return None
 
 
 def fresh_dir(parent: Path, prefix: str) -> Path:

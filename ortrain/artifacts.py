@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
-from ortrain._files import CAN_LOCK, atomic_path, fresh_dir, lock_file
+from ortrain._files import CAN_LOCK, atomic_path, fresh_dir, lock_file, not_a_folder
 from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
@@ -344,19 +343,6 @@ def _with_lr(art: Artifacts, opt: optim.Optimizer, rewrite: bool) -> Artifacts:
     return Artifacts(art.directory, manifest)
 
 
-def _check_target(target: Path) -> None:
-    """``target`` and its parents are folders or do not exist yet."""
-    for path in (target, *target.parents):
-        try:
-            mode = os.stat(path).st_mode  # one look: a publisher may be renaming the target right now
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        if not stat.S_ISDIR(mode):
-            what = "is a file" if path == target else f"lies under the file {str(path)!r}"
-            raise OrtrainError(f"out_dir: {str(target)!r} {what}; artifacts need a directory, choose another path")
-        return
-
-
 @contextlib.contextmanager
 def _publish_lock(target: Path):
     """An exclusive lock per artifact directory, so concurrent builders of one key take turns.
@@ -366,7 +352,9 @@ def _publish_lock(target: Path):
     that was waiting on a removed file sees that it is gone (another inode, or none, at the
     path) and takes the lock afresh, so two builders never work on one directory at once.
     """
-    _check_target(target)
+    why = not_a_folder(target)
+    if why is not None:
+        raise OrtrainError(f"out_dir: {str(target)!r} {why}; artifacts need a directory, choose another path")
     if not CAN_LOCK:  # not on POSIX: publishing stays atomic, concurrent builders may both build
         target.parent.mkdir(parents=True, exist_ok=True)
         yield

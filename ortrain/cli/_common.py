@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortrain._files import atomic_path
+from ortrain._files import atomic_path, not_a_folder
 from ortrain.errors import OrtrainError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -113,10 +113,9 @@ def _jsonable(value):
 
 def check_out_dir(out: Path, what: str) -> None:
     """``--out`` must be a directory or a path where one can be made: not a file, not under one."""
-    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        where = "is a file" if blocking == out else f"lies under the file {str(blocking)!r}"
-        raise UsageError(f"--out: {str(out)!r} {where}; {what} needs a directory, choose another path")
+    why = not_a_folder(out)
+    if why is not None:
+        raise UsageError(f"--out: {str(out)!r} {why}; {what} needs a directory, choose another path")
 
 
 def read_json(path: Path, what: str) -> dict:
