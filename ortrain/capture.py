@@ -101,10 +101,9 @@ class CaptureStep(TracedCall):
             session.optimizer_step()
             session.zero_grad()
         except BaseException as exc:
-            # Nothing but the gradients moved: they are dropped. An interrupt (Ctrl-C), which Python
-            # raises once a runtime call has returned, may come just after the update ran: it counts.
-            session.zero_grad()
-            if not isinstance(exc, Exception) and session.update_ran(self._step):
+            # Nothing but the gradients moved: they are dropped. An interrupt that came just after
+            # the update ran counts it.
+            if session.abandon_step(exc, self._step):
                 self._advance()
             raise
         self._advance()

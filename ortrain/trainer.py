@@ -293,8 +293,8 @@ class Trainer(Releasable):
             session.optimizer_step()
             self._drop_period()
         except BaseException as exc:
-            self._drop_period()
-            if not isinstance(exc, Exception) and session.update_ran(self._updates):
+            self._accum = 0
+            if session.abandon_step(exc, self._updates):
                 self._updates += 1  # the update ran before the interrupt arrived
                 self._n_steps += 1
             raise

@@ -302,10 +302,15 @@ class TrainingSession:
         state = self.optimizer_state()
         return state.moments if state is not None else {}
 
-    def update_ran(self, updates_before: int) -> bool:
-        """Whether the optimizer has taken more than ``updates_before`` updates: after an interrupt
-        (Ctrl-C, raised once a runtime call returned) this tells whether the update it cut short
-        ran. False when the state cannot be read, so the interrupt is what propagates."""
+    def abandon_step(self, exc: BaseException, updates_before: int) -> bool:
+        """After a step that raised ``exc``: drop the gradients (the runtime may have added the
+        batch's), and say whether the update ran all the same. Only an interrupt (Ctrl-C), which
+        Python raises once a runtime call has returned, can come after it; the optimizer's own
+        count, compared with ``updates_before``, tells (False when it cannot be read, so the
+        interrupt is what propagates)."""
+        self.zero_grad()
+        if isinstance(exc, Exception):
+            return False
         try:
             state = self.optimizer_state()
         except Exception:
