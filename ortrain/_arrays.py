@@ -11,6 +11,15 @@ import numpy as np
 from ortrain.errors import NonFiniteError, OrtrainError, ShapeError, describe_shape
 
 
+def read_array(value, argument: str) -> np.ndarray:
+    """``value`` as numpy reads it, uncast; what numpy cannot read (a ragged nested list) is refused."""
+    try:
+        return value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged nested lists, objects numpy cannot read
+        raise ShapeError(f"{argument}: expected an array (nested lists need rows of equal length), received a "
+                         f"{type(value).__name__} numpy cannot make one from ({str(exc).split('.')[0]})") from None
+
+
 def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
     """``value`` as a C-contiguous array of ``dtype``.
 
@@ -18,11 +27,7 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
     labels cast to int64 when they are integers. Strings, objects, complex numbers and
     floats with a fraction given as integer labels are refused.
     """
-    try:
-        a = value if isinstance(value, np.ndarray) else np.asarray(value)
-    except (TypeError, ValueError) as exc:  # ragged nested lists, objects numpy cannot read
-        raise ShapeError(f"{argument}: expected an array (nested lists need rows of equal length), received a "
-                         f"{type(value).__name__} numpy cannot make one from ({str(exc).split('.')[0]})") from None
+    a = read_array(value, argument)
     kind = a.dtype.kind
     if kind in "OUSVcMm":
         raise ShapeError(f"{argument}: expected a numeric array castable to {np.dtype(dtype).name}, received "
@@ -95,6 +100,14 @@ def is_real(value) -> bool:
     if isinstance(value, np.ndarray):
         return value.ndim == 0 and value.dtype.kind in "iuf"
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_integer(value) -> bool:
+    """An integer as numpy takes one for an axis or a dimension: a Python or numpy int, or a 0-d integer
+    array; not a bool (``axis=True`` is a mistake) and not a float (numpy refuses ``axis=1.0`` too)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 and value.dtype.kind in "iu"
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def checked_int(value, argument: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:

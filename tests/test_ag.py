@@ -215,7 +215,7 @@ A = ag.param(np.zeros((2, 3), np.float32), name="A", trainable=False)
     (lambda: ag.softmax(A, axis=2), r"softmax: axis 2 is out of range for a tensor of 2 dimensions"),
     (lambda: ag.transpose(A, (0, 0)), r"transpose: perm \(0, 0\) is not a permutation"),
     (lambda: ag.mse_loss(A, np.zeros((3, 2))), r"mse_loss: input shape \(2, 3\) and target shape \(3, 2\) differ"),
-    (lambda: ag.get_rows(A, [0, 2]), r"get_rows: indices must lie in \[0, 1\] for a table of 2 rows"),
+    (lambda: ag.get_rows(A, [0, 2]), r"get_rows: indices must lie in \[-2, 1\] for a table of 2 rows"),
     (lambda: ag.get_rows(A, np.array([0.5])), r"get_rows: idx expected integer indices"),
     (lambda: ag.softmax_cross_entropy_loss(A, np.array([0, 1, 2])),
      r"integer class labels expected shape \(2,\) for input \(2, 3\), received \(3,\)"),
@@ -334,3 +334,116 @@ def test_constant_labels_and_indices_are_checked_as_inputs_are():
                     i=np.arange(4))
     with pytest.raises(ot.ShapeError, match="received booleans"):
         ot.capture(lambda: ag.get_rows(x, [True, False, True, False]))()
+
+
+# -- int arguments, constants, empty means, negative rows (gaps found against numpy and PyTorch) --------
+NOT_INTS = r"give Python or numpy ints \(floats and bools are not read as integers\)"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ag.reshape(A, 6.0), r"reshape: shape expected an int or a tuple of ints, received 6.0 \(float\); "
+                                 + NOT_INTS),
+    (lambda: ag.reshape(A, None), r"reshape: shape expected an int or a tuple of ints, received None"),
+    (lambda: ag.sum(A, axis=1.0), r"sum: axis expected an int, a sequence of ints or None, received 1.0"),
+    (lambda: ag.mean(A, axis=np.array(1.0)), r"mean: axis expected an int, a sequence of ints or None, received "
+                                             r"array\(1\.\)"),
+    (lambda: ag.sum(A, axis="a"), r"sum: axis expected an int, a sequence of ints or None, received 'a' \(str\)"),
+    (lambda: ag.softmax(A, axis=(1,)), r"softmax: axis expected an int, received \(1,\)"),
+    (lambda: ag.concat([A, A], axis=1.0), r"concat: axis expected an int, received 1.0"),
+    # 1.5 was truncated to 1 and (True, False) read as (1, 0); numpy refuses both
+    (lambda: ag.transpose(A, (1.5, 0)), r"transpose: perm expected a tuple of ints, received \(1.5, 0\) \(tuple\)"),
+    (lambda: ag.transpose(A, (True, False)), r"transpose: perm expected a tuple of ints, received \(True, False\)"),
+    (lambda: ag.transpose(A, "ab"), r"transpose: perm expected a tuple of ints, received 'ab'"),
+    (lambda: A + [[1, 2], [3]], r"add: expected an array \(nested lists need rows of equal length\), received a list"),
+    (lambda: ag.concat([A, [[1, 2], [3]]]), r"concat: expected an array \(nested lists need rows of equal length\)"),
+    (lambda: ag.get_rows(A, [[0, 1], [0]]), r"get_rows: expected an array \(nested lists need rows of equal length\)"),
+    (lambda: ag.scale(A, "2"), r"scale: s expected a number, received str"),
+    (lambda: ag.param([[1.0, 2.0], [3.0]]), r"ag.param\(array\): expected an array \(nested lists need rows"),
+    (lambda: ot.capture(lambda x: x)(x=[[1.0, 2.0], [3.0]]),
+     r"capture: input 'x': expected an array \(nested lists need rows of equal length\)"),
+    (lambda: ag.buffer(np.zeros((3, 2))).write(0, [[1.0, 2.0], [3.0]]),
+     r"write\(values\): expected an array \(nested lists need rows of equal length\)"),
+    (lambda: ag.buffer(np.zeros((3, 2))).write([[0, 1], [2]], np.zeros((3, 2))),
+     r"write\(rows\): expected an array \(nested lists need rows of equal length\)"),
+])
+def test_odd_arguments_get_messages_instead_of_python_errors(call, message):
+    with pytest.raises(ot.OrtrainError, match=message):
+        call()
+
+
+def test_integer_like_axes_shapes_and_rows_are_taken_as_numpy_takes_them():
+    T = ag.param(W0, name="T", trainable=False)
+    f = ot.capture(lambda x: {"s": ag.sum(x, axis=np.array(1)), "m": ag.mean(x, axis=(np.int64(0), np.array(1))),
+                              "p": ag.softmax(x, axis=np.array(0)), "c": ag.concat([x, x], axis=np.array(-1)),
+                              "r": ag.reshape(x, (np.array(2), np.int32(-1))), "t": ag.transpose(x, np.array([1, 0])),
+                              "g": ag.get_rows(T, np.array(1))})
+    out = f(x=X0)
+    e = np.exp(X0 - X0.max(0))
+    np.testing.assert_allclose(out["s"], np.sum(X0, axis=np.array(1)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["m"], np.mean(X0, axis=(np.int64(0), np.array(1))), rtol=1e-5)
+    np.testing.assert_allclose(out["p"], e / e.sum(0), rtol=1e-6)
+    np.testing.assert_array_equal(out["c"], np.concatenate([X0, X0], axis=np.array(-1)))
+    np.testing.assert_array_equal(out["r"], np.reshape(X0, (np.array(2), np.int32(-1))))
+    np.testing.assert_array_equal(out["t"], np.transpose(X0, np.array([1, 0])))
+    np.testing.assert_array_equal(out["g"], W0[np.array(1)])
+    buf = ag.buffer(np.zeros((3, 2), np.float32))
+    buf.write(np.array(1), np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(buf.numpy(), [[0, 0], [1, 1], [1, 1]])
+
+
+def test_mean_over_an_empty_axis_is_nan_as_in_numpy_and_pytorch():
+    torch = torch_or_skip()
+    empty = np.zeros((0, 3), np.float32)
+    with pytest.warns(RuntimeWarning) as caught:
+        out = ot.capture(lambda x: {"a0": ag.mean(x, axis=0), "all": ag.mean(x), "a1": ag.mean(x, axis=1),
+                                    "keep": ag.mean(x, axis=0, keepdims=True)})(x=empty)
+    assert [str(w.message).split(";")[0] for w in caught] == [
+        "mean: axes (0,) of a tensor of shape (0, 3) hold no elements", "mean: axes (0, 1) of a tensor of shape (0, 3) "
+        "hold no elements", "mean: axes (0,) of a tensor of shape (0, 3) hold no elements"]   # none for axis 1
+    t = torch.from_numpy(empty)
+    kwargs = {"a0": {"axis": 0}, "all": {}, "a1": {"axis": 1}, "keep": {"axis": 0, "keepdims": True}}
+    with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+        want = {name: np.mean(empty, **kw) for name, kw in kwargs.items()}
+    for name, kw in kwargs.items():
+        ref = t.mean(kw["axis"], keepdim=kw.get("keepdims", False)) if kw else t.mean()
+        np.testing.assert_array_equal(ref.numpy(), want[name])   # PyTorch agrees with numpy
+        assert out[name].shape == want[name].shape and out[name].dtype == np.float32
+        np.testing.assert_array_equal(out[name], want[name])     # NaN where numpy has NaN (equal_nan)
+    assert np.isnan(out["all"]) and np.isnan(out["a0"]).all() and out["a1"].shape == (0,)
+
+
+def test_concat_casts_int_constants_as_the_binary_ops_do():
+    cols = np.array([[1], [2], [3]])   # int64, as ag.add takes it beside a float32 tensor
+    W = ag.param(W0, name="W", trainable=False)
+    out = ot.capture(lambda x: {"c": ag.concat([x, cols, [[7], [8], [9]]], axis=1), "a": ag.add(x, cols),
+                                "first": ag.concat([[[5, 6, 7, 8]], W, 0 * W])})(x=W0)
+    np.testing.assert_array_equal(out["c"], np.concatenate([W0, cols, [[7], [8], [9]]], axis=1))
+    np.testing.assert_array_equal(out["first"], np.concatenate([[[5, 6, 7, 8]], W0, 0 * W0]))
+    assert out["c"].dtype == out["first"].dtype == out["a"].dtype == np.float32
+    ints = ag.buffer(np.arange(6).reshape(3, 2))
+    for op in (lambda c: ag.concat([ints, c], axis=1), lambda c: ag.add(ints, c)):
+        with pytest.raises(ot.ShapeError, match="has a fractional part but the other operand is int64"):
+            op(np.full((3, 1), 0.5))
+
+
+def test_get_rows_takes_negative_constant_indices_as_numpy_does():
+    T = ag.param(W0, name="T")
+    opt = gradient_probe([T])
+    p = np.random.default_rng(8).standard_normal((4, 4)).astype(np.float32)
+    step = ot.capture_step(lambda x: {"loss": ag.sum(ag.get_rows(T, [-1, 0, -3, -1]) * x),
+                                      "last": ag.get_rows(T, -1), "rows": ag.get_rows(T, np.array([[-2], [2]]))},
+                           optimizer=opt)
+    out = step(x=p)
+    np.testing.assert_array_equal(out["last"], W0[-1])
+    np.testing.assert_array_equal(out["rows"], W0[np.array([[-2], [2]])])
+    np.testing.assert_allclose(out["loss"], np.sum(W0[[-1, 0, -3, -1]] * p), rtol=1e-5)
+    want = np.zeros_like(W0)
+    np.add.at(want, [-1, 0, -3, -1], p)   # the gradient numpy's indexing implies
+    np.testing.assert_allclose(probed_grads(opt)[0], want, rtol=1e-6)
+    for bad in (-4, [0, 3], np.array([-5, 0])):
+        with pytest.raises(ot.ShapeError, match=r"get_rows: indices must lie in \[-3, 2\] for a table of 3 rows"):
+            ag.get_rows(T, bad)
+    with pytest.raises(ot.ShapeError, match="received booleans"):
+        ag.get_rows(T, np.array([True, False, True]))
+    with pytest.raises(ot.ShapeError, match="received booleans"):
+        ag.get_rows(T, True)

@@ -7,9 +7,11 @@ is, as constants.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from ortrain._arrays import as_array, is_real
+from ortrain._arrays import as_array, is_integer, is_real, read_array
 from ortrain._random import draw_seed
 from ortrain.ag.tensor import FLOAT, INT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
@@ -29,7 +31,7 @@ def as_tensor(value, where: str, like: Tensor | None = None) -> Tensor:
     """``value`` itself if it is a Tensor, else a constant (of ``like``'s dtype when numeric)."""
     if isinstance(value, Tensor):
         return value
-    a = value if isinstance(value, np.ndarray) else np.asarray(value)
+    a = read_array(value, where)
     if a.dtype.kind not in "fiub":
         raise OrtrainError(f"{where}: expected an ag tensor, a number or a numeric array, received "
                            f"{type(value).__name__} of dtype {a.dtype}")
@@ -47,10 +49,37 @@ def _float(where: str, *ts: Tensor) -> None:
                              f"(shape {describe_shape(t.shape)})")
 
 
-def _axis(where: str, axis: int, ndim: int) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < max(ndim, 1):
-        raise ShapeError(f"{where}: axis {axis!r} is out of range for a tensor of {ndim} dimensions")
-    return int(axis) % max(ndim, 1)
+# Every int argument of the ops (an axis, axes, a shape, a permutation) goes through _int or _ints:
+# integers as numpy takes them (is_integer), the rest refused with one message.
+def _not_ints(where: str, argument: str, value, expected: str) -> ShapeError:
+    return ShapeError(f"{where}: {argument} expected {expected}, received {value!r} ({type(value).__name__}); "
+                      "give Python or numpy ints (floats and bools are not read as integers)")
+
+
+def _int(where: str, argument: str, value, expected: str = "an int") -> int:
+    if not is_integer(value):
+        raise _not_ints(where, argument, value, expected)
+    return int(value)
+
+
+def _ints(where: str, argument: str, value, expected: str) -> tuple[int, ...]:
+    """An int or a sequence of ints (what numpy takes for axes and shapes) as a tuple of Python ints."""
+    if is_integer(value):
+        return (int(value),)
+    try:
+        items = None if isinstance(value, (str, bytes, Tensor)) else tuple(value)
+    except TypeError:  # a float, None, a 0-d float array: nothing to iterate
+        items = None
+    if items is None or not all(is_integer(i) for i in items):
+        raise _not_ints(where, argument, value, expected)
+    return tuple(int(i) for i in items)
+
+
+def _axis(where: str, axis, ndim: int) -> int:
+    a = _int(where, "axis", axis)
+    if not -ndim <= a < max(ndim, 1):
+        raise ShapeError(f"{where}: axis {a} is out of range for a tensor of {ndim} dimensions")
+    return a % max(ndim, 1)
 
 
 def broadcast(where: str, a: Tensor, b: Tensor) -> tuple:
@@ -103,7 +132,7 @@ def div(a, b) -> Tensor:
 
 def scale(x, s: float) -> Tensor:
     """``x * s`` for a Python number ``s``."""
-    if isinstance(s, Tensor) or np.ndim(s) != 0:
+    if not is_real(s) and not isinstance(s, (bool, np.bool_)):
         raise OrtrainError(f"scale: s expected a number, received {type(s).__name__}; use ag.mul for tensors")
     x = as_tensor(x, "scale")
     _float("scale", x)
@@ -227,7 +256,7 @@ def linear(x, weight, bias=None) -> Tensor:
 def _reduce_axes(where: str, x: Tensor, axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) else tuple(axis)
+    axes = _ints(where, "axis", axis, "an int, a sequence of ints or None")
     out = tuple(sorted({_axis(where, a, x.ndim) for a in axes}))
     if len(out) != len(axes):
         raise ShapeError(f"{where}: axis {axis!r} names a dimension twice")
@@ -262,12 +291,18 @@ def mean(x, axis=None, keepdims: bool = False) -> Tensor:
     """Mean over ``axis`` (an int, a tuple, or ``None`` for every axis).
 
     ``axis=()`` reduces nothing and returns ``x``, as ``np.mean(x, axis=())`` does (see :func:`sum`).
+    The mean over no elements (an axis of length 0) is NaN with a warning, as numpy's.
     """
     x = as_tensor(x, "mean")
     _float("mean", x)
     axes = _reduce_axes("mean", x, axis)
     if not x.ndim or not axes:
         return x
+    if not all(x.shape[a] for a in axes):
+        # ReduceMean gives 0 here; 0 / 0 is the NaN numpy and PyTorch give.
+        warnings.warn(f"mean: axes {axes} of a tensor of shape {describe_shape(x.shape)} hold no elements; their "
+                      "mean is NaN, as numpy's mean of an empty slice", RuntimeWarning, stacklevel=2)
+        return div(sum(x, axis=axes, keepdims=keepdims), 0.0)
     attrs = {} if len(axes) == x.ndim else {"axes": list(axes)}
     return Tensor(_reduced(x, axes, keepdims), x.dtype, "mean", (x,),
                   _node("ReduceMean", keepdims=int(keepdims), **attrs))
@@ -277,9 +312,8 @@ def mean(x, axis=None, keepdims: bool = False) -> Tensor:
 def reshape(x, shape) -> Tensor:
     """A new shape with the same number of elements; one dimension may be ``-1``."""
     x = as_tensor(x, "reshape")
-    dims = [shape] if isinstance(shape, (int, np.integer)) else list(shape)
-    if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in dims) or \
-            [d for d in dims if d < 1 and d != -1] or dims.count(-1) > 1:
+    dims = list(_ints("reshape", "shape", shape, "an int or a tuple of ints"))
+    if [d for d in dims if d < 1 and d != -1] or dims.count(-1) > 1:
         raise ShapeError(f"reshape: shape expected positive ints with at most one -1, received {shape!r}")
     if -1 in dims:
         known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
@@ -298,7 +332,7 @@ def reshape(x, shape) -> Tensor:
 def transpose(x, perm=None) -> Tensor:
     """Permute dimensions (reverse them when ``perm`` is None, as numpy does)."""
     x = as_tensor(x, "transpose")
-    p = list(range(x.ndim))[::-1] if perm is None else [int(i) for i in perm]
+    p = list(range(x.ndim))[::-1] if perm is None else list(_ints("transpose", "perm", perm, "a tuple of ints"))
     if sorted(p) != list(range(x.ndim)):
         raise ShapeError(f"transpose: perm {perm!r} is not a permutation of the {x.ndim} dimensions of "
                          f"{describe_shape(x.shape)}")
@@ -309,9 +343,10 @@ def concat(tensors, axis: int = 0) -> Tensor:
     """Join tensors along ``axis`` (0 by default, as numpy); other dimensions must agree."""
     if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
         raise OrtrainError("concat: tensors expected a non-empty list or tuple of tensors")
-    ts = [as_tensor(t, "concat") for t in tensors]
-    first = next((t for t in ts if not isinstance(t, Const)), ts[0])
-    ts = [as_tensor(t, "concat", like=first) if isinstance(t, Const) else t for t in ts]
+    # Constants take the dtype of the first tensor, as in the binary ops (an int array joins float32 rows).
+    first = next((t for t in tensors if isinstance(t, Tensor)), None)
+    first = as_tensor(tensors[0], "concat") if first is None else first
+    ts = [as_tensor(t, "concat", like=first) for t in tensors]
     a = _axis("concat", axis, first.ndim)
     for t in ts:
         if t.dtype != first.dtype or t.ndim != first.ndim or \
@@ -327,22 +362,30 @@ def get_rows(table, idx) -> Tensor:
     """Rows ``table[idx]`` of a param (an embedding: the read rows get gradients) or a buffer.
 
     ``idx`` is an int64 tensor (an argument of ``fn``) or an int array; the result has shape
-    ``idx.shape + table.shape[1:]``. Indices from ``fn``'s arguments are checked on every call.
+    ``idx.shape + table.shape[1:]``. Indices from ``fn``'s arguments are checked on every call and
+    must lie in ``[0, rows)``; a constant ``idx`` may also count from the end, ``-1`` for the last row,
+    as numpy's.
     """
     if not isinstance(table, Tensor) or not table.shape:
         raise OrtrainError(f"get_rows: table expected an ag.param, ag.buffer or tensor with rows, received "
                            f"{table!r}")
-    if isinstance(idx, (bool, np.bool_)) or (isinstance(idx, (list, tuple, np.ndarray))
-                                              and np.asarray(idx).dtype.kind == "b"):
-        raise ShapeError("get_rows: idx expected integer row indices, received booleans (a mask); pass the rows "
-                         "it selects, np.flatnonzero(mask)")
+    if not isinstance(idx, Tensor):
+        idx = read_array(idx, "get_rows")
+        if idx.dtype.kind == "b":
+            raise ShapeError("get_rows: idx expected integer row indices, received booleans (a mask); pass the "
+                             "rows it selects, np.flatnonzero(mask)")
     idx = as_tensor(idx, "get_rows", like=None)
     if idx.dtype.kind not in "iu":
         raise ShapeError(f"get_rows: idx expected integer indices (int64), received {idx.dtype.name}; pass the "
                          "indices as an int array")
-    if isinstance(idx, Const) and idx.value.size and (idx.value.min() < 0 or idx.value.max() >= table.shape[0]):
-        raise ShapeError(f"get_rows: indices must lie in [0, {table.shape[0] - 1}] for a table of "
-                         f"{table.shape[0]} rows, received values from {idx.value.min()} to {idx.value.max()}")
+    n = table.shape[0]
+    if isinstance(idx, Const) and idx.value.size:
+        low, high = idx.value.min(), idx.value.max()
+        if low < -n or high >= n:
+            raise ShapeError(f"get_rows: indices must lie in [{-n}, {n - 1}] for a table of {n} rows (negative "
+                             f"ones count from the end), received values from {low} to {high}")
+        if low < 0:
+            idx = Const(np.asarray(idx.value % n, dtype=idx.dtype))
     return Tensor(idx.shape + table.shape[1:], table.dtype, "get_rows", (table, idx), _node("Gather", axis=0))
 
 

@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from ortrain._arrays import as_array
+from ortrain._arrays import as_array, is_integer, read_array
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
 __all__ = ["Buffer", "Const", "Input", "Param", "Tensor", "buffer", "param"]
@@ -184,10 +184,10 @@ class Buffer(Param):
         where = f"{self.name}.write"
         if not self.shape:
             raise ShapeError(f"{where}: a 0-d buffer has no rows")
-        index = self._rows(rows, values, where)
+        a = as_array(values, self.dtype, f"{where}(values)")
+        index = self._rows(rows, a, where)
         n = len(range(*index.indices(self.capacity))) if isinstance(index, slice) else len(index)
         want = (n,) + self.shape[1:]
-        a = as_array(values, self.dtype, f"{where}(values)")
         if a.shape != want and a.shape == self.shape[1:] and n == 1:
             a = a.reshape(want)
         if a.shape != want:
@@ -195,19 +195,19 @@ class Buffer(Param):
                              f"{describe_shape(self.shape[1:])}), received {describe_shape(a.shape)}")
         self._write(index, a)
 
-    def _rows(self, rows, values, where: str):
+    def _rows(self, rows, values: np.ndarray, where: str):
         cap = self.capacity
         if isinstance(rows, slice):
             if rows.step is not None and rows.step == 0:
                 raise ShapeError(f"{where}: rows: a slice step cannot be 0, received {rows!r}")
             return rows
-        if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool):
-            n = np.shape(values)[0] if np.ndim(values) == len(self.shape) else 1
-            if not 0 <= rows <= cap - n:
-                raise ShapeError(f"{where}: rows {rows}..{rows + n - 1} do not fit a buffer of {cap} rows; "
+        if is_integer(rows):
+            first, n = int(rows), values.shape[0] if values.ndim == len(self.shape) else 1
+            if not 0 <= first <= cap - n:
+                raise ShapeError(f"{where}: rows {first}..{first + n - 1} do not fit a buffer of {cap} rows; "
                                  f"the first row must lie in [0, {cap - n}]")
-            return slice(int(rows), int(rows) + n)
-        idx = np.asarray(rows)
+            return slice(first, first + n)
+        idx = read_array(rows, f"{where}(rows)")
         if idx.ndim != 1 or idx.dtype.kind not in "iu":
             raise ShapeError(f"{where}: rows expected an int, a slice or a 1-d sequence of ints, received "
                              f"{type(rows).__name__} of dtype {idx.dtype} and shape {describe_shape(idx.shape)}")
@@ -218,7 +218,7 @@ class Buffer(Param):
 
 
 def _value(array, argument: str, trainable: bool) -> np.ndarray:
-    a = array if isinstance(array, np.ndarray) else np.asarray(array)
+    a = read_array(array, argument)
     if a.dtype.kind not in "fiub":
         return as_array(a, FLOAT, argument)  # refuses strings, objects, complex numbers with the reason
     if a.dtype.kind == "f":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ortrain._arrays import as_array
+from ortrain._arrays import as_array, read_array
 from ortrain._dag import post_order
 from ortrain.ag.losses import check_loss
 from ortrain.ag.ops import reshape
@@ -47,7 +47,7 @@ def example_inputs(arrays: dict, where: str) -> dict[str, np.ndarray]:
     """The first call's arguments as arrays: floats become float32, integers int64."""
     out = {}
     for name, value in arrays.items():
-        a = value if isinstance(value, np.ndarray) else np.asarray(value)
+        a = read_array(value, f"{where}: input {name!r}")
         if a.dtype.kind == "b":
             raise ShapeError(f"{where}: input {name!r} is boolean; pass 0/1 as float32 or int64")
         dtype = INT if a.dtype.kind in "iu" else FLOAT
