@@ -247,7 +247,8 @@ class CaptureStep(TracedCall):
 
     def _adopt(self, session) -> None:
         old, self._session = self._session, session
-        self._views = {p.name: session.view(p.name) for p in self._params}
+        # In the param's own shape: the checkpoint holds a 0-d weight as one element of shape (1,).
+        self._views = {p.name: session.view(p.name).reshape(p.shape) for p in self._params}
         session.bind_train_outputs(self._outs)
         self._grads = None
         self._lr = None
@@ -295,7 +296,9 @@ class CaptureStep(TracedCall):
         self._claim()
 
     def _moments_of(self, session) -> dict:
-        return {**self._carried, **session.optimizer_moments()}
+        shapes = {p.name: p.shape for p in self._params}  # a 0-d param's moments come back as shape (1,)
+        live = {n: tuple(m.reshape(shapes[n]) for m in ms) for n, ms in session.optimizer_moments().items()}
+        return {**self._carried, **live}
 
     def _read_moments(self) -> dict:
         """``opt.state()`` reads the live moments through this while the step is alive."""

@@ -659,3 +659,36 @@ def test_a_bad_opt_step_is_refused_before_anything_runs():
     with pytest.raises(ot.OrtrainError, match="'step' must be an int >= 0"):
         opt.load_state({**opt.state(), "step": 2 ** 70})
     step.free()
+
+
+def test_a_0d_param_keeps_its_shape_and_its_optimizer_state_round_trips(rng):
+    # y = s * (x @ w): a learnt scalar gain. Its value, its moments in opt.state() and assign()
+    # keep shape (), and a state read mid-training loads back into the live step.
+    s = ag.param(np.float32(1.5))
+    w = ag.param(rng.standard_normal(3).astype(np.float32))
+    opt = ot.optim.Adam([s, w], lr=0.05)
+
+    def fn(x, y):
+        d = ag.matmul(x, w) * s - y
+        return ag.mean(d * d)
+
+    step = ot.capture_step(fn, optimizer=opt)
+    ref = NumpyAdam([s.numpy(), w.numpy()], lr=0.05)
+    for _ in range(4):
+        x = rng.standard_normal((5, 3)).astype(np.float32)
+        y = rng.standard_normal(5).astype(np.float32)
+        step(x=x, y=y)
+        sv, wv = ref.p
+        d = x.astype(np.float64) @ wv * sv - y
+        ref.step([np.mean(2 * d * (x @ wv)), x.T @ (2 * d * sv) / 5])
+        assert s.numpy().shape == ()
+        np.testing.assert_allclose(s.numpy(), ref.p[0], rtol=1e-5)
+        np.testing.assert_allclose(w.numpy(), ref.p[1], rtol=1e-5, atol=1e-6)
+        state = opt.state()
+        assert state["moments"][s.name]["m"].shape == ()
+        np.testing.assert_allclose(state["moments"][s.name]["v"], ref.v[0], rtol=1e-4)
+        opt.load_state(state)  # the live step reopens from it and continues exactly
+    s.assign(np.float32(2.0))
+    assert s.numpy() == np.float32(2.0) and s.numpy().shape == ()
+    step.free()
+    assert s.numpy() == np.float32(2.0) and s.numpy().shape == ()

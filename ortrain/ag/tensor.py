@@ -135,7 +135,7 @@ class Param(Tensor):
         if a.shape != self.shape:
             raise ShapeError(f"{self.name}.assign(value): expected shape {describe_shape(self.shape)}, received "
                              f"{describe_shape(a.shape)}")
-        self._write(slice(None), a)
+        self._write(..., a)
 
     def _write(self, index, values: np.ndarray) -> None:
         # Every session holding a copy gets the new rows, so no step reads a stale value.
