@@ -12,12 +12,15 @@ data source            the batches: ``batch_size`` and ``shuffle`` for arrays (t
                        of each batch
 epoch iterator         the steps: ``steps_per_epoch`` / ``validation_steps`` (never one pull
 (``EpochIterator``)    more), where an epoch ends (``None``, exhaustion)
-loop (:func:`train`)   ``epochs``, ``initial_epoch``, validation, callbacks and their stop flag,
-                       the history, locating errors by epoch and step
+loop (:func:`train`)   ``epochs``, ``initial_epoch``, validation and ``validation_freq``, callbacks
+                       and their stop flag, the history, locating errors by epoch and step
 trainer                one step: the batch's shape, gradient accumulation (``nbatch_logical``),
-                       loss weights, weight decay, the learning rate
-``fit_model`` /        building the trainer and handing the trained weights and optimizer state
-``fit_generator``      back to the caller's model (``model.train_state``) when the loop ends
+                       loss weights (a generator batch's class weights), weight decay, the
+                       learning rate
+``fit_model`` /        checking ``class_weight`` against the model (arrays: folded into the sample
+``fit_generator``      weights of the training rows up front), building the trainer, handing the
+                       trained weights and optimizer state back to the caller's model
+                       (``model.train_state``) when the loop ends
 =====================  =====================================================================
 
 Epochs follow Keras: ``epochs`` is the index the loop stops before, so ``initial_epoch=2,
@@ -34,6 +37,7 @@ from ortrain import losses as losses_mod
 from ortrain import metrics as metrics_mod
 from ortrain import optim
 from ortrain._arrays import checked_int, is_real, prepare_inputs
+from ortrain._class_weight import ClassWeights, class_weights
 from ortrain.callbacks.base import CallbackList
 from ortrain.callbacks.progress import check_verbose, progress
 from ortrain.data import (
@@ -68,6 +72,25 @@ def _epochs(epochs, initial_epoch) -> tuple[int, int]:
     return (checked_int(epochs, "epochs", minimum=0), checked_int(initial_epoch, "initial_epoch", minimum=0))
 
 
+def _validation_freq(value) -> int | frozenset[int]:
+    """Keras' ``validation_freq``: validate after every ``n``-th epoch (an int >= 1), or after the
+    epochs listed (numbers counted from 1, as Keras counts them)."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if isinstance(value, (list, tuple, set, frozenset, range)):
+        for e in value:
+            if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer)) or e < 1:
+                raise OrtrainError(f"validation_freq: expected epoch numbers counted from 1 (ints >= 1), received "
+                                   f"{e!r} in {value!r}; e.g. validation_freq=[1, 5, 10] validates after the "
+                                   "first, fifth and tenth epochs")
+        return frozenset(int(e) for e in value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise OrtrainError(f"validation_freq: expected an int >= 1 (validate after every that many epochs) or a "
+                           f"list of epoch numbers counted from 1, received {value!r}; validation_freq=1 "
+                           "validates after every epoch")
+    return int(value)
+
+
 def _located(exc: Exception, where: str) -> Exception:
     """The same error type, its message prefixed with the epoch and step it happened at."""
     try:
@@ -82,10 +105,13 @@ class _Loop:
 
     def __init__(self, trainer: Trainer, iterator: EpochIterator, *, epochs: int, initial_epoch: int,
                  validation: EpochIterator | None, callbacks, verbose, model: Model | None,
-                 samples: int | None = None):
+                 samples: int | None = None, validation_freq: int | frozenset[int] = 1,
+                 class_weight: ClassWeights | None = None):
         self.trainer = trainer
         self.iterator = iterator
         self.validation = validation
+        self.validation_freq = validation_freq
+        self.class_weight = class_weight  # for generator batches; arrays carry theirs in their weights
         self.epochs, self.initial_epoch = epochs, initial_epoch
         self._model = model
         self._synced_at = None
@@ -132,6 +158,14 @@ class _Loop:
         return names + ["lr"]
 
     # -- what callbacks use --------------------------------------------------------------------
+    def validates(self, epoch: int) -> bool:
+        """Whether validation runs at the end of ``epoch`` (counted from 0): the fit has validation
+        data and ``validation_freq`` takes this epoch (counted from 1, as Keras counts it)."""
+        if self.validation is None:
+            return False
+        freq = self.validation_freq
+        return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
+
     def _names(self) -> list[str]:
         return [p.name for p in self.trainer._params]
 
@@ -203,7 +237,7 @@ class _Loop:
                 logs = self._train_epoch(epoch)
                 if logs is None:
                     break
-                if self.validation is not None:
+                if self.validates(epoch):
                     logs.update(self._validate(epoch))
                 logs["lr"] = self.trainer.lr
                 cbs.on_epoch_end(epoch, logs)
@@ -263,7 +297,7 @@ class _Loop:
                         raise OrtrainError("sample_weight: this batch carries loss weights but the first batch did "
                                            "not, so training started without them; pass loss_mask=1 to "
                                            "fit_generator, or give every batch weights (ones where none apply)")
-                fetches, labels, weights = tr._step(x, y, w, rows_fixed, checked)
+                fetches, labels, weights = tr._step(x, y, w, rows_fixed, checked, self.class_weight)
                 loss = float(fetches[1].numpy())
                 rows = labels.shape[0]
                 if metrics:
@@ -425,7 +459,8 @@ def _commit(model: Model, staged: Model) -> None:
 
 def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initial_epoch=0,
                   validation_generator=None, validation_steps=None, loss=None, optimizer=None,
-                  nbatch_logical=None, callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0) -> History:
+                  nbatch_logical=None, callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0,
+                  class_weight=None, validation_freq=1) -> History:
     """Train ``model`` from a generator, one batch at a time; returns a :class:`History`.
 
     ``generator``: a callable of no arguments returning a batch, or ``None`` at the end of an epoch
@@ -447,6 +482,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     ``on_train_end`` ran and the model holds the last completed step.
 
     ``initial_epoch``/``epochs`` follow Keras: epochs ``initial_epoch .. epochs-1`` run.
+
+    ``class_weight`` and ``validation_freq`` are Keras': see :func:`fit_model`. A batch's class
+    weights multiply its ``sample_weight`` when it carries one.
 
     When the generator is called: its first batch is read before anything else (its rows fix
     the batch size the trainer is built for, so before ``on_train_begin``); every later batch
@@ -474,9 +512,11 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     source = generator_source(generator, steps_per_epoch, epochs - initial_epoch)
     CallbackList(callbacks or ())  # checks the objects before anything runs
     check_verbose(verbose)
+    validation_freq = _validation_freq(validation_freq)
     if weight_decay is not None:
         optim.check_weight_decay(weight_decay)
     staged = _with_compile_overrides(model, loss, optimizer)
+    cw = class_weights(class_weight, staged)  # against the loss training runs with
     compiled_decay = getattr(staged.optimizer, "weight_decay", 0.0)
     if weight_decay == 0.0 and compiled_decay:
         warnings.warn(f"weight_decay=0.0 (fit_generator's default) turns off the weight decay {compiled_decay} of the "
@@ -499,13 +539,13 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     except (OrtrainError, ValueError, TypeError) as exc:
         raise _located(exc, where) from exc
     val_weighted = _validation_weighted(vit, initial_epoch)
-    any_loss = loss_mask is None and (w is not None or val_weighted)
+    any_loss = loss_mask is None and (w is not None or val_weighted or cw is not None)
     trainer = Trainer(staged, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
                       weight_decay=weight_decay, _weights_any_loss=any_loss)
     with trainer:
         try:
             # labels and weights too, before the caller's model changes
-            trainer._refuse_non_finite(trainer._feeds(x, y, w, "step", rows))
+            trainer._refuse_non_finite(trainer._feeds(x, y, w, "step", rows, class_weight=cw))
         except (OrtrainError, ValueError, TypeError) as exc:
             raise _located(exc, where) from exc
         _commit(model, staged)
@@ -513,13 +553,13 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
             vit.source.batch_size = rows
         loop = _Loop(trainer, batches, epochs=epochs,
                      initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
-                     model=model)
+                     model=model, validation_freq=validation_freq, class_weight=cw)
         return loop.run()
 
 
 def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbose=1, callbacks=None,
               validation_split=0.0, validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0,
-              steps_per_epoch=None, validation_steps=None) -> History:
+              steps_per_epoch=None, validation_steps=None, class_weight=None, validation_freq=1) -> History:
     """``Model.fit``: arrays (``x`` and ``y``) or a generator (``x`` alone, see :func:`fit_generator`).
 
     With arrays every sample counts once per epoch: rows are cut into batches of ``batch_size``
@@ -531,6 +571,26 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     ``steps_per_epoch`` with arrays: every epoch starts a new pass and trains its first
     ``steps_per_epoch`` batches. A validation generator's first batch is read before training,
     to learn whether validation carries weights; the first validation uses it.
+
+    ``class_weight``, as in Keras: a dict ``{class index: weight}`` (weights finite and >= 0) for a
+    model whose loss takes class labels: sparse or categorical cross-entropy on a
+    ``(batch, classes)`` output (the class is the label, or the arg-max of its one-hot row), or
+    binary cross-entropy on one output unit (class 1 for a label above 0.5, as Keras rounds).
+    Each training sample's loss weight is its class's weight (1.0 for a class the dict leaves
+    out, as in Keras 3), times its ``sample_weight`` when given: a class weight is a sample
+    weight in every respect (the loss is ``sum(w * loss) / batch``, the training metrics are
+    weighted alike). Validation is not weighted by class (held-out rows of ``validation_split``
+    keep only their sample weights). A model with several outputs, another loss, a key that is
+    not one of the output's classes or a bad weight is refused before anything changes.
+
+    ``validation_freq``, as in Keras: an int ``n`` validates after epoch ``e`` (counted from 0,
+    ``initial_epoch`` included) when ``(e + 1) % n == 0``; a list (or tuple, set, range) of epoch
+    numbers counted from 1 validates after those. An epoch without validation logs no ``val_``
+    values: ``History`` holds NaN there (every list keeps one entry per epoch), ``CSVLogger``
+    writes ``NA``, and ``EarlyStopping``, ``ReduceLROnPlateau`` and ``ModelCheckpoint``
+    monitoring a ``val_`` value skip that epoch without the warning a missing value gets (their
+    patience counts validated epochs, as in Keras). Without validation data it is checked and
+    has no effect.
     """
     if not model.compiled:
         raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) before fit")
@@ -538,14 +598,17 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
         return _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_split,
                                           epochs=epochs, verbose=verbose, callbacks=callbacks,
                                           validation_data=validation_data, initial_epoch=initial_epoch,
-                                          steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+                                          steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                                          class_weight=class_weight, validation_freq=validation_freq)
     bs = _count(batch_size, "batch_size") or DEFAULT_BATCH_SIZE
     epochs, initial_epoch = _epochs(epochs, initial_epoch)
     steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
     validation_steps = _count(validation_steps, "validation_steps")
     shuffle = _flag(shuffle, "shuffle")
     check_verbose(verbose)
+    validation_freq = _validation_freq(validation_freq)
     CallbackList(callbacks or ())  # checks the objects before anything runs
+    cw = class_weights(class_weight, model)
     arrays = prepare_arrays(model, x, y, sample_weight, "x", "y", "sample_weight")
     if validation_data is not None:
         check_split(validation_split)  # then ignored, as in Keras
@@ -553,13 +616,16 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     else:
         (xs, ys, ws), held = split_arrays(arrays, validation_split)
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
+    if cw is not None:
+        ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
     val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch)
     weighted = ws is not None or val_weighted
     with Trainer(model, batch_size=bs, loss_mask=1 if weighted else None, _weights_any_loss=weighted) as tr:
         source = ArraySource(xs, ys, ws, bs, shuffle=shuffle)
         loop = _Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
-                     validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys))
+                     validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),
+                     validation_freq=validation_freq)
         return loop.run()
 
 
@@ -592,4 +658,5 @@ def _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_s
     return fit_generator(model, x, steps_per_epoch=kwargs["steps_per_epoch"], epochs=kwargs["epochs"],
                          initial_epoch=kwargs["initial_epoch"], validation_generator=kwargs["validation_data"],
                          validation_steps=kwargs["validation_steps"], callbacks=kwargs["callbacks"],
-                         verbose=kwargs["verbose"], weight_decay=None)
+                         verbose=kwargs["verbose"], weight_decay=None, class_weight=kwargs["class_weight"],
+                         validation_freq=kwargs["validation_freq"])

@@ -249,14 +249,19 @@ class Trainer(Releasable):
         self._runner = self._calib = None
 
     # -- inputs ---------------------------------------------------------------------------------
-    def _feeds(self, x, y, sample_weight, where: str, rows: int | None, checked: bool = False) -> list[np.ndarray]:
+    def _feeds(self, x, y, sample_weight, where: str, rows: int | None, checked: bool = False,
+               class_weight=None) -> list[np.ndarray]:
         """Inputs, labels and (with a weighted loss) weights, cast and checked; nothing runs yet.
-        ``checked``: the rows come from arrays whose index and label ranges were checked whole."""
+        ``checked``: the rows come from arrays whose index and label ranges were checked whole.
+        ``class_weight`` (the fit loop's, for a generator's batches) multiplies the weights by the
+        class weights of the labels."""
         xs = prepare_inputs(self._inputs, x, "x", rows, None if checked else self._bounds)
         rows = xs[0].shape[0]
-        feeds = xs + [prepare_labels(self._label, y, "y", rows, None if checked else self._n_classes)]
+        labels = prepare_labels(self._label, y, "y", rows, None if checked else self._n_classes)
+        feeds = xs + [labels]
         if self._weight_spec is not None:
-            feeds.append(self._sample_weight(sample_weight, rows))
+            w = self._sample_weight(sample_weight, rows)
+            feeds.append(w if class_weight is None else class_weight.weigh(labels, w))
         elif sample_weight is not None:
             raise OrtrainError(f"sample_weight: this trainer has no loss weights; create it with loss_mask=1 "
                                f"(one weight per sample) or loss_mask=<outputs> to pass them ({where})")
@@ -318,15 +323,16 @@ class Trainer(Releasable):
         fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
         return float(fetches[1].numpy())
 
-    def _step(self, x, y, sample_weight, rows: int | None, checked: bool = False):
+    def _step(self, x, y, sample_weight, rows: int | None, checked: bool = False, class_weight=None):
         """A training step: ``(fetches, labels, weights)``. The labels and weights are the checked
-        arrays that were fed (weights None when none were given), so the fit loop's metrics reuse
-        them instead of checking every batch twice. ``checked``: the values were already found
-        finite and in range (the fit loop checks whole arrays before it starts)."""
-        feeds = self._feeds(x, y, sample_weight, "step", rows, checked)
+        arrays that were fed (weights None when neither sample nor class weights were given), so the
+        fit loop's metrics reuse them instead of checking every batch twice. ``checked``: the values
+        were already found finite and in range (the fit loop checks whole arrays before it starts)."""
+        feeds = self._feeds(x, y, sample_weight, "step", rows, checked, class_weight)
         if not checked:
             self._refuse_non_finite(feeds)
-        labels, weights = self._fed_labels_and_weights(feeds, sample_weight)
+        weighted = sample_weight is not None or class_weight is not None
+        labels, weights = self._fed_labels_and_weights(feeds, weighted)
         return self._train(feeds), labels, weights
 
     def _refuse_non_finite(self, feeds: list[np.ndarray]) -> None:
@@ -350,13 +356,13 @@ class Trainer(Releasable):
     def _eval(self, x, y, sample_weight, rows: int | None):
         """An eval step: ``(fetches, labels, weights)`` as for :meth:`_step`."""
         feeds = self._feeds(x, y, sample_weight, "eval", rows)
-        labels, weights = self._fed_labels_and_weights(feeds, sample_weight)
+        labels, weights = self._fed_labels_and_weights(feeds, sample_weight is not None)
         feeds.append(self._one)
         return self._session.eval_step(feeds, check=False), labels, weights
 
-    def _fed_labels_and_weights(self, feeds: list[np.ndarray], sample_weight):
+    def _fed_labels_and_weights(self, feeds: list[np.ndarray], weighted: bool):
         n = len(self._inputs)
-        return feeds[n], (feeds[n + 1] if sample_weight is not None else None)
+        return feeds[n], (feeds[n + 1] if weighted else None)
 
     # -- predictions and copies -----------------------------------------------------------------
     def _weights_now(self) -> dict[str, np.ndarray]:

@@ -64,11 +64,15 @@ def test_model_and_fit_signatures():
                           "shuffle": True, "sample_weight": None, "callbacks": None, "verbose": 1,
                           "initial_epoch": 0}.items():
         assert fit[name] == default, name
+    # The contract's parameters in its order, then Keras' class_weight and validation_freq (added at
+    # the end, so positional calls written against the contract keep working).
     assert params(ot.fit_generator) == {
         "model": inspect.Parameter.empty, "generator": inspect.Parameter.empty, "steps_per_epoch": None,
         "epochs": 1, "initial_epoch": 0, "validation_generator": None, "validation_steps": None, "loss": None,
         "optimizer": None, "nbatch_logical": None, "callbacks": (), "verbose": 1, "loss_mask": None,
-        "weight_decay": 0.0}
+        "weight_decay": 0.0, "class_weight": None, "validation_freq": 1}
+    assert list(fit)[-2:] == ["class_weight", "validation_freq"] and fit["class_weight"] is None
+    assert fit["validation_freq"] == 1
     assert list(params(ot.from_onnx))[:4] == ["model", "trainable", "frozen", "input_names"]
     for method in ("compile", "evaluate", "predict", "save", "export_onnx", "get_weights", "set_weights",
                    "weight_names", "freeze", "unfreeze", "freeze_bn_stats", "unfreeze_bn_stats"):

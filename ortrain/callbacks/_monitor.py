@@ -1,5 +1,6 @@
 """The "watch one logged value" logic that EarlyStopping, ReduceLROnPlateau and
-ModelCheckpoint share: which direction is better, what counts as an improvement."""
+ModelCheckpoint share: which direction is better, what counts as an improvement, and
+which epochs have no value to watch."""
 
 from __future__ import annotations
 
@@ -33,9 +34,15 @@ class Monitor:
     def reset(self) -> None:
         self.best = math.inf if self.mode == "min" else -math.inf
 
-    def value(self, logs) -> float | None:
+    def value(self, logs, loop=None, epoch: int | None = None) -> float | None:
+        """The watched value in ``logs``, or None (the epoch is then skipped, as Keras skips it).
+
+        A missing value warns, as in Keras, except a ``val_`` value after an epoch that the fit's
+        ``validation_freq`` leaves without validation: its absence is expected there, and Keras'
+        warning on every such epoch only fills the log (keras-team/keras#13241).
+        """
         value = (logs or {}).get(self.name)
-        if value is None:
+        if value is None and not (self.name.startswith("val_") and skips_validation(loop, epoch)):
             warnings.warn(f"{self.owner} monitors {self.name!r}, which is not logged; logged values are "
                           f"{', '.join(sorted(logs or {})) or 'none'}", stacklevel=3)
         return value
@@ -47,6 +54,13 @@ class Monitor:
 
     def improved(self, current: float) -> bool:
         return self.better(current, self.best)
+
+
+def skips_validation(loop, epoch: int | None) -> bool:
+    """Whether the fit run by ``loop`` has validation data but does not validate after ``epoch``
+    (``validation_freq``)."""
+    validates = getattr(loop, "validates", None)
+    return epoch is not None and validates is not None and loop.validation is not None and not validates(epoch)
 
 
 def check_non_negative_int(value, argument: str, owner: str) -> int:

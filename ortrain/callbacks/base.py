@@ -7,6 +7,7 @@ A callback sees the running fit through four attributes set before ``on_train_be
 * ``loop``: the fit loop: ``loop.stop_training = True`` stops training at the end of the
   current step; ``loop.get_weights()`` / ``loop.set_weights(ws)`` read and write the
   trained weights (``model.get_weights()`` order); ``loop.base_lr`` is the compiled rate;
+  ``loop.validates(epoch)`` says whether validation runs after that epoch (``validation_freq``);
 * ``model``: the model being trained; reading it brings the current weights into it, and
   as in Keras what a hook changes on it takes effect when the hook returns: the weights it
   sets (``model.set_weights``, those names only), a learning rate written to
@@ -21,8 +22,8 @@ its own state in ``on_train_begin`` so one object can serve several fits; ``on_t
 runs for every callback whose ``on_train_begin`` did. The logs: ``on_batch_begin`` gets
 ``batch``; ``on_batch_end`` ``batch``, ``size`` and that batch's own ``loss`` (Keras passes the
 running mean instead); ``on_epoch_end`` the epoch's ``loss`` and metrics, the ``val_`` ones
-and ``lr``; ``on_train_end`` the last epoch's logs; ``on_train_begin`` and ``on_epoch_begin``
-an empty dict.
+(after validated epochs only, see ``validation_freq``) and ``lr``; ``on_train_end`` the last
+epoch's logs; ``on_train_begin`` and ``on_epoch_begin`` an empty dict.
 """
 
 from __future__ import annotations

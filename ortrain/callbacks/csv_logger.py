@@ -24,7 +24,10 @@ class CSVLogger(Callback):
     Each row is flushed when its epoch ends, and the file is closed in ``on_train_end``,
     which runs even when training fails: the file then holds every completed epoch.
     ``append=True`` adds to an existing file (the header is written only when it is empty).
-    A value that first appears after the header was written is left out; a missing one is ``NA``.
+    The header names what the first epoch logs and every value the fit logs (``params["metrics"]``),
+    so the ``val_`` columns are there also when ``validation_freq`` skips validation after the first
+    epoch. A value that first appears after the header was written is left out; a missing one is
+    ``NA``.
     """
 
     def __init__(self, filename, separator: str = ",", append: bool = False):
@@ -58,7 +61,7 @@ class CSVLogger(Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         if self.keys is None:
-            self.keys = sorted(logs)
+            self.keys = sorted(set(logs) | set(self.params.get("metrics") or ()))
         if not self._header_written:
             self._writer.writerow(["epoch", *self.keys])
             self._header_written = True

@@ -18,7 +18,8 @@ class EarlyStopping(Callback):
     runs. Keras 3's code differs: there an epoch that improves on the best never stops training.
     ``restore_best_weights``: at the end of training the weights of the best epoch are put back
     (also when training ran to the end), as Keras does. ``start_from_epoch``: epochs before it
-    are not monitored (warm-up).
+    are not monitored (warm-up). An epoch without the value (with ``validation_freq``, one that
+    is not validated) is skipped and counts nothing: ``patience`` counts the epochs that log it.
     """
 
     def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0,
@@ -44,7 +45,7 @@ class EarlyStopping(Callback):
         return self.monitor.best
 
     def on_epoch_end(self, epoch, logs=None):
-        current = self.monitor.value(logs)
+        current = self.monitor.value(logs, self.loop, epoch)
         if current is None or epoch < self.start_from_epoch:
             return
         self.wait += 1

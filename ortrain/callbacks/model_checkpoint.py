@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
+import string
 
-from ortrain.callbacks._monitor import Monitor
+from ortrain.callbacks._monitor import Monitor, skips_validation
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 
@@ -18,7 +20,7 @@ class ModelCheckpoint(Callback):
     The file holds weights, optimizer moments, step counters and learning rate;
     ``ot.Trainer.from_checkpoint(model, filepath, batch_size=...)`` continues from it bit-exactly
     (with the ``nbatch_logical`` and ``loss_mask`` of the fit that wrote it; ``loss_mask=1`` for a
-    fit with per-sample weights, whatever its loss). ``filepath`` may hold
+    fit with per-sample or class weights, whatever its loss). ``filepath`` may hold
     ``str.format`` fields: ``{epoch}`` (counted from 1, as Keras names files) and any logged
     value, e.g. ``"ckpt-{epoch:02d}-{val_loss:.3f}"``. Every file is written to a temporary name
     and renamed, so a checkpoint on disk is always complete, also after a failed fit.
@@ -26,6 +28,10 @@ class ModelCheckpoint(Callback):
     ``save_model=True`` writes the model instead, as Keras' ``ModelCheckpoint`` does:
     ``model.save(filepath)`` with the weights of that epoch and the optimizer state, which
     ``ot.load_model`` reads back and ``fit`` continues from (a fit of a model, not of a bare trainer).
+
+    With ``validation_freq`` an epoch without validation logs no ``val_`` values: ``save_best_only``
+    monitoring one skips that epoch, and a ``filepath`` naming one is refused when training begins
+    unless only validated epochs save (``save_best_only=True`` monitoring a ``val_`` value).
     """
 
     def __init__(self, filepath, monitor: str = "val_loss", save_best_only: bool = False, mode: str = "auto",
@@ -62,11 +68,31 @@ class ModelCheckpoint(Callback):
                                    "the path") from None
         except (IndexError, ValueError):
             path = self._path(0, logged)  # raises, naming the format
+        self._check_validation_freq()
         if path is not None and os.path.isdir(path):
             raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} gives {path!r}, a directory; give a file "
                                "path such as 'ckpt-{epoch}'")
         self.monitor.reset()
         self.saved = []
+
+    def _check_validation_freq(self) -> None:
+        """A filepath naming a ``val_`` value cannot be written after an epoch without validation."""
+        p = self.params
+        skipped = next((e for e in range(p.get("initial_epoch", 0), p.get("epochs", 0))
+                        if skips_validation(self.loop, e)), None)
+        if skipped is None or (self.save_best_only and self.monitor.name.startswith("val_")):
+            return
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(self.filepath) if f]
+        except ValueError:
+            return  # a bad format, which _path names
+        named = [f for f in fields if re.match(r"val_\w*", f)]
+        if named:
+            name = re.match(r"val_\w*", named[0]).group(0)
+            raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} names {name!r}, and this fit's "
+                               f"validation_freq leaves epoch {skipped + 1} (counted from 1) without validation; "
+                               "drop it from the path, save only validated epochs with save_best_only=True and a "
+                               "val_ monitor, or validate every epoch (validation_freq=1)")
 
     def _path(self, epoch: int, logs: dict) -> str:
         try:
@@ -79,7 +105,7 @@ class ModelCheckpoint(Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
         if self.save_best_only:
-            current = self.monitor.value(logs)
+            current = self.monitor.value(logs, self.loop, epoch)
             if current is None or not self.monitor.improved(current):
                 return
             self.monitor.best = current

@@ -14,7 +14,9 @@ __all__ = ["ReduceLROnPlateau"]
 class ReduceLROnPlateau(Callback):
     """After ``patience`` epochs without an improvement of ``monitor`` by more than ``min_delta``,
     multiply the learning rate by ``factor`` (not below ``min_lr``), then wait ``cooldown``
-    epochs before counting again. The new rate applies from the next epoch."""
+    epochs before counting again. The new rate applies from the next epoch. An epoch without the
+    value (with ``validation_freq``, one that is not validated) is skipped: ``patience`` and
+    ``cooldown`` count the epochs that log it, as in Keras."""
 
     def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, mode: str = "auto",
                  min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0, verbose: int = 0):
@@ -34,7 +36,7 @@ class ReduceLROnPlateau(Callback):
         self.cooldown_left = 0
 
     def on_epoch_end(self, epoch, logs=None):
-        current = self.monitor.value(logs)
+        current = self.monitor.value(logs, self.loop, epoch)
         if current is None:
             return
         if self.cooldown_left > 0:

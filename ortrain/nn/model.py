@@ -393,19 +393,25 @@ class Model:
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose=1, callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0, steps_per_epoch=None,
-            validation_steps=None):
+            validation_steps=None, class_weight=None, validation_freq=1):
         """Train on arrays (``x`` and ``y``) or on a generator (``x`` alone, see
         :func:`ortrain.fit_generator`), as Keras' ``fit``: ``batch_size`` (32 by default) rows a
         step, a shorter last batch included; ``validation_split`` holds out the last rows, before
         shuffling; ``validation_data`` arrays or a generator; ``sample_weight`` weights each
         sample's loss and metrics; ``shuffle`` redraws the order every epoch (reproducibly after
-        ``ot.set_seed``); ``initial_epoch``/``epochs`` run epochs ``initial_epoch .. epochs-1``.
-        Returns the :class:`History`; a later ``fit`` continues with the same optimizer state."""
+        ``ot.set_seed``); ``initial_epoch``/``epochs`` run epochs ``initial_epoch .. epochs-1``;
+        ``class_weight`` (``{class index: weight}``, for cross-entropy losses) multiplies each
+        training sample's weight by its class's, validation left unweighted; ``validation_freq``
+        validates after every ``n``-th epoch (an int) or after the listed epochs (counted from 1),
+        and epochs without validation log no ``val_`` values (NaN in the History). Details in
+        :func:`ortrain.fit.fit_model`. Returns the :class:`History`; a later ``fit`` continues
+        with the same optimizer state."""
         from ortrain.fit import fit_model
         return fit_model(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
                          validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
                          sample_weight=sample_weight, initial_epoch=initial_epoch,
-                         steps_per_epoch=steps_per_epoch, validation_steps=validation_steps)
+                         steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                         class_weight=class_weight, validation_freq=validation_freq)
 
     # -- inference --------------------------------------------------------------------------
     def _runner(self, kind: str = "predict", weighting=None):
