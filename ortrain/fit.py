@@ -459,8 +459,7 @@ def _commit(model: Model, staged: Model) -> None:
 
 def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initial_epoch=0,
                   validation_generator=None, validation_steps=None, loss=None, optimizer=None,
-                  nbatch_logical=None, callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0,
-                  class_weight=None, validation_freq=1) -> History:
+                  nbatch_logical=None, callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0) -> History:
     """Train ``model`` from a generator, one batch at a time; returns a :class:`History`.
 
     ``generator``: a callable of no arguments returning a batch, or ``None`` at the end of an epoch
@@ -483,8 +482,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
 
     ``initial_epoch``/``epochs`` follow Keras: epochs ``initial_epoch .. epochs-1`` run.
 
-    ``class_weight`` and ``validation_freq`` are Keras': see :func:`fit_model`. A batch's class
-    weights multiply its ``sample_weight`` when it carries one.
+    Keras' ``class_weight`` and ``validation_freq`` are ``model.fit``'s (which takes the same
+    generators): see :func:`fit_model`. A batch's class weights multiply its ``sample_weight``
+    when it carries one.
 
     When the generator is called: its first batch is read before anything else (its rows fix
     the batch size the trainer is built for, so before ``on_train_begin``); every later batch
@@ -503,6 +503,15 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     >>> hist.epoch, model.train_state.n_steps
     ([1, 2], 6)
     """
+    return _fit_generator(model, generator, steps_per_epoch, epochs, initial_epoch, validation_generator,
+                          validation_steps, loss, optimizer, nbatch_logical, callbacks, verbose, loss_mask,
+                          weight_decay)
+
+
+def _fit_generator(model: Model, generator, steps_per_epoch, epochs, initial_epoch, validation_generator,
+                   validation_steps, loss, optimizer, nbatch_logical, callbacks, verbose, loss_mask, weight_decay,
+                   class_weight=None, validation_freq=1) -> History:
+    """:func:`fit_generator` with ``model.fit``'s ``class_weight`` and ``validation_freq``."""
     if not isinstance(model, Model):
         raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
     steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
@@ -521,7 +530,7 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     if weight_decay == 0.0 and compiled_decay:
         warnings.warn(f"weight_decay=0.0 (fit_generator's default) turns off the weight decay {compiled_decay} of the "
                       f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
-                      "it)", UserWarning, stacklevel=2)
+                      "it)", UserWarning, stacklevel=3)
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator")
     if epochs <= initial_epoch:
         return History()
@@ -529,7 +538,7 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     first = batches.peek(initial_epoch)
     if first is None:
         warnings.warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
-                      "nothing was trained", RuntimeWarning, stacklevel=2)
+                      "nothing was trained", RuntimeWarning, stacklevel=3)
         return History()
     where = f"epoch {initial_epoch}, step 0 (counted from 0)"
     try:
@@ -655,8 +664,7 @@ def _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_s
             raise OrtrainError(f"{name}: not used with a generator (its batches set the batch size and carry "
                                f"their own sample weights, validation comes from validation_data); "
                                f"received {name}={value!r}")
-    return fit_generator(model, x, steps_per_epoch=kwargs["steps_per_epoch"], epochs=kwargs["epochs"],
-                         initial_epoch=kwargs["initial_epoch"], validation_generator=kwargs["validation_data"],
-                         validation_steps=kwargs["validation_steps"], callbacks=kwargs["callbacks"],
-                         verbose=kwargs["verbose"], weight_decay=None, class_weight=kwargs["class_weight"],
-                         validation_freq=kwargs["validation_freq"])
+    return _fit_generator(model, x, kwargs["steps_per_epoch"], kwargs["epochs"], kwargs["initial_epoch"],
+                          kwargs["validation_data"], kwargs["validation_steps"], None, None, None, kwargs["callbacks"],
+                          kwargs["verbose"], None, None, class_weight=kwargs["class_weight"],
+                          validation_freq=kwargs["validation_freq"])

@@ -1,4 +1,4 @@
-"""``class_weight`` in Model.fit and fit_generator (Keras' semantics).
+"""``class_weight`` in Model.fit (arrays and generators) (Keras' semantics).
 
 References: a fit whose ``sample_weight`` holds the class weights gathered by hand (Keras turns
 class weights into sample weights, so the two must train identically), a numpy SGD step of a
@@ -160,7 +160,7 @@ def test_generator_batches_are_weighted_by_class_and_by_their_own_weights():
     weighted = [(x[i:i + 5], y[i:i + 5], sw[i:i + 5]) for i in range(0, 20, 5)]
     by_hand = [(x[i:i + 5], y[i:i + 5], (sw * gathered(y))[i:i + 5]) for i in range(0, 20, 5)]
     a, b, c = classifier(), classifier(), classifier()
-    ha = ot.fit_generator(a, weighted, epochs=2, class_weight=CW, verbose=0)
+    ha = a.fit(weighted, epochs=2, class_weight=CW, verbose=0)
     hb = ot.fit_generator(b, by_hand, epochs=2, verbose=0)
     assert_same_training(a, b, ha, hb)
     hc = c.fit(plain, epochs=2, class_weight=CW, verbose=0)  # through Model.fit, batches without weights
@@ -182,8 +182,7 @@ def test_validation_is_not_weighted_by_class():
     ev = model.evaluate(x[21:], y[21:], sample_weight=sw[21:])
     assert hist.history["val_loss"][0] == pytest.approx(ev["loss"], rel=1e-5)
     model = classifier()
-    hist = ot.fit_generator(model, [(x[:10], y[:10])], class_weight=CW, validation_generator=[(x[10:], y[10:])],
-                            verbose=0)
+    hist = model.fit([(x[:10], y[:10])], class_weight=CW, validation_data=[(x[10:], y[10:])], verbose=0)
     assert hist.history["val_loss"][0] == pytest.approx(model.evaluate(x[10:], y[10:])["loss"], rel=1e-5)
 
 
@@ -227,7 +226,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("how", ["fit arrays", "fit generator", "fit_generator"])
+@pytest.mark.parametrize("how", ["fit arrays", "fit generator"])
 def test_bad_class_weights_are_refused_before_anything_changes(how, tmp_path):
     x, y = data(16)
     model = classifier()
@@ -246,10 +245,8 @@ def test_bad_class_weights_are_refused_before_anything_changes(how, tmp_path):
         with pytest.raises(ot.OrtrainError, match=message):
             if how == "fit arrays":
                 model.fit(x, y, batch_size=8, **kwargs)
-            elif how == "fit generator":
-                model.fit(gen, **kwargs)
             else:
-                ot.fit_generator(model, gen, **kwargs)
+                model.fit(gen, **kwargs)
         _assert_unchanged(model, before)
     assert not log.exists() and calls == []
 
@@ -286,11 +283,6 @@ def test_class_weight_on_a_model_without_classes_is_refused():
         for a, b in zip(before, model.get_weights()):
             np.testing.assert_array_equal(a, b)
         assert model.train_state is None
-    # a loss override is what counts, and a refused one leaves the compiled model as it was
-    model = classifier()
-    with pytest.raises(ot.OrtrainError, match=r"received loss 'mse', which takes no classes"):
-        ot.fit_generator(model, [(x, np.eye(3, dtype=np.float32)[y])], loss="mse", class_weight={0: 2.0}, verbose=0)
-    assert model.loss.name == "sparse_categorical_crossentropy" and model.train_state is None
-    hist = ot.fit_generator(model, [(x, np.eye(3, dtype=np.float32)[y])], loss="categorical_crossentropy",
-                            class_weight={0: 2.0}, verbose=0)
-    assert model.loss.name == "categorical_crossentropy" and hist.epoch == [0]
+    # fit_generator keeps the contract's signature; class weights are Model.fit's, also for generators
+    with pytest.raises(TypeError, match="class_weight"):
+        ot.fit_generator(classifier(), [(x, y)], class_weight={0: 2.0}, verbose=0)

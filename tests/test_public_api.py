@@ -64,13 +64,14 @@ def test_model_and_fit_signatures():
                           "shuffle": True, "sample_weight": None, "callbacks": None, "verbose": 1,
                           "initial_epoch": 0}.items():
         assert fit[name] == default, name
-    # The contract's parameters in its order, then Keras' class_weight and validation_freq (added at
-    # the end, so positional calls written against the contract keep working).
+    # fit: the contract's parameters in its order, then Keras' class_weight and validation_freq (added
+    # at the end, so positional calls written against the contract keep working); fit_generator: the
+    # contract's, exactly.
     assert params(ot.fit_generator) == {
         "model": inspect.Parameter.empty, "generator": inspect.Parameter.empty, "steps_per_epoch": None,
         "epochs": 1, "initial_epoch": 0, "validation_generator": None, "validation_steps": None, "loss": None,
         "optimizer": None, "nbatch_logical": None, "callbacks": (), "verbose": 1, "loss_mask": None,
-        "weight_decay": 0.0, "class_weight": None, "validation_freq": 1}
+        "weight_decay": 0.0}
     assert list(fit)[-2:] == ["class_weight", "validation_freq"] and fit["class_weight"] is None
     assert fit["validation_freq"] == 1
     assert list(params(ot.from_onnx))[:4] == ["model", "trainable", "frozen", "input_names"]

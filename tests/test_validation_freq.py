@@ -1,4 +1,4 @@
-"""``validation_freq`` in Model.fit and fit_generator (Keras' semantics): which epochs validate,
+"""``validation_freq`` in Model.fit (arrays and generators) (Keras' semantics): which epochs validate,
 what their logs and the History hold, and the callbacks that watch a ``val_`` value."""
 
 from __future__ import annotations
@@ -84,8 +84,7 @@ def test_epochs_without_validation_do_not_read_the_validation_generator():
 
     model = classifier()
     train_batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]
-    hist = ot.fit_generator(model, train_batches, epochs=5, validation_generator=val, validation_freq=[2, 5],
-                            verbose=0)
+    hist = model.fit(train_batches, epochs=5, validation_data=val, validation_freq=[2, 5], verbose=0)
     assert validated(hist) == [1, 4]
     assert len(pulls) == 6  # two validations of two batches and an end each: no other epoch pulled one
     assert hist.history["val_loss"][-1] == pytest.approx(model.evaluate(xv[:4], yv[:4])["loss"], rel=1e-5)
@@ -197,7 +196,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("how", ["fit arrays", "fit generator", "fit_generator"])
+@pytest.mark.parametrize("how", ["fit arrays", "fit generator"])
 def test_bad_validation_freq_is_refused_before_anything_changes(how, tmp_path):
     x, y = data(16)
     model = classifier()
@@ -214,10 +213,8 @@ def test_bad_validation_freq_is_refused_before_anything_changes(how, tmp_path):
         with pytest.raises(ot.OrtrainError, match=message):
             if how == "fit arrays":
                 model.fit(x, y, batch_size=8, validation_split=0.25, **kwargs)
-            elif how == "fit generator":
-                model.fit(gen, validation_data=(x, y), **kwargs)
             else:
-                ot.fit_generator(model, gen, validation_generator=gen, **kwargs)
+                model.fit(gen, validation_data=gen, **kwargs)
         assert model.train_state is state
         for a, b in zip(weights, model.get_weights()):
             np.testing.assert_array_equal(a, b)
