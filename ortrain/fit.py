@@ -450,11 +450,19 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
     return staged
 
 
-def _commit(model: Model, staged: Model) -> None:
-    """Give the caller's model the compile settings (and optimizer state) training runs with."""
-    if staged is not model:
-        model.compile(optimizer=staged.optimizer, loss=staged.loss, metrics=staged.metrics)
-        model.train_state = staged.train_state
+def _commit(model: Model, staged: Model):
+    """Give the caller's model the compile settings (and optimizer state) training runs with;
+    returns the function that puts back what it had, for a fit that fails before its first step."""
+    if staged is model:
+        return lambda: None
+    before = (model.optimizer, model.loss, model.metrics, model.train_state, model._lr_seen)
+    model.compile(optimizer=staged.optimizer, loss=staged.loss, metrics=staged.metrics)
+    model.train_state = staged.train_state
+
+    def undo() -> None:
+        model.optimizer, model.loss, model.metrics, model.train_state, model._lr_seen = before
+        model._runners.clear()  # evaluate's graph holds the loss
+    return undo
 
 
 def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initial_epoch=0,
@@ -557,13 +565,19 @@ def _fit_generator(model: Model, generator, steps_per_epoch, epochs, initial_epo
             trainer._refuse_non_finite(trainer._feeds(x, y, w, "step", rows, class_weight=cw))
         except (OrtrainError, ValueError, TypeError) as exc:
             raise _located(exc, where) from exc
-        _commit(model, staged)
+        undo = _commit(model, staged)
         if vit is not None and isinstance(vit.source, ArraySource):
             vit.source.batch_size = rows
         loop = _Loop(trainer, batches, epochs=epochs,
                      initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
                      model=model, validation_freq=validation_freq, class_weight=cw)
-        return loop.run()
+        taken = trainer.n_steps
+        try:
+            return loop.run()
+        except BaseException:
+            if trainer.n_steps == taken:  # nothing trained: loss= and optimizer= leave the model as it was
+                undo()
+            raise
 
 
 def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbose=1, callbacks=None,

@@ -745,6 +745,32 @@ def test_fit_generator_overrides_change_the_model_only_when_training_starts():
         assert model.train_state is state
         for a, b in zip(model.get_weights(), weights):
             np.testing.assert_array_equal(a, b)
+    # A fit that fails after training began, but before its first step (a callback, Ctrl-C), also
+    # leaves the compile settings; one that fails after a step keeps the overrides it trained with.
+    class Stop(ot.callbacks.Callback):
+        def __init__(self, hook):
+            self.hook = hook
+
+        def on_train_begin(self, logs=None):
+            if self.hook == "on_train_begin":
+                raise RuntimeError("a callback failed")
+
+        def on_batch_begin(self, batch, logs=None):
+            if self.hook == "on_batch_begin" and batch == 0:
+                raise KeyboardInterrupt
+
+        def on_batch_end(self, batch, logs=None):
+            if self.hook == "on_batch_end":
+                raise RuntimeError("a callback failed")
+
+    for hook, exc in (("on_train_begin", RuntimeError), ("on_batch_begin", KeyboardInterrupt)):
+        with pytest.raises(exc):
+            ot.fit_generator(model, data, loss="mae", optimizer="sgd", callbacks=[Stop(hook)], verbose=0)
+        assert model.optimizer is opt and model.loss is loss and model.train_state is state
+        assert model.evaluate(x, y)["loss"] == pytest.approx(np.mean((model.predict(x) - y) ** 2), rel=1e-5)
+    with pytest.raises(RuntimeError):
+        ot.fit_generator(model, data, loss="mae", optimizer="sgd", callbacks=[Stop("on_batch_end")], verbose=0)
+    assert model.loss.name == "mae" and model.optimizer.name == "sgd" and model.train_state.n_steps == 1
     # An uncompiled model takes its loss from the overrides, validation arrays included.
     fresh = mlp()
     xv, yv = regression(8, seed=2)
