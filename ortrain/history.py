@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import csv
 import math
-import numbers
 import os
 
 from ortrain._files import atomic_path
 from ortrain.callbacks.base import Callback
+from ortrain.callbacks.csv_logger import csv_cell
 from ortrain.errors import OrtrainError
 
 __all__ = ["History"]
@@ -56,13 +56,14 @@ class History(Callback):
     # -- export ---------------------------------------------------------------------------
     def to_csv(self, path) -> str:
         """Write ``epoch`` and every logged value, one row per epoch (numbers at full precision,
-        anything else a callback logged as its text)."""
+        ``NA`` where an epoch has none, anything else a callback logged as its text), as
+        ``CSVLogger`` writes them."""
         keys = list(self.history)
         with atomic_path(path, "to_csv(path)") as tmp, open(tmp, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["epoch", *keys])
             for i, e in enumerate(self.epoch):
-                w.writerow([e, *(_cell(self.history[k][i]) for k in keys)])
+                w.writerow([e, *(csv_cell(self.history[k][i]) for k in keys)])
         return os.fspath(path)
 
     def to_pandas(self):
@@ -103,9 +104,3 @@ class History(Callback):
         fig.savefig(path)
         plt.close(fig)
         return path
-
-
-def _cell(value) -> str:
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return repr(float(value))
-    return str(value)

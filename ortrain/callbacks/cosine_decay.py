@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ortrain.callbacks.learning_rate_scheduler import LearningRateScheduler
+from ortrain.callbacks.learning_rate_scheduler import CurveScheduler
 from ortrain.optim import check_lr, schedules
 
 __all__ = ["CosineDecay"]
 
 
-class CosineDecay(LearningRateScheduler):
+class CosineDecay(CurveScheduler):
     """``lr(epoch) = final + (initial - final) * (1 + cos(pi * epoch / total_epochs)) / 2``,
     constant at ``final_lr`` after ``total_epochs``.
 
@@ -25,15 +25,9 @@ class CosineDecay(LearningRateScheduler):
         else:
             schedules.cosine(1.0, total_epochs, 0.0)
         self.total_epochs, self.final_lr, self.warmup_epochs = total_epochs, final_lr, warmup_epochs
-        self.initial_lr = None if initial_lr is None else check_lr(initial_lr, "CosineDecay(initial_lr=...)")
-        super().__init__(self._rate_of_epoch, verbose)
+        super().__init__(initial_lr, verbose)
 
-    def on_train_begin(self, logs=None):
-        base = self.loop.base_lr if self.initial_lr is None else self.initial_lr
+    def _curve_from(self, base):
         if self.warmup_epochs:
-            self._curve = schedules.warmup_cosine(base, self.warmup_epochs, self.total_epochs, self.final_lr)
-        else:
-            self._curve = schedules.cosine(base, self.total_epochs, self.final_lr)
-
-    def _rate_of_epoch(self, epoch, lr):
-        return self._curve(epoch)
+            return schedules.warmup_cosine(base, self.warmup_epochs, self.total_epochs, self.final_lr)
+        return schedules.cosine(base, self.total_epochs, self.final_lr)

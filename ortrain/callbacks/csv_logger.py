@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
 import os
 
 from ortrain.callbacks.base import Callback
@@ -12,10 +13,13 @@ from ortrain.errors import OrtrainError
 __all__ = ["CSVLogger"]
 
 
-def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "NA"
-    return repr(float(value)) if isinstance(value, float) else str(value)
+def csv_cell(value) -> str:
+    """A logged value as CSV text: numbers at full precision, a missing one (None, NaN) ``NA``,
+    anything else a callback logged as its text. ``History.to_csv`` writes the same."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
+        return "NA" if math.isnan(value) else repr(value)
+    return "NA" if value is None else str(value)
 
 
 class CSVLogger(Callback):
@@ -65,7 +69,7 @@ class CSVLogger(Callback):
         if not self._header_written:
             self._writer.writerow(["epoch", *self.keys])
             self._header_written = True
-        self._writer.writerow([epoch, *(_cell(logs.get(k)) for k in self.keys)])
+        self._writer.writerow([epoch, *(csv_cell(logs.get(k)) for k in self.keys)])
         self._file.flush()
 
     def on_train_end(self, logs=None):

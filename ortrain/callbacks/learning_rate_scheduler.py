@@ -48,3 +48,22 @@ class LearningRateScheduler(Callback):
         self.trainer.set_lr(lr)
         if self.verbose:
             print(f"Epoch {epoch + 1}: learning rate {lr:.6g}")
+
+
+class CurveScheduler(LearningRateScheduler):
+    """A schedule that is a curve of the epoch alone, starting at ``initial_lr`` (``None``: the
+    rate the model was compiled with, so a resumed fit continues the same curve). Subclasses
+    say how the curve follows from its starting rate in :meth:`_curve_from`."""
+
+    def __init__(self, initial_lr: float | None, verbose: int):
+        self.initial_lr = None if initial_lr is None else check_lr(initial_lr, f"{type(self).__name__}(initial_lr=...)")
+        super().__init__(self._rate_of_epoch, verbose)
+
+    def _curve_from(self, base: float):
+        raise NotImplementedError
+
+    def on_train_begin(self, logs=None):
+        self._curve = self._curve_from(self.loop.base_lr if self.initial_lr is None else self.initial_lr)
+
+    def _rate_of_epoch(self, epoch, lr):
+        return self._curve(epoch)
