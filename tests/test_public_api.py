@@ -87,8 +87,8 @@ def test_capture_signatures_and_ag_ops():
     assert list(params(ot.capture)) == ["fn", "params"]
     for name in ("param", "buffer", "matmul", "add", "sub", "mul", "div", "scale", "relu", "sigmoid", "tanh",
                  "gelu", "softmax", "log_softmax", "exp", "log", "sum", "mean", "reshape", "transpose", "concat",
-                 "get_rows", "linear", "dropout", "mse_loss", "cross_entropy_loss", "softmax_cross_entropy_loss",
-                 "huber_loss", "bce_with_logits_loss"):
+                 "get_rows", "linear", "dropout", "pow", "sqrt", "square", "abs", "neg", "mse_loss",
+                 "cross_entropy_loss", "softmax_cross_entropy_loss", "huber_loss", "bce_with_logits_loss"):
         assert callable(getattr(ag, name)), name
 
 

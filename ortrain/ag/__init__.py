@@ -22,6 +22,7 @@ from ortrain.ag.losses import (
     softmax_cross_entropy_loss,
 )
 from ortrain.ag.ops import (
+    abs,
     add,
     concat,
     div,
@@ -36,11 +37,14 @@ from ortrain.ag.ops import (
     mean,
     mul,
     neg,
+    pow,
     relu,
     reshape,
     scale,
     sigmoid,
     softmax,
+    sqrt,
+    square,
     sub,
     sum,
     tanh,
@@ -49,8 +53,8 @@ from ortrain.ag.ops import (
 from ortrain.ag.tensor import Buffer, Param, Tensor, buffer, param
 
 __all__ = [
-    "Buffer", "Param", "Tensor", "add", "bce_with_logits_loss", "buffer", "concat", "cross_entropy_loss", "div",
-    "dropout", "exp", "gelu", "get_rows", "huber_loss", "linear", "log", "log_softmax", "matmul", "mean",
-    "mse_loss", "mul", "neg", "param", "relu", "reshape", "scale", "sigmoid", "softmax",
-    "softmax_cross_entropy_loss", "sub", "sum", "tanh", "transpose",
+    "Buffer", "Param", "Tensor", "abs", "add", "bce_with_logits_loss", "buffer", "concat", "cross_entropy_loss",
+    "div", "dropout", "exp", "gelu", "get_rows", "huber_loss", "linear", "log", "log_softmax", "matmul", "mean",
+    "mse_loss", "mul", "neg", "param", "pow", "relu", "reshape", "scale", "sigmoid", "softmax",
+    "softmax_cross_entropy_loss", "sqrt", "square", "sub", "sum", "tanh", "transpose",
 ]

@@ -7,6 +7,7 @@ is, as constants.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -18,8 +19,9 @@ from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import MS_DOMAIN
 
 __all__ = [
-    "add", "concat", "div", "dropout", "exp", "gelu", "get_rows", "linear", "log", "log_softmax", "matmul",
-    "mean", "mul", "relu", "reshape", "scale", "sigmoid", "softmax", "sub", "sum", "tanh", "transpose",
+    "abs", "add", "concat", "div", "dropout", "exp", "gelu", "get_rows", "linear", "log", "log_softmax", "matmul",
+    "mean", "mul", "neg", "pow", "relu", "reshape", "scale", "sigmoid", "softmax", "sqrt", "square", "sub", "sum",
+    "tanh", "transpose",
 ]
 
 
@@ -179,6 +181,92 @@ def exp(x) -> Tensor:
 def log(x) -> Tensor:
     """Natural logarithm (``-inf`` at 0, NaN below)."""
     return _unary("log", "Log", x)
+
+
+def sqrt(x) -> Tensor:
+    """Square root elementwise (NaN below 0; the gradient ``1 / (2 sqrt(x))`` is ``inf`` at 0, as PyTorch's)."""
+    return _unary("sqrt", "Sqrt", x)
+
+
+def abs(x) -> Tensor:  # noqa: A001 - the ag op is called abs
+    """``|x|`` elementwise; also ``abs(x)``. Its gradient is ``sign(x)``: 0 at 0, as PyTorch's."""
+    return _unary("abs", "Abs", x)
+
+
+# -- powers ---------------------------------------------------------------------------------------
+def _exponent(where: str, p) -> float:
+    """``p`` as a Python float: one real number that float32 holds. The graph stores it as float32: the
+    runtime's Pow gradient computes ``p - 1`` in the base's type and fails on a float64 exponent."""
+    if isinstance(p, Tensor):
+        raise OrtrainError(f"{where}: p expected a real number (a Python or numpy int or float), received {p!r}; "
+                           "onnxruntime-training has no gradient for a tensor exponent. For a positive base write "
+                           "ag.exp(p * ag.log(x))")
+    if not is_real(p):
+        fix = ("one exponent per call; for one per element of a positive base write ag.exp(ag.log(x) * p)"
+               if isinstance(p, (list, tuple, np.ndarray)) else "pass an int or a float, e.g. x ** 2")
+        raise OrtrainError(f"{where}: p expected a real number (a Python or numpy int or float), received {p!r} "
+                           f"({type(p).__name__}); {fix}")
+    try:
+        e = float(p)
+    except OverflowError:  # a Python int beyond float64
+        e = math.inf
+    with np.errstate(over="ignore"):
+        finite = bool(np.isfinite(np.float32(e)))
+    if not finite:
+        raise OrtrainError(f"{where}: p expected a finite number within float32's range, received {p!r}")
+    return e
+
+
+def _power(where: str, x, p) -> Tensor:
+    """``x ** p`` as one Pow node, whose gradient the runtime builds as ``p * x^(p-1) * dy``. (Pow(x, 2) and
+    Mul(x, x) measured equal against PyTorch float64, values and gradients; Pow is one node for every p.)"""
+    e = _exponent(where, p)
+    x = as_tensor(x, where)
+    _float(where, x)
+    if e == 0:
+        # x ** 0 is 1 with gradient 0 everywhere, as in PyTorch; Pow's gradient p * x^(p-1) would be
+        # 0 * inf = NaN at x = 0, so the base is made |x| + 1 (never 0) first. x stays an input, so a
+        # param read only here still gets its (zero) gradient.
+        x = _binary(where, "Add", _unary(where, "Abs", x), 1.0)
+    return Tensor(x.shape, x.dtype, where, (x, as_tensor(e, where, like=x)), _node("Pow"))
+
+
+def pow(x, p) -> Tensor:  # noqa: A001 - the ag op is called pow
+    """``x ** p`` elementwise for a real number ``p`` (an int or a float), as ``torch.pow``.
+
+    Defined for negative ``x`` when ``p`` is an integer (``(-2) ** 3 == -8``, gradient ``3 * 4``);
+    a fractional power of a negative number is NaN, as in PyTorch. ``p == 0`` gives 1 with
+    gradient 0 everywhere, 0 included. ``ag.pow(2.0, t)`` (also ``2.0 ** t``) raises a constant
+    base > 0 to a tensor, as ``exp(t * log(2.0))``. A tensor exponent of a tensor is refused: the
+    runtime has no gradient for Pow's exponent.
+
+    >>> import numpy as np, ortrain as ot
+    >>> from ortrain import ag
+    >>> f = ot.capture(lambda x: {"cube": x ** 3, "root": ag.pow(x, 0.5), "two": 2.0 ** x})
+    >>> {k: v.tolist() for k, v in f(x=np.array([-2.0, 0.0, 4.0])).items()}
+    {'cube': [-8.0, 0.0, 64.0], 'root': [nan, 0.0, 2.0], 'two': [0.25, 1.0, 16.0]}
+    >>> f.free()
+    """
+    if isinstance(p, Tensor) and not isinstance(x, Tensor):
+        return _power_of("pow", x, p)
+    return _power("pow", x, p)
+
+
+def square(x) -> Tensor:
+    """``x ** 2`` elementwise."""
+    return _power("square", x, 2)
+
+
+def _power_of(where: str, base, x: Tensor) -> Tensor:
+    """``base ** x`` for a constant ``base > 0``, as ``exp(x * log(base))``: the log is taken by numpy in
+    float64, then rounded once to float32."""
+    b = read_array(base, where)
+    if b.dtype.kind not in "iuf" or not b.size or not np.all(np.isfinite(b) & (b > 0)):
+        raise OrtrainError(f"{where}: base expected positive finite numbers for a tensor exponent (base ** x is "
+                           f"computed as exp(x * log(base))), received {base!r}; a zero or negative base has no real "
+                           "logarithm: give a base > 0")
+    _float(where, x)
+    return _unary(where, "Exp", _binary(where, "Mul", x, np.log(b.astype(np.float64))))
 
 
 def softmax(x, axis: int = -1) -> Tensor:
@@ -424,4 +512,7 @@ Tensor.__rtruediv__ = lambda a, b: div(b, a)
 Tensor.__matmul__ = lambda a, b: matmul(a, b)
 Tensor.__rmatmul__ = lambda a, b: matmul(b, a)
 Tensor.__neg__ = lambda a: neg(a)
+Tensor.__pow__ = lambda a, p: pow(a, p)
+Tensor.__rpow__ = lambda a, base: _power_of("pow", base, a)
+Tensor.__abs__ = lambda a: abs(a)
 Tensor.T = property(lambda a: transpose(a))
