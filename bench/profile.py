@@ -5,7 +5,9 @@
 For each model: the per-step time of ``Trainer.step`` split into the training-graph run, the
 optimizer-graph run and everything else (ortrain's input checks and bookkeeping, measured as
 the remainder); then onnxruntime's own per-node profile of the training and optimizer graphs
-(``SessionOptions.enable_profiling``), median over steps after warm-up, top nodes first.
+(``SessionOptions.enable_profiling``), median over steps after warm-up, top nodes first; and the
+optimizer's update against the same update written in standard ops (run with the thread pool)
+and in numpy.
 """
 
 from __future__ import annotations
@@ -100,6 +102,81 @@ def _node_profile(art, feeds, steps: int) -> list[tuple[str, float]]:
     return sorted(((k, statistics.median(v[warm:])) for k, v in times.items()), key=lambda kv: -kv[1])
 
 
+def _standard_op_adam(sizes: list[int], lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
+    """Adam over weights of ``sizes`` written in standard ONNX elementwise ops (twelve a weight:
+    three for the first moment, four for the second, five for the update), which any
+    onnxruntime runs with its thread pool; inputs ``w{i} g{i} m{i} v{i}``, outputs the new three.
+    The bias corrections are one number a step each, folded into ``lr`` and ``eps`` (step t's
+    update is ``lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps * sqrt(1 - b2^t))``), so
+    they cost nothing per weight and the constants here time every step alike."""
+    from onnx import TensorProto, helper
+
+    consts = {"b1": betas[0], "c1": 1 - betas[0], "b2": betas[1], "c2": 1 - betas[1], "eps": eps, "lr": lr}
+    inits = [helper.make_tensor(k, TensorProto.FLOAT, [], [v]) for k, v in consts.items()]
+    nodes, inputs, outputs = [], [], []
+    for i, n in enumerate(sizes):
+        w, g, m, v = (f"{k}{i}" for k in "wgmv")
+        inputs += [helper.make_tensor_value_info(k, TensorProto.FLOAT, [n]) for k in (w, g, m, v)]
+        chain = [("Mul", [m, "b1"], "ma"), ("Mul", [g, "c1"], "mb"), ("Add", ["ma", "mb"], "m_new"),
+                 ("Mul", [g, g], "gg"), ("Mul", [v, "b2"], "va"), ("Mul", ["gg", "c2"], "vb"),
+                 ("Add", ["va", "vb"], "v_new"), ("Sqrt", ["v_new"], "s"), ("Add", ["s", "eps"], "d"),
+                 ("Div", ["m_new", "d"], "u"), ("Mul", ["u", "lr"], "step"), ("Sub", [w, "step"], "w_new")]
+        local = {}
+        for op, args, out in chain:
+            local[out] = f"{out}{i}"
+            nodes.append(helper.make_node(op, [local.get(a, a) for a in args], [local[out]]))
+        outputs += [helper.make_tensor_value_info(f"{k}{i}", TensorProto.FLOAT, [n]) for k in ("w_new", "m_new", "v_new")]
+    graph = helper.make_graph(nodes, "adam", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def update_forms(sizes: list[int], steps: int = 100) -> dict:
+    """Median seconds of one Adam update over weights of ``sizes``, three ways: onnxruntime's
+    standard elementwise ops in an InferenceSession on 1 and on all threads (inputs and outputs
+    bound once, as a replayed step would), and numpy in place (one thread). The runtime's own
+    fused ``AdamWOptimizer`` kernel is in the node profile above; this says whether writing the
+    update in standard ops, where the thread pool applies, would beat it."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    model = _standard_op_adam(sizes).SerializeToString()
+    out = {}
+    for threads in sorted({1, os.cpu_count() or 1}):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        binding = sess.io_binding()
+        keep = []
+        for i, n in enumerate(sizes):
+            for k in "wgmv":
+                a = rng.random(n, dtype=np.float32)
+                keep.append(a)
+                binding.bind_cpu_input(f"{k}{i}", a)
+            for k in ("w_new", "m_new", "v_new"):
+                a = np.empty(n, np.float32)
+                keep.append(a)
+                binding.bind_output(f"{k}{i}", "cpu", 0, np.float32, [n], a.ctypes.data)
+        times = []
+        for _ in range(steps + 10):
+            t0 = time.perf_counter()
+            sess.run_with_iobinding(binding)
+            times.append(time.perf_counter() - t0)
+        out[f"standard ops, {threads} thread{'s' if threads > 1 else ''}"] = statistics.median(times[10:])
+    n = sum(sizes)
+    w, g, m, v = (rng.random(n, dtype=np.float32) for _ in range(4))
+    times = []
+    for _ in range(steps // 4 + 5):
+        t0 = time.perf_counter()
+        m *= 0.9
+        m += 0.1 * g
+        v *= 0.999
+        v += 0.001 * g * g
+        w -= 1e-3 * m / (np.sqrt(v) + 1e-8)
+        times.append(time.perf_counter() - t0)
+    out["numpy in place, 1 thread"] = statistics.median(times[5:])
+    return out
+
+
 def profile(name: str, steps: int = 60, top: int = 12) -> str:
     import importlib
     module = importlib.import_module(MODELS[name][0])
@@ -120,6 +197,13 @@ def profile(name: str, steps: int = 60, top: int = 12) -> str:
     lines.append(f"graph nodes, {1e6 * total:.0f} us per step in kernels:")
     for key, t in nodes[:top]:
         lines.append(f"  {1e6 * t:9.1f} us  {100 * t / total:5.1f}%  {key}")
+    if any(key.startswith("AdamWOptimizer ") for key, _ in nodes):
+        sizes = [int(np.prod(p.shape)) for p in art.params if p.role == "trainable"]
+        fused = s["optimizer_step"]
+        lines.append(f"the Adam update over {sum(sizes):,} weights: the optimizer graph (AdamWOptimizer) "
+                     f"{1e6 * fused:.1f} us a step; written in standard ops or numpy instead:")
+        for form, t in update_forms(sizes).items():
+            lines.append(f"  {1e6 * t:9.1f} us  {t / fused:5.2f}x  {form}")
     return "\n".join(lines)
 
 

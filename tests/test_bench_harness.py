@@ -5,6 +5,7 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench import common, run
@@ -49,3 +50,21 @@ def test_table_renders_every_workload_with_its_goal():
     speed = results["mlp"]["ratios"]["speedup_vs_torch"]["median"]
     row = next(line for line in lines if "samples/s over PyTorch eager" in line and "(c)" in line)
     assert ("| yes |" in row) == (speed >= 1.5)
+
+
+def test_the_standard_op_adam_the_profile_times_is_adam():
+    # one step from given moments, against the update written out in numpy
+    import onnxruntime as ort
+
+    from bench.profile import _standard_op_adam
+    rng = np.random.default_rng(0)
+    w, g, m = (rng.standard_normal(7).astype(np.float32) for _ in range(3))
+    v = rng.random(7).astype(np.float32)
+    sess = ort.InferenceSession(_standard_op_adam([7], lr=0.01, eps=1e-6).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    w1, m1, v1 = sess.run(["w_new0", "m_new0", "v_new0"], {"w0": w, "g0": g, "m0": m, "v0": v})
+    m_ref = 0.9 * m.astype(np.float64) + 0.1 * g
+    v_ref = 0.999 * v.astype(np.float64) + 0.001 * g.astype(np.float64) ** 2
+    np.testing.assert_allclose(m1, m_ref, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(v1, v_ref, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(w1, w - 0.01 * m_ref / (np.sqrt(v_ref) + 1e-6), rtol=1e-6, atol=1e-7)
