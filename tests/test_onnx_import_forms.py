@@ -356,3 +356,33 @@ def test_constant_probabilities_of_a_bernoulli_are_no_weight(rng):
     proto.graph.node[1].input[0] = "h"  # probabilities computed from a weight: the runtime has no gradient
     with pytest.raises(ot.UnsupportedOpError, match=r"Bernoulli \(nodes: "):
         ot.from_onnx(proto)
+
+
+@pytest.mark.torch
+def test_matmul_with_a_1d_operand_trains_as_pytorch(rng):
+    """onnxruntime-training's MatMul gradient is wrong for a 1-D operand (``x @ w``, ``w`` of shape
+    ``(k,)``, moved 0.1 off PyTorch's weights in one step); the training graph makes it a column
+    or a row. Here: a 1-D weight on either side, a 1-D intermediate, and two 1-D weights."""
+    torch = torch_or_skip()
+
+    class Vectors(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.u = torch.nn.Parameter(torch.linspace(-0.5, 0.5, 4))
+            self.w = torch.nn.Parameter(torch.linspace(0.3, -0.2, 4))
+            self.v = torch.nn.Parameter(torch.linspace(0.1, 0.4, 4))
+
+        def forward(self, x):                    # x: (batch, 4, 3)
+            b = self.u @ x                       # 1-D @ batched matrices: (batch, 3)
+            a = x.sum(-1) @ self.w               # matrix @ 1-D weight: (batch,)
+            c = self.w @ self.v                  # two 1-D weights: ()
+            return b + a[:, None] * c
+
+    torch.manual_seed(0)
+    net = Vectors()
+    proto = _export(torch, net, (2, 4, 3), dynamic_axes={"x": {0: "batch"}})
+    assert sum(n.op_type == "MatMul" for n in proto.graph.node) == 3
+    model = ot.from_onnx(proto)
+    x = f32(rng, 2, 4, 3)
+    np.testing.assert_allclose(model.predict(x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-7)
+    _train_side_by_side(torch, net, model, [(f32(rng, 5, 4, 3), f32(rng, 5, 3)) for _ in range(3)], lr=0.1)

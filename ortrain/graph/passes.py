@@ -231,9 +231,78 @@ def name_batch_dimension(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _ranks(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
+    """The ranks of the values ``names`` that the graph declares, or else onnx's shape inference finds."""
+    g = model.graph
+
+    def declared(graph) -> dict[str, int]:
+        ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in [*graph.input, *graph.value_info,
+                                                                          *graph.output]
+                 if vi.type.tensor_type.HasField("shape")}
+        ranks.update((t.name, len(t.dims)) for t in graph.initializer)
+        return ranks
+
+    ranks = declared(g)
+    if not names <= ranks.keys():
+        try:
+            ranks.update(declared(onnx.shape_inference.infer_shapes(model).graph))
+        except Exception:  # a graph onnx cannot type: the ranks it declares are all there is
+            pass
+    return {n: ranks[n] for n in names if n in ranks}
+
+
+def vector_matmul_as_matrix(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite a ``MatMul`` with a 1-D operand as the matrix product of that operand made a
+    column (the second) or a row (the first), reshaped back.
+
+    onnxruntime-training 1.19.2's ``MatMul`` gradient is wrong for a 1-D operand: ``x @ w`` with
+    ``w`` of shape ``(k,)`` trained to other weights than PyTorch's (measured: 0.1 off after one
+    SGD step), while ``x @ w.reshape(k, 1)`` trains exactly. The product is the same (numpy's
+    ``matmul`` rule for 1-D operands); only the training and eval graphs get this form.
+    """
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    if not matmuls:
+        return model
+    ranks = _ranks(model, {i for n in matmuls for i in n.input})
+
+    def vector(n) -> bool:
+        return n.op_type == "MatMul" and any(ranks.get(i) == 1 for i in n.input)
+
+    def as_matrix(i, node):
+        a, b = node.input
+        ra, rb = ranks.get(a), ranks.get(b)
+        if ra is None or rb is None:  # a 1-D operand beside one of unknown rank: the result's rank is unknown
+            return [node], []
+        p = f"{node.name or 'MatMul'}/as_matrix_{i}/"
+        nodes, inits = [], []
+        if ra == 1:
+            inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), p + "row_shape"))
+            nodes.append(helper.make_node("Reshape", [a, p + "row_shape"], [p + "row"], name=p + "Row"))
+            a = p + "row"
+        if rb == 1:
+            inits.append(numpy_helper.from_array(np.array([-1, 1], np.int64), p + "column_shape"))
+            nodes.append(helper.make_node("Reshape", [b, p + "column_shape"], [p + "column"], name=p + "Column"))
+            b = p + "column"
+        # Drop the dimension the row or column added (a 0 in Reshape's shape keeps that dimension of
+        # its input, so batch dimensions of any size pass): (..., m, 1) -> (..., m), (..., 1, n) ->
+        # (..., n), (1, 1) -> ().
+        if ra == 1 and rb == 1:
+            keep = []
+        elif rb == 1:
+            keep = [0] * (ra - 1)
+        else:
+            keep = [0] * (rb - 2) + [-1]
+        inits.append(numpy_helper.from_array(np.array(keep, np.int64), p + "out_shape"))
+        nodes += [helper.make_node("MatMul", [a, b], [p + "product"], name=p + "MatMul"),
+                  helper.make_node("Reshape", [p + "product", p + "out_shape"], [node.output[0]], name=p + "Out")]
+        return nodes, inits
+
+    return _replace_nodes(model, vector, as_matrix)
+
+
 def for_training(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrites that only the training and eval graphs need (the exported model is left alone)."""
-    return name_batch_dimension(average_pool_as_conv(model))
+    return name_batch_dimension(vector_matmul_as_matrix(average_pool_as_conv(model)))
 
 
 # -- rewrites of the gradient graphs onnxruntime-training builds --------------------------------
