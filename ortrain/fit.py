@@ -115,6 +115,7 @@ class _Loop:
         self.epochs, self.initial_epoch = epochs, initial_epoch
         self._model = model
         self._synced_at = None
+        self._steps_at_start = trainer.n_steps
         base = trainer._model
         self.base_lr = base.optimizer.lr
         self.metrics = metrics_mod.resolve(base.metrics, base.loss)
@@ -229,6 +230,7 @@ class _Loop:
         logs: dict = {}
         if self._model is not None:
             self._model.stop_training = False
+        cbs.check()  # before any callback starts: a refusal changes nothing
         try:
             cbs.on_train_begin({})
             for epoch in range(self.initial_epoch, self.epochs):
@@ -361,9 +363,9 @@ class _Loop:
             # Weights and optimizer state go back together: a Ctrl-C in between would leave the model
             # trained with the state of before, so it waits until both are written (a second one not).
             try:
-                state = tr.export_state()
-                _ = self.model  # brings the weights over
-                self._model.train_state = state
+                _ = self.model  # brings the weights over (a callback may have set some)
+                if tr.n_steps != self._steps_at_start:  # a fit that took no step leaves the state as it was
+                    self._model.train_state = tr.export_state()
                 self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
                 break
             except KeyboardInterrupt as exc:

@@ -654,3 +654,26 @@ def test_model_checkpoint_paths_are_checked_before_anything_trains(tmp_path):
             np.testing.assert_array_equal(a, b)
     with pytest.raises(ot.OrtrainError, match=r"ModelCheckpoint\(filepath=...\): expected a file path"):
         ot.callbacks.ModelCheckpoint(None)
+
+
+def test_a_callback_refusing_the_fit_leaves_what_earlier_callbacks_would_have_changed(tmp_path):
+    # Every callback's checks run before any on_train_begin: CSVLogger has not truncated its file,
+    # and the model has no optimizer state, when a ModelCheckpoint listed after it is refused.
+    x = np.random.default_rng(0).random((16, 4)).astype(np.float32)
+    y = np.random.default_rng(1).integers(0, 3, 16)
+    model = ot.Sequential([ot.layers.Dense(3, activation="softmax")], input_shape=(4,), seed=0)
+    model.compile(loss="sparse_categorical_crossentropy")
+    log = tmp_path / "log.csv"
+    log.write_text("epoch,loss\n0,1.5\n")
+    weights = model.get_weights()
+    cases = [(dict(validation_split=0.25, validation_freq=2), str(tmp_path / "ck-{val_loss:.3f}"),
+              "leaves epoch 1 .* without validation"),
+             ({}, str(tmp_path / "missing" / "ck"), "directory .* does not exist")]
+    for kwargs, path, message in cases:
+        with pytest.raises(ot.OrtrainError, match=message):
+            model.fit(x, y, epochs=4, verbose=0, callbacks=[ot.callbacks.CSVLogger(log, append=False),
+                                                            ot.callbacks.ModelCheckpoint(path)], **kwargs)
+        assert log.read_text() == "epoch,loss\n0,1.5\n"
+        assert model.train_state is None
+        for a, b in zip(weights, model.get_weights()):
+            np.testing.assert_array_equal(a, b)

@@ -50,6 +50,11 @@ class Callback:
         self.trainer = loop.trainer
         self.params = loop.params
 
+    def _check_fit(self) -> None:
+        """Refuse settings this fit cannot honour (``params``, ``loop`` are set). Every callback's
+        check runs before any ``on_train_begin``, so a refusal leaves what those would change
+        (a log file truncated, a counter reset) as it was."""
+
     def on_train_begin(self, logs=None) -> None:
         pass
 
@@ -99,6 +104,11 @@ class CallbackList:
     @staticmethod
     def _after() -> None:
         """Run after each callback's hook (the fit loop takes over what it changed on the model)."""
+
+    def check(self) -> None:
+        """Every callback's :meth:`Callback._check_fit`, before any ``on_train_begin`` runs."""
+        for cb in self.callbacks:
+            cb._check_fit()
 
     def on_train_begin(self, logs=None) -> None:
         self._started = []

@@ -46,7 +46,7 @@ class ModelCheckpoint(Callback):
         self.verbose = verbose
         self.saved: list[str] = []
 
-    def on_train_begin(self, logs=None):
+    def _check_fit(self):
         directory = os.path.dirname(os.path.abspath(self.filepath))
         if not os.path.isdir(directory):
             raise OrtrainError(f"ModelCheckpoint: directory {directory!r} does not exist; create it or choose "
@@ -72,6 +72,8 @@ class ModelCheckpoint(Callback):
         if path is not None and os.path.isdir(path):
             raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} gives {path!r}, a directory; give a file "
                                "path such as 'ckpt-{epoch}'")
+
+    def on_train_begin(self, logs=None):
         self.monitor.reset()
         self.saved = []
 
@@ -86,9 +88,9 @@ class ModelCheckpoint(Callback):
             fields = [f for _, f, _, _ in string.Formatter().parse(self.filepath) if f]
         except ValueError:
             return  # a bad format, which _path names
-        named = [f for f in fields if re.match(r"val_\w*", f)]
+        named = [m.group(0) for m in (re.match(r"val_\w*", f) for f in fields) if m]
         if named:
-            name = re.match(r"val_\w*", named[0]).group(0)
+            name = named[0]
             raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} names {name!r}, and this fit's "
                                f"validation_freq leaves epoch {skipped + 1} (counted from 1) without validation; "
                                "drop it from the path, save only validated epochs with save_best_only=True and a "
