@@ -271,6 +271,13 @@ def refuse_non_finite_arrays(model, xs, ys, ws) -> None:
                       "nothing was trained")
 
 
+def refuse_non_finite_weights(w: np.ndarray | None, argument: str, outcome: str) -> None:
+    """Loss weights must be finite wherever they weight a reported loss too (a NaN weight makes the
+    whole mean NaN); inputs may hold what they hold there."""
+    if w is not None:
+        refuse_non_finite([w], [argument], outcome, "weights must be finite")
+
+
 def _inputs_like(value) -> bool:
     """An input array, or a list/tuple of them or a dict of them by input name (a model with
     several inputs)."""
@@ -305,6 +312,7 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
     if looks_like_arrays(data):
         xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None,
                                     f"{argument}[0]", f"{argument}[1]", f"{argument}[2]")
+        refuse_non_finite_weights(ws, f"{argument}[2]", "nothing was trained")
         return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], np.ndarray):
         items = ", ".join(_describe(v) for v in data)

@@ -49,6 +49,7 @@ from ortrain.data import (
     parse_batch,
     prepare_arrays,
     refuse_non_finite_arrays,
+    refuse_non_finite_weights,
     split_arrays,
     validation_iterator,
 )
@@ -640,6 +641,9 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
         (xs, ys, ws), vit = arrays, validation_iterator(model, validation_data, validation_steps, bs)
     else:
         (xs, ys, ws), held = split_arrays(arrays, validation_split)
+        if held is not None:
+            refuse_non_finite_weights(held[2], "sample_weight (rows held out by validation_split)",
+                                      "nothing was trained")
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class

@@ -28,6 +28,7 @@ from ortrain._arrays import (
 )
 from ortrain._files import checked_target
 from ortrain._lifetime import Releasable
+from ortrain.data import refuse_non_finite_weights
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
@@ -357,6 +358,7 @@ class Trainer(Releasable):
         """An eval step: ``(fetches, labels, weights)`` as for :meth:`_step`."""
         feeds = self._feeds(x, y, sample_weight, "eval", rows)
         labels, weights = self._fed_labels_and_weights(feeds, sample_weight is not None)
+        refuse_non_finite_weights(weights, "sample_weight", "nothing was evaluated")
         feeds.append(self._one)
         return self._session.eval_step(feeds, check=False), labels, weights
 

@@ -293,6 +293,19 @@ def test_evaluate_weights_samples_as_numpy_and_refuses_non_finite_weights(rng):
         with pytest.raises(ot.NonFiniteError, match=f"sample_weight: holds {bad} in row 3; weights must be finite, "
                                                     "so nothing was evaluated"):
             model.evaluate(x, y, sample_weight=weights)
+        regression = ot.Sequential([L.Dense(2)], input_shape=(4,), seed=0).compile(optimizer="sgd", loss="mse")
+        with ot.Trainer(regression, batch_size=6, loss_mask=1) as tr, \
+                pytest.raises(ot.NonFiniteError, match="sample_weight: holds .* weights must be finite"):
+            tr.eval(x, np.zeros((6, 2), np.float32), sample_weight=weights)
+        # validation weights too, before anything trains
+        for kwargs, argument in ((dict(validation_data=(x, y, weights)), r"validation_data\[2\]"),
+                                 (dict(sample_weight=np.r_[np.ones(6), weights], validation_split=0.5),
+                                  r"sample_weight \(rows held out by validation_split\)")):
+            rows = 6 if "validation_data" in kwargs else 12
+            with pytest.raises(ot.NonFiniteError, match=f"{argument}: holds {bad} in row 3; weights must be finite, "
+                                                        "so nothing was trained"):
+                model.fit(np.r_[x, x][:rows], np.r_[y, y][:rows], verbose=0, **kwargs)
+            assert model.train_state is None
 
 
 def test_targets_of_shape_n_fit_an_output_of_shape_n_1(rng):

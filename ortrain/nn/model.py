@@ -15,10 +15,10 @@ import numpy as np
 
 from ortrain import _random, losses, optim
 from ortrain import metrics as metrics_mod
-from ortrain._arrays import as_array, positive_int, prepare_inputs, refuse_non_finite, row_slices, run_chunks
+from ortrain._arrays import as_array, positive_int, prepare_inputs, row_slices, run_chunks
 from ortrain._dag import post_order
 from ortrain._files import atomic_path, checked_target
-from ortrain.data import prepare_arrays
+from ortrain.data import prepare_arrays, refuse_non_finite_weights
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, with_weights
@@ -454,8 +454,7 @@ class Model:
         from ortrain.artifacts import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT
         positive_int(batch_size, "batch_size", allow_none=True)
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
-        if w is not None:  # a NaN weight would make the whole mean NaN; inputs may hold what they hold
-            refuse_non_finite([w], ["sample_weight"], "nothing was evaluated", "weights must be finite")
+        refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
         n = xs[0].shape[0]
         runner = self._runner("evaluate", None if w is None else "sample")
         specs = self.input_specs
