@@ -199,6 +199,9 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
             raise ShapeError(f"{argument}: class labels must lie in [0, {n_classes - 1}] (the output has {n_classes} "
                              f"classes), received values from {low} to {high}; number the classes from 0 or give "
                              "the output one unit per class")
+    elif spec.dtype.kind in "iu" and a.size and a.min() < 0:  # class indices, the number of classes free
+        raise ShapeError(f"{argument}: class labels must be >= 0, received values from {a.min()} to {a.max()}; "
+                         "number the classes from 0")
     return a
 
 

@@ -36,8 +36,8 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 class ClassWeights:
     """One weight per class, and how a label array names its rows' classes."""
 
-    def __init__(self, table: np.ndarray, kind: str, rank: int):
-        self.table = table  # float32, indexed by class; classes past its end weigh 1.0
+    def __init__(self, table: np.ndarray | dict[int, float], kind: str, rank: int):
+        self.table = table  # float32 indexed by class, or a dict by class where their number is free
         self.kind = kind  # "index", "one_hot" or "binary"
         self.rank = rank  # of the model's first output, so of the sample weights
 
@@ -52,6 +52,9 @@ class ClassWeights:
     def of(self, labels: np.ndarray) -> np.ndarray:
         """float32 weights, one per row of ``labels``."""
         classes = self.classes(labels)
+        if isinstance(self.table, dict):  # the number of classes is free: look up the classes present
+            present, where = np.unique(classes, return_inverse=True)
+            return np.array([self.table.get(int(c), 1.0) for c in present], np.float32)[where.reshape(-1)]
         out = np.ones(classes.shape, np.float32)
         known = classes < len(self.table)
         out[known] = self.table[classes[known]]
@@ -88,8 +91,9 @@ def class_weights(class_weight, model) -> ClassWeights | None:
         table[int(key)] = float(value)
     if not table:
         return None
-    size = n_classes if n_classes is not None else max(table) + 1
-    weights = np.ones(size, np.float32)
+    if n_classes is None:  # a free last dimension: any class index >= 0 may come
+        return ClassWeights(table, kind, rank)
+    weights = np.ones(n_classes, np.float32)
     for key, value in table.items():
         weights[key] = value
     return ClassWeights(weights, kind, rank)

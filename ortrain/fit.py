@@ -155,7 +155,7 @@ class _Loop:
 
     def _log_names(self) -> list[str]:
         names = ["loss", *(m.name for m in self.metrics)]
-        if self.validation is not None:
+        if any(self.validates(e) for e in range(self.initial_epoch, self.epochs)):
             names += [f"val_{n}" for n in names]
         return names + ["lr"]
 

@@ -286,3 +286,30 @@ def test_class_weight_on_a_model_without_classes_is_refused():
     # fit_generator keeps the contract's signature; class weights are Model.fit's, also for generators
     with pytest.raises(TypeError, match="class_weight"):
         ot.fit_generator(classifier(), [(x, y)], class_weight={0: 2.0}, verbose=0)
+
+
+def test_a_model_whose_number_of_classes_is_free_takes_any_class_index():
+    # from_onnx with an output of shape (N, C): the classes are not known before the labels come, so
+    # the weights are looked up by class (a table sized by the largest key ran out of memory), and
+    # negative labels, which GatherElements would read from the end, are refused.
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "free",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C"])], [numpy_helper.from_array(w, "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x, y = data()
+    big = {0: 2.0, 10**13: 5.0}
+    a, b = ot.from_onnx(proto), ot.from_onnx(proto)
+    for m in (a, b):
+        m.compile(optimizer=ot.optim.SGD(lr=0.1), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ha = a.fit(x, y, batch_size=7, class_weight=big, shuffle=False, verbose=0)
+    hb = b.fit(x, y, batch_size=7, sample_weight=gathered(y, big), shuffle=False, verbose=0)
+    assert_same_training(a, b, ha, hb)
+    for labels in (np.where(y == 2, -1, y),):
+        with pytest.raises(ot.ShapeError, match=r"^y: class labels must be >= 0, received values from -1 to 1; "
+                                                "number the classes from 0$"):
+            a.fit(x, labels, batch_size=7, class_weight=big, verbose=0)
+        with pytest.raises(ot.ShapeError, match="class labels must be >= 0"):
+            a.evaluate(x, labels)

@@ -937,14 +937,19 @@ def test_history_to_csv_writes_text_a_callback_logged(tmp_path):
     class Phase(ot.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             logs["phase"] = "warmup" if epoch == 0 else "main"
+            logs["seen"] = np.int64(2**60 + epoch)  # integers stay integers, exactly
 
     x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
     model = mlp()
     model.compile(optimizer="sgd", loss="mse")
-    hist = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[Phase()])
+    hist = model.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                     callbacks=[Phase(), ot.callbacks.CSVLogger(tmp_path / "log.csv")])
     lines = open(hist.to_csv(tmp_path / "h.csv")).read().splitlines()
-    assert lines[0] == "epoch,loss,lr,phase"
-    assert [line.split(",")[3] for line in lines[1:]] == ["warmup", "main"]
+    assert lines[0] == "epoch,loss,lr,phase,seen"
+    assert [line.split(",")[3:] for line in lines[1:]] == [["warmup", "1152921504606846976"],
+                                                           ["main", "1152921504606846977"]]
+    logged = open(tmp_path / "log.csv").read().splitlines()
+    assert logged[0] == "epoch,loss,lr,phase,seen" and logged[1:] == lines[1:]  # as CSVLogger writes them
 
 
 def test_the_model_fit_returns_holds_what_a_callback_changed_without_a_step(rng):

@@ -198,6 +198,20 @@ BAD = [
 ]
 
 
+def test_a_validation_freq_that_names_no_epoch_of_the_fit_logs_no_val_values(tmp_path):
+    # History and CSVLogger agree: without a validated epoch neither has val_ entries.
+    x, y = data()
+    xv, yv = data(8, seed=1)
+    for freq in ([], [9], 5):
+        log = tmp_path / f"log-{freq}.csv"
+        hist = classifier().fit(x, y, batch_size=8, epochs=3, validation_data=(xv, yv), validation_freq=freq,
+                                verbose=0, callbacks=[ot.callbacks.CSVLogger(log)])
+        assert sorted(hist.history) == ["accuracy", "loss", "lr"]
+        assert not any(n.startswith("val_") for n in hist.params["metrics"])
+        with open(log, newline="") as f:
+            assert next(csv.reader(f)) == ["epoch", "accuracy", "loss", "lr"]
+
+
 @pytest.mark.parametrize("how", ["fit arrays", "fit generator"])
 def test_bad_validation_freq_is_refused_before_anything_changes(how, tmp_path):
     x, y = data(16)

@@ -7,6 +7,8 @@ import math
 import numbers
 import os
 
+import numpy as np
+
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 
@@ -16,7 +18,11 @@ __all__ = ["CSVLogger"]
 def csv_cell(value) -> str:
     """A logged value as CSV text: numbers at full precision, a missing one (None, NaN) ``NA``,
     anything else a callback logged as its text. ``History.to_csv`` writes the same."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
         value = float(value)
         return "NA" if math.isnan(value) else repr(value)
     return "NA" if value is None else str(value)

@@ -58,6 +58,7 @@ class ModelCheckpoint(Callback):
         # without validation data or a folder is refused now, before anything trains (a name another
         # callback may add to the logs is looked up at the epoch's end).
         logged = dict.fromkeys(self.params.get("metrics") or (), 0.0)
+        self._check_validation_freq()
         try:
             path = self.filepath.format(epoch=1, **logged)
         except KeyError as exc:
@@ -68,7 +69,6 @@ class ModelCheckpoint(Callback):
                                    "the path") from None
         except (IndexError, ValueError):
             path = self._path(0, logged)  # raises, naming the format
-        self._check_validation_freq()
         if path is not None and os.path.isdir(path):
             raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} gives {path!r}, a directory; give a file "
                                "path such as 'ckpt-{epoch}'")
