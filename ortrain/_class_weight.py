@@ -25,6 +25,7 @@ import numpy as np
 
 from ortrain import losses
 from ortrain._arrays import is_real
+from ortrain.data import describe_value
 from ortrain.errors import OrtrainError, describe_shape
 
 __all__ = ["ClassWeights", "class_weights"]
@@ -73,7 +74,7 @@ def class_weights(class_weight, model) -> ClassWeights | None:
         return None
     if not isinstance(class_weight, Mapping):
         raise OrtrainError(f"class_weight: expected a dict mapping class indices to weights, such as {{0: 1.0, "
-                           f"1: 5.0}}, received {_kind(class_weight)}")
+                           f"1: 5.0}}, received {describe_value(class_weight)}")
     kind, n_classes, rank = _classes_of(model)
     table = {}
     for key, value in class_weight.items():
@@ -128,11 +129,3 @@ def _classes_of(model) -> tuple[str, int | None, int]:
 
 def _classes_text(kind: str, n: int) -> str:
     return "binary_crossentropy's two classes" if kind == "binary" else f"the output has {n} classes"
-
-
-def _kind(value) -> str:
-    if isinstance(value, np.ndarray):
-        return f"an array of shape {value.shape}"
-    if isinstance(value, (int, float, str)):
-        return f"{value!r} ({type(value).__name__})"
-    return f"a {type(value).__name__}"

@@ -45,6 +45,8 @@ def not_a_folder(target: Path) -> str | None:
             mode = os.stat(path).st_mode
         except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError as exc:  # a loop of symbolic links, a path too long, no permission to look
+            return f"cannot be reached ({exc.strerror})"
         if stat.S_ISDIR(mode):
             return None
         return "is a file" if path == target else f"lies under the file {str(path)!r}"

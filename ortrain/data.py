@@ -40,13 +40,17 @@ _BATCH_FORMS = "(x, y), (x, y, sample_weight) or {'inputs': [...], 'labels': [..
 _DICT_KEYS = {"inputs", "labels", "sample_weight"}
 
 
-def _describe(value) -> str:
+def describe_value(value) -> str:
+    """What a message says it received: an array's shape, a container's size or keys, a number's
+    value and type."""
     if isinstance(value, np.ndarray):
         return f"an array of shape {value.shape}"
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)} items"
     if isinstance(value, dict):
         return f"a dict with keys {sorted(map(str, value))}"
+    if isinstance(value, (int, float, str)):
+        return f"{value!r:.60} ({type(value).__name__})"
     return f"a {type(value).__name__}"
 
 
@@ -66,12 +70,12 @@ def parse_batch(batch) -> tuple:
     if isinstance(batch, dict):
         unknown = set(batch) - _DICT_KEYS
         if unknown or "inputs" not in batch or "labels" not in batch:
-            raise OrtrainError(f"batch: expected {_BATCH_FORMS}; received {_describe(batch)}"
+            raise OrtrainError(f"batch: expected {_BATCH_FORMS}; received {describe_value(batch)}"
                                + (f" (unknown keys {sorted(map(str, unknown))})" if unknown else ""))
         return _single(batch["inputs"], "inputs"), _single(batch["labels"], "labels"), batch.get("sample_weight")
     if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
         return batch[0], batch[1], (batch[2] if len(batch) == 3 else None)
-    raise OrtrainError(f"batch: expected {_BATCH_FORMS}; received {_describe(batch)}")
+    raise OrtrainError(f"batch: expected {_BATCH_FORMS}; received {describe_value(batch)}")
 
 
 class CallableSource:
@@ -178,12 +182,12 @@ def as_source(data, argument: str = "generator"):
         return CallableSource(data)
     if isinstance(data, (str, bytes, dict)):
         raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
-                           f"received {_describe(data)}")
+                           f"received {describe_value(data)}")
     try:
         return IterableSource(data)
     except TypeError:
         raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
-                           f"received {_describe(data)}") from None
+                           f"received {describe_value(data)}") from None
 
 
 _NOTHING = object()  # no batch pulled ahead (None is a pulled end of epoch)
@@ -315,7 +319,7 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
         refuse_non_finite_weights(ws, f"{argument}[2]", "nothing was trained")
         return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], np.ndarray):
-        items = ", ".join(_describe(v) for v in data)
+        items = ", ".join(describe_value(v) for v in data)
         raise OrtrainError(f"{argument}: expected (x, y) or (x, y, sample_weight) arrays, or batches of those; "
                            f"received a {type(data).__name__} of {len(data)}: {items}")
     if isinstance(data, (list, tuple)):

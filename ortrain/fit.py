@@ -514,15 +514,19 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     >>> hist.epoch, model.train_state.n_steps
     ([1, 2], 6)
     """
-    return _fit_generator(model, generator, steps_per_epoch, epochs, initial_epoch, validation_generator,
-                          validation_steps, loss, optimizer, nbatch_logical, callbacks, verbose, loss_mask,
-                          weight_decay)
+    return _fit_generator(model, generator, steps_per_epoch=steps_per_epoch, epochs=epochs,
+                          initial_epoch=initial_epoch, validation_generator=validation_generator,
+                          validation_steps=validation_steps, loss=loss, optimizer=optimizer,
+                          nbatch_logical=nbatch_logical, callbacks=callbacks, verbose=verbose, loss_mask=loss_mask,
+                          weight_decay=weight_decay)
 
 
-def _fit_generator(model: Model, generator, steps_per_epoch, epochs, initial_epoch, validation_generator,
-                   validation_steps, loss, optimizer, nbatch_logical, callbacks, verbose, loss_mask, weight_decay,
-                   class_weight=None, validation_freq=1) -> History:
-    """:func:`fit_generator` with ``model.fit``'s ``class_weight`` and ``validation_freq``."""
+def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, initial_epoch=0,
+                   validation_generator=None, validation_steps=None, loss=None, optimizer=None, nbatch_logical=None,
+                   callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0, class_weight=None, validation_freq=1,
+                   caller_depth: int = 3) -> History:
+    """:func:`fit_generator` with ``model.fit``'s ``class_weight`` and ``validation_freq``.
+    ``caller_depth``: the stack level of the user's call, for warnings."""
     if not isinstance(model, Model):
         raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
     steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
@@ -541,7 +545,7 @@ def _fit_generator(model: Model, generator, steps_per_epoch, epochs, initial_epo
     if weight_decay == 0.0 and compiled_decay:
         warnings.warn(f"weight_decay=0.0 (fit_generator's default) turns off the weight decay {compiled_decay} of the "
                       f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
-                      "it)", UserWarning, stacklevel=3)
+                      "it)", UserWarning, stacklevel=caller_depth)
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator")
     if epochs <= initial_epoch:
         return History()
@@ -549,7 +553,7 @@ def _fit_generator(model: Model, generator, steps_per_epoch, epochs, initial_epo
     first = batches.peek(initial_epoch)
     if first is None:
         warnings.warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
-                      "nothing was trained", RuntimeWarning, stacklevel=3)
+                      "nothing was trained", RuntimeWarning, stacklevel=caller_depth)
         return History()
     where = f"epoch {initial_epoch}, step 0 (counted from 0)"
     try:
@@ -684,7 +688,9 @@ def _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_s
             raise OrtrainError(f"{name}: not used with a generator (its batches set the batch size and carry "
                                f"their own sample weights, validation comes from validation_data); "
                                f"received {name}={value!r}")
-    return _fit_generator(model, x, kwargs["steps_per_epoch"], kwargs["epochs"], kwargs["initial_epoch"],
-                          kwargs["validation_data"], kwargs["validation_steps"], None, None, None, kwargs["callbacks"],
-                          kwargs["verbose"], None, None, class_weight=kwargs["class_weight"],
-                          validation_freq=kwargs["validation_freq"])
+    # Model.fit -> fit_model -> here -> _fit_generator: the user's call is five levels up from a warning
+    return _fit_generator(model, x, steps_per_epoch=kwargs["steps_per_epoch"], epochs=kwargs["epochs"],
+                          initial_epoch=kwargs["initial_epoch"], validation_generator=kwargs["validation_data"],
+                          validation_steps=kwargs["validation_steps"], callbacks=kwargs["callbacks"],
+                          verbose=kwargs["verbose"], weight_decay=None, class_weight=kwargs["class_weight"],
+                          validation_freq=kwargs["validation_freq"], caller_depth=5)

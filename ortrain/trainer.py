@@ -543,6 +543,7 @@ class Trainer(Releasable):
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = bool(_weights_any_loss)
+
         def accept(key: str) -> None:  # before the artifacts are written: a refusal leaves no cache entry
             if props[_PROP + "key"] != key:
                 raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "

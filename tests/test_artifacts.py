@@ -240,6 +240,11 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
     for out_dir in (tmp_path / "file", tmp_path / "file" / "art"):
         with pytest.raises(ot.OrtrainError, match="out_dir: '.*file.*' (is a file|lies under the file)"):
             ot.artifacts.build(model, loss="mse", out_dir=out_dir)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(ot.OrtrainError, match=r"out_dir: '.*loop.*' cannot be reached \(Too many levels of symbolic "
+                                              r"links\); artifacts need a directory"):
+        ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "loop" / "art")
+    (tmp_path / "loop").unlink()
     old_umask = os.umask(0o022)
     try:
         art = ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "art")

@@ -1196,3 +1196,17 @@ def test_paths_of_the_wrong_kind_are_named():
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ot.OrtrainError, match="checkpoint: expected a file path, received None"):
         ot.Trainer.from_checkpoint(model, None, batch_size=4)
+
+
+def test_warnings_of_a_generator_fit_point_at_the_callers_line():
+    model = mlp()
+    model.compile(optimizer="adamw", loss="mse")   # weight decay, which fit_generator turns off by default
+    with pytest.warns(RuntimeWarning, match="yielded no batch") as caught:
+        model.fit([], verbose=0)
+    assert caught[0].filename == __file__
+    with pytest.warns(UserWarning, match="turns off the weight decay") as caught:
+        ot.fit_generator(model, batches(1, 4), verbose=0)
+    assert caught[0].filename == __file__
+    with pytest.warns(RuntimeWarning, match="yielded no batch") as caught:
+        ot.fit_generator(model, [], verbose=0)
+    assert caught[0].filename == __file__

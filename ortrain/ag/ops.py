@@ -213,7 +213,8 @@ def _exponent(where: str, p) -> float:
     with np.errstate(over="ignore"):
         finite = bool(np.isfinite(np.float32(e)))
     if not finite:
-        raise OrtrainError(f"{where}: p expected a finite number within float32's range, received {p!r}")
+        raise OrtrainError(f"{where}: p expected a finite number within float32's range, received {p!r:.40}; "
+                           "give a smaller exponent")
     return e
 
 
@@ -512,7 +513,14 @@ Tensor.__rtruediv__ = lambda a, b: div(b, a)
 Tensor.__matmul__ = lambda a, b: matmul(a, b)
 Tensor.__rmatmul__ = lambda a, b: matmul(b, a)
 Tensor.__neg__ = lambda a: neg(a)
-Tensor.__pow__ = lambda a, p: pow(a, p)
+def _pow_operator(a, p, modulo=None):
+    if modulo is not None:
+        raise OrtrainError(f"pow: a modulo is not supported on ag tensors, received pow(x, p, {modulo!r}); use "
+                           "ag.pow(x, p)")
+    return pow(a, p)
+
+
+Tensor.__pow__ = _pow_operator
 Tensor.__rpow__ = lambda a, base: _power_of("pow", base, a)
 Tensor.__abs__ = lambda a: abs(a)
 Tensor.T = property(lambda a: transpose(a))

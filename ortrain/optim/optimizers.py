@@ -189,7 +189,8 @@ class Adam(Optimizer):
         except (TypeError, ValueError):
             b1 = b2 = float("nan")
         if not all(is_real(b) and 0.0 <= b < 1.0 for b in (b1, b2)):
-            raise OrtrainError(f"betas: expected two numbers in [0, 1), received {betas!r}")
+            raise OrtrainError(f"betas: expected two numbers in [0, 1), received {betas!r}; e.g. betas=(0.9, 0.999), "
+                               "the default")
         b1, b2 = float(b1), float(b2)
         if not (is_real(eps) and eps > 0):
             raise OrtrainError(f"eps: expected a positive number, received {eps!r}")
