@@ -138,8 +138,9 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
 def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     """How ``node``, of an op the gradient builder knows, still cannot be trained through in
     onnxruntime-training 1.19.2, or None: its builder takes only ``Pad`` in mode ``constant``,
-    builds an invalid graph for ``ReduceL2`` over every axis without ``keepdims``, and its
-    gradient kernels fail on negative ``Slice`` steps and run ``LSTM``/``GRU`` forward only.
+    builds an invalid graph for ``ReduceL2`` over every axis without ``keepdims`` and for ``Pad``
+    with an ``axes`` input, and its gradient kernels fail on negative ``Slice`` steps and run
+    ``LSTM``/``GRU`` forward only.
     Steps and axes are seen where an int64 initializer or ``Constant`` holds them.
     ``consts``: the graph's int64 constants (``passes.int64_constants``)."""
     op = node.op_type
@@ -147,6 +148,8 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
         mode = _text(attribute(node, "mode", b"constant"))
         if mode != "constant":
             return f"Pad in {mode!r} mode"
+        if len(node.input) > 3 and node.input[3]:
+            return "Pad with an axes input (opset 18)"
     elif op == "Slice" and len(node.input) > 4 and node.input[4] in consts and (consts[node.input[4]] < 0).any():
         return "Slice with a negative step"
     elif op == "ReduceL2" and not attribute(node, "keepdims", 1) and not attribute(node, "axes", None) and \

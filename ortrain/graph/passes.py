@@ -258,7 +258,8 @@ def vector_matmul_as_matrix(model: onnx.ModelProto) -> onnx.ModelProto:
     onnxruntime-training 1.19.2's ``MatMul`` gradient is wrong for a 1-D operand: ``x @ w`` with
     ``w`` of shape ``(k,)`` trained to other weights than PyTorch's (measured: 0.1 off after one
     SGD step), while ``x @ w.reshape(k, 1)`` trains exactly. The product is the same (numpy's
-    ``matmul`` rule for 1-D operands); only the training and eval graphs get this form.
+    ``matmul`` rule for 1-D operands); only the training and eval graphs get this form. A 1-D
+    operand beside one of unknown rank is refused.
     """
     matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
     if not matmuls:
@@ -271,8 +272,12 @@ def vector_matmul_as_matrix(model: onnx.ModelProto) -> onnx.ModelProto:
     def as_matrix(i, node):
         a, b = node.input
         ra, rb = ranks.get(a), ranks.get(b)
-        if ra is None or rb is None:  # a 1-D operand beside one of unknown rank: the result's rank is unknown
-            return [node], []
+        if ra is None or rb is None:
+            raise UnsupportedOpError(
+                f"MatMul node {node.name or i!r} multiplies a 1-D operand with one whose rank is not known "
+                f"(ranks {ra} and {rb}); onnxruntime-training's MatMul gradient is wrong for 1-D operands and "
+                "ortrain cannot rewrite it without the rank. Export with known ranks (e.g. Squeeze with axes) or "
+                "reshape the 1-D operand into a matrix")
         p = f"{node.name or 'MatMul'}/as_matrix_{i}/"
         nodes, inits = [], []
         if ra == 1:
@@ -300,9 +305,259 @@ def vector_matmul_as_matrix(model: onnx.ModelProto) -> onnx.ModelProto:
     return _replace_nodes(model, vector, as_matrix)
 
 
+class _Shapes:
+    """Shapes and element types of a graph's values, by what it declares or else onnx's inference
+    (``None`` where neither knows; unknown dimensions are ``None``)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self._model, self._inferred = model, None
+
+    def _graph(self):
+        if self._inferred is None:
+            try:
+                self._inferred = onnx.shape_inference.infer_shapes(self._model).graph
+            except Exception:  # a graph onnx cannot type: what it declares is all there is
+                self._inferred = self._model.graph
+        return self._inferred
+
+    def _info(self, name: str):
+        g = self._graph()
+        for t in g.initializer:
+            if t.name == name:
+                return list(t.dims), t.data_type
+        for vi in [*g.input, *g.value_info, *g.output]:
+            if vi.name == name and vi.type.HasField("tensor_type"):
+                tt = vi.type.tensor_type
+                shape = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] \
+                    if tt.HasField("shape") else None
+                return shape, tt.elem_type
+        return None, 0
+
+    def shape(self, name: str) -> list | None:
+        return self._info(name)[0]
+
+    def elem_type(self, name: str) -> int:
+        return self._info(name)[1]
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def _consumed(model: onnx.ModelProto) -> set[str]:
+    """The values some node reads or the graph returns."""
+    return {i for n in model.graph.node for i in node_inputs(n)} | {o.name for o in model.graph.output}
+
+
+def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite forms whose gradient onnxruntime-training 1.19.2 builds wrong, silently or not,
+    into forms with the same values whose gradient it builds right (measured against PyTorch):
+
+    - ``Pow`` with a base smaller than the result, and ``Where`` with a value operand smaller
+      than the result: their gradients are never summed back over the broadcast axes (a base of
+      shape ``(m,)`` took a gradient of shape ``(n, m)``). The operand is ``Expand``-ed to the
+      result's shape first, whose gradient sums correctly.
+    - ``Split`` with an output nothing reads: its gradient concatenates only the gradients that
+      exist, one piece short. The outputs that are read become ``Slice``-s.
+    - ``Conv`` with ``auto_pad`` SAME_UPPER/SAME_LOWER: the gradient is wrong (and with stride 2
+      reads uninitialized memory). The padding becomes explicit ``pads``.
+    - ``Pow`` with an exponent that is not float32 (the builder's ``Sub`` fails on the types):
+      the exponent is cast to the base's type.
+    - ``LayerNormalization`` without a bias input, ``Transpose`` without ``perm``, and
+      ``ReduceL2``/``ReduceLogSumExp`` without ``keepdims`` and with ``axes`` as an attribute,
+      which the builder fails on: a zero bias, the explicit reversing ``perm``, and ``keepdims``
+      with a ``Squeeze`` after.
+    - ``LSTM``/``GRU`` without initial states or naming only some outputs (the builder's graph
+      fails to type): zero initial states, as PyTorch's exports write them, and every output named.
+
+    A form that cannot be rewritten because a shape is unknown is refused, naming the node.
+    """
+    ops = {"Pow", "Where", "Split", "Conv", "LayerNormalization", "Transpose", "ReduceL2", "ReduceLogSumExp",
+           "LSTM", "GRU"}
+    if not any(n.op_type in ops for n in model.graph.node):
+        return model
+    shapes = _Shapes(model)
+    consumed = _consumed(model)
+    opset = _opset(model)
+    consts = int64_constants(model)
+    float_types = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+
+    def where_of(node, i) -> str:
+        return f"{node.op_type} node {node.name or i!r}"
+
+    def needs(node) -> bool:
+        op = node.op_type
+        if op == "Pow":
+            out = shapes.shape(node.output[0])
+            return shapes.shape(node.input[0]) != out or out is None or None in out or \
+                shapes.elem_type(node.input[1]) != shapes.elem_type(node.input[0])
+        if op == "Where":
+            out = shapes.shape(node.output[0])
+            return shapes.elem_type(node.output[0]) in float_types and \
+                any(shapes.shape(v) != out or out is None or None in out for v in node.input[1:])
+        if op == "Split":
+            return any(o and o not in consumed for o in node.output) or any(not o for o in node.output)
+        if op == "Conv":
+            auto = attribute(node, "auto_pad", b"NOTSET")
+            return (auto.decode() if isinstance(auto, bytes) else auto) in ("SAME_UPPER", "SAME_LOWER")
+        if op == "LayerNormalization":
+            return len(node.input) < 3 or not node.input[2]
+        if op == "Transpose":
+            return attribute(node, "perm", None) is None
+        if op in ("ReduceL2", "ReduceLogSumExp"):
+            return not attribute(node, "keepdims", 1) and attribute(node, "axes", None) is not None
+        if op in ("LSTM", "GRU"):
+            full = 3 if op == "LSTM" else 2
+            states = (5, 6) if op == "LSTM" else (5,)
+            return len(node.output) < full or any(len(node.input) <= k or not node.input[k] for k in states)
+        return False
+
+    def rewrite(i, node):
+        op, p = node.op_type, f"{node.name or node.op_type}/gradient_form_{i}/"
+        nodes, inits = [], []
+        if op in ("Pow", "Where"):
+            inputs = list(node.input)
+            if op == "Pow":
+                if shapes.elem_type(inputs[1]) != shapes.elem_type(inputs[0]) and shapes.elem_type(inputs[0]):
+                    nodes.append(helper.make_node("Cast", [inputs[1]], [p + "exponent"], name=p + "Cast",
+                                                  to=shapes.elem_type(inputs[0])))
+                    inputs[1] = p + "exponent"
+                widen = {0: [inputs[1]]}
+            else:
+                widen = {1: [inputs[0], inputs[2]], 2: [inputs[0], inputs[1]]}
+            out = shapes.shape(node.output[0])
+            for k, others in widen.items():
+                if out is not None and None not in out and shapes.shape(inputs[k]) == out:
+                    continue
+                value = inputs[k]
+                for j, other in enumerate(others):
+                    nodes += [helper.make_node("Shape", [other], [f"{p}shape_{k}_{j}"], name=f"{p}Shape_{k}_{j}"),
+                              helper.make_node("Expand", [value, f"{p}shape_{k}_{j}"], [f"{p}wide_{k}_{j}"],
+                                               name=f"{p}Expand_{k}_{j}")]
+                    value = f"{p}wide_{k}_{j}"
+                inputs[k] = value
+            nodes.append(helper.make_node(op, inputs, list(node.output), name=node.name))
+            return nodes, inits
+        if op == "Split":
+            return _split_as_slices(node, i, p, shapes, consts, opset, consumed, where_of(node, i))
+        if op == "Conv":
+            shape = shapes.shape(node.input[0])
+            wshape = shapes.shape(node.input[1])
+            if shape is None or wshape is None or None in shape[2:] or None in wshape[2:]:
+                raise UnsupportedOpError(f"{where_of(node, i)} pads with auto_pad, and its input's sizes are not "
+                                         f"known (input {shape}, weight {wshape}); onnxruntime-training's gradient "
+                                         "of that form is wrong. Export with explicit padding or static image sizes")
+            kernel = list(attribute(node, "kernel_shape", wshape[2:]))
+            dilations = list(attribute(node, "dilations", [1] * len(kernel)))
+            effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+            pads = _same_pads(attribute(node, "auto_pad", b"SAME_UPPER"), shape[2:], effective,
+                              list(attribute(node, "strides", [1] * len(kernel))))
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "auto_pad"}
+            attrs["pads"] = pads
+            return [helper.make_node("Conv", list(node.input), list(node.output), name=node.name, **attrs)], []
+        if op == "LayerNormalization":
+            scale = shapes.shape(node.input[1])
+            if scale is None or None in scale:
+                return [node], []
+            zero = numpy_helper.from_array(np.zeros(scale, onnx.helper.tensor_dtype_to_np_dtype(
+                shapes.elem_type(node.input[1]) or onnx.TensorProto.FLOAT)), p + "bias")
+            new = helper.make_node(op, [node.input[0], node.input[1], p + "bias"], list(node.output), name=node.name)
+            new.attribute.extend(node.attribute)
+            return [new], [zero]
+        if op == "Transpose":
+            shape = shapes.shape(node.input[0])
+            if shape is None:
+                return [node], []
+            return [helper.make_node("Transpose", list(node.input), list(node.output), name=node.name,
+                                     perm=list(range(len(shape)))[::-1])], []
+        if op in ("ReduceL2", "ReduceLogSumExp"):
+            axes = list(attribute(node, "axes", []))
+            kept = p + "kept"
+            nodes.append(helper.make_node(op, list(node.input), [kept], name=node.name, axes=axes, keepdims=1))
+            if opset >= 13:
+                inits.append(numpy_helper.from_array(np.array(axes, np.int64), p + "axes"))
+                nodes.append(helper.make_node("Squeeze", [kept, p + "axes"], list(node.output), name=p + "Squeeze"))
+            else:
+                nodes.append(helper.make_node("Squeeze", [kept], list(node.output), name=p + "Squeeze", axes=axes))
+            return nodes, inits
+        # LSTM / GRU: name every output, and give zero initial states where there are none
+        full, states = (3, (5, 6)) if op == "LSTM" else (2, (5,))
+        outputs = list(node.output) + [""] * (full - len(node.output))
+        outputs = [o or f"{p}output_{k}" for k, o in enumerate(outputs)]
+        inputs = list(node.input) + [""] * (max(states) + 1 - len(node.input))
+        if any(not inputs[k] for k in states):
+            directions = 2 if attribute(node, "direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+            hidden = attribute(node, "hidden_size", None)
+            batch_first = attribute(node, "layout", 0) == 1
+            inits += [numpy_helper.from_array(np.array([1 if not batch_first else 0], np.int64), p + "batch_axis"),
+                      numpy_helper.from_array(np.array([directions], np.int64), p + "directions"),
+                      numpy_helper.from_array(np.array([hidden], np.int64), p + "hidden")]
+            dims = [p + "batch", p + "directions"] if batch_first else [p + "directions", p + "batch"]
+            nodes += [helper.make_node("Shape", [inputs[0]], [p + "x_shape"], name=p + "Shape"),
+                      helper.make_node("Gather", [p + "x_shape", p + "batch_axis"], [p + "batch"], name=p + "Batch",
+                                       axis=0),
+                      helper.make_node("Concat", [*dims, p + "hidden"], [p + "state_shape"], name=p + "StateShape",
+                                       axis=0),
+                      helper.make_node("ConstantOfShape", [p + "state_shape"], [p + "zeros"], name=p + "Zeros",
+                                       value=numpy_helper.from_array(np.zeros(1, np.float32)))]
+            for k in states:
+                inputs[k] = inputs[k] or p + "zeros"
+        new = helper.make_node(op, inputs, outputs, name=node.name)
+        new.attribute.extend(node.attribute)
+        return nodes + [new], inits
+
+    return _replace_nodes(model, needs, rewrite)
+
+
+def _same_pads(auto, sizes: list[int], kernel: list[int], strides: list[int]) -> list[int]:
+    """Explicit ``pads`` for ``auto_pad`` SAME_UPPER/SAME_LOWER (the odd cell at the end, or the start)."""
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    begins, ends = [], []
+    for size, k, st in zip(sizes, kernel, strides):
+        total = max((-(-size // st) - 1) * st + k - size, 0)
+        small, large = total // 2, total - total // 2
+        begins.append(large if auto == "SAME_LOWER" else small)
+        ends.append(small if auto == "SAME_LOWER" else large)
+    return begins + ends
+
+
+def _split_as_slices(node, i: int, p: str, shapes: _Shapes, consts: dict, opset: int, consumed: set[str],
+                     where: str):
+    """The read outputs of a ``Split`` as ``Slice``-s of its input (sizes from the ``split`` input or
+    attribute, or equal parts of a known axis length)."""
+    shape = shapes.shape(node.input[0])
+    axis = attribute(node, "axis", 0)
+    n = len(node.output)
+    if len(node.input) > 1 and node.input[1]:
+        sizes = consts.get(node.input[1])
+        sizes = None if sizes is None else [int(v) for v in np.ravel(sizes)]
+    else:
+        sizes = attribute(node, "split", None)
+        sizes = None if sizes is None else list(sizes)
+    if sizes is None and shape is not None and shape[axis] is not None:
+        length = shape[axis]
+        part = -(-length // n)  # opset 18's rule: equal parts, the last one smaller
+        sizes = [min(part, max(length - k * part, 0)) for k in range(n)]
+    if sizes is None:
+        raise UnsupportedOpError(f"{where} leaves an output unread, and the sizes of its parts are not known "
+                                 f"(input {shape}); onnxruntime-training's gradient of that form is wrong. Give the "
+                                 "split sizes, or read every output")
+    nodes, inits = [], []
+    start = 0
+    for k, (out, size) in enumerate(zip(node.output, sizes)):
+        if out and out in consumed:
+            vals = {"starts": [start], "ends": [start + size], "axes": [axis]}
+            for key, v in vals.items():
+                inits.append(numpy_helper.from_array(np.array(v, np.int64), f"{p}{key}_{k}"))
+            nodes.append(helper.make_node("Slice", [node.input[0], f"{p}starts_{k}", f"{p}ends_{k}", f"{p}axes_{k}"],
+                                          [out], name=f"{p}Slice_{k}"))
+        start += size
+    return nodes, inits
+
+
 def for_training(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrites that only the training and eval graphs need (the exported model is left alone)."""
-    return name_batch_dimension(vector_matmul_as_matrix(average_pool_as_conv(model)))
+    return name_batch_dimension(gradient_forms(vector_matmul_as_matrix(average_pool_as_conv(model))))
 
 
 # -- rewrites of the gradient graphs onnxruntime-training builds --------------------------------

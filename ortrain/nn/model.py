@@ -382,6 +382,11 @@ class Model:
             raise OrtrainError(f"compile: the loss is computed on the model's first output, which must be float32; "
                                f"the outputs are {names}. Make a float output the first one (e.g. return the "
                                "logits before the arg-max)")
+        if not first.shape:
+            raise OrtrainError(f"compile: the loss is computed on the model's first output, which has no batch "
+                               f"dimension ({first.name!r} has shape ()); ortrain trains outputs with one row per "
+                               "input row. Keep the batch axis in the model (e.g. keepdims=1, or reduce over the "
+                               "other axes only)")
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.train_state = None
         self._runners.clear()  # evaluate's graph holds the loss

@@ -68,16 +68,23 @@ def _patterns(value, argument: str) -> list[str] | None:
     return items
 
 
-def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None) -> ForwardGraph:
+def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=()) -> ForwardGraph:
     """Apply ``trainable=``/``frozen=`` name patterns to a forward graph's weights.
 
     ``trainable`` given: only matching weights train (others are frozen). ``frozen``: matching
-    weights do not train. Buffers (running statistics) keep their role.
+    weights do not train. Buffers (running statistics) keep their role. ``unreached``: float
+    initializers kept as constants because no gradient reaches them, named when a pattern
+    picks one.
     """
     t, f = _patterns(trainable, "trainable"), _patterns(frozen, "frozen")
     names = [p.name for p in fg.params]
     for pats, arg in ((t, "trainable"), (f, "frozen")):
         for pat in pats or ():
+            constant = next((n for n in unreached if fnmatch.fnmatchcase(n, pat)), None)
+            if arg == "trainable" and constant is not None and not any(fnmatch.fnmatchcase(n, pat) for n in names):
+                raise OrtrainError(f"trainable: {constant!r} is a constant, not a weight: no gradient reaches it (it "
+                                   "is read only as a shape, ratio, exponent or the like, which onnxruntime-training "
+                                   "does not differentiate); remove it from trainable=")
             if not any(fnmatch.fnmatchcase(n, pat) for n in names):
                 shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
                 raise OrtrainError(f"{arg}: {pat!r} matches no weight; weights are {shown}")
@@ -227,7 +234,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     keep_inputs = [vi for vi in model.graph.input if vi.name not in set(inits) and vi.name not in stash]
     del model.graph.input[:]
     model.graph.input.extend(keep_inputs)
-    params, weights, constants = [], {}, []
+    params, weights, constants, unreached = [], {}, [], []
     values = {t.name: t for t in model.graph.initializer} | stash
     scalars = _trainable_scalars(trainable, values, differentiable)
     for name, value in values.items():
@@ -243,6 +250,8 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
             weights[name] = arr
         else:
             constants.append(value if tensor else numpy_helper.from_array(value, name))
+            if is_float and rank >= 1:
+                unreached.append(name)
     rank = {name: i for i, name in enumerate(first + copies)}
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
@@ -251,7 +260,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     model.graph.input.extend(onnx.helper.make_tensor_value_info(p.name, onnx.TensorProto.FLOAT, list(p.shape))
                              for p in params)
     fg = ForwardGraph(model, tuple(params), weights)
-    return reassign_roles(fg, trainable, frozen) if (trainable is not None or frozen is not None) else fg
+    return reassign_roles(fg, trainable, frozen, unreached) if (trainable is not None or frozen is not None) else fg
 
 
 STASH_MIN_ELEMENTS = 1024

@@ -1,0 +1,203 @@
+"""ONNX forms whose gradient onnxruntime-training 1.19.2 builds wrong, silently or with an error,
+trained through ``ot.from_onnx`` after ortrain's rewrites (``passes.gradient_forms``,
+``passes.vector_matmul_as_matrix``). Reference: one SGD step of the same function in PyTorch
+float64 autograd, and its forward pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _onnx_helpers import model, vi
+from conftest import torch_or_skip
+from onnx import helper, numpy_helper
+
+import ortrain as ot
+
+pytestmark = pytest.mark.torch
+
+N, M = 3, 5
+
+
+def _node(op, inputs, outputs, **attrs):
+    return helper.make_node(op, inputs, outputs if isinstance(outputs, list) else [outputs], **attrs)
+
+
+def _i64(*values):
+    return np.array(values, np.int64)
+
+
+def _one_sgd_step_matches_torch(nodes, x, out_shape, weights, forward, consts=None, opset=17, lr=0.1):
+    """Forward and weights after one SGD step on mean squared error, against PyTorch float64."""
+    torch = torch_or_skip()
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in {**weights, **(consts or {})}.items()]
+    proto = model(nodes, [vi("x", ["N", *x.shape[1:]])], [vi("out", ["N", *out_shape])], inits, opset=opset)
+    tw = {k: torch.tensor(v.astype(np.float64), requires_grad=True) for k, v in weights.items()}
+    want = forward(torch.tensor(x.astype(np.float64)), tw)
+    y = np.random.default_rng(7).standard_normal(tuple(want.shape)).astype(np.float32)
+    grads = torch.autograd.grad(((want - torch.tensor(y.astype(np.float64))) ** 2).mean(), list(tw.values()))
+    m = ot.from_onnx(proto, trainable=list(weights))
+    m.compile(optimizer=ot.optim.SGD(lr=lr), loss="mse")
+    np.testing.assert_allclose(m.predict(x), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    m.fit(x, y, batch_size=len(x), shuffle=False, verbose=0)
+    got = dict(zip(m.weight_names(), m.get_weights(), strict=True))
+    for (name, w0), g in zip(weights.items(), grads, strict=True):
+        np.testing.assert_allclose(got[name].reshape(w0.shape), w0 - lr * g.numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+def _x(*shape, positive=False):
+    a = np.random.default_rng(0).standard_normal((N, *shape)).astype(np.float32)
+    return np.abs(a) + 0.5 if positive else a
+
+
+def test_pow_with_a_broadcast_base_sums_its_gradient(rng):
+    # the runtime's Pow gradient left a (M,) base with an (N, M) gradient
+    w = (np.abs(rng.standard_normal(M)) + 0.5).astype(np.float32)
+    _one_sgd_step_matches_torch([_node("Pow", ["w", "x"], "out")], _x(M), [M], {"w": w},
+                                lambda x, t: t["w"] ** x)
+    b = (np.abs(rng.standard_normal((2, 1))) + 0.5).astype(np.float32)
+    _one_sgd_step_matches_torch([_node("Pow", ["b", "x"], "out")], _x(2, M), [2, M], {"b": b},
+                                lambda x, t: t["b"] ** x)
+
+
+def test_pow_with_an_int64_or_float64_exponent_trains(rng):
+    w = rng.standard_normal(M).astype(np.float32)
+    for exponent in (np.array(3, np.int64), np.array(2.0, np.float64)):
+        _one_sgd_step_matches_torch([_node("Mul", ["x", "w"], "h"), _node("Pow", ["h", "p"], "out")], _x(M), [M],
+                                    {"w": w}, lambda x, t, p=float(exponent): (x * t["w"]) ** p, {"p": exponent})
+
+
+def test_where_with_a_broadcast_value_sums_its_gradient(rng):
+    w = rng.standard_normal(M).astype(np.float32)
+    _one_sgd_step_matches_torch([_node("Greater", ["x", "zero"], "c"), _node("Where", ["c", "w", "x"], "out")],
+                                _x(M), [M], {"w": w}, lambda x, t: (x > 0) * t["w"] + (x <= 0) * x,
+                                {"zero": np.array(0, np.float32)})
+    # masked_fill style: a constant mask of shape (1, M) picks a weight of shape (M,) or the input
+    mask = np.array([[True, False, True, False, True]])
+    _one_sgd_step_matches_torch([_node("Where", ["mask", "w", "x"], "out")], _x(M), [M], {"w": w},
+                                lambda x, t: torch_where(mask, t["w"], x), {"mask": mask})
+
+
+def torch_where(mask, a, b):
+    torch = torch_or_skip()
+    return torch.where(torch.tensor(mask), a, b)
+
+
+def test_split_with_an_unread_output_trains(rng):
+    # the Split gradient concatenated only the gradients that exist, one piece short
+    w = rng.standard_normal(M).astype(np.float32)
+    _one_sgd_step_matches_torch([_node("Mul", ["x", "w"], "h"), _node("Split", ["h", "sizes"], ["a", "b"], axis=1),
+                                 _node("Mul", ["a", "a"], "out")], _x(M), [1], {"w": w},
+                                lambda x, t: (x * t["w"])[:, :1] ** 2, {"sizes": _i64(1, 4)})
+    v = rng.standard_normal((M, 6)).astype(np.float32)
+    _one_sgd_step_matches_torch([_node("Split", ["v"], ["a", "b", "c"], axis=1), _node("MatMul", ["x", "b"], "out")],
+                                _x(M), [2], {"v": v}, lambda x, t: x @ t["v"][:, 2:4])
+
+
+@pytest.mark.parametrize("auto_pad, stride", [("SAME_UPPER", 1), ("SAME_UPPER", 2), ("SAME_LOWER", 2)])
+def test_conv_with_auto_pad_same_trains(rng, auto_pad, stride):
+    torch = torch_or_skip()
+    w = (rng.standard_normal((3, 2, 3, 3)) * 0.3).astype(np.float32)
+    x = _x(2, 6, 6)
+
+    def forward(x, t):
+        # SAME: total padding (out - 1) * stride + k - size, the odd cell at the end (UPPER) or start
+        total = max((-(-6 // stride) - 1) * stride + 3 - 6, 0)
+        small, large = total // 2, total - total // 2
+        pad = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+        return torch.nn.functional.conv2d(torch.nn.functional.pad(x, pad + pad), t["w"], stride=stride)
+
+    side = -(-6 // stride)
+    _one_sgd_step_matches_torch([_node("Conv", ["x", "w"], "out", auto_pad=auto_pad, strides=[stride, stride])], x,
+                                [3, side, side], {"w": w}, forward)
+
+
+def test_layer_norm_without_bias_and_transpose_without_perm_train(rng):
+    torch = torch_or_skip()
+    g = (1 + 0.1 * rng.standard_normal(M)).astype(np.float32)
+    _one_sgd_step_matches_torch([_node("LayerNormalization", ["x", "g"], "out", axis=-1)], _x(M), [M], {"g": g},
+                                lambda x, t: torch.nn.functional.layer_norm(x, (M,), t["g"], None, 1e-5))
+    w = rng.standard_normal((M, 4)).astype(np.float32)
+    _one_sgd_step_matches_torch([_node("Transpose", ["w"], "wt"), _node("MatMul", ["x", "wt"], "out")],
+                                _x(4), [M], {"w": w}, lambda x, t: x @ t["w"].T)
+
+
+@pytest.mark.parametrize("op", ["ReduceL2", "ReduceLogSumExp"])
+def test_reductions_without_keepdims_and_axes_as_an_attribute_train(rng, op):
+    torch = torch_or_skip()
+    w = rng.standard_normal((2, M)).astype(np.float32)
+    reduce = {"ReduceL2": lambda h: torch.sqrt((h * h).sum(-1)), "ReduceLogSumExp": lambda h: h.logsumexp(-1)}[op]
+    _one_sgd_step_matches_torch([_node("Mul", ["x", "w"], "h"), _node(op, ["h"], "out", axes=[-1], keepdims=0)],
+                                _x(2, M), [2], {"w": w}, lambda x, t: reduce(x * t["w"]))
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_recurrent_layers_without_initial_state_and_a_free_batch_train(rng, op):
+    """No initial state and only Y named: the gradient graph did not type ("Type 'tensor(float)' of
+    input parameter (Y) of operator (LSTMGrad) is invalid"). PyTorch's nn.LSTM/nn.GRU with zero
+    initial state and ONNX's gate order (i, o, f, c / z, r, h) rearranged to PyTorch's."""
+    torch = torch_or_skip()
+    seq, n_in, hidden = 4, 2, 3
+    gates = 4 if op == "LSTM" else 3
+    W = (rng.standard_normal((1, gates * hidden, n_in)) * 0.5).astype(np.float32)
+    R = (rng.standard_normal((1, gates * hidden, hidden)) * 0.5).astype(np.float32)
+    B = (rng.standard_normal((1, 2 * gates * hidden)) * 0.5).astype(np.float32)
+    order = [0, 2, 3, 1] if op == "LSTM" else [1, 0, 2]   # ONNX gate blocks in PyTorch's order
+
+    def torch_weights(a):
+        blocks = a.reshape(gates, hidden, *a.shape[1:])
+        return blocks[order].reshape(gates * hidden, *a.shape[1:])
+
+    def forward(x, t):
+        layer = (torch.nn.LSTM if op == "LSTM" else torch.nn.GRU)(n_in, hidden, batch_first=True).double()
+        params = {"weight_ih_l0": torch_weights(t["W"][0]), "weight_hh_l0": torch_weights(t["R"][0]),
+                  "bias_ih_l0": torch_weights(t["B"][0, :gates * hidden]),
+                  "bias_hh_l0": torch_weights(t["B"][0, gates * hidden:])}
+        return torch.func.functional_call(layer, params, (x,))[0]
+
+    attrs = {"linear_before_reset": 1} if op == "GRU" else {}  # PyTorch's GRU applies the reset after R
+    nodes = [_node("Transpose", ["x"], "xt", perm=[1, 0, 2]),
+             _node(op, ["xt", "W", "R", "B"], ["Y"], hidden_size=hidden, **attrs),
+             _node("Squeeze", ["Y", "one"], "ys"), _node("Transpose", ["ys"], "out", perm=[1, 0, 2])]
+    _one_sgd_step_matches_torch(nodes, _x(seq, n_in), [seq, hidden], {"W": W, "R": R, "B": B}, forward,
+                                {"one": _i64(1)})
+
+
+def test_a_1d_matmul_operand_beside_one_of_unknown_rank_is_refused(rng):
+    w = rng.standard_normal(4).astype(np.float32)
+    nodes = [_node("Squeeze", ["x"], "xs"), _node("MatMul", ["xs", "w"], "h"),
+             _node("Unsqueeze", ["h", "one"], "out")]
+    proto = model(nodes, [vi("x", ["N", 1, 4])], [vi("out", ["N", 1])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(_i64(1), "one")])
+    m = ot.from_onnx(proto)
+    m.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=r"MatMul node .* multiplies a 1-D operand with one whose rank is "
+                                                    r"not known .* Export with known ranks"):
+        m.fit(np.ones((3, 1, 4), np.float32), np.zeros((3, 1), np.float32), verbose=0)
+    np.testing.assert_array_equal(m.get_weights()[0], w)
+
+
+def test_a_scalar_first_output_and_a_constant_named_trainable_are_refused_by_name(rng):
+    # ReduceSum over every axis without keepdims: no batch dimension to train against
+    proto = model([_node("ReduceSum", ["x"], "out", keepdims=0)], [vi("x", ["N", 3])], [vi("out", [])])
+    with pytest.raises(ot.OrtrainError, match=r"compile: .* first output, which has no batch dimension \('out' has "
+                                              r"shape \(\)\)"):
+        ot.from_onnx(proto).compile(optimizer="sgd", loss="mse")
+    # a weight read only as Pow's exponent, which the runtime does not differentiate, stays a constant
+    p = np.full(3, 2.0, np.float32)
+    proto = model([_node("Pow", ["x", "p"], "out")], [vi("x", ["N", 3])], [vi("out", ["N", 3])],
+                  [numpy_helper.from_array(p, "p")])
+    with pytest.raises(ot.OrtrainError, match=r"trainable: 'p' is a constant, not a weight: no gradient reaches it "
+                                              r"\(it is read only as a shape, ratio, exponent or the like"):
+        ot.from_onnx(proto, trainable=["p"])
+
+
+def test_pad_with_an_axes_input_is_refused_at_import(rng):
+    # opset 18's axes input: the artifacts failed to load ("Pads has incorrect number of values")
+    w = rng.standard_normal(M).astype(np.float32)
+    nodes = [_node("Mul", ["x", "w"], "h"), _node("Pad", ["h", "pads", "", "axes"], "out")]
+    proto = model(nodes, [vi("x", ["N", M])], [vi("out", ["N", M + 2])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(_i64(1, 1), "pads"),
+                   numpy_helper.from_array(_i64(1), "axes")], opset=18)
+    with pytest.raises(ot.UnsupportedOpError, match=r"Pad with an axes input \(opset 18\) \(nodes: "):
+        ot.from_onnx(proto)
