@@ -231,78 +231,41 @@ def name_batch_dimension(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _ranks(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
-    """The ranks of the values ``names`` that the graph declares, or else onnx's shape inference finds."""
-    g = model.graph
-
-    def declared(graph) -> dict[str, int]:
-        ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in [*graph.input, *graph.value_info,
-                                                                          *graph.output]
-                 if vi.type.tensor_type.HasField("shape")}
-        ranks.update((t.name, len(t.dims)) for t in graph.initializer)
-        return ranks
-
-    ranks = declared(g)
-    if not names <= ranks.keys():
-        try:
-            ranks.update(declared(onnx.shape_inference.infer_shapes(model).graph))
-        except Exception:  # a graph onnx cannot type: the ranks it declares are all there is
-            pass
-    return {n: ranks[n] for n in names if n in ranks}
-
-
-def vector_matmul_as_matrix(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrite a ``MatMul`` with a 1-D operand as the matrix product of that operand made a
-    column (the second) or a row (the first), reshaped back.
-
-    onnxruntime-training 1.19.2's ``MatMul`` gradient is wrong for a 1-D operand: ``x @ w`` with
-    ``w`` of shape ``(k,)`` trained to other weights than PyTorch's (measured: 0.1 off after one
-    SGD step), while ``x @ w.reshape(k, 1)`` trains exactly. The product is the same (numpy's
-    ``matmul`` rule for 1-D operands); only the training and eval graphs get this form. A 1-D
-    operand beside one of unknown rank is refused.
-    """
-    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
-    if not matmuls:
-        return model
-    ranks = _ranks(model, {i for n in matmuls for i in n.input})
-
-    def vector(n) -> bool:
-        return n.op_type == "MatMul" and any(ranks.get(i) == 1 for i in n.input)
-
-    def as_matrix(i, node):
-        a, b = node.input
-        ra, rb = ranks.get(a), ranks.get(b)
-        if ra is None or rb is None:
-            raise UnsupportedOpError(
-                f"MatMul node {node.name or i!r} multiplies a 1-D operand with one whose rank is not known "
-                f"(ranks {ra} and {rb}); onnxruntime-training's MatMul gradient is wrong for 1-D operands and "
-                "ortrain cannot rewrite it without the rank. Export with known ranks (e.g. Squeeze with axes) or "
-                "reshape the 1-D operand into a matrix")
-        p = f"{node.name or 'MatMul'}/as_matrix_{i}/"
-        nodes, inits = [], []
-        if ra == 1:
-            inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), p + "row_shape"))
-            nodes.append(helper.make_node("Reshape", [a, p + "row_shape"], [p + "row"], name=p + "Row"))
-            a = p + "row"
-        if rb == 1:
-            inits.append(numpy_helper.from_array(np.array([-1, 1], np.int64), p + "column_shape"))
-            nodes.append(helper.make_node("Reshape", [b, p + "column_shape"], [p + "column"], name=p + "Column"))
-            b = p + "column"
-        # Drop the dimension the row or column added (a 0 in Reshape's shape keeps that dimension of
-        # its input, so batch dimensions of any size pass): (..., m, 1) -> (..., m), (..., 1, n) ->
-        # (..., n), (1, 1) -> ().
-        if ra == 1 and rb == 1:
-            keep = []
-        elif rb == 1:
-            keep = [0] * (ra - 1)
-        else:
-            keep = [0] * (rb - 2) + [-1]
-        inits.append(numpy_helper.from_array(np.array(keep, np.int64), p + "out_shape"))
-        nodes += [helper.make_node("MatMul", [a, b], [p + "product"], name=p + "MatMul"),
-                  helper.make_node("Reshape", [p + "product", p + "out_shape"], [node.output[0]], name=p + "Out")]
-        return nodes, inits
-
-    return _replace_nodes(model, vector, as_matrix)
+def _matmul_as_matrix(node, i: int, p: str, ra: int | None, rb: int | None):
+    """A ``MatMul`` with a 1-D operand as the matrix product of that operand made a column (the
+    second) or a row (the first), reshaped back: onnxruntime-training 1.19.2's ``MatMul`` gradient
+    is wrong for a 1-D operand (``x @ w`` with ``w`` of shape ``(k,)`` trained 0.1 off PyTorch's
+    weights after one SGD step), while ``x @ w.reshape(k, 1)`` trains exactly. A 1-D operand
+    beside one of unknown rank is refused."""
+    a, b = node.input
+    if ra is None or rb is None:
+        raise UnsupportedOpError(
+            f"MatMul node {node.name or i!r} multiplies a 1-D operand with one whose rank is not known "
+            f"(ranks {ra} and {rb}); onnxruntime-training's MatMul gradient is wrong for 1-D operands and "
+            "ortrain cannot rewrite it without the rank. Export with known ranks (e.g. Squeeze with axes) or "
+            "reshape the 1-D operand into a matrix")
+    nodes, inits = [], []
+    if ra == 1:
+        inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), p + "row_shape"))
+        nodes.append(helper.make_node("Reshape", [a, p + "row_shape"], [p + "row"], name=p + "Row"))
+        a = p + "row"
+    if rb == 1:
+        inits.append(numpy_helper.from_array(np.array([-1, 1], np.int64), p + "column_shape"))
+        nodes.append(helper.make_node("Reshape", [b, p + "column_shape"], [p + "column"], name=p + "Column"))
+        b = p + "column"
+    # Drop the dimension the row or column added (a 0 in Reshape's shape keeps that dimension of
+    # its input, so batch dimensions of any size pass): (..., m, 1) -> (..., m), (..., 1, n) ->
+    # (..., n), (1, 1) -> ().
+    if ra == 1 and rb == 1:
+        keep = []
+    elif rb == 1:
+        keep = [0] * (ra - 1)
+    else:
+        keep = [0] * (rb - 2) + [-1]
+    inits.append(numpy_helper.from_array(np.array(keep, np.int64), p + "out_shape"))
+    nodes += [helper.make_node("MatMul", [a, b], [p + "product"], name=p + "MatMul"),
+              helper.make_node("Reshape", [p + "product", p + "out_shape"], [node.output[0]], name=p + "Out")]
+    return nodes, inits
 
 
 class _Shapes:
@@ -321,17 +284,8 @@ class _Shapes:
         return self._inferred
 
     def _info(self, name: str):
-        g = self._graph()
-        for t in g.initializer:
-            if t.name == name:
-                return list(t.dims), t.data_type
-        for vi in [*g.input, *g.value_info, *g.output]:
-            if vi.name == name and vi.type.HasField("tensor_type"):
-                tt = vi.type.tensor_type
-                shape = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] \
-                    if tt.HasField("shape") else None
-                return shape, tt.elem_type
-        return None, 0
+        found = _declared(self._model.graph, name)  # what the graph says; onnx's inference only for the rest
+        return found if found is not None else (_declared(self._graph(), name) or (None, 0))
 
     def shape(self, name: str) -> list | None:
         return self._info(name)[0]
@@ -340,8 +294,19 @@ class _Shapes:
         return self._info(name)[1]
 
 
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+def _declared(g, name: str) -> tuple[list | None, int] | None:
+    """``(shape, element type)`` of ``name`` as graph ``g`` declares it (a shape with ``None`` for
+    unknown dimensions, or ``None`` without one), or None when it declares nothing."""
+    for t in g.initializer:
+        if t.name == name:
+            return list(t.dims), t.data_type
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.name == name and vi.type.HasField("tensor_type"):
+            tt = vi.type.tensor_type
+            shape = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] \
+                if tt.HasField("shape") else None
+            return shape, tt.elem_type
+    return None
 
 
 def _consumed(model: onnx.ModelProto) -> set[str]:
@@ -353,6 +318,7 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrite forms whose gradient onnxruntime-training 1.19.2 builds wrong, silently or not,
     into forms with the same values whose gradient it builds right (measured against PyTorch):
 
+    - ``MatMul`` with a 1-D operand: see :func:`_matmul_as_matrix`.
     - ``Pow`` with a base smaller than the result, and ``Where`` with a value operand smaller
       than the result: their gradients are never summed back over the broadcast axes (a base of
       shape ``(m,)`` took a gradient of shape ``(n, m)``). The operand is ``Expand``-ed to the
@@ -372,21 +338,26 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
 
     A form that cannot be rewritten because a shape is unknown is refused, naming the node.
     """
-    ops = {"Pow", "Where", "Split", "Conv", "LayerNormalization", "Transpose", "ReduceL2", "ReduceLogSumExp",
-           "LSTM", "GRU"}
+    ops = {"MatMul", "Pow", "Where", "Split", "Conv", "LayerNormalization", "Transpose", "ReduceL2",
+           "ReduceLogSumExp", "LSTM", "GRU"}
     if not any(n.op_type in ops for n in model.graph.node):
         return model
     shapes = _Shapes(model)
     consumed = _consumed(model)
-    opset = _opset(model)
     consts = int64_constants(model)
     float_types = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
     def where_of(node, i) -> str:
         return f"{node.op_type} node {node.name or i!r}"
 
+    def rank(name: str) -> int | None:
+        shape = shapes.shape(name)
+        return None if shape is None else len(shape)
+
     def needs(node) -> bool:
         op = node.op_type
+        if op == "MatMul":
+            return any(rank(v) == 1 for v in node.input)
         if op == "Pow":
             out = shapes.shape(node.output[0])
             return shapes.shape(node.input[0]) != out or out is None or None in out or \
@@ -415,6 +386,8 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
     def rewrite(i, node):
         op, p = node.op_type, f"{node.name or node.op_type}/gradient_form_{i}/"
         nodes, inits = [], []
+        if op == "MatMul":
+            return _matmul_as_matrix(node, i, p, rank(node.input[0]), rank(node.input[1]))
         if op in ("Pow", "Where"):
             inputs = list(node.input)
             if op == "Pow":
@@ -439,7 +412,7 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(helper.make_node(op, inputs, list(node.output), name=node.name))
             return nodes, inits
         if op == "Split":
-            return _split_as_slices(node, i, p, shapes, consts, opset, consumed, where_of(node, i))
+            return _split_as_slices(node, p, shapes, consts, consumed, where_of(node, i))
         if op == "Conv":
             shape = shapes.shape(node.input[0])
             wshape = shapes.shape(node.input[1])
@@ -474,11 +447,9 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
             axes = list(attribute(node, "axes", []))
             kept = p + "kept"
             nodes.append(helper.make_node(op, list(node.input), [kept], name=node.name, axes=axes, keepdims=1))
-            if opset >= 13:
-                inits.append(numpy_helper.from_array(np.array(axes, np.int64), p + "axes"))
-                nodes.append(helper.make_node("Squeeze", [kept, p + "axes"], list(node.output), name=p + "Squeeze"))
-            else:
-                nodes.append(helper.make_node("Squeeze", [kept], list(node.output), name=p + "Squeeze", axes=axes))
+            # from_onnx brings every model to opset 17 or later, where Squeeze takes its axes as an input
+            inits.append(numpy_helper.from_array(np.array(axes, np.int64), p + "axes"))
+            nodes.append(helper.make_node("Squeeze", [kept, p + "axes"], list(node.output), name=p + "Squeeze"))
             return nodes, inits
         # LSTM / GRU: name every output, and give zero initial states where there are none
         full, states = (3, (5, 6)) if op == "LSTM" else (2, (5,))
@@ -521,20 +492,16 @@ def _same_pads(auto, sizes: list[int], kernel: list[int], strides: list[int]) ->
     return begins + ends
 
 
-def _split_as_slices(node, i: int, p: str, shapes: _Shapes, consts: dict, opset: int, consumed: set[str],
-                     where: str):
-    """The read outputs of a ``Split`` as ``Slice``-s of its input (sizes from the ``split`` input or
-    attribute, or equal parts of a known axis length)."""
+def _split_as_slices(node, p: str, shapes: _Shapes, consts: dict, consumed: set[str], where: str):
+    """The read outputs of a ``Split`` as ``Slice``-s of its input (sizes from the ``split`` input, or
+    equal parts of a known axis length; opset 17 or later, as from_onnx makes every model)."""
     shape = shapes.shape(node.input[0])
     axis = attribute(node, "axis", 0)
     n = len(node.output)
-    if len(node.input) > 1 and node.input[1]:
-        sizes = consts.get(node.input[1])
-        sizes = None if sizes is None else [int(v) for v in np.ravel(sizes)]
-    else:
-        sizes = attribute(node, "split", None)
-        sizes = None if sizes is None else list(sizes)
-    if sizes is None and shape is not None and shape[axis] is not None:
+    sizes = consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    sizes = None if sizes is None else [int(v) for v in np.ravel(sizes)]
+    if sizes is None and (len(node.input) < 2 or not node.input[1]) and shape is not None and \
+            shape[axis] is not None:
         length = shape[axis]
         part = -(-length // n)  # opset 18's rule: equal parts, the last one smaller
         sizes = [min(part, max(length - k * part, 0)) for k in range(n)]
@@ -557,7 +524,7 @@ def _split_as_slices(node, i: int, p: str, shapes: _Shapes, consts: dict, opset:
 
 def for_training(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrites that only the training and eval graphs need (the exported model is left alone)."""
-    return name_batch_dimension(gradient_forms(vector_matmul_as_matrix(average_pool_as_conv(model))))
+    return name_batch_dimension(gradient_forms(average_pool_as_conv(model)))
 
 
 # -- rewrites of the gradient graphs onnxruntime-training builds --------------------------------
