@@ -200,3 +200,63 @@ def test_pad_with_an_axes_input_is_refused_at_import(rng):
                    numpy_helper.from_array(_i64(1), "axes")], opset=18)
     with pytest.raises(ot.UnsupportedOpError, match=r"Pad with an axes input \(opset 18\) \(nodes: "):
         ot.from_onnx(proto)
+
+
+@pytest.mark.parametrize("affine", ["no bias", "constant weights", "shared frozen weights"])
+def test_two_layer_norms_without_weights_of_their_own_train(rng, affine):
+    """Two LayerNormalization nodes without a bias, with constant weights (torch's LayerNorm(bias=
+    False) and LayerNorm(elementwise_affine=False) at opset 17: one Constant read by both), or
+    sharing frozen weights: the gradient builder failed ("Duplicate definition of name (..._grad)")."""
+    torch = torch_or_skip()
+    weights = {"w": (rng.standard_normal((M, M)) * 0.5).astype(np.float32)}
+    gains = [(1 + 0.1 * rng.standard_normal(M)).astype(np.float32) for _ in range(2)]
+    shift = (0.1 * rng.standard_normal(M)).astype(np.float32)
+    nodes, consts, fixed = [_node("MatMul", ["x", "w"], "h")], {}, {}
+    if affine == "no bias":
+        weights |= {"g1": gains[0], "g2": gains[1]}
+        norms = [["h", "g1"], ["n1", "g2"]]
+    elif affine == "constant weights":
+        nodes += [_node("Constant", [], "one", value=numpy_helper.from_array(np.ones(M, np.float32))),
+                  _node("Constant", [], "zero", value=numpy_helper.from_array(np.zeros(M, np.float32)))]
+        norms = [["h", "one", "zero"], ["n1", "one", "zero"]]
+    else:  # initializers left out of trainable=: frozen weights, read by both nodes
+        consts = {"g": gains[0], "b": shift}
+        fixed = {"g": torch.tensor(gains[0], dtype=torch.float64), "b": torch.tensor(shift, dtype=torch.float64)}
+        norms = [["h", "g", "b"], ["n1", "g", "b"]]
+    nodes += [_node("LayerNormalization", norms[0], "n1", axis=-1),
+              _node("LayerNormalization", norms[1], "out", axis=-1)]
+
+    def forward(x, t):
+        def norm(h, k):
+            return torch.nn.functional.layer_norm(h, (M,), t.get(f"g{k}", fixed.get("g")), fixed.get("b"), 1e-5)
+        return norm(norm(x @ t["w"], 1), 2)
+
+    _one_sgd_step_matches_torch(nodes, _x(M), [M], weights, forward, consts)
+
+
+def test_a_dilated_same_conv_predicts_and_exports(rng, tmp_path):
+    """onnxruntime runs no dilated auto_pad SAME convolution (torch's Conv2d(padding='same',
+    dilation=2)): from_onnx writes its padding out, so predict and the export run."""
+    import onnxruntime as ort
+    torch = torch_or_skip()
+    w = (rng.standard_normal((3, 2, 3, 3)) * 0.3).astype(np.float32)
+    proto = model([_node("Conv", ["x", "w"], "out", auto_pad="SAME_UPPER", dilations=[2, 2])],
+                  [vi("x", ["N", 2, 6, 6])], [vi("out", ["N", 3, 6, 6])], [numpy_helper.from_array(w, "w")])
+    m = ot.from_onnx(proto)
+    x = _x(2, 6, 6)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding="same", dilation=2).numpy()
+    np.testing.assert_allclose(m.predict(x), want, rtol=1e-5, atol=1e-6)
+    path = m.export_onnx(tmp_path / "m.onnx")
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    _one_sgd_step_matches_torch(list(proto.graph.node), x, [3, 6, 6], {"w": w},
+                                lambda x, t: torch.nn.functional.conv2d(x, t["w"], padding="same", dilation=2))
+
+
+def test_a_weight_read_only_as_an_exponent_is_named_in_a_warning(rng):
+    p = np.array([1.0, 2.0, 3.0], np.float32)
+    proto = model([_node("Pow", ["x", "p"], "out")], [vi("x", ["N", 3])], [vi("out", ["N", 3])],
+                  [numpy_helper.from_array(p, "p")])
+    with pytest.warns(UserWarning, match=r"from_onnx: 'p' is read only as Pow's exponent, which onnxruntime-training "
+                                         r"does not differentiate, so it stays a constant"):
+        assert ot.from_onnx(proto).weight_names() == []

@@ -130,9 +130,23 @@ def test_ceil_mode_average_pool_keeps_the_runtimes_last_windows(rng, k, s, p, ci
     np.testing.assert_allclose(got, _numpy_average_pool(x.astype(np.float64), k, s, p, cip), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [2]}, {"kernel_shape": [3], "strides": [2], "pads": [1, 1]},
+                                   {"kernel_shape": [3], "strides": [2], "pads": [1, 0], "count_include_pad": 1,
+                                    "ceil_mode": 1}])
+def test_a_1d_average_pool_is_the_2d_rewrite_over_a_height_of_one(rng, attrs):
+    import onnxruntime as ort
+    model = one_node_model("AveragePool", attrs, [None, 3, 9])
+    x = rng.standard_normal((2, 3, 9)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    rewritten = average_pool_as_conv(model)
+    assert "AveragePool" not in {n.op_type for n in rewritten.graph.node}
+    got = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_average_pools_the_rewrite_cannot_express_are_refused():
-    model = one_node_model("AveragePool", {"kernel_shape": [2]}, [None, 3, 9])
-    with pytest.raises(ot.UnsupportedOpError, match="AveragePool node .*2-D average pools, this one is 1-D"):
+    model = one_node_model("AveragePool", {"kernel_shape": [2, 2, 2]}, [None, 3, 4, 4, 4])
+    with pytest.raises(ot.UnsupportedOpError, match="AveragePool node .*1-D and 2-D average pools, this one is 3-D"):
         average_pool_as_conv(model)
 
 

@@ -4,6 +4,7 @@ leaves its input alone."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import itertools
 
@@ -12,6 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.errors import OrtrainError, UnsupportedOpError
+from ortrain.graph.builder import OPSET
 
 
 def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> onnx.ModelProto:
@@ -148,15 +150,16 @@ def _replace_nodes(model: onnx.ModelProto, match, expand, constants=()) -> onnx.
 
 
 def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrite 2-D AveragePool nodes as a depthwise Conv with constant weights.
+    """Rewrite 1-D and 2-D AveragePool nodes as a depthwise Conv with constant weights.
 
     onnxruntime-training 1.19.2's CPU ``AveragePoolGrad`` sizes its output from the
     shapes stored in the graph, so with a free batch dimension it writes an empty
     gradient and the process dies with SIGFPE. A depthwise convolution with weights
     ``1/(kh*kw)``, rescaled where a window holds fewer cells (borders, ``ceil_mode``),
-    computes the same average and has a working gradient. Only the training and eval
-    graphs get this form; exported models keep AveragePool. A pool this rewrite cannot
-    express (not 2-D, or sizes unknown) is refused rather than left to crash the process.
+    computes the same average and has a working gradient (a 1-D pool is the 2-D one over a
+    height of 1). Only the training and eval graphs get this form; exported models keep
+    AveragePool. A pool this rewrite cannot express (3-D, or sizes unknown) is refused rather
+    than left to crash the process.
     """
     def is_pool(n) -> bool:
         return n.op_type == "AveragePool"
@@ -167,40 +170,65 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
 
     def as_conv(i, node):
         shape = _shape_of(inferred, node.input[0])
-        kernel = list(attribute(node, "kernel_shape", []))
-        if len(kernel) != 2:
-            raise UnsupportedOpError(
-                f"AveragePool node {node.name or i!r}: ortrain trains 2-D average pools, this one is "
-                f"{len(kernel)}-D (kernel {kernel}); onnxruntime-training's own AveragePool gradient crashes with "
-                "a free batch size. Freeze the weights before it or replace the pool")
-        if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
-            raise UnsupportedOpError(
-                f"AveragePool node {node.name or i!r}: ortrain trains 2-D average pools whose channels, height "
-                f"and width are known (input shape {shape}); onnxruntime-training's own AveragePool gradient "
-                "crashes with a free batch size. Give the model static image sizes or replace the pool")
-        c, h, w = shape[1:]
-        strides = list(attribute(node, "strides", [1, 1]))
-        pads = _explicit_pads(node, shape)
-        kh, kw = kernel
-        ho, end_h, rows = _pool_geometry(node, h, 0, kh, strides[0], pads)
-        wo, end_w, cols = _pool_geometry(node, w, 1, kw, strides[1], pads)
-        conv_pads = [pads[0], pads[1], end_h, end_w]
-        p = f"{node.name or 'AveragePool'}/as_conv_{i}/"
-        weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32)
-        inits = [numpy_helper.from_array(weight, p + "weight")]
-        counts = np.outer(rows, cols)
-        # A window with no cell of the input averages to 0 (onnxruntime reads past the input there).
-        scale = np.divide(kh * kw, counts, out=np.zeros_like(counts), where=counts > 0)
-        exact = np.all(scale == 1.0)
-        conv_out = node.output[0] if exact else p + "sum"
-        nodes = [helper.make_node("Conv", [node.input[0], p + "weight"], [conv_out], name=p + "Conv",
-                                  group=c, kernel_shape=kernel, strides=strides, pads=conv_pads)]
-        if not exact:
-            inits.append(numpy_helper.from_array(scale.reshape(1, 1, ho, wo).astype(np.float32), p + "scale"))
-            nodes.append(helper.make_node("Mul", [conv_out, p + "scale"], [node.output[0]], name=p + "Mul"))
-        return nodes, inits
+        if len(attribute(node, "kernel_shape", [])) == 1 and shape is not None and len(shape) == 3:
+            return _pool_1d_as_2d(i, node, shape)
+        return _pool_2d_as_conv(i, node, shape)
 
     return _replace_nodes(model, is_pool, as_conv)
+
+
+def _pool_2d_as_conv(i: int, node, shape: list | None):
+    kernel = list(attribute(node, "kernel_shape", []))
+    if len(kernel) != 2:
+        raise UnsupportedOpError(
+            f"AveragePool node {node.name or i!r}: ortrain trains 1-D and 2-D average pools, this one is "
+            f"{len(kernel)}-D (kernel {kernel}); onnxruntime-training's own AveragePool gradient crashes with "
+            "a free batch size. Freeze the weights before it or replace the pool")
+    if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
+        raise UnsupportedOpError(
+            f"AveragePool node {node.name or i!r}: ortrain trains 2-D average pools whose channels, height "
+            f"and width are known (input shape {shape}); onnxruntime-training's own AveragePool gradient "
+            "crashes with a free batch size. Give the model static image sizes or replace the pool")
+    c, h, w = shape[1:]
+    strides = list(attribute(node, "strides", [1, 1]))
+    pads = _explicit_pads(node, shape)
+    kh, kw = kernel
+    ho, end_h, rows = _pool_geometry(node, h, 0, kh, strides[0], pads)
+    wo, end_w, cols = _pool_geometry(node, w, 1, kw, strides[1], pads)
+    conv_pads = [pads[0], pads[1], end_h, end_w]
+    p = f"{node.name or 'AveragePool'}/as_conv_{i}/"
+    weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32)
+    inits = [numpy_helper.from_array(weight, p + "weight")]
+    counts = np.outer(rows, cols)
+    # A window with no cell of the input averages to 0 (onnxruntime reads past the input there).
+    scale = np.divide(kh * kw, counts, out=np.zeros_like(counts), where=counts > 0)
+    exact = np.all(scale == 1.0)
+    conv_out = node.output[0] if exact else p + "sum"
+    nodes = [helper.make_node("Conv", [node.input[0], p + "weight"], [conv_out], name=p + "Conv",
+                              group=c, kernel_shape=kernel, strides=strides, pads=conv_pads)]
+    if not exact:
+        inits.append(numpy_helper.from_array(scale.reshape(1, 1, ho, wo).astype(np.float32), p + "scale"))
+        nodes.append(helper.make_node("Mul", [conv_out, p + "scale"], [node.output[0]], name=p + "Mul"))
+    return nodes, inits
+
+
+def _pool_1d_as_2d(i: int, node, shape: list):
+    """A 1-D ``AveragePool`` over ``(n, c, l)`` as the 2-D one over ``(n, c, 1, l)``, between an
+    ``Unsqueeze`` and a ``Squeeze`` of axis 2."""
+    p = f"{node.name or 'AveragePool'}/as_2d_{i}/"
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs["kernel_shape"] = [1, *attrs["kernel_shape"]]
+    attrs["strides"] = [1, *attrs.get("strides", [1])]
+    if "pads" in attrs:
+        attrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
+    if "dilations" in attrs:
+        attrs["dilations"] = [1, *attrs["dilations"]]
+    pool = helper.make_node("AveragePool", [p + "rows"], [p + "pooled"], name=p + "AveragePool", **attrs)
+    conv_nodes, inits = _pool_2d_as_conv(i, pool, [shape[0], shape[1], 1, shape[2]])
+    nodes = [helper.make_node("Unsqueeze", [node.input[0], p + "axis"], [p + "rows"], name=p + "Unsqueeze"),
+             *conv_nodes,
+             helper.make_node("Squeeze", [p + "pooled", p + "axis"], [node.output[0]], name=p + "Squeeze")]
+    return nodes, [numpy_helper.from_array(np.array([2], np.int64), p + "axis"), *inits]
 
 
 BATCH_DIM = "batch"
@@ -268,7 +296,7 @@ def _matmul_as_matrix(node, i: int, p: str, ra: int | None, rb: int | None):
     return nodes, inits
 
 
-class _Shapes:
+class Shapes:
     """Shapes and element types of a graph's values, by what it declares or else onnx's inference
     (``None`` where neither knows; unknown dimensions are ``None``)."""
 
@@ -329,10 +357,13 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
       reads uninitialized memory). The padding becomes explicit ``pads``.
     - ``Pow`` with an exponent that is not float32 (the builder's ``Sub`` fails on the types):
       the exponent is cast to the base's type.
-    - ``LayerNormalization`` without a bias input, ``Transpose`` without ``perm``, and
+    - ``LayerNormalization`` without a bias input, with a constant bias or scale, or with a
+      weight another LayerNormalization reads too (the builder fails on each, see below),
+      ``Transpose`` without ``perm``, and
       ``ReduceL2``/``ReduceLogSumExp`` without ``keepdims`` and with ``axes`` as an attribute,
-      which the builder fails on: a zero bias, the explicit reversing ``perm``, and ``keepdims``
-      with a ``Squeeze`` after.
+      which the builder fails on: a bias computed from the scale (``scale * 0``, plus the
+      constant) where only the bias is at fault, else the node written out in plain ops; the
+      explicit reversing ``perm``; ``keepdims`` with a ``Squeeze`` after.
     - ``LSTM``/``GRU`` without initial states or naming only some outputs (the builder's graph
       fails to type): zero initial states, as PyTorch's exports write them, and every output named.
 
@@ -342,8 +373,18 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
            "ReduceLogSumExp", "LSTM", "GRU"}
     if not any(n.op_type in ops for n in model.graph.node):
         return model
-    shapes = _Shapes(model)
+    shapes = Shapes(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     consumed = _consumed(model)
+    # values a node computes from the graph's inputs (the weights are inputs here), not constants
+    constant = {t.name for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type in ("Constant", "ConstantOfShape") or (n.input and all(i in constant for i in n.input if i)):
+            constant.update(n.output)
+    computed = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    computed -= constant
+    norm_reads = collections.Counter(v for n in model.graph.node if n.op_type == "LayerNormalization"
+                                     for v in n.input[1:3] if v)
     consts = int64_constants(model)
     float_types = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
@@ -372,7 +413,9 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
             auto = attribute(node, "auto_pad", b"NOTSET")
             return (auto.decode() if isinstance(auto, bytes) else auto) in ("SAME_UPPER", "SAME_LOWER")
         if op == "LayerNormalization":
-            return len(node.input) < 3 or not node.input[2]
+            bias = node.input[2] if len(node.input) > 2 else ""
+            return not bias or bias not in computed or node.input[1] not in computed or \
+                any(norm_reads[v] > 1 for v in node.input[1:3] if v)
         if op == "Transpose":
             return attribute(node, "perm", None) is None
         if op in ("ReduceL2", "ReduceLogSumExp"):
@@ -414,29 +457,33 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
         if op == "Split":
             return _split_as_slices(node, p, shapes, consts, consumed, where_of(node, i))
         if op == "Conv":
-            shape = shapes.shape(node.input[0])
-            wshape = shapes.shape(node.input[1])
-            if shape is None or wshape is None or None in shape[2:] or None in wshape[2:]:
+            explicit = conv_with_explicit_pads(node, shapes)
+            if explicit is None:
                 raise UnsupportedOpError(f"{where_of(node, i)} pads with auto_pad, and its input's sizes are not "
-                                         f"known (input {shape}, weight {wshape}); onnxruntime-training's gradient "
-                                         "of that form is wrong. Export with explicit padding or static image sizes")
-            kernel = list(attribute(node, "kernel_shape", wshape[2:]))
-            dilations = list(attribute(node, "dilations", [1] * len(kernel)))
-            effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-            pads = _same_pads(attribute(node, "auto_pad", b"SAME_UPPER"), shape[2:], effective,
-                              list(attribute(node, "strides", [1] * len(kernel))))
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "auto_pad"}
-            attrs["pads"] = pads
-            return [helper.make_node("Conv", list(node.input), list(node.output), name=node.name, **attrs)], []
+                                         f"known (input {shapes.shape(node.input[0])}); onnxruntime-training's "
+                                         "gradient of that form is wrong. Export with explicit padding or static "
+                                         "image sizes")
+            return [explicit], []
         if op == "LayerNormalization":
-            scale = shapes.shape(node.input[1])
-            if scale is None or None in scale:
-                return [node], []
-            zero = numpy_helper.from_array(np.zeros(scale, onnx.helper.tensor_dtype_to_np_dtype(
-                shapes.elem_type(node.input[1]) or onnx.TensorProto.FLOAT)), p + "bias")
-            new = helper.make_node(op, [node.input[0], node.input[1], p + "bias"], list(node.output), name=node.name)
+            # The builder's LayerNormalization gradient takes only a weight of its own as the scale: it
+            # fails on a constant scale and on a weight two such nodes read ("Duplicate definition of
+            # name (..._grad)"), and on a missing or constant bias. Those nodes are written out in
+            # plain ops; a node whose only fault is its bias gets one computed from the scale
+            # (scale * 0, plus the constant bias), which keeps the fused kernel.
+            scale = node.input[1]
+            bias = node.input[2] if len(node.input) > 2 else ""
+            if scale not in computed or any(norm_reads[v] > 1 for v in (scale, bias) if v):
+                return _layer_norm_decomposed(node, i, p, shapes, opset, consumed)
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(shapes.elem_type(scale) or onnx.TensorProto.FLOAT)
+            inits.append(numpy_helper.from_array(np.zeros((), dtype), p + "zero"))
+            nodes.append(helper.make_node("Mul", [scale, p + "zero"], [p + "zero_bias" if bias else p + "bias"],
+                                          name=p + "ZeroBias"))
+            if bias:
+                nodes.append(helper.make_node("Add", [p + "zero_bias", bias], [p + "bias"], name=p + "Bias"))
+            bias = p + "bias"
+            new = helper.make_node(op, [node.input[0], scale, bias], list(node.output), name=node.name)
             new.attribute.extend(node.attribute)
-            return [new], [zero]
+            return nodes + [new], inits
         if op == "Transpose":
             shape = shapes.shape(node.input[0])
             if shape is None:
@@ -480,6 +527,63 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
     return _replace_nodes(model, needs, rewrite)
 
 
+def _layer_norm_decomposed(node, i: int, p: str, shapes: Shapes, opset: int, consumed: set[str]):
+    """``LayerNormalization`` as the ops it stands for, ``(x - mean) / sqrt(var + eps) * scale +
+    bias`` over the axes from ``axis`` on, for a node whose scale is a constant or a weight other
+    such nodes read too: the gradient builder fails on those ("Duplicate definition of name
+    (..._grad)"), and these ops have gradients."""
+    if any(o in consumed for o in node.output[1:] if o):
+        raise UnsupportedOpError(f"LayerNormalization node {node.name or i!r} has constant weights and returns its "
+                                 "mean or inverse deviation too; onnxruntime-training cannot build its gradient. "
+                                 "Use only its first output, or give it trainable weights")
+    shape = shapes.shape(node.input[0])
+    if shape is None:
+        raise UnsupportedOpError(f"LayerNormalization node {node.name or i!r} has constant weights and an input of "
+                                 "unknown rank; onnxruntime-training cannot build its gradient. Export with known "
+                                 "ranks or give it trainable weights")
+    rank = len(shape)
+    axes = list(range(attribute(node, "axis", -1) % rank, rank))
+    eps = attribute(node, "epsilon", 1e-5)
+    inits = [numpy_helper.from_array(np.array(eps, np.float32), p + "eps")]
+
+    def mean(x: str, out: str) -> onnx.NodeProto:
+        if opset >= 18:  # axes became an input
+            return helper.make_node("ReduceMean", [x, p + "axes"], [out], name=out, keepdims=1)
+        return helper.make_node("ReduceMean", [x], [out], name=out, axes=axes, keepdims=1)
+
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), p + "axes"))
+    y = p + "normed"
+    nodes = [mean(node.input[0], p + "mean"),
+             helper.make_node("Sub", [node.input[0], p + "mean"], [p + "centred"], name=p + "Sub"),
+             helper.make_node("Mul", [p + "centred", p + "centred"], [p + "squares"], name=p + "Square"),
+             mean(p + "squares", p + "var"),
+             helper.make_node("Add", [p + "var", p + "eps"], [p + "var_eps"], name=p + "AddEps"),
+             helper.make_node("Sqrt", [p + "var_eps"], [p + "std"], name=p + "Sqrt"),
+             helper.make_node("Div", [p + "centred", p + "std"], [y], name=p + "Div"),
+             helper.make_node("Mul", [y, node.input[1]], [p + "scaled"], name=p + "Scale")]
+    if len(node.input) > 2 and node.input[2]:
+        nodes.append(helper.make_node("Add", [p + "scaled", node.input[2]], [node.output[0]], name=p + "Bias"))
+    else:
+        nodes.append(helper.make_node("Identity", [p + "scaled"], [node.output[0]], name=p + "Out"))
+    return nodes, inits
+
+
+def conv_with_explicit_pads(node: onnx.NodeProto, shapes: Shapes) -> onnx.NodeProto | None:
+    """``node``, a ``Conv`` with ``auto_pad`` SAME_UPPER/SAME_LOWER, with the same padding written as
+    ``pads`` (dilations counted); None when the input's or the kernel's sizes are not known."""
+    shape, wshape = shapes.shape(node.input[0]), shapes.shape(node.input[1])
+    if shape is None or wshape is None or None in shape[2:] or None in wshape[2:]:
+        return None
+    kernel = list(attribute(node, "kernel_shape", wshape[2:]))
+    dilations = list(attribute(node, "dilations", [1] * len(kernel)))
+    effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    pads = _same_pads(attribute(node, "auto_pad", b"SAME_UPPER"), shape[2:], effective,
+                      list(attribute(node, "strides", [1] * len(kernel))))
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "auto_pad"}
+    return helper.make_node("Conv", list(node.input), list(node.output), name=node.name, **attrs, pads=pads)
+
+
 def _same_pads(auto, sizes: list[int], kernel: list[int], strides: list[int]) -> list[int]:
     """Explicit ``pads`` for ``auto_pad`` SAME_UPPER/SAME_LOWER (the odd cell at the end, or the start)."""
     auto = auto.decode() if isinstance(auto, bytes) else auto
@@ -492,7 +596,7 @@ def _same_pads(auto, sizes: list[int], kernel: list[int], strides: list[int]) ->
     return begins + ends
 
 
-def _split_as_slices(node, p: str, shapes: _Shapes, consts: dict, consumed: set[str], where: str):
+def _split_as_slices(node, p: str, shapes: Shapes, consts: dict, consumed: set[str], where: str):
     """The read outputs of a ``Split`` as ``Slice``-s of its input (sizes from the ``split`` input, or
     equal parts of a known axis length; opset 17 or later, as from_onnx makes every model)."""
     shape = shapes.shape(node.input[0])

@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
-from ortrain.graph.passes import attribute, elem_types, int64_constants
+from ortrain.graph.passes import Shapes, attribute, conv_with_explicit_pads, elem_types, int64_constants
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
@@ -308,11 +308,32 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     return _expand(model, {"CastLike", "PRelu", "Elu", "Softplus", "HardSigmoid", "HardSwish"}, rewrite)
 
 
+def dilated_same_conv_with_pads(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``Conv`` with ``auto_pad`` SAME and dilations -> the same padding as ``pads``: onnxruntime runs
+    no dilated SAME convolution ("Dilation not supported for AutoPadType::SAME_UPPER"), so neither
+    predictions nor the exported model would run (``Conv(padding='same', dilation=2)`` in PyTorch)."""
+    def dilated_same(n) -> bool:
+        auto = attribute(n, "auto_pad", b"NOTSET")
+        return n.op_type == "Conv" and (auto.decode() if isinstance(auto, bytes) else auto) in \
+            ("SAME_UPPER", "SAME_LOWER") and any(d != 1 for d in attribute(n, "dilations", []))
+
+    targets = [i for i, n in enumerate(model.graph.node) if dilated_same(n)]
+    if not targets:
+        return model, 0
+    shapes, out, count = Shapes(model), copy.deepcopy(model), 0
+    for i in targets:
+        explicit = conv_with_explicit_pads(model.graph.node[i], shapes)
+        if explicit is not None:  # sizes unknown: left, and onnxruntime says why when it runs
+            out.graph.node[i].CopyFrom(explicit)
+            count += 1
+    return (out, count) if count else (model, 0)
+
+
 def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """Every rewrite above, in order; returns the model and ``{pass name: nodes changed}``."""
     report = {}
     for fn in (sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
-               gelu_tanh_as_arithmetic, activations_as_arithmetic):
+               gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import os
+import warnings
 
 import numpy as np
 import onnx
@@ -121,11 +122,16 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
     directly, never through ``Identity``. So each ``Identity`` output is a tensor of its own:
     it gets a copy of the value under its name and is classified like any initializer.
     Chains resolve in graph order; an ``Identity`` that writes a graph output stays.
+
+    One case reads the same but is a tie: with constant folding, a weight PyTorch uses twice in
+    a transposed form (one ``Linear`` applied to two 3-D inputs) is folded once per use, and the
+    equal folded tensors are merged through ``Identity``. Matrices split this way are named in
+    a warning (vectors are the batch-norm and bias merges above, which are not ties).
     """
     g = model.graph
     tensors = {t.name: t for t in g.initializer}
     graph_outputs = {o.name for o in g.output}
-    kept, copies = [], []
+    kept, copies, matrices = [], [], []
     for node in g.node:
         src = node.input[0] if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input else ""
         out = node.output[0] if node.output else ""
@@ -136,9 +142,18 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
             tensors[out] = copy.deepcopy(tensors[src])
             tensors[out].name = out
             g.initializer.append(tensors[out])
+            rank = len(tensors[src].dims)
         else:
             stash[out] = stash[src].copy()
+            rank = stash[src].ndim
         copies.append(out)
+        if rank >= 2:
+            matrices.append((src, out))
+    if matrices:
+        pairs = ", ".join(f"{a!r} and {b!r}" for a, b in matrices[:4]) + (", ..." if len(matrices) > 4 else "")
+        warnings.warn(f"from_onnx: the file merges equal weights through Identity ({pairs}); each trains as a weight of "
+                      "its own, as the layers PyTorch clones do. If they are one weight shared in the model, export "
+                      "with do_constant_folding=False so the file keeps the sharing", UserWarning, stacklevel=4)
     if copies:
         del g.node[:]
         g.node.extend(kept)
@@ -234,7 +249,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     keep_inputs = [vi for vi in model.graph.input if vi.name not in set(inits) and vi.name not in stash]
     del model.graph.input[:]
     model.graph.input.extend(keep_inputs)
-    params, weights, constants, unreached = [], {}, [], []
+    params, weights, constants, unreached, several = [], {}, [], [], set()
     values = {t.name: t for t in model.graph.initializer} | stash
     scalars = _trainable_scalars(trainable, values, differentiable)
     for name, value in values.items():
@@ -252,6 +267,15 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
             constants.append(value if tensor else numpy_helper.from_array(value, name))
             if is_float and rank >= 1:
                 unreached.append(name)
+                if int(np.prod(value.dims if tensor else value.shape)) > 1:
+                    several.add(name)
+    # an exponent of several values is a parameter's form (exporters write constant exponents as one value)
+    exponents = sorted(several & {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1})
+    if exponents:
+        warnings.warn(f"from_onnx: {', '.join(map(repr, exponents))} {'is' if len(exponents) == 1 else 'are'} read only "
+                      "as Pow's exponent, which onnxruntime-training does not differentiate, so "
+                      f"{'it stays a constant' if len(exponents) == 1 else 'they stay constants'} (PyTorch would "
+                      "train a parameter there)", UserWarning, stacklevel=3)
     rank = {name: i for i, name in enumerate(first + copies)}
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
