@@ -3,7 +3,7 @@
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import ortrain as ot
@@ -259,3 +259,23 @@ def test_imported_ceil_mode_average_pool_trains(rng, tmp_path):
     with ot.Trainer(model, batch_size=4) as tr:
         loss = tr.step(x, y)
     np.testing.assert_allclose(loss, np.mean((model.predict(x) - y) ** 2), rtol=1e-5)
+
+
+def test_where_operands_are_widened_only_where_a_gradient_may_be_broadcast():
+    """masked_fill on scores (a constant mask and fill value, scores of the result's shape) needs
+    no Expand; a weight of shape (m,) picked by the mask does (its gradient sums over the batch)."""
+    from ortrain.graph.passes import gradient_forms
+
+    def where_model(value):
+        nodes = [helper.make_node("Mul", ["x", "w"], ["h"]),
+                 helper.make_node("Where", ["mask", value, "fill"], ["y"])]
+        inits = [numpy_helper.from_array(np.ones((1, 4), bool), "mask"),
+                 numpy_helper.from_array(np.array(-1e4, np.float32), "fill")]
+        inputs = [helper.make_tensor_value_info("x", 1, ["N", 4]), helper.make_tensor_value_info("w", 1, [4])]
+        graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", 1, ["N", 4])], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    masked = where_model("h")
+    assert gradient_forms(masked) is masked
+    widened = gradient_forms(where_model("w"))
+    assert [n.op_type for n in widened.graph.node].count("Expand") == 2   # over the mask's shape, then the fill's

@@ -316,22 +316,34 @@ class Shapes:
         return found if found is not None else (_declared(self._graph(), name) or (None, 0))
 
     def shape(self, name: str) -> list | None:
+        """Dimensions: ints, symbolic names (str) or None (unknown); None when the rank is unknown."""
         return self._info(name)[0]
+
+    def sizes(self, name: str) -> list[int] | None:
+        """The shape when every dimension is a known int, else None."""
+        shape = self.shape(name)
+        return shape if shape is not None and all(type(d) is int for d in shape) else None
+
+    def same(self, a: str, b: str) -> bool:
+        """Whether ``a`` and ``b`` surely have one shape: equal, every dimension known or named alike."""
+        sa = self.shape(a)
+        return sa is not None and None not in sa and sa == self.shape(b)
 
     def elem_type(self, name: str) -> int:
         return self._info(name)[1]
 
 
 def _declared(g, name: str) -> tuple[list | None, int] | None:
-    """``(shape, element type)`` of ``name`` as graph ``g`` declares it (a shape with ``None`` for
-    unknown dimensions, or ``None`` without one), or None when it declares nothing."""
+    """``(shape, element type)`` of ``name`` as graph ``g`` declares it (a shape of ints, the names
+    of symbolic dimensions and ``None`` for unknown ones; or ``None`` without one), or None when it
+    declares nothing."""
     for t in g.initializer:
         if t.name == name:
             return list(t.dims), t.data_type
     for vi in [*g.input, *g.value_info, *g.output]:
         if vi.name == name and vi.type.HasField("tensor_type"):
             tt = vi.type.tensor_type
-            shape = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] \
+            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim] \
                 if tt.HasField("shape") else None
             return shape, tt.elem_type
     return None
@@ -391,6 +403,10 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
     def where_of(node, i) -> str:
         return f"{node.op_type} node {node.name or i!r}"
 
+    def smaller(value: str, out: str) -> bool:
+        """A value a gradient reaches that may be broadcast to ``out``'s shape."""
+        return value in computed and not shapes.same(value, out)
+
     def rank(name: str) -> int | None:
         shape = shapes.shape(name)
         return None if shape is None else len(shape)
@@ -400,13 +416,11 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
         if op == "MatMul":
             return any(rank(v) == 1 for v in node.input)
         if op == "Pow":
-            out = shapes.shape(node.output[0])
-            return shapes.shape(node.input[0]) != out or out is None or None in out or \
+            return smaller(node.input[0], node.output[0]) or \
                 shapes.elem_type(node.input[1]) != shapes.elem_type(node.input[0])
         if op == "Where":
-            out = shapes.shape(node.output[0])
             return shapes.elem_type(node.output[0]) in float_types and \
-                any(shapes.shape(v) != out or out is None or None in out for v in node.input[1:])
+                any(smaller(v, node.output[0]) for v in node.input[1:])
         if op == "Split":
             return any(o and o not in consumed for o in node.output) or any(not o for o in node.output)
         if op == "Conv":
@@ -441,9 +455,8 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
                 widen = {0: [inputs[1]]}
             else:
                 widen = {1: [inputs[0], inputs[2]], 2: [inputs[0], inputs[1]]}
-            out = shapes.shape(node.output[0])
             for k, others in widen.items():
-                if out is not None and None not in out and shapes.shape(inputs[k]) == out:
+                if not smaller(inputs[k], node.output[0]):
                     continue
                 value = inputs[k]
                 for j, other in enumerate(others):
@@ -572,8 +585,8 @@ def _layer_norm_decomposed(node, i: int, p: str, shapes: Shapes, opset: int, con
 def conv_with_explicit_pads(node: onnx.NodeProto, shapes: Shapes) -> onnx.NodeProto | None:
     """``node``, a ``Conv`` with ``auto_pad`` SAME_UPPER/SAME_LOWER, with the same padding written as
     ``pads`` (dilations counted); None when the input's or the kernel's sizes are not known."""
-    shape, wshape = shapes.shape(node.input[0]), shapes.shape(node.input[1])
-    if shape is None or wshape is None or None in shape[2:] or None in wshape[2:]:
+    shape, wshape = shapes.shape(node.input[0]), shapes.sizes(node.input[1])
+    if shape is None or wshape is None or any(type(d) is not int for d in shape[2:]):
         return None
     kernel = list(attribute(node, "kernel_shape", wshape[2:]))
     dilations = list(attribute(node, "dilations", [1] * len(kernel)))
@@ -605,7 +618,7 @@ def _split_as_slices(node, p: str, shapes: Shapes, consts: dict, consumed: set[s
     sizes = consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
     sizes = None if sizes is None else [int(v) for v in np.ravel(sizes)]
     if sizes is None and (len(node.input) < 2 or not node.input[1]) and shape is not None and \
-            shape[axis] is not None:
+            type(shape[axis]) is int:
         length = shape[axis]
         part = -(-length // n)  # opset 18's rule: equal parts, the last one smaller
         sizes = [min(part, max(length - k * part, 0)) for k in range(n)]
