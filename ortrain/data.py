@@ -327,10 +327,12 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
             if batch is None:
                 break
             try:
-                x, y, _ = parse_batch(batch)
+                x, y, w = parse_batch(batch)
             except OrtrainError as exc:
                 raise OrtrainError(f"{argument}[{i}]: {exc}") from None
             prepare_arrays(model, x, y, None, f"{argument}[{i}] x", f"{argument}[{i}] y")
+            if isinstance(w, np.ndarray) and w.dtype.kind == "f":  # other forms are checked when read
+                refuse_non_finite_weights(w, f"{argument}[{i}] sample_weight", "nothing was trained")
     return EpochIterator(as_source(data, argument), steps)
 
 

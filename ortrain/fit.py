@@ -365,9 +365,11 @@ class _Loop:
             # trained with the state of before, so it waits until both are written (a second one not).
             try:
                 _ = self.model  # brings the weights over (a callback may have set some)
-                if tr.n_steps != self._steps_at_start:  # a fit that took no step leaves the state as it was
+                # A fit that took no step leaves the optimizer state as it was, and a rate written on
+                # model.optimizer still to be taken up by the next fit.
+                if tr.n_steps != self._steps_at_start:
                     self._model.train_state = tr.export_state()
-                self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
+                    self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
                 break
             except KeyboardInterrupt as exc:
                 if interrupt is not None:

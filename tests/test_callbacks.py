@@ -677,3 +677,27 @@ def test_a_callback_refusing_the_fit_leaves_what_earlier_callbacks_would_have_ch
         assert model.train_state is None
         for a, b in zip(weights, model.get_weights()):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_fit_refused_or_failed_before_its_first_step_keeps_logs_and_a_written_rate(tmp_path):
+    x = np.random.default_rng(0).random((16, 4)).astype(np.float32)
+    y = np.random.default_rng(1).random((16, 2)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.01), loss="mse")
+    model.fit(x, y, batch_size=8, verbose=0)
+    log = tmp_path / "log.csv"
+    log.write_text("epoch,loss\n0,1.5\n")
+    for second, message in ((tmp_path / "nodir" / "b.csv", "CSVLogger: directory .* does not exist"),
+                            (tmp_path, "CSVLogger: filename .* is a directory")):
+        with pytest.raises(ot.OrtrainError, match=message):
+            model.fit(x, y, verbose=0, callbacks=[ot.callbacks.CSVLogger(log), ot.callbacks.CSVLogger(second)])
+        assert log.read_text() == "epoch,loss\n0,1.5\n"
+
+    class Boom(ot.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            raise RuntimeError("before the first step")
+
+    model.optimizer.lr = 0.5
+    with pytest.raises(RuntimeError):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[Boom()])
+    assert model.fit(x, y, batch_size=8, verbose=0).history["lr"] == [0.5]   # the written rate still applies

@@ -299,6 +299,8 @@ def test_evaluate_weights_samples_as_numpy_and_refuses_non_finite_weights(rng):
             tr.eval(x, np.zeros((6, 2), np.float32), sample_weight=weights)
         # validation weights too, before anything trains
         for kwargs, argument in ((dict(validation_data=(x, y, weights)), r"validation_data\[2\]"),
+                                 (dict(validation_data=[(x, y, np.ones(6)), (x, y, weights)]),
+                                  r"validation_data\[1\] sample_weight"),
                                  (dict(sample_weight=np.r_[np.ones(6), weights], validation_split=0.5),
                                   r"sample_weight \(rows held out by validation_split\)")):
             rows = 6 if "validation_data" in kwargs else 12

@@ -260,3 +260,56 @@ def test_a_weight_read_only_as_an_exponent_is_named_in_a_warning(rng):
     with pytest.warns(UserWarning, match=r"from_onnx: 'p' is read only as Pow's exponent, which onnxruntime-training "
                                          r"does not differentiate, so it stays a constant"):
         assert ot.from_onnx(proto).weight_names() == []
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_layer_norm_whose_statistics_are_read_trains(rng, bias):
+    """The runtime's LayerNormalization gradient ignores what flows into its Mean and InvStdDev
+    outputs: W ended 3.7e-2 off PyTorch after one step, silently."""
+    torch = torch_or_skip()
+    w = (rng.standard_normal((M, M)) * 0.5).astype(np.float32)
+    weights = {"w": w, "g": (1 + 0.1 * rng.standard_normal(M)).astype(np.float32)}
+    if bias:
+        weights["b"] = (0.1 * rng.standard_normal(M)).astype(np.float32)
+    nodes = [_node("MatMul", ["x", "w"], "h"),
+             _node("LayerNormalization", ["h", "g"] + (["b"] if bias else []), ["n", "mu", "inv"], axis=-1),
+             _node("Mul", ["mu", "inv"], "s"), _node("Add", ["n", "s"], "out")]
+
+    def forward(x, t):
+        h = x @ t["w"]
+        mu = h.mean(-1, keepdim=True)
+        inv = 1 / torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + 1e-5)
+        return (h - mu) * inv * t["g"] + (t["b"] if bias else 0) + mu * inv
+
+    _one_sgd_step_matches_torch(nodes, _x(3, M), [3, M], weights, forward)
+
+
+def test_a_same_conv_of_free_image_sizes_trains_at_stride_one(rng):
+    # the padding is k - 1 whatever the size at stride 1 (tf2onnx writes SAME convolutions of free sizes)
+    torch = torch_or_skip()
+    torch_module = torch.nn.functional
+    w = (rng.standard_normal((3, 2, 3, 3)) * 0.3).astype(np.float32)
+    proto = model([_node("Conv", ["x", "w"], "out", auto_pad="SAME_UPPER")], [vi("x", ["N", 2, "H", "W"])],
+                  [vi("out", ["N", 3, "H", "W"])], [numpy_helper.from_array(w, "w")])
+    m = ot.from_onnx(proto, trainable=["w"])
+    m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x = _x(2, 5, 6)
+    tw = torch.tensor(w.astype(np.float64), requires_grad=True)
+    y = np.random.default_rng(3).standard_normal((N, 3, 5, 6)).astype(np.float32)
+    loss = ((torch_module.conv2d(torch.tensor(x.astype(np.float64)), tw, padding="same") - torch.tensor(
+        y.astype(np.float64))) ** 2).mean()
+    loss.backward()
+    m.fit(x, y, batch_size=N, verbose=0)
+    np.testing.assert_allclose(m.get_weights()[0], w - 0.1 * tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_average_pool_with_dilations_is_refused_by_name(rng):
+    w = rng.standard_normal((2, 2)).astype(np.float32)
+    proto = model([_node("MatMul", ["x", "w"], "h"), _node("AveragePool", ["h"], "out", kernel_shape=[2],
+                                                          dilations=[2])],
+                  [vi("x", ["N", 3, 2])], [vi("out", ["N", 3, None])], [numpy_helper.from_array(w, "w")], opset=19)
+    m = ot.from_onnx(proto)
+    m.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=r"AveragePool node .* has dilations \[2\]; ortrain trains average "
+                                                    r"pools without dilation"):
+        ot.Trainer(m, batch_size=2)

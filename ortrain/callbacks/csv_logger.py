@@ -53,11 +53,16 @@ class CSVLogger(Callback):
         self._writer = None
         self.keys = None
 
-    def on_train_begin(self, logs=None):
+    def _check_fit(self):
         directory = os.path.dirname(os.path.abspath(self.filename))
         if not os.path.isdir(directory):
             raise OrtrainError(f"CSVLogger: directory {directory!r} does not exist; create it or choose "
                                "another filename")
+        if os.path.isdir(self.filename):
+            raise OrtrainError(f"CSVLogger: filename {self.filename!r} is a directory; give a file path such as "
+                               "'log.csv'")
+
+    def on_train_begin(self, logs=None):
         has_rows = self.append and os.path.isfile(self.filename) and os.path.getsize(self.filename) > 0
         self.keys = None
         if has_rows:

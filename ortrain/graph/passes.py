@@ -119,13 +119,7 @@ def _explicit_pads(node, shape: list) -> list[int]:
     if auto == "VALID":
         return [0, 0, 0, 0]
     kernel, strides = list(attribute(node, "kernel_shape", [])), list(attribute(node, "strides", [1, 1]))
-    begins, ends = [], []
-    for size, k, st in zip(shape[2:], kernel, strides):
-        total = max((-(-size // st) - 1) * st + k - size, 0)
-        small, large = total // 2, total - total // 2
-        begins.append(large if auto == "SAME_LOWER" else small)
-        ends.append(small if auto == "SAME_LOWER" else large)
-    return begins + ends
+    return _same_pads(auto, shape[2:], kernel, strides)
 
 
 def _replace_nodes(model: onnx.ModelProto, match, expand, constants=()) -> onnx.ModelProto:
@@ -170,7 +164,17 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
 
     def as_conv(i, node):
         shape = _shape_of(inferred, node.input[0])
-        if len(attribute(node, "kernel_shape", [])) == 1 and shape is not None and len(shape) == 3:
+        if any(d != 1 for d in attribute(node, "dilations", [])):
+            raise UnsupportedOpError(
+                f"AveragePool node {node.name or i!r} has dilations {list(attribute(node, 'dilations', []))}; "
+                "ortrain trains average pools without dilation (onnxruntime-training's own AveragePool gradient "
+                "crashes with a free batch size). Freeze the weights before it or replace the pool")
+        if len(attribute(node, "kernel_shape", [])) == 1:
+            if shape is None or len(shape) != 3 or any(d is None for d in shape[1:]):
+                raise UnsupportedOpError(
+                    f"AveragePool node {node.name or i!r}: ortrain trains 1-D average pools whose channels and "
+                    f"length are known (input shape {shape}); onnxruntime-training's own AveragePool gradient "
+                    "crashes with a free batch size. Give the model a static length or replace the pool")
             return _pool_1d_as_2d(i, node, shape)
         return _pool_2d_as_conv(i, node, shape)
 
@@ -221,8 +225,7 @@ def _pool_1d_as_2d(i: int, node, shape: list):
     attrs["strides"] = [1, *attrs.get("strides", [1])]
     if "pads" in attrs:
         attrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
-    if "dilations" in attrs:
-        attrs["dilations"] = [1, *attrs["dilations"]]
+    attrs.pop("dilations", None)  # all 1: as_conv refuses others
     pool = helper.make_node("AveragePool", [p + "rows"], [p + "pooled"], name=p + "AveragePool", **attrs)
     conv_nodes, inits = _pool_2d_as_conv(i, pool, [shape[0], shape[1], 1, shape[2]])
     nodes = [helper.make_node("Unsqueeze", [node.input[0], p + "axis"], [p + "rows"], name=p + "Unsqueeze"),
@@ -369,6 +372,8 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
       reads uninitialized memory). The padding becomes explicit ``pads``.
     - ``Pow`` with an exponent that is not float32 (the builder's ``Sub`` fails on the types):
       the exponent is cast to the base's type.
+    - ``LayerNormalization`` whose ``Mean``/``InvStdDev`` outputs are read: the gradient
+      ignores what flows into them (silently wrong). It is written out in plain ops.
     - ``LayerNormalization`` without a bias input, with a constant bias or scale, or with a
       weight another LayerNormalization reads too (the builder fails on each, see below),
       ``Transpose`` without ``perm``, and
@@ -429,7 +434,8 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
         if op == "LayerNormalization":
             bias = node.input[2] if len(node.input) > 2 else ""
             return not bias or bias not in computed or node.input[1] not in computed or \
-                any(norm_reads[v] > 1 for v in node.input[1:3] if v)
+                any(norm_reads[v] > 1 for v in node.input[1:3] if v) or \
+                any(o in consumed for o in node.output[1:] if o)
         if op == "Transpose":
             return attribute(node, "perm", None) is None
         if op in ("ReduceL2", "ReduceLogSumExp"):
@@ -485,7 +491,8 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
             # (scale * 0, plus the constant bias), which keeps the fused kernel.
             scale = node.input[1]
             bias = node.input[2] if len(node.input) > 2 else ""
-            if scale not in computed or any(norm_reads[v] > 1 for v in (scale, bias) if v):
+            if scale not in computed or any(norm_reads[v] > 1 for v in (scale, bias) if v) or \
+                    any(o in consumed for o in node.output[1:] if o):
                 return _layer_norm_decomposed(node, i, p, shapes, opset, consumed)
             dtype = onnx.helper.tensor_dtype_to_np_dtype(shapes.elem_type(scale) or onnx.TensorProto.FLOAT)
             inits.append(numpy_helper.from_array(np.zeros((), dtype), p + "zero"))
@@ -542,18 +549,17 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _layer_norm_decomposed(node, i: int, p: str, shapes: Shapes, opset: int, consumed: set[str]):
     """``LayerNormalization`` as the ops it stands for, ``(x - mean) / sqrt(var + eps) * scale +
-    bias`` over the axes from ``axis`` on, for a node whose scale is a constant or a weight other
-    such nodes read too: the gradient builder fails on those ("Duplicate definition of name
-    (..._grad)"), and these ops have gradients."""
-    if any(o in consumed for o in node.output[1:] if o):
-        raise UnsupportedOpError(f"LayerNormalization node {node.name or i!r} has constant weights and returns its "
-                                 "mean or inverse deviation too; onnxruntime-training cannot build its gradient. "
-                                 "Use only its first output, or give it trainable weights")
+    bias`` over the axes from ``axis`` on, with its ``Mean`` and ``InvStdDev`` outputs where they
+    are read. For a node whose scale or bias is a constant or a value other such nodes read too
+    (the gradient builder fails on those: "Duplicate definition of name (..._grad)"), and for one
+    whose statistics are read (the builder's gradient ignores what flows into them: silently
+    wrong). These ops have gradients."""
     shape = shapes.shape(node.input[0])
     if shape is None:
-        raise UnsupportedOpError(f"LayerNormalization node {node.name or i!r} has constant weights and an input of "
-                                 "unknown rank; onnxruntime-training cannot build its gradient. Export with known "
-                                 "ranks or give it trainable weights")
+        raise UnsupportedOpError(f"LayerNormalization node {node.name or i!r} has weights onnxruntime-training's "
+                                 "gradient cannot take (constant or shared), or its statistics are read, and its "
+                                 "input's rank is not known, so ortrain cannot write it out in plain ops. Export "
+                                 "with known ranks")
     rank = len(shape)
     axes = list(range(attribute(node, "axis", -1) % rank, rank))
     eps = attribute(node, "epsilon", 1e-5)
@@ -579,6 +585,11 @@ def _layer_norm_decomposed(node, i: int, p: str, shapes: Shapes, opset: int, con
         nodes.append(helper.make_node("Add", [p + "scaled", node.input[2]], [node.output[0]], name=p + "Bias"))
     else:
         nodes.append(helper.make_node("Identity", [p + "scaled"], [node.output[0]], name=p + "Out"))
+    statistics = list(node.output[1:3]) + [""] * (3 - len(node.output))
+    if statistics[0] in consumed:
+        nodes.append(helper.make_node("Identity", [p + "mean"], [statistics[0]], name=p + "Mean"))
+    if statistics[1] in consumed:
+        nodes.append(helper.make_node("Reciprocal", [p + "std"], [statistics[1]], name=p + "InvStdDev"))
     return nodes, inits
 
 
@@ -586,13 +597,17 @@ def conv_with_explicit_pads(node: onnx.NodeProto, shapes: Shapes) -> onnx.NodePr
     """``node``, a ``Conv`` with ``auto_pad`` SAME_UPPER/SAME_LOWER, with the same padding written as
     ``pads`` (dilations counted); None when the input's or the kernel's sizes are not known."""
     shape, wshape = shapes.shape(node.input[0]), shapes.sizes(node.input[1])
-    if shape is None or wshape is None or any(type(d) is not int for d in shape[2:]):
+    if shape is None or wshape is None:
         return None
     kernel = list(attribute(node, "kernel_shape", wshape[2:]))
     dilations = list(attribute(node, "dilations", [1] * len(kernel)))
+    strides = list(attribute(node, "strides", [1] * len(kernel)))
     effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    pads = _same_pads(attribute(node, "auto_pad", b"SAME_UPPER"), shape[2:], effective,
-                      list(attribute(node, "strides", [1] * len(kernel))))
+    # at stride 1 the padding is k - 1 whatever the size; other strides need the size
+    sizes = [d if type(d) is int else (1 if st == 1 else None) for d, st in zip(shape[2:], strides)]
+    if None in sizes:
+        return None
+    pads = _same_pads(attribute(node, "auto_pad", b"SAME_UPPER"), sizes, effective, strides)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "auto_pad"}
     return helper.make_node("Conv", list(node.input), list(node.output), name=node.name, **attrs, pads=pads)
 

@@ -125,13 +125,16 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
 
     One case reads the same but is a tie: with constant folding, a weight PyTorch uses twice in
     a transposed form (one ``Linear`` applied to two 3-D inputs) is folded once per use, and the
-    equal folded tensors are merged through ``Identity``. Matrices split this way are named in
-    a warning (vectors are the batch-norm and bias merges above, which are not ties).
+    equal folded tensors are merged through ``Identity``. Matrices split this way that a
+    ``MatMul`` reads are named in a warning (vectors are the batch-norm and bias merges above,
+    and a weight ``Gemm`` or ``Conv`` reads is a layer's own: neither is a tie).
     """
     g = model.graph
     tensors = {t.name: t for t in g.initializer}
     graph_outputs = {o.name for o in g.output}
     kept, copies, matrices = [], [], []
+    # folded transposed weights are read by MatMul; a layer's own weight (Gemm, Conv) is never a tie
+    matmul_reads = {i for n in g.node if n.op_type == "MatMul" for i in n.input}
     for node in g.node:
         src = node.input[0] if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input else ""
         out = node.output[0] if node.output else ""
@@ -147,7 +150,7 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
             stash[out] = stash[src].copy()
             rank = stash[src].ndim
         copies.append(out)
-        if rank >= 2:
+        if rank >= 2 and out in matmul_reads:
             matrices.append((src, out))
     if matrices:
         pairs = ", ".join(f"{a!r} and {b!r}" for a, b in matrices[:4]) + (", ..." if len(matrices) > 4 else "")
