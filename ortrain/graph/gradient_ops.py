@@ -18,7 +18,14 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-from ortrain.graph.passes import attribute, elem_types, int64_constants, node_inputs, subgraph_reads
+from ortrain.graph.passes import (
+    attribute,
+    elem_types,
+    int64_constants,
+    node_inputs,
+    subgraph_reads,
+    text_attribute,
+)
 
 __all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients", "nodes_without_gradient", "untrainable_form"]
 
@@ -145,7 +152,7 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     ``consts``: the graph's int64 constants (``passes.int64_constants``)."""
     op = node.op_type
     if op == "Pad":
-        mode = _text(attribute(node, "mode", b"constant"))
+        mode = text_attribute(node, "mode", "constant")
         if mode != "constant":
             return f"Pad in {mode!r} mode"
         if len(node.input) > 3 and node.input[3]:
@@ -156,14 +163,10 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
             (len(node.input) < 2 or not node.input[1]):
         return "ReduceL2 over every axis without keepdims"
     elif op in ("LSTM", "GRU"):
-        direction = _text(attribute(node, "direction", b"forward"))
+        direction = text_attribute(node, "direction", "forward")
         if direction != "forward":
             return f"{op} in direction {direction!r}"
     return None
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def ancestors(model: onnx.ModelProto, target: str) -> set[str]:

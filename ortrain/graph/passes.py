@@ -92,6 +92,15 @@ def attribute(node: onnx.NodeProto, name: str, default):
     return default
 
 
+def text_attribute(node: onnx.NodeProto, name: str, default: str) -> str:
+    """A string attribute of ``node`` as text (``auto_pad``, ``mode``, ``direction``), or ``default``."""
+    value = attribute(node, name, default)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+SAME = ("SAME_UPPER", "SAME_LOWER")
+
+
 def _pool_geometry(node, size: int, axis: int, kernel: int, stride: int, pads: list[int]):
     """Output length, end padding actually covered, and the divisor of every window on one axis.
 
@@ -112,8 +121,7 @@ def _pool_geometry(node, size: int, axis: int, kernel: int, stride: int, pads: l
 
 
 def _explicit_pads(node, shape: list) -> list[int]:
-    auto = attribute(node, "auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
+    auto = text_attribute(node, "auto_pad", "NOTSET")
     if auto in ("NOTSET", ""):
         return list(attribute(node, "pads", [0, 0, 0, 0]))
     if auto == "VALID":
@@ -429,8 +437,7 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
         if op == "Split":
             return any(o and o not in consumed for o in node.output) or any(not o for o in node.output)
         if op == "Conv":
-            auto = attribute(node, "auto_pad", b"NOTSET")
-            return (auto.decode() if isinstance(auto, bytes) else auto) in ("SAME_UPPER", "SAME_LOWER")
+            return text_attribute(node, "auto_pad", "NOTSET") in SAME
         if op == "LayerNormalization":
             bias = node.input[2] if len(node.input) > 2 else ""
             return not bias or bias not in computed or node.input[1] not in computed or \
@@ -607,14 +614,13 @@ def conv_with_explicit_pads(node: onnx.NodeProto, shapes: Shapes) -> onnx.NodePr
     sizes = [d if type(d) is int else (1 if st == 1 else None) for d, st in zip(shape[2:], strides)]
     if None in sizes:
         return None
-    pads = _same_pads(attribute(node, "auto_pad", b"SAME_UPPER"), sizes, effective, strides)
+    pads = _same_pads(text_attribute(node, "auto_pad", "SAME_UPPER"), sizes, effective, strides)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "auto_pad"}
     return helper.make_node("Conv", list(node.input), list(node.output), name=node.name, **attrs, pads=pads)
 
 
-def _same_pads(auto, sizes: list[int], kernel: list[int], strides: list[int]) -> list[int]:
+def _same_pads(auto: str, sizes: list[int], kernel: list[int], strides: list[int]) -> list[int]:
     """Explicit ``pads`` for ``auto_pad`` SAME_UPPER/SAME_LOWER (the odd cell at the end, or the start)."""
-    auto = auto.decode() if isinstance(auto, bytes) else auto
     begins, ends = [], []
     for size, k, st in zip(sizes, kernel, strides):
         total = max((-(-size // st) - 1) * st + k - size, 0)

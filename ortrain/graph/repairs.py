@@ -29,7 +29,15 @@ from onnx import helper, numpy_helper, version_converter
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
-from ortrain.graph.passes import Shapes, attribute, conv_with_explicit_pads, elem_types, int64_constants
+from ortrain.graph.passes import (
+    SAME,
+    Shapes,
+    attribute,
+    conv_with_explicit_pads,
+    elem_types,
+    int64_constants,
+    text_attribute,
+)
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
@@ -313,9 +321,8 @@ def dilated_same_conv_with_pads(model: onnx.ModelProto) -> tuple[onnx.ModelProto
     no dilated SAME convolution ("Dilation not supported for AutoPadType::SAME_UPPER"), so neither
     predictions nor the exported model would run (``Conv(padding='same', dilation=2)`` in PyTorch)."""
     def dilated_same(n) -> bool:
-        auto = attribute(n, "auto_pad", b"NOTSET")
-        return n.op_type == "Conv" and (auto.decode() if isinstance(auto, bytes) else auto) in \
-            ("SAME_UPPER", "SAME_LOWER") and any(d != 1 for d in attribute(n, "dilations", []))
+        return n.op_type == "Conv" and text_attribute(n, "auto_pad", "NOTSET") in SAME and \
+            any(d != 1 for d in attribute(n, "dilations", []))
 
     targets = [i for i, n in enumerate(model.graph.node) if dilated_same(n)]
     if not targets:
