@@ -313,3 +313,18 @@ def test_an_average_pool_with_dilations_is_refused_by_name(rng):
     with pytest.raises(ot.UnsupportedOpError, match=r"AveragePool node .* has dilations \[2\]; ortrain trains average "
                                                     r"pools without dilation"):
         ot.Trainer(m, batch_size=2)
+
+
+def test_a_recurrent_layer_with_sequence_lengths_is_refused_at_import(rng):
+    # its gradient kernel fails at the first step ("onnxruntime could not run the training step")
+    h = 3
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 4 * h, 2)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((1, 4 * h, h)).astype(np.float32), "R"),
+             numpy_helper.from_array(np.array([3, 2, 3, 1], np.int32), "lengths"),
+             numpy_helper.from_array(_i64(1), "one")]
+    nodes = [_node("Transpose", ["x"], "xt", perm=[1, 0, 2]),
+             _node("LSTM", ["xt", "W", "R", "", "lengths"], ["Y"], hidden_size=h, name="lstm"),
+             _node("Squeeze", ["Y", "one"], "ys"), _node("Transpose", ["ys"], "out", perm=[1, 0, 2])]
+    proto = model(nodes, [vi("x", [4, 3, 2])], [vi("out", [4, 3, h])], inits)
+    with pytest.raises(ot.UnsupportedOpError, match=r"LSTM with sequence_lens \(nodes: lstm\)"):
+        ot.from_onnx(proto)

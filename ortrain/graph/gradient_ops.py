@@ -147,7 +147,7 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     onnxruntime-training 1.19.2, or None: its builder takes only ``Pad`` in mode ``constant``,
     builds an invalid graph for ``ReduceL2`` over every axis without ``keepdims`` and for ``Pad``
     with an ``axes`` input, and its gradient kernels fail on negative ``Slice`` steps and run
-    ``LSTM``/``GRU`` forward only.
+    ``LSTM``/``GRU`` forward only and without ``sequence_lens``.
     Steps and axes are seen where an int64 initializer or ``Constant`` holds them.
     ``consts``: the graph's int64 constants (``passes.int64_constants``)."""
     op = node.op_type
@@ -166,6 +166,8 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
         direction = text_attribute(node, "direction", "forward")
         if direction != "forward":
             return f"{op} in direction {direction!r}"
+        if len(node.input) > 4 and node.input[4]:
+            return f"{op} with sequence_lens"
     return None
 
 
