@@ -289,17 +289,20 @@ def test_class_weight_on_a_model_without_classes_is_refused():
 
 
 def test_a_model_whose_number_of_classes_is_free_takes_any_class_index():
-    # from_onnx with an output of shape (N, C): the classes are not known before the labels come, so
-    # the weights are looked up by class (a table sized by the largest key ran out of memory), and
-    # negative labels, which GatherElements would read from the end, are refused.
+    # from_onnx with an output of shape (N, C), C the input's own free width: the classes are not
+    # known before the labels come, so the weights are looked up by class (a table sized by the
+    # largest key ran out of memory), and negative labels, which GatherElements would read from the
+    # end, are refused.
     from onnx import TensorProto, helper, numpy_helper
-    w = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    w = np.array([1.5, -0.5], np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "free",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C"])], [numpy_helper.from_array(w, "w")])
+        [helper.make_node("Mul", ["x", "w0"], ["h"]), helper.make_node("Add", ["h", "w1"], ["y"])], "free",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C"])],
+        [numpy_helper.from_array(w[:1], "w0"), numpy_helper.from_array(w[1:], "w1")])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x, y = data()
+    x = x[:, :3]  # three classes, as data() labels them
     big = {0: 2.0, 10**13: 5.0}
     a, b = ot.from_onnx(proto), ot.from_onnx(proto)
     for m in (a, b):

@@ -386,3 +386,20 @@ def test_matmul_with_a_1d_operand_trains_as_pytorch(rng):
     x = f32(rng, 2, 4, 3)
     np.testing.assert_allclose(model.predict(x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-7)
     _train_side_by_side(torch, net, model, [(f32(rng, 5, 4, 3), f32(rng, 5, 3)) for _ in range(3)], lr=0.1)
+
+
+def test_output_sizes_the_weights_fix_are_known_so_class_labels_are_checked(rng):
+    """A classifier declared (N, C) whose last layer has 3 columns: C is 3, so a class label of 7
+    is refused (the fused loss read past the row and trained on it, silently)."""
+    w = f32(rng, 4, 3)
+    proto = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [vi("x", [None, 4])], [vi("y", ["N", "C"])],
+                   [numpy_helper.from_array(w, "w")])
+    model = ot.from_onnx(proto)
+    assert model.output_specs[0].shape == (None, 3)
+    model.compile(optimizer="sgd", loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, labels = f32(rng, 6, 4), np.array([0, 7, 1, 1, 2, 0])
+    for call in (lambda: model.fit(x, labels, verbose=0), lambda: model.evaluate(x, labels)):
+        with pytest.raises(ot.ShapeError, match=r"class labels must lie in \[0, 2\] \(the output has 3 classes\)"):
+            call()
+    np.testing.assert_array_equal(model.get_weights()[0], w)
+    assert model.train_state is None

@@ -398,16 +398,29 @@ def _seed_random_ops(proto: onnx.ModelProto) -> None:
 def _check_shapes(fg) -> None:
     """Shapes and types that cannot fit together (a ``MatMul`` of 4 columns into 5 rows, an int64
     tensor into a float op) are refused here, naming the node, instead of failing later in the
-    runtime's gradient builder without saying where."""
+    runtime's gradient builder without saying where.
+
+    Output dimensions after the batch that the file leaves free but the weights fix (a classifier
+    declared ``(N, C)`` whose last layer has 3 columns) are written into the graph's outputs, so
+    the loss knows the number of classes: a class label of 3 or more is then refused, where the
+    fused loss would read past the row."""
     probe = onnx.ModelProto()
     probe.CopyFrom(fg.proto)
     del probe.graph.value_info[:]  # annotations of intermediate tensors may be stale; the runtime ignores them
     try:
-        onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True)
+        inferred = onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True)
     except onnx.shape_inference.InferenceError as exc:
         reason = " ".join(str(exc).split())
         raise ShapeError(f"the model's shapes or types do not fit together: {reason}; fix the model or its "
                          "export") from None
+    found = {o.name: o.type.tensor_type.shape.dim for o in inferred.graph.output}
+    for out in fg.proto.graph.output:
+        dims, known = out.type.tensor_type.shape.dim, found.get(out.name)
+        if known is None or len(known) != len(dims):
+            continue
+        for d, k in list(zip(dims, known))[1:]:
+            if not d.HasField("dim_value") and k.HasField("dim_value"):
+                d.dim_value = k.dim_value
 
 
 def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | None = None):
