@@ -43,7 +43,7 @@ __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", 
 FORMAT = 1
 # Bumped whenever the code that writes the graphs changes what it writes, so caches made by an
 # earlier revision of this version of ortrain miss instead of serving stale graphs.
-BUILDER_REVISION = 10
+BUILDER_REVISION = 11
 LABEL = "ortrain.label"
 SAMPLE_WEIGHT = "ortrain.sample_weight"
 LOSS_SCALE = "ortrain.loss_scale"

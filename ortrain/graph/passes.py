@@ -431,8 +431,8 @@ def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
         if op == "Pow":
             return smaller(node.input[0], node.output[0]) or \
                 shapes.elem_type(node.input[1]) != shapes.elem_type(node.input[0])
-        if op == "Where":
-            return shapes.elem_type(node.output[0]) in float_types and \
+        if op == "Where":  # values of an unknown type are widened too: Expand takes any
+            return shapes.elem_type(node.output[0]) in (*float_types, 0) and \
                 any(smaller(v, node.output[0]) for v in node.input[1:])
         if op == "Split":
             return any(o and o not in consumed for o in node.output) or any(not o for o in node.output)
