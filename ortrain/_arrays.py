@@ -169,13 +169,15 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
 
 
 def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
-                   n_classes: int | None = None, rows_of: str | None = None) -> np.ndarray:
+                   n_classes: int | None = None, rows_of: str | None = None, check_classes: bool = True) -> np.ndarray:
     """Labels for the loss's label input ``spec``, cast, shaped and checked.
 
     As Keras does, ``(n, 1)`` integer labels stand for ``(n,)`` class indices and ``(n,)``
-    targets for an output of shape ``(n, 1)``. With ``n_classes`` (sparse cross-entropy)
-    every label must lie in ``[0, n_classes - 1]``: the graph's GatherElements would wrap a
-    negative index into a wrong loss and fail on a large one only inside onnxruntime.
+    targets for an output of shape ``(n, 1)``. Integer labels are class indices (sparse
+    cross-entropy): every one must lie in ``[0, n_classes - 1]``, or be >= 0 where the number
+    of classes is free; the graph's GatherElements would wrap a negative index into a wrong
+    loss and fail on a large one only inside onnxruntime. ``check_classes=False``: the labels
+    were checked already (a batch of arrays checked whole).
     """
     try:
         a = as_array(y, spec.dtype, argument)
@@ -193,13 +195,15 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
                              f"computed on it alone), received a {type(y).__name__} of {len(several)} arrays; give "
                              "the first output's labels") from None
         raise
-    if n_classes is not None and a.size:
+    if not check_classes or not a.size:
+        return a
+    if n_classes is not None:
         low, high = a.min(), a.max()
         if low < 0 or high >= n_classes:
             raise ShapeError(f"{argument}: class labels must lie in [0, {n_classes - 1}] (the output has {n_classes} "
                              f"classes), received values from {low} to {high}; number the classes from 0 or give "
                              "the output one unit per class")
-    elif spec.dtype.kind in "iu" and a.size and a.min() < 0:  # class indices, the number of classes free
+    elif spec.dtype.kind in "iu" and a.min() < 0:  # class indices, the number of classes free
         raise ShapeError(f"{argument}: class labels must be >= 0, received values from {a.min()} to {a.max()}; "
                          "number the classes from 0")
     return a

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ortrain import losses
-from ortrain._arrays import is_real
+from ortrain._arrays import is_integer, is_real
 from ortrain.data import describe_value
 from ortrain.errors import OrtrainError, describe_shape
 
@@ -37,8 +37,8 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 class ClassWeights:
     """One weight per class, and how a label array names its rows' classes."""
 
-    def __init__(self, table: np.ndarray | dict[int, float], kind: str, rank: int):
-        self.table = table  # float32 indexed by class, or a dict by class where their number is free
+    def __init__(self, table: dict[int, float], kind: str, rank: int):
+        self.table = table  # weight by class; classes left out weigh 1.0
         self.kind = kind  # "index", "one_hot" or "binary"
         self.rank = rank  # of the model's first output, so of the sample weights
 
@@ -52,14 +52,8 @@ class ClassWeights:
 
     def of(self, labels: np.ndarray) -> np.ndarray:
         """float32 weights, one per row of ``labels``."""
-        classes = self.classes(labels)
-        if isinstance(self.table, dict):  # the number of classes is free: look up the classes present
-            present, where = np.unique(classes, return_inverse=True)
-            return np.array([self.table.get(int(c), 1.0) for c in present], np.float32)[where.reshape(-1)]
-        out = np.ones(classes.shape, np.float32)
-        known = classes < len(self.table)
-        out[known] = self.table[classes[known]]
-        return out
+        present, where = np.unique(self.classes(labels), return_inverse=True)  # look up each class once
+        return np.array([self.table.get(int(c), 1.0) for c in present], np.float32)[where.reshape(-1)]
 
     def weigh(self, labels: np.ndarray, sample_weight: np.ndarray | None) -> np.ndarray:
         """The loss weights of these rows: their class weights times ``sample_weight`` (checked, one
@@ -78,7 +72,7 @@ def class_weights(class_weight, model) -> ClassWeights | None:
     kind, n_classes, rank = _classes_of(model)
     table = {}
     for key, value in class_weight.items():
-        if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer)):
+        if not is_integer(key):
             raise OrtrainError(f"class_weight: expected int class indices as keys, received the key {key!r} "
                                f"({type(key).__name__}); number the classes from 0, e.g. {{0: 1.0, 1: 5.0}}")
         if key < 0 or (n_classes is not None and key >= n_classes):
@@ -90,14 +84,7 @@ def class_weights(class_weight, model) -> ClassWeights | None:
                                f"{value!r} for class {key}; give that class a weight such as 1.0, or 0.0 to "
                                "leave it out of training")
         table[int(key)] = float(value)
-    if not table:
-        return None
-    if n_classes is None:  # a free last dimension: any class index >= 0 may come
-        return ClassWeights(table, kind, rank)
-    weights = np.ones(n_classes, np.float32)
-    for key, value in table.items():
-        weights[key] = value
-    return ClassWeights(weights, kind, rank)
+    return ClassWeights(table, kind, rank) if table else None
 
 
 def _classes_of(model) -> tuple[str, int | None, int]:

@@ -36,7 +36,7 @@ import numpy as np
 from ortrain import losses as losses_mod
 from ortrain import metrics as metrics_mod
 from ortrain import optim
-from ortrain._arrays import checked_int, is_real, prepare_inputs
+from ortrain._arrays import checked_int, is_integer, is_real, prepare_inputs
 from ortrain._class_weight import ClassWeights, class_weights
 from ortrain.callbacks.base import CallbackList
 from ortrain.callbacks.progress import check_verbose, progress
@@ -80,12 +80,12 @@ def _validation_freq(value) -> int | frozenset[int]:
         value = value.tolist()
     if isinstance(value, (list, tuple, set, frozenset, range)):
         for e in value:
-            if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer)) or e < 1:
+            if not is_integer(e) or e < 1:
                 raise OrtrainError(f"validation_freq: expected epoch numbers counted from 1 (ints >= 1), received "
                                    f"{e!r} in {value!r}; e.g. validation_freq=[1, 5, 10] validates after the "
                                    "first, fifth and tenth epochs")
         return frozenset(int(e) for e in value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not is_integer(value) or value < 1:
         raise OrtrainError(f"validation_freq: expected an int >= 1 (validate after every that many epochs) or a "
                            f"list of epoch numbers counted from 1, received {value!r}; validation_freq=1 "
                            "validates after every epoch")
@@ -158,6 +158,11 @@ class _Loop:
         if any(self.validates(e) for e in range(self.initial_epoch, self.epochs)):
             names += [f"val_{n}" for n in names]
         return names + ["lr"]
+
+    @property
+    def stepped(self) -> bool:
+        """Whether this run took a training step (else the model's optimizer state stands)."""
+        return self.trainer.n_steps != self._steps_at_start
 
     # -- what callbacks use --------------------------------------------------------------------
     def validates(self, epoch: int) -> bool:
@@ -367,7 +372,7 @@ class _Loop:
                 _ = self.model  # brings the weights over (a callback may have set some)
                 # A fit that took no step leaves the optimizer state as it was, and a rate written on
                 # model.optimizer still to be taken up by the next fit.
-                if tr.n_steps != self._steps_at_start:
+                if self.stepped:
                     self._model.train_state = tr.export_state()
                     self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
                 break
@@ -580,11 +585,10 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
         loop = _Loop(trainer, batches, epochs=epochs,
                      initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
                      model=model, validation_freq=validation_freq, class_weight=cw)
-        taken = trainer.n_steps
         try:
             return loop.run()
         except BaseException:
-            if trainer.n_steps == taken:  # nothing trained: loss= and optimizer= leave the model as it was
+            if not loop.stepped:  # nothing trained: loss= and optimizer= leave the model as it was
                 undo()
             raise
 

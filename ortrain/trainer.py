@@ -258,7 +258,7 @@ class Trainer(Releasable):
         class weights of the labels."""
         xs = prepare_inputs(self._inputs, x, "x", rows, None if checked else self._bounds)
         rows = xs[0].shape[0]
-        labels = prepare_labels(self._label, y, "y", rows, None if checked else self._n_classes)
+        labels = prepare_labels(self._label, y, "y", rows, self._n_classes, check_classes=not checked)
         feeds = xs + [labels]
         if self._weight_spec is not None:
             w = self._sample_weight(sample_weight, rows)
