@@ -59,8 +59,7 @@ class Monitor:
 def skips_validation(loop, epoch: int | None) -> bool:
     """Whether the fit run by ``loop`` has validation data but does not validate after ``epoch``
     (``validation_freq``)."""
-    validates = getattr(loop, "validates", None)
-    return epoch is not None and validates is not None and loop.validation is not None and not validates(epoch)
+    return loop is not None and epoch is not None and loop.validation is not None and not loop.validates(epoch)
 
 
 def check_non_negative_int(value, argument: str, owner: str) -> int:
