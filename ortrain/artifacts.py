@@ -35,8 +35,8 @@ from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
+from ortrain.graph.gradient_forms import for_training
 from ortrain.graph.gradient_ops import ancestors, gradient_reach, may_stop_gradients
-from ortrain.graph.passes import for_training
 
 __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", "SAMPLE_WEIGHT", "LOSS_SCALE"]
 

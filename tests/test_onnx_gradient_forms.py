@@ -1,5 +1,5 @@
 """ONNX forms whose gradient onnxruntime-training 1.19.2 builds wrong, silently or with an error,
-trained through ``ot.from_onnx`` after ortrain's rewrites (``passes.gradient_forms``).
+trained through ``ot.from_onnx`` after ortrain's rewrites (``ortrain.graph.gradient_forms``).
 Reference: one SGD step of the same function in PyTorch float64 autograd, and its forward pass."""
 
 from __future__ import annotations

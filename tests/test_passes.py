@@ -7,11 +7,11 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import ortrain as ot
+from ortrain.graph.gradient_forms import for_training, gradient_forms
 from ortrain.graph.passes import (
     BATCH_DIM,
     average_pool_as_conv,
     bias_grad_as_matmul,
-    for_training,
     name_batch_dimension,
     relu_grad_as_mask,
 )
@@ -264,8 +264,6 @@ def test_imported_ceil_mode_average_pool_trains(rng, tmp_path):
 def test_where_operands_are_widened_only_where_a_gradient_may_be_broadcast():
     """masked_fill on scores (a constant mask and fill value, scores of the result's shape) needs
     no Expand; a weight of shape (m,) picked by the mask does (its gradient sums over the batch)."""
-    from ortrain.graph.passes import gradient_forms
-
     def where_model(value):
         nodes = [helper.make_node("Mul", ["x", "w"], ["h"]),
                  helper.make_node("Where", ["mask", value, "fill"], ["y"])]

@@ -4,7 +4,6 @@ leaves its input alone."""
 
 from __future__ import annotations
 
-import collections
 import copy
 import itertools
 
@@ -13,7 +12,6 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.errors import OrtrainError, UnsupportedOpError
-from ortrain.graph.builder import OPSET
 
 
 def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> onnx.ModelProto:
@@ -61,7 +59,7 @@ def freeze_batchnorm_stats(model: onnx.ModelProto, running_means: set[str]) -> o
         ]
         return nodes, inits
 
-    return _replace_nodes(model, frozen, plain_ops)
+    return replace_nodes(model, frozen, plain_ops)
 
 
 def batchnorm_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -127,10 +125,21 @@ def _explicit_pads(node, shape: list) -> list[int]:
     if auto == "VALID":
         return [0, 0, 0, 0]
     kernel, strides = list(attribute(node, "kernel_shape", [])), list(attribute(node, "strides", [1, 1]))
-    return _same_pads(auto, shape[2:], kernel, strides)
+    return same_pads(auto, shape[2:], kernel, strides)
 
 
-def _replace_nodes(model: onnx.ModelProto, match, expand, constants=()) -> onnx.ModelProto:
+def same_pads(auto: str, sizes: list[int], kernel: list[int], strides: list[int]) -> list[int]:
+    """Explicit ``pads`` for ``auto_pad`` SAME_UPPER/SAME_LOWER (the odd cell at the end, or the start)."""
+    begins, ends = [], []
+    for size, k, st in zip(sizes, kernel, strides):
+        total = max((-(-size // st) - 1) * st + k - size, 0)
+        small, large = total // 2, total - total // 2
+        begins.append(large if auto == "SAME_LOWER" else small)
+        ends.append(small if auto == "SAME_LOWER" else large)
+    return begins + ends
+
+
+def replace_nodes(model: onnx.ModelProto, match, expand, constants=()) -> onnx.ModelProto:
     """A copy of ``model`` in which every node ``match(node)`` picks is replaced by the nodes
     ``expand(i, node)`` returns with the initializers they need (``(nodes, initializers)``);
     ``constants`` are initializers shared by all replacements. ``model`` itself when nothing matches."""
@@ -186,7 +195,7 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
             return _pool_1d_as_2d(i, node, shape)
         return _pool_2d_as_conv(i, node, shape)
 
-    return _replace_nodes(model, is_pool, as_conv)
+    return replace_nodes(model, is_pool, as_conv)
 
 
 def _pool_2d_as_conv(i: int, node, shape: list | None):
@@ -270,401 +279,6 @@ def name_batch_dimension(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _matmul_as_matrix(node, i: int, p: str, ra: int | None, rb: int | None):
-    """A ``MatMul`` with a 1-D operand as the matrix product of that operand made a column (the
-    second) or a row (the first), reshaped back: onnxruntime-training 1.19.2's ``MatMul`` gradient
-    is wrong for a 1-D operand (``x @ w`` with ``w`` of shape ``(k,)`` trained 0.1 off PyTorch's
-    weights after one SGD step), while ``x @ w.reshape(k, 1)`` trains exactly. A 1-D operand
-    beside one of unknown rank is refused."""
-    a, b = node.input
-    if ra is None or rb is None:
-        raise UnsupportedOpError(
-            f"MatMul node {node.name or i!r} multiplies a 1-D operand with one whose rank is not known "
-            f"(ranks {ra} and {rb}); onnxruntime-training's MatMul gradient is wrong for 1-D operands and "
-            "ortrain cannot rewrite it without the rank. Export with known ranks (e.g. Squeeze with axes) or "
-            "reshape the 1-D operand into a matrix")
-    nodes, inits = [], []
-    if ra == 1:
-        inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), p + "row_shape"))
-        nodes.append(helper.make_node("Reshape", [a, p + "row_shape"], [p + "row"], name=p + "Row"))
-        a = p + "row"
-    if rb == 1:
-        inits.append(numpy_helper.from_array(np.array([-1, 1], np.int64), p + "column_shape"))
-        nodes.append(helper.make_node("Reshape", [b, p + "column_shape"], [p + "column"], name=p + "Column"))
-        b = p + "column"
-    # Drop the dimension the row or column added (a 0 in Reshape's shape keeps that dimension of
-    # its input, so batch dimensions of any size pass): (..., m, 1) -> (..., m), (..., 1, n) ->
-    # (..., n), (1, 1) -> ().
-    if ra == 1 and rb == 1:
-        keep = []
-    elif rb == 1:
-        keep = [0] * (ra - 1)
-    else:
-        keep = [0] * (rb - 2) + [-1]
-    inits.append(numpy_helper.from_array(np.array(keep, np.int64), p + "out_shape"))
-    nodes += [helper.make_node("MatMul", [a, b], [p + "product"], name=p + "MatMul"),
-              helper.make_node("Reshape", [p + "product", p + "out_shape"], [node.output[0]], name=p + "Out")]
-    return nodes, inits
-
-
-class Shapes:
-    """Shapes and element types of a graph's values, by what it declares or else onnx's inference
-    (``None`` where neither knows; unknown dimensions are ``None``)."""
-
-    def __init__(self, model: onnx.ModelProto):
-        self._model, self._inferred = model, None
-
-    def _graph(self):
-        if self._inferred is None:
-            try:
-                self._inferred = onnx.shape_inference.infer_shapes(self._model).graph
-            except Exception:  # a graph onnx cannot type: what it declares is all there is
-                self._inferred = self._model.graph
-        return self._inferred
-
-    def _info(self, name: str):
-        found = _declared(self._model.graph, name)  # what the graph says; onnx's inference only for the rest
-        return found if found is not None else (_declared(self._graph(), name) or (None, 0))
-
-    def shape(self, name: str) -> list | None:
-        """Dimensions: ints, symbolic names (str) or None (unknown); None when the rank is unknown."""
-        return self._info(name)[0]
-
-    def sizes(self, name: str) -> list[int] | None:
-        """The shape when every dimension is a known int, else None."""
-        shape = self.shape(name)
-        return shape if shape is not None and all(type(d) is int for d in shape) else None
-
-    def same(self, a: str, b: str) -> bool:
-        """Whether ``a`` and ``b`` surely have one shape: equal, every dimension known or named alike."""
-        sa = self.shape(a)
-        return sa is not None and None not in sa and sa == self.shape(b)
-
-    def elem_type(self, name: str) -> int:
-        return self._info(name)[1]
-
-
-def _declared(g, name: str) -> tuple[list | None, int] | None:
-    """``(shape, element type)`` of ``name`` as graph ``g`` declares it (a shape of ints, the names
-    of symbolic dimensions and ``None`` for unknown ones; or ``None`` without one), or None when it
-    declares nothing."""
-    for t in g.initializer:
-        if t.name == name:
-            return list(t.dims), t.data_type
-    for vi in [*g.input, *g.value_info, *g.output]:
-        if vi.name == name and vi.type.HasField("tensor_type"):
-            tt = vi.type.tensor_type
-            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim] \
-                if tt.HasField("shape") else None
-            return shape, tt.elem_type
-    return None
-
-
-def _consumed(model: onnx.ModelProto) -> set[str]:
-    """The values some node reads or the graph returns."""
-    return {i for n in model.graph.node for i in node_inputs(n)} | {o.name for o in model.graph.output}
-
-
-def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrite forms whose gradient onnxruntime-training 1.19.2 builds wrong, silently or not,
-    into forms with the same values whose gradient it builds right (measured against PyTorch):
-
-    - ``MatMul`` with a 1-D operand: see :func:`_matmul_as_matrix`.
-    - ``Pow`` with a base smaller than the result, and ``Where`` with a value operand smaller
-      than the result: their gradients are never summed back over the broadcast axes (a base of
-      shape ``(m,)`` took a gradient of shape ``(n, m)``). The operand is ``Expand``-ed to the
-      result's shape first, whose gradient sums correctly.
-    - ``Split`` with an output nothing reads: its gradient concatenates only the gradients that
-      exist, one piece short. The outputs that are read become ``Slice``-s.
-    - ``Conv`` with ``auto_pad`` SAME_UPPER/SAME_LOWER: the gradient is wrong (and with stride 2
-      reads uninitialized memory). The padding becomes explicit ``pads``.
-    - ``Pow`` with an exponent that is not float32 (the builder's ``Sub`` fails on the types):
-      the exponent is cast to the base's type.
-    - ``LayerNormalization`` whose ``Mean``/``InvStdDev`` outputs are read: the gradient
-      ignores what flows into them (silently wrong). It is written out in plain ops.
-    - ``LayerNormalization`` without a bias input, with a constant bias or scale, or with a
-      weight another LayerNormalization reads too (the builder fails on each, see below),
-      ``Transpose`` without ``perm``, and
-      ``ReduceL2``/``ReduceLogSumExp`` without ``keepdims`` and with ``axes`` as an attribute,
-      which the builder fails on: a bias computed from the scale (``scale * 0``, plus the
-      constant) where only the bias is at fault, else the node written out in plain ops; the
-      explicit reversing ``perm``; ``keepdims`` with a ``Squeeze`` after.
-    - ``LSTM``/``GRU`` without initial states or naming only some outputs (the builder's graph
-      fails to type): zero initial states, as PyTorch's exports write them, and every output named.
-
-    A form that cannot be rewritten because a shape is unknown is refused, naming the node.
-    """
-    ops = {"MatMul", "Pow", "Where", "Split", "Conv", "LayerNormalization", "Transpose", "ReduceL2",
-           "ReduceLogSumExp", "LSTM", "GRU"}
-    if not any(n.op_type in ops for n in model.graph.node):
-        return model
-    shapes = Shapes(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
-    consumed = _consumed(model)
-    # values a node computes from the graph's inputs (the weights are inputs here), not constants
-    constant = {t.name for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type in ("Constant", "ConstantOfShape") or (n.input and all(i in constant for i in n.input if i)):
-            constant.update(n.output)
-    computed = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
-    computed -= constant
-    norm_reads = collections.Counter(v for n in model.graph.node if n.op_type == "LayerNormalization"
-                                     for v in n.input[1:3] if v)
-    consts = int64_constants(model)
-    float_types = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
-
-    def where_of(node, i) -> str:
-        return f"{node.op_type} node {node.name or i!r}"
-
-    def smaller(value: str, out: str) -> bool:
-        """A value a gradient reaches that may be broadcast to ``out``'s shape."""
-        return value in computed and not shapes.same(value, out)
-
-    def rank(name: str) -> int | None:
-        shape = shapes.shape(name)
-        return None if shape is None else len(shape)
-
-    def needs(node) -> bool:
-        op = node.op_type
-        if op == "MatMul":
-            return any(rank(v) == 1 for v in node.input)
-        if op == "Pow":
-            return smaller(node.input[0], node.output[0]) or \
-                shapes.elem_type(node.input[1]) != shapes.elem_type(node.input[0])
-        if op == "Where":  # values of an unknown type are widened too: Expand takes any
-            return shapes.elem_type(node.output[0]) in (*float_types, 0) and \
-                any(smaller(v, node.output[0]) for v in node.input[1:])
-        if op == "Split":
-            return any(o and o not in consumed for o in node.output) or any(not o for o in node.output)
-        if op == "Conv":
-            return text_attribute(node, "auto_pad", "NOTSET") in SAME
-        if op == "LayerNormalization":
-            bias = node.input[2] if len(node.input) > 2 else ""
-            return not bias or bias not in computed or node.input[1] not in computed or \
-                any(norm_reads[v] > 1 for v in node.input[1:3] if v) or \
-                any(o in consumed for o in node.output[1:] if o)
-        if op == "Transpose":
-            return attribute(node, "perm", None) is None
-        if op in ("ReduceL2", "ReduceLogSumExp"):
-            return not attribute(node, "keepdims", 1) and attribute(node, "axes", None) is not None
-        if op in ("LSTM", "GRU"):
-            full = 3 if op == "LSTM" else 2
-            states = (5, 6) if op == "LSTM" else (5,)
-            return len(node.output) < full or any(len(node.input) <= k or not node.input[k] for k in states)
-        return False
-
-    def rewrite(i, node):
-        op, p = node.op_type, f"{node.name or node.op_type}/gradient_form_{i}/"
-        nodes, inits = [], []
-        if op == "MatMul":
-            return _matmul_as_matrix(node, i, p, rank(node.input[0]), rank(node.input[1]))
-        if op in ("Pow", "Where"):
-            inputs = list(node.input)
-            if op == "Pow":
-                if shapes.elem_type(inputs[1]) != shapes.elem_type(inputs[0]) and shapes.elem_type(inputs[0]):
-                    nodes.append(helper.make_node("Cast", [inputs[1]], [p + "exponent"], name=p + "Cast",
-                                                  to=shapes.elem_type(inputs[0])))
-                    inputs[1] = p + "exponent"
-                widen = {0: [inputs[1]]}
-            else:
-                widen = {1: [inputs[0], inputs[2]], 2: [inputs[0], inputs[1]]}
-            for k, others in widen.items():
-                if not smaller(inputs[k], node.output[0]):
-                    continue
-                value = inputs[k]
-                for j, other in enumerate(others):
-                    nodes += [helper.make_node("Shape", [other], [f"{p}shape_{k}_{j}"], name=f"{p}Shape_{k}_{j}"),
-                              helper.make_node("Expand", [value, f"{p}shape_{k}_{j}"], [f"{p}wide_{k}_{j}"],
-                                               name=f"{p}Expand_{k}_{j}")]
-                    value = f"{p}wide_{k}_{j}"
-                inputs[k] = value
-            nodes.append(helper.make_node(op, inputs, list(node.output), name=node.name))
-            return nodes, inits
-        if op == "Split":
-            return _split_as_slices(node, p, shapes, consts, consumed, where_of(node, i))
-        if op == "Conv":
-            explicit = conv_with_explicit_pads(node, shapes)
-            if explicit is None:
-                raise UnsupportedOpError(f"{where_of(node, i)} pads with auto_pad, and its input's sizes are not "
-                                         f"known (input {shapes.shape(node.input[0])}); onnxruntime-training's "
-                                         "gradient of that form is wrong. Export with explicit padding or static "
-                                         "image sizes")
-            return [explicit], []
-        if op == "LayerNormalization":
-            # The builder's LayerNormalization gradient takes only a weight of its own as the scale: it
-            # fails on a constant scale and on a weight two such nodes read ("Duplicate definition of
-            # name (..._grad)"), and on a missing or constant bias. Those nodes are written out in
-            # plain ops; a node whose only fault is its bias gets one computed from the scale
-            # (scale * 0, plus the constant bias), which keeps the fused kernel.
-            scale = node.input[1]
-            bias = node.input[2] if len(node.input) > 2 else ""
-            if scale not in computed or any(norm_reads[v] > 1 for v in (scale, bias) if v) or \
-                    any(o in consumed for o in node.output[1:] if o):
-                return _layer_norm_decomposed(node, i, p, shapes, opset, consumed)
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(shapes.elem_type(scale) or onnx.TensorProto.FLOAT)
-            inits.append(numpy_helper.from_array(np.zeros((), dtype), p + "zero"))
-            nodes.append(helper.make_node("Mul", [scale, p + "zero"], [p + "zero_bias" if bias else p + "bias"],
-                                          name=p + "ZeroBias"))
-            if bias:
-                nodes.append(helper.make_node("Add", [p + "zero_bias", bias], [p + "bias"], name=p + "Bias"))
-            bias = p + "bias"
-            new = helper.make_node(op, [node.input[0], scale, bias], list(node.output), name=node.name)
-            new.attribute.extend(node.attribute)
-            return nodes + [new], inits
-        if op == "Transpose":
-            shape = shapes.shape(node.input[0])
-            if shape is None:
-                return [node], []
-            return [helper.make_node("Transpose", list(node.input), list(node.output), name=node.name,
-                                     perm=list(range(len(shape)))[::-1])], []
-        if op in ("ReduceL2", "ReduceLogSumExp"):
-            axes = list(attribute(node, "axes", []))
-            kept = p + "kept"
-            nodes.append(helper.make_node(op, list(node.input), [kept], name=node.name, axes=axes, keepdims=1))
-            # from_onnx brings every model to opset 17 or later, where Squeeze takes its axes as an input
-            inits.append(numpy_helper.from_array(np.array(axes, np.int64), p + "axes"))
-            nodes.append(helper.make_node("Squeeze", [kept, p + "axes"], list(node.output), name=p + "Squeeze"))
-            return nodes, inits
-        # LSTM / GRU: name every output, and give zero initial states where there are none
-        full, states = (3, (5, 6)) if op == "LSTM" else (2, (5,))
-        outputs = list(node.output) + [""] * (full - len(node.output))
-        outputs = [o or f"{p}output_{k}" for k, o in enumerate(outputs)]
-        inputs = list(node.input) + [""] * (max(states) + 1 - len(node.input))
-        if any(not inputs[k] for k in states):
-            directions = 2 if attribute(node, "direction", b"forward") in (b"bidirectional", "bidirectional") else 1
-            hidden = attribute(node, "hidden_size", None)
-            batch_first = attribute(node, "layout", 0) == 1
-            inits += [numpy_helper.from_array(np.array([1 if not batch_first else 0], np.int64), p + "batch_axis"),
-                      numpy_helper.from_array(np.array([directions], np.int64), p + "directions"),
-                      numpy_helper.from_array(np.array([hidden], np.int64), p + "hidden")]
-            dims = [p + "batch", p + "directions"] if batch_first else [p + "directions", p + "batch"]
-            nodes += [helper.make_node("Shape", [inputs[0]], [p + "x_shape"], name=p + "Shape"),
-                      helper.make_node("Gather", [p + "x_shape", p + "batch_axis"], [p + "batch"], name=p + "Batch",
-                                       axis=0),
-                      helper.make_node("Concat", [*dims, p + "hidden"], [p + "state_shape"], name=p + "StateShape",
-                                       axis=0),
-                      helper.make_node("ConstantOfShape", [p + "state_shape"], [p + "zeros"], name=p + "Zeros",
-                                       value=numpy_helper.from_array(np.zeros(1, np.float32)))]
-            for k in states:
-                inputs[k] = inputs[k] or p + "zeros"
-        new = helper.make_node(op, inputs, outputs, name=node.name)
-        new.attribute.extend(node.attribute)
-        return nodes + [new], inits
-
-    return _replace_nodes(model, needs, rewrite)
-
-
-def _layer_norm_decomposed(node, i: int, p: str, shapes: Shapes, opset: int, consumed: set[str]):
-    """``LayerNormalization`` as the ops it stands for, ``(x - mean) / sqrt(var + eps) * scale +
-    bias`` over the axes from ``axis`` on, with its ``Mean`` and ``InvStdDev`` outputs where they
-    are read. For a node whose scale or bias is a constant or a value other such nodes read too
-    (the gradient builder fails on those: "Duplicate definition of name (..._grad)"), and for one
-    whose statistics are read (the builder's gradient ignores what flows into them: silently
-    wrong). These ops have gradients."""
-    shape = shapes.shape(node.input[0])
-    if shape is None:
-        raise UnsupportedOpError(f"LayerNormalization node {node.name or i!r} has weights onnxruntime-training's "
-                                 "gradient cannot take (constant or shared), or its statistics are read, and its "
-                                 "input's rank is not known, so ortrain cannot write it out in plain ops. Export "
-                                 "with known ranks")
-    rank = len(shape)
-    axes = list(range(attribute(node, "axis", -1) % rank, rank))
-    eps = attribute(node, "epsilon", 1e-5)
-    inits = [numpy_helper.from_array(np.array(eps, np.float32), p + "eps")]
-
-    def mean(x: str, out: str) -> onnx.NodeProto:
-        if opset >= 18:  # axes became an input
-            return helper.make_node("ReduceMean", [x, p + "axes"], [out], name=out, keepdims=1)
-        return helper.make_node("ReduceMean", [x], [out], name=out, axes=axes, keepdims=1)
-
-    if opset >= 18:
-        inits.append(numpy_helper.from_array(np.array(axes, np.int64), p + "axes"))
-    y = p + "normed"
-    nodes = [mean(node.input[0], p + "mean"),
-             helper.make_node("Sub", [node.input[0], p + "mean"], [p + "centred"], name=p + "Sub"),
-             helper.make_node("Mul", [p + "centred", p + "centred"], [p + "squares"], name=p + "Square"),
-             mean(p + "squares", p + "var"),
-             helper.make_node("Add", [p + "var", p + "eps"], [p + "var_eps"], name=p + "AddEps"),
-             helper.make_node("Sqrt", [p + "var_eps"], [p + "std"], name=p + "Sqrt"),
-             helper.make_node("Div", [p + "centred", p + "std"], [y], name=p + "Div"),
-             helper.make_node("Mul", [y, node.input[1]], [p + "scaled"], name=p + "Scale")]
-    if len(node.input) > 2 and node.input[2]:
-        nodes.append(helper.make_node("Add", [p + "scaled", node.input[2]], [node.output[0]], name=p + "Bias"))
-    else:
-        nodes.append(helper.make_node("Identity", [p + "scaled"], [node.output[0]], name=p + "Out"))
-    statistics = list(node.output[1:3]) + [""] * (3 - len(node.output))
-    if statistics[0] in consumed:
-        nodes.append(helper.make_node("Identity", [p + "mean"], [statistics[0]], name=p + "Mean"))
-    if statistics[1] in consumed:
-        nodes.append(helper.make_node("Reciprocal", [p + "std"], [statistics[1]], name=p + "InvStdDev"))
-    return nodes, inits
-
-
-def conv_with_explicit_pads(node: onnx.NodeProto, shapes: Shapes) -> onnx.NodeProto | None:
-    """``node``, a ``Conv`` with ``auto_pad`` SAME_UPPER/SAME_LOWER, with the same padding written as
-    ``pads`` (dilations counted); None when the input's or the kernel's sizes are not known."""
-    shape, wshape = shapes.shape(node.input[0]), shapes.sizes(node.input[1])
-    if shape is None or wshape is None:
-        return None
-    kernel = list(attribute(node, "kernel_shape", wshape[2:]))
-    dilations = list(attribute(node, "dilations", [1] * len(kernel)))
-    strides = list(attribute(node, "strides", [1] * len(kernel)))
-    effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    # at stride 1 the padding is k - 1 whatever the size; other strides need the size
-    sizes = [d if type(d) is int else (1 if st == 1 else None) for d, st in zip(shape[2:], strides)]
-    if None in sizes:
-        return None
-    pads = _same_pads(text_attribute(node, "auto_pad", "SAME_UPPER"), sizes, effective, strides)
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "auto_pad"}
-    return helper.make_node("Conv", list(node.input), list(node.output), name=node.name, **attrs, pads=pads)
-
-
-def _same_pads(auto: str, sizes: list[int], kernel: list[int], strides: list[int]) -> list[int]:
-    """Explicit ``pads`` for ``auto_pad`` SAME_UPPER/SAME_LOWER (the odd cell at the end, or the start)."""
-    begins, ends = [], []
-    for size, k, st in zip(sizes, kernel, strides):
-        total = max((-(-size // st) - 1) * st + k - size, 0)
-        small, large = total // 2, total - total // 2
-        begins.append(large if auto == "SAME_LOWER" else small)
-        ends.append(small if auto == "SAME_LOWER" else large)
-    return begins + ends
-
-
-def _split_as_slices(node, p: str, shapes: Shapes, consts: dict, consumed: set[str], where: str):
-    """The read outputs of a ``Split`` as ``Slice``-s of its input (sizes from the ``split`` input, or
-    equal parts of a known axis length; opset 17 or later, as from_onnx makes every model)."""
-    shape = shapes.shape(node.input[0])
-    axis = attribute(node, "axis", 0)
-    n = len(node.output)
-    sizes = consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
-    sizes = None if sizes is None else [int(v) for v in np.ravel(sizes)]
-    if sizes is None and (len(node.input) < 2 or not node.input[1]) and shape is not None and \
-            type(shape[axis]) is int:
-        length = shape[axis]
-        part = -(-length // n)  # opset 18's rule: equal parts, the last one smaller
-        sizes = [min(part, max(length - k * part, 0)) for k in range(n)]
-    if sizes is None:
-        raise UnsupportedOpError(f"{where} leaves an output unread, and the sizes of its parts are not known "
-                                 f"(input {shape}); onnxruntime-training's gradient of that form is wrong. Give the "
-                                 "split sizes, or read every output")
-    nodes, inits = [], []
-    start = 0
-    for k, (out, size) in enumerate(zip(node.output, sizes)):
-        if out and out in consumed:
-            vals = {"starts": [start], "ends": [start + size], "axes": [axis]}
-            for key, v in vals.items():
-                inits.append(numpy_helper.from_array(np.array(v, np.int64), f"{p}{key}_{k}"))
-            nodes.append(helper.make_node("Slice", [node.input[0], f"{p}starts_{k}", f"{p}ends_{k}", f"{p}axes_{k}"],
-                                          [out], name=f"{p}Slice_{k}"))
-        start += size
-    return nodes, inits
-
-
-def for_training(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrites that only the training and eval graphs need (the exported model is left alone)."""
-    return name_batch_dimension(gradient_forms(average_pool_as_conv(model)))
-
-
 # -- rewrites of the gradient graphs onnxruntime-training builds --------------------------------
 
 def bias_grad_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -704,7 +318,7 @@ def bias_grad_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(helper.make_node("Reshape", [row, flat], [node.output[0]], name=p + "Reshape"))
         return nodes, []
 
-    return _replace_nodes(model, column_sum, as_matmul,
+    return replace_nodes(model, column_sum, as_matmul,
                           [numpy_helper.from_array(np.array([1], np.int64), one),
                            numpy_helper.from_array(np.array([-1], np.int64), flat)])
 
@@ -787,7 +401,7 @@ def relu_grad_as_mask(model: onnx.ModelProto, float32: set[str]) -> onnx.ModelPr
                 helper.make_node("Clip", [p + "huge", zero, one], [p + "mask"], name=p + "Clip"),
                 helper.make_node("Mul", [node.input[0], p + "mask"], [node.output[0]], name=p + "Mul_2")], []
 
-    return _replace_nodes(model, rewritable, as_mask,
+    return replace_nodes(model, rewritable, as_mask,
                           [numpy_helper.from_array(np.array(v, np.float32), name)
                            for v, name in ((_TWO_127, scale), (0.0, zero), (1.0, one))])
 
