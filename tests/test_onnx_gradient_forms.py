@@ -93,6 +93,23 @@ def test_split_with_an_unread_output_trains(rng):
                                 _x(M), [2], {"v": v}, lambda x, t: x @ t["v"][:, 2:4])
 
 
+
+def test_a_split_output_without_a_name_predicts_trains_and_exports(rng, tmp_path):
+    """onnxruntime's Split kernel kills the process (SIGSEGV) on an output named "" (the checker
+    takes it): from_onnx names it, so predict, the training step and the exported model run."""
+    import onnxruntime as ort
+    w = rng.standard_normal(M).astype(np.float32)
+    nodes = [_node("Mul", ["x", "w"], "h"), _node("Split", ["h", "sizes"], ["a", ""], axis=1),
+             _node("Mul", ["a", "a"], "out")]
+    _one_sgd_step_matches_torch(nodes, _x(M), [2], {"w": w}, lambda x, t: (x * t["w"])[:, :2] ** 2,
+                                {"sizes": _i64(2, 3)})
+    proto = model(nodes, [vi("x", ["N", M])], [vi("out", ["N", 2])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(_i64(2, 3), "sizes")])
+    path = ot.from_onnx(proto).export_onnx(tmp_path / "m.onnx")
+    x = _x(M)
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, (x * w)[:, :2] ** 2, rtol=1e-6)
+
 @pytest.mark.parametrize("auto_pad, stride", [("SAME_UPPER", 1), ("SAME_UPPER", 2), ("SAME_LOWER", 2)])
 def test_conv_with_auto_pad_same_trains(rng, auto_pad, stride):
     torch = torch_or_skip()

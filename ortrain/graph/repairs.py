@@ -17,6 +17,9 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
   in plain arithmetic, whose gradient the builder derives correctly.
 * ``PRelu``, ``Elu``, ``Softplus``, ``HardSigmoid`` and ``HardSwish`` have no gradient builder,
   and neither has ``CastLike`` (the dynamo exporter's): they are written in ops that have one.
+* ``Conv`` with ``auto_pad`` SAME and dilations, and ``Split`` with an unnamed output, which
+  onnxruntime cannot run (the first is refused, the second kills the process): explicit ``pads``,
+  and a name for the output.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from ortrain.graph.passes import SAME, attribute, elem_types, int64_constants, t
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
-           "gelu_tanh_as_arithmetic", "activations_as_arithmetic"]
+           "gelu_tanh_as_arithmetic", "activations_as_arithmetic", "dilated_same_conv_with_pads",
+           "split_outputs_named"]
 
 MAX_OPSET = 21  # the newest default-domain opset onnxruntime 1.19.2 loads
 MAX_IR = 10  # the newest IR version it reads
@@ -329,11 +333,34 @@ def dilated_same_conv_with_pads(model: onnx.ModelProto) -> tuple[onnx.ModelProto
     return (out, count) if count else (model, 0)
 
 
+def split_outputs_named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``Split`` outputs left without a name (``["a", ""]``: the checker takes it) get one:
+    onnxruntime 1.19's ``Split`` kernel writes to the unnamed output and the process dies
+    (SIGSEGV), in plain onnxruntime as in ortrain. Named, they are unread outputs."""
+    targets = [i for i, n in enumerate(model.graph.node) if n.op_type == "Split" and "" in n.output]
+    if not targets:
+        return model, 0
+    taken = {o for n in model.graph.node for o in n.output} | {v.name for v in model.graph.input} | \
+        {t.name for t in model.graph.initializer}
+    out = copy.deepcopy(model)
+    for i in targets:
+        node = out.graph.node[i]
+        for k, name in enumerate(node.output):
+            if not name:
+                name = f"{node.name or 'Split'}/unread_{k}"
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+                node.output[k] = name
+    return out, len(targets)
+
+
 def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """Every rewrite above, in order; returns the model and ``{pass name: nodes changed}``."""
     report = {}
     for fn in (sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
-               gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads):
+               gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads,
+               split_outputs_named):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n
