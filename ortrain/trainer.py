@@ -138,7 +138,6 @@ class Trainer(Releasable):
                                    f"received {nbl}")
             self._k = nbl // self.batch_size
         self.nbatch_logical = self._k * self.batch_size
-        pred = model.output_specs[0]
         weighting = _weighting(loss_mask, model)
         if weighting is not None and model.loss.name != "mse" and \
                 not (weighting == "sample" and getattr(self, "_any_loss", False)):
@@ -215,7 +214,9 @@ class Trainer(Releasable):
         self._scale = np.array(1.0 / self._k, np.float32)
         self._one = np.array(1.0, np.float32)
         self._ones_weight = None
-        self._n_classes = model.loss.n_classes(pred.shape)
+        self._n_classes = model._n_classes()
+        # where the output's width is free, labels are checked against its width at each batch's sizes
+        self._classes_of = self._model._n_classes if self._n_classes is None else None
 
     def _write_checkpoint(self, path, model, state) -> None:
         weights = dict(zip(model.weight_names(), model.get_weights()))
@@ -258,7 +259,10 @@ class Trainer(Releasable):
         class weights of the labels."""
         xs = prepare_inputs(self._inputs, x, "x", rows, None if checked else self._bounds)
         rows = xs[0].shape[0]
-        labels = prepare_labels(self._label, y, "y", rows, self._n_classes, check_classes=not checked)
+        n_classes = self._n_classes
+        if self._classes_of is not None and not checked:
+            n_classes = self._classes_of([a.shape for a in xs])
+        labels = prepare_labels(self._label, y, "y", rows, n_classes, check_classes=not checked)
         feeds = xs + [labels]
         if self._weight_spec is not None:
             w = self._sample_weight(sample_weight, rows)

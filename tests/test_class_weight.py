@@ -290,9 +290,9 @@ def test_class_weight_on_a_model_without_classes_is_refused():
 
 def test_a_model_whose_number_of_classes_is_free_takes_any_class_index():
     # from_onnx with an output of shape (N, C), C the input's own free width: the classes are not
-    # known before the labels come, so the weights are looked up by class (a table sized by the
-    # largest key ran out of memory), and negative labels, which GatherElements would read from the
-    # end, are refused.
+    # known before the data come, so the weights are looked up by class (a table sized by the
+    # largest key ran out of memory), and labels are checked against the data's width (negative
+    # ones, which GatherElements would read from the end, included).
     from onnx import TensorProto, helper, numpy_helper
     w = np.array([1.5, -0.5], np.float32)
     graph = helper.make_graph(
@@ -311,8 +311,8 @@ def test_a_model_whose_number_of_classes_is_free_takes_any_class_index():
     hb = b.fit(x, y, batch_size=7, sample_weight=gathered(y, big), shuffle=False, verbose=0)
     assert_same_training(a, b, ha, hb)
     for labels in (np.where(y == 2, -1, y),):
-        with pytest.raises(ot.ShapeError, match=r"^y: class labels must be >= 0, received values from -1 to 1; "
-                                                "number the classes from 0$"):
+        with pytest.raises(ot.ShapeError, match=r"^y: class labels must lie in \[0, 2\] \(the output has 3 classes\), "
+                                                "received values from -1 to 1; "):
             a.fit(x, labels, batch_size=7, class_weight=big, verbose=0)
-        with pytest.raises(ot.ShapeError, match="class labels must be >= 0"):
+        with pytest.raises(ot.ShapeError, match=r"class labels must lie in \[0, 2\]"):
             a.evaluate(x, labels)

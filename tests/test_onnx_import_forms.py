@@ -403,3 +403,31 @@ def test_output_sizes_the_weights_fix_are_known_so_class_labels_are_checked(rng)
             call()
     np.testing.assert_array_equal(model.get_weights()[0], w)
     assert model.train_state is None
+
+
+def test_an_output_as_wide_as_a_free_input_dimension_checks_class_labels_at_each_width(rng):
+    """An output whose width only the input fixes ((N, D) -> (N, D)): its number of classes is the
+    batch's width, found by shape inference at that width, so label 4 is refused for 4 columns
+    (the fused loss read past the row) and taken for 5, with numpy's loss."""
+    proto = _model([helper.make_node("Mul", ["x", "w"], ["y"])], [vi("x", ["N", "D"])], [vi("y", ["N", "D"])],
+                   [numpy_helper.from_array(np.ones(1, np.float32), "w")])
+    model = ot.from_onnx(proto, trainable=["w"])
+    model.compile(optimizer="sgd", loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, labels = f32(rng, 6, 4), np.array([0, 4, 1, 1, 2, 0])
+
+    def generator():
+        while True:
+            yield x, labels
+
+    with ot.Trainer(model, batch_size=6) as tr:
+        for call in (lambda: model.fit(x, labels, verbose=0), lambda: model.evaluate(x, labels),
+                     lambda: ot.fit_generator(model, generator(), epochs=1, steps_per_epoch=1, verbose=0),
+                     lambda: tr.step(x, labels)):
+            with pytest.raises(ot.ShapeError, match=r"class labels must lie in \[0, 3\] \(the output has 4 classes\)"):
+                call()
+        assert tr.n_steps == 0
+        wide = f32(rng, 6, 5)
+        logp = wide - np.log(np.exp(wide).sum(axis=1, keepdims=True))
+        np.testing.assert_allclose(tr.step(wide, labels), -logp[np.arange(6), labels].mean(), rtol=1e-5)
+    np.testing.assert_array_equal(model.get_weights()[0], [1.0])
+    assert model.train_state is None

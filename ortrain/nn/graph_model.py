@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec, spec_of
@@ -24,6 +25,7 @@ class GraphModel(Model):
         self.layers = []
         self._nodes = []
         self._bounds = None
+        self._output_shapes: dict[tuple, tuple | None] = {}  # by input sizes after the batch
         listed = {vi.name for vi in self._proto.graph.input}
         missing = [p.name for p in self._params if p.name not in listed]
         if missing:
@@ -51,6 +53,36 @@ class GraphModel(Model):
     @property
     def output_specs(self) -> list[TensorSpec]:
         return [spec_of(vi) for vi in self._proto.graph.output]
+
+    def _output_shape_for(self, input_shapes) -> tuple | None:
+        """The first output's shape for inputs of ``input_shapes``, by onnx's shape inference at those
+        sizes (the batch size left free), found once for each set of sizes: an output as wide as a free
+        input dimension (a class count only the input fixes) then has a width, and class labels are
+        checked against it. None where onnx cannot infer it."""
+        key = tuple(tuple(int(d) for d in s[1:]) for s in input_shapes)
+        if key not in self._output_shapes:
+            self._output_shapes[key] = self._infer_output_shape(key)
+        return self._output_shapes[key]
+
+    def _infer_output_shape(self, sizes) -> tuple | None:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(self._proto)
+        del probe.graph.value_info[:]
+        data = [vi for vi in probe.graph.input if vi.name not in {p.name for p in self._params}]
+        for vi, dims in zip(data, sizes):
+            shape = vi.type.tensor_type.shape
+            if len(shape.dim) != len(dims) + 1:
+                return None
+            for d, size in zip(shape.dim[1:], dims):
+                d.Clear()
+                d.dim_value = size
+        try:
+            out = onnx.shape_inference.infer_shapes(probe, data_prop=True).graph.output[0]
+        except Exception:  # what the graph declares stands; onnxruntime has the last word
+            return None
+        if not out.type.tensor_type.HasField("shape"):
+            return None
+        return tuple(d.dim_value if d.HasField("dim_value") else None for d in out.type.tensor_type.shape.dim)
 
     def index_bounds(self) -> dict[str, tuple[int, int, str]]:
         """Inputs that index a weight's rows straight away (``Gather`` on axis 0): ONNX allows

@@ -477,6 +477,22 @@ class Model:
                 m.update(pred, yl[sl], None if w is None else w[sl])
         return {"loss": total / n, **{m.name: m.result() for m in ms}}
 
+    def _n_classes(self, input_shapes=None) -> int | None:
+        """How many classes an integer label of the loss indexes (None: labels are no class indices,
+        or their number is not known). From the first output's declared width, else, where that is
+        free and ``input_shapes`` are given, from its width at those input sizes
+        (:meth:`_output_shape_for`)."""
+        loss = self.loss
+        n = loss.n_classes(self.output_specs[0].shape)
+        if n is None and input_shapes is not None and loss.n_classes((None, 2)) is not None:
+            shape = self._output_shape_for(input_shapes)
+            n = None if shape is None else loss.n_classes(shape)
+        return n
+
+    def _output_shape_for(self, input_shapes) -> tuple | None:
+        """The first output's shape for inputs of ``input_shapes`` (free dimensions None)."""
+        return tuple(self.output_specs[0].shape)
+
     def _label_spec(self) -> TensorSpec:
         """The loss's label input for this model's first output."""
         if self.loss is None:
