@@ -237,6 +237,8 @@ class _Loop:
         if self._model is not None:
             self._model.stop_training = False
         cbs.check()  # before any callback starts: a refusal changes nothing
+        if self._model is not None:
+            self._model._live_state = self._live_state
         try:
             cbs.on_train_begin({})
             for epoch in range(self.initial_epoch, self.epochs):
@@ -362,9 +364,15 @@ class _Loop:
             return {}
         return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
 
+    def _live_state(self):
+        """The model's ``train_state`` while this fit runs: the trainer's once it has stepped."""
+        return self.trainer.export_state() if self.stepped else None
+
     def _finish(self) -> None:
         tr = self.trainer
         interrupt = None
+        if self._model is not None:
+            self._model._live_state = None
         while self._model is not None:
             # Weights and optimizer state go back together: a Ctrl-C in between would leave the model
             # trained with the state of before, so it waits until both are written (a second one not).

@@ -586,6 +586,29 @@ def test_model_checkpoint_can_save_the_model_as_keras_does(tmp_path):
                          callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "x", save_model=True)])
 
 
+
+def test_a_callback_that_saves_or_copies_self_model_keeps_the_live_optimizer_state(tmp_path):
+    """Keras' way to checkpoint from a callback: self.model.save(path). The file holds the moments
+    of the epoch's weights (it held the state of before the fit, and a resumed fit drifted)."""
+    data = batches(2, 4)
+
+    class SaveFirstEpoch(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                self.model.save(tmp_path / "epoch1.ortrain")
+                self.copy = self.model.copy()
+
+    whole = mlp(seed=1)
+    whole.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+    saver = SaveFirstEpoch()
+    ot.fit_generator(whole, data, epochs=3, verbose=0, callbacks=[saver])
+    for resumed in (ot.load_model(tmp_path / "epoch1.ortrain"), saver.copy):
+        assert (resumed.train_state.step, resumed.train_state.n_steps) == (2, 2)
+        ot.fit_generator(resumed, data, epochs=3, initial_epoch=1, verbose=0)
+        for got, want in zip(resumed.get_weights(), whole.get_weights()):
+            np.testing.assert_array_equal(got, want)
+    assert whole.train_state.n_steps == 6 and whole._live_state is None
+
 def test_model_edits_in_hooks_follow_keras_semantics_exactly(tmp_path):
     data = batches(1, 4)
     # a rate written to model.optimizer.lr is taken over, even one equal to the compiled rate;

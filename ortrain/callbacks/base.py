@@ -8,8 +8,10 @@ A callback sees the running fit through four attributes set before ``on_train_be
   current step; ``loop.get_weights()`` / ``loop.set_weights(ws)`` read and write the
   trained weights (``model.get_weights()`` order); ``loop.base_lr`` is the compiled rate;
   ``loop.validates(epoch)`` says whether validation runs after that epoch (``validation_freq``);
-* ``model``: the model being trained; reading it brings the current weights into it, and
-  as in Keras what a hook changes on it takes effect when the hook returns: the weights it
+* ``model``: the model being trained; reading it brings the current weights into it (and
+  its ``train_state`` is the fit's optimizer state, so ``self.model.save(path)`` or
+  ``self.model.copy()`` can resume), and as in Keras what a hook changes on it takes effect
+  when the hook returns: the weights it
   sets (``model.set_weights``, those names only), a learning rate written to
   ``model.optimizer.lr``, and ``model.stop_training = True`` (which a stop by any callback
   sets too, as in Keras). ``model.optimizer.lr`` holds the compiled rate unless written; the

@@ -113,9 +113,7 @@ class ModelCheckpoint(Callback):
             self.monitor.best = current
         path = self._path(epoch, logs)
         if self.save_model:
-            model = self.model  # holds this epoch's weights
-            model.train_state = self.trainer.export_state()
-            model.save(path)
+            self.model.save(path)  # this epoch's weights, and (train_state) the optimizer state
         else:
             self.trainer.save_checkpoint(path)
         self.saved.append(path)

@@ -129,11 +129,24 @@ class Model:
         self.metrics: list[str] = []
         self._frozen: set[str] = set()
         self._frozen_stats: set[str] = set()  # running-mean names of batch norms in inference form
+        self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
         self.train_state = None  # optimizer state carried between fit() calls
         self._version = 0
         self._runners: dict = {}
         self._written: set[str] = set()  # weights set since a running fit last synced this model
         self._lr_seen = None  # (optimizer id, its lr_writes) when the last fit ended
+
+    @property
+    def train_state(self):
+        """The optimizer state (moments, step, rate) a next ``fit`` continues from, None for fresh
+        moments. While a fit runs it is that fit's live state once it has taken a step, so a callback
+        that saves or copies ``self.model`` saves the state that goes with its weights, as in Keras."""
+        live = self._live_state() if self._live_state is not None else None
+        return live if live is not None else self._train_state
+
+    @train_state.setter
+    def train_state(self, value) -> None:
+        self._train_state = value
 
     def _name_layers(self) -> None:
         counts: dict[str, int] = {}
