@@ -399,6 +399,26 @@ def test_model_checkpoint_best_only_with_formatted_names(tmp_path):
         ot.fit_generator(model, batches(1, 4), callbacks=[bad], verbose=0)
 
 
+
+def test_model_checkpoint_keeps_its_best_across_fits_and_takes_a_threshold(tmp_path):
+    """As Keras' ModelCheckpoint: a continued fit with the same callback saves only when it beats
+    the best of the fits before (it saved its worse first epoch over the best file), and
+    initial_value_threshold is the value the first save must beat."""
+    model = sgd_model()
+    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "best-{epoch}", monitor="score", save_best_only=True)
+    ot.fit_generator(model, batches(1, 4), epochs=2, verbose=0, callbacks=[Inject("score", [3.0, 2.0]), ckpt])
+    ot.fit_generator(model, batches(1, 4), epochs=5, initial_epoch=2, verbose=0,
+                     callbacks=[Inject("score", [None, None, 9.0, 2.0, 1.5]), ckpt])
+    assert [p.rsplit("/", 1)[-1] for p in ckpt.saved] == ["best-5"]
+    assert ckpt.monitor.best == 1.5
+    high = ot.callbacks.ModelCheckpoint(tmp_path / "acc-{epoch}", monitor="score", mode="max", save_best_only=True,
+                                        initial_value_threshold=0.8)
+    ot.fit_generator(model, batches(1, 4), epochs=3, verbose=0, callbacks=[Inject("score", [0.5, 0.9, 0.7]), high])
+    assert [p.rsplit("/", 1)[-1] for p in high.saved] == ["acc-2"]
+    for bad in ("0.8", float("nan"), True):
+        with pytest.raises(ot.OrtrainError, match=r"initial_value_threshold=...\): expected a number"):
+            ot.callbacks.ModelCheckpoint(tmp_path / "x", initial_value_threshold=bad)
+
 def test_file_callbacks_refuse_missing_directories(tmp_path):
     model = sgd_model()
     before = model.get_weights()

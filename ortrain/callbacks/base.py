@@ -20,7 +20,8 @@ A callback sees the running fit through four attributes set before ``on_train_be
   ``verbose``, ``metrics``.
 
 Epochs are counted from 0 as in Keras; ``initial_epoch`` shifts them. A callback resets
-its own state in ``on_train_begin`` so one object can serve several fits; ``on_train_end``
+its own state in ``on_train_begin`` so one object can serve several fits (``ModelCheckpoint``
+keeps its best value, as Keras' does); ``on_train_end``
 runs for every callback whose ``on_train_begin`` did. The logs: ``on_batch_begin`` gets
 ``batch``; ``on_batch_end`` ``batch``, ``size`` and that batch's own ``loss`` (Keras passes the
 running mean instead); ``on_epoch_end`` the epoch's ``loss`` and metrics, the ``val_`` ones

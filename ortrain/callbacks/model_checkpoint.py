@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 import string
@@ -29,13 +31,17 @@ class ModelCheckpoint(Callback):
     ``model.save(filepath)`` with the weights of that epoch and the optimizer state, which
     ``ot.load_model`` reads back and ``fit`` continues from (a fit of a model, not of a bare trainer).
 
+    As in Keras, the best value monitored is kept across fits with the same callback (a continued
+    fit saves over the best file only when it does better), and ``initial_value_threshold`` sets
+    the value to beat before the first save.
+
     With ``validation_freq`` an epoch without validation logs no ``val_`` values: ``save_best_only``
     monitoring one skips that epoch, and a ``filepath`` naming one is refused when training begins
     unless only validated epochs save (``save_best_only=True`` monitoring a ``val_`` value).
     """
 
     def __init__(self, filepath, monitor: str = "val_loss", save_best_only: bool = False, mode: str = "auto",
-                 verbose: int = 0, save_model: bool = False):
+                 verbose: int = 0, save_model: bool = False, initial_value_threshold: float | None = None):
         if not isinstance(filepath, (str, os.PathLike)) or not os.fspath(filepath):
             raise OrtrainError(f"ModelCheckpoint(filepath=...): expected a file path such as 'ckpt-{{epoch}}', "
                                f"received {filepath!r}")
@@ -43,6 +49,12 @@ class ModelCheckpoint(Callback):
         self.save_best_only = bool(save_best_only)
         self.save_model = bool(save_model)
         self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint")
+        if initial_value_threshold is not None:
+            if isinstance(initial_value_threshold, bool) or not isinstance(initial_value_threshold, numbers.Real) \
+                    or math.isnan(initial_value_threshold):
+                raise OrtrainError("ModelCheckpoint(initial_value_threshold=...): expected a number (the value "
+                                   f"the first save must beat), received {initial_value_threshold!r}")
+            self.monitor.best = float(initial_value_threshold)
         self.verbose = verbose
         self.saved: list[str] = []
 
@@ -74,8 +86,7 @@ class ModelCheckpoint(Callback):
                                "path such as 'ckpt-{epoch}'")
 
     def on_train_begin(self, logs=None):
-        self.monitor.reset()
-        self.saved = []
+        self.saved = []  # the best value stays, as Keras keeps it
 
     def _check_validation_freq(self) -> None:
         """A filepath naming a ``val_`` value cannot be written after an epoch without validation."""
