@@ -69,8 +69,32 @@ def _mse(pred, y):
     return np.square(pred - y).reshape(len(pred), -1).mean(axis=1)
 
 
+# The labels each metric reads: class indices, or an array shaped like the output ("accuracy"
+# follows the loss).
+_LABELS = {"sparse_categorical_accuracy": "class", "categorical_accuracy": "dense", "binary_accuracy": "dense",
+           "mae": "dense", "mse": "dense"}
+
+
+def _check_labels(metric: str, loss) -> None:
+    """Refuse a metric whose labels are not the loss's: it would compare class indices with rows
+    of scores (a wrong value, or a broadcasting error after the first step had trained)."""
+    takes = _LABELS.get(metric)
+    dtype = getattr(loss, "label_dtype", None)
+    if takes is None or dtype is None:
+        return
+    classes = np.dtype(dtype).kind in "iu"
+    name = getattr(loss, "name", type(loss).__name__)
+    if takes == "dense" and classes:
+        raise OrtrainError(f"metrics: {metric!r} compares the output with labels of its own shape, and loss "
+                           f"{name!r} takes class indices; use 'accuracy' (or 'sparse_categorical_accuracy') "
+                           "with it, or a loss on one-hot labels")
+    if takes == "class" and not classes:
+        raise OrtrainError(f"metrics: {metric!r} takes class-index labels, and loss {name!r} takes labels shaped "
+                           "like the output; use 'accuracy' (or 'categorical_accuracy' for one-hot labels)")
+
+
 def resolve(names, loss) -> list[Metric]:
-    """Metric objects for names given to ``compile``."""
+    """Metric objects for names given to ``compile``, checked against the labels ``loss`` takes."""
     out = []
     for name in names or ():
         if not isinstance(name, str):
@@ -98,4 +122,5 @@ def resolve(names, loss) -> list[Metric]:
         else:
             raise OrtrainError(f"metrics: unknown metric {name!r}; known: accuracy, sparse_categorical_accuracy, "
                                "categorical_accuracy, binary_accuracy, mae, mse")
+        _check_labels(out[-1].name, loss)
     return out

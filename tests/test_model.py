@@ -339,6 +339,16 @@ def test_a_refused_compile_changes_nothing(rng):
         model.compile(optimizer="adam", loss="mse", metrics=["mae", "f1"])
     with pytest.raises(ot.OrtrainError, match="optimizer"):
         model.compile(optimizer="bogus", loss="mse")
+    # a metric on other labels than the loss's: categorical_accuracy read a wrong value off class
+    # indices (argmax of the label vector), mae failed on broadcasting after the first step trained
+    for metric in ("categorical_accuracy", "binary_accuracy", "mae", "mse"):
+        with pytest.raises(ot.OrtrainError, match=rf"metrics: '{metric}' compares the output with labels of its own "
+                                                  "shape, and loss 'sparse_categorical_crossentropy' takes class "
+                                                  "indices; use 'accuracy'"):
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy", metric])
+    with pytest.raises(ot.OrtrainError, match="metrics: 'sparse_categorical_accuracy' takes class-index labels, and "
+                                              "loss 'categorical_crossentropy' takes labels shaped like the output"):
+        model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["sparse_categorical_accuracy"])
     after = (model.optimizer, model.loss, list(model.metrics), model.train_state)
     assert all(a is b for a, b in zip(before[:2], after[:2])) and before[2] == after[2] == ["accuracy"]
     assert after[3] is before[3] and after[0].name == "sgd"
