@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 
 from ortrain import artifacts, engine
 from ortrain._arrays import is_real
@@ -27,6 +28,7 @@ from ortrain.ag.tensor import Buffer, Param
 from ortrain.ag.tracer import example_inputs, trace
 from ortrain.errors import NonFiniteError, OrtrainError, describe_shape
 from ortrain.graph import spec_of
+from ortrain.graph.repairs import read_as_scalars
 from ortrain.optim import SGD, Adam, Optimizer
 from ortrain.optim.optimizers import is_step
 
@@ -203,7 +205,8 @@ class CaptureStep(TracedCall):
             raise OrtrainError("capture_step: nothing to train: the loss depends on no param that the optimizer "
                                "holds and that is trainable (trainable=False and params= freeze a param)")
         training, evaluation = engine.build_training_graphs(
-            traced.proto, [p.name for p in trainable], [p.name for p in frozen], list(traced.output_names))
+            _scalars_held_as_rank_one(traced.proto, [p.name for p in trainable + frozen if p.shape == ()]),
+            [p.name for p in trainable], [p.name for p in frozen], list(traced.output_names))
         self._models = [m.SerializeToString() for m in (training, evaluation, self._opt.graph())]
         self._trainable = [p.name for p in trainable]
         self._params = trainable + frozen
@@ -309,6 +312,23 @@ class CaptureStep(TracedCall):
         return f"<CaptureStep {getattr(self._fn, '__name__', 'fn')} {state}>"
 
 
+def _scalars_held_as_rank_one(proto, names: list[str]):
+    """The traced graph with each 0-d param in ``names`` taken as shape (1,), as the session's
+    checkpoint holds it, and read through a reshape to rank 0: an output computed from such a
+    param alone (``ag.exp(log_alpha)``) came back with shape (1,) and failed the output check."""
+    if not names:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for vi in out.graph.input:
+        if vi.name in names:
+            shape = vi.type.tensor_type.shape
+            del shape.dim[:]
+            shape.dim.add().dim_value = 1
+    read_as_scalars(out, names)
+    return out
+
+
 def capture_step(fn, params=None, optimizer=None, max_grad_norm=None) -> CaptureStep:
     """Capture a whole training step: ``fn``'s forward pass, its backward pass and the update.
 
@@ -323,7 +343,9 @@ def capture_step(fn, params=None, optimizer=None, max_grad_norm=None) -> Capture
     gradient accumulation are refused); params ``fn`` uses that it does not hold, that are
     ``trainable=False``, or that are listed in ``params`` are frozen, even when the optimizer
     holds them (their moments then stay as they are, as in PyTorch for a param without a
-    gradient); buffers are never trained.
+    gradient); buffers are never trained. Captured steps may share one optimizer: it keeps one
+    step count for all its params (``opt.step``, as Keras' ``iterations``), where PyTorch counts
+    each param's updates, so a param a later step trains first starts at that count.
 
     ``max_grad_norm``: gradients are scaled by ``min(1, max_grad_norm / (norm + 1e-6))`` before
     the update (as ``torch.nn.utils.clip_grad_norm_``) and the result gains ``grad_norm``, the

@@ -692,3 +692,22 @@ def test_a_0d_param_keeps_its_shape_and_its_optimizer_state_round_trips(rng):
     assert s.numpy() == np.float32(2.0) and s.numpy().shape == ()
     step.free()
     assert s.numpy() == np.float32(2.0) and s.numpy().shape == ()
+
+
+def test_a_0d_param_read_alone_trains_and_is_returned():
+    # A SAC-style temperature: the loss and an extra output computed from the 0-d param alone
+    # (the session holds it as shape (1,), and these outputs failed the runtime's shape check).
+    log_alpha = ag.param(np.float32(0.5), name="log_alpha")
+    opt = ot.optim.Adam([log_alpha], lr=0.1)
+    step = ot.capture_step(lambda target: {"loss": ag.square(log_alpha - 1.0) + ag.mean(target) * 0.0,
+                                           "alpha": ag.exp(log_alpha)}, optimizer=opt)
+    ref = NumpyAdam([np.float64(0.5)], lr=0.1)
+    for _ in range(3):
+        a = float(ref.p[0])
+        out = step(target=np.ones(4, np.float32))
+        assert out["loss"].shape == () and out["alpha"].shape == ()
+        np.testing.assert_allclose(out["loss"], (a - 1.0) ** 2, rtol=1e-5)
+        np.testing.assert_allclose(out["alpha"], np.exp(a), rtol=1e-5)
+        ref.step([2 * (a - 1.0)])
+        np.testing.assert_allclose(log_alpha.numpy(), ref.p[0], rtol=1e-5)
+    assert log_alpha.numpy().shape == ()

@@ -38,7 +38,7 @@ from ortrain.graph.passes import SAME, attribute, elem_types, int64_constants, t
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
            "gelu_tanh_as_arithmetic", "activations_as_arithmetic", "dilated_same_conv_with_pads",
-           "split_outputs_named"]
+           "split_outputs_named", "read_as_scalars"]
 
 MAX_OPSET = 21  # the newest default-domain opset onnxruntime 1.19.2 loads
 MAX_IR = 10  # the newest IR version it reads
@@ -63,6 +63,30 @@ class FreshNames:
             name = f"{hint}_{k}"
         self.taken.add(name)
         return name
+
+
+def read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
+    """Nodes read each one-element weight in ``names`` through ``Reshape(name, [])`` (in place).
+
+    ortrain's weight tables and onnxruntime-training's checkpoints hold arrays of rank >= 1, so
+    a scalar weight is stored with shape (1,); the reshape keeps the graph's arithmetic (output
+    ranks included) that of the original scalar.
+    """
+    if not names:
+        return
+    g = model.graph
+    fresh = FreshNames(model).fresh
+    empty = fresh("scalar_shape")
+    g.initializer.append(numpy_helper.from_array(np.zeros(0, np.int64), empty))
+    renamed = {n: fresh(f"{n}/scalar") for n in names}
+    for node in g.node:
+        for i, x in enumerate(node.input):
+            if x in renamed:
+                node.input[i] = renamed[x]
+    reshapes = [onnx.helper.make_node("Reshape", [n, empty], [r], name=r) for n, r in renamed.items()]
+    nodes = reshapes + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
 
 
 def default_opset(model: onnx.ModelProto) -> int:

@@ -43,9 +43,9 @@ from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.passes import node_inputs
 from ortrain.graph.repairs import (
-    FreshNames,
     batchnorm_inference_form,
     free_batch_dimension,
+    read_as_scalars,
     repair,
     upgrade_opset,
 )
@@ -196,31 +196,6 @@ def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set
     return out
 
 
-def _read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
-    """Nodes read each one-element weight in ``names`` through ``Reshape(name, [])`` (in place).
-
-    ortrain's weight tables hold arrays of rank >= 1, so a trainable scalar is stored with
-    shape (1,); the reshape keeps the graph's arithmetic (output ranks included) that of the
-    original scalar.
-    """
-    if not names:
-        return
-    g = model.graph
-    fresh = FreshNames(model).fresh
-    empty = fresh("scalar_shape")
-    g.initializer.append(numpy_helper.from_array(np.zeros(0, np.int64), empty))
-    renamed = {n: fresh(f"{n}/scalar") for n in names}
-    for node in g.node:
-        for i, x in enumerate(node.input):
-            if x in renamed:
-                node.input[i] = renamed[x]
-    reshapes = [onnx.helper.make_node("Reshape", [n, empty], [r], name=r) for n, r in renamed.items()]
-    nodes = reshapes + list(g.node)
-    del g.node[:]
-    g.node.extend(nodes)
-
-
-
 def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                       stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None) -> ForwardGraph:
     """Classify initializers and move the weights to graph inputs.
@@ -237,7 +212,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     ``trainable=`` names it exactly and a gradient reaches it: exporters write arithmetic
     constants (GELU's 0.5 and 1/sqrt(2)) as scalar initializers, and training those
     would change the formula, so neither the default nor a glob such as ``"*"`` picks them.
-    Such a weight has shape (1,), read through a ``Reshape`` to rank 0 (``_read_as_scalars``).
+    Such a weight has shape (1,), read through a ``Reshape`` to rank 0 (``repairs.read_as_scalars``).
     Initializers nothing reads (subgraphs of ``Loop`` or ``If`` included) are dropped. ``stash`` holds initializers already taken out
     of the graph (see ``_stash_weights``); they are classified the same way. Weights come
     in ``order`` (names), by default the graph's initializer order; the copies follow.
@@ -283,7 +258,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
     model.graph.initializer.extend(constants)
-    _read_as_scalars(model, sorted(scalars))
+    read_as_scalars(model, sorted(scalars))
     model.graph.input.extend(onnx.helper.make_tensor_value_info(p.name, onnx.TensorProto.FLOAT, list(p.shape))
                              for p in params)
     fg = ForwardGraph(model, tuple(params), weights)
