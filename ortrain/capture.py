@@ -131,8 +131,9 @@ class CaptureStep(TracedCall):
         if grads is None:
             grads = self._grads = [self._session.grad_view(n).reshape(-1) for n in self._trainable]
         total = 0.0
-        for g in grads:
-            total += float(np.dot(g, g))
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is retried in float64 below
+            for g in grads:
+                total += float(np.dot(g, g))
         if not math.isfinite(total):  # float32 squares overflow above ~1.8e19; NaN and inf stay so
             total = sum(float(np.dot(g64, g64)) for g64 in (g.astype(np.float64) for g in grads))
         norm = math.sqrt(total)

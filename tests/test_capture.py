@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import torch_or_skip
@@ -602,7 +604,9 @@ def test_clipping_takes_a_finite_norm_beyond_float32_squares():
     W = ag.param(np.ones((1,), np.float32), name="W")
     opt = ot.optim.Adam([W], lr=1e-3)
     step = ot.capture_step(lambda x: ag.sum(ag.mul(W, x)), optimizer=opt, max_grad_norm=1.0)
-    out = step(x=np.array([1e20], np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the float32 overflow numpy reported is retried in float64: no warning
+        out = step(x=np.array([1e20], np.float32))
     assert out["grad_norm"] == np.float32(1e20)
     g = np.float32(1e20) * np.float32(1.0 / (1e20 + 1e-6))  # the clipped gradient, as in the update
     ref = NumpyAdam([np.ones((1,), np.float32)], lr=1e-3)
@@ -711,3 +715,24 @@ def test_a_0d_param_read_alone_trains_and_is_returned():
         ref.step([2 * (a - 1.0)])
         np.testing.assert_allclose(log_alpha.numpy(), ref.p[0], rtol=1e-5)
     assert log_alpha.numpy().shape == ()
+
+
+def test_boolean_inputs_are_refused_at_every_call():
+    # The first call refused them; later calls cast a boolean mask to row indices 0/1 and gathered.
+    E = ag.param(np.arange(10, dtype=np.float32).reshape(5, 2), name="E")
+    rows = ot.capture(lambda i: ag.get_rows(E, i))
+    with pytest.raises(ot.ShapeError, match=r"capture: input 'i' is boolean; pass 0/1 as float32 or int64"):
+        rows(i=np.array([True, False]))
+    np.testing.assert_array_equal(rows(i=np.array([3, 4])), [[6, 7], [8, 9]])
+    for mask in (np.array([True, False]), [True, False]):
+        with pytest.raises(ot.ShapeError, match=r"capture: input 'i' is boolean"):
+            rows(i=mask)
+    W = ag.param(_w0(3), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    step = ot.capture_step(lambda x: ag.mean(W @ x), optimizer=opt)
+    step(x=np.ones((3, 2), np.float32))
+    before = W.numpy().copy()
+    with pytest.raises(ot.ShapeError, match=r"capture_step: input 'x' is boolean"):
+        step(x=np.ones((3, 2), bool))
+    np.testing.assert_array_equal(W.numpy(), before)
+    assert opt.step == 1

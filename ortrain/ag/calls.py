@@ -13,7 +13,7 @@ import inspect
 import numpy as np
 
 from ortrain import engine
-from ortrain._arrays import as_array
+from ortrain._arrays import as_array, read_array
 from ortrain._lifetime import Releasable
 from ortrain.ag.tensor import Param
 from ortrain.ag.tracer import example_inputs, trace
@@ -112,6 +112,9 @@ class TracedCall(Releasable):
                          + "; pass the same inputs by name at every call, or capture another step for others")
 
     def _convert(self, name, a, shape, dtype):
+        a = read_array(a, f"{self._where}: input {name!r}")
+        if a.dtype.kind == "b":  # as the first call refuses it: a boolean mask is no row index
+            raise ShapeError(f"{self._where}: input {name!r} is boolean; pass 0/1 as float32 or int64")
         a = as_array(a, dtype, f"{self._where}: input {name!r}")
         if a.shape != shape:
             hint = ""
