@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import onnx
 from ortrain import engine, losses, optim
 from ortrain._files import CAN_LOCK, atomic_path, fresh_dir, lock_file, not_a_folder
 from ortrain._version import __version__
+from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
@@ -427,8 +427,8 @@ def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
     if not idle:
         return fg
     shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
-    warnings.warn(f"weights {shown} do not affect the loss, which is computed on the first output "
-                  f"{outputs[0].name!r}; they are not trained", stacklevel=3)
+    warn(f"weights {shown} do not affect the loss, which is computed on the first output "
+                  f"{outputs[0].name!r}; they are not trained")
     params = tuple(ParamSpec(p.name, p.shape, p.dtype, "frozen" if p.name in idle else p.role) for p in fg.params)
     return ForwardGraph(fg.proto, params, fg.weights)
 

@@ -29,8 +29,6 @@ epochs=5`` runs epochs 2, 3 and 4; the number only matters to callbacks and sche
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from ortrain import losses as losses_mod
@@ -38,6 +36,7 @@ from ortrain import metrics as metrics_mod
 from ortrain import optim
 from ortrain._arrays import checked_int, is_integer, is_real, prepare_inputs
 from ortrain._class_weight import ClassWeights, class_weights
+from ortrain._warnings import warn
 from ortrain.callbacks.base import CallbackList
 from ortrain.callbacks.progress import check_verbose, progress
 from ortrain.data import (
@@ -266,18 +265,18 @@ class _Loop:
         return self.history
 
     def _warn_dry(self, epoch: int) -> None:
-        warnings.warn(f"the generator ran dry in epoch {epoch} (counted from 0); training stops. A one-shot "
+        warn(f"the generator ran dry in epoch {epoch} (counted from 0); training stops. A one-shot "
                       "iterator must hold steps_per_epoch * epochs batches; pass a re-iterable or a callable "
-                      "to train longer", RuntimeWarning, stacklevel=4)
+                      "to train longer", RuntimeWarning)
 
     def _warn_empty(self, epoch: int) -> None:
         if self.iterator.source.exhausted:
             what = "the generator ran dry"
         else:
             what = "the generator returned no batch"
-        warnings.warn(f"epoch {epoch} (counted from 0) yielded no batch ({what}); training stops. A finite "
+        warn(f"epoch {epoch} (counted from 0) yielded no batch ({what}); training stops. A finite "
                       "callable must reset itself before returning None so the next call starts the next "
-                      "epoch", RuntimeWarning, stacklevel=4)
+                      "epoch", RuntimeWarning)
 
     def _train_epoch(self, epoch: int) -> dict | None:
         tr = self.trainer
@@ -335,9 +334,8 @@ class _Loop:
         it = self.iterator
         if it.ended_early and not it.source.exhausted and not self._warned_short:
             self._warned_short = True
-            warnings.warn(f"epoch {epoch}: the generator ended the epoch after {taken} of steps_per_epoch="
-                          f"{it.steps} batches; epochs stay this short (warned once)", RuntimeWarning,
-                          stacklevel=4)
+            warn(f"epoch {epoch}: the generator ended the epoch after {taken} of steps_per_epoch="
+                          f"{it.steps} batches; epochs stay this short (warned once)", RuntimeWarning)
 
     def _validate(self, epoch: int) -> dict:
         tr = self.trainer
@@ -359,8 +357,8 @@ class _Loop:
             total += loss * rows
             seen += rows
         if seen == 0:
-            warnings.warn(f"validation after epoch {epoch} yielded no batch; no val_ values are logged",
-                          RuntimeWarning, stacklevel=4)
+            warn(f"validation after epoch {epoch} yielded no batch; no val_ values are logged",
+                          RuntimeWarning)
             return {}
         return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
 
@@ -391,9 +389,9 @@ class _Loop:
         if interrupt is not None:
             raise interrupt
         if tr._accum and tr.nbatch_logical > tr.batch_size:  # last: an "error" filter cannot lose the state
-            warnings.warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
+            warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
                           f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
-                          f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning, stacklevel=4)
+                          f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning)
 
 
 def _lr_writes(opt) -> int:
@@ -538,10 +536,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
 
 def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, initial_epoch=0,
                    validation_generator=None, validation_steps=None, loss=None, optimizer=None, nbatch_logical=None,
-                   callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0, class_weight=None, validation_freq=1,
-                   caller_depth: int = 3) -> History:
-    """:func:`fit_generator` with ``model.fit``'s ``class_weight`` and ``validation_freq``.
-    ``caller_depth``: the stack level of the user's call, for warnings."""
+                   callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0, class_weight=None,
+                   validation_freq=1) -> History:
+    """:func:`fit_generator` with ``model.fit``'s ``class_weight`` and ``validation_freq``."""
     if not isinstance(model, Model):
         raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
     steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
@@ -558,17 +555,17 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     cw = class_weights(class_weight, staged)  # against the loss training runs with
     compiled_decay = getattr(staged.optimizer, "weight_decay", 0.0)
     if weight_decay == 0.0 and compiled_decay:
-        warnings.warn(f"weight_decay=0.0 (fit_generator's default) turns off the weight decay {compiled_decay} of the "
+        warn(f"weight_decay=0.0 (fit_generator's default) turns off the weight decay {compiled_decay} of the "
                       f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
-                      "it)", UserWarning, stacklevel=caller_depth)
+                      "it)", UserWarning)
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator")
     if epochs <= initial_epoch:
         return History()
     batches = EpochIterator(source, steps_per_epoch)
     first = batches.peek(initial_epoch)
     if first is None:
-        warnings.warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
-                      "nothing was trained", RuntimeWarning, stacklevel=caller_depth)
+        warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
+                      "nothing was trained", RuntimeWarning)
         return History()
     where = f"epoch {initial_epoch}, step 0 (counted from 0)"
     try:
@@ -702,9 +699,8 @@ def _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_s
             raise OrtrainError(f"{name}: not used with a generator (its batches set the batch size and carry "
                                f"their own sample weights, validation comes from validation_data); "
                                f"received {name}={value!r}")
-    # Model.fit -> fit_model -> here -> _fit_generator: the user's call is five levels up from a warning
     return _fit_generator(model, x, steps_per_epoch=kwargs["steps_per_epoch"], epochs=kwargs["epochs"],
                           initial_epoch=kwargs["initial_epoch"], validation_generator=kwargs["validation_data"],
                           validation_steps=kwargs["validation_steps"], callbacks=kwargs["callbacks"],
                           verbose=kwargs["verbose"], weight_decay=None, class_weight=kwargs["class_weight"],
-                          validation_freq=kwargs["validation_freq"], caller_depth=5)
+                          validation_freq=kwargs["validation_freq"])

@@ -10,7 +10,6 @@ before every update.
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from ortrain._arrays import (
 )
 from ortrain._files import checked_target
 from ortrain._lifetime import Releasable
+from ortrain._warnings import warn
 from ortrain.data import refuse_non_finite_weights
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
@@ -519,10 +519,10 @@ class Trainer(Releasable):
         self._live()
         path = checked_target(path, "save_checkpoint(path)")
         if self._accum:
-            warnings.warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
+            warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
                           "part of the checkpoint, and a trainer resumed from it starts a new accumulation "
                           "period (its updates fall on other steps); save on an accumulation boundary for an "
-                          "exact resume", stacklevel=2)
+                          "exact resume")
         self._session.save_checkpoint(path, {
             _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
             _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,

@@ -1210,3 +1210,14 @@ def test_warnings_of_a_generator_fit_point_at_the_callers_line():
     with pytest.warns(RuntimeWarning, match="yielded no batch") as caught:
         ot.fit_generator(model, [], verbose=0)
     assert caught[0].filename == __file__
+    # raised from the epoch loop, deeper down: a short epoch, a part accumulation period, a dry generator
+    data = batches(5, 4)
+    with pytest.warns(RuntimeWarning, match="ended the epoch after 5 of steps_per_epoch=7") as caught:
+        ot.fit_generator(model, data, steps_per_epoch=7, epochs=1, verbose=0, weight_decay=None)
+    assert caught[0].filename == __file__
+    with pytest.warns(RuntimeWarning, match="into an accumulation period") as caught:
+        ot.fit_generator(model, data, nbatch_logical=8, verbose=0, weight_decay=None)
+    assert caught[0].filename == __file__
+    with pytest.warns(RuntimeWarning, match="the generator ran dry") as caught:
+        model.fit(iter(data), steps_per_epoch=3, epochs=3, verbose=0)
+    assert caught[0].filename == __file__

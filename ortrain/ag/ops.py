@@ -8,12 +8,12 @@ is, as constants.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
 from ortrain._arrays import as_array, is_integer, is_real, read_array
 from ortrain._random import draw_seed
+from ortrain._warnings import warn
 from ortrain.ag.tensor import FLOAT, INT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import MS_DOMAIN
@@ -389,8 +389,8 @@ def mean(x, axis=None, keepdims: bool = False) -> Tensor:
         return x
     if not all(x.shape[a] for a in axes):
         # ReduceMean gives 0 here; 0 / 0 is the NaN numpy and PyTorch give.
-        warnings.warn(f"mean: axes {axes} of a tensor of shape {describe_shape(x.shape)} hold no elements; their "
-                      "mean is NaN, as numpy's mean of an empty slice", RuntimeWarning, stacklevel=2)
+        warn(f"mean: axes {axes} of a tensor of shape {describe_shape(x.shape)} hold no elements; their "
+                      "mean is NaN, as numpy's mean of an empty slice", RuntimeWarning)
         return div(sum(x, axis=axes, keepdims=keepdims), 0.0)
     attrs = {} if len(axes) == x.ndim else {"axes": list(axes)}
     return Tensor(_reduced(x, axes, keepdims), x.dtype, "mean", (x,),

@@ -5,9 +5,9 @@ which epochs have no value to watch."""
 from __future__ import annotations
 
 import math
-import warnings
 
 from ortrain._arrays import checked_int, is_real
+from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
 
 MODES = ("auto", "min", "max")
@@ -43,8 +43,8 @@ class Monitor:
         """
         value = (logs or {}).get(self.name)
         if value is None and not (self.name.startswith("val_") and skips_validation(loop, epoch)):
-            warnings.warn(f"{self.owner} monitors {self.name!r}, which is not logged; logged values are "
-                          f"{', '.join(sorted(logs or {})) or 'none'}", stacklevel=3)
+            warn(f"{self.owner} monitors {self.name!r}, which is not logged; logged values are "
+                          f"{', '.join(sorted(logs or {})) or 'none'}")
         return value
 
     def better(self, current: float, reference: float) -> bool:

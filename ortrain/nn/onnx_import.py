@@ -29,13 +29,13 @@ from __future__ import annotations
 import copy
 import fnmatch
 import os
-import warnings
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from ortrain import _random
+from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec
@@ -154,9 +154,9 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
             matrices.append((src, out))
     if matrices:
         pairs = ", ".join(f"{a!r} and {b!r}" for a, b in matrices[:4]) + (", ..." if len(matrices) > 4 else "")
-        warnings.warn(f"from_onnx: the file merges equal weights through Identity ({pairs}); each trains as a weight of "
+        warn(f"from_onnx: the file merges equal weights through Identity ({pairs}); each trains as a weight of "
                       "its own, as the layers PyTorch clones do. If they are one weight shared in the model, export "
-                      "with do_constant_folding=False so the file keeps the sharing", UserWarning, stacklevel=4)
+                      "with do_constant_folding=False so the file keeps the sharing", UserWarning)
     if copies:
         del g.node[:]
         g.node.extend(kept)
@@ -250,10 +250,10 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     # an exponent of several values is a parameter's form (exporters write constant exponents as one value)
     exponents = sorted(several & {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1})
     if exponents:
-        warnings.warn(f"from_onnx: {', '.join(map(repr, exponents))} {'is' if len(exponents) == 1 else 'are'} read only "
+        warn(f"from_onnx: {', '.join(map(repr, exponents))} {'is' if len(exponents) == 1 else 'are'} read only "
                       "as Pow's exponent, which onnxruntime-training does not differentiate, so "
                       f"{'it stays a constant' if len(exponents) == 1 else 'they stay constants'} (PyTorch would "
-                      "train a parameter there)", UserWarning, stacklevel=3)
+                      "train a parameter there)", UserWarning)
     rank = {name: i for i, name in enumerate(first + copies)}
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
