@@ -235,6 +235,7 @@ class _Loop:
         logs: dict = {}
         if self._model is not None:
             self._model.stop_training = False
+            self._model.history = self.history  # as Keras sets it
         cbs.check()  # before any callback starts: a refusal changes nothing
         if self._model is not None:
             self._model._live_state = self._live_state

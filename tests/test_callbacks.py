@@ -106,6 +106,31 @@ def test_batch_hooks_reach_only_callbacks_that_define_them():
         CallbackList([{}])
 
 
+
+def test_keras_3_batch_hook_names_are_called_and_uncalled_hooks_are_named(recwarn):
+    class Keras3(ot.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.seen = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.seen.append(("begin", batch))
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen.append(("end", batch, logs["size"]))
+
+        def on_test_batch_end(self, batch, logs=None):  # Keras calls it in validation; ortrain does not
+            raise AssertionError("not called")
+
+    model = sgd_model()
+    cb = Keras3()
+    with pytest.warns(UserWarning, match="callback Keras3 defines on_test_batch_end, which ortrain does not call"):
+        history = ot.fit_generator(model, batches(2, 4), epochs=1, callbacks=[cb], verbose=0)
+    assert cb.seen == [("begin", 0), ("end", 0, 4), ("begin", 1), ("end", 1, 4)]
+    assert model.history is history  # as Keras sets model.history
+    recwarn.clear()
+    ot.fit_generator(model, batches(2, 4), epochs=1, callbacks=[cb], verbose=0)  # told once
+    assert not [w for w in recwarn if "does not call" in str(w.message)]
+
 def test_stop_flag_is_honoured_at_the_end_of_the_step():
     class StopAt(ot.callbacks.Callback):
         def on_batch_end(self, step, logs=None):

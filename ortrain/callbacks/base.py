@@ -27,14 +27,16 @@ runs for every callback whose ``on_train_begin`` did. The logs: ``on_batch_begin
 running mean instead); ``on_epoch_end`` the epoch's ``loss`` and metrics, the ``val_`` ones
 (after validated epochs only, see ``validation_freq``) and ``lr``; ``on_train_end`` the last
 epoch's logs; ``on_train_begin`` and ``on_epoch_begin`` an empty dict.
+``on_train_batch_begin``/``on_train_batch_end``, Keras 3's names, call ``on_batch_begin``/
+``on_batch_end``: override either. Keras' ``on_test_*`` and ``on_predict_*`` hooks are not called
+(a callback defining one is told so once).
 """
 
 from __future__ import annotations
 
+from ortrain._warnings import warn
+
 __all__ = ["Callback", "CallbackList"]
-
-_BATCH_HOOKS = ("on_batch_begin", "on_batch_end")
-
 
 class Callback:
     """Base class: override the hooks you need."""
@@ -76,8 +78,32 @@ class Callback:
     def on_batch_end(self, step: int, logs=None) -> None:
         pass
 
+    def on_train_batch_begin(self, batch: int, logs=None) -> None:
+        """Keras 3's name for :meth:`on_batch_begin`, which it calls; override either."""
+        self.on_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        """Keras 3's name for :meth:`on_batch_end`, which it calls; override either."""
+        self.on_batch_end(batch, logs)
+
     def _overrides(self, hook: str) -> bool:
         return getattr(type(self), hook) is not getattr(Callback, hook)
+
+
+# Keras hooks of evaluation and prediction, which ortrain's fit does not call: a callback that
+# defines one is told so once, instead of never hearing from it.
+_UNCALLED = ("on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end", "on_predict_begin",
+             "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end")
+_told: set[tuple[type, str]] = set()
+
+
+def _tell_uncalled(cb: Callback) -> None:
+    for hook in _UNCALLED:
+        if callable(getattr(type(cb), hook, None)) and (type(cb), hook) not in _told:
+            _told.add((type(cb), hook))
+            warn(f"callback {type(cb).__name__} defines {hook}, which ortrain does not call: a fit calls "
+                 "on_train_begin/end, on_epoch_begin/end and on_(train_)batch_begin/end, and validation "
+                 "results reach on_epoch_end's logs as val_ values")
 
 
 class CallbackList:
@@ -96,8 +122,11 @@ class CallbackList:
                 raise OrtrainError(f"callbacks: expected ot.callbacks.Callback objects, received "
                                    f"{type(cb).__name__}; subclass ot.callbacks.Callback")
             self.callbacks.append(cb)
-        self._batch_begin = [cb for cb in self.callbacks if cb._overrides("on_batch_begin")]
-        self._batch_end = [cb for cb in self.callbacks if cb._overrides("on_batch_end")]
+            _tell_uncalled(cb)
+        self._batch_begin = [cb for cb in self.callbacks
+                             if cb._overrides("on_batch_begin") or cb._overrides("on_train_batch_begin")]
+        self._batch_end = [cb for cb in self.callbacks
+                           if cb._overrides("on_batch_end") or cb._overrides("on_train_batch_end")]
         self.has_batch_hooks = bool(self._batch_begin or self._batch_end)
 
     def set_loop(self, loop) -> None:
@@ -145,10 +174,10 @@ class CallbackList:
 
     def on_batch_begin(self, step: int, logs=None) -> None:
         for cb in self._batch_begin:
-            cb.on_batch_begin(step, logs)
+            cb.on_train_batch_begin(step, logs)
             self._after()
 
     def on_batch_end(self, step: int, logs=None) -> None:
         for cb in self._batch_end:
-            cb.on_batch_end(step, logs)
+            cb.on_train_batch_end(step, logs)
             self._after()

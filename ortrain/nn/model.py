@@ -129,6 +129,7 @@ class Model:
         self.metrics: list[str] = []
         self._frozen: set[str] = set()
         self._frozen_stats: set[str] = set()  # running-mean names of batch norms in inference form
+        self.history = None  # the History of the last fit, as Keras keeps it
         self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
         self.train_state = None  # optimizer state carried between fit() calls
         self._version = 0
