@@ -213,8 +213,16 @@ def test_cosine_decay_with_and_without_warmup():
                             callbacks=[ot.callbacks.CosineDecay(total_epochs=4, warmup_epochs=2, initial_lr=0.2)])
     # warm-up reaches the initial rate in its last epoch; the decay then starts from it
     assert hist.history["lr"] == pytest.approx([0.1, 0.2, 0.2, 0.1], abs=1e-12)
-    with pytest.raises(ot.OrtrainError, match=r"warmup_steps \(4\) must be below total_steps \(4\)"):
+    # the messages name the callback's own arguments (they named the schedule's total_steps/warmup_steps)
+    with pytest.raises(ot.OrtrainError, match=r"CosineDecay: warmup_epochs \(4\) must be below total_epochs \(4\), "
+                                              "which counts the warm-up too; shorten"):
         ot.callbacks.CosineDecay(total_epochs=4, warmup_epochs=4)
+    with pytest.raises(ot.OrtrainError, match=r"CosineDecay\(total_epochs=...\): expected a positive int, received 0"):
+        ot.callbacks.CosineDecay(total_epochs=0)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ot.OrtrainError, match=rf"CosineDecay\(warmup_epochs=...\): expected an int >= 0, "
+                                                  rf"received {bad!r}"):
+            ot.callbacks.CosineDecay(total_epochs=4, warmup_epochs=bad)
 
 
 def keras_plateau(values, lr, factor, patience, cooldown, min_delta, min_lr):

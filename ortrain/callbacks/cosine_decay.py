@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from ortrain._arrays import checked_int
 from ortrain.callbacks.learning_rate_scheduler import CurveScheduler
+from ortrain.errors import OrtrainError
 from ortrain.optim import check_lr, schedules
 
 __all__ = ["CosineDecay"]
@@ -20,10 +22,12 @@ class CosineDecay(CurveScheduler):
     def __init__(self, total_epochs: int, final_lr: float = 0.0, initial_lr: float | None = None,
                  warmup_epochs: int = 0, verbose: int = 0):
         final_lr = check_lr(final_lr, "CosineDecay(final_lr=...)")
-        if warmup_epochs:
-            schedules.warmup_cosine(1.0, warmup_epochs, total_epochs, 0.0)  # validates now
-        else:
-            schedules.cosine(1.0, total_epochs, 0.0)
+        total_epochs = checked_int(total_epochs, "CosineDecay(total_epochs=...)")
+        warmup_epochs = checked_int(warmup_epochs, "CosineDecay(warmup_epochs=...)", minimum=0)
+        if warmup_epochs >= total_epochs:
+            raise OrtrainError(f"CosineDecay: warmup_epochs ({warmup_epochs}) must be below total_epochs "
+                               f"({total_epochs}), which counts the warm-up too; shorten the warm-up or raise "
+                               "total_epochs")
         self.total_epochs, self.final_lr, self.warmup_epochs = total_epochs, final_lr, warmup_epochs
         super().__init__(initial_lr, verbose)
 

@@ -43,7 +43,8 @@ def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_
     warmup_steps = positive_int(warmup_steps, "warmup_steps")
     total_steps = positive_int(total_steps, "total_steps")
     if warmup_steps >= total_steps:
-        raise OrtrainError(f"warmup_steps ({warmup_steps}) must be below total_steps ({total_steps})")
+        raise OrtrainError(f"warmup_steps ({warmup_steps}) must be below total_steps ({total_steps}), which counts "
+                           "the warm-up too; shorten the warm-up or raise total_steps")
     decay = cosine(initial_lr, total_steps - warmup_steps, final_lr)
 
     def schedule(t):
