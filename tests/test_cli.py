@@ -492,9 +492,14 @@ def test_warnings_are_one_line_each(workdir, capsys):
     assert "runs.py" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_predict_refuses_a_directory_as_output(workdir, capsys):
+def test_predict_refuses_a_directory_or_a_missing_folder_as_output(workdir, capsys):
     make_artifacts(capsys)
     (workdir / "outdir").mkdir()
     assert cli("predict", "--artifacts", "art", "--data", "x.npy", "-o", "outdir") == 2
     assert "-o: 'outdir' is a directory" in capsys.readouterr().err
     assert not (workdir / "outdir.npy").exists()
+    # into a folder that does not exist: named as export names it (it was a bare OS error after predicting)
+    assert cli("predict", "--artifacts", "art", "--data", "x.npy", "-o", "missing/p.npy") != 0
+    err = capsys.readouterr().err
+    assert "-o: cannot write 'missing/p.npy': the directory 'missing' does not exist; create it first" in err
+    assert "Errno" not in err and not (workdir / "missing").exists()

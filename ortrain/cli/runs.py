@@ -27,7 +27,7 @@ import numpy as np
 
 import ortrain as ot
 from ortrain import fit as fit_mod
-from ortrain._files import CAN_LOCK, lock_file
+from ortrain._files import CAN_LOCK, checked_target, lock_file
 from ortrain.callbacks.base import Callback
 from ortrain.cli._common import UsageError, check_out_dir, load_data, read_json, write_json, write_text
 from ortrain.data import split_arrays
@@ -403,6 +403,7 @@ def predict(opts) -> dict:
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
                          f"{os.path.join(opts.output, 'predictions.npy')!r}")
+    checked_target(opts.output, "-o")  # its folder exists: checked before the model loads and predicts
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
     _one_input(model.input_specs)
     x, _, _ = load_data(opts.data)
