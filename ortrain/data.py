@@ -82,7 +82,6 @@ class CallableSource:
     """A callable of no arguments: one batch per call, ``None`` at the end of an epoch."""
 
     one_shot = False
-    short_batches = False
 
     def __init__(self, fn):
         self.pull = fn
@@ -95,7 +94,6 @@ class CallableSource:
 class IterableSource:
     """A re-iterable (fresh iterator every epoch) or a one-shot iterator (consumed across epochs)."""
 
-    short_batches = False
 
     def __init__(self, iterable):
         if not hasattr(type(iterable), "__iter__") and not hasattr(type(iterable), "__getitem__"):
@@ -132,7 +130,6 @@ class ArraySource:
     """
 
     one_shot = False
-    short_batches = True
     exhausted = False
 
     def __init__(self, xs: list[np.ndarray], y: np.ndarray, w: np.ndarray | None, batch_size: int,

@@ -287,9 +287,8 @@ class _Loop:
         metrics = self.metrics
         for m in metrics:
             m.reset()
-        # Array sources cut the batches themselves (a short last one included); a generator's
-        # batches must all hold batch_size rows.
-        rows_fixed = None if self.iterator.source.short_batches else bs
+        # Batches hold at most batch_size rows (the first batch's, for a generator): a shorter one
+        # (an array fit's last, a DataLoader's without drop_last) is a step on its own rows.
         checked = isinstance(self.iterator.source, ArraySource)  # whole arrays were checked up front
         total = 0.0
         seen = 0
@@ -307,7 +306,7 @@ class _Loop:
                         raise OrtrainError("sample_weight: this batch carries loss weights but the first batch did "
                                            "not, so training started without them; pass loss_mask=1 to "
                                            "fit_generator, or give every batch weights (ones where none apply)")
-                fetches, labels, weights = tr._step(x, y, w, rows_fixed, checked, self.class_weight)
+                fetches, labels, weights = tr._step(x, y, w, None, checked, self.class_weight, most=bs)
                 loss = float(fetches[1].numpy())
                 rows = labels.shape[0]
                 if metrics:
@@ -512,7 +511,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     when it carries one.
 
     When the generator is called: its first batch is read before anything else (its rows fix
-    the batch size the trainer is built for, so before ``on_train_begin``); every later batch
+    the batch size the trainer is built for, so before ``on_train_begin``; a later batch may be
+    shorter, as a DataLoader's last without ``drop_last``, and is a step on its own rows, while a
+    longer one is refused); every later batch
     is read before its own ``on_batch_begin`` and after the previous step's ``on_batch_end``
     (and after ``on_epoch_begin`` for an epoch's first batch). A callback that prepares data
     (fills a replay buffer, raises a curriculum level) therefore does it in ``on_batch_end``

@@ -252,13 +252,17 @@ class Trainer(Releasable):
 
     # -- inputs ---------------------------------------------------------------------------------
     def _feeds(self, x, y, sample_weight, where: str, rows: int | None, checked: bool = False,
-               class_weight=None) -> list[np.ndarray]:
+               class_weight=None, most: int | None = None) -> list[np.ndarray]:
         """Inputs, labels and (with a weighted loss) weights, cast and checked; nothing runs yet.
-        ``checked``: the rows come from arrays whose index and label ranges were checked whole.
-        ``class_weight`` (the fit loop's, for a generator's batches) multiplies the weights by the
-        class weights of the labels."""
+        ``rows`` pins the batch's rows, ``most`` bounds them. ``checked``: the rows come from arrays
+        whose index and label ranges were checked whole. ``class_weight`` (the fit loop's, for a
+        generator's batches) multiplies the weights by the class weights of the labels."""
         xs = prepare_inputs(self._inputs, x, "x", rows, None if checked else self._bounds)
         rows = xs[0].shape[0]
+        if most is not None and rows > most:
+            raise ShapeError(f"x: a batch of {rows} rows, more than the {most} of the first batch, which set the "
+                             f"batch size; give batches of at most {most} rows (a shorter one, such as a "
+                             "DataLoader's last, is a step on its own rows)")
         n_classes = self._n_classes
         if self._classes_of is not None and not checked:
             n_classes = self._classes_of([a.shape for a in xs])
@@ -328,12 +332,14 @@ class Trainer(Releasable):
         fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
         return float(fetches[1].numpy())
 
-    def _step(self, x, y, sample_weight, rows: int | None, checked: bool = False, class_weight=None):
+    def _step(self, x, y, sample_weight, rows: int | None, checked: bool = False, class_weight=None,
+              most: int | None = None):
         """A training step: ``(fetches, labels, weights)``. The labels and weights are the checked
         arrays that were fed (weights None when neither sample nor class weights were given), so the
         fit loop's metrics reuse them instead of checking every batch twice. ``checked``: the values
-        were already found finite and in range (the fit loop checks whole arrays before it starts)."""
-        feeds = self._feeds(x, y, sample_weight, "step", rows, checked, class_weight)
+        were already found finite and in range (the fit loop checks whole arrays before it starts).
+        ``rows``/``most``: the batch's rows, exactly or at most."""
+        feeds = self._feeds(x, y, sample_weight, "step", rows, checked, class_weight, most)
         if not checked:
             self._refuse_non_finite(feeds)
         weighted = sample_weight is not None or class_weight is not None

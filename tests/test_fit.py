@@ -356,11 +356,12 @@ def test_short_epoch_under_steps_per_epoch_warns_once():
 
 def test_wrong_size_batch_names_epoch_and_step_and_keeps_completed_steps():
     data = batches(3, 4)
-    bad = (np.zeros((3, 4), np.float32), np.zeros((3, 3), np.float32))
+    bad = (np.zeros((5, 4), np.float32), np.zeros((5, 3), np.float32))
     model = mlp()
     model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
-    with pytest.raises(ot.ShapeError, match=r"epoch 1, step 2 \(counted from 0\): x: expected shape \(4, 4\), "
-                                            r"received \(3, 4\); every batch must hold exactly 4 rows"):
+    with pytest.raises(ot.ShapeError, match=r"epoch 1, step 2 \(counted from 0\): x: a batch of 5 rows, more than "
+                                            r"the 4 of the first batch, which set the batch size; give batches of "
+                                            r"at most 4 rows"):
         ot.fit_generator(model, _Epochs([data, data[:2] + [bad]]), epochs=2, verbose=0)
     ws = mlp().get_weights()
     for x, y in data + data[:2]:
@@ -368,6 +369,28 @@ def test_wrong_size_batch_names_epoch_and_step_and_keeps_completed_steps():
     assert_weights(model, ws)
     assert model.train_state.n_steps == 5
 
+
+
+def test_a_generators_short_last_batch_is_a_step_on_its_own_rows():
+    # A torch DataLoader without drop_last ends each epoch with a short batch: as an array fit's
+    # last batch, it trains on its own rows (it was refused after the epoch's other steps trained).
+    data = batches(3, 4)
+    x, y = data[2]
+    short = data[:2] + [(x[:3], y[:3])]
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    hist = ot.fit_generator(model, short, epochs=2, verbose=0)
+    ws = mlp().get_weights()
+    losses = []
+    for _ in range(2):
+        total = 0.0
+        for bx, by in short:
+            loss, grads = mse_grads(ws, bx, by)
+            total += loss * len(bx)
+            ws = sgd(ws, grads, 0.1)
+        losses.append(total / 11)
+    assert_weights(model, ws)
+    np.testing.assert_allclose(hist.history["loss"], losses, rtol=1e-5)
 
 class _Epochs:
     """A re-iterable whose epochs hold different batches."""
