@@ -211,3 +211,65 @@ def test_numbers_are_numpy_or_python_and_nothing_else():
 
 def test_a_0d_array_is_a_number():
     assert L.BatchNorm(momentum=np.array(0.9)).momentum == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: L.Conv2D(4, kernel_size=3.0), r"Conv2D\(kernel_size=...\): expected a positive int or 2 positive ints, "
+                                           r"received 3.0"),
+    (lambda: L.Conv2D(4, kernel_size=None), r"Conv2D\(kernel_size=...\): expected .* received None"),
+    (lambda: L.Conv2D(4, 3, strides=True), r"Conv2D\(strides=...\): expected .* received True"),
+    (lambda: L.MaxPool2D(pool_size=2.0), r"MaxPool2D\(pool_size=...\): expected .* received 2.0"),
+    (lambda: L.AvgPool2D(2, strides=1.0), r"AvgPool2D\(strides=...\): expected .* received 1.0"),
+    (lambda: L.LayerNorm(epsilon="1e-5"), r"LayerNorm\(epsilon=...\): expected a positive finite number"),
+    (lambda: L.LayerNorm(epsilon=float("inf")), r"LayerNorm\(epsilon=...\): expected a positive finite number"),
+    (lambda: L.BatchNorm(epsilon=float("inf")), r"BatchNorm\(epsilon=...\): expected a positive finite number"),
+    (lambda: L.Dense(3, seed=-1), r"Dense\(seed=...\): expected an int >= 0 or None, received -1"),
+    (lambda: L.Dense(3, seed="a"), r"Dense\(seed=...\): expected an int >= 0 or None, received 'a'"),
+    (lambda: ot.Sequential([L.Dense(2)], input_shape=(3,), seed=1.5), r"Sequential\(seed=...\): expected an int"),
+    (lambda: ot.Sequential(L.Dense(2), input_shape=(3,)), r"Sequential\(layers=...\): expected a list of layers, "
+                                                          r"received Dense; wrap a single layer in a list"),
+    (lambda: ot.Input((4,), dtype="floatt"), r"Input\(dtype=...\): expected 'float32' or 'int64', received 'floatt'"),
+    (lambda: ot.Input((4,), name=3), r"Input\(name=...\): expected a non-empty string without '/'"),
+    (lambda: ot.Input((4,), name="dense_0/gemm_0"), r"Input\(name=...\): .* received 'dense_0/gemm_0'"),
+    (lambda: L.Reshape((1.9, 8)), r"Reshape\(target_shape=...\): expected a tuple of ints, received \(1.9, 8\)"),
+    (lambda: L.Reshape("28"), r"Reshape\(target_shape=...\): expected a tuple of ints, received '28'"),
+    (lambda: L.Reshape((True, 6)), r"Reshape\(target_shape=...\): expected a tuple of ints"),
+])
+def test_bad_layer_and_model_arguments_get_clear_errors(make, message):
+    # each raised a raw TypeError/ValueError, or was taken as another value (Reshape((1.9, 8)) -> (1, 8))
+    with pytest.raises(ot.OrtrainError, match=message):
+        make()
+
+
+def test_numpy_int_shapes_build_save_and_export(tmp_path, rng):
+    # a shape of numpy ints was taken, then predict, export and save failed on it in onnx and json
+    inp = ot.Input((np.prod((2, 2)),))
+    model = ot.Model(inp, L.Dense(np.int32(3), seed=0)(inp))
+    assert all(type(d) is int for d in model.input_specs[0].shape[1:])
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    w, b = model.get_weights()
+    np.testing.assert_allclose(model.predict(x), x @ w + b, rtol=1e-6)
+    model.save(tmp_path / "m.ortrain")
+    np.testing.assert_array_equal(ot.load_model(tmp_path / "m.ortrain").predict(x), model.predict(x))
+    model.export_onnx(tmp_path / "m.onnx")
+
+
+def test_the_same_input_listed_twice_is_refused():
+    # Keras refuses it; here the first array was silently ignored
+    a = ot.Input((3,))
+    out = L.Dense(2)(a)
+    with pytest.raises(ot.OrtrainError, match=r"Model\(inputs=...\): inputs 0 and 1 are the same ot.Input"):
+        ot.Model([a, a], out)
+
+
+def test_summary_lists_a_shared_layer_once():
+    a, b = ot.Input((4,)), ot.Input((4,))
+    shared = L.Dense(5, name="shared")
+    model = ot.Model([a, b], L.Dense(1)(L.Add()([shared(a), shared(b)])))
+    lines = []
+    model.summary(print_fn=lines.append)
+    assert [line.split()[0] for line in lines[1:-1]] == ["shared", "add_0", "dense_0"]
+    assert lines[-1].startswith("Total params: 31 ")
+    assert sum(int(line.split()[-1]) for line in lines[1:-1]) == 31
+    with pytest.raises(ot.OrtrainError, match=r"summary\(print_fn=...\): expected a function"):
+        model.summary(print_fn=None)

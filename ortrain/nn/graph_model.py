@@ -8,7 +8,7 @@ import onnx
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec, spec_of
 from ortrain.graph.forward import ForwardGraph, ParamSpec
-from ortrain.nn.model import Model
+from ortrain.nn.model import Model, check_print_fn
 
 
 class GraphModel(Model):
@@ -106,6 +106,7 @@ class GraphModel(Model):
         return bounds
 
     def summary(self, print_fn=print) -> None:
+        check_print_fn(print_fn)
         ops: dict[str, int] = {}
         for n in self._proto.graph.node:
             ops[n.op_type] = ops.get(n.op_type, 0) + 1

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import is_real
+from ortrain._arrays import checked_int, is_integer, is_real
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 
@@ -65,12 +65,22 @@ def glorot_uniform(rng: np.random.Generator, shape: tuple, fan_in: int, fan_out:
 
 
 def _int_tuple(value, n: int, what: str) -> tuple:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+    received = value
+    if is_integer(value):
         value = (int(value),) * n
-    value = tuple(value)
-    if len(value) != n or not all(isinstance(v, (int, np.integer)) and v > 0 for v in value):
-        raise OrtrainError(f"{what}: expected a positive int or {n} positive ints, received {value!r}")
+    try:
+        value = tuple(value)
+    except TypeError:  # a float, None, a bool
+        value = None
+    if value is None or len(value) != n or not all(is_integer(v) and v > 0 for v in value):
+        raise OrtrainError(f"{what}: expected a positive int or {n} positive ints, received {received!r}")
     return tuple(int(v) for v in value)
+
+
+def _epsilon(value, owner: str) -> float:
+    if not is_real(value) or not math.isfinite(value) or not value > 0:
+        raise OrtrainError(f"{owner}(epsilon=...): expected a positive finite number, received {value!r}")
+    return float(value)
 
 
 class EmitContext:
@@ -96,7 +106,7 @@ class Layer:
         if name is not None and (not isinstance(name, str) or not name or "." in name or "/" in name):
             raise OrtrainError(f"name: expected a non-empty string without '.' or '/', received {name!r}")
         self.name = name
-        self.seed = seed
+        self.seed = checked_int(seed, f"{type(self).__name__}(seed=...)", minimum=0, allow_none=True)
         self.weights: dict[str, np.ndarray] = {}
         self.roles: dict[str, str] = {}
         self.built_for: tuple | None = None
@@ -262,10 +272,8 @@ class BatchNorm(Layer):
         super().__init__(name)
         if not is_real(momentum) or not 0.0 <= momentum < 1.0:
             raise OrtrainError(f"BatchNorm(momentum=...): expected a number in [0, 1), received {momentum!r}")
-        if not is_real(epsilon) or not epsilon > 0:
-            raise OrtrainError(f"BatchNorm(epsilon=...): expected a positive number, received {epsilon!r}")
         self.momentum = float(momentum)
-        self.epsilon = float(epsilon)
+        self.epsilon = _epsilon(epsilon, type(self).__name__)
 
     def _build(self, input_shapes, rng):
         shape = input_shapes[0]
@@ -296,9 +304,7 @@ class LayerNorm(Layer):
 
     def __init__(self, epsilon: float = 1e-3, name=None):
         super().__init__(name)
-        if not epsilon > 0:
-            raise OrtrainError(f"LayerNorm(epsilon=...): expected a positive number, received {epsilon!r}")
-        self.epsilon = float(epsilon)
+        self.epsilon = _epsilon(epsilon, type(self).__name__)
 
     def _build(self, input_shapes, rng):
         c = input_shapes[0][-1]
@@ -504,11 +510,11 @@ class Reshape(Layer):
 
     def __init__(self, target_shape, name=None):
         super().__init__(name)
-        try:
-            target = tuple(int(d) for d in target_shape)
-        except (TypeError, ValueError):
-            raise OrtrainError(f"Reshape(target_shape=...): expected a tuple of ints, received {target_shape!r}") \
-                from None
+        if is_integer(target_shape):
+            target_shape = (target_shape,)
+        if not isinstance(target_shape, (tuple, list)) or not all(is_integer(d) for d in target_shape):
+            raise OrtrainError(f"Reshape(target_shape=...): expected a tuple of ints, received {target_shape!r}")
+        target = tuple(int(d) for d in target_shape)
         if not target or sum(d == -1 for d in target) > 1 or any(d == 0 or d < -1 for d in target):
             raise OrtrainError(f"Reshape(target_shape=...): expected positive sizes and at most one -1, "
                                f"received {target_shape!r}")

@@ -15,7 +15,15 @@ import numpy as np
 
 from ortrain import _random, losses, optim
 from ortrain import metrics as metrics_mod
-from ortrain._arrays import as_array, positive_int, prepare_inputs, row_slices, run_chunks
+from ortrain._arrays import (
+    as_array,
+    checked_int,
+    is_integer,
+    positive_int,
+    prepare_inputs,
+    row_slices,
+    run_chunks,
+)
 from ortrain._dag import post_order
 from ortrain._files import atomic_path, checked_target
 from ortrain.data import prepare_arrays, refuse_non_finite_weights
@@ -68,14 +76,25 @@ def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  #
     if not isinstance(shape, (tuple, list)):
         raise OrtrainError(f"Input(shape=...): expected a tuple of positive ints (None for a free size), received "
                            f"{shape!r}")
-    shape = tuple(shape)
-    if any(not (d is None or (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0))
-           for d in shape):
+    if any(not (d is None or (is_integer(d) and d > 0)) for d in shape):
         raise OrtrainError(f"Input(shape=...): expected positive ints (None for a free size), received {shape!r}")
-    dt = np.dtype(dtype)
+    shape = tuple(None if d is None else int(d) for d in shape)  # numpy ints reach onnx and JSON as ints
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
     if dt not in (np.dtype(np.float32), np.dtype(np.int64)):
         raise OrtrainError(f"Input(dtype=...): expected 'float32' or 'int64', received {dtype!r}")
+    if name is not None and (not isinstance(name, str) or not name or "/" in name):
+        raise OrtrainError(f"Input(name=...): expected a non-empty string without '/' (ortrain's generated graph "
+                           f"names use it), received {name!r}")
     return SymbolicTensor((None,) + shape, dt, name=name)
+
+
+def check_print_fn(print_fn) -> None:
+    if not callable(print_fn):
+        raise OrtrainError(f"summary(print_fn=...): expected a function taking a line, such as print, received "
+                           f"{print_fn!r}")
 
 
 def _snake(name: str) -> str:
@@ -96,6 +115,10 @@ class Model:
         outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         if not ins or not outs or not all(isinstance(t, SymbolicTensor) for t in ins + outs):
             raise OrtrainError("Model(inputs, outputs): expected tensors from ot.Input(...) and layer calls")
+        twice = next(((i, j) for j, t in enumerate(ins) for i in range(j) if ins[i] is t), None)
+        if twice is not None:
+            raise OrtrainError(f"Model(inputs=...): inputs {twice[0]} and {twice[1]} are the same ot.Input (the first "
+                               "array would be ignored); list each input once")
         nodes, reached = _topological(outs)
         missing = [t for t in reached if all(t is not i for i in ins)]
         if missing:
@@ -548,11 +571,14 @@ class Model:
         return model_from_record(record, own if weights is None else weights, aux)
 
     def summary(self, print_fn=print) -> None:
+        """Print each layer once (a shared layer too, as Keras does: its calls see one shape) and
+        the parameter counts, through ``print_fn``."""
+        check_print_fn(print_fn)
         rows = [("Layer (type)", "Output shape", "Params")]
-        for node in self._nodes:
-            lyr = node.layer
+        for lyr in self.layers:
+            shape = next(node.output.shape for node in self._nodes if node.layer is lyr)
             n = sum(int(np.prod(a.shape)) for a in lyr.weights.values())
-            rows.append((f"{lyr.name} ({type(lyr).__name__})", describe_shape(node.output.shape), str(n)))
+            rows.append((f"{lyr.name} ({type(lyr).__name__})", describe_shape(shape), str(n)))
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         for r in rows:
             print_fn("  ".join(c.ljust(w) for c, w in zip(r, widths)))
@@ -570,6 +596,9 @@ class Sequential(Model):
 
     def __init__(self, layers=None, input_shape=None, name: str | None = None, seed: int | None = None,
                  input_dtype=None):
+        if isinstance(layers, Layer) or (layers is not None and not isinstance(layers, (list, tuple))):
+            raise OrtrainError(f"Sequential(layers=...): expected a list of layers, received "
+                               f"{type(layers).__name__}; wrap a single layer in a list")
         layers = list(layers or [])
         for lyr in layers:
             if not isinstance(lyr, Layer):
@@ -583,6 +612,7 @@ class Sequential(Model):
             raise OrtrainError("Sequential(..., input_shape=...) is required: give the shape of one sample, "
                                "e.g. input_shape=(4,) for 4 features")
         dtype = input_dtype or layers[0].input_dtype
+        seed = checked_int(seed, "Sequential(seed=...)", minimum=0, allow_none=True)
         rng = _random.generator(seed)
         x = inp = Input(input_shape, dtype=dtype)
         for lyr in layers:
