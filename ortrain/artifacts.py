@@ -309,7 +309,7 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     key = _key(fg, loss, opt, weighting)
     if _accept_key is not None:
         _accept_key(key)
-    target = Path(out_dir) if out_dir is not None else cache_dir() / key[:24]
+    target = Path(os.path.abspath(out_dir)) if out_dir is not None else cache_dir() / key[:24]  # ".": a name for the lock
 
     def digest() -> str:
         return _weights_digest(model_or_onnx, fg)

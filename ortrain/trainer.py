@@ -591,7 +591,9 @@ class Trainer(Releasable):
         data = engine.read_checkpoint(ckpt)
         if checkpoint is not None and data.properties.get(_PROP + "key") != art.key:
             raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} was not written for the artifacts in "
-                               f"{os.fspath(directory)!r}")
+                               f"{os.fspath(directory)!r} (they were built for another model, loss or optimizer, "
+                               "or rebuilt since); resume with the artifacts that wrote it, or start from the "
+                               "artifacts' own weights without checkpoint=")
         model = art.model(data, metrics=metrics)
         loss_mask = None
         if art.weighting == "sample":

@@ -187,13 +187,20 @@ def test_a_run_resumes_from_anywhere_and_finishes_what_a_kill_left(workdir, caps
         np.testing.assert_array_equal(value, reference[name])
     assert not any(p.exists() for p in leftovers) and not (run / ".artifacts.tmp-0123456789ab").exists()
     assert all(p.exists() for p in users)   # names ortrain does not write are left alone
-    # a resume that trains further first removes the export it will replace: a kill cannot leave it looking final
-    (run / "model.onnx").write_text("stale")
+    # a resume that trains further removes the export it replaces once its first epoch commits: a kill
+    # before the new end cannot leave it looking final, while one before that epoch keeps the run as it was
     from ortrain import fit as fit_mod
+    from ortrain.cli import runs
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
+    final = (run / "model.onnx").read_bytes()
     monkeypatch.setattr(fit_mod, "train", stop)
+    assert cli("train", "--out", "run", "--resume", "--epochs", "2", "--verbose", "0") == 130
+    assert (run / "model.onnx").read_bytes() == final
+    monkeypatch.undo()
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(runs, "_finish", stop)  # killed after the last epoch committed, before the export
     assert cli("train", "--out", "run", "--resume", "--epochs", "2", "--verbose", "0") == 130
     assert not (run / "model.onnx").exists()
     monkeypatch.undo()
@@ -281,6 +288,22 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     (["train", "--artifacts", "art", "--data", "typo.npz", "--epochs", "1", "--batch-size", "8"], 2,
      "has arrays ['sample_weights', 'x', 'y']; expected 'x', 'y' and optionally 'sample_weight', nothing else"),
     (["demo", "--out", "train.npz"], 2, "--out: 'train.npz' is a file"),
+    # config files that cannot be read, paths of the wrong kind, an option the loss does not take
+    (["train", "latin1.toml"], 2, "CONFIG: 'latin1.toml' is not UTF-8 text, as TOML files are"),
+    (["train", "paths.toml"], 2, "CONFIG: key 'data' expects a string or a list of strings, received ['train.npz', 5]"),
+    (["train", "art"], 2, "CONFIG: 'art' is a directory; give the path of a .toml file"),
+    (["train", "--artifacts", "art", "--data", "art", "--epochs", "1", "--batch-size", "8"], 2,
+     "--data: 'art' is a directory; give the data file"),
+    (["artifacts", "mlp.onnx", "-o", "a2", "--loss", "mse", "--from-logits"], 2,
+     "--from-logits: only the cross-entropy losses (categorical_crossentropy, sparse_categorical_crossentropy, "
+     "binary_crossentropy) read logits, and --loss mse does not; drop --from-logits"),
+    (["train", "--model", "mlp.onnx", "--loss", "huber", "--from-logits", "--data", "train.npz", "--epochs", "1",
+      "--batch-size", "8"], 2, "--from-logits: only the cross-entropy losses"),
+    (["export", "--artifacts", "art", "-o", "missing/m.onnx"], 2,
+     "-o: cannot write 'missing/m.onnx': the directory 'missing' does not exist; create it first"),
+    (["export", "--artifacts", "art", "-o", "art/forward2.onnx"], 2,
+     "-o: 'art/forward2.onnx' lies inside the artifacts 'art' this command reads; write it elsewhere"),
+    (["predict", "--artifacts", "art", "--data", "x.npy", "-o", "art/p.npy"], 2, "lies inside the artifacts 'art'"),
 ])
 def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     make_artifacts(capsys)
@@ -297,11 +320,40 @@ def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
                                        "loss = 'nope'\n")
     (workdir / "val.toml").write_text("artifacts = 'art'\ndata = ['train.npz']\nbatch_size = 8\nepochs = 1\n"
                                       "val_data = ['test.npz']\n")
+    (workdir / "latin1.toml").write_bytes("artifacts = 'art'\n# caf\u00e9\n".encode("latin-1"))
+    (workdir / "paths.toml").write_text("artifacts = 'art'\ndata = ['train.npz', 5]\nbatch_size = 8\nepochs = 1\n")
     before = sorted(p.name for p in workdir.iterdir())
+    art_before = sorted(p.name for p in (workdir / "art").iterdir())
     assert cli(*args) == code
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert sorted(p.name for p in workdir.iterdir()) == before  # nothing written, not even a run.json
+    assert sorted(p.name for p in (workdir / "art").iterdir()) == art_before
+
+
+def test_a_refused_resume_keeps_the_finished_run_and_what_it_trains(workdir, capsys):
+    # A resume refused before its first epoch deleted the finished run's model.onnx and loss.png;
+    # --loss, --optimizer, --artifacts and --frozen on --resume were silently ignored.
+    make_artifacts(capsys)
+    common = ["--data", "train.npz", "--verbose", "0", "--batch-size", "32"]
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits", *common,
+               "--epochs", "1", "--out", "run") == 0
+    files = {p.name: p.read_bytes() for p in (workdir / "run").iterdir() if p.is_file()}
+    assert "model.onnx" in files
+    for extra, message in ((["--metrics", "acc2"], "unknown metric 'acc2'"),
+                           (["--loss", "mse"], "--loss 'mse' differs from the run's 'sparse_categorical_crossentropy'; "
+                                               "what a run trains"),
+                           (["--optimizer", "sgd"], "--optimizer 'sgd' differs from the run's 'adam'"),
+                           (["--artifacts", "art"], "--artifacts 'art' differs from the run, which started without it"),
+                           (["--frozen", "dense_0.*"], "--frozen ['dense_0.*'] differs from the run")):
+        assert cli("train", "--out", "run", "--resume", "--epochs", "2", *extra) != 0
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+        assert {p.name: p.read_bytes() for p in (workdir / "run").iterdir() if p.is_file()} == files
+    # the same values pass, and the resumed run ends with a new model.onnx
+    assert cli("train", "--out", "run", "--resume", "--epochs", "2", "--loss", "sparse_categorical_crossentropy",
+               "--model", "mlp.onnx") == 0
+    assert (workdir / "run" / "model.onnx").read_bytes() != files["model.onnx"]
 
 
 def test_existing_run_is_not_overwritten(workdir, capsys):

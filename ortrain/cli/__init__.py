@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train_config(opts) -> dict:
-    from ortrain.cli._common import UsageError
+    from ortrain.cli._common import UsageError, loss_of
     cfg: dict = {}
     if opts.config:
         cfg.update(_read_toml(opts.config))
@@ -157,6 +157,7 @@ def _train_config(opts) -> dict:
         if cfg.get("model"):  # artifacts carry their own loss and optimizer
             cfg.setdefault("loss", "mse")
             cfg.setdefault("optimizer", "adam")
+            loss_of(cfg["loss"], cfg.get("from_logits"))  # refused now, before the run starts
     if cfg.get("val_data") and cfg.get("val_split"):
         raise UsageError("train: give --val-data or --val-split, not both (one may come from the config file)")
     return cfg
@@ -171,9 +172,15 @@ def _read_toml(path: str) -> dict:
     else:
         import tomli as tomllib
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"CONFIG: no such file {path!r}") from None
+    except IsADirectoryError:
+        raise UsageError(f"CONFIG: {path!r} is a directory; give the path of a .toml file") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"CONFIG: {path!r} is not UTF-8 text, as TOML files are; save it as UTF-8") from None
+    except OSError as exc:
+        raise UsageError(f"CONFIG: cannot read {path!r}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"CONFIG: {path!r} is not valid TOML: {exc}") from None
     unknown = sorted(set(raw) - set(TRAIN_KEYS))
@@ -189,6 +196,8 @@ def _read_toml(path: str) -> dict:
             value = float(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise UsageError(f"CONFIG: key {key!r} expects {kind.__name__}, received {value!r}")
+        if kind is list and not all(isinstance(v, str) for v in value):
+            raise UsageError(f"CONFIG: key {key!r} expects a string or a list of strings, received {value!r}")
         if key in TOML_VALUES:  # the same ranges as the options
             try:
                 TOML_VALUES[key](str(value))

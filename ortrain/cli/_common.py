@@ -20,12 +20,27 @@ class UsageError(Exception):
     """Bad arguments: reported on one line, exit code 2."""
 
 
+LOGIT_LOSSES = ("categorical_crossentropy", "sparse_categorical_crossentropy", "binary_crossentropy")
+
+
+def loss_of(name: str, from_logits) -> dict | str:
+    """The loss spec for ``--loss NAME [--from-logits]``; only the cross-entropies take logits."""
+    if not from_logits:
+        return name
+    if name not in LOGIT_LOSSES:
+        raise UsageError(f"--from-logits: only the cross-entropy losses ({', '.join(LOGIT_LOSSES)}) read logits, "
+                         f"and --loss {name} does not; drop --from-logits")
+    return {"name": name, "from_logits": True}
+
+
 def load_data(paths: list[str], argument: str = "--data") -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """``(x, y, sample_weight)`` from one ``.npz`` (arrays ``x``, ``y``, optional ``sample_weight``)
     or from ``.npy`` files: ``x`` alone (for predict), or ``x`` and ``y``."""
     if not paths or len(paths) > 2:
         raise UsageError(f"{argument}: expected FILE.npz or X.npy [Y.npy], received {len(paths or [])} files")
     for p in paths:
+        if os.path.isdir(p):
+            raise UsageError(f"{argument}: {p!r} is a directory; give the data file (FILE.npz, or X.npy [Y.npy])")
         if not os.path.isfile(p):
             raise UsageError(f"{argument}: no such file {p!r}")
     if len(paths) == 1 and paths[0].endswith(".npz"):

@@ -29,7 +29,15 @@ import ortrain as ot
 from ortrain import fit as fit_mod
 from ortrain._files import CAN_LOCK, checked_target, lock_file
 from ortrain.callbacks.base import Callback
-from ortrain.cli._common import UsageError, check_out_dir, load_data, read_json, write_json, write_text
+from ortrain.cli._common import (
+    UsageError,
+    check_out_dir,
+    load_data,
+    loss_of,
+    read_json,
+    write_json,
+    write_text,
+)
 from ortrain.data import split_arrays
 from ortrain.errors import OrtrainError
 
@@ -39,10 +47,11 @@ KEEP_CHECKPOINTS = 2
 class RunRecorder(Callback):
     """Writes checkpoint, log and history after every epoch, then commits ``state.json``."""
 
-    def __init__(self, out: Path, history: dict[str, list], epochs_done: list[int]):
+    def __init__(self, out: Path, history: dict[str, list], epochs_done: list[int], stale: tuple[str, ...] = ()):
         self.out = out
         self.history = {k: list(v) for k, v in history.items()}
         self.epochs = list(epochs_done)
+        self.stale = stale  # files of an earlier end, out of date once an epoch commits
 
     def on_epoch_end(self, epoch, logs=None):
         ckdir = self.out / "checkpoints"
@@ -56,6 +65,9 @@ class RunRecorder(Callback):
             column.append(logs.get(key))
         write_text(self.out / "log.csv", self._csv())
         write_json(self.out / "history.json", {"epoch": self.epochs, "history": self.history})
+        for name in self.stale:  # a run stopped before its new end must not look final
+            (self.out / name).unlink(missing_ok=True)
+        self.stale = ()
         write_json(self.out / "state.json", {"epoch": epoch + 1, "checkpoint": f"checkpoints/{ck.name}",
                                              "epochs": self.epochs, "history": self.history})
         ours = [p for p in ckdir.glob("epoch-*.ckpt") if _CHECKPOINT.fullmatch(p.name)]
@@ -91,8 +103,7 @@ def _split(x, y, w, fraction: float):
 
 def _build_artifacts(cfg: dict, out: Path) -> Path:
     model = ot.from_onnx(cfg["model"], trainable=cfg.get("trainable"), frozen=cfg.get("frozen"))
-    loss = ot.losses.get(cfg["loss"]) if not cfg.get("from_logits") else \
-        ot.losses.get({"name": cfg["loss"], "from_logits": True})
+    loss = ot.losses.get(loss_of(cfg["loss"], cfg.get("from_logits")))
     opt = ot.optim.get(cfg["optimizer"])
     if cfg.get("lr") is not None:
         opt.lr = cfg["lr"]
@@ -107,9 +118,15 @@ def _build_artifacts(cfg: dict, out: Path) -> Path:
 FIXED_BY_RUN = {"batch_size": "--batch-size", "seed": "--seed"}
 
 
+# What the run trains: its model or artifacts, loss, optimizer and trained weights. A resume
+# continues that training, so another value is refused (it was silently ignored).
+TRAINED_BY_RUN = ("model", "artifacts", "loss", "optimizer", "from_logits", "trainable", "frozen")
+
+
 def resume_settings(cfg: dict) -> dict:
-    """A resumed run keeps the settings it started with; options given now override them, except
-    the batch size and the seed, which are fixed by the run (a different value is refused)."""
+    """A resumed run keeps the settings it started with; options given now override the data, the
+    epochs, the learning rate, the metrics and the output, while the batch size and the seed, and
+    what the run trains (``TRAINED_BY_RUN``), are fixed by the run: another value is refused."""
     out = Path(cfg["out"])
     if not (out / "run.json").is_file():
         raise UsageError(f"train --resume: {str(out)!r} holds no run to resume; drop --resume to start one there")
@@ -119,7 +136,20 @@ def resume_settings(cfg: dict) -> dict:
             raise UsageError(f"train --resume: {flag} {cfg[key]} differs from the run's {run[key]}; the batch size "
                              f"and seed are fixed by the run (they decide every batch of a bit-exact resume). Drop "
                              f"{flag}, or start a new run in another --out directory")
-    merged = {**run["settings"], **cfg}
+    started = run["settings"]
+    for key in TRAINED_BY_RUN:
+        given = cfg.get(key)
+        if given is None or given is False or given == []:
+            continue
+        if key in PATH_KEYS:
+            given = os.path.abspath(given)
+        if given != started.get(key):
+            flag = f"--{key.replace('_', '-')}"
+            had = f"the run's {started[key]!r}" if key in started else "the run, which started without it"
+            raise UsageError(f"train --resume: {flag} {cfg[key]!r} differs from {had}; what a run trains (its model "
+                             f"or artifacts, loss, optimizer and trained weights) is fixed when it starts. Drop "
+                             f"{flag}, or start a new run in another --out directory")
+    merged = {**started, **cfg}
     for key in ("data", "epochs"):
         if merged.get(key) is None:
             raise UsageError(f"train --resume: --{key} is required")
@@ -267,7 +297,8 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     art_dir = _artifacts_of(out, run)
     checkpoint = out / state["checkpoint"] if state else None
     initial_epoch = state["epoch"] if state else 0
-    recorder = RunRecorder(out, *((state["history"], state["epochs"]) if state else ({}, [])))
+    recorder = RunRecorder(out, *((state["history"], state["epochs"]) if state else ({}, [])),
+                           stale=("model.onnx", "loss.png"))
     if cfg["epochs"] <= initial_epoch:
         summary = {"out": str(out), "epochs": initial_epoch, "note": f"the run already completed {initial_epoch} "
                    f"epochs; pass --epochs above {initial_epoch} to train further"}
@@ -275,10 +306,6 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
             with ot.Trainer.from_artifacts(art_dir, batch_size=run["batch_size"], checkpoint=checkpoint) as tr:
                 summary.update(_finish(out, tr.model(), recorder))
         return summary
-    # What an earlier end exported is about to be out of date: a run stopped before its new end
-    # must not leave it looking final.
-    for name in ("model.onnx", "loss.png"):
-        (out / name).unlink(missing_ok=True)
     # Without a checkpoint yet, the run's own --lr still applies; after one, the checkpoint's.
     lr = lr_now if lr_now is not None or checkpoint is not None else cfg.get("lr")
     return _fit(cfg, out, data, art_dir, run["seed"], run["batch_size"], checkpoint, initial_epoch, recorder, lr)
@@ -399,11 +426,29 @@ def evaluate(opts) -> dict:
     return model.evaluate(x, y, batch_size=opts.batch_size, sample_weight=w)
 
 
-def predict(opts) -> dict:
+def _output_file(opts, example: str) -> None:
+    """``-o`` names a file to write in a folder that exists, outside the artifacts it reads (a file
+    written there fails their sha256 check from then on): checked before anything loads or runs,
+    as a usage error."""
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
-                         f"{os.path.join(opts.output, 'predictions.npy')!r}")
-    checked_target(opts.output, "-o")  # its folder exists: checked before the model loads and predicts
+                         f"{os.path.join(opts.output, example)!r}")
+    try:
+        checked_target(opts.output, "-o")
+    except OrtrainError as exc:
+        raise UsageError(str(exc)) from None
+    source = opts.artifacts
+    if opts.run and Path(opts.run, "run.json").is_file():
+        with contextlib.suppress(OrtrainError, KeyError, TypeError):  # model_from names a damaged run
+            source = str(_artifacts_of(Path(opts.run), read_json(Path(opts.run) / "run.json", "run settings")))
+    if source and os.path.isdir(source) and \
+            Path(source).resolve() in Path(os.path.abspath(opts.output)).resolve().parents:
+        raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
+                         "elsewhere")
+
+
+def predict(opts) -> dict:
+    _output_file(opts, "predictions.npy")
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
     _one_input(model.input_specs)
     x, _, _ = load_data(opts.data)
@@ -425,6 +470,7 @@ def _npy_path(path: Path, index: int | None) -> Path:
 
 
 def export(opts) -> dict:
+    _output_file(opts, "model.onnx")
     model = model_from(opts.run, opts.artifacts, opts.checkpoint)
     path = model.export_onnx(opts.output)
     return {"model": path, "inputs": [s.name for s in model.input_specs],
@@ -440,8 +486,8 @@ def artifacts(opts) -> dict:
         before = read_json(Path(opts.output) / "manifest.json", "manifest").get("key")
     except (OrtrainError, AttributeError):
         before = None
+    loss = ot.losses.get(loss_of(opts.loss, opts.from_logits))
     model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
-    loss = ot.losses.get({"name": opts.loss, "from_logits": True} if opts.from_logits else opts.loss)
     opt = ot.optim.get(opts.optimizer)
     if opts.lr is not None:
         opt.lr = opts.lr
