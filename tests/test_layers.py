@@ -273,3 +273,28 @@ def test_summary_lists_a_shared_layer_once():
     assert sum(int(line.split()[-1]) for line in lines[1:-1]) == 31
     with pytest.raises(ot.OrtrainError, match=r"summary\(print_fn=...\): expected a function"):
         model.summary(print_fn=None)
+
+
+def test_layer_weights_are_read_only_and_set_weights_reaches_predict_and_the_cache(tmp_path, rng):
+    # an in-place edit of layer.weights showed in get_weights, while predict and artifacts.build
+    # (a cache hit) kept the old values
+    model = ot.Sequential([L.Dense(2, seed=0)], input_shape=(3,))
+    model.compile(optimizer="sgd", loss="mse")
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    before = model.predict(x)
+    layer = model.layers[0]
+    with pytest.raises(ValueError, match="read-only"):
+        layer.weights["kernel"][:] = 7
+    np.testing.assert_array_equal(model.predict(x), before)
+    first = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    kernel = np.full((3, 2), 7, np.float32)
+    layer.set_weights([kernel, np.zeros(2, np.float32)])  # as Keras' layer.set_weights
+    np.testing.assert_allclose(model.predict(x), x @ kernel, rtol=1e-6)
+    np.testing.assert_array_equal(layer.get_weights()[0], kernel)
+    second = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    assert second.directory != first.directory  # other weights: another cache entry
+    with pytest.raises(ot.ShapeError, match=r"set_weights: dense_0.kernel expected shape \(3, 2\), received \(2, 3\)"):
+        layer.set_weights([kernel.T, np.zeros(2, np.float32)])
+    with pytest.raises(ot.OrtrainError, match=r"set_weights: layer 'dense_0' expected a list of 2 arrays"):
+        layer.set_weights([kernel])
+    np.testing.assert_array_equal(layer.get_weights()[0], kernel)

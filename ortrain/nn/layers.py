@@ -59,6 +59,12 @@ def emit_activation(gb: GraphBuilder, x: str, name: str) -> str:
     raise OrtrainError(f"unknown activation {name!r}")
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, made read-only in place (a layer's weights change through ``set_weights`` only)."""
+    a.flags.writeable = False
+    return a
+
+
 def glorot_uniform(rng: np.random.Generator, shape: tuple, fan_in: int, fan_out: int) -> np.ndarray:
     limit = math.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-limit, limit, size=shape).astype(np.float32)
@@ -126,7 +132,36 @@ class Layer:
         except BaseException:
             self.weights, self.roles = {}, {}
             raise
+        for a in self.weights.values():
+            read_only(a)
         self.built_for = key
+
+    # -- weights ---------------------------------------------------------------------
+    # ``weights`` holds read-only arrays: a model caches its graph, its prediction session and the
+    # artifacts' digest until its weights change, which it learns only through set_weights (an
+    # in-place edit went unseen by predict and by the artifact cache).
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of this layer's weights, in ``weights`` order, as Keras' ``layer.get_weights()``."""
+        return [a.copy() for a in self.weights.values()]
+
+    def set_weights(self, weights) -> None:
+        """Replace this layer's weights (a list in ``weights`` order), checked before anything
+        changes; every model the layer belongs to sees them."""
+        names = list(self.weights)
+        weights = list(weights) if isinstance(weights, (list, tuple)) else None
+        if weights is None or len(weights) != len(names):
+            raise OrtrainError(f"set_weights: layer {self.name!r} expected a list of {len(names)} arrays "
+                               f"({', '.join(names) or 'it has none; build it first'}), received "
+                               f"{len(weights) if weights is not None else type(weights).__name__}")
+        staged = []
+        for name, w in zip(names, weights):
+            a = np.array(w, dtype=self.weights[name].dtype, copy=True)
+            if a.shape != self.weights[name].shape:
+                raise ShapeError(f"set_weights: {self.name}.{name} expected shape "
+                                 f"{describe_shape(self.weights[name].shape)}, received {describe_shape(a.shape)}")
+            staged.append((name, read_only(a)))
+        self.weights.update(staged)
+        self._stored = getattr(self, "_stored", 0) + 1  # the models using the layer see the change
 
     def _build(self, input_shapes, rng) -> None:
         pass

@@ -31,7 +31,7 @@ from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, with_weights
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats
-from ortrain.nn.layers import EmitContext, Layer
+from ortrain.nn.layers import EmitContext, Layer, read_only
 
 __all__ = ["Input", "Model", "Sequential", "SymbolicTensor"]
 
@@ -203,7 +203,7 @@ class Model:
         layer_name, suffix = name.rsplit(".", 1)
         for lyr in self.layers:
             if lyr.name == layer_name:
-                lyr.weights[suffix] = value
+                lyr.weights[suffix] = read_only(value)
                 lyr._stored = getattr(lyr, "_stored", 0) + 1  # another model sharing the layer sees it
                 return
         raise KeyError(name)
