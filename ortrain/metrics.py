@@ -93,6 +93,20 @@ def _check_labels(metric: str, loss) -> None:
                            "like the output; use 'accuracy' (or 'categorical_accuracy' for one-hot labels)")
 
 
+def fitting(names, loss) -> tuple[list[str], list[str]]:
+    """``names`` split into those whose labels are ``loss``'s and those whose labels are not (a
+    model saved before compile refused such metrics loads without them)."""
+    kept, dropped = [], []
+    for name in names or ():
+        try:
+            _check_labels(resolve([name], None)[0].name, loss)
+        except OrtrainError:
+            dropped.append(name)
+            continue
+        kept.append(name)
+    return kept, dropped
+
+
 def resolve(names, loss) -> list[Metric]:
     """Metric objects for names given to ``compile``, checked against the labels ``loss`` takes."""
     out = []

@@ -229,8 +229,7 @@ def test_a_0d_array_is_a_number():
     (lambda: ot.Sequential(L.Dense(2), input_shape=(3,)), r"Sequential\(layers=...\): expected a list of layers, "
                                                           r"received Dense; wrap a single layer in a list"),
     (lambda: ot.Input((4,), dtype="floatt"), r"Input\(dtype=...\): expected 'float32' or 'int64', received 'floatt'"),
-    (lambda: ot.Input((4,), name=3), r"Input\(name=...\): expected a non-empty string without '/'"),
-    (lambda: ot.Input((4,), name="dense_0/gemm_0"), r"Input\(name=...\): .* received 'dense_0/gemm_0'"),
+    (lambda: ot.Input((4,), name=3), r"Input\(name=...\): expected a non-empty string, received 3"),
     (lambda: L.Reshape((1.9, 8)), r"Reshape\(target_shape=...\): expected a tuple of ints, received \(1.9, 8\)"),
     (lambda: L.Reshape("28"), r"Reshape\(target_shape=...\): expected a tuple of ints, received '28'"),
     (lambda: L.Reshape((True, 6)), r"Reshape\(target_shape=...\): expected a tuple of ints"),
@@ -298,3 +297,13 @@ def test_layer_weights_are_read_only_and_set_weights_reaches_predict_and_the_cac
     with pytest.raises(ot.OrtrainError, match=r"set_weights: layer 'dense_0' expected a list of 2 arrays"):
         layer.set_weights([kernel])
     np.testing.assert_array_equal(layer.get_weights()[0], kernel)
+
+
+def test_an_input_named_like_a_generated_node_runs(rng):
+    # "dense_0/gemm_0" is the name ortrain gives the first Dense's product: it was generated again,
+    # and every predict failed with onnxruntime's "Duplicate definition of name"
+    inp = ot.Input((3,), name="dense_0/gemm_0")
+    model = ot.Model(inp, L.Dense(2, seed=0)(inp))
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    w, b = model.get_weights()
+    np.testing.assert_allclose(model.predict(x), x @ w + b, rtol=1e-6)

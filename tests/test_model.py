@@ -395,3 +395,22 @@ def test_an_export_with_frozen_batchnorm_statistics_keeps_them_statistics(tmp_pa
     roles = {p.name: p.role for p in again.forward_graph().params}
     assert [roles[n] for n in sorted(roles) if "running" in n] == ["buffer", "buffer"]
     np.testing.assert_allclose(again.predict(x), model.predict(x), rtol=1e-5, atol=1e-6)
+
+
+def test_models_saved_before_the_metric_and_input_checks_still_load(rng):
+    # Files an earlier ortrain wrote: a sparse cross-entropy model compiled with categorical_accuracy
+    # (a metric compile now refuses: it read wrong values) loads without that metric, with a warning;
+    # an input named 'obs/state' loads as it was.
+    from _onnx_helpers import DATA
+    with pytest.warns(UserWarning, match=r"load_model: metrics \['categorical_accuracy'\] do not read the labels of "
+                                         "loss 'sparse_categorical_crossentropy'"):
+        model = ot.load_model(DATA / "saved_sparse_ce_with_categorical_accuracy.zip")
+    assert model.metrics == [] and model.loss.name == "sparse_categorical_crossentropy"
+    assert model.train_state is not None  # the optimizer state came along
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    w, b = model.get_weights()
+    z = x @ w + b
+    np.testing.assert_allclose(model.predict(x), np.exp(z) / np.exp(z).sum(1, keepdims=True), rtol=1e-5)
+    named = ot.load_model(DATA / "saved_input_named_obs_state.zip")
+    assert named.input_specs[0].name == "obs/state"
+    named.predict(rng.standard_normal((2, *named.input_specs[0].shape[1:])).astype(np.float32))

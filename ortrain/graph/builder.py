@@ -92,12 +92,17 @@ class GraphBuilder:
         self.outputs: list[onnx.ValueInfoProto] = []
         self.domains: set[str] = set()
         self._counters: dict[str, int] = {}
+        self._inputs: set[str] = set()
 
     def unique(self, hint: str) -> str:
-        """A fresh name ``{prefix}{hint}_{n}``, stable across runs."""
-        n = self._counters.get(hint, 0)
-        self._counters[hint] = n + 1
-        return f"{self.prefix}{hint}_{n}"
+        """A fresh name ``{prefix}{hint}_{n}``, stable across runs, never an input's name (a model
+        input may be called ``dense_0/gemm_0``)."""
+        while True:
+            n = self._counters.get(hint, 0)
+            self._counters[hint] = n + 1
+            name = f"{self.prefix}{hint}_{n}"
+            if name not in self._inputs:
+                return name
 
     @contextlib.contextmanager
     def scope(self, name: str):
@@ -111,6 +116,7 @@ class GraphBuilder:
 
     def add_input(self, name: str, dtype, shape: Sequence) -> str:
         self.inputs.append(TensorSpec(name, np.dtype(dtype), tuple(shape)).to_value_info())
+        self._inputs.add(name)
         return name
 
     def add_output(self, name: str, dtype=np.float32, shape: Sequence | None = None) -> str:

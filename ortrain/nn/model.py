@@ -85,9 +85,8 @@ def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  #
         dt = None
     if dt not in (np.dtype(np.float32), np.dtype(np.int64)):
         raise OrtrainError(f"Input(dtype=...): expected 'float32' or 'int64', received {dtype!r}")
-    if name is not None and (not isinstance(name, str) or not name or "/" in name):
-        raise OrtrainError(f"Input(name=...): expected a non-empty string without '/' (ortrain's generated graph "
-                           f"names use it), received {name!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise OrtrainError(f"Input(name=...): expected a non-empty string, received {name!r}")
     return SymbolicTensor((None,) + shape, dt, name=name)
 
 

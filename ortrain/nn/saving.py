@@ -18,8 +18,10 @@ import numpy as np
 import onnx
 
 from ortrain import losses, optim
+from ortrain import metrics as metrics_mod
 from ortrain._files import atomic_path
 from ortrain._version import __version__
+from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
 from ortrain.graph.forward import ForwardGraph, ParamSpec
 
@@ -123,8 +125,12 @@ def model_from_record(record: dict, weights: dict, aux: dict):
     model._frozen_stats = set(record.get("frozen_stats", []))
     comp = record.get("compile")
     if comp:
-        model.compile(optimizer=optim.get(comp["optimizer"]), loss=losses.get(comp["loss"]),
-                      metrics=comp["metrics"])
+        loss = losses.get(comp["loss"])
+        metrics, dropped = metrics_mod.fitting(comp["metrics"], loss)
+        if dropped:
+            warn(f"load_model: metrics {dropped} do not read the labels of loss {loss.name!r} (their values were "
+                 "wrong); the model is compiled without them")
+        model.compile(optimizer=optim.get(comp["optimizer"]), loss=loss, metrics=metrics)
     ts = record.get("train_state")
     if ts:
         moments = {k: tuple(aux["opt"][f"{k}\x00{i}"] for i in range(n)) for k, n in ts["moments"].items()}
