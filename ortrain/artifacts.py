@@ -309,7 +309,9 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     key = _key(fg, loss, opt, weighting)
     if _accept_key is not None:
         _accept_key(key)
-    target = Path(os.path.abspath(out_dir)) if out_dir is not None else cache_dir() / key[:24]  # ".": a name for the lock
+    # through symbolic links: publishing renames a new folder into place, which would replace a link
+    target = Path(os.path.realpath(out_dir)) if out_dir is not None else cache_dir() / key[:24]
+    _refuse_working_directory(target)
 
     def digest() -> str:
         return _weights_digest(model_or_onnx, fg)
@@ -428,7 +430,7 @@ def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
         return fg
     shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
     warn(f"weights {shown} do not affect the loss, which is computed on the first output "
-                  f"{outputs[0].name!r}; they are not trained")
+         f"{outputs[0].name!r}; they are not trained")
     params = tuple(ParamSpec(p.name, p.shape, p.dtype, "frozen" if p.name in idle else p.role) for p in fg.params)
     return ForwardGraph(fg.proto, params, fg.weights)
 
@@ -450,6 +452,16 @@ def _forward_graph(model, trainable, frozen) -> ForwardGraph:
         return from_onnx(model, trainable=trainable, frozen=frozen).forward_graph()
     raise OrtrainError(f"model: expected an ortrain Model, an onnx.ModelProto or a path to an .onnx file, "
                        f"received {type(model).__name__}")
+
+
+def _refuse_working_directory(target: Path) -> None:
+    """Artifacts are written to a new folder renamed into place, which would leave a process
+    working in ``target`` (or below it) in a deleted folder."""
+    cwd = Path(os.path.realpath(os.getcwd()))
+    if target == cwd or target in cwd.parents:
+        raise OrtrainError(f"out_dir: {str(target)!r} is the current working directory or holds it, and artifacts "
+                           "are written to a new folder renamed into its place; give a folder to create, e.g. "
+                           "'artifacts'")
 
 
 def _existing(target: Path, key: str) -> Artifacts | None:

@@ -235,9 +235,9 @@ class _Loop:
         logs: dict = {}
         if self._model is not None:
             self._model.stop_training = False
-            self._model.history = self.history  # as Keras sets it
         cbs.check()  # before any callback starts: a refusal changes nothing
         if self._model is not None:
+            self._model.history = self.history  # as Keras sets it
             self._model._live_state = self._live_state
         try:
             cbs.on_train_begin({})
@@ -267,8 +267,8 @@ class _Loop:
 
     def _warn_dry(self, epoch: int) -> None:
         warn(f"the generator ran dry in epoch {epoch} (counted from 0); training stops. A one-shot "
-                      "iterator must hold steps_per_epoch * epochs batches; pass a re-iterable or a callable "
-                      "to train longer", RuntimeWarning)
+             "iterator must hold steps_per_epoch * epochs batches; pass a re-iterable or a callable "
+             "to train longer", RuntimeWarning)
 
     def _warn_empty(self, epoch: int) -> None:
         if self.iterator.source.exhausted:
@@ -276,8 +276,8 @@ class _Loop:
         else:
             what = "the generator returned no batch"
         warn(f"epoch {epoch} (counted from 0) yielded no batch ({what}); training stops. A finite "
-                      "callable must reset itself before returning None so the next call starts the next "
-                      "epoch", RuntimeWarning)
+             "callable must reset itself before returning None so the next call starts the next "
+             "epoch", RuntimeWarning)
 
     def _train_epoch(self, epoch: int) -> dict | None:
         tr = self.trainer
@@ -335,7 +335,7 @@ class _Loop:
         if it.ended_early and not it.source.exhausted and not self._warned_short:
             self._warned_short = True
             warn(f"epoch {epoch}: the generator ended the epoch after {taken} of steps_per_epoch="
-                          f"{it.steps} batches; epochs stay this short (warned once)", RuntimeWarning)
+                 f"{it.steps} batches; epochs stay this short (warned once)", RuntimeWarning)
 
     def _validate(self, epoch: int) -> dict:
         tr = self.trainer
@@ -358,7 +358,7 @@ class _Loop:
             seen += rows
         if seen == 0:
             warn(f"validation after epoch {epoch} yielded no batch; no val_ values are logged",
-                          RuntimeWarning)
+                 RuntimeWarning)
             return {}
         return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
 
@@ -390,8 +390,8 @@ class _Loop:
             raise interrupt
         if tr._accum and tr.nbatch_logical > tr.batch_size:  # last: an "error" filter cannot lose the state
             warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
-                          f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
-                          f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning)
+                 f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
+                 f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning)
 
 
 def _lr_writes(opt) -> int:
@@ -490,7 +490,7 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     (a finite one resets itself first); or an iterable of batches (a re-iterable is iterated afresh
     every epoch; a one-shot iterator is consumed across epochs and needs ``steps_per_epoch`` for
     more than one). Batches are ``(x, y)``, ``(x, y, sample_weight)`` or
-    ``{"inputs": [...], "labels": [...], "sample_weight": ...}``, all of the first batch's size.
+    ``{"inputs": [...], "labels": [...], "sample_weight": ...}``, of at most the first batch's size.
     With ``steps_per_epoch`` the generator is called exactly that many times per epoch. An epoch
     without a batch stops training with a warning.
 
@@ -558,8 +558,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     compiled_decay = getattr(staged.optimizer, "weight_decay", 0.0)
     if weight_decay == 0.0 and compiled_decay:
         warn(f"weight_decay=0.0 (fit_generator's default) turns off the weight decay {compiled_decay} of the "
-                      f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
-                      "it)", UserWarning)
+             f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
+             "it)", UserWarning)
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator")
     if epochs <= initial_epoch:
         return History()
@@ -567,7 +567,7 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     first = batches.peek(initial_epoch)
     if first is None:
         warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
-                      "nothing was trained", RuntimeWarning)
+             "nothing was trained", RuntimeWarning)
         return History()
     where = f"epoch {initial_epoch}, step 0 (counted from 0)"
     try:

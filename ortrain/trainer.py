@@ -215,8 +215,10 @@ class Trainer(Releasable):
         self._one = np.array(1.0, np.float32)
         self._ones_weight = None
         self._n_classes = model._n_classes()
-        # where the output's width is free, labels are checked against its width at each batch's sizes
-        self._classes_of = self._model._n_classes if self._n_classes is None else None
+        # Class labels of an output whose width is free are checked against its width at each
+        # batch's sizes; other losses pay nothing per step.
+        classes = model.loss.n_classes((None, 2)) is not None
+        self._classes_of = self._model._n_classes if self._n_classes is None and classes else None
 
     def _write_checkpoint(self, path, model, state) -> None:
         weights = dict(zip(model.weight_names(), model.get_weights()))
@@ -526,9 +528,9 @@ class Trainer(Releasable):
         path = checked_target(path, "save_checkpoint(path)")
         if self._accum:
             warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
-                          "part of the checkpoint, and a trainer resumed from it starts a new accumulation "
-                          "period (its updates fall on other steps); save on an accumulation boundary for an "
-                          "exact resume")
+                 "part of the checkpoint, and a trainer resumed from it starts a new accumulation "
+                 "period (its updates fall on other steps); save on an accumulation boundary for an "
+                 "exact resume")
         self._session.save_checkpoint(path, {
             _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
             _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,

@@ -374,3 +374,23 @@ def test_an_out_dir_holding_other_files_is_never_replaced(tmp_path):
         ot.artifacts.build(dense_model(3, 2), loss="mse", out_dir=out)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt"]
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_out_dir_through_a_link_keeps_the_link_and_the_working_directory_is_refused(tmp_path, monkeypatch):
+    # A link to a folder (a mounted volume) was renamed away and replaced by a new folder, the linked
+    # folder left empty; the working directory itself was replaced, leaving the shell in a deleted folder.
+    model = dense_model(3, 2)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    for _ in range(2):  # a build, then a hit through the link
+        art = ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "manifest.json").is_file()
+    assert ot.artifacts.load(tmp_path / "link").key == art.key
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    for out_dir in (".", tmp_path):
+        with pytest.raises(ot.OrtrainError, match=r"out_dir: '.*' is the current working directory or holds it, and "
+                                                  "artifacts are written to a new folder renamed into its place"):
+            ot.artifacts.build(model, loss="mse", out_dir=out_dir)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "link", "real"]
+    assert list((tmp_path / "here").iterdir()) == []

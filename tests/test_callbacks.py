@@ -127,6 +127,10 @@ def test_keras_3_batch_hook_names_are_called_and_uncalled_hooks_are_named(recwar
         history = ot.fit_generator(model, batches(2, 4), epochs=1, callbacks=[cb], verbose=0)
     assert cb.seen == [("begin", 0), ("end", 0, 4), ("begin", 1), ("end", 1, 4)]
     assert model.history is history  # as Keras sets model.history
+    with pytest.raises(ot.OrtrainError, match="ModelCheckpoint: directory"):  # a refused fit keeps it
+        ot.fit_generator(model, batches(2, 4), callbacks=[ot.callbacks.ModelCheckpoint("/nonexistent/dir/x")],
+                         verbose=0)
+    assert model.history is history
     recwarn.clear()
     ot.fit_generator(model, batches(2, 4), epochs=1, callbacks=[cb], verbose=0)  # told once
     assert not [w for w in recwarn if "does not call" in str(w.message)]

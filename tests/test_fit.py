@@ -744,6 +744,20 @@ def test_loop_checks_each_batch_once_and_still_names_the_step(monkeypatch):
         ot.fit_generator(model, data, validation_generator=lambda: next(pending), verbose=0)
 
 
+def test_class_labels_are_checked_under_a_loss_override_before_anything_changes():
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    data = batches(2, 4)
+    ot.fit_generator(model, data, verbose=0)
+    opt, state, weights = model.optimizer, model.train_state, model.get_weights()
+    x, _ = data[0]
+    with pytest.raises(ot.ShapeError, match=r"epoch 0, step 0 \(counted from 0\): y: class labels must lie in "
+                                            r"\[0, 2\]"):
+        ot.fit_generator(model, [(x, np.array([0, 1, 2, 5]))], loss="sparse_categorical_crossentropy", verbose=0)
+    assert model.optimizer is opt and model.loss.name == "mse" and model.train_state is state
+    for a, b in zip(model.get_weights(), weights):
+        np.testing.assert_array_equal(a, b)
+
 def test_fit_generator_overrides_change_the_model_only_when_training_starts():
     model = mlp()
     model.compile(optimizer="adam", loss="mse", metrics=["mae"])

@@ -307,3 +307,8 @@ def test_an_input_named_like_a_generated_node_runs(rng):
     x = rng.standard_normal((4, 3)).astype(np.float32)
     w, b = model.get_weights()
     np.testing.assert_allclose(model.predict(x), x @ w + b, rtol=1e-6)
+
+
+def test_sequential_takes_any_iterable_of_layers_and_reshape_an_int_array():
+    model = ot.Sequential((lyr for lyr in [L.Dense(6), L.Reshape(np.array([2, 3]))]), input_shape=(3,))
+    assert model.output_specs[0].shape == (None, 2, 3)

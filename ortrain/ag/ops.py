@@ -390,7 +390,7 @@ def mean(x, axis=None, keepdims: bool = False) -> Tensor:
     if not all(x.shape[a] for a in axes):
         # ReduceMean gives 0 here; 0 / 0 is the NaN numpy and PyTorch give.
         warn(f"mean: axes {axes} of a tensor of shape {describe_shape(x.shape)} hold no elements; their "
-                      "mean is NaN, as numpy's mean of an empty slice", RuntimeWarning)
+             "mean is NaN, as numpy's mean of an empty slice", RuntimeWarning)
         return div(sum(x, axis=axes, keepdims=keepdims), 0.0)
     attrs = {} if len(axes) == x.ndim else {"axes": list(axes)}
     return Tensor(_reduced(x, axes, keepdims), x.dtype, "mean", (x,),

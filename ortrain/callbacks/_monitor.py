@@ -44,7 +44,7 @@ class Monitor:
         value = (logs or {}).get(self.name)
         if value is None and not (self.name.startswith("val_") and skips_validation(loop, epoch)):
             warn(f"{self.owner} monitors {self.name!r}, which is not logged; logged values are "
-                          f"{', '.join(sorted(logs or {})) or 'none'}")
+                 f"{', '.join(sorted(logs or {})) or 'none'}")
         return value
 
     def better(self, current: float, reference: float) -> bool:

@@ -100,10 +100,10 @@ _told: set[tuple[type, str]] = set()
 def _tell_uncalled(cb: Callback) -> None:
     for hook in _UNCALLED:
         if callable(getattr(type(cb), hook, None)) and (type(cb), hook) not in _told:
-            _told.add((type(cb), hook))
             warn(f"callback {type(cb).__name__} defines {hook}, which ortrain does not call: a fit calls "
                  "on_train_begin/end, on_epoch_begin/end and on_(train_)batch_begin/end, and validation "
                  "results reach on_epoch_end's logs as val_ values")
+            _told.add((type(cb), hook))  # after: a warning filtered into an error is raised again next time
 
 
 class CallbackList:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import re
 import string
 
+from ortrain._arrays import is_real
 from ortrain.callbacks._monitor import Monitor, skips_validation
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
@@ -50,8 +50,7 @@ class ModelCheckpoint(Callback):
         self.save_model = bool(save_model)
         self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint")
         if initial_value_threshold is not None:
-            if isinstance(initial_value_threshold, bool) or not isinstance(initial_value_threshold, numbers.Real) \
-                    or math.isnan(initial_value_threshold):
+            if not is_real(initial_value_threshold) or math.isnan(initial_value_threshold):
                 raise OrtrainError("ModelCheckpoint(initial_value_threshold=...): expected a number (the value "
                                    f"the first save must beat), received {initial_value_threshold!r}")
             self.monitor.best = float(initial_value_threshold)

@@ -430,6 +430,14 @@ def _output_file(opts, example: str) -> None:
     """``-o`` names a file to write in a folder that exists, outside the artifacts it reads (a file
     written there fails their sha256 check from then on): checked before anything loads or runs,
     as a usage error."""
+    source = opts.artifacts
+    if opts.run and Path(opts.run, "run.json").is_file():
+        with contextlib.suppress(OrtrainError, KeyError, TypeError):  # model_from names a damaged run
+            source = str(_artifacts_of(Path(opts.run), read_json(Path(opts.run) / "run.json", "run settings")))
+    written = Path(os.path.abspath(opts.output)).resolve()
+    if source and os.path.isdir(source) and Path(source).resolve() in (written, *written.parents):
+        raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
+                         "elsewhere")
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
                          f"{os.path.join(opts.output, example)!r}")
@@ -437,14 +445,6 @@ def _output_file(opts, example: str) -> None:
         checked_target(opts.output, "-o")
     except OrtrainError as exc:
         raise UsageError(str(exc)) from None
-    source = opts.artifacts
-    if opts.run and Path(opts.run, "run.json").is_file():
-        with contextlib.suppress(OrtrainError, KeyError, TypeError):  # model_from names a damaged run
-            source = str(_artifacts_of(Path(opts.run), read_json(Path(opts.run) / "run.json", "run settings")))
-    if source and os.path.isdir(source) and \
-            Path(source).resolve() in Path(os.path.abspath(opts.output)).resolve().parents:
-        raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
-                         "elsewhere")
 
 
 def predict(opts) -> dict:

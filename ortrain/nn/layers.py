@@ -547,6 +547,8 @@ class Reshape(Layer):
         super().__init__(name)
         if is_integer(target_shape):
             target_shape = (target_shape,)
+        if isinstance(target_shape, np.ndarray) and target_shape.ndim == 1:
+            target_shape = list(target_shape)
         if not isinstance(target_shape, (tuple, list)) or not all(is_integer(d) for d in target_shape):
             raise OrtrainError(f"Reshape(target_shape=...): expected a tuple of ints, received {target_shape!r}")
         target = tuple(int(d) for d in target_shape)

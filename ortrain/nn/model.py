@@ -163,7 +163,8 @@ class Model:
     def train_state(self):
         """The optimizer state (moments, step, rate) a next ``fit`` continues from, None for fresh
         moments. While a fit runs it is that fit's live state once it has taken a step, so a callback
-        that saves or copies ``self.model`` saves the state that goes with its weights, as in Keras."""
+        that saves or copies ``self.model`` saves the state that goes with its weights, as in Keras
+        (each read then copies the moments out of the runtime: read it once per save)."""
         live = self._live_state() if self._live_state is not None else None
         return live if live is not None else self._train_state
 
@@ -595,9 +596,10 @@ class Sequential(Model):
 
     def __init__(self, layers=None, input_shape=None, name: str | None = None, seed: int | None = None,
                  input_dtype=None):
-        if isinstance(layers, Layer) or (layers is not None and not isinstance(layers, (list, tuple))):
+        if isinstance(layers, Layer) or (layers is not None and not hasattr(layers, "__iter__")):
+            fix = "; wrap a single layer in a list" if isinstance(layers, Layer) else ""
             raise OrtrainError(f"Sequential(layers=...): expected a list of layers, received "
-                               f"{type(layers).__name__}; wrap a single layer in a list")
+                               f"{type(layers).__name__}{fix}")
         layers = list(layers or [])
         for lyr in layers:
             if not isinstance(lyr, Layer):

@@ -155,8 +155,8 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
     if matrices:
         pairs = ", ".join(f"{a!r} and {b!r}" for a, b in matrices[:4]) + (", ..." if len(matrices) > 4 else "")
         warn(f"from_onnx: the file merges equal weights through Identity ({pairs}); each trains as a weight of "
-                      "its own, as the layers PyTorch clones do. If they are one weight shared in the model, export "
-                      "with do_constant_folding=False so the file keeps the sharing", UserWarning)
+             "its own, as the layers PyTorch clones do. If they are one weight shared in the model, export "
+             "with do_constant_folding=False so the file keeps the sharing", UserWarning)
     if copies:
         del g.node[:]
         g.node.extend(kept)
@@ -251,9 +251,9 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     exponents = sorted(several & {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1})
     if exponents:
         warn(f"from_onnx: {', '.join(map(repr, exponents))} {'is' if len(exponents) == 1 else 'are'} read only "
-                      "as Pow's exponent, which onnxruntime-training does not differentiate, so "
-                      f"{'it stays a constant' if len(exponents) == 1 else 'they stay constants'} (PyTorch would "
-                      "train a parameter there)", UserWarning)
+             "as Pow's exponent, which onnxruntime-training does not differentiate, so "
+             f"{'it stays a constant' if len(exponents) == 1 else 'they stay constants'} (PyTorch would "
+             "train a parameter there)", UserWarning)
     rank = {name: i for i, name in enumerate(first + copies)}
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
