@@ -66,9 +66,12 @@ def cache_dir() -> Path:
 
 
 def set_cache_dir(path) -> None:
-    """Use ``path`` as the artifact cache from now on (``None`` restores the default)."""
+    """Use ``path`` as the artifact cache from now on (``None`` restores the default). A relative
+    path is taken from the working directory now (a later ``os.chdir`` does not move the cache)."""
     global _cache_root
-    _cache_root = Path(path) if path is not None else None
+    if path is not None and (not isinstance(path, (str, os.PathLike)) or not os.fspath(path)):
+        raise OrtrainError(f"set_cache_dir(path=...): expected a folder path or None, received {path!r}")
+    _cache_root = Path(os.path.abspath(path)) if path is not None else None
 
 
 def versions() -> dict:
@@ -316,8 +319,13 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     def digest() -> str:
         return _weights_digest(model_or_onnx, fg)
 
+    owned = out_dir is None  # a cache entry is ortrain's: whatever else it holds is replaced
+    if owned:  # an exact hit needs no lock, so a read-only cache serves it
+        hit = _existing(target, key, owned)
+        if hit is not None and (not refresh_checkpoint or hit.manifest["weights_sha256"] == digest()):
+            return _with_lr(hit, opt, rewrite=False)
     with _publish_lock(target):
-        existing = _existing(target, key)
+        existing = _existing(target, key, owned)
         if existing is None:
             return _publish(target, lambda tmp: _write(tmp, key, fg, loss, opt, weighting, digest()))
         if not refresh_checkpoint or existing.manifest["weights_sha256"] == digest():
@@ -326,7 +334,7 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
             return _publish(target, lambda tmp: _with_weights(existing, fg, tmp, digest(), opt))
     variant = target.with_name(f"{target.name}-{digest()[:12]}")
     with _publish_lock(variant):
-        found = _existing(variant, key)
+        found = _existing(variant, key, owned=True)
         return _with_lr(found, opt, rewrite=False) if found is not None else \
             _publish(variant, lambda tmp: _with_weights(existing, fg, tmp, digest(), opt))
 
@@ -370,6 +378,8 @@ def _publish_lock(target: Path):
             break
         except FileNotFoundError:  # a failing builder removed a folder just made: try again
             continue
+        except OSError as exc:  # not writable: a read-only file system, another user's folder
+            raise _unwritable(target, exc) from None
     failed = False
     try:
         yield
@@ -384,6 +394,16 @@ def _publish_lock(target: Path):
                 with contextlib.suppress(OSError):
                     folder.rmdir()
         handle.close()  # releases the lock
+
+
+def _unwritable(target: Path, exc: OSError) -> OrtrainError:
+    where = exc.filename or target.parent
+    if target.parent == cache_dir() or cache_dir() in target.parents:
+        return OrtrainError(f"the artifact cache {str(cache_dir())!r} cannot be written ({exc.strerror}: {str(where)!r}); "
+                            "make it writable, or choose another cache with ot.artifacts.set_cache_dir(path) or "
+                            "XDG_CACHE_HOME")
+    return OrtrainError(f"out_dir: {str(target)!r} cannot be written ({exc.strerror}: {str(where)!r}); choose a "
+                        "writable folder")
 
 
 def _publish(target: Path, fill) -> Artifacts:
@@ -464,11 +484,13 @@ def _refuse_working_directory(target: Path) -> None:
                            "'artifacts'")
 
 
-def _existing(target: Path, key: str) -> Artifacts | None:
+def _existing(target: Path, key: str, owned: bool = False) -> Artifacts | None:
+    """The valid artifacts of ``key`` in ``target``, or None where they must be (re)built. A folder
+    holding anything else is the user's and refused, unless ``owned`` (a cache entry)."""
     manifest = target / "manifest.json"
     others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json")) \
-        if target.is_dir() else []
-    if not manifest.exists() and target.exists() and any(target.iterdir()) or others:
+        if target.is_dir() and not owned else []
+    if not owned and (not manifest.exists() and target.exists() and any(target.iterdir()) or others):
         # only artifacts are replaced: anything else in the folder is the user's
         raise OrtrainError(f"out_dir {str(target)!r} exists and is not an ortrain artifacts directory"
                            + (f" (it holds {', '.join(others[:4])})" if others else "")

@@ -406,7 +406,11 @@ class Trainer(Releasable):
             import onnx
 
             from ortrain.graph.forward import to_inference
-            self._inference = to_inference(onnx.load(self._art.forward)).SerializeToString()
+            try:
+                forward = onnx.load(self._art.forward)
+            except OSError:  # the artifacts were removed meanwhile (a cleared cache): the model holds the graph
+                forward = self._model.forward_graph().proto
+            self._inference = to_inference(forward).SerializeToString()
         return self._inference
 
     def update_target(self, target: Snapshot, tau: float = 1.0) -> None:

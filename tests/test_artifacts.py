@@ -394,3 +394,56 @@ def test_out_dir_through_a_link_keeps_the_link_and_the_working_directory_is_refu
             ot.artifacts.build(model, loss="mse", out_dir=out_dir)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "link", "real"]
     assert list((tmp_path / "here").iterdir()) == []
+
+
+def test_the_cache_serves_hits_without_writing_and_names_what_it_cannot_write(tmp_path, monkeypatch):
+    from ortrain import artifacts as art_mod
+    model = dense_model(3, 2)
+    first = ot.artifacts.build(model, loss="mse")
+
+    def unwritable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(art_mod, "lock_file", unwritable)
+    # an exact hit takes no lock: a read-only cache (baked into an image) serves it
+    assert ot.artifacts.build(model, loss="mse").directory == first.directory
+    # a miss names the cache and how to choose another (a raw PermissionError came from the lock file)
+    with pytest.raises(ot.OrtrainError, match=r"the artifact cache '.*' cannot be written \(Permission denied: .*\); "
+                                              r"make it writable, or choose another cache with "
+                                              r"ot.artifacts.set_cache_dir\(path\) or XDG_CACHE_HOME"):
+        ot.artifacts.build(model, loss="mae")
+    with pytest.raises(ot.OrtrainError, match=r"out_dir: '.*art' cannot be written \(Permission denied"):
+        ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "art")
+    monkeypatch.undo()
+    # a stray file in a cache entry (a .DS_Store) made it "not an artifacts directory" for good: it is rebuilt
+    (first.directory / ".DS_Store").write_text("")
+    again = ot.artifacts.build(dense_model(3, 2, seed=5), loss="mse")
+    assert again.directory.name.startswith(first.directory.name)
+
+
+def test_a_relative_cache_dir_stays_where_it_was_set(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ot.artifacts.set_cache_dir("cache")
+    assert ot.artifacts.cache_dir() == tmp_path / "cache"
+    monkeypatch.chdir("/")
+    assert ot.artifacts.cache_dir() == tmp_path / "cache"
+    with pytest.raises(ot.OrtrainError, match=r"set_cache_dir\(path=...\): expected a folder path or None"):
+        ot.artifacts.set_cache_dir("")
+
+
+def test_a_live_trainer_predicts_after_its_cache_entry_is_removed(rng):
+    import shutil
+    model = dense_model(3, 2)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.step(x, np.zeros((4, 2), np.float32))
+        shutil.rmtree(ot.artifacts.cache_dir())  # the user clears ~/.cache
+        w, b = tr.model().get_weights()
+        np.testing.assert_allclose(tr.predict(x), x @ w + b, rtol=1e-5, atol=1e-6)
+        tr.snapshot()
+
+
+def test_thread_counts_are_bounded():
+    for call in (lambda: ot.set_num_threads(10**9), lambda: ot.Trainer(dense_model(3, 2), threads=10**9)):
+        with pytest.raises(ot.OrtrainError, match=r"threads: expected at most 1024 threads, received 1000000000"):
+            call()
+    assert ot.get_num_threads() >= 1

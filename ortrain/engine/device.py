@@ -72,10 +72,22 @@ def default_threads() -> int:
 _threads: int | None = None
 
 
+MAX_THREADS = 1024  # onnxruntime allocates per thread: 10**9 threads failed with std::bad_alloc
+
+
+def thread_count(n, argument: str) -> int | None:
+    """``n`` intra-op threads (``None``: the default), an int in [1, MAX_THREADS]."""
+    n = positive_int(n, argument, allow_none=True)
+    if n is not None and n > MAX_THREADS:
+        raise OrtrainError(f"{argument}: expected at most {MAX_THREADS} threads, received {n}; this machine has "
+                           f"{default_threads()} cores (None uses them all)")
+    return n
+
+
 def set_num_threads(n: int | None) -> None:
     """Intra-op threads for sessions created from now on; ``None`` means all cores."""
     global _threads
-    _threads = positive_int(n, "set_num_threads", allow_none=True)
+    _threads = thread_count(n, "set_num_threads")
 
 
 def get_num_threads() -> int:
@@ -88,6 +100,6 @@ def session_options(threads: int | None = None):
     the runtime's reason, which its error log would only repeat."""
     so = C.SessionOptions()
     so.log_severity_level = 4
-    so.intra_op_num_threads = positive_int(threads, "threads", allow_none=True) or get_num_threads()
+    so.intra_op_num_threads = thread_count(threads, "threads") or get_num_threads()
     so.inter_op_num_threads = 1
     return so
