@@ -288,7 +288,8 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     ``model_or_onnx`` is an :class:`ortrain.Model`, a :class:`ForwardGraph`, an
     ``onnx.ModelProto`` or a path to an ``.onnx`` file. ``loss`` and ``optimizer`` take what
     ``Model.compile`` takes (the default ``"adamw"`` is ``ot.optim.AdamW()``, weight decay
-    0.01). ``out_dir`` writes to that directory instead of the cache. ``trainable``/``frozen``
+    0.01); they are the artifacts' own, not a compiled model's: pass ``loss=model.loss,
+    optimizer=model.optimizer`` to build what the model was compiled with. ``out_dir`` writes to that directory instead of the cache. ``trainable``/``frozen``
     (names or glob patterns) refine which weights train. ``weighting`` adds a ``sample_weight``
     input: ``"sample"`` (one weight per sample) or ``"element"``.
 

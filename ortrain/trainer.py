@@ -556,6 +556,8 @@ class Trainer(Releasable):
             weight_decay = float(props[_PROP + "weight_decay"])
         _check_model(model)
         weighting = _weighting(loss_mask, model)
+        engine.parse_device(device)  # before the artifacts are built: a refusal leaves no cache entry
+        positive_int(batch_size, "batch_size")
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = bool(_weights_any_loss)
@@ -595,7 +597,8 @@ class Trainer(Releasable):
         art = artifacts_mod.load(directory)
         ckpt = art.checkpoint if checkpoint is None else Path(checkpoint)
         data = engine.read_checkpoint(ckpt)
-        if checkpoint is not None and data.properties.get(_PROP + "key") != art.key:
+        own = checkpoint is not None and Path(checkpoint).resolve() == Path(art.checkpoint).resolve()
+        if checkpoint is not None and not own and data.properties.get(_PROP + "key") != art.key:
             raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} was not written for the artifacts in "
                                f"{os.fspath(directory)!r} (they were built for another model, loss or optimizer, "
                                "or rebuilt since); resume with the artifacts that wrote it, or start from the "

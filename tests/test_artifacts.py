@@ -447,3 +447,16 @@ def test_thread_counts_are_bounded():
         with pytest.raises(ot.OrtrainError, match=r"threads: expected at most 1024 threads, received 1000000000"):
             call()
     assert ot.get_num_threads() >= 1
+
+
+def test_from_artifacts_takes_its_own_checkpoint_and_from_checkpoint_checks_the_device_first(tmp_path):
+    model = dense_model(3, 2)
+    art = ot.artifacts.build(model, loss="mse", out_dir=tmp_path / "art")
+    with ot.Trainer.from_artifacts(art.directory, batch_size=2, checkpoint=art.directory / "checkpoint") as tr:
+        np.testing.assert_array_equal(tr.model().get_weights()[0], model.get_weights()[0])
+    with ot.Trainer(model, batch_size=2) as tr:
+        tr.save_checkpoint(tmp_path / "ck")
+    ot.artifacts.set_cache_dir(tmp_path / "fresh")
+    with pytest.raises(ot.OrtrainError, match=r"device='cuda:0': this onnxruntime build has no CUDA"):
+        ot.Trainer.from_checkpoint(dense_model(3, 2), tmp_path / "ck", batch_size=2, device="cuda")
+    assert not (tmp_path / "fresh").exists()  # refused before artifacts were built for it
