@@ -117,7 +117,7 @@ class _Loop:
         self._synced_at = None
         self._steps_at_start = trainer.n_steps
         base = trainer._model
-        self.base_lr = base.optimizer.lr
+        self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
         self.metrics = metrics_mod.resolve(base.metrics, base.loss)
         self.val_metrics = metrics_mod.resolve(base.metrics, base.loss)
         source = iterator.source
@@ -226,6 +226,7 @@ class _Loop:
         if opt is not None and (id(opt), _lr_writes(opt)) != self._lr_seen:  # written (or recompiled)
             self._lr_seen = (id(opt), _lr_writes(opt))
             self.trainer.set_lr(opt.lr)
+            self._arm(opt)  # reads show the live rate again
         if getattr(m, "stop_training", False):
             self.stop_training = True
 
@@ -239,6 +240,7 @@ class _Loop:
         if self._model is not None:
             self._model.history = self.history  # as Keras sets it
             self._model._live_state = self._live_state
+            self._arm(self._model.optimizer)
         try:
             cbs.on_train_begin({})
             for epoch in range(self.initial_epoch, self.epochs):
@@ -366,11 +368,34 @@ class _Loop:
         """The model's ``train_state`` while this fit runs: the trainer's once it has stepped."""
         return self.trainer.export_state() if self.stepped else None
 
+    def _live_lr(self) -> float:
+        return self.trainer.lr
+
+    def _arm(self, opt) -> None:
+        """``model.optimizer.lr`` reads the rate this fit trains at (as Keras' optimizer reads the
+        rate a schedule set), and after the fit its last rate; a fit without a step leaves the
+        rate shown before it."""
+        armed = getattr(self, "_armed", None)
+        if armed is not None and armed[0] is not opt:
+            armed[0]._lr_now = armed[1]
+            armed = None
+        if opt is not None:
+            self._armed = armed or (opt, opt._lr_now)
+            opt._lr_now = self._live_lr
+
+    def _disarm(self) -> None:
+        armed = getattr(self, "_armed", None)
+        if armed is not None:
+            opt, before = armed
+            opt._lr_now = self.trainer.lr if self.stepped else before
+            self._armed = None
+
     def _finish(self) -> None:
         tr = self.trainer
         interrupt = None
         if self._model is not None:
             self._model._live_state = None
+            self._disarm()
         while self._model is not None:
             # Weights and optimizer state go back together: a Ctrl-C in between would leave the model
             # trained with the state of before, so it waits until both are written (a second one not).

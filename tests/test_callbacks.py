@@ -666,6 +666,38 @@ def test_a_callback_that_saves_or_copies_self_model_keeps_the_live_optimizer_sta
             np.testing.assert_array_equal(got, want)
     assert whole.train_state.n_steps == 6 and whole._live_state is None
 
+
+def test_model_optimizer_lr_reads_the_rate_the_fit_trains_at_as_in_keras(tmp_path):
+    # A Keras callback logs self.model.optimizer.lr: it read the compiled rate while a schedule ran
+    data = batches(1, 4)
+    logged = []
+
+    class Log(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logged.append(self.model.optimizer.lr)
+
+    model = sgd_model(lr=0.1)
+    hist = ot.fit_generator(model, data, epochs=3, verbose=0,
+                            callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1), Log()])
+    assert logged == hist.history["lr"] == [0.1, 0.05, 0.025]
+    assert model.optimizer.lr == 0.025  # after the fit: its last rate, as Keras leaves the optimizer
+    # a continued schedule starts from the compiled rate, so its curve goes on
+    hist = ot.fit_generator(model, data, epochs=4, initial_epoch=3, verbose=0,
+                            callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+    assert hist.history["lr"] == [0.0125] and model.optimizer.lr == 0.0125
+    model.save(tmp_path / "m.ortrain")
+    assert ot.load_model(tmp_path / "m.ortrain").optimizer.lr == 0.0125
+    # a fit without a step leaves it; a written rate is taken and shown; a new compile starts afresh
+    with pytest.warns(RuntimeWarning, match="yielded no batch"):
+        ot.fit_generator(model, [], verbose=0)
+    assert model.optimizer.lr == 0.0125
+    model.optimizer.lr = 0.3
+    assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.3] and model.optimizer.lr == 0.3
+    ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+    assert model.optimizer.lr == 0.15
+    model.compile(optimizer=model.optimizer, loss="mse")
+    assert model.optimizer.lr == 0.3
+
 def test_model_edits_in_hooks_follow_keras_semantics_exactly(tmp_path):
     data = batches(1, 4)
     # a rate written to model.optimizer.lr is taken over, even one equal to the compiled rate;

@@ -14,8 +14,9 @@ A callback sees the running fit through four attributes set before ``on_train_be
   when the hook returns: the weights it
   sets (``model.set_weights``, those names only), a learning rate written to
   ``model.optimizer.lr``, and ``model.stop_training = True`` (which a stop by any callback
-  sets too, as in Keras). ``model.optimizer.lr`` holds the compiled rate unless written; the
-  live one, a schedule's included, is ``trainer.lr``;
+  sets too, as in Keras). Read, ``model.optimizer.lr`` is the rate the fit trains at (a
+  schedule's included, as ``trainer.lr``), and after the fit its last rate, as in Keras;
+  ``loop.base_lr`` stays the compiled (or last written) rate that schedules start from;
 * ``params``: ``epochs``, ``initial_epoch``, ``steps``, ``batch_size``, ``samples``,
   ``verbose``, ``metrics``.
 

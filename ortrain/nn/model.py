@@ -426,6 +426,7 @@ class Model:
                                "other axes only)")
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.train_state = None
+        new_optimizer._lr_now = None  # afresh: the rate it was made (or last written) with, not a fit's last
         self._runners.clear()  # evaluate's graph holds the loss
         return self
 

@@ -82,15 +82,23 @@ class Optimizer:
         self._state_source = None  # set by a live capture: returns {param name: moments}
         self._state_version = 0
         self.lr_writes = 0  # a fit takes over a rate written since it last looked, even an equal one
+        self._lr_now = None  # a model's fit sets it: its live rate (a callable) while it runs, its last after
 
     @property
     def lr(self) -> float:
-        return self._lr
+        """The learning rate: as compiled or last written; for a model's optimizer, while a fit runs
+        the rate it trains at (a schedule's included), and after it the last one, as Keras'
+        ``optimizer.learning_rate`` reads. Writing it sets the rate the next step (or fit) takes."""
+        now = self._lr_now
+        if now is None:
+            return self._lr
+        return now() if callable(now) else now
 
     @lr.setter
     def lr(self, value) -> None:
         self._lr = check_lr(value)
         self.lr_writes += 1
+        self._lr_now = None
 
     @property
     def hyperparameters(self) -> dict:
@@ -140,6 +148,7 @@ class Optimizer:
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         self._moments, self.step, self._lr = moments, int(step), lr
         self.lr_writes += 1
+        self._lr_now = None
         # A live capture reads the loaded moments at its next call, instead of its own.
         self._state_source = None
         self._state_version += 1
