@@ -1,0 +1,357 @@
+"""The epoch loop: one run of epochs over a trainer, with its callbacks, validation and history
+(see :mod:`ortrain.fit` for who owns which argument). Callbacks see it as ``callback.loop``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain import metrics as metrics_mod
+from ortrain._class_weight import ClassWeights
+from ortrain._warnings import warn
+from ortrain.callbacks.base import CallbackList
+from ortrain.callbacks.progress import progress
+from ortrain.data import ArraySource, EpochIterator, parse_batch
+from ortrain.errors import OrtrainError, ShapeError
+from ortrain.history import History
+from ortrain.nn.model import Model
+from ortrain.trainer import Trainer
+
+__all__ = ["Loop", "located"]
+
+
+def located(exc: Exception, where: str) -> Exception:
+    """The same error type, its message prefixed with the epoch and step it happened at."""
+    try:
+        return type(exc)(f"{where}: {exc}")
+    except Exception:  # noqa: BLE001 - an exotic constructor: keep the original
+        return exc
+
+
+# -- the loop -------------------------------------------------------------------------------------
+class Loop:
+    """One run of the epoch loop; callbacks see it as ``callback.loop``."""
+
+    def __init__(self, trainer: Trainer, iterator: EpochIterator, *, epochs: int, initial_epoch: int,
+                 validation: EpochIterator | None, callbacks, verbose, model: Model | None,
+                 samples: int | None = None, validation_freq: int | frozenset[int] = 1,
+                 class_weight: ClassWeights | None = None):
+        self.trainer = trainer
+        self.iterator = iterator
+        self.validation = validation
+        self.validation_freq = validation_freq
+        self.class_weight = class_weight  # for generator batches; arrays carry theirs in their weights
+        self.epochs, self.initial_epoch = epochs, initial_epoch
+        self._model = model
+        self._synced_at = None
+        self._steps_at_start = trainer.n_steps
+        base = trainer._model
+        self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
+        self.metrics = metrics_mod.resolve(base.metrics, base.loss)
+        self.val_metrics = metrics_mod.resolve(base.metrics, base.loss)
+        source = iterator.source
+        steps = iterator.steps
+        size = source.batches_per_epoch if isinstance(source, ArraySource) else getattr(source, "size", None)
+        if size is not None:
+            steps = min(steps or size, size)
+        self.steps_hint = steps
+        self.params = {"epochs": epochs, "initial_epoch": initial_epoch, "steps": steps,
+                       "batch_size": trainer.batch_size, "samples": samples, "verbose": verbose,
+                       "metrics": self._log_names()}
+        self.stop_training = False
+        self.epoch = initial_epoch
+        self.epoch_steps = 0
+        self.epoch_samples = 0
+        self.history = History()
+        display = progress(verbose)
+        self.callbacks = CallbackList([*callbacks, self.history, *([display] if display else [])])
+        self.callbacks.set_loop(self)
+        self.callbacks._after = self._take_model_edits
+        self._warned_short = False
+        # What a callback changes through ``model`` reaches the training, as in Keras: weights it
+        # sets, a learning rate it writes to ``model.optimizer.lr``, ``model.stop_training``.
+        # fit and fit_generator build their trainer from the model's weights, so what was set on
+        # it before is in the trainer already (fit.train with a trainer built earlier keeps the
+        # trainer's weights).
+        if model is not None:
+            model._written.clear()
+            opt = model.optimizer
+            # A model no fit has seen (new, loaded, copied) counts its optimizer as not written yet.
+            if opt is not None and (id(opt), _lr_writes(opt)) != (model._lr_seen or (id(opt), 0)):
+                trainer.set_lr(opt.lr)  # model.optimizer.lr was written since
+            self._lr_seen = (id(opt), _lr_writes(opt))
+
+    def _log_names(self) -> list[str]:
+        names = ["loss", *(m.name for m in self.metrics)]
+        if any(self.validates(e) for e in range(self.initial_epoch, self.epochs)):
+            names += [f"val_{n}" for n in names]
+        return names + ["lr"]
+
+    @property
+    def stepped(self) -> bool:
+        """Whether this run took a training step (else the model's optimizer state stands)."""
+        return self.trainer.n_steps != self._steps_at_start
+
+    # -- what callbacks use --------------------------------------------------------------------
+    def validates(self, epoch: int) -> bool:
+        """Whether validation runs at the end of ``epoch`` (counted from 0): the fit has validation
+        data and ``validation_freq`` takes this epoch (counted from 1, as Keras counts it)."""
+        if self.validation is None:
+            return False
+        freq = self.validation_freq
+        return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
+
+    def _names(self) -> list[str]:
+        return [p.name for p in self.trainer._params]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of the trained weights, in ``model.get_weights()`` order."""
+        session = self.trainer._session
+        return [session.get(n) for n in self._names()]
+
+    def set_weights(self, weights) -> None:
+        """Write weights (``get_weights()`` order) into the trainer; checked before anything changes."""
+        names = self._names()
+        weights = list(weights)
+        if len(weights) != len(names):
+            raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), "
+                               f"received {len(weights)}")
+        staged = []
+        for p, w in zip(self.trainer._params, weights):
+            a = np.asarray(w, dtype=p.dtype)
+            if a.shape != tuple(p.shape):
+                raise ShapeError(f"set_weights: {p.name!r} expected shape {tuple(p.shape)}, received {a.shape}")
+            staged.append((p.name, a))
+        session = self.trainer._session
+        for name, a in staged:
+            session.set(name, a)
+
+    @property
+    def model(self) -> Model | None:
+        """The caller's model, brought up to date with the trainer's weights when read."""
+        writes = self.trainer._session.writes
+        if self._model is not None and self._synced_at != writes:
+            self._model.set_weights(self.get_weights())
+            self._model._written.clear()
+            self._synced_at = writes
+        return self._model
+
+    def _take_model_edits(self) -> None:
+        """After each callback's hook: the weights it set on ``model`` (those names only: the
+        others may be out of date), a learning rate it wrote to ``model.optimizer.lr`` (or a new
+        optimizer it compiled) and ``model.stop_training`` take effect in the training."""
+        m = self._model
+        if m is None:
+            return
+        if m._written:
+            table, session = m._weight_table(), self.trainer._session
+            in_sync = self._synced_at == session.writes
+            for name in m._written:
+                session.set(name, table[name])
+            m._written.clear()
+            if in_sync:  # the model held the trainer's weights and now both hold its edits
+                self._synced_at = session.writes
+        opt = m.optimizer
+        if opt is not None and (id(opt), _lr_writes(opt)) != self._lr_seen:  # written (or recompiled)
+            self._lr_seen = (id(opt), _lr_writes(opt))
+            self.trainer.set_lr(opt.lr)
+            self._arm(opt)  # reads show the live rate again
+        if getattr(m, "stop_training", False):
+            self.stop_training = True
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self) -> History:
+        cbs = self.callbacks
+        logs: dict = {}
+        if self._model is not None:
+            self._model.stop_training = False
+        cbs.check()  # before any callback starts: a refusal changes nothing
+        if self._model is not None:
+            self._model.history = self.history  # as Keras sets it
+            self._model._live_state = self._live_state
+            self._arm(self._model.optimizer)
+        try:
+            cbs.on_train_begin({})
+            for epoch in range(self.initial_epoch, self.epochs):
+                self.epoch = epoch
+                cbs.on_epoch_begin(epoch, {})
+                logs = self._train_epoch(epoch)
+                if logs is None:
+                    break
+                if self.validates(epoch):
+                    logs.update(self._validate(epoch))
+                logs["lr"] = self.trainer.lr
+                cbs.on_epoch_end(epoch, logs)
+                if self.stop_training:
+                    if self._model is not None:
+                        self._model.stop_training = True  # as Keras leaves it
+                    break
+                if self.iterator.source.exhausted and epoch + 1 < self.epochs:
+                    self._warn_dry(epoch)
+                    break
+        finally:
+            try:
+                cbs.on_train_end(logs)
+            finally:
+                self._finish()
+        return self.history
+
+    def _warn_dry(self, epoch: int) -> None:
+        warn(f"the generator ran dry in epoch {epoch} (counted from 0); training stops. A one-shot "
+             "iterator must hold steps_per_epoch * epochs batches; pass a re-iterable or a callable "
+             "to train longer", RuntimeWarning)
+
+    def _warn_empty(self, epoch: int) -> None:
+        if self.iterator.source.exhausted:
+            what = "the generator ran dry"
+        else:
+            what = "the generator returned no batch"
+        warn(f"epoch {epoch} (counted from 0) yielded no batch ({what}); training stops. A finite "
+             "callable must reset itself before returning None so the next call starts the next "
+             "epoch", RuntimeWarning)
+
+    def _train_epoch(self, epoch: int) -> dict | None:
+        tr = self.trainer
+        bs = tr.batch_size
+        cbs = self.callbacks
+        hooks = cbs.has_batch_hooks
+        metrics = self.metrics
+        for m in metrics:
+            m.reset()
+        # Batches hold at most batch_size rows (the first batch's, for a generator): a shorter one
+        # (an array fit's last, a DataLoader's without drop_last) is a step on its own rows.
+        checked = isinstance(self.iterator.source, ArraySource)  # whole arrays were checked up front
+        total = 0.0
+        seen = 0
+        step = -1
+        for step, batch in self.iterator.epoch(epoch):
+            if hooks:
+                cbs.on_batch_begin(step, {"batch": step})
+            try:
+                if type(batch) is tuple and len(batch) == 2:
+                    x, y = batch
+                    w = None
+                else:
+                    x, y, w = parse_batch(batch)
+                    if w is not None and tr._weight_spec is None:
+                        raise OrtrainError("sample_weight: this batch carries loss weights but the first batch did "
+                                           "not, so training started without them; pass loss_mask=1 to "
+                                           "fit_generator, or give every batch weights (ones where none apply)")
+                fetches, labels, weights = tr._step(x, y, w, None, checked, self.class_weight, most=bs)
+                loss = float(fetches[1].numpy())
+                rows = labels.shape[0]
+                if metrics:
+                    _update(metrics, fetches[2].numpy(), labels, weights)
+            except (OrtrainError, ValueError, TypeError) as exc:
+                raise located(exc, f"epoch {epoch}, step {step} (counted from 0)") from exc
+            total += loss * rows
+            seen += rows
+            if hooks:
+                cbs.on_batch_end(step, {"batch": step, "size": rows, "loss": loss})
+            if self.stop_training:
+                break
+        self.epoch_steps, self.epoch_samples = step + 1, seen
+        if seen == 0:
+            self._warn_empty(epoch)
+            return None
+        if self.iterator.steps is None and self.steps_hint is None:
+            self.steps_hint = step + 1
+        self._check_short(epoch, step + 1)
+        logs = {"loss": total / seen}
+        logs.update((m.name, m.result()) for m in metrics)
+        return logs
+
+    def _check_short(self, epoch: int, taken: int) -> None:
+        it = self.iterator
+        if it.ended_early and not it.source.exhausted and not self._warned_short:
+            self._warned_short = True
+            warn(f"epoch {epoch}: the generator ended the epoch after {taken} of steps_per_epoch="
+                 f"{it.steps} batches; epochs stay this short (warned once)", RuntimeWarning)
+
+    def _validate(self, epoch: int) -> dict:
+        tr = self.trainer
+        metrics = self.val_metrics
+        for m in metrics:
+            m.reset()
+        total = 0.0
+        seen = 0
+        for step, batch in self.validation.epoch(epoch):
+            try:
+                x, y, w = parse_batch(batch)
+                fetches, labels, weights = tr._eval(x, y, w, None)
+                loss = float(fetches[1].numpy())
+                if metrics:
+                    _update(metrics, fetches[2].numpy(), labels, weights)
+            except (OrtrainError, ValueError, TypeError) as exc:
+                raise located(exc, f"validation after epoch {epoch}, step {step} (counted from 0)") from exc
+            rows = labels.shape[0]
+            total += loss * rows
+            seen += rows
+        if seen == 0:
+            warn(f"validation after epoch {epoch} yielded no batch; no val_ values are logged",
+                 RuntimeWarning)
+            return {}
+        return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
+
+    def _live_state(self):
+        """The model's ``train_state`` while this fit runs: the trainer's once it has stepped."""
+        return self.trainer.export_state() if self.stepped else None
+
+    def _live_lr(self) -> float:
+        return self.trainer.lr
+
+    def _arm(self, opt) -> None:
+        """``model.optimizer.lr`` reads the rate this fit trains at (as Keras' optimizer reads the
+        rate a schedule set), and after the fit its last rate; a fit without a step leaves the
+        rate shown before it."""
+        armed = getattr(self, "_armed", None)
+        if armed is not None and armed[0] is not opt:
+            armed[0]._lr_now = armed[1]
+            armed = None
+        if opt is not None:
+            self._armed = armed or (opt, opt._lr_now)
+            opt._lr_now = self._live_lr
+
+    def _disarm(self) -> None:
+        armed = getattr(self, "_armed", None)
+        if armed is not None:
+            opt, before = armed
+            opt._lr_now = self.trainer.lr if self.stepped else before
+            self._armed = None
+
+    def _finish(self) -> None:
+        tr = self.trainer
+        interrupt = None
+        if self._model is not None:
+            self._model._live_state = None
+            self._disarm()
+        while self._model is not None:
+            # Weights and optimizer state go back together: a Ctrl-C in between would leave the model
+            # trained with the state of before, so it waits until both are written (a second one not).
+            try:
+                _ = self.model  # brings the weights over (a callback may have set some)
+                # A fit that took no step leaves the optimizer state as it was, and a rate written on
+                # model.optimizer still to be taken up by the next fit.
+                if self.stepped:
+                    self._model.train_state = tr.export_state()
+                    self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
+                break
+            except KeyboardInterrupt as exc:
+                if interrupt is not None:
+                    raise
+                interrupt = exc
+        if interrupt is not None:
+            raise interrupt
+        if tr._accum and tr.nbatch_logical > tr.batch_size:  # last: an "error" filter cannot lose the state
+            warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
+                 f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
+                 f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning)
+
+
+def _lr_writes(opt) -> int:
+    return opt.lr_writes if opt is not None else 0
+
+
+def _update(metrics, pred: np.ndarray, labels: np.ndarray, weights: np.ndarray | None) -> None:
+    """Metrics from a step's predictions and the labels and weights the trainer checked and fed."""
+    for m in metrics:
+        m.update(pred, labels, weights)
