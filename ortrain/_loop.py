@@ -73,6 +73,7 @@ class Loop:
         # it before is in the trainer already (fit.train with a trainer built earlier keeps the
         # trainer's weights).
         if model is not None:
+            _take_layer_sets(model)  # what was set before the fit is in the trainer already
             model._written.clear()
             opt = model.optimizer
             # A model no fit has seen (new, loaded, copied) counts its optimizer as not written yet.
@@ -133,6 +134,7 @@ class Loop:
             self._model.set_weights(self.get_weights())
             self._model._written.clear()
             self._synced_at = writes
+            _take_layer_sets(self._model)  # the trainer's own weights, no edit
         return self._model
 
     def _take_model_edits(self) -> None:
@@ -142,6 +144,7 @@ class Loop:
         m = self._model
         if m is None:
             return
+        m._written.update(_take_layer_sets(m))  # a layer's own set_weights (or weights[...] = ...) counts too
         if m._written:
             table, session = m._weight_table(), self.trainer._session
             in_sync = self._synced_at == session.writes
@@ -300,22 +303,19 @@ class Loop:
         return self.trainer.lr
 
     def _arm(self, opt) -> None:
-        """``model.optimizer.lr`` reads the rate this fit trains at (as Keras' optimizer reads the
-        rate a schedule set), and after the fit its last rate; a fit without a step leaves the
-        rate shown before it."""
+        """While this fit runs, ``model.optimizer.lr`` reads the rate it trains at (a schedule's
+        included), as a Keras callback reads its optimizer's; outside a fit it reads the rate the
+        optimizer holds (compiled or written), which the next fit takes only when written."""
         armed = getattr(self, "_armed", None)
-        if armed is not None and armed[0] is not opt:
-            armed[0]._lr_now = armed[1]
-            armed = None
+        if armed is not None and armed is not opt:
+            armed._lr_now = None
+        self._armed = opt
         if opt is not None:
-            self._armed = armed or (opt, opt._lr_now)
             opt._lr_now = self._live_lr
 
     def _disarm(self) -> None:
-        armed = getattr(self, "_armed", None)
-        if armed is not None:
-            opt, before = armed
-            opt._lr_now = self.trainer.lr if self.stepped else before
+        if getattr(self, "_armed", None) is not None:
+            self._armed._lr_now = None
             self._armed = None
 
     def _finish(self) -> None:
@@ -345,6 +345,18 @@ class Loop:
             warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
                  f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
                  f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning)
+
+
+def _take_layer_sets(model) -> set[str]:
+    """The weight names set on the model's layers since the last look (``Layer.weights`` records
+    them), forgotten once taken."""
+    names = set()
+    for lyr in model.layers:
+        changed = getattr(lyr.weights, "changed", None)
+        if changed:
+            names.update(f"{lyr.name}.{k}" for k in changed)
+            changed.clear()
+    return names
 
 
 def _lr_writes(opt) -> int:

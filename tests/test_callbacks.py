@@ -669,34 +669,58 @@ def test_a_callback_that_saves_or_copies_self_model_keeps_the_live_optimizer_sta
 
 def test_model_optimizer_lr_reads_the_rate_the_fit_trains_at_as_in_keras(tmp_path):
     # A Keras callback logs self.model.optimizer.lr: it read the compiled rate while a schedule ran
+    import copy
+    import pickle
     data = batches(1, 4)
-    logged = []
+    logged, copies = [], []
 
     class Log(ot.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             logged.append(self.model.optimizer.lr)
+            copies.append(pickle.loads(pickle.dumps(self.model.optimizer)))  # no link to the running fit
+            copies.append(copy.copy(self.model.optimizer))
 
     model = sgd_model(lr=0.1)
     hist = ot.fit_generator(model, data, epochs=3, verbose=0,
                             callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1), Log()])
     assert logged == hist.history["lr"] == [0.1, 0.05, 0.025]
-    assert model.optimizer.lr == 0.025  # after the fit: its last rate, as Keras leaves the optimizer
-    # a continued schedule starts from the compiled rate, so its curve goes on
-    hist = ot.fit_generator(model, data, epochs=4, initial_epoch=3, verbose=0,
-                            callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
-    assert hist.history["lr"] == [0.0125] and model.optimizer.lr == 0.0125
-    model.save(tmp_path / "m.ortrain")
-    assert ot.load_model(tmp_path / "m.ortrain").optimizer.lr == 0.0125
-    # a fit without a step leaves it; a written rate is taken and shown; a new compile starts afresh
-    with pytest.warns(RuntimeWarning, match="yielded no batch"):
-        ot.fit_generator(model, [], verbose=0)
-    assert model.optimizer.lr == 0.0125
-    model.optimizer.lr = 0.3
-    assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.3] and model.optimizer.lr == 0.3
-    ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
-    assert model.optimizer.lr == 0.15
-    model.compile(optimizer=model.optimizer, loss="mse")
-    assert model.optimizer.lr == 0.3
+    # outside a fit: the rate the optimizer holds; the next fit continues from the state's rate
+    assert model.optimizer.lr == 0.1 and model.train_state.lr == 0.025
+    assert all(c.lr == 0.1 for c in copies)
+    assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.025]
+    # a rate written in a callback of a fit that then fails before its first step is kept, shown and taken
+    class Write(ot.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.model.optimizer.lr = 0.5
+
+    class Fail(ot.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            raise RuntimeError("a callback failed")
+
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        ot.fit_generator(model, data, verbose=0, callbacks=[Write(), Fail()])
+    assert model.optimizer.lr == 0.5
+    assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.5]
+
+
+
+def test_a_layers_own_set_weights_in_a_callback_reaches_the_training():
+    # Keras' self.model.layers[0].set_weights(...) in a hook: the trainer kept its weights and the end
+    # of the fit wrote them back over the edit
+    data = batches(1, 4)
+    model = sgd_model(lr=0.0)
+    kernel = np.full_like(model.get_weights()[0], 0.5)
+
+    class Edit(ot.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                self.model.layers[0].set_weights([kernel, np.zeros_like(self.model.get_weights()[1])])
+
+    hist = ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[Edit()])
+    np.testing.assert_array_equal(model.get_weights()[0], kernel)  # lr 0: the edit is what trained
+    ws = model.get_weights()
+    loss, _ = mse_grads(ws, *data[0])
+    np.testing.assert_allclose(hist.history["loss"][1], loss, rtol=1e-5)
 
 def test_model_edits_in_hooks_follow_keras_semantics_exactly(tmp_path):
     data = batches(1, 4)

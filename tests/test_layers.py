@@ -294,9 +294,22 @@ def test_layer_weights_are_read_only_and_set_weights_reaches_predict_and_the_cac
     assert second.directory != first.directory  # other weights: another cache entry
     with pytest.raises(ot.ShapeError, match=r"set_weights: dense_0.kernel expected shape \(3, 2\), received \(2, 3\)"):
         layer.set_weights([kernel.T, np.zeros(2, np.float32)])
-    with pytest.raises(ot.OrtrainError, match=r"set_weights: layer 'dense_0' expected a list of 2 arrays"):
+    with pytest.raises(ot.OrtrainError, match=r"set_weights: layer 'dense_0' expected a list of 2 arrays "
+                                              r"\(kernel, bias\), received 1 arrays"):
         layer.set_weights([kernel])
+    with pytest.raises(ot.OrtrainError, match=r"expected a list of 2 arrays \(kernel, bias\), received a ndarray"):
+        layer.set_weights(kernel)
+    with pytest.raises(ot.ShapeError, match=r"set_weights: dense_0.kernel: expected a numeric array"):
+        layer.set_weights([np.full((3, 2), "a"), np.zeros(2)])
     np.testing.assert_array_equal(layer.get_weights()[0], kernel)
+    # assigning into the dict is a set too: predict sees it, a wrong shape is refused, the caller's array stays its own
+    mine = np.ones((3, 2), np.float32)
+    layer.weights["kernel"] = mine
+    np.testing.assert_allclose(model.predict(x), x @ mine, rtol=1e-6)
+    assert mine.flags.writeable
+    with pytest.raises(ot.ShapeError, match=r"dense_0.kernel: expected shape \(3, 2\), received \(2, 3\)"):
+        layer.weights["kernel"] = mine.T
+    np.testing.assert_array_equal(layer.get_weights()[0], mine)
 
 
 def test_an_input_named_like_a_generated_node_runs(rng):

@@ -6,17 +6,17 @@ A callback sees the running fit through four attributes set before ``on_train_be
   ``predict``, ``n_steps``);
 * ``loop``: the fit loop: ``loop.stop_training = True`` stops training at the end of the
   current step; ``loop.get_weights()`` / ``loop.set_weights(ws)`` read and write the
-  trained weights (``model.get_weights()`` order); ``loop.base_lr`` is the compiled rate;
-  ``loop.validates(epoch)`` says whether validation runs after that epoch (``validation_freq``);
+  trained weights (``model.get_weights()`` order); ``loop.base_lr`` is the compiled (or last
+  written) rate; ``loop.validates(epoch)`` says whether validation runs after that epoch
+  (``validation_freq``);
 * ``model``: the model being trained; reading it brings the current weights into it (and
   its ``train_state`` is the fit's optimizer state, so ``self.model.save(path)`` or
   ``self.model.copy()`` can resume), and as in Keras what a hook changes on it takes effect
-  when the hook returns: the weights it
-  sets (``model.set_weights``, those names only), a learning rate written to
+  when the hook returns: the weights it sets (``model.set_weights``, those names only, or a
+  layer's ``set_weights``), a learning rate written to
   ``model.optimizer.lr``, and ``model.stop_training = True`` (which a stop by any callback
-  sets too, as in Keras). Read, ``model.optimizer.lr`` is the rate the fit trains at (a
-  schedule's included, as ``trainer.lr``), and after the fit its last rate, as in Keras;
-  ``loop.base_lr`` stays the compiled (or last written) rate that schedules start from;
+  sets too, as in Keras). Read during the fit, ``model.optimizer.lr`` is the rate it trains
+  at (a schedule's included, as ``trainer.lr``);
 * ``params``: ``epochs``, ``initial_epoch``, ``steps``, ``batch_size``, ``samples``,
   ``verbose``, ``metrics``.
 

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import checked_int, is_integer, is_real
+from ortrain._arrays import as_array, checked_int, is_integer, is_real
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 
@@ -102,6 +102,37 @@ class EmitContext:
         return f"{layer.name}.{suffix}"
 
 
+class Weights(dict):
+    """A layer's weights by suffix: read-only arrays. Setting one (``layer.weights["kernel"] = a``,
+    as ``set_weights`` does) stores a read-only copy and counts as a change every model using the
+    layer sees: a model caches its graph, prediction session and artifacts' digest until its
+    weights change (an in-place edit went unseen by predict and by the artifact cache)."""
+
+    def __init__(self, layer: Layer):
+        super().__init__()
+        self._layer = layer
+        self.changed: set[str] = set()  # keys set since a running fit last looked (it takes them over)
+
+    def __setitem__(self, key: str, value) -> None:
+        old = self.get(key)
+        if not (isinstance(value, np.ndarray) and not value.flags.writeable and
+                (old is None or value.dtype == old.dtype)):  # not one of ortrain's own frozen arrays
+            value = as_array(value, np.float32 if old is None else old.dtype, f"{self._layer.name}.{key}").copy()
+        if old is not None and value.shape != old.shape:
+            raise ShapeError(f"{self._layer.name}.{key}: expected shape {describe_shape(old.shape)}, received "
+                             f"{describe_shape(value.shape)}")
+        super().__setitem__(key, read_only(value))
+        self._layer._stored = getattr(self._layer, "_stored", 0) + 1
+        self.changed.add(key)
+
+    def update(self, *args, **kwargs) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __reduce__(self):  # a copy holds plain values; the layer it belongs to sets its own
+        return dict, (dict(self),)
+
+
 class Layer:
     """Base class. Subclasses set ``weight_roles`` and implement ``_build``, ``output_shape``, ``emit``."""
 
@@ -113,7 +144,7 @@ class Layer:
             raise OrtrainError(f"name: expected a non-empty string without '.' or '/', received {name!r}")
         self.name = name
         self.seed = checked_int(seed, f"{type(self).__name__}(seed=...)", minimum=0, allow_none=True)
-        self.weights: dict[str, np.ndarray] = {}
+        self.weights: dict[str, np.ndarray] = Weights(self)
         self.roles: dict[str, str] = {}
         self.built_for: tuple | None = None
 
@@ -130,10 +161,8 @@ class Layer:
             self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
             self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
         except BaseException:
-            self.weights, self.roles = {}, {}
+            self.weights, self.roles = Weights(self), {}
             raise
-        for a in self.weights.values():
-            read_only(a)
         self.built_for = key
 
     # -- weights ---------------------------------------------------------------------
@@ -148,20 +177,19 @@ class Layer:
         """Replace this layer's weights (a list in ``weights`` order), checked before anything
         changes; every model the layer belongs to sees them."""
         names = list(self.weights)
-        weights = list(weights) if isinstance(weights, (list, tuple)) else None
-        if weights is None or len(weights) != len(names):
+        given = list(weights) if isinstance(weights, (list, tuple)) else None
+        if given is None or len(given) != len(names):
+            received = f"{len(given)} arrays" if given is not None else f"a {type(weights).__name__}"
             raise OrtrainError(f"set_weights: layer {self.name!r} expected a list of {len(names)} arrays "
-                               f"({', '.join(names) or 'it has none; build it first'}), received "
-                               f"{len(weights) if weights is not None else type(weights).__name__}")
+                               f"({', '.join(names) or 'it has none; build it first'}), received {received}")
         staged = []
-        for name, w in zip(names, weights):
-            a = np.array(w, dtype=self.weights[name].dtype, copy=True)
+        for name, w in zip(names, given):
+            a = read_only(as_array(w, self.weights[name].dtype, f"set_weights: {self.name}.{name}").copy())
             if a.shape != self.weights[name].shape:
                 raise ShapeError(f"set_weights: {self.name}.{name} expected shape "
                                  f"{describe_shape(self.weights[name].shape)}, received {describe_shape(a.shape)}")
-            staged.append((name, read_only(a)))
-        self.weights.update(staged)
-        self._stored = getattr(self, "_stored", 0) + 1  # the models using the layer see the change
+            staged.append((name, a))
+        self.weights.update(staged)  # the models using the layer see the change
 
     def _build(self, input_shapes, rng) -> None:
         pass

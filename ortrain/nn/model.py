@@ -203,8 +203,7 @@ class Model:
         layer_name, suffix = name.rsplit(".", 1)
         for lyr in self.layers:
             if lyr.name == layer_name:
-                lyr.weights[suffix] = read_only(value)
-                lyr._stored = getattr(lyr, "_stored", 0) + 1  # another model sharing the layer sees it
+                lyr.weights[suffix] = read_only(value)  # counted as a change: models sharing the layer see it
                 return
         raise KeyError(name)
 
@@ -426,7 +425,6 @@ class Model:
                                "other axes only)")
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.train_state = None
-        new_optimizer._lr_now = None  # afresh: the rate it was made (or last written) with, not a fit's last
         self._runners.clear()  # evaluate's graph holds the loss
         return self
 

@@ -135,8 +135,6 @@ def model_from_record(record: dict, weights: dict, aux: dict):
     if ts:
         moments = {k: tuple(aux["opt"][f"{k}\x00{i}"] for i in range(n)) for k, n in ts["moments"].items()}
         model.train_state = TrainState(int(ts["step"]), float(ts["lr"]), moments, int(ts.get("n_steps", 0)))
-        if model.optimizer is not None:  # the rate the state trains at, as after the fit that wrote it
-            model.optimizer._lr_now = model.train_state.lr
     model._changed()
     return model
 

@@ -82,17 +82,25 @@ class Optimizer:
         self._state_source = None  # set by a live capture: returns {param name: moments}
         self._state_version = 0
         self.lr_writes = 0  # a fit takes over a rate written since it last looked, even an equal one
-        self._lr_now = None  # a model's fit sets it: its live rate (a callable) while it runs, its last after
+        self._lr_now = None  # while a model's fit runs: its live rate
 
     @property
     def lr(self) -> float:
-        """The learning rate: as compiled or last written; for a model's optimizer, while a fit runs
-        the rate it trains at (a schedule's included), and after it the last one, as Keras'
-        ``optimizer.learning_rate`` reads. Writing it sets the rate the next step (or fit) takes."""
+        """The learning rate: as made or last written; for a model's optimizer while a fit runs, the
+        rate the fit trains at (a schedule's included), as a Keras callback reads it. Writing it
+        sets the rate the next step (or fit) takes."""
         now = self._lr_now
-        if now is None:
-            return self._lr
-        return now() if callable(now) else now
+        return self._lr if now is None else now()
+
+    def __getstate__(self) -> dict:
+        # A copy or a pickle holds the optimizer's values, not links to a running fit or capture.
+        state = dict(self.__dict__)
+        state["_lr_now"] = None
+        if self._state_source is not None:
+            state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms)
+                                 for p, ms in self._state_source().items()}
+            state["_state_source"] = None
+        return state
 
     @lr.setter
     def lr(self, value) -> None:
