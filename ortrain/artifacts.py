@@ -315,14 +315,16 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
         _accept_key(key)
     # through symbolic links: publishing renames a new folder into place, which would replace a link
     target = Path(os.path.realpath(out_dir)) if out_dir is not None else cache_dir() / key[:24]
-    _refuse_working_directory(target)
 
     def digest() -> str:
         return _weights_digest(model_or_onnx, fg)
 
     owned = out_dir is None  # a cache entry is ortrain's: whatever else it holds is replaced
     if owned:  # an exact hit needs no lock, so a read-only cache serves it
-        hit = _existing(target, key, owned)
+        try:
+            hit = _existing(target, key, owned)
+        except OSError:  # another builder is replacing a damaged entry: take the lock
+            hit = None
         if hit is not None and (not refresh_checkpoint or hit.manifest["weights_sha256"] == digest()):
             return _with_lr(hit, opt, rewrite=False)
     with _publish_lock(target):
@@ -412,6 +414,7 @@ def _publish(target: Path, fill) -> Artifacts:
     (moving a stale ``target`` aside just before, and removing it after), so a reader sees the
     old directory, the new one, or for the moment between two renames none; an error or an
     interrupt at any point leaves the old one or the new one in place."""
+    _refuse_working_directory(target)
     tmp = fresh_dir(target.parent, f".{target.name}.tmp-")
     old = None
     try:

@@ -93,18 +93,24 @@ def _check_labels(metric: str, loss) -> None:
                            "like the output; use 'accuracy' (or 'categorical_accuracy' for one-hot labels)")
 
 
-def fitting(names, loss) -> tuple[list[str], list[str]]:
-    """``names`` split into those whose labels are ``loss``'s and those whose labels are not (a
-    model saved before compile refused such metrics loads without them)."""
-    kept, dropped = [], []
+def fitting(names, loss) -> tuple[list[str], list[str], list[str]]:
+    """``names`` split into those that fit ``loss``, those whose labels are not ``loss``'s (a model
+    saved before compile refused such metrics loads without them) and those this version does
+    not know (saved by another)."""
+    kept, misfit, unknown = [], [], []
     for name in names or ():
         try:
-            _check_labels(resolve([name], None)[0].name, loss)
+            metric = resolve([name], None)[0]
         except OrtrainError:
-            dropped.append(name)
+            unknown.append(name)
+            continue
+        try:
+            _check_labels(metric.name, loss)
+        except OrtrainError:
+            misfit.append(name)
             continue
         kept.append(name)
-    return kept, dropped
+    return kept, misfit, unknown
 
 
 def resolve(names, loss) -> list[Metric]:

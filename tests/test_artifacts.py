@@ -388,12 +388,15 @@ def test_out_dir_through_a_link_keeps_the_link_and_the_working_directory_is_refu
     assert ot.artifacts.load(tmp_path / "link").key == art.key
     (tmp_path / "here").mkdir()
     monkeypatch.chdir(tmp_path / "here")
-    for out_dir in (".", tmp_path):
-        with pytest.raises(ot.OrtrainError, match=r"out_dir: '.*' is the current working directory or holds it, and "
-                                                  "artifacts are written to a new folder renamed into its place"):
-            ot.artifacts.build(model, loss="mse", out_dir=out_dir)
+    with pytest.raises(ot.OrtrainError, match=r"out_dir: '.*here' is the current working directory or holds it, "
+                                              "and artifacts are written to a new folder renamed into its place"):
+        ot.artifacts.build(model, loss="mse", out_dir=".")
+    with pytest.raises(ot.OrtrainError, match="exists and is not an ortrain artifacts directory"):
+        ot.artifacts.build(model, loss="mse", out_dir=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "link", "real"]
     assert list((tmp_path / "here").iterdir()) == []
+    monkeypatch.chdir(tmp_path / "real")  # inside artifacts of that very key: a hit replaces nothing
+    assert ot.artifacts.build(model, loss="mse", out_dir=".").key == art.key
 
 
 def test_the_cache_serves_hits_without_writing_and_names_what_it_cannot_write(tmp_path, monkeypatch):

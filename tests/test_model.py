@@ -397,7 +397,7 @@ def test_an_export_with_frozen_batchnorm_statistics_keeps_them_statistics(tmp_pa
     np.testing.assert_allclose(again.predict(x), model.predict(x), rtol=1e-5, atol=1e-6)
 
 
-def test_models_saved_before_the_metric_and_input_checks_still_load(rng):
+def test_models_saved_before_the_metric_and_input_checks_still_load(rng, tmp_path):
     # Files an earlier ortrain wrote: a sparse cross-entropy model compiled with categorical_accuracy
     # (a metric compile now refuses: it read wrong values) loads without that metric, with a warning;
     # an input named 'obs/state' loads as it was.
@@ -411,6 +411,19 @@ def test_models_saved_before_the_metric_and_input_checks_still_load(rng):
     w, b = model.get_weights()
     z = x @ w + b
     np.testing.assert_allclose(model.predict(x), np.exp(z) / np.exp(z).sum(1, keepdims=True), rtol=1e-5)
+    # a metric this version does not know (a file of a later one) is named as such
+    import json
+    import zipfile
+    with zipfile.ZipFile(DATA / "saved_input_named_obs_state.zip") as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    record = json.loads(files["model.json"])
+    record["compile"]["metrics"] = ["f1_score"]
+    files["model.json"] = json.dumps(record).encode()
+    with zipfile.ZipFile(tmp_path / "later.zip", "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+    with pytest.warns(UserWarning, match=r"load_model: metrics \['f1_score'\] are not known to this ortrain"):
+        assert ot.load_model(tmp_path / "later.zip").metrics == []
     named = ot.load_model(DATA / "saved_input_named_obs_state.zip")
     assert named.input_specs[0].name == "obs/state"
     named.predict(rng.standard_normal((2, *named.input_specs[0].shape[1:])).astype(np.float32))

@@ -595,7 +595,7 @@ class Sequential(Model):
 
     def __init__(self, layers=None, input_shape=None, name: str | None = None, seed: int | None = None,
                  input_dtype=None):
-        if isinstance(layers, Layer) or (layers is not None and not hasattr(layers, "__iter__")):
+        if isinstance(layers, (Layer, str, bytes, Mapping)) or (layers is not None and not hasattr(layers, "__iter__")):
             fix = "; wrap a single layer in a list" if isinstance(layers, Layer) else ""
             raise OrtrainError(f"Sequential(layers=...): expected a list of layers, received "
                                f"{type(layers).__name__}{fix}")

@@ -126,10 +126,13 @@ def model_from_record(record: dict, weights: dict, aux: dict):
     comp = record.get("compile")
     if comp:
         loss = losses.get(comp["loss"])
-        metrics, dropped = metrics_mod.fitting(comp["metrics"], loss)
-        if dropped:
-            warn(f"load_model: metrics {dropped} do not read the labels of loss {loss.name!r} (their values were "
+        metrics, misfit, unknown = metrics_mod.fitting(comp["metrics"], loss)
+        if misfit:
+            warn(f"load_model: metrics {misfit} do not read the labels of loss {loss.name!r} (their values were "
                  "wrong); the model is compiled without them")
+        if unknown:
+            warn(f"load_model: metrics {unknown} are not known to this ortrain {__version__}; the model is "
+                 "compiled without them")
         model.compile(optimizer=optim.get(comp["optimizer"]), loss=loss, metrics=metrics)
     ts = record.get("train_state")
     if ts:
