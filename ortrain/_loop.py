@@ -13,7 +13,8 @@ from ortrain.callbacks.progress import progress
 from ortrain.data import ArraySource, EpochIterator, parse_batch
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
-from ortrain.nn.model import Model
+from ortrain.nn.layers import EDITS
+from ortrain.nn.model import Model, ShownRate
 from ortrain.trainer import Trainer
 
 __all__ = ["Loop", "located"]
@@ -72,8 +73,9 @@ class Loop:
         # fit and fit_generator build their trainer from the model's weights, so what was set on
         # it before is in the trainer already (fit.train with a trainer built earlier keeps the
         # trainer's weights).
+        self._edits_seen = None
         if model is not None:
-            _take_layer_sets(model)  # what was set before the fit is in the trainer already
+            self._take_layer_sets(model)  # what was set before the fit is in the trainer already
             model._written.clear()
             opt = model.optimizer
             # A model no fit has seen (new, loaded, copied) counts its optimizer as not written yet.
@@ -130,12 +132,31 @@ class Loop:
     def model(self) -> Model | None:
         """The caller's model, brought up to date with the trainer's weights when read."""
         writes = self.trainer._session.writes
-        if self._model is not None and self._synced_at != writes:
-            self._model.set_weights(self.get_weights())
-            self._model._written.clear()
+        m = self._model
+        if m is not None and self._synced_at != writes:
+            # Edits a hook made and the loop has not taken over yet stay the model's, to be taken
+            # when the hook returns; every other weight comes from the trainer.
+            pending = self._take_layer_sets(m) | m._written
+            m.set_weights({n: w for n, w in zip(self._names(), self.get_weights()) if n not in pending})
+            self._take_layer_sets(m)  # the trainer's own weights, no edit
+            m._written.clear()
+            m._written.update(pending)
             self._synced_at = writes
-            _take_layer_sets(self._model)  # the trainer's own weights, no edit
-        return self._model
+        return m
+
+    def _take_layer_sets(self, model) -> set[str]:
+        """The weight names set on the model's layers since the last look (``Layer.weights`` records
+        them), forgotten once taken; no scan of the layers when no weight was set anywhere."""
+        if EDITS[0] == self._edits_seen:
+            return set()
+        self._edits_seen = EDITS[0]
+        names = set()
+        for lyr in model.layers:
+            changed = getattr(lyr.weights, "changed", None)
+            if changed:
+                names.update(f"{lyr.name}.{k}" for k in changed)
+                changed.clear()
+        return names
 
     def _take_model_edits(self) -> None:
         """After each callback's hook: the weights it set on ``model`` (those names only: the
@@ -144,7 +165,7 @@ class Loop:
         m = self._model
         if m is None:
             return
-        m._written.update(_take_layer_sets(m))  # a layer's own set_weights (or weights[...] = ...) counts too
+        m._written.update(self._take_layer_sets(m))  # a layer's own set_weights (or weights[...] = ...) counts too
         if m._written:
             table, session = m._weight_table(), self.trainer._session
             in_sync = self._synced_at == session.writes
@@ -307,15 +328,17 @@ class Loop:
         included), as a Keras callback reads its optimizer's; outside a fit it reads the rate the
         optimizer holds (compiled or written), which the next fit takes only when written."""
         armed = getattr(self, "_armed", None)
-        if armed is not None and armed is not opt:
+        if armed is not None and armed is not opt:  # recompiled with another optimizer meanwhile
             armed._lr_now = None
         self._armed = opt
         if opt is not None:
             opt._lr_now = self._live_lr
 
     def _disarm(self) -> None:
-        if getattr(self, "_armed", None) is not None:
-            self._armed._lr_now = None
+        """After the fit ``model.optimizer.lr`` reads the rate the model's next fit starts at."""
+        opt = getattr(self, "_armed", None)
+        if opt is not None:
+            opt._lr_now = ShownRate(self._model, opt) if self._model is not None else None
             self._armed = None
 
     def _finish(self) -> None:
@@ -347,16 +370,6 @@ class Loop:
                  f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning)
 
 
-def _take_layer_sets(model) -> set[str]:
-    """The weight names set on the model's layers since the last look (``Layer.weights`` records
-    them), forgotten once taken."""
-    names = set()
-    for lyr in model.layers:
-        changed = getattr(lyr.weights, "changed", None)
-        if changed:
-            names.update(f"{lyr.name}.{k}" for k in changed)
-            changed.clear()
-    return names
 
 
 def _lr_writes(opt) -> int:

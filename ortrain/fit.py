@@ -149,7 +149,10 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
                            "loss) or call model.compile first")
     new_opt = optim.get(optimizer) if optimizer is not None else (model.optimizer or optim.get("adam"))
     staged = model.copy()
+    shown = model.optimizer._lr_now if model.optimizer is not None else None
     staged.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics)
+    if new_opt is model.optimizer:  # the caller's optimizer keeps reading the caller's model
+        new_opt._lr_now = shown
     staged.train_state = model.train_state if optimizer is None else None
     return staged
 

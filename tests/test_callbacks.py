@@ -684,10 +684,23 @@ def test_model_optimizer_lr_reads_the_rate_the_fit_trains_at_as_in_keras(tmp_pat
     hist = ot.fit_generator(model, data, epochs=3, verbose=0,
                             callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1), Log()])
     assert logged == hist.history["lr"] == [0.1, 0.05, 0.025]
-    # outside a fit: the rate the optimizer holds; the next fit continues from the state's rate
-    assert model.optimizer.lr == 0.1 and model.train_state.lr == 0.025
-    assert all(c.lr == 0.1 for c in copies)
-    assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.025]
+    assert all(c.lr == 0.1 for c in copies)  # detached copies: the rate the optimizer was made with
+    # outside a fit: the rate the next fit starts at, the last one, as Keras leaves its optimizer
+    assert model.optimizer.lr == model.train_state.lr == 0.025
+    model.save(tmp_path / "m.ortrain")
+    assert ot.load_model(tmp_path / "m.ortrain").optimizer.lr == 0.025
+    assert model.copy().optimizer.lr == 0.025
+    model.optimizer.lr = model.optimizer.lr * 0.5     # the Keras idiom halves the rate it trains at
+    assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.0125]
+    # a schedule starts from the compiled or last written rate (loop.base_lr), not the last one shown
+    hist = ot.fit_generator(model, data, epochs=6, initial_epoch=4, verbose=0,
+                            callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+    assert hist.history["lr"] == [0.0125 * 0.5 ** 4, 0.0125 * 0.5 ** 5]
+    assert model.optimizer.lr == 0.0125 * 0.5 ** 5
+    with ot.Trainer(model, batch_size=4) as tr:  # a trainer's model carries no state: it starts afresh
+        tr.set_lr(0.7)
+        fresh = tr.model()
+    assert fresh.optimizer.lr == 0.0125 and ot.fit_generator(fresh, data, verbose=0).history["lr"] == [0.0125]
     # a rate written in a callback of a fit that then fails before its first step is kept, shown and taken
     class Write(ot.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -715,6 +728,7 @@ def test_a_layers_own_set_weights_in_a_callback_reaches_the_training():
         def on_epoch_begin(self, epoch, logs=None):
             if epoch == 1:
                 self.model.layers[0].set_weights([kernel, np.zeros_like(self.model.get_weights()[1])])
+                self.model.weight_names()  # reading self.model again in the hook keeps the edit
 
     hist = ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[Edit()])
     np.testing.assert_array_equal(model.get_weights()[0], kernel)  # lr 0: the edit is what trained

@@ -295,7 +295,7 @@ def test_layer_weights_are_read_only_and_set_weights_reaches_predict_and_the_cac
     with pytest.raises(ot.ShapeError, match=r"set_weights: dense_0.kernel expected shape \(3, 2\), received \(2, 3\)"):
         layer.set_weights([kernel.T, np.zeros(2, np.float32)])
     with pytest.raises(ot.OrtrainError, match=r"set_weights: layer 'dense_0' expected a list of 2 arrays "
-                                              r"\(kernel, bias\), received 1 arrays"):
+                                              r"\(kernel, bias\), received 1 array"):
         layer.set_weights([kernel])
     with pytest.raises(ot.OrtrainError, match=r"expected a list of 2 arrays \(kernel, bias\), received a ndarray"):
         layer.set_weights(kernel)
@@ -325,3 +325,30 @@ def test_an_input_named_like_a_generated_node_runs(rng):
 def test_sequential_takes_any_iterable_of_layers_and_reshape_an_int_array():
     model = ot.Sequential((lyr for lyr in [L.Dense(6), L.Reshape(np.array([2, 3]))]), input_shape=(3,))
     assert model.output_specs[0].shape == (None, 2, 3)
+
+
+def test_layer_weights_keep_their_rules_through_dict_methods_and_copies(rng):
+    import copy
+    import pickle
+    model = ot.Sequential([L.Dense(3, seed=0), L.Dense(2, seed=1)], input_shape=(4,))
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    layer = model.layers[0]
+    layer.weights |= {"bias": np.ones(3)}  # float64 in, a read-only float32 copy stored, predict sees it
+    assert layer.weights["bias"].dtype == np.float32 and not layer.weights["bias"].flags.writeable
+    w, b = layer.get_weights()
+    w2, b2 = model.layers[1].get_weights()
+    np.testing.assert_allclose(model.predict(x), (x @ w + b) @ w2 + b2, rtol=1e-5)
+    for remove in (lambda: layer.weights.pop("bias"), lambda: layer.weights.clear(),
+                   lambda: layer.weights.__delitem__("bias")):
+        with pytest.raises(ot.OrtrainError, match="weights of layer 'dense_0' cannot be removed"):
+            remove()
+    with pytest.raises(ot.OrtrainError, match=r"dense_0.extra: the built layer has no weight 'extra' \(it has kernel, "
+                                              r"bias\)"):
+        layer.weights.setdefault("extra", np.ones(2))
+    # a deep copy or a pickle of the model keeps the rules: its layer's set_weights reaches its predict
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        copied = other.layers[0]
+        assert not copied.weights["kernel"].flags.writeable
+        copied.set_weights([np.zeros((4, 3)), np.zeros(3)])
+        np.testing.assert_allclose(other.predict(x), np.broadcast_to(b2, (2, 2)), rtol=1e-6)
+        np.testing.assert_allclose(model.predict(x), (x @ w + b) @ w2 + b2, rtol=1e-5)  # the original untouched

@@ -16,7 +16,7 @@ A callback sees the running fit through four attributes set before ``on_train_be
   layer's ``set_weights``), a learning rate written to
   ``model.optimizer.lr``, and ``model.stop_training = True`` (which a stop by any callback
   sets too, as in Keras). Read during the fit, ``model.optimizer.lr`` is the rate it trains
-  at (a schedule's included, as ``trainer.lr``);
+  at (a schedule's included, as ``trainer.lr``), and after it the rate the next fit starts at;
 * ``params``: ``epochs``, ``initial_epoch``, ``steps``, ``batch_size``, ``samples``,
   ``verbose``, ``metrics``.
 

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import as_array, checked_int, is_integer, is_real
+from ortrain._arrays import as_array, checked_int, is_integer, is_real, read_array
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 
@@ -102,11 +102,15 @@ class EmitContext:
         return f"{layer.name}.{suffix}"
 
 
+EDITS = [0]  # weights set on any layer so far: a running fit looks at its layers only when it moved
+
+
 class Weights(dict):
     """A layer's weights by suffix: read-only arrays. Setting one (``layer.weights["kernel"] = a``,
     as ``set_weights`` does) stores a read-only copy and counts as a change every model using the
     layer sees: a model caches its graph, prediction session and artifacts' digest until its
-    weights change (an in-place edit went unseen by predict and by the artifact cache)."""
+    weights change (an in-place edit went unseen by predict and by the artifact cache). Weights
+    are not removed, and a built layer takes no new ones."""
 
     def __init__(self, layer: Layer):
         super().__init__()
@@ -114,23 +118,52 @@ class Weights(dict):
         self.changed: set[str] = set()  # keys set since a running fit last looked (it takes them over)
 
     def __setitem__(self, key: str, value) -> None:
+        where = f"{self._layer.name or type(self._layer).__name__}.{key}"
         old = self.get(key)
-        if not (isinstance(value, np.ndarray) and not value.flags.writeable and
-                (old is None or value.dtype == old.dtype)):  # not one of ortrain's own frozen arrays
-            value = as_array(value, np.float32 if old is None else old.dtype, f"{self._layer.name}.{key}").copy()
+        if old is None and self._layer.built_for is not None:
+            raise OrtrainError(f"{where}: the built layer has no weight {key!r} (it has "
+                               f"{', '.join(self) or 'none'}); set one of those")
+        owned = isinstance(value, np.ndarray) and not value.flags.writeable and value.base is None
+        if not (owned and (old is None or value.dtype == old.dtype)):  # else: a copy of the caller's array
+            given = read_array(value, where)
+            dtype = old.dtype if old is not None else (np.float32 if given.dtype.kind == "f" else given.dtype)
+            value = as_array(given, dtype, where).copy()
         if old is not None and value.shape != old.shape:
-            raise ShapeError(f"{self._layer.name}.{key}: expected shape {describe_shape(old.shape)}, received "
-                             f"{describe_shape(value.shape)}")
+            raise ShapeError(f"{where}: expected shape {describe_shape(old.shape)}, received "
+                             f"{describe_shape(value.shape)}; give an array of the weight's shape")
         super().__setitem__(key, read_only(value))
         self._layer._stored = getattr(self._layer, "_stored", 0) + 1
         self.changed.add(key)
+        EDITS[0] += 1
 
     def update(self, *args, **kwargs) -> None:
         for key, value in dict(*args, **kwargs).items():
             self[key] = value
 
-    def __reduce__(self):  # a copy holds plain values; the layer it belongs to sets its own
-        return dict, (dict(self),)
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def setdefault(self, key: str, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def _removal(self, *args, **kwargs):
+        raise OrtrainError(f"weights of layer {self._layer.name!r} cannot be removed; set new values with "
+                           "layer.set_weights([...])")
+
+    __delitem__ = pop = popitem = clear = _removal
+
+    def __reduce__(self):  # a copy (deepcopy, pickle) belongs to the copied layer, its arrays read-only
+        return _weights_of, (self._layer, dict(self))
+
+
+def _weights_of(layer: Layer, items: dict) -> Weights:
+    weights = Weights(layer)
+    for key, value in items.items():
+        dict.__setitem__(weights, key, read_only(np.array(value, copy=True)))
+    return weights
 
 
 class Layer:
@@ -179,7 +212,8 @@ class Layer:
         names = list(self.weights)
         given = list(weights) if isinstance(weights, (list, tuple)) else None
         if given is None or len(given) != len(names):
-            received = f"{len(given)} arrays" if given is not None else f"a {type(weights).__name__}"
+            received = f"{len(given)} array{'s' if len(given) != 1 else ''}" if given is not None else \
+                f"a {type(weights).__name__}"
             raise OrtrainError(f"set_weights: layer {self.name!r} expected a list of {len(names)} arrays "
                                f"({', '.join(names) or 'it has none; build it first'}), received {received}")
         staged = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
@@ -90,6 +91,23 @@ def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  #
     return SymbolicTensor((None,) + shape, dt, name=name)
 
 
+class ShownRate:
+    """What ``model.optimizer.lr`` reads outside a fit: the rate the model's next fit starts at,
+    which is the rate its optimizer state carries (a schedule's last, as Keras' optimizer keeps
+    it) unless a rate was written since, as :class:`ortrain.Trainer` decides. Weak references:
+    the optimizer keeps neither the model nor itself alive."""
+
+    def __init__(self, model, opt):
+        self._model, self._opt = weakref.ref(model), weakref.ref(opt)
+
+    def __call__(self) -> float:
+        model, opt = self._model(), self._opt()
+        if model is None or opt is None or model.optimizer is not opt or model.train_state is None:
+            return opt._lr if opt is not None else float("nan")
+        written = (id(opt), opt.lr_writes) != (model._lr_seen or (id(opt), 0))
+        return opt._lr if written else model.train_state.lr
+
+
 def check_print_fn(print_fn) -> None:
     if not callable(print_fn):
         raise OrtrainError(f"summary(print_fn=...): expected a function taking a line, such as print, received "
@@ -144,6 +162,14 @@ class Model:
                 raise OrtrainError(f"Model: input name {n!r} is {what} name; give ot.Input(..., name=...) a name "
                                    "of its own")
     # -- construction helpers -----------------------------------------------------------
+    def __getstate__(self) -> dict:
+        # A deep copy or a pickle holds the model, not its prediction sessions (a cache, rebuilt on
+        # use) nor a link to a running fit.
+        state = dict(self.__dict__)
+        state["_runners"] = {}
+        state["_live_state"] = None
+        return state
+
     def _init_state(self, name: str) -> None:
         self.name = name
         self.loss: losses.Loss | None = None
@@ -425,6 +451,7 @@ class Model:
                                "other axes only)")
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.train_state = None
+        new_optimizer._lr_now = ShownRate(self, new_optimizer)
         self._runners.clear()  # evaluate's graph holds the loss
         return self
 

@@ -82,13 +82,14 @@ class Optimizer:
         self._state_source = None  # set by a live capture: returns {param name: moments}
         self._state_version = 0
         self.lr_writes = 0  # a fit takes over a rate written since it last looked, even an equal one
-        self._lr_now = None  # while a model's fit runs: its live rate
+        self._lr_now = None  # for a model's optimizer: the rate its fit trains at (or the next one starts at)
 
     @property
     def lr(self) -> float:
-        """The learning rate: as made or last written; for a model's optimizer while a fit runs, the
-        rate the fit trains at (a schedule's included), as a Keras callback reads it. Writing it
-        sets the rate the next step (or fit) takes."""
+        """The learning rate. For a compiled model's optimizer, the rate its fit trains at (a
+        schedule's included, as a Keras callback reads it), and outside a fit the rate the next
+        fit starts at (the last rate of the one before, unless written since); else as made or
+        last written. Writing it sets the rate the next step (or fit) takes."""
         now = self._lr_now
         return self._lr if now is None else now()
 
