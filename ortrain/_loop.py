@@ -79,8 +79,8 @@ class Loop:
             model._written.clear()
             opt = model.optimizer
             # A model no fit has seen (new, loaded, copied) counts its optimizer as not written yet.
-            if opt is not None and (id(opt), _lr_writes(opt)) != (model._lr_seen or (id(opt), 0)):
-                trainer.set_lr(opt.lr)  # model.optimizer.lr was written since
+            if model._lr_written():
+                trainer.set_lr(opt._lr)  # model.optimizer.lr was written since
             self._lr_seen = (id(opt), _lr_writes(opt))
 
     def _log_names(self) -> list[str]:
@@ -177,7 +177,7 @@ class Loop:
         opt = m.optimizer
         if opt is not None and (id(opt), _lr_writes(opt)) != self._lr_seen:  # written (or recompiled)
             self._lr_seen = (id(opt), _lr_writes(opt))
-            self.trainer.set_lr(opt.lr)
+            self.trainer.set_lr(opt._lr)
             self._arm(opt)  # reads show the live rate again
         if getattr(m, "stop_training", False):
             self.stop_training = True

@@ -199,8 +199,7 @@ class Trainer(Releasable):
         self._n_steps = state.n_steps if state else 0
         self._updates = state.step if state else 0
         # The state's rate, unless model.optimizer.lr was written since a fit last saw it (as fit does).
-        written = (id(opt), opt.lr_writes) != (model._lr_seen or (id(opt), 0))
-        self._lr = state.lr if state and not written else opt.lr
+        self._lr = state.lr if state and not model._lr_written() else opt._lr
         self._accum = 0
         self._runner = None
         self._calib = None

@@ -690,7 +690,11 @@ def test_model_optimizer_lr_reads_the_rate_the_fit_trains_at_as_in_keras(tmp_pat
     model.save(tmp_path / "m.ortrain")
     assert ot.load_model(tmp_path / "m.ortrain").optimizer.lr == 0.025
     assert model.copy().optimizer.lr == 0.025
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):  # with the moments, the rate
+        assert other.optimizer.lr == 0.025
+        assert ot.fit_generator(other, data, verbose=0).history["lr"] == [0.025]
     model.optimizer.lr = model.optimizer.lr * 0.5     # the Keras idiom halves the rate it trains at
+    assert model.copy().optimizer.lr == 0.0125        # a written rate goes with a copy
     assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.0125]
     # a schedule starts from the compiled or last written rate (loop.base_lr), not the last one shown
     hist = ot.fit_generator(model, data, epochs=6, initial_epoch=4, verbose=0,
@@ -714,6 +718,15 @@ def test_model_optimizer_lr_reads_the_rate_the_fit_trains_at_as_in_keras(tmp_pat
         ot.fit_generator(model, data, verbose=0, callbacks=[Write(), Fail()])
     assert model.optimizer.lr == 0.5
     assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.5]
+    # recompiled with another optimizer in a hook: the rest of the fit and the next one take its rate
+    class Recompile(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                self.model.compile(optimizer=ot.optim.SGD(lr=0.3), loss="mse")
+
+    fresh = sgd_model(lr=0.1)
+    assert ot.fit_generator(fresh, data, epochs=2, verbose=0, callbacks=[Recompile()]).history["lr"] == [0.1, 0.3]
+    assert fresh.optimizer.lr == 0.3 and ot.fit_generator(fresh, data, verbose=0).history["lr"] == [0.3]
 
 
 

@@ -123,14 +123,16 @@ class Weights(dict):
         if old is None and self._layer.built_for is not None:
             raise OrtrainError(f"{where}: the built layer has no weight {key!r} (it has "
                                f"{', '.join(self) or 'none'}); set one of those")
-        owned = isinstance(value, np.ndarray) and not value.flags.writeable and value.base is None
-        if not (owned and (old is None or value.dtype == old.dtype)):  # else: a copy of the caller's array
-            given = read_array(value, where)
-            dtype = old.dtype if old is not None else (np.float32 if given.dtype.kind == "f" else given.dtype)
-            value = as_array(given, dtype, where).copy()
+        given = read_array(value, where)
+        dtype = old.dtype if old is not None else (np.float32 if given.dtype.kind == "f" else given.dtype)
+        value = as_array(given, dtype, where)
         if old is not None and value.shape != old.shape:
             raise ShapeError(f"{where}: expected shape {describe_shape(old.shape)}, received "
                              f"{describe_shape(value.shape)}; give an array of the weight's shape")
+        self.put(key, value.copy() if value is given else value)  # never the caller's own array
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        """Store ``value``, checked and owned by ortrain already (no copy), as a change."""
         super().__setitem__(key, read_only(value))
         self._layer._stored = getattr(self._layer, "_stored", 0) + 1
         self.changed.add(key)

@@ -32,7 +32,7 @@ from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, with_weights
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats
-from ortrain.nn.layers import EmitContext, Layer, read_only
+from ortrain.nn.layers import EmitContext, Layer
 
 __all__ = ["Input", "Model", "Sequential", "SymbolicTensor"]
 
@@ -102,10 +102,10 @@ class ShownRate:
 
     def __call__(self) -> float:
         model, opt = self._model(), self._opt()
-        if model is None or opt is None or model.optimizer is not opt or model.train_state is None:
+        if model is None or opt is None or model.optimizer is not opt:
             return opt._lr if opt is not None else float("nan")
-        written = (id(opt), opt.lr_writes) != (model._lr_seen or (id(opt), 0))
-        return opt._lr if written else model.train_state.lr
+        state = model._train_state  # the state the next fit starts from, not a running fit's
+        return state.lr if state is not None and not model._lr_written() else opt._lr
 
 
 def check_print_fn(print_fn) -> None:
@@ -164,11 +164,36 @@ class Model:
     # -- construction helpers -----------------------------------------------------------
     def __getstate__(self) -> dict:
         # A deep copy or a pickle holds the model, not its prediction sessions (a cache, rebuilt on
-        # use) nor a link to a running fit.
+        # use) nor links to a running or finished fit: the optimizer state as it is now, the
+        # history's values, and whether the optimizer's rate was written since the last fit.
+        from ortrain.history import History
         state = dict(self.__dict__)
         state["_runners"] = {}
         state["_live_state"] = None
+        state["_train_state"] = self.train_state
+        if self.history is not None:
+            detached = History()
+            detached.history = {k: list(v) for k, v in self.history.history.items()}
+            detached.epoch, detached.params = list(self.history.epoch), dict(self.history.params)
+            state["history"] = detached
+        seen, opt = self._lr_seen, self.optimizer
+        if seen is not None and opt is not None and seen[0] == id(opt):
+            state["_lr_seen"] = ("this optimizer", seen[1])
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        seen = self._lr_seen
+        if seen is not None and seen[0] == "this optimizer":
+            self._lr_seen = (id(self.optimizer), seen[1])
+        if self.optimizer is not None:
+            self.optimizer._lr_now = ShownRate(self, self.optimizer)
+
+    def _lr_written(self) -> bool:
+        """Whether ``optimizer.lr`` was written (or the optimizer replaced) since the last fit saw
+        it: the next fit then starts at that rate instead of its state's."""
+        opt = self.optimizer
+        return opt is not None and (id(opt), opt.lr_writes) != (self._lr_seen or (id(opt), 0))
 
     def _init_state(self, name: str) -> None:
         self.name = name
@@ -229,7 +254,7 @@ class Model:
         layer_name, suffix = name.rsplit(".", 1)
         for lyr in self.layers:
             if lyr.name == layer_name:
-                lyr.weights[suffix] = read_only(value)  # counted as a change: models sharing the layer see it
+                lyr.weights.put(suffix, value)  # counted as a change: models sharing the layer see it
                 return
         raise KeyError(name)
 

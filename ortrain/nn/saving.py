@@ -73,7 +73,8 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     opt_arrays = {}
     ts = model.train_state
     if ts is not None:
-        record["train_state"] = {"step": ts.step, "lr": ts.lr, "n_steps": ts.n_steps,
+        lr = model.optimizer._lr if model._lr_written() else ts.lr  # a rate written since is the one to go on at
+        record["train_state"] = {"step": ts.step, "lr": lr, "n_steps": ts.n_steps,
                                  "moments": {k: len(v) for k, v in ts.moments.items()}}
         for k, ms in ts.moments.items():
             for i, m in enumerate(ms):
