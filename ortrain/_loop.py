@@ -192,6 +192,7 @@ class Loop:
         if self._model is not None:
             self._model.history = self.history  # as Keras sets it
             self._model._live_state = self._live_state
+            self._model._live_seen = self._seen_now
             self._arm(self._model.optimizer)
         try:
             cbs.on_train_begin({})
@@ -316,6 +317,11 @@ class Loop:
             return {}
         return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
 
+    def _seen_now(self):
+        """The model's ``_lr_seen`` while this fit runs and has stepped: the rate it took over last
+        (so a save or copy mid-fit pairs the live state with the live rate)."""
+        return self._lr_seen if self.stepped else None
+
     def _live_state(self):
         """The model's ``train_state`` while this fit runs: the trainer's once it has stepped."""
         return self.trainer.export_state() if self.stepped else None
@@ -346,6 +352,7 @@ class Loop:
         interrupt = None
         if self._model is not None:
             self._model._live_state = None
+            self._model._live_seen = None
             self._disarm()
         while self._model is not None:
             # Weights and optimizer state go back together: a Ctrl-C in between would leave the model

@@ -727,6 +727,21 @@ def test_model_optimizer_lr_reads_the_rate_the_fit_trains_at_as_in_keras(tmp_pat
     fresh = sgd_model(lr=0.1)
     assert ot.fit_generator(fresh, data, epochs=2, verbose=0, callbacks=[Recompile()]).history["lr"] == [0.1, 0.3]
     assert fresh.optimizer.lr == 0.3 and ot.fit_generator(fresh, data, verbose=0).history["lr"] == [0.3]
+    # a model saved mid-fit after a written rate carries the rate it trained at, and resumes on the curve
+    tuned = sgd_model(lr=0.1)
+    tuned.optimizer.lr = 0.08
+
+    def halve(epoch, lr):
+        return lr * 0.5 if epoch else lr
+
+    saver = ot.callbacks.ModelCheckpoint(tmp_path / "ck_{epoch}.ortrain", monitor="loss", save_model=True)
+    hist = ot.fit_generator(tuned, data, epochs=3, verbose=0, callbacks=[ot.callbacks.LearningRateScheduler(halve),
+                                                                         saver])
+    assert hist.history["lr"] == [0.08, 0.04, 0.02]
+    resumed = ot.load_model(tmp_path / "ck_2.ortrain")
+    assert resumed.optimizer.lr == resumed.train_state.lr == 0.04
+    assert ot.fit_generator(resumed, data, epochs=3, initial_epoch=2, verbose=0,
+                            callbacks=[ot.callbacks.LearningRateScheduler(halve)]).history["lr"] == [0.02]
 
 
 

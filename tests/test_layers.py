@@ -352,3 +352,5 @@ def test_layer_weights_keep_their_rules_through_dict_methods_and_copies(rng):
         copied.set_weights([np.zeros((4, 3)), np.zeros(3)])
         np.testing.assert_allclose(other.predict(x), np.broadcast_to(b2, (2, 2)), rtol=1e-6)
         np.testing.assert_allclose(model.predict(x), (x @ w + b) @ w2 + b2, rtol=1e-5)  # the original untouched
+    with pytest.raises(ot.OrtrainError, match=r"layer 'dense_0': weights cannot be replaced as a whole"):
+        layer.weights = [np.zeros((4, 3)), np.zeros(3)]

@@ -179,7 +179,7 @@ class Layer:
             raise OrtrainError(f"name: expected a non-empty string without '.' or '/', received {name!r}")
         self.name = name
         self.seed = checked_int(seed, f"{type(self).__name__}(seed=...)", minimum=0, allow_none=True)
-        self.weights: dict[str, np.ndarray] = Weights(self)
+        self._weights = Weights(self)
         self.roles: dict[str, str] = {}
         self.built_for: tuple | None = None
 
@@ -196,11 +196,23 @@ class Layer:
             self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
             self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
         except BaseException:
-            self.weights, self.roles = Weights(self), {}
+            self._weights, self.roles = Weights(self), {}
             raise
         self.built_for = key
 
     # -- weights ---------------------------------------------------------------------
+    @property
+    def weights(self) -> Weights:
+        """The weights by suffix (``kernel``, ``bias``...): read-only arrays, see :class:`Weights`."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, value) -> None:
+        if value is self._weights:  # ``layer.weights |= {...}`` updates in place, then assigns it back
+            return
+        raise OrtrainError(f"layer {self.name!r}: weights cannot be replaced as a whole; set their values with "
+                           "layer.set_weights([...]) or layer.weights[name] = array")
+
     # ``weights`` holds read-only arrays: a model caches its graph, its prediction session and the
     # artifacts' digest until its weights change, which it learns only through set_weights (an
     # in-place edit went unseen by predict and by the artifact cache).
@@ -225,7 +237,8 @@ class Layer:
                 raise ShapeError(f"set_weights: {self.name}.{name} expected shape "
                                  f"{describe_shape(self.weights[name].shape)}, received {describe_shape(a.shape)}")
             staged.append((name, a))
-        self.weights.update(staged)  # the models using the layer see the change
+        for name, a in staged:  # checked and copied: stored as they are; the models using the layer see it
+            self.weights.put(name, a)
 
     def _build(self, input_shapes, rng) -> None:
         pass

@@ -169,16 +169,16 @@ class Model:
         from ortrain.history import History
         state = dict(self.__dict__)
         state["_runners"] = {}
-        state["_live_state"] = None
+        state["_live_state"] = state["_live_seen"] = None
         state["_train_state"] = self.train_state
         if self.history is not None:
             detached = History()
             detached.history = {k: list(v) for k, v in self.history.history.items()}
             detached.epoch, detached.params = list(self.history.epoch), dict(self.history.params)
             state["history"] = detached
-        seen, opt = self._lr_seen, self.optimizer
-        if seen is not None and opt is not None and seen[0] == id(opt):
-            state["_lr_seen"] = ("this optimizer", seen[1])
+        seen, opt = self._seen(), self.optimizer
+        state["_lr_seen"] = ("this optimizer", seen[1]) if seen is not None and opt is not None and \
+            seen[0] == id(opt) else seen
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -193,7 +193,12 @@ class Model:
         """Whether ``optimizer.lr`` was written (or the optimizer replaced) since the last fit saw
         it: the next fit then starts at that rate instead of its state's."""
         opt = self.optimizer
-        return opt is not None and (id(opt), opt.lr_writes) != (self._lr_seen or (id(opt), 0))
+        return opt is not None and (id(opt), opt.lr_writes) != (self._seen() or (id(opt), 0))
+
+    def _seen(self):
+        """(optimizer id, its lr_writes) when a fit last took the rate: a running fit's, else the last."""
+        live = self._live_seen() if self._live_seen is not None else None
+        return live if live is not None else self._lr_seen
 
     def _init_state(self, name: str) -> None:
         self.name = name
@@ -204,6 +209,7 @@ class Model:
         self._frozen_stats: set[str] = set()  # running-mean names of batch norms in inference form
         self.history = None  # the History of the last fit, as Keras keeps it
         self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
+        self._live_seen = None  # set by a running fit: what it last took of optimizer.lr
         self.train_state = None  # optimizer state carried between fit() calls
         self._version = 0
         self._runners: dict = {}
