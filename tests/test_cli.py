@@ -126,8 +126,11 @@ def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys, stop):
     args = ["train", "--artifacts", "art", "--data", "big.npz", "--batch-size", "16", "--seed", "7", "--epochs", "6",
             "--verbose", "0"]
     assert cli(*args, "--out", "straight") == 0
+    # the signals at their defaults in the child: a test run started in the background of a shell
+    # inherits SIGINT ignored, as shells set it for background jobs, and so would the run
     proc = subprocess.Popen([sys.executable, "-m", "ortrain", *args, "--out", "killed"], cwd=workdir,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not (workdir / "killed" / "state.json").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
