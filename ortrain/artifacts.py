@@ -289,8 +289,9 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     ``onnx.ModelProto`` or a path to an ``.onnx`` file. ``loss`` and ``optimizer`` take what
     ``Model.compile`` takes (the default ``"adamw"`` is ``ot.optim.AdamW()``, weight decay
     0.01); they are the artifacts' own, not a compiled model's: pass ``loss=model.loss,
-    optimizer=model.optimizer`` to build what the model was compiled with. ``out_dir`` writes to that directory instead of the cache. ``trainable``/``frozen``
-    (names or glob patterns) refine which weights train. ``weighting`` adds a ``sample_weight``
+    optimizer=model.optimizer`` to build what the model was compiled with. ``out_dir`` writes to
+    that directory instead of the cache. ``trainable``/``frozen`` (names or glob patterns)
+    refine which weights train. ``weighting`` adds a ``sample_weight``
     input: ``"sample"`` (one weight per sample) or ``"element"``.
 
     A published directory is never changed in place: the same architecture with other weights
@@ -492,13 +493,12 @@ def _existing(target: Path, key: str, owned: bool = False) -> Artifacts | None:
     """The valid artifacts of ``key`` in ``target``, or None where they must be (re)built. A folder
     holding anything else is the user's and refused, unless ``owned`` (a cache entry)."""
     manifest = target / "manifest.json"
-    others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json")) \
-        if target.is_dir() and not owned else []
-    if not owned and (not manifest.exists() and target.exists() and any(target.iterdir()) or others):
-        # only artifacts are replaced: anything else in the folder is the user's
-        raise OrtrainError(f"out_dir {str(target)!r} exists and is not an ortrain artifacts directory"
-                           + (f" (it holds {', '.join(others[:4])})" if others else "")
-                           + "; choose an empty or new directory")
+    if not owned and target.is_dir():  # only artifacts are replaced: anything else in the folder is the user's
+        others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json"))
+        if others or (not manifest.exists() and any(target.iterdir())):
+            raise OrtrainError(f"out_dir {str(target)!r} exists and is not an ortrain artifacts directory"
+                               + (f" (it holds {', '.join(others[:4])})" if others else "")
+                               + "; choose an empty or new directory")
     if not manifest.exists():
         return None
     try:

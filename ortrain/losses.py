@@ -51,6 +51,11 @@ class Loss:
     def label_shape(self, pred_shape: tuple) -> tuple:
         return tuple(pred_shape)
 
+    @property
+    def class_labels(self) -> bool:
+        """Whether the labels are class indices (integers), checked against the number of classes."""
+        return self.label_dtype.kind in "iu"
+
     def n_classes(self, pred_shape: tuple) -> int | None:
         """How many classes an integer label indexes (labels are checked against it); None when labels
         are not class indices or the output's last dimension is free."""

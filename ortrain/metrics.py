@@ -79,10 +79,9 @@ def _check_labels(metric: str, loss) -> None:
     """Refuse a metric whose labels are not the loss's: it would compare class indices with rows
     of scores (a wrong value, or a broadcasting error after the first step had trained)."""
     takes = _LABELS.get(metric)
-    dtype = getattr(loss, "label_dtype", None)
-    if takes is None or dtype is None:
+    if takes is None or loss is None:
         return
-    classes = np.dtype(dtype).kind in "iu"
+    classes = loss.class_labels
     name = getattr(loss, "name", type(loss).__name__)
     if takes == "dense" and classes:
         raise OrtrainError(f"metrics: {metric!r} compares the output with labels of its own shape, and loss "

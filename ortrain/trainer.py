@@ -216,8 +216,7 @@ class Trainer(Releasable):
         self._n_classes = model._n_classes()
         # Class labels of an output whose width is free are checked against its width at each
         # batch's sizes; other losses pay nothing per step.
-        classes = model.loss.n_classes((None, 2)) is not None
-        self._classes_of = self._model._n_classes if self._n_classes is None and classes else None
+        self._classes_of = self._model._n_classes if self._n_classes is None and model.loss.class_labels else None
 
     def _write_checkpoint(self, path, model, state) -> None:
         weights = dict(zip(model.weight_names(), model.get_weights()))

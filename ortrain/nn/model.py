@@ -578,7 +578,7 @@ class Model:
         (:meth:`_output_shape_for`)."""
         loss = self.loss
         n = loss.n_classes(self.output_specs[0].shape)
-        if n is None and input_shapes is not None and loss.n_classes((None, 2)) is not None:
+        if n is None and input_shapes is not None and loss.class_labels:
             shape = self._output_shape_for(input_shapes)
             n = None if shape is None else loss.n_classes(shape)
         return n
