@@ -13,7 +13,6 @@ from ortrain.callbacks.progress import progress
 from ortrain.data import ArraySource, EpochIterator, parse_batch
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
-from ortrain.nn.layers import EDITS
 from ortrain.nn.model import Model, ShownRate
 from ortrain.trainer import Trainer
 
@@ -73,10 +72,8 @@ class Loop:
         # fit and fit_generator build their trainer from the model's weights, so what was set on
         # it before is in the trainer already (fit.train with a trainer built earlier keeps the
         # trainer's weights).
-        self._edits_seen = None
         if model is not None:
-            self._take_layer_sets(model)  # what was set before the fit is in the trainer already
-            model._written.clear()
+            model._take_edits()  # what was set before the fit is in the trainer already
             opt = model.optimizer
             # A model no fit has seen (new, loaded, copied) counts its optimizer as not written yet.
             if model._lr_written():
@@ -136,27 +133,12 @@ class Loop:
         if m is not None and self._synced_at != writes:
             # Edits a hook made and the loop has not taken over yet stay the model's, to be taken
             # when the hook returns; every other weight comes from the trainer.
-            pending = self._take_layer_sets(m) | m._written
+            pending = m._take_edits()
             m.set_weights({n: w for n, w in zip(self._names(), self.get_weights()) if n not in pending})
-            self._take_layer_sets(m)  # the trainer's own weights, no edit
-            m._written.clear()
-            m._written.update(pending)
+            m._take_edits()  # the trainer's own weights, no edit
+            m._keep_edits(pending)
             self._synced_at = writes
         return m
-
-    def _take_layer_sets(self, model) -> set[str]:
-        """The weight names set on the model's layers since the last look (``Layer.weights`` records
-        them), forgotten once taken; no scan of the layers when no weight was set anywhere."""
-        if EDITS[0] == self._edits_seen:
-            return set()
-        self._edits_seen = EDITS[0]
-        names = set()
-        for lyr in model.layers:
-            changed = getattr(lyr.weights, "changed", None)
-            if changed:
-                names.update(f"{lyr.name}.{k}" for k in changed)
-                changed.clear()
-        return names
 
     def _take_model_edits(self) -> None:
         """After each callback's hook: the weights it set on ``model`` (those names only: the
@@ -165,13 +147,12 @@ class Loop:
         m = self._model
         if m is None:
             return
-        m._written.update(self._take_layer_sets(m))  # a layer's own set_weights (or weights[...] = ...) counts too
-        if m._written:
+        edits = m._take_edits()
+        if edits:
             table, session = m._weight_table(), self.trainer._session
             in_sync = self._synced_at == session.writes
-            for name in m._written:
+            for name in edits:
                 session.set(name, table[name])
-            m._written.clear()
             if in_sync:  # the model held the trainer's weights and now both hold its edits
                 self._synced_at = session.writes
         opt = m.optimizer

@@ -25,6 +25,7 @@ class GraphModel(Model):
         self.layers = []
         self._nodes = []
         self._bounds = None
+        self._edits: set[str] = set()  # the edit log (see Model._take_edits)
         self._output_shapes: dict[tuple, tuple | None] = {}  # by input sizes after the batch
         listed = {vi.name for vi in self._proto.graph.input}
         missing = [p.name for p in self._params if p.name not in listed]
@@ -41,6 +42,14 @@ class GraphModel(Model):
         if name not in self._weights:
             raise KeyError(name)
         self._weights[name] = value
+        self._edits.add(name)
+
+    def _take_edits(self) -> set[str]:
+        edits, self._edits = self._edits, set()
+        return edits
+
+    def _keep_edits(self, names: set[str]) -> None:
+        self._edits |= names
 
     def _base_proto(self):
         return self._proto

@@ -32,7 +32,7 @@ from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, with_weights
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats
-from ortrain.nn.layers import EmitContext, Layer
+from ortrain.nn.layers import EDITS, EmitContext, Layer
 
 __all__ = ["Input", "Model", "Sequential", "SymbolicTensor"]
 
@@ -213,7 +213,7 @@ class Model:
         self.train_state = None  # optimizer state carried between fit() calls
         self._version = 0
         self._runners: dict = {}
-        self._written: set[str] = set()  # weights set since a running fit last synced this model
+        self._edits_seen = None  # layers.EDITS when the edits were last taken
         self._lr_seen = None  # (optimizer id, its lr_writes) when the last fit ended
 
     @property
@@ -228,6 +228,30 @@ class Model:
     @train_state.setter
     def train_state(self, value) -> None:
         self._train_state = value
+
+    # -- the edit log: weights set since a running fit last took them ------------------------------
+    def _take_edits(self) -> set[str]:
+        """The names of the weights set since the last take (``set_weights``, a layer's own, or
+        through another model sharing the layer; :class:`~ortrain.nn.layers.Weights` records them),
+        forgotten once taken. No scan of the layers when no weight was set anywhere since."""
+        if EDITS[0] == self._edits_seen:
+            return set()
+        self._edits_seen = EDITS[0]
+        names = set()
+        for lyr in self.layers:
+            if lyr.weights.changed:
+                names.update(f"{lyr.name}.{k}" for k in lyr.weights.changed)
+                lyr.weights.changed.clear()
+        return names
+
+    def _keep_edits(self, names: set[str]) -> None:
+        """Put back edits taken but not yet acted on."""
+        layers = {lyr.name: lyr for lyr in self.layers}
+        for name in names:
+            layer_name, key = name.rsplit(".", 1)
+            layers[layer_name].weights.changed.add(key)
+        if names:
+            EDITS[0] += 1
 
     def _name_layers(self) -> None:
         counts: dict[str, int] = {}
@@ -312,8 +336,7 @@ class Model:
                                  f"received {describe_shape(a.shape)}")
             staged.append((name, a.copy()))
         for name, a in staged:
-            self._store_weight(name, a)
-        self._written.update(name for name, _ in staged)  # what a fit in progress takes over
+            self._store_weight(name, a)  # recorded as an edit, which a fit in progress takes over
         self._changed()
 
     def _changed(self) -> None:
