@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ortrain._arrays import checked_int
 from ortrain.callbacks.learning_rate_scheduler import CurveScheduler
-from ortrain.errors import OrtrainError
 from ortrain.optim import check_lr, schedules
 
 __all__ = ["CosineDecay"]
@@ -24,10 +23,8 @@ class CosineDecay(CurveScheduler):
         final_lr = check_lr(final_lr, "CosineDecay(final_lr=...)")
         total_epochs = checked_int(total_epochs, "CosineDecay(total_epochs=...)")
         warmup_epochs = checked_int(warmup_epochs, "CosineDecay(warmup_epochs=...)", minimum=0)
-        if warmup_epochs >= total_epochs:
-            raise OrtrainError(f"CosineDecay: warmup_epochs ({warmup_epochs}) must be below total_epochs "
-                               f"({total_epochs}), which counts the warm-up too; shorten the warm-up or raise "
-                               "total_epochs")
+        schedules.check_warmup_below_total(warmup_epochs, total_epochs, ("warmup_epochs", "total_epochs"),
+                                           owner="CosineDecay: ")
         self.total_epochs, self.final_lr, self.warmup_epochs = total_epochs, final_lr, warmup_epochs
         super().__init__(initial_lr, verbose)
 

@@ -35,6 +35,14 @@ def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
     return schedule
 
 
+def check_warmup_below_total(warmup: int, total: int, names=("warmup_steps", "total_steps"), owner: str = "") -> None:
+    """Refuse a warm-up that is not shorter than the whole curve, naming the caller's own arguments."""
+    if warmup >= total:
+        warm_name, total_name = names
+        raise OrtrainError(f"{owner}{warm_name} ({warmup}) must be below {total_name} ({total}), which counts the "
+                           f"warm-up too; shorten the warm-up or raise {total_name}")
+
+
 def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_lr: float = 0.0):
     """Linear warm-up over ``warmup_steps``: step ``t`` (from 0) gets ``initial_lr * (t + 1) /
     warmup_steps``, so the first step already moves and the last warm-up step reaches
@@ -42,9 +50,7 @@ def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_
     lasts two steps) to ``final_lr`` at ``total_steps``."""
     warmup_steps = positive_int(warmup_steps, "warmup_steps")
     total_steps = positive_int(total_steps, "total_steps")
-    if warmup_steps >= total_steps:
-        raise OrtrainError(f"warmup_steps ({warmup_steps}) must be below total_steps ({total_steps}), which counts "
-                           "the warm-up too; shorten the warm-up or raise total_steps")
+    check_warmup_below_total(warmup_steps, total_steps)
     decay = cosine(initial_lr, total_steps - warmup_steps, final_lr)
 
     def schedule(t):
