@@ -345,3 +345,22 @@ def test_a_recurrent_layer_with_sequence_lengths_is_refused_at_import(rng):
     proto = model(nodes, [vi("x", [4, 3, 2])], [vi("out", [4, 3, h])], inits)
     with pytest.raises(ot.UnsupportedOpError, match=r"LSTM with sequence_lens \(nodes: lstm\)"):
         ot.from_onnx(proto)
+
+
+def test_a_split_output_without_a_name_inside_an_if_body_predicts_and_exports(tmp_path):
+    """The same crash inside a subgraph: the unnamed output of a Split in an If branch is named too."""
+    import onnxruntime as ort
+    then = helper.make_graph([_node("Split", ["x"], ["a", ""], axis=1, num_outputs=2)], "then", [],
+                             [vi("a", ["N", 2])])
+    other = helper.make_graph([_node("Slice", ["x", "start", "stop", "axis"], ["b"])], "other", [],
+                              [vi("b", ["N", 2])])
+    inits = [numpy_helper.from_array(np.array(v, dtype), n) for n, v, dtype in
+             [("cond", True, np.bool_), ("start", [2], np.int64), ("stop", [4], np.int64), ("axis", [1], np.int64)]]
+    proto = model([_node("If", ["cond"], ["out"], then_branch=then, else_branch=other)], [vi("x", ["N", 4])],
+                  [vi("out", ["N", 2])], inits, opset=18)
+    m = ot.from_onnx(proto)
+    x = _x(4)
+    np.testing.assert_array_equal(m.predict(x), x[:, :2])
+    path = m.export_onnx(tmp_path / "m.onnx")
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, x[:, :2])

@@ -360,15 +360,15 @@ def dilated_same_conv_with_pads(model: onnx.ModelProto) -> tuple[onnx.ModelProto
 def split_outputs_named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """``Split`` outputs left without a name (``["a", ""]``: the checker takes it) get one:
     onnxruntime 1.19's ``Split`` kernel writes to the unnamed output and the process dies
-    (SIGSEGV), in plain onnxruntime as in ortrain. Named, they are unread outputs."""
-    targets = [i for i, n in enumerate(model.graph.node) if n.op_type == "Split" and "" in n.output]
-    if not targets:
+    (SIGSEGV), in plain onnxruntime as in ortrain, in ``If``/``Loop``/``Scan`` bodies as well.
+    Named, they are unread outputs."""
+    if not _unnamed_split_outputs(model):
         return model, 0
-    taken = {o for n in model.graph.node for o in n.output} | {v.name for v in model.graph.input} | \
-        {t.name for t in model.graph.initializer}
     out = copy.deepcopy(model)
-    for i in targets:
-        node = out.graph.node[i]
+    graphs = list(_graphs(out.graph))
+    taken = {name for g in graphs for name in _names_in(g)}
+    targets = _unnamed_split_outputs(out)
+    for node in targets:
         for k, name in enumerate(node.output):
             if not name:
                 name = f"{node.name or 'Split'}/unread_{k}"
@@ -377,6 +377,24 @@ def split_outputs_named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                 taken.add(name)
                 node.output[k] = name
     return out, len(targets)
+
+
+def _unnamed_split_outputs(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for g in _graphs(model.graph) for n in g.node if n.op_type == "Split" and "" in n.output]
+
+
+def _graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph under it (the bodies of ``If``, ``Loop`` and ``Scan``), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
+                yield from _graphs(sub)
+
+
+def _names_in(graph: onnx.GraphProto) -> set[str]:
+    return ({o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+            | {t.name for t in graph.initializer})
 
 
 def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
