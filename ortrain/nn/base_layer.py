@@ -1,0 +1,242 @@
+"""The base of every layer: :class:`Layer`, the :class:`Weights` record it keeps its arrays in,
+the :class:`EmitContext` it emits through, and the helpers layers share (activations, Glorot init).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ortrain import _random
+from ortrain._arrays import as_array, checked_int, read_array
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.graph import GraphBuilder
+
+__all__ = ["ACTIVATIONS", "EDITS", "EmitContext", "Layer", "Weights"]
+
+ACTIVATIONS = ("linear", "relu", "sigmoid", "tanh", "softmax", "gelu", "leaky_relu")
+LEAKY_RELU_ALPHA = 0.2  # Keras 3's default negative slope
+
+
+def check_activation(name) -> str:
+    if name is None:
+        return "linear"
+    if not isinstance(name, str) or name.lower() not in ACTIVATIONS:
+        raise OrtrainError(f"activation: expected one of {', '.join(ACTIVATIONS)}, received {name!r}")
+    return name.lower()
+
+
+def emit_activation(gb: GraphBuilder, x: str, name: str) -> str:
+    """Append the nodes of an activation; ``linear`` appends nothing."""
+    if name == "linear":
+        return x
+    if name == "relu":
+        return gb.op("Relu", [x])
+    if name == "sigmoid":
+        return gb.op("Sigmoid", [x])
+    if name == "tanh":
+        return gb.op("Tanh", [x])
+    if name == "softmax":
+        return gb.op("Softmax", [x], axis=-1)
+    if name == "leaky_relu":
+        return gb.op("LeakyRelu", [x], alpha=LEAKY_RELU_ALPHA)
+    if name == "gelu":
+        # Exact GELU in standard ops, x * (1 + erf(x / sqrt 2)) / 2, so any ONNX runtime can run the export.
+        e = gb.op("Erf", [gb.op("Div", [x, gb.const(math.sqrt(2.0), hint="sqrt2")])])
+        return gb.op("Mul", [gb.op("Mul", [x, gb.op("Add", [e, gb.const(1.0, hint="one")])]),
+                             gb.const(0.5, hint="half")])
+    raise OrtrainError(f"unknown activation {name!r}")
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, made read-only in place (a layer's weights change through ``set_weights`` only)."""
+    a.flags.writeable = False
+    return a
+
+
+def glorot_uniform(rng: np.random.Generator, shape: tuple, fan_in: int, fan_out: int) -> np.ndarray:
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=shape).astype(np.float32)
+
+
+class EmitContext:
+    """What a layer needs while emitting: the builder, its weights' graph names and the shape of
+    the output it emits (batch first, ``None`` where free)."""
+
+    def __init__(self, gb: GraphBuilder):
+        self.gb = gb
+        self.output_shape: tuple = ()
+
+    @staticmethod
+    def weight(layer: Layer, suffix: str) -> str:
+        return f"{layer.name}.{suffix}"
+
+
+EDITS = [0]  # weights set on any layer so far: a running fit looks at its layers only when it moved
+
+
+class Weights(dict):
+    """A layer's weights by suffix: read-only arrays. Setting one (``layer.weights["kernel"] = a``,
+    as ``set_weights`` does) stores a read-only copy and counts as a change every model using the
+    layer sees: a model caches its graph, prediction session and artifacts' digest until its
+    weights change (an in-place edit went unseen by predict and by the artifact cache). Weights
+    are not removed, and a built layer takes no new ones."""
+
+    def __init__(self, layer: Layer):
+        super().__init__()
+        self._layer = layer
+        self.changed: set[str] = set()  # keys set since a running fit last looked (it takes them over)
+
+    def __setitem__(self, key: str, value) -> None:
+        where = f"{self._layer.name or type(self._layer).__name__}.{key}"
+        old = self.get(key)
+        if old is None and self._layer.built_for is not None:
+            raise OrtrainError(f"{where}: the built layer has no weight {key!r} (it has "
+                               f"{', '.join(self) or 'none'}); set one of those")
+        given = read_array(value, where)
+        dtype = old.dtype if old is not None else (np.float32 if given.dtype.kind == "f" else given.dtype)
+        value = as_array(given, dtype, where)
+        if old is not None and value.shape != old.shape:
+            raise ShapeError(f"{where}: expected shape {describe_shape(old.shape)}, received "
+                             f"{describe_shape(value.shape)}; give an array of the weight's shape")
+        self.put(key, value.copy() if value is given else value)  # never the caller's own array
+
+    def put(self, key: str, value: np.ndarray) -> None:
+        """Store ``value``, checked and owned by ortrain already (no copy), as a change."""
+        super().__setitem__(key, read_only(value))
+        self._layer._stored = getattr(self._layer, "_stored", 0) + 1
+        self.changed.add(key)
+        EDITS[0] += 1
+
+    def update(self, *args, **kwargs) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def setdefault(self, key: str, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def _removal(self, *args, **kwargs):
+        raise OrtrainError(f"weights of layer {self._layer.name!r} cannot be removed; set new values with "
+                           "layer.set_weights([...])")
+
+    __delitem__ = pop = popitem = clear = _removal
+
+    def __reduce__(self):  # a copy (deepcopy, pickle) belongs to the copied layer, its arrays read-only
+        return _weights_of, (self._layer, dict(self))
+
+
+def _weights_of(layer: Layer, items: dict) -> Weights:
+    weights = Weights(layer)
+    for key, value in items.items():
+        dict.__setitem__(weights, key, read_only(np.array(value, copy=True)))
+    return weights
+
+
+class Layer:
+    """Base class. Subclasses set ``weight_roles`` and implement ``_build``, ``output_shape``, ``emit``."""
+
+    n_inputs: int | None = 1  # None: any number >= 2
+    input_dtype = np.dtype(np.float32)
+
+    def __init__(self, name: str | None = None, seed: int | None = None):
+        if name is not None and (not isinstance(name, str) or not name or "." in name or "/" in name):
+            raise OrtrainError(f"name: expected a non-empty string without '.' or '/', received {name!r}")
+        self.name = name
+        self.seed = checked_int(seed, f"{type(self).__name__}(seed=...)", minimum=0, allow_none=True)
+        self._weights = Weights(self)
+        self.roles: dict[str, str] = {}
+        self.built_for: tuple | None = None
+
+    # -- building --------------------------------------------------------------------
+    def build(self, input_shapes: list[tuple], rng: np.random.Generator | None = None) -> None:
+        """Create the weights for these input shapes (once; a later call must agree)."""
+        key = tuple(tuple(s[1:]) for s in input_shapes)
+        if self.built_for is not None:
+            if key != self.built_for:
+                raise ShapeError(f"layer {self.name or type(self).__name__!r} was built for inputs {self.built_for} and is now called on "
+                                 f"{key}; a layer used twice must see the same shapes")
+            return
+        try:
+            self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
+            self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
+        except BaseException:
+            self._weights, self.roles = Weights(self), {}
+            raise
+        self.built_for = key
+
+    # -- weights ---------------------------------------------------------------------
+    @property
+    def weights(self) -> Weights:
+        """The weights by suffix (``kernel``, ``bias``...): read-only arrays, see :class:`Weights`."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, value) -> None:
+        if value is self._weights:  # ``layer.weights |= {...}`` updates in place, then assigns it back
+            return
+        raise OrtrainError(f"layer {self.name!r}: weights cannot be replaced as a whole; set their values with "
+                           "layer.set_weights([...]) or layer.weights[name] = array")
+
+    # ``weights`` holds read-only arrays: a model caches its graph, its prediction session and the
+    # artifacts' digest until its weights change, which it learns only through set_weights (an
+    # in-place edit went unseen by predict and by the artifact cache).
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of this layer's weights, in ``weights`` order, as Keras' ``layer.get_weights()``."""
+        return [a.copy() for a in self.weights.values()]
+
+    def set_weights(self, weights) -> None:
+        """Replace this layer's weights (a list in ``weights`` order), checked before anything
+        changes; every model the layer belongs to sees them."""
+        names = list(self.weights)
+        given = list(weights) if isinstance(weights, (list, tuple)) else None
+        if given is None or len(given) != len(names):
+            received = f"{len(given)} array{'s' if len(given) != 1 else ''}" if given is not None else \
+                f"a {type(weights).__name__}"
+            raise OrtrainError(f"set_weights: layer {self.name!r} expected a list of {len(names)} arrays "
+                               f"({', '.join(names) or 'it has none; build it first'}), received {received}")
+        staged = []
+        for name, w in zip(names, given):
+            a = read_only(as_array(w, self.weights[name].dtype, f"set_weights: {self.name}.{name}").copy())
+            if a.shape != self.weights[name].shape:
+                raise ShapeError(f"set_weights: {self.name}.{name} expected shape "
+                                 f"{describe_shape(self.weights[name].shape)}, received {describe_shape(a.shape)}")
+            staged.append((name, a))
+        for name, a in staged:  # checked and copied: stored as they are; the models using the layer see it
+            self.weights.put(name, a)
+
+    def _build(self, input_shapes, rng) -> None:
+        pass
+
+    def output_shape(self, input_shapes: list[tuple]) -> tuple:
+        return input_shapes[0]
+
+    def emit(self, ctx: EmitContext, inputs: list[str]) -> str:
+        raise NotImplementedError
+
+    def get_config(self) -> dict:
+        return {"name": self.name}
+
+    # -- functional API --------------------------------------------------------------
+    def __call__(self, x):
+        from ortrain.nn.symbolic import SymbolicTensor
+        tensors = list(x) if isinstance(x, (list, tuple)) else [x]
+        if not all(isinstance(t, SymbolicTensor) for t in tensors):
+            raise OrtrainError(f"{type(self).__name__} layers are called on ot.Input(...) tensors or on the "
+                               f"outputs of other layers; received {type(x).__name__}. "
+                               "To run a model on arrays use model.predict(x)")
+        if self.n_inputs == 1 and len(tensors) != 1:
+            raise OrtrainError(f"{type(self).__name__} takes one input, received {len(tensors)}")
+        if self.n_inputs is None and len(tensors) < 2:
+            raise OrtrainError(f"{type(self).__name__} merges two or more inputs, received {len(tensors)}")
+        return SymbolicTensor.from_layer(self, tensors)
+
+    def __repr__(self) -> str:
+        cfg = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
+        return f"{type(self).__name__}({cfg}{', ' if cfg else ''}name={self.name!r})"

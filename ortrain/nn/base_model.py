@@ -1,0 +1,375 @@
+"""The model: :class:`Model`, a functional graph of layers and what every model can do
+(weights, freezing, the forward graph, export, summary); training comes from
+:class:`~ortrain.nn.training.TrainingMixin`.
+
+A model compiles to a :class:`~ortrain.graph.forward.ForwardGraph`; training goes
+through :class:`ortrain.Trainer` (``fit`` drives one), prediction and evaluation run
+the forward graph in a plain ``InferenceSession``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+from ortrain import losses, optim
+from ortrain._arrays import as_array
+from ortrain._files import atomic_path, checked_target
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.graph import GraphBuilder, TensorSpec, check_model
+from ortrain.graph.forward import ForwardGraph, ParamSpec, with_weights
+from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats
+from ortrain.nn.base_layer import EmitContext, Layer
+from ortrain.nn.symbolic import SymbolicTensor, _topological
+from ortrain.nn.training import TrainingMixin
+
+__all__ = ["Model"]
+
+
+def check_print_fn(print_fn) -> None:
+    if not callable(print_fn):
+        raise OrtrainError(f"summary(print_fn=...): expected a function taking a line, such as print, received "
+                           f"{print_fn!r}")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", name).lower().replace("2_d", "2d")
+
+
+class Model(TrainingMixin):
+    """A functional model: ``ot.Model(inputs, outputs)`` over tensors from ``ot.Input`` and layer calls."""
+
+    def __init__(self, inputs, outputs, name: str | None = None):
+        ins = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        if not ins or not outs or not all(isinstance(t, SymbolicTensor) for t in ins + outs):
+            raise OrtrainError("Model(inputs, outputs): expected tensors from ot.Input(...) and layer calls")
+        twice = next(((i, j) for j, t in enumerate(ins) for i in range(j) if ins[i] is t), None)
+        if twice is not None:
+            raise OrtrainError(f"Model(inputs=...): inputs {twice[0]} and {twice[1]} are the same ot.Input (the first "
+                               "array would be ignored); list each input once")
+        nodes, reached = _topological(outs)
+        missing = [t for t in reached if all(t is not i for i in ins)]
+        if missing:
+            raise OrtrainError(f"Model: the outputs depend on an input not listed in inputs "
+                               f"({missing[0]!r}); pass every ot.Input the outputs use")
+        self._init_state(name or "model")
+        self._inputs, self._outputs, self._nodes = ins, outs, nodes
+        self.layers: list[Layer] = []
+        for node in nodes:
+            if all(node.layer is not lyr for lyr in self.layers):
+                self.layers.append(node.layer)
+        self._name_layers()
+        self._check_input_names()
+
+    def _check_input_names(self) -> None:
+        """Input names become graph names: they must differ from each other, the outputs' and
+        the weights'."""
+        names = [self._input_name(i) for i in range(len(self._inputs))]
+        taken = {self._output_name(i) for i in range(len(self._outputs))} | set(self.weight_names())
+        for i, n in enumerate(names):
+            if n in names[:i] or n in taken or n.startswith("ortrain."):
+                what = "another input's" if n in names[:i] else "an output's or a weight's" if n in taken else \
+                    "reserved for ortrain's loss inputs"
+                raise OrtrainError(f"Model: input name {n!r} is {what} name; give ot.Input(..., name=...) a name "
+                                   "of its own")
+
+    # -- construction helpers -----------------------------------------------------------
+    def _init_state(self, name: str) -> None:
+        self.name = name
+        self.loss: losses.Loss | None = None
+        self.optimizer: optim.Optimizer | None = None
+        self.metrics: list[str] = []
+        self._frozen: set[str] = set()
+        self._frozen_stats: set[str] = set()  # running-mean names of batch norms in inference form
+        self.history = None  # the History of the last fit, as Keras keeps it
+        self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
+        self._live_seen = None  # set by a running fit: what it last took of optimizer.lr
+        self.train_state = None  # optimizer state carried between fit() calls
+        self._version = 0
+        self._runners: dict = {}
+        self._edits_seen = None  # layers.EDITS when the edits were last taken
+        self._lr_seen = None  # (optimizer id, its lr_writes) when the last fit ended
+
+    def _name_layers(self) -> None:
+        counts: dict[str, int] = {}
+        taken = {lyr.name for lyr in self.layers if lyr.name}
+        for lyr in self.layers:
+            if lyr.name is None:
+                base = _snake(type(lyr).__name__)
+                while True:
+                    n = counts.get(base, 0)
+                    counts[base] = n + 1
+                    candidate = f"{base}_{n}"
+                    if candidate not in taken:
+                        break
+                lyr.name = candidate
+                taken.add(candidate)
+        names = [lyr.name for lyr in self.layers]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise OrtrainError(f"layer names must be unique within a model; repeated: {', '.join(sorted(dup))}")
+
+    # -- parameters -----------------------------------------------------------------------
+    def _base_params(self) -> list[ParamSpec]:
+        return [ParamSpec(f"{lyr.name}.{s}", a.shape, a.dtype, lyr.roles[s])
+                for lyr in self.layers for s, a in lyr.weights.items()]
+
+    def _weight_table(self) -> dict[str, np.ndarray]:
+        return {f"{lyr.name}.{s}": a for lyr in self.layers for s, a in lyr.weights.items()}
+
+    def _store_weight(self, name: str, value: np.ndarray) -> None:
+        layer_name, suffix = name.rsplit(".", 1)
+        for lyr in self.layers:
+            if lyr.name == layer_name:
+                lyr.weights.put(suffix, value)  # counted as a change: models sharing the layer see it
+                return
+        raise KeyError(name)
+
+    def params(self) -> list[ParamSpec]:
+        """Weights in documented order, with their current roles (freezing applied)."""
+        out = []
+        for p in self._base_params():
+            role = p.role
+            if role == "trainable" and p.name in self._frozen:
+                role = "frozen"
+            out.append(ParamSpec(p.name, tuple(p.shape), p.dtype, role))
+        return out
+
+    def weight_names(self) -> list[str]:
+        return [p.name for p in self._base_params()]
+
+    def get_weights(self) -> list[np.ndarray]:
+        table = self._weight_table()
+        return [table[n].copy() for n in self.weight_names()]
+
+    def set_weights(self, weights) -> None:
+        """Replace weights from a list (``weight_names()`` order) or a dict keyed by weight name.
+
+        Everything is checked before anything changes.
+        """
+        names = self.weight_names()
+        table = self._weight_table()
+        if isinstance(weights, Mapping):
+            unknown = sorted(set(weights) - set(names))
+            if unknown:
+                raise OrtrainError(f"set_weights: unknown weight names {unknown}; the model has {names}")
+            items = [(k, weights[k]) for k in weights]
+        else:
+            if weights is None or isinstance(weights, (str, bytes, np.ndarray)) or not hasattr(weights, "__iter__"):
+                raise OrtrainError(f"set_weights: expected a list of arrays in weight_names() order or a dict "
+                                   f"keyed by weight name, received {type(weights).__name__}")
+            weights = list(weights)
+            if len(weights) != len(names):
+                raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), "
+                                   f"received {len(weights)}")
+            items = list(zip(names, weights))
+        staged = []
+        for name, value in items:
+            a = as_array(value, table[name].dtype, f"set_weights[{name!r}]")
+            if a.shape == () and table[name].shape == (1,):  # a trainable scalar is kept with shape (1,)
+                a = a.reshape(1)
+            if a.shape != table[name].shape:
+                raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(table[name].shape)}, "
+                                 f"received {describe_shape(a.shape)}")
+            staged.append((name, a.copy()))
+        for name, a in staged:
+            self._store_weight(name, a)  # recorded as an edit, which a fit in progress takes over
+        self._changed()
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._runners.clear()
+
+    def _weights_stamp(self) -> tuple:
+        """Changes whenever the weights do, also through another model that shares a layer."""
+        return (self._version, *(getattr(lyr, "_stored", 0) for lyr in getattr(self, "layers", ())))
+
+    def weights_digest(self) -> str:
+        """sha256 of the weights, remembered until ``set_weights`` (or training) changes them: a
+        cache hit on ResNet-50's artifacts would otherwise spend most of its time hashing 100 MB."""
+        memo = getattr(self, "_digest", None)
+        if memo is None or memo[0] != self._weights_stamp():
+            self._digest = memo = (self._weights_stamp(), self.forward_graph().weights_digest())
+        return memo[1]
+
+    # -- the forward graph ----------------------------------------------------------------
+    @property
+    def input_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(self._input_name(i), t.dtype, t.shape) for i, t in enumerate(self._inputs)]
+
+    @property
+    def output_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(self._output_name(i), np.float32, t.shape) for i, t in enumerate(self._outputs)]
+
+    def index_bounds(self) -> dict[str, tuple[int, int, str]]:
+        """For each input read as row indices of a table: ``(lowest, highest, what)`` it allows.
+
+        An ``Embedding`` fed straight from a model input takes indices in ``[0, input_dim - 1]``, as
+        in Keras and PyTorch; onnxruntime would fail on a larger one deep in a step and wrap a
+        negative one into another row.
+        """
+        from ortrain.nn.core_layers import Embedding
+        names = {id(t): self._input_name(i) for i, t in enumerate(self._inputs)}
+        bounds: dict[str, tuple[int, int, str]] = {}
+        for node in self._nodes:
+            name = names.get(id(node.inputs[0])) if isinstance(node.layer, Embedding) else None
+            if name is not None and (name not in bounds or node.layer.input_dim - 1 < bounds[name][1]):
+                bounds[name] = (0, node.layer.input_dim - 1, f"Embedding {node.layer.name!r}")
+        return bounds
+
+    def _input_name(self, i: int) -> str:
+        t = self._inputs[i]
+        return t.name or ("input" if len(self._inputs) == 1 else f"input_{i}")
+
+    def _output_name(self, i: int) -> str:
+        return "output" if len(self._outputs) == 1 else f"output_{i}"
+
+    def _base_proto(self):
+        gb = GraphBuilder(name=self.name)
+        values = {}
+        for i, t in enumerate(self._inputs):
+            values[id(t)] = gb.add_input(self._input_name(i), t.dtype, t.shape)
+        for p in self._base_params():
+            gb.add_input(p.name, p.dtype, p.shape)
+        ctx = EmitContext(gb)
+        for node in self._nodes:
+            ctx.output_shape = node.output.shape
+            with gb.scope(node.layer.name):
+                values[id(node.output)] = node.layer.emit(ctx, [values[id(t)] for t in node.inputs])
+        for i, t in enumerate(self._outputs):
+            gb.op("Identity", [values[id(t)]], outputs=[self._output_name(i)])
+            gb.add_output(self._output_name(i), np.float32, t.shape)
+        return gb.to_model(doc=f"ortrain model {self.name}", check=False)
+
+    def forward_graph(self) -> ForwardGraph:
+        proto = freeze_batchnorm_stats(self._base_proto(), self._frozen_stats)
+        weights = self._weight_table()
+        fg = ForwardGraph(proto, tuple(self.params()), weights)
+        return fg
+
+    # -- freezing ---------------------------------------------------------------------------
+    def _resolve(self, what, verb: str) -> list[str]:
+        items = what if isinstance(what, (list, tuple, set)) else [what]
+        names = self.weight_names()
+        layer_names = {lyr.name: lyr for lyr in getattr(self, "layers", [])}
+        out = []
+        for item in items:
+            if isinstance(item, Layer):
+                if all(item is not lyr for lyr in layer_names.values()):
+                    named = f"layer {item.name!r}" if item.name else f"a {type(item).__name__} layer"
+                    raise OrtrainError(f"{verb}: {named} is not part of this model; pass this model's layers "
+                                       f"or weight names ({', '.join(layer_names)})")
+                out += [f"{item.name}.{s}" for s in item.weights]
+            elif isinstance(item, str) and item in layer_names:
+                out += [f"{item}.{s}" for s in layer_names[item].weights]
+            elif isinstance(item, str):
+                hits = [n for n in names if fnmatch.fnmatchcase(n, item)]
+                if not hits:
+                    raise OrtrainError(f"{verb}: {item!r} matches no layer or weight; weights are "
+                                       f"{', '.join(names)}")
+                out += hits
+            else:
+                raise OrtrainError(f"{verb}: expected layers, layer names, weight names or glob patterns, "
+                                   f"received {item!r}")
+        return out
+
+    def _bn_stat_pairs(self) -> dict[str, str]:
+        """running_var name -> running_mean name for every batch norm of the graph."""
+        return {n.input[4]: n.input[3] for n in batchnorm_nodes(self._base_proto())}
+
+    def freeze(self, names_or_layers) -> None:
+        """Stop training these weights (layers, layer names, weight names or glob patterns).
+
+        A frozen batch-norm layer also keeps its running statistics fixed (Keras' behaviour).
+        """
+        resolved = self._resolve(names_or_layers, "freeze")
+        roles = {p.name: p.role for p in self._base_params()}
+        pairs = self._bn_stat_pairs()
+        means = set(pairs.values())
+        for n in resolved:
+            if roles[n] == "trainable":
+                self._frozen.add(n)
+            elif n in means:
+                self._frozen_stats.add(n)
+            elif n in pairs:
+                self._frozen_stats.add(pairs[n])
+        self._changed()
+
+    def unfreeze(self, names_or_layers) -> None:
+        resolved = self._resolve(names_or_layers, "unfreeze")
+        pairs = self._bn_stat_pairs()
+        for n in resolved:
+            self._frozen.discard(n)
+            self._frozen_stats.discard(n)
+            self._frozen_stats.discard(pairs.get(n, ""))
+        self._changed()
+
+    def freeze_bn_stats(self) -> None:
+        """Batch norms normalise by their running statistics in training too and stop updating them."""
+        self._frozen_stats = {n.input[3] for n in batchnorm_nodes(self._base_proto())}
+        self._changed()
+
+    def unfreeze_bn_stats(self) -> None:
+        self._frozen_stats = set()
+        self._changed()
+
+    @property
+    def trainable_weight_names(self) -> list[str]:
+        return [p.name for p in self.params() if p.role == "trainable"]
+
+    # -- export and persistence --------------------------------------------------------------
+    def export_onnx(self, path) -> str:
+        """Write an inference graph (no loss, no dropout, running batch-norm statistics, free batch size)."""
+        import onnx
+
+        from ortrain.graph.forward import to_inference
+        path = checked_target(path, "export_onnx(path)")
+        fg = self.forward_graph()
+        # From the graph before freezing: batch norms with frozen statistics stay BatchNormalization
+        # nodes (the same outputs in inference), so an importer still sees their statistics as such.
+        proto = with_weights(to_inference(self._base_proto()), fg.weights)
+        proto.doc_string = f"Exported by ortrain from model {self.name!r}"
+        check_model(proto, "exported model")
+        with atomic_path(path, "export_onnx(path)") as tmp:
+            onnx.save(proto, tmp)
+        return str(path)
+
+    def save(self, path) -> str:
+        """Architecture, weights, compile settings and optimizer state in one zip file (no pickle)."""
+        from ortrain.nn.saving import save_model
+        return save_model(self, path)
+
+    def copy(self) -> Model:
+        """An independent model with the same architecture, weights, freezing and compile settings."""
+        return self._copy_with(None)
+
+    def _copy_with(self, weights: dict[str, np.ndarray] | None) -> Model:
+        """A copy of this model holding ``weights`` (name -> array, taken as given where the model
+        keeps arrays as they come) instead of copies of its own: one copy of the weights, not two."""
+        from ortrain.nn.saving import model_from_record, model_record
+        record, own, aux = model_record(self, with_weights=weights is None)
+        return model_from_record(record, own if weights is None else weights, aux)
+
+    def summary(self, print_fn=print) -> None:
+        """Print each layer once (a shared layer too, as Keras does: its calls see one shape) and
+        the parameter counts, through ``print_fn``."""
+        check_print_fn(print_fn)
+        rows = [("Layer (type)", "Output shape", "Params")]
+        for lyr in self.layers:
+            shape = next(node.output.shape for node in self._nodes if node.layer is lyr)
+            n = sum(int(np.prod(a.shape)) for a in lyr.weights.values())
+            rows.append((f"{lyr.name} ({type(lyr).__name__})", describe_shape(shape), str(n)))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for r in rows:
+            print_fn("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        ps = self.params()
+        total = sum(int(np.prod(p.shape)) for p in ps)
+        trainable = sum(int(np.prod(p.shape)) for p in ps if p.role == "trainable")
+        print_fn(f"Total params: {total}  trainable: {trainable}  non-trainable: {total - trainable}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}: {len(self.weight_names())} weights>"

@@ -1,0 +1,211 @@
+"""The core layers: Dense, Activation, Dropout, the normalisations (BatchNorm, LayerNorm) and
+Embedding."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ortrain import _random
+from ortrain._arrays import is_real
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
+
+__all__ = ["Activation", "BatchNorm", "Dense", "Dropout", "Embedding", "LayerNorm"]
+
+
+def _epsilon(value, owner: str) -> float:
+    if not is_real(value) or not math.isfinite(value) or not value > 0:
+        raise OrtrainError(f"{owner}(epsilon=...): expected a positive finite number, received {value!r}")
+    return float(value)
+
+
+class Dense(Layer):
+    """``activation(x @ kernel + bias)``; kernel ``(in, out)``, Glorot-uniform; bias zeros.
+
+    ``activation`` is one of ``ACTIVATIONS`` (see ``Activation`` for their exact definitions).
+    """
+
+    def __init__(self, units: int, activation=None, use_bias: bool = True, name=None, seed=None):
+        super().__init__(name, seed)
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units < 1:
+            raise OrtrainError(f"Dense(units=...): expected a positive int, received {units!r}")
+        self.units = int(units)
+        self.activation = check_activation(activation)
+        self.use_bias = bool(use_bias)
+
+    def _build(self, input_shapes, rng):
+        shape = input_shapes[0]
+        if len(shape) < 2 or shape[-1] is None:
+            raise ShapeError(f"Dense expects inputs (batch, ..., features) with known features, "
+                             f"received {describe_shape(shape)}")
+        n_in = shape[-1]
+        self.weights["kernel"] = glorot_uniform(rng, (n_in, self.units), n_in, self.units)
+        self.roles["kernel"] = "trainable"
+        if self.use_bias:
+            self.weights["bias"] = np.zeros(self.units, np.float32)
+            self.roles["bias"] = "trainable"
+
+    def output_shape(self, input_shapes):
+        return tuple(input_shapes[0][:-1]) + (self.units,)
+
+    def emit(self, ctx, inputs):
+        gb, x = ctx.gb, inputs[0]
+        k = ctx.weight(self, "kernel")
+        rank = len(self.built_for[0]) + 1
+        if rank == 2 and self.use_bias:
+            y = gb.op("Gemm", [x, k, ctx.weight(self, "bias")])  # one fused GEMM with bias
+        else:
+            y = gb.op("MatMul", [x, k])
+            if self.use_bias:
+                y = gb.op("Add", [y, ctx.weight(self, "bias")])
+        return emit_activation(gb, y, self.activation)
+
+    def get_config(self):
+        return {"name": self.name, "units": self.units, "activation": self.activation, "use_bias": self.use_bias}
+
+
+class Activation(Layer):
+    """An activation on its own. The names, as Keras defines them:
+
+    - ``relu``, ``sigmoid``, ``tanh``, ``linear`` (the identity);
+    - ``softmax`` over the last axis;
+    - ``gelu``: the exact form ``x * (1 + erf(x / sqrt 2)) / 2`` (PyTorch's ``GELU()``, not
+      its ``approximate="tanh"``);
+    - ``leaky_relu``: negative slope 0.2, Keras 3's default (PyTorch's ``LeakyReLU`` defaults
+      to 0.01); a model with another slope can come in through ``ot.from_onnx``.
+    """
+
+    def __init__(self, activation, name=None):
+        super().__init__(name)
+        self.activation = check_activation(activation)
+
+    def emit(self, ctx, inputs):
+        out = emit_activation(ctx.gb, inputs[0], self.activation)
+        return out if out != inputs[0] else ctx.gb.op("Identity", [out])
+
+    def get_config(self):
+        return {"name": self.name, "activation": self.activation}
+
+
+class Dropout(Layer):
+    """Zeroes a fraction ``rate`` of the inputs during training steps (scaled by ``1/(1-rate)``).
+
+    A new mask is drawn at every step; evaluation, prediction and export run without it.
+    """
+
+    def __init__(self, rate: float, name=None, seed=None):
+        super().__init__(name, seed)
+        if not is_real(rate) or not 0.0 <= rate < 1.0:
+            raise OrtrainError(f"Dropout(rate=...): expected a number in [0, 1), received {rate!r}")
+        self.rate = float(rate)
+
+    def _build(self, input_shapes, rng):
+        # A seeded run (ot.set_seed or seed=) gets reproducible masks; otherwise the graph carries no
+        # seed, so models that differ only in weights share cached artifacts.
+        self.graph_seed = self.seed if self.seed is not None else \
+            (_random.draw_seed() if _random.is_seeded() else None)
+
+    def emit(self, ctx, inputs):
+        gb = ctx.gb
+        ratio = gb.const(self.rate, hint="ratio")
+        training = gb.const(True, np.bool_, hint="training_mode")
+        y, _mask = gb.op("Dropout", [inputs[0], ratio, training], outputs=2, seed=self.graph_seed)
+        return y
+
+    def get_config(self):
+        # The seed the graph carries, so a copy or a reloaded model builds the same graph (and so
+        # the same artifacts, and resumes from the same checkpoints).
+        seed = self.seed if self.seed is not None else getattr(self, "graph_seed", None)
+        return {"name": self.name, "rate": self.rate, "seed": seed}
+
+
+class BatchNorm(Layer):
+    """Batch normalisation over axis 1 (features of ``(batch, features)``, channels of images).
+
+    Training steps normalise by the batch statistics and move the running ones by
+    ``running = momentum * running + (1 - momentum) * batch`` (Keras' convention, biased
+    variance); evaluation and export use the running statistics. With the statistics
+    frozen (``model.freeze_bn_stats()`` or a frozen layer) training uses them too.
+    """
+
+    def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3, name=None):
+        super().__init__(name)
+        if not is_real(momentum) or not 0.0 <= momentum < 1.0:
+            raise OrtrainError(f"BatchNorm(momentum=...): expected a number in [0, 1), received {momentum!r}")
+        self.momentum = float(momentum)
+        self.epsilon = _epsilon(epsilon, type(self).__name__)
+
+    def _build(self, input_shapes, rng):
+        shape = input_shapes[0]
+        if len(shape) not in (2, 3, 4) or shape[1] is None:
+            raise ShapeError(f"BatchNorm expects (batch, features) or (batch, channels, ...) inputs, "
+                             f"received {describe_shape(shape)}")
+        c = shape[1]
+        self.weights.update(gamma=np.ones(c, np.float32), beta=np.zeros(c, np.float32),
+                            running_mean=np.zeros(c, np.float32), running_var=np.ones(c, np.float32))
+        self.roles.update(gamma="trainable", beta="trainable", running_mean="buffer", running_var="buffer")
+
+    def emit(self, ctx, inputs):
+        names = [ctx.weight(self, s) for s in ("gamma", "beta", "running_mean", "running_var")]
+        return ctx.gb.op("BatchNormalization", [inputs[0], *names], epsilon=self.epsilon, momentum=self.momentum)
+
+    def get_config(self):
+        return {"name": self.name, "momentum": self.momentum, "epsilon": self.epsilon}
+
+
+class LayerNorm(Layer):
+    """Layer normalisation over the last axis, with learned ``gamma``/``beta``.
+
+    ``epsilon`` defaults to Keras' 1e-3; PyTorch's ``nn.LayerNorm`` uses 1e-5.
+
+    Emitted as ONNX ``LayerNormalization`` with its mean and inverse-std outputs,
+    the form whose gradient onnxruntime-training has.
+    """
+
+    def __init__(self, epsilon: float = 1e-3, name=None):
+        super().__init__(name)
+        self.epsilon = _epsilon(epsilon, type(self).__name__)
+
+    def _build(self, input_shapes, rng):
+        c = input_shapes[0][-1]
+        if c is None:
+            raise ShapeError("LayerNorm needs a known last dimension")
+        self.weights.update(gamma=np.ones(c, np.float32), beta=np.zeros(c, np.float32))
+        self.roles.update(gamma="trainable", beta="trainable")
+
+    def emit(self, ctx, inputs):
+        y, _mean, _inv_std = ctx.gb.op("LayerNormalization",
+                                       [inputs[0], ctx.weight(self, "gamma"), ctx.weight(self, "beta")],
+                                       outputs=3, axis=-1, epsilon=self.epsilon)
+        return y
+
+    def get_config(self):
+        return {"name": self.name, "epsilon": self.epsilon}
+
+
+class Embedding(Layer):
+    """Rows of a ``(input_dim, output_dim)`` table, looked up by int64 indices."""
+
+    input_dtype = np.dtype(np.int64)
+
+    def __init__(self, input_dim: int, output_dim: int, name=None, seed=None):
+        super().__init__(name, seed)
+        for what, v in (("input_dim", input_dim), ("output_dim", output_dim)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise OrtrainError(f"Embedding({what}=...): expected a positive int, received {v!r}")
+        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+
+    def _build(self, input_shapes, rng):
+        self.weights["embeddings"] = rng.uniform(-0.05, 0.05, (self.input_dim, self.output_dim)).astype(np.float32)
+        self.roles["embeddings"] = "trainable"
+
+    def output_shape(self, input_shapes):
+        return tuple(input_shapes[0]) + (self.output_dim,)
+
+    def emit(self, ctx, inputs):
+        return ctx.gb.op("Gather", [ctx.weight(self, "embeddings"), inputs[0]], axis=0)
+
+    def get_config(self):
+        return {"name": self.name, "input_dim": self.input_dim, "output_dim": self.output_dim}

@@ -1,0 +1,47 @@
+"""``Sequential``: a model built from a stack of single-input layers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ortrain import _random
+from ortrain._arrays import checked_int
+from ortrain.errors import OrtrainError
+from ortrain.nn.base_layer import Layer
+from ortrain.nn.base_model import Model
+from ortrain.nn.symbolic import Input
+
+__all__ = ["Sequential"]
+
+
+class Sequential(Model):
+    """A stack of single-input layers: ``ot.Sequential([Dense(8, activation="relu"), Dense(2)], input_shape=(4,))``."""
+
+    def __init__(self, layers=None, input_shape=None, name: str | None = None, seed: int | None = None,
+                 input_dtype=None):
+        if isinstance(layers, (Layer, str, bytes, Mapping)) or (layers is not None and not hasattr(layers, "__iter__")):
+            fix = "; wrap a single layer in a list" if isinstance(layers, Layer) else ""
+            raise OrtrainError(f"Sequential(layers=...): expected a list of layers, received "
+                               f"{type(layers).__name__}{fix}")
+        layers = list(layers or [])
+        for lyr in layers:
+            if not isinstance(lyr, Layer):
+                raise OrtrainError(f"Sequential: expected ot.layers objects, received {lyr!r}")
+            if lyr.n_inputs != 1:
+                raise OrtrainError(f"Sequential: {type(lyr).__name__} merges several inputs; use the functional "
+                                   "API (ot.Input / ot.Model) for branches")
+        if not layers:
+            raise OrtrainError("Sequential needs at least one layer")
+        if input_shape is None:
+            raise OrtrainError("Sequential(..., input_shape=...) is required: give the shape of one sample, "
+                               "e.g. input_shape=(4,) for 4 features")
+        dtype = input_dtype or layers[0].input_dtype
+        seed = checked_int(seed, "Sequential(seed=...)", minimum=0, allow_none=True)
+        rng = _random.generator(seed)
+        x = inp = Input(input_shape, dtype=dtype)
+        for lyr in layers:
+            if not lyr.built_for and lyr.seed is None:
+                lyr.build([x.shape], rng)
+            x = lyr(x)
+        super().__init__(inp, x, name=name or "sequential")
+        self._seed = seed

@@ -1,0 +1,126 @@
+"""Layers without weights that reshape one tensor (Flatten, Reshape) or merge several (Add,
+Concatenate)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain._arrays import is_integer
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.nn.base_layer import Layer
+
+__all__ = ["Add", "Concatenate", "Flatten", "Reshape"]
+
+
+class Flatten(Layer):
+    """Every non-batch dimension into one: ``(batch, d1, d2, ...) -> (batch, d1 * d2 * ...)``."""
+
+    def output_shape(self, input_shapes):
+        rest = input_shapes[0][1:]
+        return (input_shapes[0][0], None if any(d is None for d in rest) else int(np.prod(rest, dtype=np.int64)))
+
+    def emit(self, ctx, inputs):
+        return ctx.gb.op("Flatten", [inputs[0]], axis=1)
+
+
+class Reshape(Layer):
+    """Reshape the non-batch dimensions to ``target_shape`` (one entry may be -1)."""
+
+    def __init__(self, target_shape, name=None):
+        super().__init__(name)
+        if is_integer(target_shape):
+            target_shape = (target_shape,)
+        if isinstance(target_shape, np.ndarray) and target_shape.ndim == 1:
+            target_shape = list(target_shape)
+        if not isinstance(target_shape, (tuple, list)) or not all(is_integer(d) for d in target_shape):
+            raise OrtrainError(f"Reshape(target_shape=...): expected a tuple of ints, received {target_shape!r}")
+        target = tuple(int(d) for d in target_shape)
+        if not target or sum(d == -1 for d in target) > 1 or any(d == 0 or d < -1 for d in target):
+            raise OrtrainError(f"Reshape(target_shape=...): expected positive sizes and at most one -1, "
+                               f"received {target_shape!r}")
+        self.target_shape = target
+
+    def output_shape(self, input_shapes):
+        rest = input_shapes[0][1:]
+        target = list(self.target_shape)
+        if any(d is None for d in rest):
+            return (input_shapes[0][0],) + tuple(None if d == -1 else d for d in target)
+        total = int(np.prod(rest, dtype=np.int64))
+        known = int(np.prod([d for d in target if d != -1], dtype=np.int64))
+        if -1 in target:
+            if total % known:
+                raise ShapeError(f"Reshape cannot fit {describe_shape(input_shapes[0])} into {self.target_shape}")
+            target[target.index(-1)] = total // known
+        elif known != total:
+            raise ShapeError(f"Reshape cannot fit {describe_shape(input_shapes[0])} into {self.target_shape}")
+        return (input_shapes[0][0],) + tuple(target)
+
+    def emit(self, ctx, inputs):
+        # 0 copies the batch dimension, so the batch stays free. The -1 is written resolved where the
+        # sizes are known: with 0 rows the runtime cannot infer it.
+        rest = ctx.output_shape[1:]
+        target = rest if rest and None not in rest else self.target_shape
+        shape = ctx.gb.const([0, *target], np.int64, hint="shape")
+        return ctx.gb.op("Reshape", [inputs[0], shape])
+
+    def get_config(self):
+        return {"name": self.name, "target_shape": list(self.target_shape)}
+
+
+class Add(Layer):
+    """Elementwise sum of two or more tensors of the same shape."""
+
+    n_inputs = None
+
+    def output_shape(self, input_shapes):
+        first = tuple(input_shapes[0][1:])
+        for s in input_shapes[1:]:
+            if tuple(s[1:]) != first:
+                raise ShapeError(f"Add needs inputs of one shape, received "
+                                 f"{', '.join(describe_shape(s) for s in input_shapes)}")
+        return input_shapes[0]
+
+    def emit(self, ctx, inputs):
+        out = inputs[0]
+        for other in inputs[1:]:
+            out = ctx.gb.op("Add", [out, other])
+        return out
+
+
+class Concatenate(Layer):
+    """Join tensors along ``axis`` (default the last; 0 is the batch and is refused)."""
+
+    n_inputs = None
+
+    def __init__(self, axis: int = -1, name=None):
+        super().__init__(name)
+        if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+            raise OrtrainError(f"Concatenate(axis=...): expected an int, received {axis!r}")
+        if axis == 0:
+            raise OrtrainError("Concatenate(axis=0) would join along the batch; choose a feature axis")
+        self.axis = int(axis)
+
+    def output_shape(self, input_shapes):
+        rank = len(input_shapes[0])
+        if not -rank <= self.axis < rank:
+            raise ShapeError(f"Concatenate(axis={self.axis}): inputs of rank {rank} have axes {-rank} to "
+                             f"{rank - 1}")
+        axis = self.axis % rank
+        if axis == 0 or any(len(s) != rank for s in input_shapes):
+            raise ShapeError(f"Concatenate(axis={self.axis}) cannot join "
+                             f"{', '.join(describe_shape(s) for s in input_shapes)}")
+        for d in range(1, rank):
+            if d != axis and len({s[d] for s in input_shapes}) > 1:
+                raise ShapeError(f"Concatenate(axis={self.axis}) needs equal sizes off the axis, received "
+                                 f"{', '.join(describe_shape(s) for s in input_shapes)}")
+        sizes = [s[axis] for s in input_shapes]
+        total = None if any(v is None for v in sizes) else sum(sizes)
+        out = list(input_shapes[0])
+        out[axis] = total
+        return tuple(out)
+
+    def emit(self, ctx, inputs):
+        return ctx.gb.op("Concat", list(inputs), axis=self.axis)
+
+    def get_config(self):
+        return {"name": self.name, "axis": self.axis}

@@ -1,0 +1,73 @@
+"""The functional graph of layers: :class:`SymbolicTensor` (a value in the graph), the nodes
+layer calls add (``_Node``), ``Input`` and the dependency order a model runs them in."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain._arrays import is_integer
+from ortrain._dag import post_order
+from ortrain.errors import OrtrainError, describe_shape
+from ortrain.nn.base_layer import Layer
+
+__all__ = ["Input", "SymbolicTensor"]
+
+
+class _Node:
+    __slots__ = ("layer", "inputs", "output")
+
+    def __init__(self, layer, inputs, output):
+        self.layer, self.inputs, self.output = layer, inputs, output
+
+
+class SymbolicTensor:
+    """A placeholder for a value in a functional model: shape (batch first, ``None`` = free) and dtype."""
+
+    def __init__(self, shape: tuple, dtype, node: _Node | None = None, name: str | None = None):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.node = node
+        self.name = name
+
+    @classmethod
+    def from_layer(cls, layer: Layer, tensors: list[SymbolicTensor]) -> SymbolicTensor:
+        for t in tensors:
+            if t.dtype != layer.input_dtype:
+                raise OrtrainError(f"{type(layer).__name__} takes {layer.input_dtype.name} inputs, received "
+                                   f"{t.dtype.name}" + ("; give ot.Input(..., dtype='int64') for indices"
+                                                         if layer.input_dtype.kind == "i" else ""))
+        shapes = [t.shape for t in tensors]
+        layer.build(shapes)
+        out = cls(layer.output_shape(shapes), np.float32)
+        out.node = _Node(layer, list(tensors), out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"SymbolicTensor(shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
+
+
+def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  # noqa: N802 - Keras' name
+    """A model input of per-sample ``shape`` (the batch dimension is added in front)."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)):
+        raise OrtrainError(f"Input(shape=...): expected a tuple of positive ints (None for a free size), received "
+                           f"{shape!r}")
+    if any(not (d is None or (is_integer(d) and d > 0)) for d in shape):
+        raise OrtrainError(f"Input(shape=...): expected positive ints (None for a free size), received {shape!r}")
+    shape = tuple(None if d is None else int(d) for d in shape)  # numpy ints reach onnx and JSON as ints
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.float32), np.dtype(np.int64)):
+        raise OrtrainError(f"Input(dtype=...): expected 'float32' or 'int64', received {dtype!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise OrtrainError(f"Input(name=...): expected a non-empty string, received {name!r}")
+    return SymbolicTensor((None,) + shape, dt, name=name)
+
+
+def _topological(outputs: list[SymbolicTensor]) -> tuple[list[_Node], list[SymbolicTensor]]:
+    """Nodes in dependency order and the input tensors reached."""
+    tensors = post_order(outputs, lambda t: t.node.inputs if t.node is not None else ())
+    return [t.node for t in tensors if t.node is not None], [t for t in tensors if t.node is None]

@@ -1,0 +1,261 @@
+"""What a model does and carries for training: ``compile``, ``fit``, ``predict`` and
+``evaluate``, the optimizer state and rate between fits (:class:`ShownRate`), the edit log a
+running fit reads, and copies detached from any fit (a mixin of :class:`~ortrain.nn.base_model.Model`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ortrain import losses, optim
+from ortrain import metrics as metrics_mod
+from ortrain._arrays import positive_int, prepare_inputs, row_slices, run_chunks
+from ortrain.data import prepare_arrays, refuse_non_finite_weights
+from ortrain.errors import OrtrainError
+from ortrain.graph import TensorSpec
+from ortrain.graph.forward import with_weights
+from ortrain.nn.base_layer import EDITS
+
+if TYPE_CHECKING:
+    from ortrain.nn.base_model import Model
+
+__all__ = ["ShownRate", "TrainingMixin"]
+
+
+class ShownRate:
+    """What ``model.optimizer.lr`` reads outside a fit: the rate the model's next fit starts at,
+    which is the rate its optimizer state carries (a schedule's last, as Keras' optimizer keeps
+    it) unless a rate was written since, as :class:`ortrain.Trainer` decides. Weak references:
+    the optimizer keeps neither the model nor itself alive."""
+
+    def __init__(self, model, opt):
+        self._model, self._opt = weakref.ref(model), weakref.ref(opt)
+
+    def __call__(self) -> float:
+        model, opt = self._model(), self._opt()
+        if model is None or opt is None or model.optimizer is not opt:
+            return opt._lr if opt is not None else float("nan")
+        state = model._train_state  # the state the next fit starts from, not a running fit's
+        return state.lr if state is not None and not model._lr_written() else opt._lr
+
+
+class TrainingMixin:
+    """Training, prediction and evaluation for :class:`~ortrain.nn.base_model.Model`, with the
+    state they keep on the model."""
+
+    # -- copies and pickles: detached from any fit ----------------------------------------------
+    def __getstate__(self) -> dict:
+        # A deep copy or a pickle holds the model, not its prediction sessions (a cache, rebuilt on
+        # use) nor links to a running or finished fit: the optimizer state as it is now, the
+        # history's values, and whether the optimizer's rate was written since the last fit.
+        from ortrain.history import History
+        state = dict(self.__dict__)
+        state["_runners"] = {}
+        state["_live_state"] = state["_live_seen"] = None
+        state["_train_state"] = self.train_state
+        if self.history is not None:
+            detached = History()
+            detached.history = {k: list(v) for k, v in self.history.history.items()}
+            detached.epoch, detached.params = list(self.history.epoch), dict(self.history.params)
+            state["history"] = detached
+        seen, opt = self._seen(), self.optimizer
+        state["_lr_seen"] = ("this optimizer", seen[1]) if seen is not None and opt is not None and \
+            seen[0] == id(opt) else seen
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        seen = self._lr_seen
+        if seen is not None and seen[0] == "this optimizer":
+            self._lr_seen = (id(self.optimizer), seen[1])
+        if self.optimizer is not None:
+            self.optimizer._lr_now = ShownRate(self, self.optimizer)
+
+    # -- the optimizer's rate and state between fits ---------------------------------------------
+    def _lr_written(self) -> bool:
+        """Whether ``optimizer.lr`` was written (or the optimizer replaced) since the last fit saw
+        it: the next fit then starts at that rate instead of its state's."""
+        opt = self.optimizer
+        return opt is not None and (id(opt), opt.lr_writes) != (self._seen() or (id(opt), 0))
+
+    def _seen(self):
+        """(optimizer id, its lr_writes) when a fit last took the rate: a running fit's, else the last."""
+        live = self._live_seen() if self._live_seen is not None else None
+        return live if live is not None else self._lr_seen
+
+    @property
+    def train_state(self):
+        """The optimizer state (moments, step, rate) a next ``fit`` continues from, None for fresh
+        moments. While a fit runs it is that fit's live state once it has taken a step, so a callback
+        that saves or copies ``self.model`` saves the state that goes with its weights, as in Keras
+        (each read then copies the moments out of the runtime: read it once per save)."""
+        live = self._live_state() if self._live_state is not None else None
+        return live if live is not None else self._train_state
+
+    @train_state.setter
+    def train_state(self, value) -> None:
+        self._train_state = value
+
+    # -- the edit log: weights set since a running fit last took them ------------------------------
+    def _take_edits(self) -> set[str]:
+        """The names of the weights set since the last take (``set_weights``, a layer's own, or
+        through another model sharing the layer; :class:`~ortrain.nn.layers.Weights` records them),
+        forgotten once taken. No scan of the layers when no weight was set anywhere since."""
+        if EDITS[0] == self._edits_seen:
+            return set()
+        self._edits_seen = EDITS[0]
+        names = set()
+        for lyr in self.layers:
+            if lyr.weights.changed:
+                names.update(f"{lyr.name}.{k}" for k in lyr.weights.changed)
+                lyr.weights.changed.clear()
+        return names
+
+    def _keep_edits(self, names: set[str]) -> None:
+        """Put back edits taken but not yet acted on."""
+        layers = {lyr.name: lyr for lyr in self.layers}
+        for name in names:
+            layer_name, key = name.rsplit(".", 1)
+            layers[layer_name].weights.changed.add(key)
+        if names:
+            EDITS[0] += 1
+
+    # -- compile / fit --------------------------------------------------------------------
+    def compile(self, optimizer="adam", loss="mse", metrics=None) -> Model:
+        """Choose the optimizer, loss and metrics. A new compile starts optimizer state afresh.
+
+        All three are checked before any is set: a refused compile leaves the model as it was.
+        """
+        new_optimizer = optim.get(optimizer)
+        new_loss = losses.get(loss)
+        if metrics is not None and not isinstance(metrics, (str, list, tuple)):
+            raise OrtrainError(f"metrics: expected a list of names such as ['accuracy'], received {metrics!r}")
+        new_metrics = [metrics] if isinstance(metrics, str) else list(metrics or [])
+        metrics_mod.resolve(new_metrics, new_loss)  # validate names now
+        first = self.output_specs[0]
+        if np.dtype(first.dtype) != np.float32:
+            names = ", ".join(f"{s.name!r} ({np.dtype(s.dtype).name})" for s in self.output_specs)
+            raise OrtrainError(f"compile: the loss is computed on the model's first output, which must be float32; "
+                               f"the outputs are {names}. Make a float output the first one (e.g. return the "
+                               "logits before the arg-max)")
+        if not first.shape:
+            raise OrtrainError(f"compile: the loss is computed on the model's first output, which has no batch "
+                               f"dimension ({first.name!r} has shape ()); ortrain trains outputs with one row per "
+                               "input row. Keep the batch axis in the model (e.g. keepdims=1, or reduce over the "
+                               "other axes only)")
+        self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
+        self.train_state = None
+        new_optimizer._lr_now = ShownRate(self, new_optimizer)
+        self._runners.clear()  # evaluate's graph holds the loss
+        return self
+
+    @property
+    def compiled(self) -> bool:
+        return self.loss is not None and self.optimizer is not None
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose=1, callbacks=None, validation_split=0.0,
+            validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0, steps_per_epoch=None,
+            validation_steps=None, class_weight=None, validation_freq=1):
+        """Train on arrays (``x`` and ``y``) or on a generator (``x`` alone, see
+        :func:`ortrain.fit_generator`), as Keras' ``fit``: ``batch_size`` (32 by default) rows a
+        step, a shorter last batch included; ``validation_split`` holds out the last rows, before
+        shuffling; ``validation_data`` arrays or a generator; ``sample_weight`` weights each
+        sample's loss and metrics; ``shuffle`` redraws the order every epoch (reproducibly after
+        ``ot.set_seed``); ``initial_epoch``/``epochs`` run epochs ``initial_epoch .. epochs-1``;
+        ``class_weight`` (``{class index: weight}``, for cross-entropy losses) multiplies each
+        training sample's weight by its class's, validation left unweighted; ``validation_freq``
+        validates after every ``n``-th epoch (an int) or after the listed epochs (counted from 1),
+        and epochs without validation log no ``val_`` values (NaN in the History). Details in
+        :func:`ortrain.fit.fit_model`. Returns the :class:`History`; a later ``fit`` continues
+        with the same optimizer state."""
+        from ortrain.fit import fit_model
+        return fit_model(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+                         validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
+                         sample_weight=sample_weight, initial_epoch=initial_epoch,
+                         steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                         class_weight=class_weight, validation_freq=validation_freq)
+
+    # -- inference --------------------------------------------------------------------------
+    def _runner(self, kind: str = "predict", weighting=None):
+        key = (kind, weighting, self._weights_stamp())
+        runner = self._runners.get(key)
+        if runner is None:
+            from ortrain import engine
+            from ortrain.artifacts import loss_model
+            from ortrain.graph.forward import to_inference
+            fg = self.forward_graph()
+            if kind == "predict":
+                proto = to_inference(fg.proto)
+            else:
+                if self.loss is None:
+                    raise OrtrainError("evaluate needs a loss: call model.compile(...) first")
+                proto = to_inference(loss_model(fg, self.loss, weighting)[0])
+            proto = with_weights(proto, fg.weights)
+            runner = engine.InferenceRunner(proto)
+            self._runners = {key: runner, **{k: v for k, v in self._runners.items() if k[2] == key[2]}}
+        return runner
+
+    def predict(self, x, batch_size=None, verbose=0) -> np.ndarray | list[np.ndarray]:
+        """Outputs for any number of rows, in inference mode (no dropout, running batch-norm statistics).
+
+        One array for a single-output model, a list in output order otherwise. ``batch_size``
+        (a positive int) bounds the rows per run; ``None`` runs all rows at once. ``verbose`` is
+        accepted for Keras code and shows nothing.
+        """
+        positive_int(batch_size, "batch_size", allow_none=True)
+        xs = prepare_inputs(self.input_specs, x, "x", bounds=self.index_bounds())
+        outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
+        return outs[0] if len(outs) == 1 else outs
+
+    def evaluate(self, x, y, batch_size=None, sample_weight=None, verbose=0) -> dict:
+        """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode.
+
+        Everything is checked before the first run: shapes, and class labels against the number
+        of classes for sparse cross-entropy. ``verbose`` is accepted for Keras code and shows nothing.
+        """
+        from ortrain.artifacts import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT
+        positive_int(batch_size, "batch_size", allow_none=True)
+        xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
+        refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
+        n = xs[0].shape[0]
+        runner = self._runner("evaluate", None if w is None else "sample")
+        specs = self.input_specs
+        ms = metrics_mod.resolve(self.metrics, self.loss)
+        total = 0.0
+        for sl in row_slices(n, batch_size):
+            feeds = {s.name: a[sl] for s, a in zip(specs, xs)}
+            feeds[LABEL] = yl[sl]
+            feeds[LOSS_SCALE] = np.array(1.0, np.float32)
+            if w is not None:
+                feeds[SAMPLE_WEIGHT] = w[sl]
+            loss, pred = runner.run(feeds, [LOSS, self.output_specs[0].name])
+            total += float(loss) * pred.shape[0]
+            for m in ms:
+                m.update(pred, yl[sl], None if w is None else w[sl])
+        return {"loss": total / n, **{m.name: m.result() for m in ms}}
+
+    def _n_classes(self, input_shapes=None) -> int | None:
+        """How many classes an integer label of the loss indexes (None: labels are no class indices,
+        or their number is not known). From the first output's declared width, else, where that is
+        free and ``input_shapes`` are given, from its width at those input sizes
+        (:meth:`_output_shape_for`)."""
+        loss = self.loss
+        n = loss.n_classes(self.output_specs[0].shape)
+        if n is None and input_shapes is not None and loss.class_labels:
+            shape = self._output_shape_for(input_shapes)
+            n = None if shape is None else loss.n_classes(shape)
+        return n
+
+    def _output_shape_for(self, input_shapes) -> tuple | None:
+        """The first output's shape for inputs of ``input_shapes`` (free dimensions None)."""
+        return tuple(self.output_specs[0].shape)
+
+    def _label_spec(self) -> TensorSpec:
+        """The loss's label input for this model's first output."""
+        if self.loss is None:
+            raise OrtrainError("the model is not compiled: call model.compile(optimizer=..., loss=...) first")
+        pred = self.output_specs[0]
+        return TensorSpec("y", self.loss.label_dtype, self.loss.label_shape(pred.shape))
