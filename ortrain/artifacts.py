@@ -12,11 +12,15 @@ Weights are not part of the hash: the same architecture with other weights
 reuses the cached graphs in a directory of its own. Published directories are
 never modified. ``load`` refuses directories written by other versions
 and files whose hash no longer matches the manifest.
+
+This module holds the ``Artifacts`` record, ``build`` and ``load``; the graphs a
+build writes are made in ``ortrain._artifact_graphs``, the manifest's format and
+checks are in ``ortrain._manifest``, and the cache folder, the build lock and
+scratch directories in ``ortrain._artifact_store``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -25,57 +29,37 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
-from ortrain._files import CAN_LOCK, atomic_path, fresh_dir, lock_file, not_a_folder
-from ortrain._version import __version__
-from ortrain._warnings import warn
+from ortrain._artifact_graphs import (
+    LABEL,
+    LOSS_SCALE,
+    SAMPLE_WEIGHT,
+    _check_trainable,
+    _check_weighting,
+    _forward_graph,
+    _freeze_unreachable,
+    _weights_digest,
+    _write,
+)
+from ortrain._artifact_graphs import LOSS as LOSS
+from ortrain._artifact_graphs import SCALED_LOSS as SCALED_LOSS
+from ortrain._artifact_graphs import WEIGHTINGS as WEIGHTINGS
+from ortrain._artifact_graphs import loss_model as loss_model
+from ortrain._artifact_store import _publish_lock, _refuse_working_directory, cache_dir, set_cache_dir
+from ortrain._artifact_store import scratch_dir as scratch_dir
+from ortrain._files import atomic_path, fresh_dir
+from ortrain._manifest import _FIELDS, FILES, FORMAT, _finish, _sha256, versions
 from ortrain.errors import OrtrainError
-from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
-from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
-from ortrain.graph.gradient_forms import for_training
-from ortrain.graph.gradient_ops import ancestors, gradient_reach, may_stop_gradients
+from ortrain.graph import TensorSpec
+from ortrain.graph.forward import ForwardGraph, ParamSpec
 
 __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", "SAMPLE_WEIGHT", "LOSS_SCALE"]
 
-FORMAT = 1
-# Bumped whenever the code that writes the graphs changes what it writes, so caches made by an
-# earlier revision of this version of ortrain miss instead of serving stale graphs.
+# Bumped whenever the code that writes the graphs (ortrain._artifact_graphs) changes what it writes,
+# so caches made by an earlier revision of this version of ortrain miss instead of serving stale graphs.
 BUILDER_REVISION = 11
-LABEL = "ortrain.label"
-SAMPLE_WEIGHT = "ortrain.sample_weight"
-LOSS_SCALE = "ortrain.loss_scale"
-LOSS = "ortrain.loss"
-SCALED_LOSS = "ortrain.scaled_loss"
-FILES = ("training.onnx", "eval.onnx", "optimizer.onnx", "forward.onnx", "checkpoint")
-WEIGHTINGS = (None, "sample", "element")
-
-_cache_root: Path | None = None
-
-
-def cache_dir() -> Path:
-    """Where artifacts are cached: ``set_cache_dir`` > ``$XDG_CACHE_HOME/ortrain/artifacts`` > ``~/.cache/...``."""
-    if _cache_root is not None:
-        return _cache_root
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # unset, empty or relative: the XDG spec says to ignore it
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ortrain" / "artifacts"
-
-
-def set_cache_dir(path) -> None:
-    """Use ``path`` as the artifact cache from now on (``None`` restores the default). A relative
-    path is taken from the working directory now (a later ``os.chdir`` does not move the cache)."""
-    global _cache_root
-    if path is not None and (not isinstance(path, (str, os.PathLike)) or not os.fspath(path)):
-        raise OrtrainError(f"set_cache_dir(path=...): expected a folder path or None, received {path!r}")
-    _cache_root = Path(os.path.abspath(path)) if path is not None else None
-
-
-def versions() -> dict:
-    return {"ortrain": __version__, "onnx": onnx.__version__, "onnxruntime": engine.ORT_VERSION}
 
 
 @dataclass(frozen=True)
@@ -192,26 +176,6 @@ def loss_text(loss: losses.Loss) -> str:
     return json.dumps(loss.config(), sort_keys=True)
 
 
-_verified: dict[tuple, str] = {}
-
-
-def _sha256(path: Path, remember: bool = False) -> str:
-    """sha256 of a file. With ``remember``, a file this process already hashed and that has not
-    changed since (same inode, size and modification time) is not read again."""
-    stat = os.stat(path)
-    memo = (os.path.abspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    if remember and memo in _verified:
-        return _verified[memo]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
-    if remember:
-        _verified[memo] = digest
-    return digest
-
-
 def _key(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: str | None) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"format": FORMAT, "builder": BUILDER_REVISION, "versions": versions(), "loss": loss.config(),
@@ -224,61 +188,6 @@ def _key(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: s
 def _opt_config(opt: optim.Optimizer) -> dict:
     # The learning rate is set on the session before every update; it does not shape the graph.
     return {k: v for k, v in opt.config().items() if k != "lr"}
-
-
-def _check_weighting(weighting) -> None:
-    if weighting not in WEIGHTINGS:
-        raise OrtrainError(f"weighting: expected None, 'sample' or 'element', received {weighting!r}")
-
-
-def _check_trainable(fg: ForwardGraph) -> None:
-    if not fg.names("trainable"):
-        raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights")
-
-
-def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tuple[onnx.ModelProto, dict]:
-    """The forward graph with the loss appended; returns the model and the manifest's I/O entries.
-
-    Outputs: ``[scaled_loss, loss, prediction]``. ``scaled_loss = loss * loss_scale`` is where
-    backpropagation starts, so gradient accumulation over k batches can feed ``1/k``.
-    """
-    _check_weighting(weighting)
-    outputs = fg.outputs
-    if not outputs:
-        raise OrtrainError("the model has no outputs to put a loss on")
-    pred = outputs[0]
-    if pred.dtype != np.float32:
-        raise OrtrainError(f"the model's first output {pred.name!r} is {np.dtype(pred.dtype).name}; "
-                           "the loss needs float32 predictions")
-    if weighting == "element" and not loss.element_weights:
-        raise OrtrainError(f"one weight per output element is defined for mean squared error only, "
-                           f"not {loss.name!r}; use loss='mse' or one weight per sample")
-    if weighting is not None and len(pred.shape) < 2 and weighting == "element":
-        raise OrtrainError("one weight per output element needs a prediction of shape [batch, outputs]")
-    batch = pred.shape[0] if pred.shape else None
-    gb = GraphBuilder(prefix="ortrain.loss/")
-    label = TensorSpec(LABEL, loss.label_dtype, loss.label_shape(pred.shape))
-    gb.add_input(label.name, label.dtype, label.shape)
-    weight = None
-    if weighting == "sample":
-        weight = TensorSpec(SAMPLE_WEIGHT, np.dtype(np.float32), (batch,) + (1,) * (len(pred.shape) - 1))
-    elif weighting == "element":
-        weight = TensorSpec(SAMPLE_WEIGHT, np.dtype(np.float32), tuple(pred.shape))
-    if weight is not None:
-        gb.add_input(weight.name, weight.dtype, weight.shape)
-    gb.add_input(LOSS_SCALE, np.float32, ())
-    value = loss.build(gb, pred.name, LABEL, weight.name if weight else None, pred_rank=len(pred.shape))
-    gb.op("Identity", [value], outputs=[LOSS])
-    gb.op("Mul", [LOSS, LOSS_SCALE], outputs=[SCALED_LOSS])
-    outs = [TensorSpec(SCALED_LOSS, np.dtype(np.float32), ()).to_value_info(),
-            TensorSpec(LOSS, np.dtype(np.float32), ()).to_value_info(),
-            pred.to_value_info()]
-    model = extend(fg.proto, gb, outs)
-    io = {"inputs": [s.to_json() for s in fg.inputs], "outputs": [s.to_json() for s in outputs],
-          "label": label.to_json(), "sample_weight": weight.to_json() if weight else None,
-          "weighting": weighting, "loss_scale": LOSS_SCALE, "prediction": pred.name,
-          "train_outputs": [SCALED_LOSS, LOSS, pred.name]}
-    return model, io
 
 
 def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainable=None, frozen=None,
@@ -357,59 +266,6 @@ def _with_lr(art: Artifacts, opt: optim.Optimizer, rewrite: bool) -> Artifacts:
     return Artifacts(art.directory, manifest)
 
 
-@contextlib.contextmanager
-def _publish_lock(target: Path):
-    """An exclusive lock per artifact directory, so concurrent builders of one key take turns.
-
-    The lock file is removed by its holder before it lets go, so builds leave none behind (and a
-    build that fails before anything is published also removes the folders it made). A builder
-    that was waiting on a removed file sees that it is gone (another inode, or none, at the
-    path) and takes the lock afresh, so two builders never work on one directory at once.
-    """
-    why = not_a_folder(target)
-    if why is not None:
-        raise OrtrainError(f"out_dir: {str(target)!r} {why}; artifacts need a directory, choose another path")
-    if not CAN_LOCK:  # not on POSIX: publishing stays atomic, concurrent builders may both build
-        target.parent.mkdir(parents=True, exist_ok=True)
-        yield
-        return
-    lock, made = target.parent / f".{target.name}.lock", []
-    while True:
-        made += [p for p in (target.parent, *target.parent.parents) if not p.exists() and p not in made]
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            handle = lock_file(lock)
-            break
-        except FileNotFoundError:  # a failing builder removed a folder just made: try again
-            continue
-        except OSError as exc:  # not writable: a read-only file system, another user's folder
-            raise _unwritable(target, exc) from None
-    failed = False
-    try:
-        yield
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        with contextlib.suppress(OSError):
-            lock.unlink()
-        if failed and not target.exists():
-            for folder in made:  # innermost first
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-        handle.close()  # releases the lock
-
-
-def _unwritable(target: Path, exc: OSError) -> OrtrainError:
-    where = exc.filename or target.parent
-    if target.parent == cache_dir() or cache_dir() in target.parents:
-        return OrtrainError(f"the artifact cache {str(cache_dir())!r} cannot be written ({exc.strerror}: {str(where)!r}); "
-                            "make it writable, or choose another cache with ot.artifacts.set_cache_dir(path) or "
-                            "XDG_CACHE_HOME")
-    return OrtrainError(f"out_dir: {str(target)!r} cannot be written ({exc.strerror}: {str(where)!r}); choose a "
-                        "writable folder")
-
-
 def _publish(target: Path, fill) -> Artifacts:
     """Write a complete directory beside ``target`` with ``fill(tmp)``, then rename it into place
     (moving a stale ``target`` aside just before, and removing it after), so a reader sees the
@@ -436,59 +292,6 @@ def _publish(target: Path, fill) -> Artifacts:
     return load(target)
 
 
-def _weights_digest(model, fg: ForwardGraph) -> str:
-    """The model's remembered digest when it keeps one (ortrain models do), else a fresh one."""
-    return model.weights_digest() if hasattr(model, "weights_digest") else fg.weights_digest()
-
-
-def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
-    """Weights the loss does not depend on (they feed only other outputs) get no gradient: the
-    gradient builder refuses them, so they are frozen here, with a warning naming them."""
-    outputs = fg.outputs
-    if not outputs:
-        return fg
-    trainable = [p.name for p in fg.params if p.role == "trainable"]
-    reach = gradient_reach(fg.proto, [outputs[0].name]) if may_stop_gradients(fg.proto, trainable) else \
-        ancestors(fg.proto, outputs[0].name)
-    idle = [name for name in trainable if name not in reach]
-    if not idle:
-        return fg
-    shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
-    warn(f"weights {shown} do not affect the loss, which is computed on the first output "
-         f"{outputs[0].name!r}; they are not trained")
-    params = tuple(ParamSpec(p.name, p.shape, p.dtype, "frozen" if p.name in idle else p.role) for p in fg.params)
-    return ForwardGraph(fg.proto, params, fg.weights)
-
-
-def _forward_graph(model, trainable, frozen) -> ForwardGraph:
-    if isinstance(model, ForwardGraph):
-        if trainable is not None or frozen is not None:
-            from ortrain.nn.onnx_import import reassign_roles
-            return reassign_roles(model, trainable, frozen)
-        return model
-    if hasattr(model, "forward_graph"):
-        fg = model.forward_graph()
-        if trainable is not None or frozen is not None:
-            from ortrain.nn.onnx_import import reassign_roles
-            fg = reassign_roles(fg, trainable, frozen)
-        return fg
-    if isinstance(model, (onnx.ModelProto, str, os.PathLike)):
-        from ortrain.nn.onnx_import import from_onnx
-        return from_onnx(model, trainable=trainable, frozen=frozen).forward_graph()
-    raise OrtrainError(f"model: expected an ortrain Model, an onnx.ModelProto or a path to an .onnx file, "
-                       f"received {type(model).__name__}")
-
-
-def _refuse_working_directory(target: Path) -> None:
-    """Artifacts are written to a new folder renamed into place, which would leave a process
-    working in ``target`` (or below it) in a deleted folder."""
-    cwd = Path(os.path.realpath(os.getcwd()))
-    if target == cwd or target in cwd.parents:
-        raise OrtrainError(f"out_dir: {str(target)!r} is the current working directory or holds it, and artifacts "
-                           "are written to a new folder renamed into its place; give a folder to create, e.g. "
-                           "'artifacts'")
-
-
 def _existing(target: Path, key: str, owned: bool = False) -> Artifacts | None:
     """The valid artifacts of ``key`` in ``target``, or None where they must be (re)built. A folder
     holding anything else is the user's and refused, unless ``owned`` (a cache entry)."""
@@ -508,30 +311,6 @@ def _existing(target: Path, key: str, owned: bool = False) -> Artifacts | None:
     return art if art.key == key else None
 
 
-def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer,
-           weighting: str | None, weights_sha256: str) -> None:
-    _check_trainable(fg)
-    lm, io = loss_model(fg, loss, weighting)
-    lm = for_training(lm)
-    frozen = fg.names("frozen") + fg.names("buffer")
-    # onnx.checker validates what ortrain writes itself (the loss model here, the optimizer graph,
-    # forward.onnx); the gradient graphs come from onnxruntime-training and hold its own training
-    # ops (MaxPoolGrad and others in the default domain) that onnx's checker does not know, so
-    # opening them in onnxruntime-training is their check.
-    check_model(lm, "forward graph with its loss")
-    training, eval_model = engine.build_training_graphs(lm, fg.names("trainable"), frozen, io["train_outputs"])
-    onnx.save(training, directory / "training.onnx")
-    onnx.save(eval_model, directory / "eval.onnx")
-    onnx.save(opt.graph(), directory / "optimizer.onnx")
-    # The forward graph in training flavour (dropout active), parameters as inputs: the
-    # model can be rebuilt from it; predictions apply to_inference() first.
-    check_model(fg.proto, "forward graph")
-    onnx.save(fg.proto, directory / "forward.onnx")
-    manifest = {"format": FORMAT, "key": key, "versions": versions(), "opset": OPSET, **io,
-                "parameters": [p.to_json() for p in fg.params], "loss": loss.config(), "optimizer": opt.config()}
-    _finish(directory, manifest, fg, weights_sha256)
-
-
 def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weights_sha256: str,
                   opt: optim.Optimizer) -> None:
     """The graphs of ``existing`` (hard-linked where the file system allows) with ``fg``'s weights
@@ -546,60 +325,6 @@ def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weight
     manifest = {k: v for k, v in existing.manifest.items() if k not in ("files", "weights_sha256")}
     manifest["optimizer"] = json.loads(json.dumps(opt.config()))
     _finish(directory, manifest, fg, weights_sha256)
-
-
-def _finish(directory: Path, manifest: dict, fg: ForwardGraph, weights_sha256: str) -> None:
-    """Write the checkpoint of ``fg``'s weights and the manifest with every file's hash."""
-    roles = {p.name: p.role for p in fg.params}
-    engine.write_initial_checkpoint(directory / "checkpoint",
-                                    {n: a for n, a in fg.weights.items() if roles[n] == "trainable"},
-                                    {n: a for n, a in fg.weights.items() if roles[n] != "trainable"})
-    manifest = dict(manifest, weights_sha256=weights_sha256,
-                    files={name: _sha256(directory / name) for name in FILES})
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-
-
-def _is_dims(value) -> bool:
-    return isinstance(value, list) and all(d is None or (type(d) is int and d >= 0) for d in value)
-
-
-def _is_dtype(value) -> bool:
-    try:
-        return isinstance(value, str) and np.dtype(value).kind in "biuf"
-    except TypeError:
-        return False
-
-
-def _is_spec(d) -> bool:
-    return isinstance(d, dict) and isinstance(d.get("name"), str) and _is_dtype(d.get("dtype")) and \
-        _is_dims(d.get("shape"))
-
-
-def _is_param(d) -> bool:
-    return _is_spec(d) and None not in d["shape"] and d.get("role") in ("trainable", "frozen", "buffer")
-
-
-def _is_strings(value) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-# What load() checks each manifest field is, before anything reads it.
-_FIELDS = {
-    "key": ("a string", lambda v: isinstance(v, str)),
-    "versions": ("a dict of version strings", lambda v: isinstance(v, dict)),
-    "files": ("a dict of sha256 strings by file name",
-              lambda v: isinstance(v, dict) and all(isinstance(h, str) for h in v.values())),
-    "inputs": ("a non-empty list of tensor specs", lambda v: isinstance(v, list) and v and all(map(_is_spec, v))),
-    "outputs": ("a non-empty list of tensor specs", lambda v: isinstance(v, list) and v and all(map(_is_spec, v))),
-    "label": ("a tensor spec", _is_spec),
-    "sample_weight": ("null or a tensor spec", lambda v: v is None or _is_spec(v)),
-    "parameters": ("a list of parameter specs", lambda v: isinstance(v, list) and all(map(_is_param, v))),
-    "loss": ("a loss config dict", lambda v: isinstance(v, dict)),
-    "optimizer": ("an optimizer config dict", lambda v: isinstance(v, dict)),
-    "prediction": ("an output name", lambda v: isinstance(v, str)),
-    "train_outputs": ("a list of output names", _is_strings),
-    "weighting": ("null, 'sample' or 'element'", lambda v: v in (None, "sample", "element")),
-}
 
 
 def load(directory) -> Artifacts:
@@ -658,13 +383,3 @@ def optimizer_graph_file(opt: optim.Optimizer, weight_decay: float | None, direc
     path = directory / "optimizer.onnx"
     onnx.save(opt.graph(weight_decay), path)
     return path
-
-
-@contextlib.contextmanager
-def scratch_dir():
-    """A private temporary directory, removed on exit."""
-    d = Path(tempfile.mkdtemp(prefix="ortrain-"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)

@@ -257,7 +257,7 @@ def test_a_builder_waiting_on_a_failed_builders_lock_still_works_alone(tmp_path)
     import threading
     import time
 
-    from ortrain.artifacts import _publish_lock
+    from ortrain._artifact_store import _publish_lock
     target = tmp_path / "new" / "art"
     inside, overlaps, errors = [], [], []
 
@@ -400,13 +400,13 @@ def test_out_dir_through_a_link_keeps_the_link_and_the_working_directory_is_refu
 
 
 def test_the_cache_serves_hits_without_writing_and_names_what_it_cannot_write(tmp_path, monkeypatch):
-    from ortrain import artifacts as art_mod
+    from ortrain import _artifact_store as store_mod
     model = dense_model(3, 2)
     first = ot.artifacts.build(model, loss="mse")
 
     def unwritable(path):
         raise PermissionError(13, "Permission denied", str(path))
-    monkeypatch.setattr(art_mod, "lock_file", unwritable)
+    monkeypatch.setattr(store_mod, "lock_file", unwritable)
     # an exact hit takes no lock: a read-only cache (baked into an image) serves it
     assert ot.artifacts.build(model, loss="mse").directory == first.directory
     # a miss names the cache and how to choose another (a raw PermissionError came from the lock file)

@@ -1,0 +1,109 @@
+"""Where artifact directories live and what guards their writing: the cache folder and its
+setting, the lock by which concurrent builders of one directory take turns, the refusal of folders
+that cannot be written or that hold the working directory, and private scratch directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ortrain._files import CAN_LOCK, lock_file, not_a_folder
+from ortrain.errors import OrtrainError
+
+_cache_root: Path | None = None
+
+
+def cache_dir() -> Path:
+    """Where artifacts are cached: ``set_cache_dir`` > ``$XDG_CACHE_HOME/ortrain/artifacts`` > ``~/.cache/...``."""
+    if _cache_root is not None:
+        return _cache_root
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: the XDG spec says to ignore it
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ortrain" / "artifacts"
+
+
+def set_cache_dir(path) -> None:
+    """Use ``path`` as the artifact cache from now on (``None`` restores the default). A relative
+    path is taken from the working directory now (a later ``os.chdir`` does not move the cache)."""
+    global _cache_root
+    if path is not None and (not isinstance(path, (str, os.PathLike)) or not os.fspath(path)):
+        raise OrtrainError(f"set_cache_dir(path=...): expected a folder path or None, received {path!r}")
+    _cache_root = Path(os.path.abspath(path)) if path is not None else None
+
+
+@contextlib.contextmanager
+def _publish_lock(target: Path):
+    """An exclusive lock per artifact directory, so concurrent builders of one key take turns.
+
+    The lock file is removed by its holder before it lets go, so builds leave none behind (and a
+    build that fails before anything is published also removes the folders it made). A builder
+    that was waiting on a removed file sees that it is gone (another inode, or none, at the
+    path) and takes the lock afresh, so two builders never work on one directory at once.
+    """
+    why = not_a_folder(target)
+    if why is not None:
+        raise OrtrainError(f"out_dir: {str(target)!r} {why}; artifacts need a directory, choose another path")
+    if not CAN_LOCK:  # not on POSIX: publishing stays atomic, concurrent builders may both build
+        target.parent.mkdir(parents=True, exist_ok=True)
+        yield
+        return
+    lock, made = target.parent / f".{target.name}.lock", []
+    while True:
+        made += [p for p in (target.parent, *target.parent.parents) if not p.exists() and p not in made]
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle = lock_file(lock)
+            break
+        except FileNotFoundError:  # a failing builder removed a folder just made: try again
+            continue
+        except OSError as exc:  # not writable: a read-only file system, another user's folder
+            raise _unwritable(target, exc) from None
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        if failed and not target.exists():
+            for folder in made:  # innermost first
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        handle.close()  # releases the lock
+
+
+def _unwritable(target: Path, exc: OSError) -> OrtrainError:
+    where = exc.filename or target.parent
+    if target.parent == cache_dir() or cache_dir() in target.parents:
+        return OrtrainError(f"the artifact cache {str(cache_dir())!r} cannot be written ({exc.strerror}: {str(where)!r}); "
+                            "make it writable, or choose another cache with ot.artifacts.set_cache_dir(path) or "
+                            "XDG_CACHE_HOME")
+    return OrtrainError(f"out_dir: {str(target)!r} cannot be written ({exc.strerror}: {str(where)!r}); choose a "
+                        "writable folder")
+
+
+def _refuse_working_directory(target: Path) -> None:
+    """Artifacts are written to a new folder renamed into place, which would leave a process
+    working in ``target`` (or below it) in a deleted folder."""
+    cwd = Path(os.path.realpath(os.getcwd()))
+    if target == cwd or target in cwd.parents:
+        raise OrtrainError(f"out_dir: {str(target)!r} is the current working directory or holds it, and artifacts "
+                           "are written to a new folder renamed into its place; give a folder to create, e.g. "
+                           "'artifacts'")
+
+
+@contextlib.contextmanager
+def scratch_dir():
+    """A private temporary directory, removed on exit."""
+    d = Path(tempfile.mkdtemp(prefix="ortrain-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,67 @@
+"""``Snapshot``: an eval-mode copy of a trainer's weights with an inference session of its own,
+taken by ``Trainer.snapshot`` and moved towards the trainer by ``Trainer.update_target``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ortrain import engine
+from ortrain._arrays import positive_int, prepare_inputs, run_chunks
+from ortrain._lifetime import Releasable
+from ortrain.errors import FreedError
+
+__all__ = ["Snapshot"]
+
+
+class Snapshot(Releasable):
+    """An independent, eval-mode copy of a model's weights with its own inference session.
+
+    It shares nothing mutable with the trainer that made it, does not move when the
+    trainer steps, and outlives the trainer's ``free()``.
+    """
+
+    def __init__(self, forward_bytes: bytes, params, weights: dict[str, np.ndarray], input_specs,
+                 device: str, bounds: dict | None = None):
+        self._forward = forward_bytes
+        self._params = list(params)
+        self._weights = weights
+        self._inputs = list(input_specs)
+        self._bounds = bounds or {}
+        self._device = device
+        self._runner = None
+        self._freed = False
+
+    def _live(self):
+        if self._freed:
+            raise FreedError("this snapshot was freed; take a new one with trainer.snapshot()")
+
+    def weight_names(self) -> list[str]:
+        self._live()
+        return [p.name for p in self._params]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of the weights, in the model's order."""
+        self._live()
+        return [self._weights[p.name].copy() for p in self._params]
+
+    def predict(self, x, batch_size=None) -> np.ndarray | list[np.ndarray]:
+        """Outputs for any number of rows: one array, or a list in output order for several outputs."""
+        self._live()
+        positive_int(batch_size, "batch_size", allow_none=True)
+        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
+        if self._runner is None:
+            self._runner = engine.InferenceRunner(self._forward, device=self._device)
+        outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)
+        return outs[0] if len(outs) == 1 else outs
+
+    def free(self) -> None:
+        """Release the session and weights; later ``predict``/``update_target`` on it raise FreedError."""
+        self._freed = True
+        if self._runner is not None:
+            self._runner.free()
+        self._runner = None
+        self._weights = {}
+
+    @property
+    def freed(self) -> bool:
+        return self._freed

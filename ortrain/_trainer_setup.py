@@ -1,0 +1,265 @@
+"""How a ``Trainer`` gets its session: for a model (``Trainer(...)``), resumed from a checkpoint
+(``Trainer.from_checkpoint``) or opened on artifacts (``Trainer.from_artifacts``), and the
+checkpoints it saves to be resumed from. ``Trainer`` inherits these methods from ``TrainerSetup``;
+they set and read its attributes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ortrain import artifacts as artifacts_mod
+from ortrain import engine
+from ortrain._arrays import positive_int
+from ortrain._files import checked_target
+from ortrain._warnings import warn
+from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.nn.model import Model
+from ortrain.optim import SGD, check_weight_decay
+
+if TYPE_CHECKING:
+    from ortrain.trainer import Trainer
+
+_PROP = "ortrain."
+
+
+class TrainerSetup:
+    """The construction and checkpoint methods of :class:`ortrain.Trainer`."""
+
+    # -- construction --------------------------------------------------------------------------
+    def _setup(self, model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
+               checkpoint=None, art=None):
+        _check_model(model)
+        self.batch_size = positive_int(batch_size, "batch_size")
+        if nbatch_logical is None:
+            self._k = 1
+        else:
+            nbl = positive_int(nbatch_logical, "nbatch_logical")
+            if nbl % self.batch_size:
+                raise OrtrainError(f"nbatch_logical: expected a multiple of batch_size={self.batch_size}, "
+                                   f"received {nbl}")
+            self._k = nbl // self.batch_size
+        self.nbatch_logical = self._k * self.batch_size
+        weighting = _weighting(loss_mask, model)
+        if weighting is not None and model.loss.name != "mse" and \
+                not (weighting == "sample" and getattr(self, "_any_loss", False)):
+            raise OrtrainError(f"loss_mask={loss_mask} weights a mean squared error; the model is compiled with "
+                               f"loss {model.loss.name!r}. Compile with loss='mse' or drop loss_mask")
+        self.loss_mask = loss_mask
+        opt = model.optimizer
+        if weight_decay is None:
+            weight_decay = getattr(opt, "weight_decay", 0.0)
+        weight_decay = check_weight_decay(weight_decay)
+        if weight_decay and isinstance(opt, SGD):
+            raise OrtrainError(f"weight_decay={weight_decay}: SGD in ortrain has no weight decay; compile with "
+                               "optimizer='adamw' or leave weight_decay at 0")
+        self.weight_decay = weight_decay
+        self.device = str(engine.parse_device(device))
+        for spec in model.input_specs:
+            if spec.shape and spec.shape[0] is not None and spec.shape[0] != self.batch_size:
+                raise ShapeError(f"batch_size={self.batch_size}: the model's input {spec.name!r} has a fixed "
+                                 f"batch of {spec.shape[0]} rows {describe_shape(spec.shape)}; use "
+                                 f"batch_size={spec.shape[0]} or re-export the model with a dynamic batch axis "
+                                 "(every input is batch first: one without a batch axis, such as an attention "
+                                 "mask, must be a constant of the model or get one)")
+
+        if art is None:
+            art = artifacts_mod.build(model, loss=model.loss, optimizer=opt, weighting=weighting,
+                                      refresh_checkpoint=False)
+        self._art = art
+        # The architecture, for model() and calibrate_bn(): its weights are never read (model() takes
+        # the session's), so it is handed read-only views of the caller's. An imported model keeps
+        # them as they are (no copy of, say, ResNet-50's 100 MB); a layer model copies them into
+        # its layers.
+        self._model = model._copy_with({n: _read_only(a) for n, a in model._weight_table().items()})
+        self._params = list(art.params)  # the roles the graphs were built with
+        self._trainable = [p.name for p in self._params if p.role == "trainable"]
+        state = model.train_state
+        # Without optimizer state to carry, the session opens on the artifacts' own checkpoint and
+        # the model's weights are copied in afterwards: much cheaper than writing a checkpoint
+        # (half a second for ResNet-50), and the artifacts were built for exactly these weights' names.
+        copy_weights = checkpoint is None and (state is None or not state.moments)
+        # Moments of weights that do not train here (frozen for now) travel on to the next fit; a
+        # checkpoint given to resume from holds the whole state.
+        carried = {n: m for n, m in state.moments.items() if n not in self._trainable} \
+            if state and checkpoint is None else {}
+        with artifacts_mod.scratch_dir() as tmp:
+            opt_path = artifacts_mod.optimizer_graph_file(opt, weight_decay, tmp, art)
+            if copy_weights:
+                checkpoint = art.checkpoint
+            elif checkpoint is None:
+                checkpoint = tmp / "checkpoint"
+                self._write_checkpoint(checkpoint, model, state)
+            self._session = engine.TrainingSession(art.training, art.eval, checkpoint, opt_path,
+                                                   device=self.device, threads=threads)
+        if copy_weights:
+            for name, value in model._weight_table().items():
+                self._session.set(name, value)
+        self._freed = False
+        self._session.zero_grad()
+        self._carried = carried
+        self._n_steps = state.n_steps if state else 0
+        self._updates = state.step if state else 0
+        # The state's rate, unless model.optimizer.lr was written since a fit last saw it (as fit does).
+        self._lr = state.lr if state and not model._lr_written() else opt._lr
+        self._accum = 0
+        self._runner = None
+        self._calib = None
+        self._inference = None
+        self._inputs = art.inputs
+        self._bounds = model.index_bounds()
+        n = len(self._inputs)
+        self._feed_names = ["x" if n == 1 else f"x[{s.name!r}]" for s in self._inputs] + ["y", "sample_weight"]
+        self._label = art.label
+        self._weight_spec = art.sample_weight
+        self._scale = np.array(1.0 / self._k, np.float32)
+        self._one = np.array(1.0, np.float32)
+        self._ones_weight = None
+        self._n_classes = model._n_classes()
+        # Class labels of an output whose width is free are checked against its width at each
+        # batch's sizes; other losses pay nothing per step.
+        self._classes_of = self._model._n_classes if self._n_classes is None and model.loss.class_labels else None
+
+    def _write_checkpoint(self, path, model, state) -> None:
+        weights = dict(zip(model.weight_names(), model.get_weights()))
+        trainable = {n: weights[n] for n in self._trainable}
+        others = {p.name: weights[p.name] for p in self._params if p.role != "trainable"}
+        optimizer = None
+        if state is not None and state.moments:
+            # As Keras keeps an optimizer's per-weight state: a weight that trained before keeps its
+            # moments, one that starts training now (unfrozen) starts from zero, and the update count
+            # (which bias correction reads) is the optimizer's, shared by all.
+            zero = next(iter(state.moments.values()))
+            moments = {n: state.moments[n] if n in state.moments else tuple(np.zeros_like(w) for _ in zero)
+                       for n, w in trainable.items()}
+            optimizer = engine.OptimizerState(state.step, float(state.lr), moments)
+        engine.write_checkpoint(path, engine.CheckpointData(trainable, others, optimizer))
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self, path) -> str:
+        """Weights, optimizer moments and step, learning rate, weight decay and counters, for a
+        bit-exact resume, with two exceptions: dropout masks (the runtime's random state is not
+        part of a checkpoint, so a resumed trainer draws other masks) and batches accumulated
+        towards an update that has not happened (``nbatch_logical``; a resumed trainer starts
+        a new period), for which it warns."""
+        self._live()
+        path = checked_target(path, "save_checkpoint(path)")
+        if self._accum:
+            warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
+                 "part of the checkpoint, and a trainer resumed from it starts a new accumulation "
+                 "period (its updates fall on other steps); save on an accumulation boundary for an "
+                 "exact resume")
+        self._session.save_checkpoint(path, {
+            _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
+            _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
+            artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss),
+            artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]})
+        return str(path)
+
+    @classmethod
+    def from_checkpoint(cls, model: Model, path, batch_size: int = 32, nbatch_logical=None, loss_mask=None,
+                        weight_decay=None, device: str = "cpu", threads=None,
+                        _weights_any_loss: bool = False) -> Trainer:
+        """A trainer for ``model`` that continues bit-exactly from ``save_checkpoint(path)`` (with the
+        exceptions listed there). ``weight_decay=None`` takes the one the checkpoint was written with."""
+        data = engine.read_checkpoint(path)
+        props = data.properties
+        if _PROP + "key" not in props:
+            raise OrtrainError(f"{os.fspath(path)!r} was not written by Trainer.save_checkpoint")
+        if weight_decay is None and _PROP + "weight_decay" in props:
+            weight_decay = float(props[_PROP + "weight_decay"])
+        _check_model(model)
+        weighting = _weighting(loss_mask, model)
+        engine.parse_device(device)  # before the artifacts are built: a refusal leaves no cache entry
+        positive_int(batch_size, "batch_size")
+        tr = cls.__new__(cls)
+        tr._freed = True
+        tr._any_loss = bool(_weights_any_loss)
+
+        def accept(key: str) -> None:  # before the artifacts are written: a refusal leaves no cache entry
+            if props[_PROP + "key"] != key:
+                raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
+                                   "optimizer than this model; resume with the model and settings that wrote it")
+
+        art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
+                                  refresh_checkpoint=False, _accept_key=accept)
+        # The key matched artifacts with one weight per sample: a fit with sample weights wrote it,
+        # which weights any loss, so loss_mask=1 resumes it whatever the loss.
+        tr._any_loss = tr._any_loss or weighting == "sample"
+        tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
+                  checkpoint=os.fspath(path), art=art)
+        tr._restore_counters(props, data)
+        return tr
+
+    def _restore_counters(self, props: dict, data) -> None:
+        self._n_steps = int(props[_PROP + "n_steps"])
+        self._updates = int(props[_PROP + "updates"])
+        self._lr = float(props[_PROP + "lr"])
+        engine_step = data.optimizer.step if data.optimizer is not None else 0
+        if engine_step != self._updates:
+            raise OrtrainError(f"checkpoint is inconsistent: {self._updates} updates recorded, the optimizer "
+                               f"state holds {engine_step}")
+
+    @classmethod
+    def from_artifacts(cls, directory, batch_size: int = 32, nbatch_logical=None, weight_decay=None,
+                       device: str = "cpu", threads=None, checkpoint=None, metrics=None) -> Trainer:
+        """Train from pre-built artifacts alone (``ot.artifacts.build`` or ``ortrain artifacts``).
+
+        ``checkpoint`` (written by ``save_checkpoint`` for these artifacts) resumes from it instead
+        of starting from the artifacts' own weights.
+        """
+        art = artifacts_mod.load(directory)
+        ckpt = art.checkpoint if checkpoint is None else Path(checkpoint)
+        data = engine.read_checkpoint(ckpt)
+        own = checkpoint is not None and Path(checkpoint).resolve() == Path(art.checkpoint).resolve()
+        if checkpoint is not None and not own and data.properties.get(_PROP + "key") != art.key:
+            raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} was not written for the artifacts in "
+                               f"{os.fspath(directory)!r} (they were built for another model, loss or optimizer, "
+                               "or rebuilt since); resume with the artifacts that wrote it, or start from the "
+                               "artifacts' own weights without checkpoint=")
+        model = art.model(data, metrics=metrics)
+        loss_mask = None
+        if art.weighting == "sample":
+            loss_mask = 1
+        elif art.weighting == "element":
+            loss_mask = art.outputs[0].shape[-1]
+        if weight_decay is None and _PROP + "weight_decay" in data.properties:
+            weight_decay = float(data.properties[_PROP + "weight_decay"])
+        tr = cls.__new__(cls)
+        tr._freed = True
+        tr._any_loss = True  # the artifacts fixed the weighting; whatever loss they hold takes it
+        tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
+                  checkpoint=ckpt, art=art)
+        if _PROP + "key" in data.properties:
+            tr._restore_counters(data.properties, data)
+        return tr
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, Model):
+        raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
+    if not model.compiled:
+        raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) first")
+
+
+def _weighting(loss_mask, model: Model) -> str | None:
+    """The artifacts' loss weighting for ``loss_mask``, checked against the model's first output:
+    None, ``"sample"`` (``loss_mask=1``) or ``"element"`` (``loss_mask=<outputs>``)."""
+    if loss_mask is None:
+        return None
+    pred = model.output_specs[0]
+    n_out = pred.shape[-1] if len(pred.shape) >= 2 else 1
+    if isinstance(loss_mask, bool) or not isinstance(loss_mask, (int, np.integer)) or loss_mask not in (1, n_out):
+        raise OrtrainError(f"loss_mask: expected None, 1 (one weight per sample) or {n_out} (one weight per "
+                           f"output element), received {loss_mask!r}")
+    return "sample" if loss_mask == 1 else "element"
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
