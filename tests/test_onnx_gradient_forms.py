@@ -364,3 +364,24 @@ def test_a_split_output_without_a_name_inside_an_if_body_predicts_and_exports(tm
     path = m.export_onnx(tmp_path / "m.onnx")
     got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, x[:, :2])
+
+
+def test_a_transposed_matmul_with_a_vector_predicts_evaluates_and_exports_right(rng, tmp_path):
+    """onnxruntime's inference optimizer fuses Transpose into a MatMul with a 1-D operand wrongly
+    (5.7 off numpy here): predictions, evaluate and the exported model take the matrix form too."""
+    import onnxruntime as ort
+    w, k = rng.standard_normal(4).astype(np.float32), rng.standard_normal((8, 1)).astype(np.float32)
+    proto = model([_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]), _node("MatMul", ["t", "w"], ["v"]),
+                   _node("MatMul", ["v", "k"], ["y"])], [vi("x", ["N", 4, 8])], [vi("y", ["N", 1])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(k, "k")])
+    m = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    x = rng.standard_normal((4, 4, 8)).astype(np.float32)
+    want = (x.transpose(0, 2, 1).astype(np.float64) @ w) @ k
+    np.testing.assert_allclose(m.predict(x), want, rtol=1e-5, atol=1e-5)
+    assert m.evaluate(x, np.zeros((4, 1), np.float32))["loss"] == pytest.approx(np.mean(want ** 2), rel=1e-5)
+    with ot.Trainer(m, batch_size=4) as tr:
+        np.testing.assert_allclose(tr.predict(x), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tr.snapshot().predict(x), want, rtol=1e-5, atol=1e-5)
+    path = m.export_onnx(tmp_path / "m.onnx")
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

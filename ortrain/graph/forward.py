@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.graph.builder import GraphBuilder, TensorSpec, check_model, spec_of
+from ortrain.graph.gradient_forms import matmul_vectors_as_matrices
 from ortrain.graph.passes import node_inputs
 
 ROLES = ("trainable", "frozen", "buffer")
@@ -100,7 +101,8 @@ def with_weights(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx
 
 
 def to_inference(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Inference flavour: dropout without its training input and mask, batch norm in inference mode."""
+    """Inference flavour: dropout without its training input and mask, batch norm in inference mode,
+    and a ``MatMul`` with a 1-D operand as a matrix product (onnxruntime's optimizer fuses it wrongly)."""
     model = copy.deepcopy(proto)
     used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
     for node in model.graph.node:
@@ -118,7 +120,7 @@ def to_inference(proto: onnx.ModelProto) -> onnx.ModelProto:
     dead = [n for n in model.graph.node if n.op_type == "Constant" and not any(o in used for o in n.output)]
     for n in dead:  # e.g. the training flag a Dropout no longer reads
         model.graph.node.remove(n)
-    return model
+    return matmul_vectors_as_matrices(model)
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:

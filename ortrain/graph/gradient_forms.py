@@ -2,7 +2,8 @@
 forms with the same values whose gradient it builds right (each measured against PyTorch).
 
 Only the training and eval graphs are rewritten (:func:`for_training`); the model a user exports
-keeps its own ops. Each entry of ``FORMS`` pairs a test (does this node need a rewrite?) with
+keeps its own ops, but for one form that onnxruntime's inference optimizer gets wrong as well
+(:func:`matmul_vectors_as_matrices`). Each entry of ``FORMS`` pairs a test (does this node need a rewrite?) with
 the rewrite, which returns the nodes and initializers that stand for the node. A form that
 cannot be rewritten because a shape is unknown is refused, naming the node.
 """
@@ -31,7 +32,7 @@ from ortrain.graph.passes import (
     text_attribute,
 )
 
-__all__ = ["FORMS", "Shapes", "conv_with_explicit_pads", "for_training", "gradient_forms"]
+__all__ = ["FORMS", "Shapes", "conv_with_explicit_pads", "for_training", "gradient_forms", "matmul_vectors_as_matrices"]
 
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
@@ -193,6 +194,25 @@ def _matmul_as_matrix(node, i: int, p: str, g: _Graph):
     nodes += [helper.make_node("MatMul", [a, b], [p + "product"], name=p + "MatMul"),
               helper.make_node("Reshape", [p + "product", p + "out_shape"], [node.output[0]], name=p + "Out")]
     return nodes, inits
+
+
+def matmul_vectors_as_matrices(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every ``MatMul`` with a 1-D operand in the matrix form of :func:`_matmul_as_matrix`, for
+    the graphs that only run forward (predictions, the exported model). onnxruntime 1.19's
+    graph optimizer (level ``EXTENDED`` and above, the default) fuses a ``Transpose`` into such a
+    ``MatMul`` wrongly: ``x.transpose(0, 2, 1) @ w`` with ``w`` of shape ``(k,)`` came out 5.7 off
+    numpy. The matrix form has the same values and is fused right. A node whose operand ranks are
+    not known is left as it is."""
+    if not any(n.op_type == "MatMul" for n in model.graph.node):
+        return model
+    g = _Graph(model)
+
+    def needs(node) -> bool:
+        return (node.op_type == "MatMul" and _matmul_needs(node, g)
+                and all(g.shapes.rank(v) is not None for v in node.input))
+
+    return replace_nodes(model, needs, lambda i, node: _matmul_as_matrix(
+        node, i, f"{node.name or node.op_type}/as_matrix_{i}/", g))
 
 
 # -- Pow and Where with a broadcast operand ------------------------------------------------------
