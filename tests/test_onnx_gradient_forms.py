@@ -274,9 +274,25 @@ def test_a_weight_read_only_as_an_exponent_is_named_in_a_warning(rng):
     p = np.array([1.0, 2.0, 3.0], np.float32)
     proto = model([_node("Pow", ["x", "p"], "out")], [vi("x", ["N", 3])], [vi("out", ["N", 3])],
                   [numpy_helper.from_array(p, "p")])
-    with pytest.warns(UserWarning, match=r"from_onnx: 'p' is read only as Pow's exponent, which onnxruntime-training "
+    with pytest.warns(UserWarning, match=r"from_onnx: 'p' is read only as \(or into\) Pow's exponent, which onnxruntime-training "
                                          r"does not differentiate, so it stays a constant"):
         assert ot.from_onnx(proto).weight_names() == []
+
+
+def test_a_weight_read_into_an_exponent_is_named_in_a_warning(rng):
+    """``(|x| + 1) ** (x @ W) @ K``: W reaches the output only through the exponent; it stays a
+    constant, as a weight read as the exponent itself does, and the warning names it (it did not)."""
+    w, k = rng.standard_normal((2, 2)).astype(np.float32), rng.standard_normal((2, 1)).astype(np.float32)
+    proto = model([_node("MatMul", ["x", "w"], "e"), _node("Abs", ["x"], "ax"), _node("Add", ["ax", "one"], "base"),
+                   _node("Pow", ["base", "e"], "p"), _node("MatMul", ["p", "k"], "out")],
+                  [vi("x", ["N", 2])], [vi("out", ["N", 1])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(k, "k"),
+                   numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    with pytest.warns(UserWarning, match=r"from_onnx: 'w' is read only as \(or into\) Pow's exponent"):
+        m = ot.from_onnx(proto)
+    assert m.weight_names() == ["k"]
+    x = _x(2)
+    np.testing.assert_allclose(m.predict(x), (np.abs(x) + 1) ** (x @ w) @ k, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -39,7 +39,12 @@ from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec
-from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
+from ortrain.graph.gradient_ops import (
+    NON_DIFFERENTIABLE_INPUTS,
+    TYPE_CHANGING,
+    gradient_reach,
+    nodes_without_gradient,
+)
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.passes import node_inputs
 from ortrain.graph.repairs import (
@@ -248,10 +253,10 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                 if int(np.prod(value.dims if tensor else value.shape)) > 1:
                     several.add(name)
     # an exponent of several values is a parameter's form (exporters write constant exponents as one value)
-    exponents = sorted(several & {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1})
+    exponents = sorted(several & _exponent_sources(model))
     if exponents:
         warn(f"from_onnx: {', '.join(map(repr, exponents))} {'is' if len(exponents) == 1 else 'are'} read only "
-             "as Pow's exponent, which onnxruntime-training does not differentiate, so "
+             "as (or into) Pow's exponent, which onnxruntime-training does not differentiate, so "
              f"{'it stays a constant' if len(exponents) == 1 else 'they stay constants'} (PyTorch would "
              "train a parameter there)", UserWarning)
     rank = {name: i for i, name in enumerate(first + copies)}
@@ -263,6 +268,18 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                              for p in params)
     fg = ForwardGraph(model, tuple(params), weights)
     return reassign_roles(fg, trainable, frozen, unreached) if (trainable is not None or frozen is not None) else fg
+
+
+def _exponent_sources(model: onnx.ModelProto) -> set[str]:
+    """The values a ``Pow`` exponent is computed from (itself included), through the inputs a
+    gradient would flow back into: ``base ** (x @ W)`` reads ``W`` into the exponent."""
+    sources = {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1}
+    for node in reversed(model.graph.node):  # nodes are in topological order
+        if node.op_type in TYPE_CHANGING or not sources.intersection(node.output):
+            continue
+        skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
+        sources.update(name for pos, name in enumerate(node.input) if name and pos not in skip)
+    return sources
 
 
 STASH_MIN_ELEMENTS = 1024
