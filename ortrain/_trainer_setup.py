@@ -34,6 +34,24 @@ class TrainerSetup:
     def _setup(self, model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
                checkpoint=None, art=None):
         _check_model(model)
+        weighting = self._take_settings(model, batch_size, nbatch_logical, loss_mask, weight_decay, device)
+        if art is None:
+            art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
+                                      refresh_checkpoint=False)
+        self._art = art
+        # The architecture, for model() and calibrate_bn(): its weights are never read (model() takes
+        # the session's), so it is handed read-only views of the caller's. An imported model keeps
+        # them as they are (no copy of, say, ResNet-50's 100 MB); a layer model copies them into
+        # its layers.
+        self._model = model._copy_with({n: _read_only(a) for n, a in model._weight_table().items()})
+        self._params = list(art.params)  # the roles the graphs were built with
+        self._trainable = [p.name for p in self._params if p.role == "trainable"]
+        self._open(model, art, checkpoint, threads)
+        self._counters_from(model)
+        self._feeds_for(model, art)
+
+    def _take_settings(self, model, batch_size, nbatch_logical, loss_mask, weight_decay, device) -> str | None:
+        """Check and keep the settings; nothing is built yet. Returns the loss weighting."""
         self.batch_size = positive_int(batch_size, "batch_size")
         if nbatch_logical is None:
             self._k = 1
@@ -66,18 +84,10 @@ class TrainerSetup:
                                  f"batch_size={spec.shape[0]} or re-export the model with a dynamic batch axis "
                                  "(every input is batch first: one without a batch axis, such as an attention "
                                  "mask, must be a constant of the model or get one)")
+        return weighting
 
-        if art is None:
-            art = artifacts_mod.build(model, loss=model.loss, optimizer=opt, weighting=weighting,
-                                      refresh_checkpoint=False)
-        self._art = art
-        # The architecture, for model() and calibrate_bn(): its weights are never read (model() takes
-        # the session's), so it is handed read-only views of the caller's. An imported model keeps
-        # them as they are (no copy of, say, ResNet-50's 100 MB); a layer model copies them into
-        # its layers.
-        self._model = model._copy_with({n: _read_only(a) for n, a in model._weight_table().items()})
-        self._params = list(art.params)  # the roles the graphs were built with
-        self._trainable = [p.name for p in self._params if p.role == "trainable"]
+    def _open(self, model, art, checkpoint, threads) -> None:
+        """Open the session on the artifacts, with the model's weights and optimizer state."""
         state = model.train_state
         # Without optimizer state to carry, the session opens on the artifacts' own checkpoint and
         # the model's weights are copied in afterwards: much cheaper than writing a checkpoint
@@ -85,10 +95,10 @@ class TrainerSetup:
         copy_weights = checkpoint is None and (state is None or not state.moments)
         # Moments of weights that do not train here (frozen for now) travel on to the next fit; a
         # checkpoint given to resume from holds the whole state.
-        carried = {n: m for n, m in state.moments.items() if n not in self._trainable} \
+        self._carried = {n: m for n, m in state.moments.items() if n not in self._trainable} \
             if state and checkpoint is None else {}
         with artifacts_mod.scratch_dir() as tmp:
-            opt_path = artifacts_mod.optimizer_graph_file(opt, weight_decay, tmp, art)
+            opt_path = artifacts_mod.optimizer_graph_file(model.optimizer, self.weight_decay, tmp, art)
             if copy_weights:
                 checkpoint = art.checkpoint
             elif checkpoint is None:
@@ -101,12 +111,17 @@ class TrainerSetup:
                 self._session.set(name, value)
         self._freed = False
         self._session.zero_grad()
-        self._carried = carried
+
+    def _counters_from(self, model) -> None:
+        state = model.train_state
         self._n_steps = state.n_steps if state else 0
         self._updates = state.step if state else 0
         # The state's rate, unless model.optimizer.lr was written since a fit last saw it (as fit does).
-        self._lr = state.lr if state and not model._lr_written() else opt._lr
+        self._lr = state.lr if state and not model._lr_written() else model.optimizer._lr
         self._accum = 0
+
+    def _feeds_for(self, model, art) -> None:
+        """What each step feeds and checks, fixed once."""
         self._runner = None
         self._calib = None
         self._inference = None
