@@ -3,9 +3,9 @@ forms with the same values whose gradient it builds right (each measured against
 
 Only the training and eval graphs are rewritten (:func:`for_training`); the model a user exports
 keeps its own ops, but for one form that onnxruntime's inference optimizer gets wrong as well
-(:func:`matmul_vectors_as_matrices`). Each entry of ``FORMS`` pairs a test (does this node need a rewrite?) with
-the rewrite, which returns the nodes and initializers that stand for the node. A form that
-cannot be rewritten because a shape is unknown is refused, naming the node.
+(:func:`matmul_vectors_as_matrices`). Each entry of ``FORMS`` pairs a test (does this node need
+a rewrite?) with the rewrite, which returns the nodes and initializers that stand for the node.
+A form that cannot be rewritten because a shape is unknown is refused, naming the node.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from ortrain.graph.passes import (
     text_attribute,
 )
 
-__all__ = ["FORMS", "Shapes", "conv_with_explicit_pads", "for_training", "gradient_forms", "matmul_vectors_as_matrices"]
+__all__ = ["FORMS", "Shapes", "conv_with_explicit_pads", "for_training", "gradient_forms",
+           "matmul_vectors_as_matrices"]
 
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 

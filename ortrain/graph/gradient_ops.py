@@ -27,7 +27,8 @@ from ortrain.graph.passes import (
     text_attribute,
 )
 
-__all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "TYPE_CHANGING", "gradient_reach", "may_stop_gradients", "nodes_without_gradient", "untrainable_form"]
+__all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "TYPE_CHANGING", "gradient_reach", "may_stop_gradients",
+           "nodes_without_gradient", "untrainable_form"]
 
 GRADIENT_OPS = frozenset({
     # ai.onnx, measured on the installed onnxruntime-training 1.19.2
