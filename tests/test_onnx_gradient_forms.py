@@ -5,6 +5,7 @@ Reference: one SGD step of the same function in PyTorch float64 autograd, and it
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from _onnx_helpers import model, vi
 from conftest import torch_or_skip
@@ -291,6 +292,10 @@ def test_a_weight_read_into_an_exponent_is_named_in_a_warning(rng):
     with pytest.warns(UserWarning, match=r"from_onnx: 'w' is read only as \(or into\) Pow's exponent"):
         m = ot.from_onnx(proto)
     assert m.weight_names() == ["k"]
+    cast = model([_node("MatMul", ["x", "w"], "e0"), _node("Cast", ["e0"], "e", to=onnx.TensorProto.FLOAT),
+                  *proto.graph.node[1:]], [vi("x", ["N", 2])], [vi("out", ["N", 1])], list(proto.graph.initializer))
+    with pytest.warns(UserWarning, match=r"from_onnx: 'w' is read only as \(or into\) Pow's exponent"):
+        assert ot.from_onnx(cast).weight_names() == ["k"]  # through a float-to-float Cast as well
     x = _x(2)
     np.testing.assert_allclose(m.predict(x), (np.abs(x) + 1) ** (x @ w) @ k, rtol=1e-5)
 

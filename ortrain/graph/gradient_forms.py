@@ -48,19 +48,21 @@ class Shapes:
     (``None`` where neither knows; unknown dimensions are ``None``)."""
 
     def __init__(self, model: onnx.ModelProto):
-        self._model, self._inferred = model, None
-
-    def _graph(self):
-        if self._inferred is None:
-            try:
-                self._inferred = onnx.shape_inference.infer_shapes(self._model).graph
-            except Exception:  # a graph onnx cannot type: what it declares is all there is
-                self._inferred = self._model.graph
-        return self._inferred
+        self._model = model
+        self._declared, self._inferred = None, None
 
     def _info(self, name: str):
-        found = _declared(self._model.graph, name)  # what the graph says; onnx's inference only for the rest
-        return found if found is not None else (_declared(self._graph(), name) or (None, 0))
+        if self._declared is None:
+            self._declared = _declared(self._model.graph)
+        found = self._declared.get(name)  # what the graph says; onnx's inference only for the rest
+        if found is None:
+            if self._inferred is None:
+                try:
+                    self._inferred = _declared(onnx.shape_inference.infer_shapes(self._model).graph)
+                except Exception:  # a graph onnx cannot type: what it declares is all there is
+                    self._inferred = self._declared
+            found = self._inferred.get(name)
+        return found or (None, 0)
 
     def shape(self, name: str) -> list | None:
         """Dimensions: ints, symbolic names (str) or None (unknown); None when the rank is unknown."""
@@ -84,20 +86,19 @@ class Shapes:
         return self._info(name)[1]
 
 
-def _declared(g, name: str) -> tuple[list | None, int] | None:
-    """``(shape, element type)`` of ``name`` as graph ``g`` declares it (a shape of ints, the names
-    of symbolic dimensions and ``None`` for unknown ones; or ``None`` without one), or None when it
-    declares nothing."""
-    for t in g.initializer:
-        if t.name == name:
-            return list(t.dims), t.data_type
+def _declared(g) -> dict[str, tuple[list | None, int]]:
+    """``{name: (shape, element type)}`` for what graph ``g`` declares (a shape of ints, the names of
+    symbolic dimensions and ``None`` for unknown ones; or ``None`` without one); an initializer
+    first, then the first declaration among inputs, value_info and outputs."""
+    table = {t.name: (list(t.dims), t.data_type) for t in g.initializer}
     for vi in [*g.input, *g.value_info, *g.output]:
-        if vi.name == name and vi.type.HasField("tensor_type"):
-            tt = vi.type.tensor_type
-            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim] \
-                if tt.HasField("shape") else None
-            return shape, tt.elem_type
-    return None
+        if vi.name in table or not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim] \
+            if tt.HasField("shape") else None
+        table[vi.name] = (shape, tt.elem_type)
+    return table
 
 
 class _Graph:

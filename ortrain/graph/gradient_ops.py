@@ -27,7 +27,7 @@ from ortrain.graph.passes import (
     text_attribute,
 )
 
-__all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "TYPE_CHANGING", "gradient_reach", "may_stop_gradients",
+__all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
            "nodes_without_gradient", "untrainable_form"]
 
 GRADIENT_OPS = frozenset({
@@ -59,7 +59,7 @@ _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorPro
 
 
 # Ops whose outputs may be integers or booleans (a gradient stops there), or that hold subgraphs.
-TYPE_CHANGING = frozenset({
+_TYPE_CHANGING = frozenset({
     "And", "ArgMax", "ArgMin", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "Cast", "CastLike",
     "DynamicQuantizeLinear", "Equal", "Greater", "GreaterOrEqual", "If", "IsInf", "IsNaN", "Less", "LessOrEqual",
     "Loop", "Multinomial", "NonMaxSuppression", "NonZero", "Not", "Or", "QuantizeLinear", "Scan", "Shape", "Size",
@@ -73,7 +73,7 @@ def may_stop_gradients(model: onnx.ModelProto, weights) -> bool:
     read at a position no gradient enters."""
     derived = set(weights)
     for node in model.graph.node:
-        if node.op_type in TYPE_CHANGING:
+        if node.op_type in _TYPE_CHANGING:
             return True
         skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
         read = [(pos, name) for pos, name in enumerate(node.input) if name in derived]

@@ -39,12 +39,7 @@ from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec
-from ortrain.graph.gradient_ops import (
-    NON_DIFFERENTIABLE_INPUTS,
-    TYPE_CHANGING,
-    gradient_reach,
-    nodes_without_gradient,
-)
+from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.passes import node_inputs
 from ortrain.graph.repairs import (
@@ -271,15 +266,10 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
 
 
 def _exponent_sources(model: onnx.ModelProto) -> set[str]:
-    """The values a ``Pow`` exponent is computed from (itself included), through the inputs a
-    gradient would flow back into: ``base ** (x @ W)`` reads ``W`` into the exponent."""
-    sources = {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1}
-    for node in reversed(model.graph.node):  # nodes are in topological order
-        if node.op_type in TYPE_CHANGING or not sources.intersection(node.output):
-            continue
-        skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
-        sources.update(name for pos, name in enumerate(node.input) if name and pos not in skip)
-    return sources
+    """The values a ``Pow`` exponent is computed from, itself included: ``base ** (x @ W)`` reads
+    ``W`` into the exponent."""
+    exponents = {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1}
+    return gradient_reach(model, exponents) if exponents else set()
 
 
 STASH_MIN_ELEMENTS = 1024
