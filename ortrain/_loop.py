@@ -13,7 +13,8 @@ from ortrain.callbacks.progress import progress
 from ortrain.data import ArraySource, EpochIterator, parse_batch
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
-from ortrain.nn.model import Model, ShownRate
+from ortrain.nn.model import Model
+from ortrain.nn.training import ShownRate
 from ortrain.trainer import Trainer
 
 __all__ = ["Loop", "located"]

@@ -14,6 +14,7 @@ saved to checkpoints is in ``ortrain._trainer_setup``; ``Snapshot`` is in
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from ortrain import engine
 from ortrain._arrays import (
@@ -30,6 +31,7 @@ from ortrain._snapshot import Snapshot
 from ortrain._trainer_setup import TrainerSetup
 from ortrain.data import refuse_non_finite_weights
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError
+from ortrain.graph.forward import to_inference
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
 from ortrain.nn.saving import TrainState
@@ -237,9 +239,6 @@ class Trainer(TrainerSetup, Releasable):
 
     def _inference_bytes(self) -> bytes:
         if self._inference is None:
-            import onnx
-
-            from ortrain.graph.forward import to_inference
             try:
                 forward = onnx.load(self._art.forward)
             except OSError:  # the artifacts were removed meanwhile (a cleared cache): the model holds the graph
@@ -305,7 +304,6 @@ class Trainer(TrainerSetup, Releasable):
                           "the statistics were not changed")
         # The graph before freezing: a batch norm whose statistics are frozen is written out as plain
         # ops in the training graph, but calibrating it is still what the caller asks for.
-        from ortrain.graph.forward import to_inference
         forward = to_inference(self._model._base_proto())
         nodes = batchnorm_nodes(forward)
         if not nodes:

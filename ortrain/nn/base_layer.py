@@ -12,6 +12,7 @@ from ortrain import _random
 from ortrain._arrays import as_array, checked_int, read_array
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
+from ortrain.nn.symbolic import SymbolicTensor
 
 __all__ = ["ACTIVATIONS", "EDITS", "EmitContext", "Layer", "Weights"]
 
@@ -225,7 +226,6 @@ class Layer:
 
     # -- functional API --------------------------------------------------------------
     def __call__(self, x):
-        from ortrain.nn.symbolic import SymbolicTensor
         tensors = list(x) if isinstance(x, (list, tuple)) else [x]
         if not all(isinstance(t, SymbolicTensor) for t in tensors):
             raise OrtrainError(f"{type(self).__name__} layers are called on ot.Input(...) tensors or on the "

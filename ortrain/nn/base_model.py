@@ -14,15 +14,17 @@ import re
 from collections.abc import Mapping
 
 import numpy as np
+import onnx
 
-from ortrain import losses, optim
 from ortrain._arrays import as_array
 from ortrain._files import atomic_path, checked_target
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
-from ortrain.graph.forward import ForwardGraph, ParamSpec, with_weights
+from ortrain.graph.forward import ForwardGraph, ParamSpec, to_inference, with_weights
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats
 from ortrain.nn.base_layer import EmitContext, Layer
+from ortrain.nn.core_layers import Embedding
+from ortrain.nn.saving import model_from_record, model_record, save_model
 from ortrain.nn.symbolic import SymbolicTensor, _topological
 from ortrain.nn.training import TrainingMixin
 
@@ -80,19 +82,10 @@ class Model(TrainingMixin):
     # -- construction helpers -----------------------------------------------------------
     def _init_state(self, name: str) -> None:
         self.name = name
-        self.loss: losses.Loss | None = None
-        self.optimizer: optim.Optimizer | None = None
-        self.metrics: list[str] = []
         self._frozen: set[str] = set()
         self._frozen_stats: set[str] = set()  # running-mean names of batch norms in inference form
-        self.history = None  # the History of the last fit, as Keras keeps it
-        self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
-        self._live_seen = None  # set by a running fit: what it last took of optimizer.lr
-        self.train_state = None  # optimizer state carried between fit() calls
         self._version = 0
-        self._runners: dict = {}
-        self._edits_seen = None  # layers.EDITS when the edits were last taken
-        self._lr_seen = None  # (optimizer id, its lr_writes) when the last fit ended
+        self._init_training_state()
 
     def _name_layers(self) -> None:
         counts: dict[str, int] = {}
@@ -212,7 +205,6 @@ class Model(TrainingMixin):
         in Keras and PyTorch; onnxruntime would fail on a larger one deep in a step and wrap a
         negative one into another row.
         """
-        from ortrain.nn.core_layers import Embedding
         names = {id(t): self._input_name(i) for i, t in enumerate(self._inputs)}
         bounds: dict[str, tuple[int, int, str]] = {}
         for node in self._nodes:
@@ -324,9 +316,6 @@ class Model(TrainingMixin):
     # -- export and persistence --------------------------------------------------------------
     def export_onnx(self, path) -> str:
         """Write an inference graph (no loss, no dropout, running batch-norm statistics, free batch size)."""
-        import onnx
-
-        from ortrain.graph.forward import to_inference
         path = checked_target(path, "export_onnx(path)")
         fg = self.forward_graph()
         # From the graph before freezing: batch norms with frozen statistics stay BatchNormalization
@@ -340,7 +329,6 @@ class Model(TrainingMixin):
 
     def save(self, path) -> str:
         """Architecture, weights, compile settings and optimizer state in one zip file (no pickle)."""
-        from ortrain.nn.saving import save_model
         return save_model(self, path)
 
     def copy(self) -> Model:
@@ -350,7 +338,6 @@ class Model(TrainingMixin):
     def _copy_with(self, weights: dict[str, np.ndarray] | None) -> Model:
         """A copy of this model holding ``weights`` (name -> array, taken as given where the model
         keeps arrays as they come) instead of copies of its own: one copy of the weights, not two."""
-        from ortrain.nn.saving import model_from_record, model_record
         record, own, aux = model_record(self, with_weights=weights is None)
         return model_from_record(record, own if weights is None else weights, aux)
 

@@ -8,7 +8,7 @@ import onnx
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec, spec_of
 from ortrain.graph.forward import ForwardGraph, ParamSpec
-from ortrain.nn.model import Model, check_print_fn
+from ortrain.nn.base_model import Model, check_print_fn
 
 
 class GraphModel(Model):

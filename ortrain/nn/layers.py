@@ -15,19 +15,7 @@ rebuilds saved layers by type (:func:`layer_from_config`).
 from __future__ import annotations
 
 from ortrain.errors import OrtrainError
-from ortrain.nn.base_layer import (  # noqa: F401 - importable from here as before
-    ACTIVATIONS,
-    EDITS,
-    LEAKY_RELU_ALPHA,
-    EmitContext,
-    Layer,
-    Weights,
-    _weights_of,
-    check_activation,
-    emit_activation,
-    glorot_uniform,
-    read_only,
-)
+from ortrain.nn.base_layer import ACTIVATIONS, Layer
 from ortrain.nn.conv_layers import AvgPool2D, Conv2D, GlobalAvgPool2D, MaxPool2D
 from ortrain.nn.core_layers import Activation, BatchNorm, Dense, Dropout, Embedding, LayerNorm
 from ortrain.nn.shape_layers import Add, Concatenate, Flatten, Reshape

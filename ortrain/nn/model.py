@@ -4,9 +4,8 @@ They live in ``symbolic`` (``Input``, :class:`SymbolicTensor`), ``base_model`` (
 ``training`` (its compile, fit, predict and evaluate) and ``sequential``; this module gathers them.
 """
 
-from ortrain.nn.base_model import Model, check_print_fn  # noqa: F401 - importable from here as before
+from ortrain.nn.base_model import Model
 from ortrain.nn.sequential import Sequential
 from ortrain.nn.symbolic import Input, SymbolicTensor
-from ortrain.nn.training import ShownRate  # noqa: F401 - importable from here as before
 
 __all__ = ["Input", "Model", "Sequential", "SymbolicTensor"]

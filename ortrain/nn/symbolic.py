@@ -3,12 +3,16 @@ layer calls add (``_Node``), ``Input`` and the dependency order a model runs the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ortrain._arrays import is_integer
 from ortrain._dag import post_order
 from ortrain.errors import OrtrainError, describe_shape
-from ortrain.nn.base_layer import Layer
+
+if TYPE_CHECKING:
+    from ortrain.nn.base_layer import Layer
 
 __all__ = ["Input", "SymbolicTensor"]
 

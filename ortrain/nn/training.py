@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ortrain import losses, optim
+from ortrain import engine, losses, optim
 from ortrain import metrics as metrics_mod
 from ortrain._arrays import positive_int, prepare_inputs, row_slices, run_chunks
+from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, loss_model
 from ortrain.data import prepare_arrays, refuse_non_finite_weights
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec
-from ortrain.graph.forward import with_weights
+from ortrain.graph.forward import to_inference, with_weights
+from ortrain.history import History
 from ortrain.nn.base_layer import EDITS
 
 if TYPE_CHECKING:
@@ -46,12 +48,23 @@ class TrainingMixin:
     """Training, prediction and evaluation for :class:`~ortrain.nn.base_model.Model`, with the
     state they keep on the model."""
 
+    def _init_training_state(self) -> None:
+        self.loss: losses.Loss | None = None
+        self.optimizer: optim.Optimizer | None = None
+        self.metrics: list[str] = []
+        self.history = None  # the History of the last fit, as Keras keeps it
+        self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
+        self._live_seen = None  # set by a running fit: what it last took of optimizer.lr
+        self.train_state = None  # optimizer state carried between fit() calls
+        self._runners: dict = {}  # prediction and evaluation sessions, by kind and weights
+        self._edits_seen = None  # base_layer.EDITS when the edits were last taken
+        self._lr_seen = None  # (optimizer id, its lr_writes) when the last fit ended
+
     # -- copies and pickles: detached from any fit ----------------------------------------------
     def __getstate__(self) -> dict:
         # A deep copy or a pickle holds the model, not its prediction sessions (a cache, rebuilt on
         # use) nor links to a running or finished fit: the optimizer state as it is now, the
         # history's values, and whether the optimizer's rate was written since the last fit.
-        from ortrain.history import History
         state = dict(self.__dict__)
         state["_runners"] = {}
         state["_live_state"] = state["_live_seen"] = None
@@ -102,7 +115,7 @@ class TrainingMixin:
     # -- the edit log: weights set since a running fit last took them ------------------------------
     def _take_edits(self) -> set[str]:
         """The names of the weights set since the last take (``set_weights``, a layer's own, or
-        through another model sharing the layer; :class:`~ortrain.nn.layers.Weights` records them),
+        through another model sharing the layer; :class:`~ortrain.nn.base_layer.Weights` records them),
         forgotten once taken. No scan of the layers when no weight was set anywhere since."""
         if EDITS[0] == self._edits_seen:
             return set()
@@ -171,7 +184,7 @@ class TrainingMixin:
         and epochs without validation log no ``val_`` values (NaN in the History). Details in
         :func:`ortrain.fit.fit_model`. Returns the :class:`History`; a later ``fit`` continues
         with the same optimizer state."""
-        from ortrain.fit import fit_model
+        from ortrain.fit import fit_model  # fit's loop builds Trainers, which import the model
         return fit_model(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
                          validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
                          sample_weight=sample_weight, initial_epoch=initial_epoch,
@@ -183,9 +196,6 @@ class TrainingMixin:
         key = (kind, weighting, self._weights_stamp())
         runner = self._runners.get(key)
         if runner is None:
-            from ortrain import engine
-            from ortrain.artifacts import loss_model
-            from ortrain.graph.forward import to_inference
             fg = self.forward_graph()
             if kind == "predict":
                 proto = to_inference(fg.proto)
@@ -216,7 +226,6 @@ class TrainingMixin:
         Everything is checked before the first run: shapes, and class labels against the number
         of classes for sparse cross-entropy. ``verbose`` is accepted for Keras code and shows nothing.
         """
-        from ortrain.artifacts import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT
         positive_int(batch_size, "batch_size", allow_none=True)
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
