@@ -54,6 +54,21 @@ class Snapshot(Releasable):
         outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
+    def _shapes(self) -> dict[str, tuple]:
+        return {p.name: tuple(self._weights[p.name].shape) for p in self._params}
+
+    def _move_towards(self, read, trainable: set[str], tau: float) -> None:
+        """``weight <- tau * read(name) + (1 - tau) * weight`` in place for the ``trainable`` names;
+        the others (batch-norm statistics, frozen weights) are copied whole, as is all at ``tau=1``."""
+        tau32 = np.float32(tau)
+        for p in self._params:
+            current, mine = read(p.name), self._weights[p.name]
+            if p.name in trainable and tau != 1.0:
+                mine *= np.float32(1.0) - tau32
+                mine += tau32 * current
+            else:
+                mine[...] = current
+
     def free(self) -> None:
         """Release the session and weights; later ``predict``/``update_target`` on it raise FreedError."""
         self._freed = True

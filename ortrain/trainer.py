@@ -257,21 +257,13 @@ class Trainer(TrainerSetup, Releasable):
         if not is_real(tau) or not 0.0 <= tau <= 1.0:
             raise OrtrainError(f"tau: expected a number in [0, 1], received {tau!r}")
         mine = {p.name: tuple(p.shape) for p in self._params}
-        theirs = {p.name: tuple(target._weights[p.name].shape) for p in target._params}
+        theirs = target._shapes()
         if mine != theirs:
             diff = sorted(set(mine.items()) ^ set(theirs.items()))[:4]
             raise OrtrainError(f"target: its weights differ from this trainer's by name or shape (e.g. {diff}); "
                                "take the target from a trainer of the same architecture")
-        trainable = set(self._trainable)
-        tau32 = np.float32(tau)
-        for p in self._params:
-            cur = self._session.view(p.name) if self._session.device.kind == "cpu" else self._session.get(p.name)
-            t = target._weights[p.name]
-            if p.name in trainable and tau != 1.0:
-                t *= np.float32(1.0) - tau32
-                t += tau32 * cur
-            else:
-                t[...] = cur
+        read = self._session.view if self._session.device.kind == "cpu" else self._session.get
+        target._move_towards(read, set(self._trainable), tau)
 
     def model(self) -> Model:
         """A new Model carrying the current weights (the constructor's model is never changed).
