@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
-from ortrain._manifest import FORMAT, _finish, versions
+from ortrain._manifest import FORMAT, finish, versions
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
@@ -147,4 +147,4 @@ def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: 
     onnx.save(fg.proto, directory / "forward.onnx")
     manifest = {"format": FORMAT, "key": key, "versions": versions(), "opset": OPSET, **io,
                 "parameters": [p.to_json() for p in fg.params], "loss": loss.config(), "optimizer": opt.config()}
-    _finish(directory, manifest, fg, weights_sha256)
+    finish(directory, manifest, fg, weights_sha256)

@@ -1,6 +1,6 @@
 """An artifacts directory's ``manifest.json``: its format, the files it lists with their sha256,
-the check ``load`` makes of each field before anything reads it, and the writing of the
-checkpoint and manifest that completes a directory.
+its reading (:func:`read`, which checks every field before anything uses one), and the writing
+of the checkpoint and manifest that completes a directory.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import onnx
 
 from ortrain import engine
 from ortrain._version import __version__
+from ortrain.errors import OrtrainError
 from ortrain.graph.forward import ForwardGraph
 
 FORMAT = 1
@@ -28,7 +29,7 @@ def versions() -> dict:
 _verified: dict[tuple, str] = {}
 
 
-def _sha256(path: Path, remember: bool = False) -> str:
+def sha256(path: Path, remember: bool = False) -> str:
     """sha256 of a file. With ``remember``, a file this process already hashed and that has not
     changed since (same inode, size and modification time) is not read again."""
     stat = os.stat(path)
@@ -45,14 +46,14 @@ def _sha256(path: Path, remember: bool = False) -> str:
     return digest
 
 
-def _finish(directory: Path, manifest: dict, fg: ForwardGraph, weights_sha256: str) -> None:
+def finish(directory: Path, manifest: dict, fg: ForwardGraph, weights_sha256: str) -> None:
     """Write the checkpoint of ``fg``'s weights and the manifest with every file's hash."""
     roles = {p.name: p.role for p in fg.params}
     engine.write_initial_checkpoint(directory / "checkpoint",
                                     {n: a for n, a in fg.weights.items() if roles[n] == "trainable"},
                                     {n: a for n, a in fg.weights.items() if roles[n] != "trainable"})
     manifest = dict(manifest, weights_sha256=weights_sha256,
-                    files={name: _sha256(directory / name) for name in FILES})
+                    files={name: sha256(directory / name) for name in FILES})
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
@@ -80,8 +81,8 @@ def _is_strings(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-# What load() checks each manifest field is, before anything reads it.
-_FIELDS = {
+# What each manifest field must be, checked before anything reads it.
+FIELDS = {
     "key": ("a string", lambda v: isinstance(v, str)),
     "versions": ("a dict of version strings", lambda v: isinstance(v, dict)),
     "files": ("a dict of sha256 strings by file name",
@@ -97,3 +98,32 @@ _FIELDS = {
     "train_outputs": ("a list of output names", _is_strings),
     "weighting": ("null, 'sample' or 'element'", lambda v: v in (None, "sample", "element")),
 }
+
+
+def read(mpath: Path) -> dict:
+    """The manifest at ``mpath``, refused unless it is this ortrain's format with every field as
+    :data:`FIELDS` says, and written by these versions of ortrain, onnx and onnxruntime."""
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OrtrainError(f"{str(mpath)!r} is not valid JSON ({exc}); the directory is damaged, rebuild it") \
+            from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise OrtrainError(f"{str(mpath)!r} has manifest format {manifest.get('format') if isinstance(manifest, dict) else '?'}"
+                           f", this ortrain reads format {FORMAT}; rebuild the artifacts")
+    missing = [k for k in FIELDS if k not in manifest]
+    if missing:
+        raise OrtrainError(f"{str(mpath)!r} lacks {', '.join(missing)}; the directory is damaged, rebuild it")
+    for field, (expected, fits) in FIELDS.items():
+        if not fits(manifest[field]):
+            raise OrtrainError(f"{str(mpath)!r}: {field} expected {expected}, received {manifest[field]!r:.80}; the "
+                               "directory is damaged, rebuild it")
+    if manifest["prediction"] not in [o["name"] for o in manifest["outputs"]]:
+        raise OrtrainError(f"{str(mpath)!r}: prediction expected one of the outputs' names, received "
+                           f"{manifest['prediction']!r:.80}; the directory is damaged, rebuild it")
+    if manifest["versions"] != versions():
+        got = ", ".join(f"{k} {v}" for k, v in sorted(manifest["versions"].items()))
+        now = ", ".join(f"{k} {v}" for k, v in sorted(versions().items()))
+        raise OrtrainError(f"artifacts in {str(mpath.parent)!r} were written by {got}; this is {now}. "
+                           "Rebuild them (ot.artifacts.build or `ortrain artifacts`)")
+    return manifest

@@ -50,7 +50,8 @@ from ortrain._artifact_graphs import loss_model as loss_model
 from ortrain._artifact_store import _publish_lock, _refuse_working_directory, cache_dir, set_cache_dir
 from ortrain._artifact_store import scratch_dir as scratch_dir
 from ortrain._files import atomic_path, fresh_dir
-from ortrain._manifest import _FIELDS, FILES, FORMAT, _finish, _sha256, versions
+from ortrain._manifest import FILES, FORMAT, finish, sha256, versions
+from ortrain._manifest import read as read_manifest
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec
 from ortrain.graph.forward import ForwardGraph, ParamSpec
@@ -324,7 +325,7 @@ def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weight
             shutil.copyfile(existing.directory / name, directory / name)
     manifest = {k: v for k, v in existing.manifest.items() if k not in ("files", "weights_sha256")}
     manifest["optimizer"] = json.loads(json.dumps(opt.config()))
-    _finish(directory, manifest, fg, weights_sha256)
+    finish(directory, manifest, fg, weights_sha256)
 
 
 def load(directory) -> Artifacts:
@@ -336,37 +337,13 @@ def load(directory) -> Artifacts:
     if not mpath.is_file():
         raise OrtrainError(f"{str(d)!r} is not an ortrain artifacts directory (no manifest.json); "
                            "create one with ot.artifacts.build or `ortrain artifacts`")
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OrtrainError(f"{str(mpath)!r} is not valid JSON ({exc}); the directory is damaged, rebuild it") \
-            from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise OrtrainError(f"{str(mpath)!r} has manifest format {manifest.get('format') if isinstance(manifest, dict) else '?'}"
-                           f", this ortrain reads format {FORMAT}; rebuild the artifacts")
-    required = ("key", "versions", "inputs", "outputs", "label", "parameters", "loss", "optimizer", "files",
-                "prediction", "train_outputs", "weighting", "sample_weight")
-    missing = [k for k in required if k not in manifest]
-    if missing:
-        raise OrtrainError(f"{str(mpath)!r} lacks {', '.join(missing)}; the directory is damaged, rebuild it")
-    for field, (expected, fits) in _FIELDS.items():
-        if not fits(manifest[field]):
-            raise OrtrainError(f"{str(mpath)!r}: {field} expected {expected}, received {manifest[field]!r:.80}; the "
-                               "directory is damaged, rebuild it")
-    if manifest["prediction"] not in [o["name"] for o in manifest["outputs"]]:
-        raise OrtrainError(f"{str(mpath)!r}: prediction expected one of the outputs' names, received "
-                           f"{manifest['prediction']!r:.80}; the directory is damaged, rebuild it")
-    if manifest["versions"] != versions():
-        got = ", ".join(f"{k} {v}" for k, v in sorted(manifest["versions"].items()))
-        now = ", ".join(f"{k} {v}" for k, v in sorted(versions().items()))
-        raise OrtrainError(f"artifacts in {str(d)!r} were written by {got}; this is {now}. "
-                           "Rebuild them (ot.artifacts.build or `ortrain artifacts`)")
+    manifest = read_manifest(mpath)
     for name in FILES:
         path = d / name
         if not path.is_file():
             raise OrtrainError(f"artifacts in {str(d)!r} lack {name}; rebuild them")
         expected = manifest["files"].get(name)
-        if _sha256(path, remember=True) != expected:
+        if sha256(path, remember=True) != expected:
             raise OrtrainError(f"{str(path)!r} does not match the sha256 recorded in manifest.json: "
                                "the file was changed or damaged after it was written; rebuild the artifacts")
     return Artifacts(d, manifest)
