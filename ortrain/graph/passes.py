@@ -331,15 +331,19 @@ def node_inputs(node: onnx.NodeProto) -> list[str]:
     return list(dict.fromkeys([i for i in node.input if i] + subgraph_reads(node)))
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs ``node`` holds as attributes (``Loop``, ``If`` and ``Scan`` bodies)."""
+    return [g for attr in node.attribute for g in ([attr.g] if attr.HasField("g") else attr.graphs)]
+
+
 def subgraph_reads(node: onnx.NodeProto) -> list[str]:
     """The outer values the subgraphs of ``node`` (``Loop``, ``If`` and ``Scan`` bodies) read by name."""
     names = []
-    for attr in node.attribute:
-        for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            inner = {v.name for v in g.input} | {t.name for t in g.initializer}
-            for n in g.node:
-                names += [i for i in node_inputs(n) if i not in inner]
-                inner.update(n.output)
+    for g in subgraphs(node):
+        inner = {v.name for v in g.input} | {t.name for t in g.initializer}
+        for n in g.node:
+            names += [i for i in node_inputs(n) if i not in inner]
+            inner.update(n.output)
     return list(dict.fromkeys(names))
 
 

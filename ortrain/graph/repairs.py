@@ -33,7 +33,7 @@ from onnx import helper, numpy_helper, version_converter
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
 from ortrain.graph.gradient_forms import Shapes, conv_with_explicit_pads
-from ortrain.graph.passes import SAME, attribute, elem_types, int64_constants, text_attribute
+from ortrain.graph.passes import SAME, attribute, elem_types, int64_constants, subgraphs, text_attribute
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
@@ -362,12 +362,11 @@ def split_outputs_named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     onnxruntime 1.19's ``Split`` kernel writes to the unnamed output and the process dies
     (SIGSEGV), in plain onnxruntime as in ortrain, in ``If``/``Loop``/``Scan`` bodies as well.
     Named, they are unread outputs."""
-    if not _unnamed_split_outputs(model):
+    if not any(_unnamed_split_outputs(model.graph)):
         return model, 0
     out = copy.deepcopy(model)
-    graphs = list(_graphs(out.graph))
-    taken = {name for g in graphs for name in _names_in(g)}
-    targets = _unnamed_split_outputs(out)
+    taken = {name for g in _graphs(out.graph) for name in _names_in(g)}
+    targets = list(_unnamed_split_outputs(out.graph))
     for node in targets:
         for k, name in enumerate(node.output):
             if not name:
@@ -379,17 +378,16 @@ def split_outputs_named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, len(targets)
 
 
-def _unnamed_split_outputs(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    return [n for g in _graphs(model.graph) for n in g.node if n.op_type == "Split" and "" in n.output]
+def _unnamed_split_outputs(graph: onnx.GraphProto):
+    return (n for g in _graphs(graph) for n in g.node if n.op_type == "Split" and "" in n.output)
 
 
 def _graphs(graph: onnx.GraphProto):
-    """``graph`` and every subgraph under it (the bodies of ``If``, ``Loop`` and ``Scan``), depth first."""
+    """``graph`` and every subgraph under it, depth first."""
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
-                yield from _graphs(sub)
+        for sub in subgraphs(node):
+            yield from _graphs(sub)
 
 
 def _names_in(graph: onnx.GraphProto) -> set[str]:
