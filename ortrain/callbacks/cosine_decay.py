@@ -24,7 +24,7 @@ class CosineDecay(CurveScheduler):
         total_epochs = checked_int(total_epochs, "CosineDecay(total_epochs=...)")
         warmup_epochs = checked_int(warmup_epochs, "CosineDecay(warmup_epochs=...)", minimum=0)
         schedules.check_warmup_below_total(warmup_epochs, total_epochs, ("warmup_epochs", "total_epochs"),
-                                           owner="CosineDecay: ")
+                                           where="CosineDecay")
         self.total_epochs, self.final_lr, self.warmup_epochs = total_epochs, final_lr, warmup_epochs
         super().__init__(initial_lr, verbose)
 

@@ -35,12 +35,14 @@ def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
     return schedule
 
 
-def check_warmup_below_total(warmup: int, total: int, names=("warmup_steps", "total_steps"), owner: str = "") -> None:
-    """Refuse a warm-up that is not shorter than the whole curve, naming the caller's own arguments."""
+def check_warmup_below_total(warmup: int, total: int, names=("warmup_steps", "total_steps"),
+                             where: str | None = None) -> None:
+    """Refuse a warm-up that is not shorter than the whole curve, naming the caller (``where``) and
+    its own arguments."""
     if warmup >= total:
         warm_name, total_name = names
-        raise OrtrainError(f"{owner}{warm_name} ({warmup}) must be below {total_name} ({total}), which counts the "
-                           f"warm-up too; shorten the warm-up or raise {total_name}")
+        raise OrtrainError(f"{where + ': ' if where else ''}{warm_name} ({warmup}) must be below {total_name} "
+                           f"({total}), which counts the warm-up too; shorten the warm-up or raise {total_name}")
 
 
 def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_lr: float = 0.0):
