@@ -162,39 +162,29 @@ def _matmul_needs(node, g: _Graph) -> bool:
 
 def _matmul_as_matrix(node, i: int, p: str, g: _Graph):
     """A ``MatMul`` with a 1-D operand as the matrix product of that operand made a column (the
-    second) or a row (the first), reshaped back: onnxruntime-training 1.19.2's ``MatMul`` gradient
-    is wrong for a 1-D operand (``x @ w`` with ``w`` of shape ``(k,)`` trained 0.1 off PyTorch's
-    weights after one SGD step), while ``x @ w.reshape(k, 1)`` trains exactly. A 1-D operand
-    beside one of unknown rank is refused."""
+    second) or a row (the first), the added dimension squeezed out of the product: onnxruntime-
+    training 1.19.2's ``MatMul`` gradient is wrong for a 1-D operand (``x @ w`` with ``w`` of shape
+    ``(k,)`` trained 0.1 off PyTorch's weights after one SGD step), while ``x @ w.reshape(k, 1)``
+    trains exactly. Only the 1-D operand's rank is needed; the other's may be unknown."""
     a, b = node.input
-    ra, rb = g.shapes.rank(a), g.shapes.rank(b)
-    if ra is None or rb is None:
-        raise UnsupportedOpError(
-            f"MatMul node {node.name or i!r} multiplies a 1-D operand with one whose rank is not known "
-            f"(ranks {ra} and {rb}); onnxruntime-training's MatMul gradient is wrong for 1-D operands and "
-            "ortrain cannot rewrite it without the rank. Export with known ranks (e.g. Squeeze with axes) or "
-            "reshape the 1-D operand into a matrix")
+    row, column = g.shapes.rank(a) == 1, g.shapes.rank(b) == 1
     nodes, inits = [], []
-    if ra == 1:
+    if row:
         inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), p + "row_shape"))
         nodes.append(helper.make_node("Reshape", [a, p + "row_shape"], [p + "row"], name=p + "Row"))
         a = p + "row"
-    if rb == 1:
+    if column:
         inits.append(numpy_helper.from_array(np.array([-1, 1], np.int64), p + "column_shape"))
         nodes.append(helper.make_node("Reshape", [b, p + "column_shape"], [p + "column"], name=p + "Column"))
         b = p + "column"
-    # Drop the dimension the row or column added (a 0 in Reshape's shape keeps that dimension of
-    # its input, so batch dimensions of any size pass): (..., m, 1) -> (..., m), (..., 1, n) ->
-    # (..., n), (1, 1) -> ().
-    if ra == 1 and rb == 1:
-        keep = []
-    elif rb == 1:
-        keep = [0] * (ra - 1)
+    # The dimension the row or column added: (..., m, 1) -> (..., m), (..., 1, n) -> (..., n), (1, 1) -> ().
+    axes = [-2] * row + [-1] * column
+    nodes.append(helper.make_node("MatMul", [a, b], [p + "product"], name=p + "MatMul"))
+    if g.opset >= 13:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), p + "added_axes"))
+        nodes.append(helper.make_node("Squeeze", [p + "product", p + "added_axes"], [node.output[0]], name=p + "Out"))
     else:
-        keep = [0] * (rb - 2) + [-1]
-    inits.append(numpy_helper.from_array(np.array(keep, np.int64), p + "out_shape"))
-    nodes += [helper.make_node("MatMul", [a, b], [p + "product"], name=p + "MatMul"),
-              helper.make_node("Reshape", [p + "product", p + "out_shape"], [node.output[0]], name=p + "Out")]
+        nodes.append(helper.make_node("Squeeze", [p + "product"], [node.output[0]], name=p + "Out", axes=axes))
     return nodes, inits
 
 
@@ -203,18 +193,12 @@ def matmul_vectors_as_matrices(model: onnx.ModelProto) -> onnx.ModelProto:
     the graphs that only run forward (predictions, the exported model). onnxruntime 1.19's
     graph optimizer (level ``EXTENDED`` and above, the default) fuses a ``Transpose`` into such a
     ``MatMul`` wrongly: ``x.transpose(0, 2, 1) @ w`` with ``w`` of shape ``(k,)`` came out 5.7 off
-    numpy. The matrix form has the same values and is fused right. A node whose operand ranks are
-    not known is left as it is."""
+    numpy. The matrix form has the same values and is fused right."""
     if not any(n.op_type == "MatMul" for n in model.graph.node):
         return model
     g = _Graph(model)
-
-    def needs(node) -> bool:
-        return (node.op_type == "MatMul" and _matmul_needs(node, g)
-                and all(g.shapes.rank(v) is not None for v in node.input))
-
-    return replace_nodes(model, needs, lambda i, node: _matmul_as_matrix(
-        node, i, f"{node.name or node.op_type}/as_matrix_{i}/", g))
+    return replace_nodes(model, lambda node: node.op_type == "MatMul" and _matmul_needs(node, g),
+                         lambda i, node: _matmul_as_matrix(node, i, f"{node.name or node.op_type}/as_matrix_{i}/", g))
 
 
 # -- Pow and Where with a broadcast operand ------------------------------------------------------
