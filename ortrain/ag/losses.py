@@ -8,7 +8,7 @@ float32 tensor. Targets may be tensors (arguments of ``fn``) or arrays.
 from __future__ import annotations
 
 from ortrain import losses as _losses
-from ortrain.ag.ops import _float, as_tensor
+from ortrain.ag._checks import _float, as_tensor
 from ortrain.ag.tensor import FLOAT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
