@@ -465,7 +465,7 @@ def test_val_split_holds_out_the_rows_model_fit_would(workdir, capsys):
 
 
 def test_a_run_past_epoch_9999_keeps_its_newest_checkpoints(tmp_path):
-    from ortrain.cli.runs import RunRecorder
+    from ortrain.cli.run_dir import RunRecorder
 
     class Writes:
         def save_checkpoint(self, path):
@@ -484,7 +484,7 @@ def test_a_run_past_epoch_9999_keeps_its_newest_checkpoints(tmp_path):
 
 
 def test_a_failed_run_leaves_a_run_started_beside_it_in_a_shared_new_folder(tmp_path):
-    from ortrain.cli.runs import _discarder
+    from ortrain.cli.run_dir import _discarder
 
     discard = _discarder(tmp_path / "results" / "jobB")  # results/ does not exist yet
     (tmp_path / "results" / "jobB").mkdir(parents=True)

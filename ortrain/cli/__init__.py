@@ -235,7 +235,7 @@ def _info(opts) -> dict:
 
 
 def _dispatch(opts) -> dict:
-    from ortrain.cli import runs
+    from ortrain.cli import model_commands, runs
     if opts.command == "demo":
         from ortrain.cli import demo
         return demo.run(opts.out, epochs=opts.epochs, seed=opts.seed, verbose=opts.verbose,
@@ -243,16 +243,16 @@ def _dispatch(opts) -> dict:
     if opts.command == "info":
         return _info(opts)
     if opts.command == "artifacts":
-        return runs.artifacts(opts)
+        return model_commands.artifacts(opts)
     if opts.command == "train":
         cfg = _train_config(opts)
         opts.run_dir = cfg["out"]  # for the message if the run is interrupted
         return runs.train(cfg)
     if opts.command == "eval":
-        return runs.evaluate(opts)
+        return model_commands.evaluate(opts)
     if opts.command == "predict":
-        return runs.predict(opts)
-    return runs.export(opts)
+        return model_commands.predict(opts)
+    return model_commands.export(opts)
 
 
 def _print(result: dict, as_json: bool) -> None:

@@ -1,4 +1,5 @@
-"""What every subcommand shares: exit codes, user errors, data files, atomic writes."""
+"""What every subcommand shares: exit codes, user errors, data files (one array ``x``), atomic
+writes."""
 
 from __future__ import annotations
 
@@ -89,6 +90,14 @@ def _why(exc: Exception) -> str:
     if "pickle" in text:
         return "not numeric arrays: pickled Python objects or another format"
     return text.split(". ")[0]
+
+
+def _one_input(specs) -> None:
+    """The command line feeds one array ``x``: a model with several inputs trains from Python."""
+    if len(specs) > 1:
+        raise UsageError(f"the model has {len(specs)} inputs ({', '.join(s.name for s in specs)}) and the command "
+                         "line feeds one array x; train or run it from Python (ot.Trainer.from_artifacts, "
+                         "Model.fit/predict with a list or dict of arrays)")
 
 
 def dumps(value) -> str:

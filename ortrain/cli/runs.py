@@ -1,95 +1,37 @@
-"""Training runs on disk: ``ortrain train`` and what reads its run directory.
-
-A run directory holds::
-
-    run.json            the run's settings (written once, when it starts)
-    state.json          the commit point: epochs done, the checkpoint to resume from, the history
-    artifacts/          training artifacts, when the run started from --model
-    checkpoints/        epoch-NNNN.ckpt (the two newest are kept)
-    log.csv, history.json, model.onnx (at the end), loss.png (with matplotlib)
-
-After every epoch the checkpoint is written first and ``state.json`` last, each by
-rename, so a run stopped at any moment once ``run.json`` exists (Ctrl-C, SIGTERM, a kill)
-leaves a directory that ``--resume`` continues from the last completed epoch, bit for bit
-except for dropout masks.
+"""``ortrain train``: start a run (building its artifacts from --model) or resume one, fit it,
+and finish it with ``model.onnx`` and the loss plot. The run directory's layout and
+bookkeeping are in :mod:`ortrain.cli.run_dir`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 import ortrain as ot
 from ortrain import fit as fit_mod
-from ortrain._files import CAN_LOCK, checked_target, lock_file
-from ortrain.callbacks.base import Callback
 from ortrain.cli._common import (
     UsageError,
+    _one_input,
     check_out_dir,
     load_data,
     loss_of,
     read_json,
     write_json,
-    write_text,
+)
+from ortrain.cli.run_dir import (
+    RunRecorder,
+    _absolute,
+    _artifacts_of,
+    _discarder,
+    _run_lock,
+    resume_settings,
+    sweep_temporaries,
 )
 from ortrain.data import split_arrays
 from ortrain.errors import OrtrainError
-
-KEEP_CHECKPOINTS = 2
-
-
-class RunRecorder(Callback):
-    """Writes checkpoint, log and history after every epoch, then commits ``state.json``."""
-
-    def __init__(self, out: Path, history: dict[str, list], epochs_done: list[int], stale: tuple[str, ...] = ()):
-        self.out = out
-        self.history = {k: list(v) for k, v in history.items()}
-        self.epochs = list(epochs_done)
-        self.stale = stale  # files of an earlier end, out of date once an epoch commits
-
-    def on_epoch_end(self, epoch, logs=None):
-        ckdir = self.out / "checkpoints"
-        ckdir.mkdir(exist_ok=True)
-        ck = ckdir / f"epoch-{epoch + 1:04d}.ckpt"
-        self.trainer.save_checkpoint(ck)
-        self.epochs.append(epoch)
-        logs = logs or {}
-        for key in set(self.history) | set(logs):
-            column = self.history.setdefault(key, [None] * (len(self.epochs) - 1))
-            column.append(logs.get(key))
-        write_text(self.out / "log.csv", self._csv())
-        write_json(self.out / "history.json", {"epoch": self.epochs, "history": self.history})
-        for name in self.stale:  # a run stopped before its new end must not look final
-            (self.out / name).unlink(missing_ok=True)
-        self.stale = ()
-        write_json(self.out / "state.json", {"epoch": epoch + 1, "checkpoint": f"checkpoints/{ck.name}",
-                                             "epochs": self.epochs, "history": self.history})
-        ours = [p for p in ckdir.glob("epoch-*.ckpt") if _CHECKPOINT.fullmatch(p.name)]
-        for old in sorted(ours, key=_epoch_of)[:-KEEP_CHECKPOINTS]:
-            old.unlink()
-
-    def _csv(self) -> str:
-        keys = sorted(self.history)
-        buf = io.StringIO()
-        buf.write(",".join(["epoch", *keys]) + "\n")
-        for i, e in enumerate(self.epochs):
-            cells = [str(e)] + ["" if self.history[k][i] is None else repr(float(self.history[k][i])) for k in keys]
-            buf.write(",".join(cells) + "\n")
-        return buf.getvalue()
-
-
-_CHECKPOINT = re.compile(r"epoch-(\d{4,})\.ckpt")
-
-
-def _epoch_of(checkpoint: Path) -> int:
-    """The epoch in a checkpoint's name (``epoch-0012.ckpt``: names sort wrongly past 9999)."""
-    return int(_CHECKPOINT.fullmatch(checkpoint.name).group(1))
 
 
 def _split(x, y, w, fraction: float):
@@ -111,117 +53,6 @@ def _build_artifacts(cfg: dict, out: Path) -> Path:
     target = out / "artifacts"
     ot.artifacts.build(model, loss=loss, optimizer=opt, out_dir=target, weighting=weighting)
     return target
-
-
-# What decides which rows make each batch and in which order: a resumed run must keep them to
-# continue bit for bit, so they cannot be changed on --resume.
-FIXED_BY_RUN = {"batch_size": "--batch-size", "seed": "--seed"}
-
-
-# What the run trains: its model or artifacts, loss, optimizer and trained weights. A resume
-# continues that training, so another value is refused (it was silently ignored).
-TRAINED_BY_RUN = ("model", "artifacts", "loss", "optimizer", "from_logits", "trainable", "frozen")
-
-
-def resume_settings(cfg: dict) -> dict:
-    """A resumed run keeps the settings it started with; options given now override the data, the
-    epochs, the learning rate, the metrics and the output, while the batch size and the seed, and
-    what the run trains (``TRAINED_BY_RUN``), are fixed by the run: another value is refused."""
-    out = Path(cfg["out"])
-    if not (out / "run.json").is_file():
-        raise UsageError(f"train --resume: {str(out)!r} holds no run to resume; drop --resume to start one there")
-    run = read_json(out / "run.json", "run settings")
-    for key, flag in FIXED_BY_RUN.items():
-        if cfg.get(key) is not None and cfg[key] != run[key]:
-            raise UsageError(f"train --resume: {flag} {cfg[key]} differs from the run's {run[key]}; the batch size "
-                             f"and seed are fixed by the run (they decide every batch of a bit-exact resume). Drop "
-                             f"{flag}, or start a new run in another --out directory")
-    started = run["settings"]
-    for key in TRAINED_BY_RUN:
-        given = cfg.get(key)
-        if given is None or given is False or given == []:
-            continue
-        if key in PATH_KEYS:
-            given = os.path.abspath(given)
-        if given != started.get(key):
-            flag = f"--{key.replace('_', '-')}"
-            had = f"the run's {started[key]!r}" if key in started else "the run, which started without it"
-            raise UsageError(f"train --resume: {flag} {cfg[key]!r} differs from {had}; what a run trains (its model "
-                             f"or artifacts, loss, optimizer and trained weights) is fixed when it starts. Drop "
-                             f"{flag}, or start a new run in another --out directory")
-    merged = {**started, **cfg}
-    for key in ("data", "epochs"):
-        if merged.get(key) is None:
-            raise UsageError(f"train --resume: --{key} is required")
-    return merged
-
-
-PATH_KEYS = ("model", "artifacts", "data", "val_data")
-
-
-def _absolute(cfg: dict) -> dict:
-    """The settings with every file path absolute, as ``run.json`` keeps them: a resume, an eval
-    or an export reads the same files from any working directory."""
-    out = dict(cfg)
-    for key in PATH_KEYS:
-        if out.get(key):
-            out[key] = [os.path.abspath(p) for p in out[key]] if isinstance(out[key], list) else \
-                os.path.abspath(out[key])
-    return out
-
-
-def sweep_temporaries(out: Path) -> list[str]:
-    """Remove what a killed process left half-written in a run directory: the temporary files of
-    its atomic writes (``.state.json.<12 hex>.tmp.json`` and the like) and the temporary folders
-    of its artifacts build. Nothing else matches these names."""
-    removed = []
-    for folder, pattern in ((out, _TEMP_IN_RUN), (out / "checkpoints", _TEMP_IN_CHECKPOINTS)):
-        if not folder.is_dir():
-            continue
-        for p in folder.iterdir():
-            if not pattern.match(p.name) or p.is_symlink():
-                continue
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-            removed.append(p.name)
-    return removed
-
-
-# _files.atomic_path names a temporary ".<name>.<12 hex>.tmp<suffix>"; artifacts._publish uses
-# ".artifacts.tmp-<12 hex>" and ".artifacts.old-<8 chars>" folders.
-_TEMP_IN_RUN = re.compile(r"^\.((state|run|history)\.json\.[0-9a-f]{12}\.tmp\.json|log\.csv\.[0-9a-f]{12}\.tmp\.csv"
-                          r"|model\.onnx\.[0-9a-f]{12}\.tmp\.onnx|artifacts\.tmp-[0-9a-f]{12}|artifacts\.old-\w{8})$")
-_TEMP_IN_CHECKPOINTS = re.compile(r"^\.epoch-\d{4,}\.ckpt\.[0-9a-f]{12}\.tmp\.ckpt$")
-
-
-@contextlib.contextmanager
-def _run_lock(out: Path):
-    """One process at a time trains a run: a second one is refused at once, before it touches
-    anything (it would remove the first one's files in flight)."""
-    if not CAN_LOCK:  # not on POSIX: no guard
-        yield
-        return
-    lock = out / ".lock"
-    handle = lock_file(lock, wait=False)
-    if handle is None:
-        raise UsageError(f"--out: another ortrain process is training the run in {str(out)!r}; wait for it "
-                         "to end")
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            lock.unlink()  # while still holding it
-        handle.close()
-
-
-def _artifacts_of(out: Path, run: dict) -> Path:
-    """The run's artifacts: its own folder (kept relative to the run, which may move) or the
-    absolute path it was given (runs of earlier versions kept a path relative to the working
-    directory)."""
-    path = Path(run["artifacts"])
-    return out / path if not path.is_absolute() and (out / path).is_dir() else path
 
 
 def train(cfg: dict) -> dict:
@@ -311,14 +142,6 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     return _fit(cfg, out, data, art_dir, run["seed"], run["batch_size"], checkpoint, initial_epoch, recorder, lr)
 
 
-def _one_input(specs) -> None:
-    """The command line feeds one array ``x``: a model with several inputs trains from Python."""
-    if len(specs) > 1:
-        raise UsageError(f"the model has {len(specs)} inputs ({', '.join(s.name for s in specs)}) and the command "
-                         "line feeds one array x; train or run it from Python (ot.Trainer.from_artifacts, "
-                         "Model.fit/predict with a list or dict of arrays)")
-
-
 def _fit(cfg: dict, out: Path, data, art_dir: Path, seed: int, batch_size: int, checkpoint, initial_epoch: int,
          recorder: RunRecorder, lr) -> dict:
     x, y, w, val = data
@@ -345,31 +168,6 @@ def _finish(out: Path, model, recorder: RunRecorder) -> dict:
     return summary
 
 
-def _discarder(out: Path):
-    """What removes a new run that fails before its first epoch ends: its settings, the artifacts
-    it built, and the directories the run created (parents that stay empty included: another
-    run may have started beside it meanwhile). Nothing that was there before is touched."""
-    had_artifacts = (out / "artifacts").exists()
-    created = []  # the directories this run creates, innermost first
-    for d in (out, *out.parents):
-        if d.exists():
-            break
-        created.append(d)
-
-    def discard() -> None:
-        (out / "run.json").unlink(missing_ok=True)
-        if not had_artifacts:
-            shutil.rmtree(out / "artifacts", ignore_errors=True)
-        if created and created[0] == out:
-            shutil.rmtree(out, ignore_errors=True)
-        for d in created[1:]:
-            try:
-                d.rmdir()
-            except OSError:  # not empty: someone else's now
-                break
-    return discard
-
-
 def _plot(recorder: RunRecorder, out: Path) -> str | None:
     try:
         import matplotlib
@@ -389,115 +187,3 @@ def _plot(recorder: RunRecorder, out: Path) -> str | None:
     fig.savefig(out / "loss.png", dpi=100)
     plt.close(fig)
     return str(out / "loss.png")
-
-
-def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, onnx_model: str | None = None,
-               metrics=None, takes_model: bool = False):
-    """The model a run, an artifacts directory (with an optional checkpoint) or an .onnx file holds."""
-    given = [a for a in (run, artifacts, onnx_model) if a]
-    if len(given) != 1:
-        raise UsageError("give exactly one of --run, --artifacts" + (" or --model" if takes_model else ""))
-    if onnx_model:
-        if not os.path.isfile(onnx_model):
-            raise UsageError(f"--model: no such file {onnx_model!r}")
-        return ot.from_onnx(onnx_model)
-    if run:
-        if not Path(run, "run.json").is_file():
-            raise UsageError(f"--run: {run!r} is not a run directory (no run.json)")
-        settings = read_json(Path(run) / "run.json", "run settings")
-        art = ot.artifacts.load(_artifacts_of(Path(run), settings))
-        if checkpoint is None and (Path(run) / "state.json").exists():
-            checkpoint = str(Path(run) / read_json(Path(run) / "state.json", "run state")["checkpoint"])
-    else:
-        if not os.path.isdir(artifacts):
-            raise UsageError(f"--artifacts: no such directory {artifacts!r}")
-        art = ot.artifacts.load(artifacts)
-    if checkpoint is not None and not os.path.isfile(checkpoint):
-        raise UsageError(f"--checkpoint: no such file {checkpoint!r}")
-    return art.model(checkpoint, metrics=metrics)
-
-
-def evaluate(opts) -> dict:
-    model = model_from(opts.run, opts.artifacts, opts.checkpoint, metrics=opts.metrics)
-    _one_input(model.input_specs)
-    x, y, w = load_data(opts.data)
-    if y is None:
-        raise UsageError("--data: the file holds no labels 'y' to evaluate against")
-    return model.evaluate(x, y, batch_size=opts.batch_size, sample_weight=w)
-
-
-def _output_file(opts, example: str) -> None:
-    """``-o`` names a file to write in a folder that exists, outside the artifacts it reads (a file
-    written there fails their sha256 check from then on): checked before anything loads or runs,
-    as a usage error."""
-    source = opts.artifacts
-    if opts.run and Path(opts.run, "run.json").is_file():
-        with contextlib.suppress(OrtrainError, KeyError, TypeError):  # model_from names a damaged run
-            source = str(_artifacts_of(Path(opts.run), read_json(Path(opts.run) / "run.json", "run settings")))
-    written = Path(os.path.abspath(opts.output)).resolve()
-    if source and os.path.isdir(source) and Path(source).resolve() in (written, *written.parents):
-        raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
-                         "elsewhere")
-    if os.path.isdir(opts.output):
-        raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
-                         f"{os.path.join(opts.output, example)!r}")
-    try:
-        checked_target(opts.output, "-o")
-    except OrtrainError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def predict(opts) -> dict:
-    _output_file(opts, "predictions.npy")
-    model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
-    _one_input(model.input_specs)
-    x, _, _ = load_data(opts.data)
-    pred = model.predict(x, batch_size=opts.batch_size)
-    if isinstance(pred, np.ndarray):
-        path = _npy_path(Path(opts.output), None)
-        np.save(path, pred)
-        return {"predictions": str(path), "shape": list(pred.shape)}
-    paths = [_npy_path(Path(opts.output), i) for i in range(len(pred))]
-    for path, p in zip(paths, pred):
-        np.save(path, p)
-    return {"predictions": [str(p) for p in paths], "shapes": [list(p.shape) for p in pred]}
-
-
-def _npy_path(path: Path, index: int | None) -> Path:
-    """``OUT.npy`` for a single output, ``OUT_<index>.npy`` for output ``index`` of several."""
-    base = path.with_suffix("") if path.suffix == ".npy" else path
-    return base.with_name(base.name + ("" if index is None else f"_{index}") + ".npy")
-
-
-def export(opts) -> dict:
-    _output_file(opts, "model.onnx")
-    model = model_from(opts.run, opts.artifacts, opts.checkpoint)
-    path = model.export_onnx(opts.output)
-    return {"model": path, "inputs": [s.name for s in model.input_specs],
-            "outputs": [s.name for s in model.output_specs]}
-
-
-def artifacts(opts) -> dict:
-    if not os.path.isfile(opts.model):
-        raise UsageError(f"MODEL: no such file {opts.model!r}")
-    if os.path.exists(opts.output) and not os.path.isdir(opts.output):
-        raise UsageError(f"-o: {opts.output!r} is a file; artifacts need a directory, choose another path")
-    try:  # the manifest alone: artifacts of another version are replaced too
-        before = read_json(Path(opts.output) / "manifest.json", "manifest").get("key")
-    except (OrtrainError, AttributeError):
-        before = None
-    loss = ot.losses.get(loss_of(opts.loss, opts.from_logits))
-    model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
-    opt = ot.optim.get(opts.optimizer)
-    if opts.lr is not None:
-        opt.lr = opts.lr
-    art = ot.artifacts.build(model, loss=loss, optimizer=opt, out_dir=opts.output,
-                             weighting="sample" if opts.sample_weights else None)
-    roles = {"trainable": [], "frozen": [], "buffer": []}
-    for p in art.params:
-        roles[p.role].append(p.name)
-    result = {"directory": str(art.directory), "hash": art.key, **roles}
-    if before is not None and before != art.key:
-        result["note"] = (f"replaced the artifacts {opts.output!r} held (another model, loss, optimizer or "
-                          "ortrain version); runs trained from them cannot --resume")
-    return result

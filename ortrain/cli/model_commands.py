@@ -1,0 +1,130 @@
+"""The commands besides ``train``: ``artifacts`` builds training artifacts from an .onnx file;
+``eval``, ``predict`` and ``export`` use the model that a run, an artifacts directory (with an
+optional checkpoint) or an .onnx file holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+import ortrain as ot
+from ortrain._files import checked_target
+from ortrain.cli._common import UsageError, _one_input, load_data, loss_of, read_json
+from ortrain.cli.run_dir import _artifacts_of
+from ortrain.errors import OrtrainError
+
+
+def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, onnx_model: str | None = None,
+               metrics=None, takes_model: bool = False):
+    """The model a run, an artifacts directory (with an optional checkpoint) or an .onnx file holds."""
+    given = [a for a in (run, artifacts, onnx_model) if a]
+    if len(given) != 1:
+        raise UsageError("give exactly one of --run, --artifacts" + (" or --model" if takes_model else ""))
+    if onnx_model:
+        if not os.path.isfile(onnx_model):
+            raise UsageError(f"--model: no such file {onnx_model!r}")
+        return ot.from_onnx(onnx_model)
+    if run:
+        if not Path(run, "run.json").is_file():
+            raise UsageError(f"--run: {run!r} is not a run directory (no run.json)")
+        settings = read_json(Path(run) / "run.json", "run settings")
+        art = ot.artifacts.load(_artifacts_of(Path(run), settings))
+        if checkpoint is None and (Path(run) / "state.json").exists():
+            checkpoint = str(Path(run) / read_json(Path(run) / "state.json", "run state")["checkpoint"])
+    else:
+        if not os.path.isdir(artifacts):
+            raise UsageError(f"--artifacts: no such directory {artifacts!r}")
+        art = ot.artifacts.load(artifacts)
+    if checkpoint is not None and not os.path.isfile(checkpoint):
+        raise UsageError(f"--checkpoint: no such file {checkpoint!r}")
+    return art.model(checkpoint, metrics=metrics)
+
+
+def evaluate(opts) -> dict:
+    model = model_from(opts.run, opts.artifacts, opts.checkpoint, metrics=opts.metrics)
+    _one_input(model.input_specs)
+    x, y, w = load_data(opts.data)
+    if y is None:
+        raise UsageError("--data: the file holds no labels 'y' to evaluate against")
+    return model.evaluate(x, y, batch_size=opts.batch_size, sample_weight=w)
+
+
+def _output_file(opts, example: str) -> None:
+    """``-o`` names a file to write in a folder that exists, outside the artifacts it reads (a file
+    written there fails their sha256 check from then on): checked before anything loads or runs,
+    as a usage error."""
+    source = opts.artifacts
+    if opts.run and Path(opts.run, "run.json").is_file():
+        with contextlib.suppress(OrtrainError, KeyError, TypeError):  # model_from names a damaged run
+            source = str(_artifacts_of(Path(opts.run), read_json(Path(opts.run) / "run.json", "run settings")))
+    written = Path(os.path.abspath(opts.output)).resolve()
+    if source and os.path.isdir(source) and Path(source).resolve() in (written, *written.parents):
+        raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
+                         "elsewhere")
+    if os.path.isdir(opts.output):
+        raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
+                         f"{os.path.join(opts.output, example)!r}")
+    try:
+        checked_target(opts.output, "-o")
+    except OrtrainError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def predict(opts) -> dict:
+    _output_file(opts, "predictions.npy")
+    model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
+    _one_input(model.input_specs)
+    x, _, _ = load_data(opts.data)
+    pred = model.predict(x, batch_size=opts.batch_size)
+    if isinstance(pred, np.ndarray):
+        path = _npy_path(Path(opts.output), None)
+        np.save(path, pred)
+        return {"predictions": str(path), "shape": list(pred.shape)}
+    paths = [_npy_path(Path(opts.output), i) for i in range(len(pred))]
+    for path, p in zip(paths, pred):
+        np.save(path, p)
+    return {"predictions": [str(p) for p in paths], "shapes": [list(p.shape) for p in pred]}
+
+
+def _npy_path(path: Path, index: int | None) -> Path:
+    """``OUT.npy`` for a single output, ``OUT_<index>.npy`` for output ``index`` of several."""
+    base = path.with_suffix("") if path.suffix == ".npy" else path
+    return base.with_name(base.name + ("" if index is None else f"_{index}") + ".npy")
+
+
+def export(opts) -> dict:
+    _output_file(opts, "model.onnx")
+    model = model_from(opts.run, opts.artifacts, opts.checkpoint)
+    path = model.export_onnx(opts.output)
+    return {"model": path, "inputs": [s.name for s in model.input_specs],
+            "outputs": [s.name for s in model.output_specs]}
+
+
+def artifacts(opts) -> dict:
+    if not os.path.isfile(opts.model):
+        raise UsageError(f"MODEL: no such file {opts.model!r}")
+    if os.path.exists(opts.output) and not os.path.isdir(opts.output):
+        raise UsageError(f"-o: {opts.output!r} is a file; artifacts need a directory, choose another path")
+    try:  # the manifest alone: artifacts of another version are replaced too
+        before = read_json(Path(opts.output) / "manifest.json", "manifest").get("key")
+    except (OrtrainError, AttributeError):
+        before = None
+    loss = ot.losses.get(loss_of(opts.loss, opts.from_logits))
+    model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
+    opt = ot.optim.get(opts.optimizer)
+    if opts.lr is not None:
+        opt.lr = opts.lr
+    art = ot.artifacts.build(model, loss=loss, optimizer=opt, out_dir=opts.output,
+                             weighting="sample" if opts.sample_weights else None)
+    roles = {"trainable": [], "frozen": [], "buffer": []}
+    for p in art.params:
+        roles[p.role].append(p.name)
+    result = {"directory": str(art.directory), "hash": art.key, **roles}
+    if before is not None and before != art.key:
+        result["note"] = (f"replaced the artifacts {opts.output!r} held (another model, loss, optimizer or "
+                          "ortrain version); runs trained from them cannot --resume")
+    return result

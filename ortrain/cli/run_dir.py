@@ -1,0 +1,215 @@
+"""A training run's directory, and the bookkeeping that makes it resumable.
+
+A run directory holds::
+
+    run.json            the run's settings (written once, when it starts)
+    state.json          the commit point: epochs done, the checkpoint to resume from, the history
+    artifacts/          training artifacts, when the run started from --model
+    checkpoints/        epoch-NNNN.ckpt (the two newest are kept)
+    log.csv, history.json, model.onnx (at the end), loss.png (with matplotlib)
+
+After every epoch the checkpoint is written first and ``state.json`` last, each by
+rename (:class:`RunRecorder`), so a run stopped at any moment once ``run.json`` exists
+(Ctrl-C, SIGTERM, a kill) leaves a directory that ``--resume`` continues from the last
+completed epoch, bit for bit except for dropout masks. This module also holds the settings a
+resume keeps, the sweep of half-written files, the run's lock and the discard of a failed start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ortrain._files import CAN_LOCK, lock_file
+from ortrain.callbacks.base import Callback
+from ortrain.cli._common import UsageError, read_json, write_json, write_text
+
+KEEP_CHECKPOINTS = 2
+
+
+class RunRecorder(Callback):
+    """Writes checkpoint, log and history after every epoch, then commits ``state.json``."""
+
+    def __init__(self, out: Path, history: dict[str, list], epochs_done: list[int], stale: tuple[str, ...] = ()):
+        self.out = out
+        self.history = {k: list(v) for k, v in history.items()}
+        self.epochs = list(epochs_done)
+        self.stale = stale  # files of an earlier end, out of date once an epoch commits
+
+    def on_epoch_end(self, epoch, logs=None):
+        ckdir = self.out / "checkpoints"
+        ckdir.mkdir(exist_ok=True)
+        ck = ckdir / f"epoch-{epoch + 1:04d}.ckpt"
+        self.trainer.save_checkpoint(ck)
+        self.epochs.append(epoch)
+        logs = logs or {}
+        for key in set(self.history) | set(logs):
+            column = self.history.setdefault(key, [None] * (len(self.epochs) - 1))
+            column.append(logs.get(key))
+        write_text(self.out / "log.csv", self._csv())
+        write_json(self.out / "history.json", {"epoch": self.epochs, "history": self.history})
+        for name in self.stale:  # a run stopped before its new end must not look final
+            (self.out / name).unlink(missing_ok=True)
+        self.stale = ()
+        write_json(self.out / "state.json", {"epoch": epoch + 1, "checkpoint": f"checkpoints/{ck.name}",
+                                             "epochs": self.epochs, "history": self.history})
+        ours = [p for p in ckdir.glob("epoch-*.ckpt") if _CHECKPOINT.fullmatch(p.name)]
+        for old in sorted(ours, key=_epoch_of)[:-KEEP_CHECKPOINTS]:
+            old.unlink()
+
+    def _csv(self) -> str:
+        keys = sorted(self.history)
+        buf = io.StringIO()
+        buf.write(",".join(["epoch", *keys]) + "\n")
+        for i, e in enumerate(self.epochs):
+            cells = [str(e)] + ["" if self.history[k][i] is None else repr(float(self.history[k][i])) for k in keys]
+            buf.write(",".join(cells) + "\n")
+        return buf.getvalue()
+
+
+_CHECKPOINT = re.compile(r"epoch-(\d{4,})\.ckpt")
+
+
+def _epoch_of(checkpoint: Path) -> int:
+    """The epoch in a checkpoint's name (``epoch-0012.ckpt``: names sort wrongly past 9999)."""
+    return int(_CHECKPOINT.fullmatch(checkpoint.name).group(1))
+
+
+# What decides which rows make each batch and in which order: a resumed run must keep them to
+# continue bit for bit, so they cannot be changed on --resume.
+FIXED_BY_RUN = {"batch_size": "--batch-size", "seed": "--seed"}
+
+
+# What the run trains: its model or artifacts, loss, optimizer and trained weights. A resume
+# continues that training, so another value is refused (it was silently ignored).
+TRAINED_BY_RUN = ("model", "artifacts", "loss", "optimizer", "from_logits", "trainable", "frozen")
+
+
+def resume_settings(cfg: dict) -> dict:
+    """A resumed run keeps the settings it started with; options given now override the data, the
+    epochs, the learning rate, the metrics and the output, while the batch size and the seed, and
+    what the run trains (``TRAINED_BY_RUN``), are fixed by the run: another value is refused."""
+    out = Path(cfg["out"])
+    if not (out / "run.json").is_file():
+        raise UsageError(f"train --resume: {str(out)!r} holds no run to resume; drop --resume to start one there")
+    run = read_json(out / "run.json", "run settings")
+    for key, flag in FIXED_BY_RUN.items():
+        if cfg.get(key) is not None and cfg[key] != run[key]:
+            raise UsageError(f"train --resume: {flag} {cfg[key]} differs from the run's {run[key]}; the batch size "
+                             f"and seed are fixed by the run (they decide every batch of a bit-exact resume). Drop "
+                             f"{flag}, or start a new run in another --out directory")
+    started = run["settings"]
+    for key in TRAINED_BY_RUN:
+        given = cfg.get(key)
+        if given is None or given is False or given == []:
+            continue
+        if key in PATH_KEYS:
+            given = os.path.abspath(given)
+        if given != started.get(key):
+            flag = f"--{key.replace('_', '-')}"
+            had = f"the run's {started[key]!r}" if key in started else "the run, which started without it"
+            raise UsageError(f"train --resume: {flag} {cfg[key]!r} differs from {had}; what a run trains (its model "
+                             f"or artifacts, loss, optimizer and trained weights) is fixed when it starts. Drop "
+                             f"{flag}, or start a new run in another --out directory")
+    merged = {**started, **cfg}
+    for key in ("data", "epochs"):
+        if merged.get(key) is None:
+            raise UsageError(f"train --resume: --{key} is required")
+    return merged
+
+
+PATH_KEYS = ("model", "artifacts", "data", "val_data")
+
+
+def _absolute(cfg: dict) -> dict:
+    """The settings with every file path absolute, as ``run.json`` keeps them: a resume, an eval
+    or an export reads the same files from any working directory."""
+    out = dict(cfg)
+    for key in PATH_KEYS:
+        if out.get(key):
+            out[key] = [os.path.abspath(p) for p in out[key]] if isinstance(out[key], list) else \
+                os.path.abspath(out[key])
+    return out
+
+
+def sweep_temporaries(out: Path) -> list[str]:
+    """Remove what a killed process left half-written in a run directory: the temporary files of
+    its atomic writes (``.state.json.<12 hex>.tmp.json`` and the like) and the temporary folders
+    of its artifacts build. Nothing else matches these names."""
+    removed = []
+    for folder, pattern in ((out, _TEMP_IN_RUN), (out / "checkpoints", _TEMP_IN_CHECKPOINTS)):
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if not pattern.match(p.name) or p.is_symlink():
+                continue
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p.name)
+    return removed
+
+
+# _files.atomic_path names a temporary ".<name>.<12 hex>.tmp<suffix>"; artifacts._publish uses
+# ".artifacts.tmp-<12 hex>" and ".artifacts.old-<8 chars>" folders.
+_TEMP_IN_RUN = re.compile(r"^\.((state|run|history)\.json\.[0-9a-f]{12}\.tmp\.json|log\.csv\.[0-9a-f]{12}\.tmp\.csv"
+                          r"|model\.onnx\.[0-9a-f]{12}\.tmp\.onnx|artifacts\.tmp-[0-9a-f]{12}|artifacts\.old-\w{8})$")
+_TEMP_IN_CHECKPOINTS = re.compile(r"^\.epoch-\d{4,}\.ckpt\.[0-9a-f]{12}\.tmp\.ckpt$")
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path):
+    """One process at a time trains a run: a second one is refused at once, before it touches
+    anything (it would remove the first one's files in flight)."""
+    if not CAN_LOCK:  # not on POSIX: no guard
+        yield
+        return
+    lock = out / ".lock"
+    handle = lock_file(lock, wait=False)
+    if handle is None:
+        raise UsageError(f"--out: another ortrain process is training the run in {str(out)!r}; wait for it "
+                         "to end")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()  # while still holding it
+        handle.close()
+
+
+def _artifacts_of(out: Path, run: dict) -> Path:
+    """The run's artifacts: its own folder (kept relative to the run, which may move) or the
+    absolute path it was given (runs of earlier versions kept a path relative to the working
+    directory)."""
+    path = Path(run["artifacts"])
+    return out / path if not path.is_absolute() and (out / path).is_dir() else path
+
+
+def _discarder(out: Path):
+    """What removes a new run that fails before its first epoch ends: its settings, the artifacts
+    it built, and the directories the run created (parents that stay empty included: another
+    run may have started beside it meanwhile). Nothing that was there before is touched."""
+    had_artifacts = (out / "artifacts").exists()
+    created = []  # the directories this run creates, innermost first
+    for d in (out, *out.parents):
+        if d.exists():
+            break
+        created.append(d)
+
+    def discard() -> None:
+        (out / "run.json").unlink(missing_ok=True)
+        if not had_artifacts:
+            shutil.rmtree(out / "artifacts", ignore_errors=True)
+        if created and created[0] == out:
+            shutil.rmtree(out, ignore_errors=True)
+        for d in created[1:]:
+            try:
+                d.rmdir()
+            except OSError:  # not empty: someone else's now
+                break
+    return discard
