@@ -20,8 +20,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.graph.builder import GraphBuilder, TensorSpec, check_model, spec_of
-from ortrain.graph.gradient_forms import matmul_vectors_as_matrices
 from ortrain.graph.passes import node_inputs
+from ortrain.graph.tensor_forms import matmul_vectors_as_matrices
 
 ROLES = ("trainable", "frozen", "buffer")
 

@@ -32,8 +32,9 @@ from onnx import helper, numpy_helper, version_converter
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
-from ortrain.graph.gradient_forms import Shapes, conv_with_explicit_pads
+from ortrain.graph.layer_forms import conv_with_explicit_pads
 from ortrain.graph.passes import SAME, attribute, elem_types, int64_constants, subgraphs, text_attribute
+from ortrain.graph.shapes import Shapes
 
 __all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
            "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",

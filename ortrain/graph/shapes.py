@@ -1,0 +1,101 @@
+"""What the graph rewrites know of a model's values: their shapes and element types
+(:class:`Shapes`, also read by :mod:`ortrain.graph.repairs`), and the facts the gradient forms
+test (``_Graph``: which values are computed, read or constant; ``_where`` names a node in
+their errors).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import onnx
+
+from ortrain.graph.builder import OPSET
+from ortrain.graph.passes import int64_constants, node_inputs
+
+__all__ = ["Shapes"]
+
+
+class Shapes:
+    """Shapes and element types of a graph's values, by what it declares or else onnx's inference
+    (``None`` where neither knows; unknown dimensions are ``None``)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self._model = model
+        self._declared, self._inferred = None, None
+
+    def _info(self, name: str):
+        if self._declared is None:
+            self._declared = _declared(self._model.graph)
+        found = self._declared.get(name)  # what the graph says; onnx's inference only for the rest
+        if found is None:
+            if self._inferred is None:
+                try:
+                    self._inferred = _declared(onnx.shape_inference.infer_shapes(self._model).graph)
+                except Exception:  # a graph onnx cannot type: what it declares is all there is
+                    self._inferred = self._declared
+            found = self._inferred.get(name)
+        return found or (None, 0)
+
+    def shape(self, name: str) -> list | None:
+        """Dimensions: ints, symbolic names (str) or None (unknown); None when the rank is unknown."""
+        return self._info(name)[0]
+
+    def rank(self, name: str) -> int | None:
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+    def sizes(self, name: str) -> list[int] | None:
+        """The shape when every dimension is a known int, else None."""
+        shape = self.shape(name)
+        return shape if shape is not None and all(type(d) is int for d in shape) else None
+
+    def same(self, a: str, b: str) -> bool:
+        """Whether ``a`` and ``b`` surely have one shape: equal, every dimension known or named alike."""
+        sa = self.shape(a)
+        return sa is not None and None not in sa and sa == self.shape(b)
+
+    def elem_type(self, name: str) -> int:
+        return self._info(name)[1]
+
+
+def _declared(g) -> dict[str, tuple[list | None, int]]:
+    """``{name: (shape, element type)}`` for what graph ``g`` declares (a shape of ints, the names of
+    symbolic dimensions and ``None`` for unknown ones; or ``None`` without one); an initializer
+    first, then the first declaration among inputs, value_info and outputs."""
+    table = {t.name: (list(t.dims), t.data_type) for t in g.initializer}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.name in table or not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim] \
+            if tt.HasField("shape") else None
+        table[vi.name] = (shape, tt.elem_type)
+    return table
+
+
+class _Graph:
+    """What the tests and rewrites need to know of the whole graph."""
+
+    def __init__(self, model: onnx.ModelProto):
+        g = model.graph
+        self.shapes = Shapes(model)
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
+        self.consumed = {i for n in g.node for i in node_inputs(n)} | {o.name for o in g.output}
+        # values a node computes from the graph's inputs (the weights are inputs here), not constants
+        constant = {t.name for t in g.initializer}
+        for n in g.node:
+            if n.op_type in ("Constant", "ConstantOfShape") or (n.input and all(i in constant for i in n.input if i)):
+                constant.update(n.output)
+        self.computed = ({o for n in g.node for o in n.output} | {i.name for i in g.input}) - constant
+        self.norm_reads = collections.Counter(v for n in g.node if n.op_type == "LayerNormalization"
+                                              for v in n.input[1:3] if v)
+        self.consts = int64_constants(model)
+
+    def smaller(self, value: str, out: str) -> bool:
+        """A value a gradient reaches that may be broadcast to ``out``'s shape."""
+        return value in self.computed and not self.shapes.same(value, out)
+
+
+def _where(node, i: int) -> str:
+    return f"{node.op_type} node {node.name or i!r}"

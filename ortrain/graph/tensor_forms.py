@@ -1,0 +1,185 @@
+"""Gradient forms of tensor ops (the ``FORMS`` entries of :mod:`ortrain.graph.gradient_forms`):
+``MatMul`` with a 1-D operand, ``Pow`` and ``Where`` with a broadcast operand, ``Split`` with an
+unread output, ``Transpose`` without ``perm``, ``ReduceL2``/``ReduceLogSumExp`` without ``keepdims``;
+and :func:`matmul_vectors_as_matrices` for the graphs that only run forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ortrain.errors import UnsupportedOpError
+from ortrain.graph.passes import attribute, replace_nodes
+from ortrain.graph.shapes import _Graph, _where
+
+__all__ = ["matmul_vectors_as_matrices"]
+
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+
+
+# -- MatMul with a 1-D operand ------------------------------------------------------------------
+
+def _matmul_needs(node, g: _Graph) -> bool:
+    return any(g.shapes.rank(v) == 1 for v in node.input)
+
+
+def _matmul_as_matrix(node, i: int, p: str, g: _Graph):
+    """A ``MatMul`` with a 1-D operand as the matrix product of that operand made a column (the
+    second) or a row (the first), the added dimension squeezed out of the product: onnxruntime-
+    training 1.19.2's ``MatMul`` gradient is wrong for a 1-D operand (``x @ w`` with ``w`` of shape
+    ``(k,)`` trained 0.1 off PyTorch's weights after one SGD step), while ``x @ w.reshape(k, 1)``
+    trains exactly. Only the 1-D operand's rank is needed; the other's may be unknown."""
+    a, b = node.input
+    row, column = g.shapes.rank(a) == 1, g.shapes.rank(b) == 1
+    nodes, inits = [], []
+    if row:
+        inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), p + "row_shape"))
+        nodes.append(helper.make_node("Reshape", [a, p + "row_shape"], [p + "row"], name=p + "Row"))
+        a = p + "row"
+    if column:
+        inits.append(numpy_helper.from_array(np.array([-1, 1], np.int64), p + "column_shape"))
+        nodes.append(helper.make_node("Reshape", [b, p + "column_shape"], [p + "column"], name=p + "Column"))
+        b = p + "column"
+    # The dimension the row or column added: (..., m, 1) -> (..., m), (..., 1, n) -> (..., n), (1, 1) -> ().
+    axes = [-2] * row + [-1] * column
+    nodes.append(helper.make_node("MatMul", [a, b], [p + "product"], name=p + "MatMul"))
+    if g.opset >= 13:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), p + "added_axes"))
+        nodes.append(helper.make_node("Squeeze", [p + "product", p + "added_axes"], [node.output[0]], name=p + "Out"))
+    else:
+        nodes.append(helper.make_node("Squeeze", [p + "product"], [node.output[0]], name=p + "Out", axes=axes))
+    return nodes, inits
+
+
+def matmul_vectors_as_matrices(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every ``MatMul`` with a 1-D operand in the matrix form of :func:`_matmul_as_matrix`, for
+    the graphs that only run forward (predictions, the exported model). onnxruntime 1.19's
+    graph optimizer (level ``EXTENDED`` and above, the default) fuses a ``Transpose`` into such a
+    ``MatMul`` wrongly: ``x.transpose(0, 2, 1) @ w`` with ``w`` of shape ``(k,)`` came out 5.7 off
+    numpy. The matrix form has the same values and is fused right."""
+    if not any(n.op_type == "MatMul" for n in model.graph.node):
+        return model
+    g = _Graph(model)
+    return replace_nodes(model, lambda node: node.op_type == "MatMul" and _matmul_needs(node, g),
+                         lambda i, node: _matmul_as_matrix(node, i, f"{node.name or node.op_type}/as_matrix_{i}/", g))
+
+
+# -- Pow and Where with a broadcast operand ------------------------------------------------------
+
+def _pow_needs(node, g: _Graph) -> bool:
+    return g.smaller(node.input[0], node.output[0]) or \
+        g.shapes.elem_type(node.input[1]) != g.shapes.elem_type(node.input[0])
+
+
+def _where_needs(node, g: _Graph) -> bool:
+    # values of an unknown type are widened too: Expand takes any
+    return g.shapes.elem_type(node.output[0]) in (*_FLOAT_TYPES, 0) and \
+        any(g.smaller(v, node.output[0]) for v in node.input[1:])
+
+
+def _pow_widened(node, i: int, p: str, g: _Graph):
+    """``Pow`` with a base smaller than the result: its gradient is never summed back over the
+    broadcast axes (a base of shape ``(m,)`` took a gradient of shape ``(n, m)``), so the base is
+    ``Expand``-ed to the result's shape first, whose gradient sums correctly. An exponent that is
+    not of the base's type (the builder's ``Sub`` fails on the types) is cast to it."""
+    inputs = list(node.input)
+    nodes = []
+    base_type = g.shapes.elem_type(inputs[0])
+    if g.shapes.elem_type(inputs[1]) != base_type and base_type:
+        nodes.append(helper.make_node("Cast", [inputs[1]], [p + "exponent"], name=p + "Cast", to=base_type))
+        inputs[1] = p + "exponent"
+    return _widened(node, inputs, {0: [inputs[1]]}, p, g, nodes)
+
+
+def _where_widened(node, i: int, p: str, g: _Graph):
+    """``Where`` with a value operand smaller than the result (``masked_fill`` of a weight): as for
+    ``Pow``'s base, its gradient is not summed over the broadcast axes; it is ``Expand``-ed."""
+    inputs = list(node.input)
+    return _widened(node, inputs, {1: [inputs[0], inputs[2]], 2: [inputs[0], inputs[1]]}, p, g, [])
+
+
+def _widened(node, inputs: list[str], widen: dict[int, list[str]], p: str, g: _Graph, nodes: list):
+    """``node`` over ``inputs``, each input ``k`` of ``widen`` that may be broadcast first expanded
+    to the shapes of the operands ``widen[k]`` it is broadcast against."""
+    for k, others in widen.items():
+        if not g.smaller(inputs[k], node.output[0]):
+            continue
+        value = inputs[k]
+        for j, other in enumerate(others):
+            nodes += [helper.make_node("Shape", [other], [f"{p}shape_{k}_{j}"], name=f"{p}Shape_{k}_{j}"),
+                      helper.make_node("Expand", [value, f"{p}shape_{k}_{j}"], [f"{p}wide_{k}_{j}"],
+                                       name=f"{p}Expand_{k}_{j}")]
+            value = f"{p}wide_{k}_{j}"
+        inputs[k] = value
+    nodes.append(helper.make_node(node.op_type, inputs, list(node.output), name=node.name))
+    return nodes, []
+
+
+# -- Split with an unread output ----------------------------------------------------------------
+
+def _split_needs(node, g: _Graph) -> bool:
+    return any(not o or o not in g.consumed for o in node.output)
+
+
+def _split_as_slices(node, i: int, p: str, g: _Graph):
+    """``Split`` with an output nothing reads: its gradient concatenates only the gradients that
+    exist, one piece short. The read outputs become ``Slice``-s of the input (sizes from the
+    ``split`` input, or equal parts of a known axis length; opset 17 or later, as from_onnx makes
+    every model)."""
+    shape = g.shapes.shape(node.input[0])
+    axis = attribute(node, "axis", 0)
+    n = len(node.output)
+    sizes = g.consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    sizes = None if sizes is None else [int(v) for v in np.ravel(sizes)]
+    if sizes is None and (len(node.input) < 2 or not node.input[1]) and shape is not None and \
+            type(shape[axis]) is int:
+        length = shape[axis]
+        part = -(-length // n)  # opset 18's rule: equal parts, the last one smaller
+        sizes = [min(part, max(length - k * part, 0)) for k in range(n)]
+    if sizes is None:
+        raise UnsupportedOpError(f"{_where(node, i)} leaves an output unread, and the sizes of its parts are "
+                                 f"not known (input {shape}); onnxruntime-training's gradient of that form is "
+                                 "wrong. Give the split sizes, or read every output")
+    nodes, inits = [], []
+    start = 0
+    for k, (out, size) in enumerate(zip(node.output, sizes)):
+        if out and out in g.consumed:
+            vals = {"starts": [start], "ends": [start + size], "axes": [axis]}
+            for key, v in vals.items():
+                inits.append(numpy_helper.from_array(np.array(v, np.int64), f"{p}{key}_{k}"))
+            nodes.append(helper.make_node("Slice", [node.input[0], f"{p}starts_{k}", f"{p}ends_{k}", f"{p}axes_{k}"],
+                                          [out], name=f"{p}Slice_{k}"))
+        start += size
+    return nodes, inits
+
+
+# -- forms the builder fails on -----------------------------------------------------------------
+
+def _transpose_needs(node, g: _Graph) -> bool:
+    return attribute(node, "perm", None) is None
+
+
+def _transpose_with_perm(node, i: int, p: str, g: _Graph):
+    """``Transpose`` without ``perm`` (the builder fails on it): the explicit reversing ``perm``."""
+    shape = g.shapes.shape(node.input[0])
+    if shape is None:
+        return [node], []
+    return [helper.make_node("Transpose", list(node.input), list(node.output), name=node.name,
+                             perm=list(range(len(shape)))[::-1])], []
+
+
+def _reduce_needs(node, g: _Graph) -> bool:
+    return not attribute(node, "keepdims", 1) and attribute(node, "axes", None) is not None
+
+
+def _reduce_kept(node, i: int, p: str, g: _Graph):
+    """``ReduceL2``/``ReduceLogSumExp`` without ``keepdims`` and with ``axes`` as an attribute (the
+    builder fails on them): ``keepdims`` with a ``Squeeze`` after."""
+    axes = list(attribute(node, "axes", []))
+    kept = p + "kept"
+    # from_onnx brings every model to opset 17 or later, where Squeeze takes its axes as an input
+    return [helper.make_node(node.op_type, list(node.input), [kept], name=node.name, axes=axes, keepdims=1),
+            helper.make_node("Squeeze", [kept, p + "axes"], list(node.output), name=p + "Squeeze")], \
+        [numpy_helper.from_array(np.array(axes, np.int64), p + "axes")]
