@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import ortrain as ot
-from ortrain.graph import gradient_ops, repairs
+from ortrain.graph import batch_dimension, gradient_ops, opsets, repairs
 
 # -- classification, trainable/frozen, input_names ------------------------------------------
 
@@ -51,7 +51,7 @@ def test_initializers_are_classified(rng, ir3):
     assert [s.name for s in model.input_specs] == ["x"]
     fg = model.forward_graph()
     assert {t.name for t in fg.proto.graph.initializer} == {"half", "shape", "exponent"}
-    assert fg.proto.ir_version >= 8 and repairs.default_opset(fg.proto) == 17
+    assert fg.proto.ir_version >= 8 and opsets.default_opset(fg.proto) == 17
     x = _f32(rng, 5, 3)
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in proto.graph.initializer}
     h = (x @ w["w"] + w["b"]) * 0.5  # numpy: onnx's reference BatchNormalization-9 differs from the spec
@@ -270,7 +270,7 @@ def test_newer_than_supported_opsets_are_converted_down(rng):
     proto = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [None, 3])],
                    [_vi("y", [None, 2])], [w], opset=22, ir=10)
     fg = ot.from_onnx(proto).forward_graph()
-    assert repairs.default_opset(fg.proto) == repairs.MAX_OPSET and fg.proto.ir_version <= 10
+    assert opsets.default_opset(fg.proto) == opsets.MAX_OPSET and fg.proto.ir_version <= 10
 
 
 def _opset18_model(rng, head):
@@ -321,7 +321,7 @@ def test_every_loss_trains_an_opset18_model(rng, name):
     head, loss = LOSSES_AT_18[name]
     proto = _opset18_model(rng, head)
     model = ot.from_onnx(proto)
-    assert repairs.default_opset(model.forward_graph().proto) == 18
+    assert opsets.default_opset(model.forward_graph().proto) == 18
     model.compile(optimizer=ot.optim.SGD(lr=0.05), loss=loss)
     x = _f32(rng, 6, 2, 4)
     if name.startswith("scce"):
@@ -412,7 +412,7 @@ def test_a_fixed_batch_is_freed_where_the_graph_allows_it(rng):
 def test_a_hard_coded_reshape_keeps_the_batch_fixed(rng):
     model = ot.from_onnx(_reshape_model(rng, [2, 24]))
     assert model.input_specs[0].shape == (2, 2, 3, 4)
-    _, blockers = repairs.free_batch_dimension(_reshape_model(rng, [2, 24]), ["x"])
+    _, blockers = batch_dimension.free_batch_dimension(_reshape_model(rng, [2, 24]), ["x"])
     assert blockers == ["Reshape 'y' to the constant shape [2, 24]", "output 'y' keeps a first dimension of 2"]
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ot.ShapeError, match=r"batch_size=3: the model's input 'x' has a fixed batch of 2 rows "

@@ -133,7 +133,7 @@ def test_shufflenet_from_the_zoo_trains():
 
 
 def repairs_opset(proto) -> int:
-    from ortrain.graph.repairs import default_opset
+    from ortrain.graph.opsets import default_opset
     return default_opset(proto)
 
 

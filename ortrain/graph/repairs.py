@@ -20,6 +20,10 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
 * ``Conv`` with ``auto_pad`` SAME and dilations, and ``Split`` with an unnamed output, which
   onnxruntime cannot run (the first is refused, the second kills the process): explicit ``pads``,
   and a name for the output.
+
+Before these passes :mod:`ortrain.graph.opsets` brings the opset into the range onnxruntime
+reads; after them :mod:`ortrain.graph.batch_dimension` frees a fixed batch dimension.
+``read_as_scalars`` (a scalar weight read through a ``Reshape``) is here as well.
 """
 
 from __future__ import annotations
@@ -28,22 +32,17 @@ import copy
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, version_converter
+from onnx import helper, numpy_helper
 
 from ortrain.errors import OrtrainError
-from ortrain.graph.builder import IR_VERSION, OPSET
 from ortrain.graph.layer_forms import conv_with_explicit_pads
-from ortrain.graph.passes import SAME, attribute, elem_types, int64_constants, subgraphs, text_attribute
+from ortrain.graph.opsets import default_opset
+from ortrain.graph.passes import SAME, attribute, elem_types, subgraphs, text_attribute
 from ortrain.graph.shapes import Shapes
 
-__all__ = ["MAX_OPSET", "repair", "upgrade_opset", "default_opset", "free_batch_dimension",
-           "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form", "dropout_with_training_input",
-           "gelu_tanh_as_arithmetic", "activations_as_arithmetic", "dilated_same_conv_with_pads",
-           "split_outputs_named", "read_as_scalars"]
-
-MAX_OPSET = 21  # the newest default-domain opset onnxruntime 1.19.2 loads
-MAX_IR = 10  # the newest IR version it reads
-BATCH = "batch"
+__all__ = ["repair", "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form",
+           "dropout_with_training_input", "gelu_tanh_as_arithmetic", "activations_as_arithmetic",
+           "dilated_same_conv_with_pads", "split_outputs_named", "read_as_scalars"]
 
 
 class FreshNames:
@@ -88,33 +87,6 @@ def read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
     nodes = reshapes + list(g.node)
     del g.node[:]
     g.node.extend(nodes)
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-
-
-def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
-    """Convert opsets older than ``target`` (and newer than onnxruntime reads) with onnx's converter.
-
-    Opsets from ``target`` to ``MAX_OPSET`` are kept: converting down can lose ops, and
-    ortrain's loss graphs are valid at all of them.
-    """
-    have = default_opset(model)
-    want = target if have < target else MAX_OPSET if have > MAX_OPSET else None
-    out = model
-    if want is not None:
-        try:
-            out = version_converter.convert_version(model, want)
-        except Exception as exc:
-            raise OrtrainError(f"from_onnx: the model uses opset {have}; converting it to opset {want} (what "
-                               f"onnxruntime-training 1.19.2 trains) failed: {str(exc).splitlines()[0]}. "
-                               f"Re-export it with opset_version between {target} and {MAX_OPSET}") from exc
-    else:
-        out = copy.deepcopy(model)
-    needed = helper.find_min_ir_version_for(list(out.opset_import), ignore_unknown=True)
-    out.ir_version = min(max(needed, IR_VERSION), MAX_IR)
-    return out
 
 
 def sum_to_add(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -406,80 +378,3 @@ def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
         if n:
             report[fn.__name__] = n
     return model, report
-
-
-# -- the batch dimension --------------------------------------------------------------------------
-
-def _dim0(vi: onnx.ValueInfoProto):
-    return (_dims(vi) or [None])[0]
-
-
-def _dims(vi: onnx.ValueInfoProto) -> list | None:
-    """Each dimension of a value: a number, a symbol or None."""
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
-
-
-def _set_dim0(vi: onnx.ValueInfoProto, param: str) -> None:
-    d = vi.type.tensor_type.shape.dim[0]
-    d.Clear()
-    d.dim_param = param
-
-
-def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tuple[onnx.ModelProto, list[str]]:
-    """Make a fixed first dimension of the data inputs symbolic where the graph allows it.
-
-    Returns the new model and an empty list, or the unchanged model and what pins the
-    batch: a ``Reshape`` to a constant shape whose first entry is a number (e.g. ``[1, 2048]``),
-    a recurrent layer's initial state made for the fixed batch, or an output whose first
-    dimension stays a number once the inputs' is free.
-    """
-    ins = [vi for vi in model.graph.input if vi.name in set(data_inputs)]
-    fixed = {_dim0(vi) for vi in ins}
-    if not ins or len(fixed) != 1 or not isinstance(next(iter(fixed)), int) or not next(iter(fixed)):
-        return model, []
-    batch = next(iter(fixed))
-    cand = copy.deepcopy(model)
-    del cand.graph.value_info[:]
-    for vi in cand.graph.input:
-        if vi.name in set(data_inputs):
-            _set_dim0(vi, BATCH)
-    probe = copy.deepcopy(cand)
-    for vi in probe.graph.output:
-        vi.type.tensor_type.ClearField("shape")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
-    except Exception as exc:
-        return model, [f"shape inference with a free batch ({str(exc).splitlines()[0]})"]
-    dims = {vi.name: _dim0(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
-            + list(inferred.graph.output)}
-    consts = int64_constants(model)
-    blockers = []
-    for node in model.graph.node:
-        if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in consts:
-            shape = consts[node.input[1]].reshape(-1)
-            if dims.get(node.input[0]) == BATCH and shape.size and shape[0] > 0:
-                blockers.append(f"Reshape {node.name or node.output[0]!r} to the constant shape {shape.tolist()}")
-    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
-    shapes.update((vi.name, _dims(vi)) for vi in list(inferred.graph.value_info) + list(inferred.graph.input))
-    for node in model.graph.node:
-        if node.op_type in ("LSTM", "GRU", "RNN") and len(node.input) > 5:
-            # the initial states (inputs 5, and 6 for LSTM) are laid out (directions, batch, hidden),
-            # or (batch, directions, hidden) with layout=1, as X is (seq, batch, in) or (batch, seq, in)
-            axis = 0 if attribute(node, "layout", 0) == 1 else 1
-            x_batch = (shapes.get(node.input[0]) or [None, None])[axis]
-            for state in node.input[5:7]:
-                if state and x_batch == BATCH and (shapes.get(state) or [None, None])[axis] == batch:
-                    blockers.append(f"{node.op_type} {node.name or node.output[0]!r}'s initial state {state!r} "
-                                    f"has a fixed batch of {batch}")
-    for vi in inferred.graph.output:
-        if dims.get(vi.name) == batch:
-            blockers.append(f"output {vi.name!r} keeps a first dimension of {batch}")
-    if blockers:
-        return model, blockers
-    for vi in cand.graph.output:
-        if _dim0(vi) == batch:
-            _set_dim0(vi, BATCH)
-    return cand, []

@@ -3,10 +3,11 @@
 The steps, each a pure function of the model before it:
 
 1. load without trusting the file (:mod:`ortrain.graph.loading`);
-2. bring the opset into the range onnxruntime-training trains (onnx's version converter);
+2. bring the opset into the range onnxruntime-training trains (onnx's version converter,
+   :mod:`ortrain.graph.opsets`);
 3. choose the data inputs (initializers listed as graph inputs, as IR 3 files do, are weights);
 4. rewrite what the gradient builder cannot take (:mod:`ortrain.graph.repairs`);
-5. free a fixed batch dimension unless a hard-coded shape pins it;
+5. free a fixed batch dimension unless a hard-coded shape pins it (:mod:`ortrain.graph.batch_dimension`);
 6. give every ``Identity(initializer)`` its own copy (exporters merge equal tensors that way),
    classify initializers into weights, batch-norm buffers and constants, and move the
    weights to graph inputs (the :class:`~ortrain.graph.forward.ForwardGraph` form);
@@ -38,17 +39,13 @@ from ortrain import _random
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
+from ortrain.graph.batch_dimension import free_batch_dimension
 from ortrain.graph.forward import ForwardGraph, ParamSpec
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
+from ortrain.graph.opsets import upgrade_opset
 from ortrain.graph.passes import node_inputs
-from ortrain.graph.repairs import (
-    batchnorm_inference_form,
-    free_batch_dimension,
-    read_as_scalars,
-    repair,
-    upgrade_opset,
-)
+from ortrain.graph.repairs import batchnorm_inference_form, read_as_scalars, repair
 
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
 

@@ -1,0 +1,89 @@
+"""The batch dimension of an imported model: a fixed first dimension of its data inputs made
+symbolic, unless a hard-coded shape in the graph pins it."""
+
+from __future__ import annotations
+
+import copy
+
+import onnx
+
+from ortrain.graph.passes import attribute, int64_constants
+
+__all__ = ["free_batch_dimension"]
+
+BATCH = "batch"
+
+
+def _dim0(vi: onnx.ValueInfoProto):
+    return (_dims(vi) or [None])[0]
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list | None:
+    """Each dimension of a value: a number, a symbol or None."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+
+
+def _set_dim0(vi: onnx.ValueInfoProto, param: str) -> None:
+    d = vi.type.tensor_type.shape.dim[0]
+    d.Clear()
+    d.dim_param = param
+
+
+def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tuple[onnx.ModelProto, list[str]]:
+    """Make a fixed first dimension of the data inputs symbolic where the graph allows it.
+
+    Returns the new model and an empty list, or the unchanged model and what pins the
+    batch: a ``Reshape`` to a constant shape whose first entry is a number (e.g. ``[1, 2048]``),
+    a recurrent layer's initial state made for the fixed batch, or an output whose first
+    dimension stays a number once the inputs' is free.
+    """
+    ins = [vi for vi in model.graph.input if vi.name in set(data_inputs)]
+    fixed = {_dim0(vi) for vi in ins}
+    if not ins or len(fixed) != 1 or not isinstance(next(iter(fixed)), int) or not next(iter(fixed)):
+        return model, []
+    batch = next(iter(fixed))
+    cand = copy.deepcopy(model)
+    del cand.graph.value_info[:]
+    for vi in cand.graph.input:
+        if vi.name in set(data_inputs):
+            _set_dim0(vi, BATCH)
+    probe = copy.deepcopy(cand)
+    for vi in probe.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception as exc:
+        return model, [f"shape inference with a free batch ({str(exc).splitlines()[0]})"]
+    dims = {vi.name: _dim0(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
+            + list(inferred.graph.output)}
+    consts = int64_constants(model)
+    blockers = []
+    for node in model.graph.node:
+        if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in consts:
+            shape = consts[node.input[1]].reshape(-1)
+            if dims.get(node.input[0]) == BATCH and shape.size and shape[0] > 0:
+                blockers.append(f"Reshape {node.name or node.output[0]!r} to the constant shape {shape.tolist()}")
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    shapes.update((vi.name, _dims(vi)) for vi in list(inferred.graph.value_info) + list(inferred.graph.input))
+    for node in model.graph.node:
+        if node.op_type in ("LSTM", "GRU", "RNN") and len(node.input) > 5:
+            # the initial states (inputs 5, and 6 for LSTM) are laid out (directions, batch, hidden),
+            # or (batch, directions, hidden) with layout=1, as X is (seq, batch, in) or (batch, seq, in)
+            axis = 0 if attribute(node, "layout", 0) == 1 else 1
+            x_batch = (shapes.get(node.input[0]) or [None, None])[axis]
+            for state in node.input[5:7]:
+                if state and x_batch == BATCH and (shapes.get(state) or [None, None])[axis] == batch:
+                    blockers.append(f"{node.op_type} {node.name or node.output[0]!r}'s initial state {state!r} "
+                                    f"has a fixed batch of {batch}")
+    for vi in inferred.graph.output:
+        if dims.get(vi.name) == batch:
+            blockers.append(f"output {vi.name!r} keeps a first dimension of {batch}")
+    if blockers:
+        return model, blockers
+    for vi in cand.graph.output:
+        if _dim0(vi) == batch:
+            _set_dim0(vi, BATCH)
+    return cand, []
