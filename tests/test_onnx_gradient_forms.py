@@ -415,3 +415,23 @@ def test_a_transposed_matmul_with_a_vector_predicts_evaluates_and_exports_right(
     path = m.export_onnx(tmp_path / "m.onnx")
     got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_additive_mask_of_minus_inf_stays_a_constant(rng):
+    """A float initializer holding -inf (PyTorch's generate_square_subsequent_mask, or a boolean
+    mask after constant folding) trained as a weight: Adam made every weight NaN after one step,
+    SGD trained its zeros. It is a constant; naming it in trainable= is refused, saying why."""
+    w = rng.standard_normal((M, M)).astype(np.float32)
+    mask = np.where(np.arange(M) % 2, -np.inf, 0.0).astype(np.float32)
+    nodes = [_node("MatMul", ["x", "w"], "h"), _node("Add", ["h", "mask"], "s"), _node("Softmax", ["s"], "out")]
+    _one_sgd_step_matches_torch(nodes, _x(M), [M], {"w": w}, lambda x, t: torch_or_skip().softmax(
+        x @ t["w"] + torch_or_skip().tensor(mask.astype(np.float64)), -1), {"mask": mask})
+    proto = model(nodes, [vi("x", ["N", M])], [vi("out", ["N", M])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(mask, "mask")])
+    m = ot.from_onnx(proto).compile(optimizer="adam", loss="mse")
+    assert m.weight_names() == ["w"]
+    history = m.fit(_x(M), np.full((N, M), 0.2, np.float32), batch_size=N, epochs=3, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"])) and np.all(np.isfinite(m.get_weights()[0]))
+    with pytest.raises(ot.OrtrainError, match=r"trainable: 'mask' is a constant, not a weight: it holds inf or NaN "
+                                              r"\(an additive attention mask"):
+        ot.from_onnx(proto, trainable=["w", "mask"])

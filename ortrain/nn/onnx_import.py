@@ -66,23 +66,29 @@ def _patterns(value, argument: str) -> list[str] | None:
     return items
 
 
-def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=()) -> ForwardGraph:
+NO_GRADIENT = ("no gradient reaches it (it is read only as a shape, ratio, exponent or the like, which "
+               "onnxruntime-training does not differentiate)")
+NON_FINITE = ("it holds inf or NaN (an additive attention mask of 0 and -inf, say), which a training step would "
+              "spread as NaN through every weight")
+
+
+def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None) -> ForwardGraph:
     """Apply ``trainable=``/``frozen=`` name patterns to a forward graph's weights.
 
     ``trainable`` given: only matching weights train (others are frozen). ``frozen``: matching
     weights do not train. Buffers (running statistics) keep their role. ``unreached``: float
-    initializers kept as constants because no gradient reaches them, named when a pattern
+    initializers kept as constants, ``{name: why}``, named with the reason when a pattern
     picks one.
     """
     t, f = _patterns(trainable, "trainable"), _patterns(frozen, "frozen")
     names = [p.name for p in fg.params]
+    unreached = unreached or {}
     for pats, arg in ((t, "trainable"), (f, "frozen")):
         for pat in pats or ():
             constant = next((n for n in unreached if fnmatch.fnmatchcase(n, pat)), None)
             if arg == "trainable" and constant is not None and not any(fnmatch.fnmatchcase(n, pat) for n in names):
-                raise OrtrainError(f"trainable: {constant!r} is a constant, not a weight: no gradient reaches it (it "
-                                   "is read only as a shape, ratio, exponent or the like, which onnxruntime-training "
-                                   "does not differentiate); remove it from trainable=")
+                raise OrtrainError(f"trainable: {constant!r} is a constant, not a weight: {unreached[constant]}; "
+                                   "remove it from trainable=")
             if not any(fnmatch.fnmatchcase(n, pat) for n in names):
                 shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
                 raise OrtrainError(f"{arg}: {pat!r} matches no weight; weights are {shown}")
@@ -175,6 +181,13 @@ def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
     return used, gradient_reach(model), buffers
 
 
+def _finite(a: np.ndarray) -> bool:
+    """Whether every value is finite. An inf or NaN makes the sum inf or NaN, and summing is cheaper
+    than a mask of the whole array; only a sum that overflowed needs the exact look."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(a.sum()) or np.isfinite(a).all())
+
+
 def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set[str]:
     """Rank-0 float32 initializers named exactly in ``trainable=`` (globs never pick scalars)."""
     named = set(_patterns(trainable, "trainable") or ())
@@ -203,9 +216,10 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     two zero biases as one, though PyTorch trains them apart. Then float32 initializers of
     rank >= 1 are weights (trainable unless frozen) when a gradient from the outputs reaches
     them (:func:`~ortrain.graph.gradient_ops.gradient_reach`: not through integer or boolean
-    values, such as a causal mask read through ``Equal``); the running statistics of BatchNormalization nodes (inputs 3 and 4,
-    found by position) are buffers; everything else (scalars, integers, shapes, exponents,
-    ratios) stays a constant. A float32 scalar becomes a trainable weight only when
+    values, such as a causal mask read through ``Equal``) and every value is finite (an additive
+    mask of 0 and -inf is a constant: a step would spread NaN from it); the running statistics
+    of BatchNormalization nodes (inputs 3 and 4, found by position) are buffers; everything
+    else (scalars, integers, shapes, exponents, ratios) stays a constant. A float32 scalar becomes a trainable weight only when
     ``trainable=`` names it exactly and a gradient reaches it: exporters write arithmetic
     constants (GELU's 0.5 and 1/sqrt(2)) as scalar initializers, and training those
     would change the formula, so neither the default nor a glob such as ``"*"`` picks them.
@@ -224,7 +238,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     keep_inputs = [vi for vi in model.graph.input if vi.name not in set(inits) and vi.name not in stash]
     del model.graph.input[:]
     model.graph.input.extend(keep_inputs)
-    params, weights, constants, unreached, several = [], {}, [], [], set()
+    params, weights, constants, unreached, several = [], {}, [], {}, set()
     values = {t.name: t for t in model.graph.initializer} | stash
     scalars = _trainable_scalars(trainable, values, differentiable)
     for name, value in values.items():
@@ -235,13 +249,17 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
         rank = len(value.dims) if tensor else value.ndim
         if name in scalars or (is_float and rank >= 1 and (name in bn_stats or name in differentiable)):
             arr = np.ascontiguousarray(_to_array(value) if tensor else value, dtype=np.float32)  # a scalar: (1,)
-            role = "buffer" if name in bn_stats else "trainable"
-            params.append(ParamSpec(name, tuple(arr.shape), np.dtype(np.float32), role))
-            weights[name] = arr
+            if name in bn_stats or name in scalars or _finite(arr):
+                role = "buffer" if name in bn_stats else "trainable"
+                params.append(ParamSpec(name, tuple(arr.shape), np.dtype(np.float32), role))
+                weights[name] = arr
+                continue
+            unreached[name] = NON_FINITE  # an additive mask: a step would spread NaN through every weight
+            constants.append(value if tensor else numpy_helper.from_array(value, name))
         else:
             constants.append(value if tensor else numpy_helper.from_array(value, name))
             if is_float and rank >= 1:
-                unreached.append(name)
+                unreached[name] = NO_GRADIENT
                 if int(np.prod(value.dims if tensor else value.shape)) > 1:
                     several.add(name)
     # an exponent of several values is a parameter's form (exporters write constant exponents as one value)
