@@ -229,16 +229,17 @@ def test_pad_with_an_axes_input_is_refused_at_import(rng):
         ot.from_onnx(proto)
 
 
-@pytest.mark.parametrize("affine", ["no bias", "constant weights", "shared frozen weights"])
+@pytest.mark.parametrize("affine", ["no bias", "constant weights", "shared frozen weights", "expanded from a shape"])
 def test_two_layer_norms_without_weights_of_their_own_train(rng, affine):
     """Two LayerNormalization nodes without a bias, with constant weights (torch's LayerNorm(bias=
-    False) and LayerNorm(elementwise_affine=False) at opset 17: one Constant read by both), or
-    sharing frozen weights: the gradient builder failed ("Duplicate definition of name (..._grad)")."""
+    False) and LayerNorm(elementwise_affine=False) at opset 17: one Constant read by both; the
+    dynamo exporter's Expand(1, Shape(h))), or sharing frozen weights: the gradient builder failed
+    ("Duplicate definition of name (..._grad)")."""
     torch = torch_or_skip()
     weights = {"w": (rng.standard_normal((M, M)) * 0.5).astype(np.float32)}
     gains = [(1 + 0.1 * rng.standard_normal(M)).astype(np.float32) for _ in range(2)]
     shift = (0.1 * rng.standard_normal(M)).astype(np.float32)
-    nodes, consts, fixed = [_node("MatMul", ["x", "w"], "h")], {}, {}
+    nodes, consts, fixed, second = [_node("MatMul", ["x", "w"], "h")], {}, {}, []
     if affine == "no bias":
         weights |= {"g1": gains[0], "g2": gains[1]}
         norms = [["h", "g1"], ["n1", "g2"]]
@@ -246,11 +247,16 @@ def test_two_layer_norms_without_weights_of_their_own_train(rng, affine):
         nodes += [_node("Constant", [], "one", value=numpy_helper.from_array(np.ones(M, np.float32))),
                   _node("Constant", [], "zero", value=numpy_helper.from_array(np.zeros(M, np.float32)))]
         norms = [["h", "one", "zero"], ["n1", "one", "zero"]]
+    elif affine == "expanded from a shape":  # no bias; each scale is ones the size of its input's last axis
+        nodes += [_node("Constant", [], "one", value=numpy_helper.from_array(np.ones((), np.float32))),
+                  _node("Shape", ["h"], "width", start=-1), _node("Expand", ["one", "width"], "ones")]
+        norms = [["h", "ones"], ["n1", "ones_2"]]
+        second = [_node("Shape", ["n1"], "width_2", start=-1), _node("Expand", ["one", "width_2"], "ones_2")]
     else:  # initializers left out of trainable=: frozen weights, read by both nodes
         consts = {"g": gains[0], "b": shift}
         fixed = {"g": torch.tensor(gains[0], dtype=torch.float64), "b": torch.tensor(shift, dtype=torch.float64)}
         norms = [["h", "g", "b"], ["n1", "g", "b"]]
-    nodes += [_node("LayerNormalization", norms[0], "n1", axis=-1),
+    nodes += [_node("LayerNormalization", norms[0], "n1", axis=-1), *second,
               _node("LayerNormalization", norms[1], "out", axis=-1)]
 
     def forward(x, t):

@@ -82,10 +82,13 @@ class _Graph:
         self.shapes = Shapes(model)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
         self.consumed = {i for n in g.node for i in node_inputs(n)} | {o.name for o in g.output}
-        # values a node computes from the graph's inputs (the weights are inputs here), not constants
+        # values a node computes from the graph's inputs (the weights are inputs here), not constants;
+        # a shape is a constant here too, as no gradient flows through it: the dynamo exporter writes
+        # LayerNorm(elementwise_affine=False)'s scale as Expand(1, Shape(x))
         constant = {t.name for t in g.initializer}
         for n in g.node:
-            if n.op_type in ("Constant", "ConstantOfShape") or (n.input and all(i in constant for i in n.input if i)):
+            if n.op_type in ("Constant", "ConstantOfShape", "Shape", "Size") or \
+                    (n.input and all(i in constant for i in n.input if i)):
                 constant.update(n.output)
         self.computed = ({o for n in g.node for o in n.output} | {i.name for i in g.input}) - constant
         self.norm_reads = collections.Counter(v for n in g.node if n.op_type == "LayerNormalization"
