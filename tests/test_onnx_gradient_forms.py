@@ -441,3 +441,34 @@ def test_an_additive_mask_of_minus_inf_stays_a_constant(rng):
     with pytest.raises(ot.OrtrainError, match=r"trainable: 'mask' is a constant, not a weight: it holds inf or NaN "
                                               r"\(an additive attention mask"):
         ot.from_onnx(proto, trainable=["w", "mask"])
+
+
+@pytest.mark.parametrize("form", ["scalar split", "split list", "unbind"])
+def test_split_to_sequence_read_at_constant_indices_trains(rng, form):
+    """The dynamo exporter's ``q, k, v = qkv.split(d, -1)`` (and ``unbind``): SplitToSequence read by
+    SequenceAt has no gradient and was refused; it is a Split (and Squeeze) now, matching PyTorch."""
+    torch = torch_or_skip()
+    w = (rng.standard_normal((M, 6)) * 0.5).astype(np.float32)
+    nodes, consts = [_node("MatMul", ["x", "w"], "h")], {"i0": _i64(0), "last": _i64(-1)}
+    if form == "scalar split":  # chunks of 4: (4, 2)
+        consts["size"] = np.array(4, np.int64)
+        nodes.append(_node("SplitToSequence", ["h", "size"], "seq", axis=-1))
+        parts = lambda h: h.split(4, -1)  # noqa: E731
+    elif form == "split list":
+        consts["sizes"] = _i64(1, 3, 2)
+        nodes.append(_node("SplitToSequence", ["h", "sizes"], "seq", axis=1))
+        parts = lambda h: h.split([1, 3, 2], 1)  # noqa: E731
+    else:
+        consts["shape"] = _i64(0, 2, 3)
+        nodes += [_node("Reshape", ["h", "shape"], "h3"), _node("SplitToSequence", ["h3"], "seq", axis=1, keepdims=0)]
+        parts = lambda h: h.reshape(-1, 2, 3).unbind(1)  # noqa: E731
+    nodes += [_node("SequenceAt", ["seq", "i0"], "a"), _node("SequenceAt", ["seq", "last"], "b"),
+              _node("Mul", ["a", "b"] if form != "scalar split" else ["b", "b"], "ab"),
+              _node("Concat", ["ab", "a"], "out", axis=-1)]
+
+    def forward(x, t):
+        p = parts(x @ t["w"])
+        return torch.cat([(p[0] if form != "scalar split" else p[-1]) * p[-1], p[0]], -1)
+
+    width = {"scalar split": 2 + 4, "split list": 2 + 1, "unbind": 3 + 3}[form]
+    _one_sgd_step_matches_torch(nodes, _x(M), [width], {"w": w}, forward, consts)

@@ -175,3 +175,23 @@ def check_model(model: onnx.ModelProto, what: str = "model") -> None:
         onnx.checker.check_model(model, full_check=False)
     except onnx.checker.ValidationError as exc:
         raise OrtrainError(f"the {what} ortrain built is not valid ONNX: {exc}") from exc
+
+
+class FreshNames:
+    """Fresh tensor and node names that collide with nothing already in the graph."""
+
+    def __init__(self, model: onnx.ModelProto):
+        g = model.graph
+        self.taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {v.name for v in g.output}
+        for n in g.node:
+            self.taken.update(n.input)
+            self.taken.update(n.output)
+            self.taken.add(n.name)
+
+    def fresh(self, hint: str) -> str:
+        name, k = hint, 0
+        while name in self.taken:
+            k += 1
+            name = f"{hint}_{k}"
+        self.taken.add(name)
+        return name

@@ -17,6 +17,9 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
   in plain arithmetic, whose gradient the builder derives correctly.
 * ``PRelu``, ``Elu``, ``Softplus``, ``HardSigmoid`` and ``HardSwish`` have no gradient builder,
   and neither has ``CastLike`` (the dynamo exporter's): they are written in ops that have one.
+* ``SplitToSequence`` read only by ``SequenceAt`` at constant indices (the dynamo exporter's
+  ``split`` and ``unbind``) has no gradient: it becomes a ``Split``
+  (:mod:`ortrain.graph.sequences`).
 * ``Conv`` with ``auto_pad`` SAME and dilations, and ``Split`` with an unnamed output, which
   onnxruntime cannot run (the first is refused, the second kills the process): explicit ``pads``,
   and a name for the output.
@@ -35,34 +38,16 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.errors import OrtrainError
+from ortrain.graph.builder import FreshNames
 from ortrain.graph.layer_forms import conv_with_explicit_pads
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import SAME, attribute, elem_types, subgraphs, text_attribute
+from ortrain.graph.sequences import split_to_sequence_as_split
 from ortrain.graph.shapes import Shapes
 
 __all__ = ["repair", "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form",
            "dropout_with_training_input", "gelu_tanh_as_arithmetic", "activations_as_arithmetic",
            "dilated_same_conv_with_pads", "split_outputs_named", "read_as_scalars"]
-
-
-class FreshNames:
-    """Fresh tensor and node names that collide with nothing already in the graph."""
-
-    def __init__(self, model: onnx.ModelProto):
-        g = model.graph
-        self.taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {v.name for v in g.output}
-        for n in g.node:
-            self.taken.update(n.input)
-            self.taken.update(n.output)
-            self.taken.add(n.name)
-
-    def fresh(self, hint: str) -> str:
-        name, k = hint, 0
-        while name in self.taken:
-            k += 1
-            name = f"{hint}_{k}"
-        self.taken.add(name)
-        return name
 
 
 def read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
@@ -371,7 +356,7 @@ def _names_in(graph: onnx.GraphProto) -> set[str]:
 def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     """Every rewrite above, in order; returns the model and ``{pass name: nodes changed}``."""
     report = {}
-    for fn in (sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
+    for fn in (split_to_sequence_as_split, sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
                gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads,
                split_outputs_named):
         model, n = fn(model)
