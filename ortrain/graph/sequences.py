@@ -33,7 +33,7 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
     out = copy.deepcopy(model)
     names, nodes, parts, consts = FreshNames(out), [], {}, int64_constants(out)
     for node in out.graph.node:
-        plan = plans.get(node.name or node.output[0]) if node.op_type == "SplitToSequence" else None
+        plan = plans.get(node.output[0]) if node.op_type == "SplitToSequence" else None
         if plan is not None:
             new, parts[node.output[0]] = _as_split(node, *plan, names, out)
             nodes += new
@@ -49,7 +49,8 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
 
 
 def _plans(model: onnx.ModelProto) -> dict[str, tuple[list[int], int, bool]]:
-    """``{node key: (part sizes, axis, drop the axis)}`` for the ``SplitToSequence`` nodes to rewrite."""
+    """``{sequence name: (part sizes, axis, drop the axis)}`` for the ``SplitToSequence`` nodes to rewrite
+    (by output: node names need not be unique)."""
     g = model.graph
     readers = collections.defaultdict(list)
     for n in g.node:
@@ -72,7 +73,7 @@ def _plans(model: onnx.ModelProto) -> dict[str, tuple[list[int], int, bool]]:
         if all(-len(sizes) <= int(consts[r.input[1]].reshape(-1)[0]) < len(sizes) for r in reads):
             rank = len(shapes.shape(n.input[0]))
             drop = not (len(n.input) > 1 and n.input[1]) and attribute(n, "keepdims", 1) == 0
-            plans[n.name or seq] = (sizes, attribute(n, "axis", 0) % rank, drop)
+            plans[seq] = (sizes, attribute(n, "axis", 0) % rank, drop)
     return plans
 
 
