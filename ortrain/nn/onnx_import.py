@@ -89,6 +89,8 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None
             if arg == "trainable" and constant is not None and not any(fnmatch.fnmatchcase(n, pat) for n in names):
                 raise OrtrainError(f"trainable: {constant!r} is a constant, not a weight: {unreached[constant]}; "
                                    "remove it from trainable=")
+            if arg == "frozen" and constant is not None:
+                continue  # a constant is frozen already
             if not any(fnmatch.fnmatchcase(n, pat) for n in names):
                 shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
                 raise OrtrainError(f"{arg}: {pat!r} matches no weight; weights are {shown}")
@@ -202,6 +204,9 @@ def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set
             raise OrtrainError(f"trainable: {name!r} is a scalar constant that cannot train: it is not float32 or "
                                f"no gradient reaches it (it is read only as a shape, ratio, exponent or the like); "
                                f"remove it from trainable=")
+        if not _finite(_to_array(value) if tensor else value):
+            raise OrtrainError(f"trainable: {name!r} is a constant, not a weight: {NON_FINITE}; remove it from "
+                               "trainable=")
         out.add(name)
     return out
 
