@@ -441,12 +441,19 @@ def test_an_additive_mask_of_minus_inf_stays_a_constant(rng):
     with pytest.raises(ot.OrtrainError, match=r"trainable: 'mask' is a constant, not a weight: it holds inf or NaN "
                                               r"\(an additive attention mask"):
         ot.from_onnx(proto, trainable=["w", "mask"])
+    assert ot.from_onnx(proto, frozen=["mask"]).trainable_weight_names == ["w"]  # frozen already: no error
+    scalar = model(nodes, [vi("x", ["N", M])], [vi("out", ["N", M])],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(-np.inf), "mask")])
+    with pytest.raises(ot.OrtrainError, match=r"trainable: 'mask' is a constant, not a weight: it holds inf or NaN"):
+        ot.from_onnx(scalar, trainable=["w", "mask"])  # a scalar named in trainable= too
 
 
-@pytest.mark.parametrize("form", ["scalar split", "split list", "unbind"])
+@pytest.mark.parametrize("form", ["scalar split", "split list", "unbind", "unbind, a part unread", "rank unknown"])
 def test_split_to_sequence_read_at_constant_indices_trains(rng, form):
     """The dynamo exporter's ``q, k, v = qkv.split(d, -1)`` (and ``unbind``): SplitToSequence read by
-    SequenceAt has no gradient and was refused; it is a Split (and Squeeze) now, matching PyTorch."""
+    SequenceAt has no gradient and was refused; it is a Split (and Squeeze) now, matching PyTorch.
+    A part nothing reads stays an unread Split output (a squeezed copy of it made the step put
+    column 0's change into row 0), and a split list needs no rank (a raw TypeError before)."""
     torch = torch_or_skip()
     w = (rng.standard_normal((M, 6)) * 0.5).astype(np.float32)
     nodes, consts = [_node("MatMul", ["x", "w"], "h")], {"i0": _i64(0), "last": _i64(-1)}
@@ -458,10 +465,16 @@ def test_split_to_sequence_read_at_constant_indices_trains(rng, form):
         consts["sizes"] = _i64(1, 3, 2)
         nodes.append(_node("SplitToSequence", ["h", "sizes"], "seq", axis=1))
         parts = lambda h: h.split([1, 3, 2], 1)  # noqa: E731
+    elif form == "rank unknown":  # a Squeeze whose axes are computed: onnx infers no rank for hs
+        consts |= {"sizes": _i64(1, 3, 2), "shape": _i64(0, 1, 6), "one": _i64(1)}
+        nodes += [_node("Reshape", ["h", "shape"], "h1"), _node("Shape", ["one"], "axes"),
+                  _node("Squeeze", ["h1", "axes"], "hs"), _node("SplitToSequence", ["hs", "sizes"], "seq", axis=-1)]
+        parts = lambda h: h.split([1, 3, 2], 1)  # noqa: E731
     else:
-        consts["shape"] = _i64(0, 2, 3)
+        count = 2 if form == "unbind" else 3  # of 3, parts 0 and -1 are read, 1 not
+        consts["shape"] = _i64(0, count, 6 // count)
         nodes += [_node("Reshape", ["h", "shape"], "h3"), _node("SplitToSequence", ["h3"], "seq", axis=1, keepdims=0)]
-        parts = lambda h: h.reshape(-1, 2, 3).unbind(1)  # noqa: E731
+        parts = lambda h: h.reshape(-1, count, 6 // count).unbind(1)  # noqa: E731
     nodes += [_node("SequenceAt", ["seq", "i0"], "a"), _node("SequenceAt", ["seq", "last"], "b"),
               _node("Mul", ["a", "b"] if form != "scalar split" else ["b", "b"], "ab"),
               _node("Concat", ["ab", "a"], "out", axis=-1)]
@@ -470,5 +483,6 @@ def test_split_to_sequence_read_at_constant_indices_trains(rng, form):
         p = parts(x @ t["w"])
         return torch.cat([(p[0] if form != "scalar split" else p[-1]) * p[-1], p[0]], -1)
 
-    width = {"scalar split": 2 + 4, "split list": 2 + 1, "unbind": 3 + 3}[form]
+    width = {"scalar split": 2 + 4, "split list": 2 + 1, "rank unknown": 2 + 1, "unbind": 3 + 3,
+             "unbind, a part unread": 2 + 2}[form]
     _one_sgd_step_matches_torch(nodes, _x(M), [width], {"w": w}, forward, consts)

@@ -48,9 +48,9 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
     return out, len(plans)
 
 
-def _plans(model: onnx.ModelProto) -> dict[str, tuple[list[int], int, bool]]:
-    """``{sequence name: (part sizes, axis, drop the axis)}`` for the ``SplitToSequence`` nodes to rewrite
-    (by output: node names need not be unique)."""
+def _plans(model: onnx.ModelProto) -> dict[str, tuple[list[int], int, bool, set[int]]]:
+    """``{sequence name: (part sizes, axis, drop the axis, the parts read)}`` for the
+    ``SplitToSequence`` nodes to rewrite (by output: node names need not be unique)."""
     g = model.graph
     readers = collections.defaultdict(list)
     for n in g.node:
@@ -70,10 +70,11 @@ def _plans(model: onnx.ModelProto) -> dict[str, tuple[list[int], int, bool]]:
         sizes = _sizes(n, shapes.shape(n.input[0]), consts)
         if sizes is None:
             continue
-        if all(-len(sizes) <= int(consts[r.input[1]].reshape(-1)[0]) < len(sizes) for r in reads):
-            rank = len(shapes.shape(n.input[0]))
+        indices = [int(consts[r.input[1]].reshape(-1)[0]) for r in reads]
+        if all(-len(sizes) <= k < len(sizes) for k in indices):
             drop = not (len(n.input) > 1 and n.input[1]) and attribute(n, "keepdims", 1) == 0
-            plans[seq] = (sizes, attribute(n, "axis", 0) % rank, drop)
+            read = {k % len(sizes) for k in indices}
+            plans[seq] = (sizes, attribute(n, "axis", 0), drop, read)
     return plans
 
 
@@ -97,8 +98,11 @@ def _sizes(node: onnx.NodeProto, dims: list | None, consts: dict) -> list[int] |
     return [chunk] * (count - 1) + [size - chunk * (count - 1)]
 
 
-def _as_split(node, sizes: list[int], axis: int, drop: bool, names: FreshNames, model: onnx.ModelProto):
-    """The ``Split`` (and ``Squeeze`` nodes) standing for ``node``, and the names of its parts in order."""
+def _as_split(node, sizes: list[int], axis: int, drop: bool, read: set[int], names: FreshNames,
+              model: onnx.ModelProto):
+    """The ``Split`` (and a ``Squeeze`` for each part read) standing for ``node``, and the names of
+    its parts in order. A part nothing reads stays an unread output of the ``Split``, which the
+    training graph's ``Split`` form then handles (a squeezed copy would look read)."""
     seq = node.output[0]
     split_sizes, parts = names.fresh(seq + "/sizes"), [names.fresh(f"{seq}/part_{k}") for k in range(len(sizes))]
     model.graph.initializer.append(numpy_helper.from_array(np.array(sizes, np.int64), split_sizes))
@@ -108,7 +112,7 @@ def _as_split(node, sizes: list[int], axis: int, drop: bool, names: FreshNames, 
         return nodes, parts
     axes = names.fresh(seq + "/axis")
     model.graph.initializer.append(numpy_helper.from_array(np.array([axis], np.int64), axes))
-    items = [names.fresh(f"{seq}/item_{k}") for k in range(len(sizes))]
-    nodes += [helper.make_node("Squeeze", [part, axes], [item], name=names.fresh(item + "/Squeeze"))
-              for part, item in zip(parts, items, strict=True)]
+    items = [names.fresh(f"{seq}/item_{k}") if k in read else part for k, part in enumerate(parts)]
+    nodes += [helper.make_node("Squeeze", [parts[k], axes], [items[k]], name=names.fresh(items[k] + "/Squeeze"))
+              for k in sorted(read)]
     return nodes, items
