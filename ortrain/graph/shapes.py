@@ -28,13 +28,17 @@ class Shapes:
         if self._declared is None:
             self._declared = _declared(self._model.graph)
         found = self._declared.get(name)  # what the graph says; onnx's inference only for the rest
-        if found is None:
+        if found is None or found[0] is None:  # nothing declared, or a type without a shape
             if self._inferred is None:
                 try:
                     self._inferred = _declared(onnx.shape_inference.infer_shapes(self._model).graph)
                 except Exception:  # a graph onnx cannot type: what it declares is all there is
                     self._inferred = self._declared
-            found = self._inferred.get(name)
+            inferred = self._inferred.get(name)
+            if found is None:
+                found = inferred
+            elif inferred is not None and inferred[0] is not None:
+                found = (inferred[0], found[1] or inferred[1])
         return found or (None, 0)
 
     def shape(self, name: str) -> list | None:
