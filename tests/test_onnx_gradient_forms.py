@@ -486,3 +486,22 @@ def test_split_to_sequence_read_at_constant_indices_trains(rng, form):
     width = {"scalar split": 2 + 4, "split list": 2 + 1, "rank unknown": 2 + 1, "unbind": 3 + 3,
              "unbind, a part unread": 2 + 2}[form]
     _one_sgd_step_matches_torch(nodes, _x(M), [width], {"w": w}, forward, consts)
+
+
+def test_a_value_declared_without_a_shape_takes_the_inferred_one(rng):
+    """A value_info giving h a type but no shape hid the shape onnx infers: SplitToSequence with a
+    chunk size, which needs h's width, was left as it was and refused."""
+    torch = torch_or_skip()
+    w = (rng.standard_normal((M, 5)) * 0.5).astype(np.float32)
+    nodes = [_node("MatMul", ["x", "w"], "h"), _node("SplitToSequence", ["h", "size"], "seq", axis=1),
+             _node("SequenceAt", ["seq", "i0"], "a"), _node("Mul", ["a", "a"], "out")]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(2, np.int64), "size"),
+             numpy_helper.from_array(_i64(0), "i0")]
+    proto = model(nodes, [vi("x", ["N", M])], [vi("out", ["N", 2])], inits)
+    proto.graph.value_info.append(helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT, None))
+    m = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x = _x(M)
+    m.fit(x, np.zeros((N, 2), np.float32), batch_size=N, shuffle=False, verbose=0)
+    tw = torch.tensor(w.astype(np.float64), requires_grad=True)
+    ((torch.tensor(x.astype(np.float64)) @ tw)[:, :2] ** 2).pow(2).mean().backward()
+    np.testing.assert_allclose(m.get_weights()[0], w - 0.1 * tw.grad.numpy(), rtol=1e-5, atol=1e-6)
