@@ -423,6 +423,12 @@ def test_resume_honours_lr_and_refuses_a_different_batch_size_or_seed(workdir, c
         err = capsys.readouterr().err
         assert f"{flag} {value} differs from the run's {fixed}; the batch size and seed are fixed by the run" in err
         assert "Traceback" not in err and (workdir / "run" / "state.json").read_text() == state
+    # The order of the rows too: --no-shuffle on a run that shuffles was taken without a word.
+    assert cli("train", "--out", "run", "--resume", *common, "--epochs", "2", "--no-shuffle") == 2
+    err = capsys.readouterr().err
+    assert "shuffle False differs from the run's True; the order of the rows is fixed by the run" in err
+    assert (workdir / "run" / "state.json").read_text() == state
+    assert json.loads((workdir / "run" / "run.json").read_text())["settings"]["shuffle"] is True
     # The same values are accepted; --lr 0 replaces the checkpoint's rate, so Adam moves nothing.
     assert cli("train", "--out", "run", "--resume", *common, "--epochs", "2", "--batch-size", "32", "--seed", "5",
                "--lr", "0") == 0

@@ -91,8 +91,9 @@ TRAINED_BY_RUN = ("model", "artifacts", "loss", "optimizer", "from_logits", "tra
 
 def resume_settings(cfg: dict) -> dict:
     """A resumed run keeps the settings it started with; options given now override the data, the
-    epochs, the learning rate, the metrics and the output, while the batch size and the seed, and
-    what the run trains (``TRAINED_BY_RUN``), are fixed by the run: another value is refused."""
+    epochs, the learning rate, the metrics and the output, while the batch size, the seed and the
+    shuffling, and what the run trains (``TRAINED_BY_RUN``), are fixed by the run: another value
+    is refused."""
     out = Path(cfg["out"])
     if not (out / "run.json").is_file():
         raise UsageError(f"train --resume: {str(out)!r} holds no run to resume; drop --resume to start one there")
@@ -103,6 +104,12 @@ def resume_settings(cfg: dict) -> dict:
                              f"and seed are fixed by the run (they decide every batch of a bit-exact resume). Drop "
                              f"{flag}, or start a new run in another --out directory")
     started = run["settings"]
+    shuffles = started.get("shuffle", True)  # runs started before it was recorded shuffled unless told
+    if cfg.get("shuffle") is not None and cfg["shuffle"] != shuffles:
+        raise UsageError(f"train --resume: shuffle {cfg['shuffle']} differs from the run's {shuffles}; the order of "
+                         f"the rows is fixed by the run (it decides every batch of a bit-exact resume). Drop "
+                         f"{'--no-shuffle' if shuffles else 'shuffle from the config'}, or start a new run in "
+                         "another --out directory")
     for key in TRAINED_BY_RUN:
         given = cfg.get(key)
         if given is None or given is False or given == []:

@@ -117,7 +117,8 @@ def _start(cfg: dict, out: Path, data, discard) -> dict:
     own = out.resolve() in art_dir.parents
     write_json(out / "run.json", {"artifacts": str(art_dir.relative_to(out.resolve()) if own else art_dir),
                                   "seed": seed, "batch_size": cfg["batch_size"],
-                                  "settings": {k: v for k, v in _absolute(cfg).items() if k != "resume"}})
+                                  "settings": {**{k: v for k, v in _absolute(cfg).items() if k != "resume"},
+                                               "shuffle": cfg.get("shuffle", True)}})
     return _fit(cfg, out, data, art_dir, seed, cfg["batch_size"], None, 0, RunRecorder(out, {}, []), cfg.get("lr"))
 
 
