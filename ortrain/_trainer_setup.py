@@ -168,12 +168,25 @@ class TrainerSetup:
                  "part of the checkpoint, and a trainer resumed from it starts a new accumulation "
                  "period (its updates fall on other steps); save on an accumulation boundary for an "
                  "exact resume")
-        self._session.save_checkpoint(path, {
+        props = {
             _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
             _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
             artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss),
-            artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]})
+            artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]}
+        if self._architecture():
+            props[artifacts_mod.CHECKPOINT_ARCHITECTURE] = self._architecture()
+        self._session.save_checkpoint(path, props)
         return str(path)
+
+    def _architecture(self) -> str:
+        """The artifacts' seed-free architecture digest, read once; empty when their forward graph
+        was removed meanwhile (a cleared cache), and the file's digest then still tells."""
+        if getattr(self, "_arch", None) is None:
+            try:
+                self._arch = self._art.architecture
+            except OSError:
+                self._arch = ""
+        return self._arch
 
     @classmethod
     def from_checkpoint(cls, model: Model, path, batch_size: int = 32, nbatch_logical=None, loss_mask=None,

@@ -131,6 +131,12 @@ class Artifacts:
     def prediction(self) -> str:
         return self.manifest["prediction"]
 
+    @property
+    def architecture(self) -> str:
+        """A digest of the forward graph without the seeds of its random ops: checkpoints of runs
+        that differ only in seed (dropout masks) fit the same artifacts."""
+        return architecture_digest(onnx.load(self.forward))
+
     def model(self, checkpoint=None, metrics=None):
         """A compiled model over these artifacts' forward graph, with the weights of ``checkpoint``
         (a path or parsed checkpoint data; default the artifacts' own checkpoint)."""
@@ -143,8 +149,13 @@ class Artifacts:
             raise OrtrainError(f"the checkpoint{where} was trained with the loss {trained_with}, the artifacts in "
                                f"{str(self.directory)!r} compute {loss_text(self.loss)} (rebuilt since?); use the "
                                "artifacts it was trained with")
-        architecture = data.properties.get(CHECKPOINT_FORWARD)
-        if architecture is not None and architecture != self.manifest["files"]["forward.onnx"]:
+        architecture = data.properties.get(CHECKPOINT_ARCHITECTURE)
+        if architecture is not None:
+            same = architecture == self.architecture
+        else:  # written before the seed-free digest: the forward graph's file, seeds and all
+            same = data.properties.get(CHECKPOINT_FORWARD, self.manifest["files"]["forward.onnx"]) == \
+                self.manifest["files"]["forward.onnx"]
+        if not same:
             raise OrtrainError(f"the checkpoint{where} was trained with another architecture than the artifacts in "
                                f"{str(self.directory)!r} hold (rebuilt since?); use the artifacts it was trained with")
         weights = {**data.trainable, **data.frozen}
@@ -171,6 +182,18 @@ class Artifacts:
 # the same whatever the optimizer or loss weighting).
 CHECKPOINT_LOSS = "ortrain.loss"
 CHECKPOINT_FORWARD = "ortrain.forward"
+CHECKPOINT_ARCHITECTURE = "ortrain.architecture"
+
+
+def architecture_digest(forward: onnx.ModelProto) -> str:
+    """sha256 of ``forward`` with the ``seed`` attribute of every node dropped (dropout and the
+    random ops draw from it; the arithmetic does not depend on it)."""
+    graph = onnx.GraphProto()
+    graph.CopyFrom(forward.graph)
+    for node in graph.node:
+        for attr in [a for a in node.attribute if a.name == "seed"]:
+            node.attribute.remove(attr)
+    return hashlib.sha256(graph.SerializeToString(deterministic=True)).hexdigest()
 
 
 def loss_text(loss: losses.Loss) -> str:

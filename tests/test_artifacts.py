@@ -360,7 +360,8 @@ def test_artifacts_model_refuses_a_checkpoint_of_another_architecture(tmp_path):
     with pytest.raises(ot.OrtrainError, match="was trained with another architecture"):
         art.model(tmp_path / "ck")
     data = engine.read_checkpoint(tmp_path / "ck")
-    del data.properties["ortrain.forward"]  # a checkpoint of an earlier version: the shapes still tell
+    del data.properties["ortrain.forward"], data.properties["ortrain.architecture"]  # an earlier version's: the
+    # shapes still tell
     with pytest.raises(ot.OrtrainError, match=r"weights of other shapes .*dense_0.kernel \(4, 8\) for \(4, 16\)"):
         art.model(data)
 
@@ -463,3 +464,23 @@ def test_from_artifacts_takes_its_own_checkpoint_and_from_checkpoint_checks_the_
     with pytest.raises(ot.OrtrainError, match=r"device='cuda:0': this onnxruntime build has no CUDA"):
         ot.Trainer.from_checkpoint(dense_model(3, 2), tmp_path / "ck", batch_size=2, device="cuda")
     assert not (tmp_path / "fresh").exists()  # refused before artifacts were built for it
+
+
+def test_a_checkpoint_fits_artifacts_that_differ_only_in_dropout_seeds(tmp_path):
+    """Runs with another seed write other dropout seeds into the forward graph; their checkpoints
+    were refused by one another's artifacts as 'another architecture' (ortrain eval/predict/export
+    --checkpoint). The stamp leaves seeds out; another architecture is still refused."""
+    def net(seed, width=8):
+        m = ot.Sequential([ot.layers.Dense(width), ot.layers.Dropout(0.5, seed=seed), ot.layers.Dense(1)],
+                          input_shape=(4,), seed=0, name="m")
+        return m.compile(optimizer="sgd", loss="mse")
+    with ot.Trainer(net(1), batch_size=4) as tr:
+        tr.step(np.ones((4, 4)), np.zeros((4, 1)))
+        tr.save_checkpoint(tmp_path / "ck")
+        trained = tr.model().get_weights()
+    art = ot.artifacts.build(net(2), loss="mse", optimizer="sgd", out_dir=tmp_path / "art")
+    for got, want in zip(art.model(tmp_path / "ck").get_weights(), trained, strict=True):
+        np.testing.assert_array_equal(got, want)
+    other = ot.artifacts.build(net(2, width=16), loss="mse", optimizer="sgd", out_dir=tmp_path / "other")
+    with pytest.raises(ot.OrtrainError, match="was trained with another architecture"):
+        other.model(tmp_path / "ck")
