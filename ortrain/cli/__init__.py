@@ -145,21 +145,21 @@ def _train_config(opts) -> dict:
     cfg.setdefault("out", "runs/run")
     if not cfg.get("resume"):
         if bool(cfg.get("model")) == bool(cfg.get("artifacts")):
-            raise UsageError("train: give --artifacts DIR or --model MODEL.onnx (exactly one)")
+            raise UsageError("give --artifacts DIR or --model MODEL.onnx (exactly one)")
         for key in ("data", "epochs", "batch_size"):
             if cfg.get(key) is None:
-                raise UsageError(f"train: --{key.replace('_', '-')} is required")
+                raise UsageError(f"--{key.replace('_', '-')} is required")
         fixed = [f"--{k.replace('_', '-')}" for k in ("loss", "optimizer", "from_logits", "trainable", "frozen")
                  if cfg.get(k)]
         if cfg.get("artifacts") and fixed:
-            raise UsageError(f"train: {', '.join(fixed)}: the loss, the optimizer and which weights train are fixed "
+            raise UsageError(f"{', '.join(fixed)}: the loss, the optimizer and which weights train are fixed "
                              "by the artifacts; drop them, or train from --model")
         if cfg.get("model"):  # artifacts carry their own loss and optimizer
             cfg.setdefault("loss", "mse")
             cfg.setdefault("optimizer", "adam")
             loss_of(cfg["loss"], cfg.get("from_logits"))  # refused now, before the run starts
     if cfg.get("val_data") and cfg.get("val_split"):
-        raise UsageError("train: give --val-data or --val-split, not both (one may come from the config file)")
+        raise UsageError("give --val-data or --val-split, not both (one may come from the config file)")
     return cfg
 
 

@@ -149,3 +149,11 @@ def read_json(path: Path, what: str) -> dict:
         raise OrtrainError(f"{what} {str(path)!r} does not exist") from None
     except ValueError as exc:
         raise OrtrainError(f"{what} {str(path)!r} is damaged: {exc}") from exc
+
+
+def model_file(path: str, argument: str) -> None:
+    """Refuse a model path that is a directory or does not exist, naming ``argument``."""
+    if os.path.isdir(path):
+        raise UsageError(f"{argument}: {path!r} is a directory; give the model file (MODEL.onnx)")
+    if not os.path.isfile(path):
+        raise UsageError(f"{argument}: no such file {path!r}")

@@ -13,7 +13,7 @@ import numpy as np
 
 import ortrain as ot
 from ortrain._files import checked_target
-from ortrain.cli._common import UsageError, _one_input, load_data, loss_of, read_json
+from ortrain.cli._common import UsageError, _one_input, load_data, loss_of, model_file, read_json
 from ortrain.cli.run_dir import _artifacts_of
 from ortrain.errors import OrtrainError
 
@@ -25,8 +25,7 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
     if len(given) != 1:
         raise UsageError("give exactly one of --run, --artifacts" + (" or --model" if takes_model else ""))
     if onnx_model:
-        if not os.path.isfile(onnx_model):
-            raise UsageError(f"--model: no such file {onnx_model!r}")
+        model_file(onnx_model, "--model")
         return ot.from_onnx(onnx_model)
     if run:
         if not Path(run, "run.json").is_file():
@@ -105,8 +104,7 @@ def export(opts) -> dict:
 
 
 def artifacts(opts) -> dict:
-    if not os.path.isfile(opts.model):
-        raise UsageError(f"MODEL: no such file {opts.model!r}")
+    model_file(opts.model, "MODEL")
     if os.path.exists(opts.output) and not os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a file; artifacts need a directory, choose another path")
     try:  # the manifest alone: artifacts of another version are replaced too

@@ -18,6 +18,7 @@ from ortrain.cli._common import (
     check_out_dir,
     load_data,
     loss_of,
+    model_file,
     read_json,
     write_json,
 )
@@ -60,8 +61,8 @@ def train(cfg: dict) -> dict:
     lr_now = cfg.get("lr")  # on --resume only a learning rate given now replaces the checkpoint's
     if cfg.get("resume"):
         cfg = resume_settings(cfg)
-    if not cfg.get("resume") and cfg.get("model") and not os.path.isfile(cfg["model"]):
-        raise UsageError(f"--model: no such file {cfg['model']!r}")
+    if not cfg.get("resume") and cfg.get("model"):
+        model_file(cfg["model"], "--model")
     if not cfg.get("resume") and cfg.get("artifacts") and not os.path.isdir(cfg["artifacts"]):
         raise UsageError(f"--artifacts: no such directory {cfg['artifacts']!r}")
     out = Path(cfg["out"])
