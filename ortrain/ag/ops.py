@@ -59,6 +59,8 @@ Tensor.__rtruediv__ = lambda a, b: div(b, a)
 Tensor.__matmul__ = lambda a, b: matmul(a, b)
 Tensor.__rmatmul__ = lambda a, b: matmul(b, a)
 Tensor.__neg__ = lambda a: neg(a)
+
+
 def _pow_operator(a, p, modulo=None):
     if modulo is not None:
         raise OrtrainError(f"pow: a modulo is not supported on ag tensors, received pow(x, p, {modulo!r}); use "
