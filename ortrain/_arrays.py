@@ -209,15 +209,44 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
     return a
 
 
-def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int | None = None) -> np.ndarray:
+def sample_weight_shape(pred_shape) -> tuple:
+    """The shape of the loss-weight input of one weight per sample, for a prediction of
+    ``pred_shape``: ``(batch,)``, ``(batch, 1)``, and for a prediction with positions between the
+    batch and the last axis (time steps, pixels) ``(batch, None, ..., 1)``, which takes one weight
+    per sample or one per position (a padding mask)."""
+    rank = len(pred_shape)
+    batch = pred_shape[0] if rank else None
+    if rank < 3:
+        return (batch,) + (1,) * (rank - 1)
+    return (batch,) + (None,) * (rank - 2) + (1,)
+
+
+def label_positions(labels: np.ndarray, weight_shape) -> tuple:
+    """The positions of checked ``labels`` that per-position weights of ``weight_shape`` match:
+    the labels' dimensions between the batch and the prediction's last axis."""
+    return tuple(labels.shape[1:len(weight_shape) - 1])
+
+
+def _takes_positions(shape) -> bool:
+    return len(shape) >= 3 and shape[-1] == 1 and all(d is None or d == 1 for d in shape[1:-1]) \
+        and any(d is None for d in shape[1:-1])
+
+
+def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int | None = None,
+                          positions: tuple | None = None) -> np.ndarray:
     """Loss weights for a weight input of ``shape`` (batch first, ``None`` free), cast and checked.
 
     A weight input of shape ``(batch, 1, ...)`` holds one weight per sample and also takes
-    ``(rows,)``; any other shape holds one weight per output element and must match.
+    ``(rows,)``. One of shape ``(batch, None, ..., 1)`` (see :func:`sample_weight_shape`) takes
+    that or one weight per position, ``(rows, *positions)`` or ``(rows, *positions, 1)``, where
+    ``positions`` are the labels' dimensions between the batch and the last axis of the prediction.
+    Any other shape holds one weight per output element and must match.
     """
     a = as_array(w, np.float32, argument)
     received = a.shape
     want = (rows,) + tuple(shape[1:])
+    if _takes_positions(shape):
+        return _sample_or_position_weights(a, want, argument, positions)
     per_sample = all(d == 1 for d in shape[1:])
     if per_sample and a.ndim == 1 and len(want) > 1:
         a = a.reshape(a.shape + (1,) * (len(want) - 1))
@@ -228,6 +257,28 @@ def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int |
         what = "one weight per sample" if per_sample else "one weight per output element"
         raise ShapeError(f"{argument}: expected shape {accepted} ({what}), received "
                          f"{describe_shape(received)}")
+    return a
+
+
+def _sample_or_position_weights(a: np.ndarray, want: tuple, argument: str, positions) -> np.ndarray:
+    """Weights of rank ``len(want)``: one per sample (all middle dimensions 1) or one per position
+    (the middle dimensions are ``positions``), from any of the accepted forms."""
+    rank, rows, received = len(want), want[0], a.shape
+    mids = tuple(positions) if positions is not None else (None,) * (rank - 2)
+    if a.ndim == 1:
+        a = a.reshape(a.shape + (1,) * (rank - 1))
+    elif a.ndim == rank - 1:
+        a = a.reshape(a.shape + (1,))
+    ok = a.ndim == rank and (rows is None or a.shape[0] == rows) and a.shape[-1] == 1 and (
+        a.shape[1:-1] == (1,) * (rank - 2)
+        or all(m is None or m == n for m, n in zip(mids, a.shape[1:-1])))
+    if not ok:
+        ones = (rows,) + (1,) * (rank - 1)
+        per_position = (rows,) + mids
+        raise ShapeError(f"{argument}: expected shape {describe_shape(want[:1])} or {describe_shape(ones)} (one "
+                         f"weight per sample), or {describe_shape(per_position)} or "
+                         f"{describe_shape(per_position + (1,))} (one weight per position, as the labels "
+                         f"hold them), received {describe_shape(received)}")
     return a
 
 

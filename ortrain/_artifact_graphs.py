@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
+from ortrain._arrays import sample_weight_shape
 from ortrain._manifest import FORMAT, finish, versions
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
@@ -57,13 +58,12 @@ def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tu
                            f"not {loss.name!r}; use loss='mse' or one weight per sample")
     if weighting is not None and len(pred.shape) < 2 and weighting == "element":
         raise OrtrainError("one weight per output element needs a prediction of shape [batch, outputs]")
-    batch = pred.shape[0] if pred.shape else None
     gb = GraphBuilder(prefix="ortrain.loss/")
     label = TensorSpec(LABEL, loss.label_dtype, loss.label_shape(pred.shape))
     gb.add_input(label.name, label.dtype, label.shape)
     weight = None
     if weighting == "sample":
-        weight = TensorSpec(SAMPLE_WEIGHT, np.dtype(np.float32), (batch,) + (1,) * (len(pred.shape) - 1))
+        weight = TensorSpec(SAMPLE_WEIGHT, np.dtype(np.float32), sample_weight_shape(pred.shape))
     elif weighting == "element":
         weight = TensorSpec(SAMPLE_WEIGHT, np.dtype(np.float32), tuple(pred.shape))
     if weight is not None:

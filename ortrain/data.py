@@ -30,7 +30,15 @@ from __future__ import annotations
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import is_real, prepare_inputs, prepare_labels, prepare_sample_weight, refuse_non_finite
+from ortrain._arrays import (
+    is_real,
+    label_positions,
+    prepare_inputs,
+    prepare_labels,
+    prepare_sample_weight,
+    refuse_non_finite,
+    sample_weight_shape,
+)
 from ortrain.errors import OrtrainError, ShapeError
 
 __all__ = ["ArraySource", "CallableSource", "EpochIterator", "IterableSource", "as_source", "parse_batch",
@@ -250,7 +258,8 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     """``x``, ``y`` and loss weights cast and checked against ``model``, all rows at once, so bad
     input (a class label out of range in the last batch too) is refused before anything trains.
 
-    ``weight_shape`` is the weight input's shape (batch first); by default one weight per sample.
+    ``weight_shape`` is the weight input's shape (batch first); by default one weight per sample
+    (or per position, for a prediction with positions: :func:`ortrain._arrays.sample_weight_shape`).
     """
     xs = prepare_inputs(model.input_specs, x, xa, bounds=model.index_bounds())
     n = xs[0].shape[0]
@@ -259,8 +268,8 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     pred_shape = model.output_specs[0].shape
     ys = prepare_labels(model._label_spec(), y, ya, n, model._n_classes([a.shape for a in xs]), rows_of=xa)
     if weight_shape is None:
-        weight_shape = (None,) + (1,) * (len(pred_shape) - 1)
-    ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n)
+        weight_shape = sample_weight_shape(pred_shape)
+    ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n, label_positions(ys, weight_shape))
     return xs, ys, ws
 
 

@@ -301,7 +301,10 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     ``shuffle`` the order is redrawn every epoch, reproducibly from ``ot.set_seed``.
     ``validation_split`` holds out the last fraction of rows (before shuffling);
     ``validation_data`` (arrays or a generator) takes precedence over it, as in Keras.
-    ``sample_weight`` weights each sample's loss (and metrics), for every loss.
+    ``sample_weight`` weights each sample's loss (and metrics), for every loss; for an output
+    with positions between the batch and the last axis (``(batch, time, classes)``), it may hold
+    one weight per position instead, shaped as the labels' positions (``(batch, time)``: a
+    padding mask).
     ``steps_per_epoch`` with arrays: every epoch starts a new pass and trains its first
     ``steps_per_epoch`` batches. A validation generator's first batch is read before training,
     to learn whether validation carries weights; the first validation uses it.

@@ -5,7 +5,9 @@ outputs for the regression losses and binary cross-entropy, ``k = 1`` for the
 categorical ones), then reduces it:
 
 * no weights: ``mean(E)`` — PyTorch's default reduction, Keras' ``sum_over_batch_size``;
-* one weight per sample ``w[batch, 1]``: ``sum(w * E) / (batch * k)``;
+* one weight per sample ``w[batch, 1]``: ``sum(w * E) / (batch * k)``; for a prediction with
+  positions (``[batch, time, k]``) ``E`` has them too, and the weights may hold one per
+  position, ``w[batch, time, 1]``: ``sum(w * E) / (batch * time * k)``;
 * one weight per output element ``w[batch, k]`` (mean squared error only):
   ``sum(w * E) / (batch * k)``, with no renormalisation, so a zero weight removes
   that element's gradient exactly.

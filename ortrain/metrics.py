@@ -27,25 +27,33 @@ class Metric:
         self.count = 0.0
 
     def update(self, pred: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None) -> None:
-        values = self._fn(pred, y)  # one value per sample
-        if weight is not None:
-            w = np.asarray(weight, np.float64).reshape(len(values), -1).mean(axis=1)
-            self.total += float(np.dot(values, w))
-            self.count += float(w.sum())
-        else:
+        """Add a batch, as Keras' mean metrics do: a value per sample, or per position for a
+        prediction with positions (time steps), each weighted by its sample's or position's weight
+        (weights over output elements are averaged per sample first)."""
+        values = np.asarray(self._fn(pred, y), np.float64)
+        if weight is None:
             self.total += float(values.sum())
-            self.count += len(values)
+            self.count += values.size
+            return
+        w = np.asarray(weight, np.float64)
+        if w.ndim > values.ndim:
+            w = w.reshape(w.shape[:values.ndim] + (-1,)).mean(axis=-1)
+        w = np.broadcast_to(w.reshape(w.shape + (1,) * (values.ndim - w.ndim)), values.shape)
+        self.total += float(np.sum(values * w))
+        self.count += float(w.sum())
 
     def result(self) -> float:
         return self.total / self.count if self.count else 0.0
 
 
+# Each returns one value per sample, or per position for predictions with positions: the last
+# axis (classes, output units) is reduced, as in Keras.
 def _sparse_acc(pred, y):
-    return (np.argmax(pred, axis=-1) == y.astype(np.int64)).reshape(len(pred), -1).mean(axis=1)
+    return np.argmax(pred, axis=-1) == y.astype(np.int64)
 
 
 def _categorical_acc(pred, y):
-    return (np.argmax(pred, axis=-1) == np.argmax(y, axis=-1)).reshape(len(pred), -1).mean(axis=1)
+    return np.argmax(pred, axis=-1) == np.argmax(y, axis=-1)
 
 
 def _accuracy_by_shape(pred, y):
@@ -57,16 +65,20 @@ def _accuracy_by_shape(pred, y):
 
 def _binary_acc(threshold):
     def fn(pred, y):
-        return ((pred > threshold) == (y > 0.5)).reshape(len(pred), -1).mean(axis=1)
+        return _last_axis_mean((pred > threshold) == (y > 0.5))
     return fn
 
 
 def _mae(pred, y):
-    return np.abs(pred - y).reshape(len(pred), -1).mean(axis=1)
+    return _last_axis_mean(np.abs(pred - y))
 
 
 def _mse(pred, y):
-    return np.square(pred - y).reshape(len(pred), -1).mean(axis=1)
+    return _last_axis_mean(np.square(pred - y))
+
+
+def _last_axis_mean(values: np.ndarray) -> np.ndarray:
+    return values if values.ndim < 2 else values.mean(axis=-1)
 
 
 # The labels each metric reads: class indices, or an array shaped like the output ("accuracy"

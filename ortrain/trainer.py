@@ -19,6 +19,7 @@ import onnx
 from ortrain import engine
 from ortrain._arrays import (
     is_real,
+    label_positions,
     positive_int,
     prepare_inputs,
     prepare_labels,
@@ -107,17 +108,18 @@ class Trainer(TrainerSetup, Releasable):
         labels = prepare_labels(self._label, y, "y", rows, n_classes, check_classes=not checked)
         feeds = xs + [labels]
         if self._weight_spec is not None:
-            w = self._sample_weight(sample_weight, rows)
+            w = self._sample_weight(sample_weight, rows, labels)
             feeds.append(w if class_weight is None else class_weight.weigh(labels, w))
         elif sample_weight is not None:
             raise OrtrainError(f"sample_weight: this trainer has no loss weights; create it with loss_mask=1 "
                                f"(one weight per sample) or loss_mask=<outputs> to pass them ({where})")
         return feeds
 
-    def _sample_weight(self, w, rows: int) -> np.ndarray:
+    def _sample_weight(self, w, rows: int, labels: np.ndarray) -> np.ndarray:
+        shape = self._weight_spec.shape
         if w is not None:
-            return prepare_sample_weight(w, self._weight_spec.shape, "sample_weight", rows)
-        shape = (rows,) + tuple(self._weight_spec.shape[1:])
+            return prepare_sample_weight(w, shape, "sample_weight", rows, label_positions(labels, shape))
+        shape = (rows,) + tuple(1 if d is None else d for d in shape[1:])
         if self._ones_weight is None or self._ones_weight.shape != shape:
             self._ones_weight = np.ones(shape, np.float32)
         return self._ones_weight

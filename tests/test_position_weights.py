@@ -1,0 +1,161 @@
+"""One loss weight per position (a padding mask over time steps) for predictions with positions
+between the batch and the last axis: the loss, its gradient, training steps and metrics, each
+against numpy written here, and the refusals."""
+
+import numpy as np
+import pytest
+from helpers import loss_and_grad, softmax
+
+import ortrain as ot
+from ortrain.metrics import resolve
+
+L = ot.layers
+B, T, K = 4, 5, 3
+
+
+def _mask(rng, shape=(B, T)):
+    w = (rng.random(shape) > 0.35).astype(np.float32) * rng.uniform(0.5, 2.0, shape).astype(np.float32)
+    w[0, -1] = 0.0  # at least one padded position
+    return w
+
+
+def test_cross_entropy_per_position_value_and_gradient(rng):
+    z = rng.standard_normal((B, T, K)).astype(np.float32)
+    labels = rng.integers(0, K, (B, T)).astype(np.int64)
+    w = _mask(rng)
+    s = softmax(z.astype(np.float64))
+    per = -np.log(np.take_along_axis(s, labels[..., None], axis=-1))[..., 0]
+    value, grad = loss_and_grad(ot.losses.SparseCategoricalCrossentropy(from_logits=True), z, labels,
+                                weight=w[..., None], weighting="sample")
+    np.testing.assert_allclose(value, np.sum(w * per) / (B * T), rtol=2e-6)  # Keras: no renormalisation
+    np.testing.assert_allclose(grad, w[..., None] * (s - np.eye(K)[labels]) / (B * T), rtol=2e-5, atol=1e-8)
+    assert np.all(grad[w == 0] == 0.0)  # a padded position gives no gradient at all
+
+
+def test_the_same_artifacts_take_one_weight_per_sample(rng):
+    z = rng.standard_normal((B, T, K)).astype(np.float32)
+    y = rng.standard_normal((B, T, K)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, (B, 1, 1)).astype(np.float32)
+    d = z.astype(np.float64) - y
+    value, grad = loss_and_grad("mse", z, y, weight=w, weighting="sample")
+    np.testing.assert_allclose(value, np.sum(w * d ** 2) / d.size, rtol=2e-6)
+    np.testing.assert_allclose(grad, 2 * w * d / d.size, rtol=2e-5, atol=1e-8)
+
+
+def _sequence_regressor(lr=0.1):
+    model = ot.Sequential([L.Dense(K)], input_shape=(T, 2), seed=3)
+    model.compile(optimizer=ot.optim.SGD(lr=lr), loss="mse")
+    return model
+
+
+def _numpy_sgd_step(kernel, bias, x, y, w, lr):
+    """One SGD step of ``x @ kernel + bias`` on ``sum(w * (pred - y)^2) / (B * T * K)``."""
+    x, kernel, bias = x.astype(np.float64), kernel.astype(np.float64), bias.astype(np.float64)
+    dpred = 2 * w[..., None] * (x @ kernel + bias - y) / (B * T * K)
+    return kernel - lr * np.einsum("btf,btk->fk", x, dpred), bias - lr * dpred.sum(axis=(0, 1))
+
+
+@pytest.mark.parametrize("form", ["(B, T)", "(B, T, 1)"])
+def test_trainer_step_with_one_weight_per_position_matches_numpy(rng, form):
+    model = _sequence_regressor()
+    kernel, bias = model.get_weights()
+    x = rng.standard_normal((B, T, 2)).astype(np.float32)
+    y = rng.standard_normal((B, T, K)).astype(np.float32)
+    w = _mask(rng)
+    given = w if form == "(B, T)" else w[..., None]
+    with ot.Trainer(model, batch_size=B, loss_mask=1) as tr:
+        loss = tr.step(x, y, sample_weight=given)
+        got_kernel, got_bias = tr.model().get_weights()
+    pred = x.astype(np.float64) @ kernel + bias
+    np.testing.assert_allclose(loss, np.sum(w[..., None] * (pred - y) ** 2) / (B * T * K), rtol=2e-6)
+    want_kernel, want_bias = _numpy_sgd_step(kernel, bias, x, y, w, 0.1)
+    np.testing.assert_allclose(got_kernel, want_kernel, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got_bias, want_bias, rtol=1e-5, atol=1e-7)
+
+
+def test_labels_at_padded_positions_change_nothing(rng):
+    x = rng.standard_normal((B, T, 2)).astype(np.float32)
+    y = rng.standard_normal((B, T, K)).astype(np.float32)
+    w = _mask(rng)
+    other = y.copy()
+    other[w == 0] = 1e3  # whatever the padding holds
+    after = []
+    for labels in (y, other):
+        with ot.Trainer(_sequence_regressor(), batch_size=B, loss_mask=1) as tr:
+            tr.step(x, labels, sample_weight=w)
+            after.append(tr.model().get_weights())
+    for a, b in zip(*after):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bad", [(B, T + 1), (B, T, 2), (B, 1, T), (B + 1, T)])
+def test_weights_of_another_shape_are_refused_and_change_nothing(rng, bad):
+    model = _sequence_regressor()
+    x = rng.standard_normal((B, T, 2)).astype(np.float32)
+    y = rng.standard_normal((B, T, K)).astype(np.float32)
+    with ot.Trainer(model, batch_size=B, loss_mask=1) as tr:
+        before = tr.model().get_weights()
+        with pytest.raises(ot.ShapeError, match=r"sample_weight: expected shape \(4,\) or \(4, 1, 1\) \(one weight "
+                                                r"per sample\), or \(4, 5\) or \(4, 5, 1\) \(one weight per "
+                                                r"position.*received \(" + ", ".join(map(str, bad))):
+            tr.step(x, y, sample_weight=np.ones(bad, np.float32))
+        assert tr.n_steps == 0
+        for a, b in zip(before, tr.model().get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
+def _token_model(vocab=7, dim=3):
+    ids = ot.Input((T,), dtype="int64")
+    model = ot.Model(ids, L.Dense(vocab)(L.Embedding(vocab, dim)(ids)))
+    model.compile(optimizer=ot.optim.SGD(lr=0.5), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def test_evaluate_weighs_loss_and_accuracy_per_token(rng):
+    model = _token_model()
+    x = rng.integers(0, 7, (B, T))
+    y = rng.integers(0, 7, (B, T))
+    w = _mask(rng)
+    logits = model.predict(x).astype(np.float64)
+    s = softmax(logits)
+    per = -np.log(np.take_along_axis(s, y[..., None], axis=-1))[..., 0]
+    correct = np.argmax(logits, axis=-1) == y
+    got = model.evaluate(x, y, sample_weight=w)
+    np.testing.assert_allclose(got["loss"], np.sum(w * per) / (B * T), rtol=2e-6)
+    w64 = w.astype(np.float64)
+    np.testing.assert_allclose(got["accuracy"], np.sum(w64 * correct) / np.sum(w64), rtol=1e-12)
+
+
+def test_fit_and_fit_generator_train_alike_with_token_weights(rng):
+    x = rng.integers(0, 7, (2 * B, T))
+    y = rng.integers(0, 7, (2 * B, T))
+    w = _mask(rng, (2 * B, T))
+    a, b = _token_model(), _token_model()
+    b.set_weights(a.get_weights())
+    ha = a.fit(x, y, sample_weight=w, batch_size=B, epochs=2, shuffle=False, verbose=0)
+    batches = [(x[i:i + B], y[i:i + B], w[i:i + B]) for i in (0, B)]
+    hb = ot.fit_generator(b, batches, epochs=2, verbose=0)
+    for p, q in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_allclose(p, q, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ha.history["loss"], hb.history["loss"], rtol=1e-6)
+
+
+def test_metrics_weigh_positions_as_keras_does(rng):
+    pred = rng.standard_normal((B, T, K))
+    y = rng.integers(0, K, (B, T))
+    correct = np.argmax(pred, axis=-1) == y
+    acc = resolve(["sparse_categorical_accuracy"], None)[0]
+    w = _mask(rng)
+    acc.update(pred, y, w[..., None])
+    assert acc.result() == pytest.approx(np.sum(w * correct) / np.sum(w), rel=1e-12)
+    per_sample = rng.uniform(0.5, 2.0, (B, 1, 1))
+    acc.reset()
+    acc.update(pred, y, per_sample)
+    want = np.sum(per_sample[:, 0, 0] * correct.mean(axis=1)) / per_sample.sum()
+    assert acc.result() == pytest.approx(want, rel=1e-12)
+    mae = resolve(["mae"], None)[0]  # a dense metric on a [batch, outputs] prediction, one weight per element
+    p2, y2, w2 = rng.standard_normal((B, K)), rng.standard_normal((B, K)), rng.uniform(0, 2, (B, K))
+    mae.update(p2, y2, w2)  # Keras averages such weights per sample
+    want = np.sum(w2.mean(axis=1) * np.abs(p2 - y2).mean(axis=1)) / w2.mean(axis=1).sum()
+    assert mae.result() == pytest.approx(want, rel=1e-12)
