@@ -273,12 +273,12 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     return xs, ys, ws
 
 
-def refuse_non_finite_arrays(model, xs, ys, ws) -> None:
+def refuse_non_finite_arrays(model, xs, ys, ws, arguments=("x", "y", "sample_weight")) -> None:
     """Training arrays from :func:`prepare_arrays` must be finite: checked once, before the first
-    step, so a NaN in the last rows stops nothing halfway."""
-    names = ["x" if len(xs) == 1 else f"x[{s.name!r}]" for s in model.input_specs]
-    refuse_non_finite([*xs, ys] + ([ws] if ws is not None else []), [*names, "y", "sample_weight"],
-                      "nothing was trained")
+    step, so a NaN in the last rows stops nothing halfway. ``arguments`` name x, y and the weights."""
+    xa, ya, wa = arguments
+    names = [xa if len(xs) == 1 else f"{xa}[{s.name!r}]" for s in model.input_specs]
+    refuse_non_finite([*xs, ys] + ([ws] if ws is not None else []), [*names, ya, wa], "nothing was trained")
 
 
 def refuse_non_finite_weights(w: np.ndarray | None, argument: str, outcome: str) -> None:
@@ -312,17 +312,18 @@ def looks_like_arrays(data) -> bool:
             and not any(_batch_like(v) for v in data[1:]))
 
 
-def validation_iterator(model, data, steps, batch_size: int, argument: str = "validation_data"):
+def validation_iterator(model, data, steps, batch_size: int, argument: str = "validation_data", names=None):
     """An epoch iterator over validation arrays ``(x, y[, sample_weight])`` or a generator; None for None.
+    ``names`` (three) name the arrays in messages instead of ``validation_data[0]`` and so on.
 
     What can be checked before training is: arrays, and each batch of a list or tuple of batches
     (inputs and labels against the model), so a mistake there stops nothing halfway."""
     if data is None:
         return None
     if looks_like_arrays(data):
-        xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None,
-                                    f"{argument}[0]", f"{argument}[1]", f"{argument}[2]")
-        refuse_non_finite_weights(ws, f"{argument}[2]", "nothing was trained")
+        xa, ya, wa = names or (f"{argument}[0]", f"{argument}[1]", f"{argument}[2]")
+        xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None, xa, ya, wa)
+        refuse_non_finite_weights(ws, wa, "nothing was trained")
         return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], np.ndarray):
         items = ", ".join(describe_value(v) for v in data)

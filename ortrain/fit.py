@@ -95,14 +95,17 @@ def _validation_freq(value) -> int | frozenset[int]:
 # -- entry points ---------------------------------------------------------------------------------
 def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1, initial_epoch: int = 0,
           steps_per_epoch: int | None = None, validation_data=None, validation_steps: int | None = None,
-          shuffle: bool = True, callbacks=(), verbose=1, model: Model | None = None) -> History:
+          shuffle: bool = True, callbacks=(), verbose=1, model: Model | None = None,
+          names: dict | None = None) -> History:
     """Run the epoch loop on ``trainer`` (which stays alive; the caller frees it).
 
     ``data`` is arrays (``x`` with ``y``, batched by ``trainer.batch_size``, the short last
     batch trained as one step) or a generator (``y`` None). ``validation_data``: arrays
     ``(x, y)`` / ``(x, y, sample_weight)`` or a generator. With ``model`` the trained weights
     and optimizer state are written back into it when the loop ends, also when it fails.
-    This is what ``Model.fit``, :func:`fit_generator` and the command line call.
+    This is what ``Model.fit``, :func:`fit_generator` and the command line call. ``names``
+    renames the arrays in error messages: keys ``"x"``, ``"y"``, ``"sample_weight"`` and
+    ``"validation_data"`` (a tuple of three), as the command line names its files.
     """
     if not isinstance(trainer, Trainer):
         raise OrtrainError(f"trainer: expected an ot.Trainer, received {type(trainer).__name__}")
@@ -112,17 +115,20 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
     validation_steps = _count(validation_steps, "validation_steps")
     base = trainer._model
     check_verbose(verbose)
+    names = names or {}
     if y is None:
         source, samples = generator_source(data, steps_per_epoch, epochs - initial_epoch), None
     else:
+        xa, ya, wa = (names.get(k, k) for k in ("x", "y", "sample_weight"))
         if sample_weight is not None and trainer._weight_spec is None:
-            raise OrtrainError("sample_weight: this trainer has no loss weights; create it with loss_mask=1 (one "
+            raise OrtrainError(f"{wa}: this trainer has no loss weights; create it with loss_mask=1 (one "
                                "weight per sample) or loss_mask=<outputs> to train with them")
         weight_shape = None if trainer._weight_spec is None else trainer._weight_spec.shape
-        xs, ys, ws = prepare_arrays(base, data, y, sample_weight, "x", "y", "sample_weight", weight_shape)
-        refuse_non_finite_arrays(base, xs, ys, ws)
+        xs, ys, ws = prepare_arrays(base, data, y, sample_weight, xa, ya, wa, weight_shape)
+        refuse_non_finite_arrays(base, xs, ys, ws, (xa, ya, wa))
         source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=_flag(shuffle, "shuffle")), len(ys)
-    vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size)
+    vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size,
+                              names=names.get("validation_data"))
     loop = Loop(trainer, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
                  validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=samples)
     return loop.run()

@@ -162,6 +162,9 @@ def test_ctrl_c_in_the_first_epoch_keeps_a_run_that_resumes(workdir, capsys, mon
     assert cli(*args) == 130
     assert (workdir / "run" / "run.json").is_file() and not (workdir / "run" / "state.json").exists()
     monkeypatch.setattr(fit_mod, "train", real)
+    assert cli("train", "run") == 2   # the run given where the config file goes
+    assert "CONFIG: 'run' is a run directory; the positional argument is a TOML config file: give it as " \
+           "--resume --out run" in capsys.readouterr().err
     assert cli("train", "--out", "run", "--resume", "--verbose", "0") == 0
     state = json.loads((workdir / "run" / "state.json").read_text())
     assert state["epoch"] == 1 and state["history"]["lr"] == [0.01]   # the run's --lr, not the artifacts' 3e-3
@@ -252,7 +255,11 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--loss", "mae"], 2,
      "fixed by the artifacts"),
     (["train", "--artifacts", "art", "--data", "wrong.npz", "--epochs", "1", "--batch-size", "8", "--verbose", "0"],
-     1, "x: expected shape (N, 64), received (20, 5)"),
+     1, "ortrain train: x of --data 'wrong.npz': expected shape (N, 64), received (20, 5)"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--val-data", "wrong.npz", "--epochs", "1",
+      "--batch-size", "8", "--verbose", "0"], 1, "x of --val-data 'wrong.npz': expected shape (N, 64), received (20, 5)"),
+    (["train", "--artifacts", "art", "--data", "x.npy", "short_y.npy", "--epochs", "1", "--batch-size", "8",
+      "--verbose", "0"], 1, "y of --data 'short_y.npy': "),
     (["eval", "--artifacts", "nowhere", "--data", "test.npz"], 2, "--artifacts: no such directory 'nowhere'"),
     (["train", "--resume", "--out", "norun", "--data", "train.npz", "--epochs", "1"], 2,
      "'norun' holds no run to resume; drop --resume"),
@@ -299,7 +306,13 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     # config files that cannot be read, paths of the wrong kind, an option the loss does not take
     (["train", "latin1.toml"], 2, "CONFIG: 'latin1.toml' is not UTF-8 text, as TOML files are"),
     (["train", "paths.toml"], 2, "CONFIG: key 'data' expects a string or a list of strings, received ['train.npz', 5]"),
-    (["train", "art"], 2, "CONFIG: 'art' is a directory; give the path of a .toml file"),
+    (["train", "art"], 2, "CONFIG: 'art' is an artifacts directory; the positional argument is a TOML config "
+     "file: give it as --artifacts art"),
+    (["train", "."], 2, "CONFIG: '.' is a directory; give the path of a .toml file"),
+    (["train", "mlp.onnx"], 2, "CONFIG: 'mlp.onnx' is an ONNX model; the positional argument is a TOML config file: "
+     "give it as --model mlp.onnx"),
+    (["train", "train.npz", "--artifacts", "art"], 2, "CONFIG: 'train.npz' is a data file; the positional argument "
+     "is a TOML config file: give it as --data train.npz"),
     (["train", "--artifacts", "art", "--data", "art", "--epochs", "1", "--batch-size", "8"], 2,
      "--data: 'art' is a directory; give the data file"),
     (["artifacts", "mlp.onnx", "-o", "a2", "--loss", "mse", "--from-logits"], 2,
@@ -317,6 +330,7 @@ def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     make_artifacts(capsys)
     np.savez("wrong.npz", x=np.zeros((20, 5)), y=np.zeros(20, np.int64))
     x, y = np.load("train.npz")["x"], np.load("train.npz")["y"]
+    np.save("short_y.npy", y[:10])
     np.savez("weighted.npz", x=x, y=y, sample_weight=np.ones(len(y), np.float32))
     np.savez("typo.npz", x=x, y=y, sample_weights=np.ones(len(y), np.float32))
     (workdir / "truncated.npz").write_bytes((workdir / "train.npz").read_bytes()[:200])
@@ -383,7 +397,7 @@ def test_a_run_that_fails_before_its_first_epoch_leaves_nothing_and_can_be_rerun
     for out, data in (("fresh", "wrong.npz"), ("kept", "wrong.npz")):
         assert cli("train", "--artifacts", "art", "--data", data, "--epochs", "1", "--batch-size", "8", "--out", out,
                    "--verbose", "0") == 1
-        assert "x: expected shape (N, 64), received (20, 5)" in capsys.readouterr().err
+        assert "x of --data 'wrong.npz': expected shape (N, 64), received (20, 5)" in capsys.readouterr().err
     assert not (workdir / "fresh").exists()
     assert sorted(p.name for p in (workdir / "kept").iterdir()) == ["artifacts"]
     assert cli("train", "--model", "nothing.onnx", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",

@@ -163,6 +163,26 @@ def _train_config(opts) -> dict:
     return cfg
 
 
+# What the one positional argument of ``train`` (a TOML config) is most often mistaken for.
+_MISPLACED = {".onnx": ("an ONNX model", "--model"), ".npz": ("a data file", "--data"),
+              ".npy": ("a data file", "--data")}
+
+
+def _refuse_misplaced(path: str) -> None:
+    """A model, a data file, an artifacts or a run directory given where the config file goes."""
+    from pathlib import Path
+
+    from ortrain.cli._common import UsageError
+    what, option = _MISPLACED.get(Path(path).suffix.lower(), (None, None))
+    if what is None and (Path(path) / "manifest.json").is_file():
+        what, option = "an artifacts directory", "--artifacts"
+    if what is None and (Path(path) / "run.json").is_file():
+        what, option = "a run directory", "--resume --out"
+    if what is not None:
+        raise UsageError(f"CONFIG: {path!r} is {what}; the positional argument is a TOML config file: give it "
+                         f"as {option} {path}")
+
+
 def _read_toml(path: str) -> dict:
     from pathlib import Path
 
@@ -171,6 +191,7 @@ def _read_toml(path: str) -> dict:
         import tomllib
     else:
         import tomli as tomllib
+    _refuse_misplaced(path)
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

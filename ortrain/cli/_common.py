@@ -69,6 +69,12 @@ def load_data(paths: list[str], argument: str = "--data") -> tuple[np.ndarray, n
 NPZ_KEYS = ("x", "y", "sample_weight")
 
 
+def array_names(paths: list[str], argument: str = "--data") -> tuple[str, str, str]:
+    """How messages name the arrays ``load_data`` read from ``paths``: ``x of --data 'train.npz'``."""
+    files = list(paths) if len(paths) == 2 else [paths[0]] * 3
+    return tuple(f"{key} of {argument} {files[min(i, len(files) - 1)]!r}" for i, key in enumerate(NPZ_KEYS))
+
+
 def _load(path: str, argument: str):
     try:
         return np.load(path, allow_pickle=False)

@@ -15,6 +15,7 @@ from ortrain import fit as fit_mod
 from ortrain.cli._common import (
     UsageError,
     _one_input,
+    array_names,
     check_out_dir,
     load_data,
     loss_of,
@@ -155,9 +156,19 @@ def _fit(cfg: dict, out: Path, data, art_dir: Path, seed: int, batch_size: int, 
             trainer.set_lr(lr)
         fit_mod.train(trainer, x, y, sample_weight=w, epochs=cfg["epochs"], initial_epoch=initial_epoch,
                       validation_data=val, shuffle=cfg.get("shuffle", True), callbacks=[recorder],
-                      verbose=cfg.get("verbose", 1))
+                      verbose=cfg.get("verbose", 1), names=_names(cfg))
         model = trainer.model()
     return {"out": str(out), "epochs": len(recorder.epochs), **_finish(out, model, recorder)}
+
+
+def _names(cfg: dict) -> dict:
+    """The arrays of --data and --val-data as error messages name them."""
+    xa, ya, wa = array_names(cfg["data"])
+    if cfg.get("val_data"):
+        held = array_names(cfg["val_data"], "--val-data")
+    else:
+        held = tuple(f"{name} (the rows --val-split holds out)" for name in (xa, ya, wa))
+    return {"x": xa, "y": ya, "sample_weight": wa, "validation_data": held}
 
 
 def _finish(out: Path, model, recorder: RunRecorder) -> dict:
