@@ -267,6 +267,13 @@ class TrainerSetup:
         return tr
 
 
+def written_for(checkpoint, art) -> bool:
+    """Whether ``checkpoint`` (a trainer's, with its artifacts key) was written for the artifacts
+    ``art``; a checkpoint without a key (the artifacts' own) fits any."""
+    key = engine.read_checkpoint(checkpoint).properties.get(_PROP + "key")
+    return key is None or key == art.key
+
+
 def _check_model(model) -> None:
     if not isinstance(model, Model):
         raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")

@@ -389,6 +389,37 @@ def test_existing_run_is_not_overwritten(workdir, capsys):
     assert (workdir / "run" / "state.json").read_text() == before
 
 
+def test_a_new_run_refuses_a_directory_whose_files_it_would_overwrite(workdir, capsys):
+    make_artifacts(capsys)
+    (workdir / "results").mkdir()
+    (workdir / "results" / "notes.txt").write_text("mine")
+    (workdir / "results" / "model.onnx").write_bytes(b"someone else's model")
+    base = ["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32",
+            "--out", "results", "--verbose", "0"]
+    assert cli(*base) == 2
+    assert "--out: 'results' holds model.onnx, which a run writes, and no run; choose a new or empty directory" \
+        in capsys.readouterr().err
+    assert sorted(p.name for p in (workdir / "results").iterdir()) == ["model.onnx", "notes.txt"]
+    assert (workdir / "results" / "model.onnx").read_bytes() == b"someone else's model"
+    (workdir / "results" / "model.onnx").unlink()
+    assert cli(*base) == 0   # files a run does not write stay beside it
+    assert (workdir / "results" / "notes.txt").read_text() == "mine"
+
+
+def test_a_resume_after_its_artifacts_were_rebuilt_says_so(workdir, capsys):
+    make_artifacts(capsys)
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32",
+               "--out", "run", "--verbose", "0") == 0
+    state = (workdir / "run" / "state.json").read_text()
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0
+    capsys.readouterr()
+    assert cli("train", "--out", "run", "--resume", "--epochs", "2", "--verbose", "0") == 2
+    err = capsys.readouterr().err
+    assert "--resume: the artifacts in " in err and "were rebuilt for another model, loss or optimizer after the " \
+        "run 'run' started, and its checkpoint does not fit them" in err and "checkpoint=" not in err
+    assert (workdir / "run" / "state.json").read_text() == state
+
+
 def test_a_run_that_fails_before_its_first_epoch_leaves_nothing_and_can_be_rerun(workdir, capsys):
     make_artifacts(capsys)
     np.savez("wrong.npz", x=np.zeros((20, 5)), y=np.zeros(20, np.int64))

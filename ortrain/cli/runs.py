@@ -12,6 +12,7 @@ import numpy as np
 
 import ortrain as ot
 from ortrain import fit as fit_mod
+from ortrain._trainer_setup import written_for
 from ortrain.cli._common import (
     UsageError,
     _one_input,
@@ -95,6 +96,7 @@ def train(cfg: dict) -> dict:
     if (out / "state.json").exists() or (out / "run.json").exists():
         raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
                          "another directory")
+    _refuse_clashes(out, building=not cfg.get("artifacts"))
     discard = _discarder(out)
     out.mkdir(parents=True, exist_ok=True)
     with _run_lock(out):
@@ -110,6 +112,19 @@ def train(cfg: dict) -> dict:
                     (not isinstance(exc, KeyboardInterrupt) or not (out / "run.json").exists()):
                 discard()
             raise
+
+
+# What a run writes in its directory (besides run.json), and its artifacts when it builds them.
+_RUN_FILES = ("state.json", "log.csv", "history.json", "model.onnx", "loss.png", "checkpoints")
+
+
+def _refuse_clashes(out: Path, building: bool) -> None:
+    """A new run goes into a new or empty directory, or one whose files it would not overwrite."""
+    names = _RUN_FILES + (("artifacts",) if building else ())
+    clash = [n for n in names if (out / n).exists()]
+    if clash:
+        raise UsageError(f"--out: {str(out)!r} holds {', '.join(clash)}, which a run writes, and no run; choose a "
+                         "new or empty directory")
 
 
 def _start(cfg: dict, out: Path, data, discard) -> dict:
@@ -130,6 +145,10 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     state = read_json(out / "state.json", "run state") if (out / "state.json").exists() else None
     art_dir = _artifacts_of(out, run)
     checkpoint = out / state["checkpoint"] if state else None
+    if checkpoint is not None and checkpoint.is_file() and not written_for(checkpoint, ot.artifacts.load(art_dir)):
+        raise UsageError(f"--resume: the artifacts in {str(art_dir)!r} were rebuilt for another model, loss or "
+                         f"optimizer after the run {str(out)!r} started, and its checkpoint does not fit them; "
+                         "rebuild them as the run had them, or start a new run with another --out")
     initial_epoch = state["epoch"] if state else 0
     recorder = RunRecorder(out, *((state["history"], state["epochs"]) if state else ({}, [])),
                            stale=("model.onnx", "loss.png"))
