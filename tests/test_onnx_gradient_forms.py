@@ -448,12 +448,14 @@ def test_an_additive_mask_of_minus_inf_stays_a_constant(rng):
         ot.from_onnx(scalar, trainable=["w", "mask"])  # a scalar named in trainable= too
 
 
-@pytest.mark.parametrize("form", ["scalar split", "split list", "unbind", "unbind, a part unread", "rank unknown"])
+@pytest.mark.parametrize("form", ["scalar split", "split list", "split list, int32", "unbind", "unbind, a part unread",
+                                  "rank unknown"])
 def test_split_to_sequence_read_at_constant_indices_trains(rng, form):
     """The dynamo exporter's ``q, k, v = qkv.split(d, -1)`` (and ``unbind``): SplitToSequence read by
     SequenceAt has no gradient and was refused; it is a Split (and Squeeze) now, matching PyTorch.
     A part nothing reads stays an unread Split output (a squeezed copy of it made the step put
-    column 0's change into row 0), and a split list needs no rank (a raw TypeError before)."""
+    column 0's change into row 0), and a split list needs no rank (a raw TypeError before). Sizes
+    and positions may be int32 (ONNX allows it; such a model was refused)."""
     torch = torch_or_skip()
     w = (rng.standard_normal((M, 6)) * 0.5).astype(np.float32)
     nodes, consts = [_node("MatMul", ["x", "w"], "h")], {"i0": _i64(0), "last": _i64(-1)}
@@ -461,10 +463,12 @@ def test_split_to_sequence_read_at_constant_indices_trains(rng, form):
         consts["size"] = np.array(4, np.int64)
         nodes.append(_node("SplitToSequence", ["h", "size"], "seq", axis=-1))
         parts = lambda h: h.split(4, -1)  # noqa: E731
-    elif form == "split list":
+    elif form.startswith("split list"):
         consts["sizes"] = _i64(1, 3, 2)
         nodes.append(_node("SplitToSequence", ["h", "sizes"], "seq", axis=1))
         parts = lambda h: h.split([1, 3, 2], 1)  # noqa: E731
+        if form.endswith("int32"):
+            consts = {k: v.astype(np.int32) for k, v in consts.items()}
     elif form == "rank unknown":  # a Squeeze whose axes are computed: onnx infers no rank for hs
         consts |= {"sizes": _i64(1, 3, 2), "shape": _i64(0, 1, 6), "one": _i64(1)}
         nodes += [_node("Reshape", ["h", "shape"], "h1"), _node("Shape", ["one"], "axes"),
@@ -483,7 +487,8 @@ def test_split_to_sequence_read_at_constant_indices_trains(rng, form):
         p = parts(x @ t["w"])
         return torch.cat([(p[0] if form != "scalar split" else p[-1]) * p[-1], p[0]], -1)
 
-    width = {"scalar split": 2 + 4, "split list": 2 + 1, "rank unknown": 2 + 1, "unbind": 3 + 3,
+    width = {"scalar split": 2 + 4, "split list": 2 + 1, "split list, int32": 2 + 1, "rank unknown": 2 + 1,
+             "unbind": 3 + 3,
              "unbind, a part unread": 2 + 2}[form]
     _one_sgd_step_matches_torch(nodes, _x(M), [width], {"w": w}, forward, consts)
 

@@ -363,15 +363,17 @@ def elem_types(model: onnx.ModelProto, lenient: bool = False) -> dict[str, int]:
     return {k: v for k, v in types.items() if v}
 
 
-def int64_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The int64 values an initializer or a ``Constant`` node fixes (shapes, axes, steps), by name."""
+def int64_constants(model: onnx.ModelProto, also_int32: bool = False) -> dict[str, np.ndarray]:
+    """The int64 values an initializer or a ``Constant`` node fixes (shapes, axes, steps), by name;
+    with ``also_int32`` the int32 ones too (positions, which ONNX allows in either)."""
+    kinds = {onnx.TensorProto.INT64, onnx.TensorProto.INT32} if also_int32 else {onnx.TensorProto.INT64}
     values = {t.name: t for t in model.graph.initializer}
     for n in model.graph.node:
         if n.op_type == "Constant":
             for a in n.attribute:
                 if a.name == "value":
                     values[n.output[0]] = a.t
-    return {name: numpy_helper.to_array(t) for name, t in values.items() if t.data_type == onnx.TensorProto.INT64}
+    return {name: numpy_helper.to_array(t) for name, t in values.items() if t.data_type in kinds}
 
 
 def float32_values(model: onnx.ModelProto) -> set[str]:

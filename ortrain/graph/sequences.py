@@ -31,7 +31,7 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> tuple[onnx.ModelProto,
     if not plans:
         return model, 0
     out = copy.deepcopy(model)
-    names, nodes, parts, consts = FreshNames(out), [], {}, int64_constants(out)
+    names, nodes, parts, consts = FreshNames(out), [], {}, int64_constants(out, also_int32=True)
     for node in out.graph.node:
         plan = plans.get(node.output[0]) if node.op_type == "SplitToSequence" else None
         if plan is not None:
@@ -57,7 +57,8 @@ def _plans(model: onnx.ModelProto) -> dict[str, tuple[list[int], int, bool, set[
         for v in node_inputs(n):
             readers[v].append(n)
     outputs = {o.name for o in g.output}
-    consts, shapes, plans = int64_constants(model), None, {}
+    # Positions and split sizes may be int32 or int64 in ONNX.
+    consts, shapes, plans = int64_constants(model, also_int32=True), None, {}
     for n in g.node:
         if n.op_type != "SplitToSequence":
             continue
