@@ -32,7 +32,8 @@ class TrainerSetup:
 
     # -- construction --------------------------------------------------------------------------
     def _setup(self, model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
-               checkpoint=None, art=None):
+               checkpoint=None, art=None, draws=None):
+        """``draws``: training steps run before (a checkpoint's); by default the model's train state's."""
         _check_model(model)
         weighting = self._take_settings(model, batch_size, nbatch_logical, loss_mask, weight_decay, device)
         if art is None:
@@ -46,7 +47,7 @@ class TrainerSetup:
         self._model = model._copy_with({n: _read_only(a) for n, a in model._weight_table().items()})
         self._params = list(art.params)  # the roles the graphs were built with
         self._trainable = [p.name for p in self._params if p.role == "trainable"]
-        self._open(model, art, checkpoint, threads)
+        self._open(model, art, checkpoint, threads, _draws_of(model.train_state) if draws is None else draws)
         self._counters_from(model)
         self._feeds_for(model, art)
 
@@ -86,8 +87,9 @@ class TrainerSetup:
                                  "mask, must be a constant of the model or get one)")
         return weighting
 
-    def _open(self, model, art, checkpoint, threads) -> None:
-        """Open the session on the artifacts, with the model's weights and optimizer state."""
+    def _open(self, model, art, checkpoint, threads, draws: int) -> None:
+        """Open the session on the artifacts, with the model's weights and optimizer state; seeded
+        dropout goes on after ``draws`` earlier steps."""
         state = model.train_state
         # Without optimizer state to carry, the session opens on the artifacts' own checkpoint and
         # the model's weights are copied in afterwards: much cheaper than writing a checkpoint
@@ -105,7 +107,7 @@ class TrainerSetup:
                 checkpoint = tmp / "checkpoint"
                 self._write_checkpoint(checkpoint, model, state)
             self._session = engine.TrainingSession(art.training, art.eval, checkpoint, opt_path,
-                                                   device=self.device, threads=threads)
+                                                   device=self.device, threads=threads, draws=draws)
         if copy_weights:
             for name, value in model._weight_table().items():
                 self._session.set(name, value)
@@ -156,11 +158,11 @@ class TrainerSetup:
 
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, path) -> str:
-        """Weights, optimizer moments and step, learning rate, weight decay and counters, for a
-        bit-exact resume, with two exceptions: dropout masks (the runtime's random state is not
-        part of a checkpoint, so a resumed trainer draws other masks) and batches accumulated
-        towards an update that has not happened (``nbatch_logical``; a resumed trainer starts
-        a new period), for which it warns."""
+        """Weights, optimizer moments and step, learning rate, weight decay and counters (the
+        steps run, which seeded dropout goes on from), for a bit-exact resume, with two
+        exceptions: the dropout masks of a model without a seed (drawn from onnxruntime's
+        process-wide generator) and batches accumulated towards an update that has not happened
+        (``nbatch_logical``; a resumed trainer starts a new period), for which it warns."""
         self._live()
         path = checked_target(path, "save_checkpoint(path)")
         if self._accum:
@@ -170,6 +172,7 @@ class TrainerSetup:
                  "exact resume")
         props = {
             _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
+            _PROP + "draws": self._session.draws,
             _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
             artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss),
             artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]}
@@ -219,7 +222,7 @@ class TrainerSetup:
         # which weights any loss, so loss_mask=1 resumes it whatever the loss.
         tr._any_loss = tr._any_loss or weighting == "sample"
         tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
-                  checkpoint=os.fspath(path), art=art)
+                  checkpoint=os.fspath(path), art=art, draws=_draws_in(props))
         tr._restore_counters(props, data)
         return tr
 
@@ -261,10 +264,24 @@ class TrainerSetup:
         tr._freed = True
         tr._any_loss = True  # the artifacts fixed the weighting; whatever loss they hold takes it
         tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
-                  checkpoint=ckpt, art=art)
+                  checkpoint=ckpt, art=art, draws=_draws_in(data.properties))
         if _PROP + "key" in data.properties:
             tr._restore_counters(data.properties, data)
         return tr
+
+
+def _draws_of(state) -> int:
+    """Training steps run before, by a model's train state (its step count, for a state saved
+    before the count was kept)."""
+    if state is None:
+        return 0
+    return state.n_steps if state.draws is None else state.draws
+
+
+def _draws_in(props: dict) -> int:
+    """Training steps run before, by a checkpoint's properties: none for the artifacts' own
+    checkpoint, the step count for one written before the count was kept."""
+    return int(props.get(_PROP + "draws", props.get(_PROP + "n_steps", 0)))
 
 
 def written_for(checkpoint, art) -> bool:

@@ -282,7 +282,7 @@ class Trainer(TrainerSetup, Releasable):
         weights trained here, and those of weights frozen here as the model brought them."""
         self._live()
         return TrainState(self._updates, self._lr, {**self._carried, **self._session.optimizer_moments()},
-                          self._n_steps)
+                          self._n_steps, self._session.draws)
 
     # -- batch norm ----------------------------------------------------------------------------
     def calibrate_bn(self, x) -> None:

@@ -118,6 +118,22 @@ def test_resume_after_stopping_is_bit_exact(workdir, capsys):
     assert json.loads((workdir / "stopped" / "history.json").read_text())["epoch"] == [0, 1, 2]
 
 
+def test_resume_of_a_model_with_dropout_is_bit_exact(workdir, capsys):
+    # The masks a resumed run draws are those the run would have drawn next (they started over
+    # before: the resumed weights differed).
+    model = ot.Sequential([ot.layers.Dense(32, activation="relu"), ot.layers.Dropout(0.3), ot.layers.Dense(10)],
+                          input_shape=(64,), seed=0)
+    model.export_onnx(workdir / "drop.onnx")
+    common = ["--model", "drop.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits", "--data",
+              "train.npz", "--batch-size", "32", "--seed", "5", "--verbose", "0"]
+    assert cli("train", *common, "--epochs", "3", "--out", "straight") == 0
+    assert cli("train", *common, "--epochs", "1", "--out", "stopped") == 0
+    assert cli("train", "--out", "stopped", "--resume", "--epochs", "3", "--verbose", "0") == 0
+    a, b = weights("straight/model.onnx"), weights("stopped/model.onnx")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys, stop):
     make_artifacts(capsys)

@@ -263,6 +263,42 @@ def test_dropout_redraws_masks_and_eval_predict_have_none(rng):
         np.testing.assert_allclose(tr.predict(x), model.predict(x), rtol=1e-6)
 
 
+def test_a_resumed_trainer_draws_the_dropout_masks_it_would_have_drawn(rng, tmp_path):
+    # onnxruntime's seeded Dropout draws its k-th mask in a session from seed + k, and a new
+    # session started again at the seed: resumed, continued and reloaded runs repeated the masks
+    # of the first steps, and their weights differed from those of one uninterrupted run.
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    y = rng.standard_normal((8, 1)).astype(np.float32)
+
+    def model():
+        ot.set_seed(0)  # seeds the weights and the dropout
+        m = ot.Sequential([L.Dense(16), L.Dropout(0.5), L.Dense(1)], input_shape=(4,))
+        return m.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+
+    with ot.Trainer(model(), batch_size=8) as tr:
+        straight = [tr.step(x, y) for _ in range(6)]
+        want = tr.model().get_weights()
+    with ot.Trainer(model(), batch_size=8) as tr:
+        resumed = [tr.step(x, y) for _ in range(3)]
+        tr.save_checkpoint(tmp_path / "c")
+    with ot.Trainer.from_checkpoint(model(), tmp_path / "c", batch_size=8) as tr:
+        resumed += [tr.step(x, y) for _ in range(3)]
+        got = tr.model().get_weights()
+    assert resumed == straight
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    one = model()
+    one.fit(x, y, batch_size=4, epochs=4, shuffle=False, verbose=0)
+    two = model()
+    two.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    two.save(tmp_path / "m.ortrain")
+    three = ot.load_model(tmp_path / "m.ortrain")
+    for m in (two, three):
+        m.fit(x, y, batch_size=4, epochs=4, initial_epoch=2, shuffle=False, verbose=0)
+        for a, b in zip(one.get_weights(), m.get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_bad_input_is_refused_and_changes_nothing(rng):
     model = seed_model()
     x, y = seed_data()

@@ -11,7 +11,7 @@ A run directory holds::
 After every epoch the checkpoint is written first and ``state.json`` last, each by
 rename (:class:`RunRecorder`), so a run stopped at any moment once ``run.json`` exists
 (Ctrl-C, SIGTERM, a kill) leaves a directory that ``--resume`` continues from the last
-completed epoch, bit for bit except for dropout masks. This module also holds the settings a
+completed epoch, bit for bit (seeded dropout included). This module also holds the settings a
 resume keeps, the sweep of half-written files, the run's lock and the discard of a failed start.
 """
 

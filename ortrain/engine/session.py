@@ -8,6 +8,7 @@ onnxruntime-training only through this class.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -96,6 +97,42 @@ def _open_failure(exc: Exception, device) -> OrtrainError:
     return OrtrainError(f"onnxruntime-training could not open the artifacts: {reason}")
 
 
+@contextlib.contextmanager
+def dropout_advanced(training_path, draws: int):
+    """The training graph at ``training_path`` as a session that has run ``draws`` steps would
+    draw dropout masks: a path to open it from.
+
+    onnxruntime-training's CPU ``Dropout`` with a ``seed`` attribute draws its k-th mask (counted
+    from 0 in a session) from ``seed + k``; a new session starts again at ``seed``. So a session
+    that continues ``draws`` earlier steps opens a copy whose seeds are ``seed + draws``, and
+    draws exactly the masks the earlier session would have drawn next. A graph without seeded
+    dropout (or ``draws == 0``) is opened as it is.
+    """
+    if draws <= 0:
+        yield training_path
+        return
+    model = onnx.load(os.fspath(training_path))
+    seeded = [a for node in _all_nodes(model.graph) if node.op_type == "Dropout"
+              for a in node.attribute if a.name == "seed"]
+    if not seeded:
+        yield training_path
+        return
+    for a in seeded:
+        a.i += draws
+    with tempfile.TemporaryDirectory(prefix="ortrain-") as tmp:
+        path = os.path.join(tmp, "training.onnx")
+        onnx.save(model, path)
+        yield path
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _all_nodes(g)
+
+
 class TrainingSession:
     """Training graph, eval graph, optional optimizer graph and their shared state.
 
@@ -105,7 +142,9 @@ class TrainingSession:
     """
 
     def __init__(self, training_path, eval_path, checkpoint_path, optimizer_path=None, *,
-                 device: str | Device = "cpu", threads: int | None = None):
+                 device: str | Device = "cpu", threads: int | None = None, draws: int = 0):
+        """``draws``: how many training steps ran before (in earlier sessions), so that seeded
+        dropout goes on with the masks it would have drawn next (see :func:`dropout_advanced`)."""
         if eval_path is None:
             # The library aborts the process when eval mode runs without an eval graph.
             raise OrtrainError("a training session needs an eval graph; rebuild the artifacts")
@@ -119,11 +158,14 @@ class TrainingSession:
                                "damaged (cut short or changed after it was written): use another checkpoint or a "
                                "copy of this one") from exc
         try:
-            self._module = C.Module(os.fspath(training_path), self._state, os.fspath(eval_path), dev, so)
+            with dropout_advanced(training_path, draws) as advanced:
+                self._module = C.Module(os.fspath(advanced), self._state, os.fspath(eval_path), dev, so)
             self._optimizer = (C.Optimizer(os.fspath(optimizer_path), self._state, dev, so)
                                if optimizer_path is not None else None)
         except RuntimeError as exc:
             raise _open_failure(exc, self.device) from exc
+        # Training steps run, counting those of earlier sessions: each draws one mask per dropout.
+        self.draws = int(draws)
         self.train_inputs = read_input_specs(training_path, list(self._module.input_names(True)))
         self.eval_inputs = read_input_specs(eval_path, list(self._module.input_names(False)))
         self.train_outputs = list(self._module.output_names(True))
@@ -166,6 +208,10 @@ class TrainingSession:
             self._module.train_step(feeds, fetches)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "training step") from exc
+        except BaseException:  # an interrupt, raised once the step has run
+            self.draws += 1
+            raise
+        self.draws += 1
         return fetches
 
     def bind_train_outputs(self, arrays: list[np.ndarray]) -> None:
@@ -189,6 +235,10 @@ class TrainingSession:
             self._module.train_step(feeds, vec)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "training step") from exc
+        except BaseException:  # an interrupt, raised once the step has run
+            self.draws += 1
+            raise
+        self.draws += 1
         if unconfirmed:
             # The runtime writes into caller-allocated outputs whose shapes match; until a step shows
             # that it did, copy from whatever buffers it handed back.

@@ -36,6 +36,7 @@ class TrainState:
     lr: float
     moments: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict)
     n_steps: int = 0  # forward/backward steps taken
+    draws: int | None = None  # training-graph runs, which seeded dropout goes on from (None: n_steps)
 
 
 def _tensor_ref(model, t):
@@ -74,7 +75,7 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     ts = model.train_state
     if ts is not None:
         lr = model.optimizer._lr if model._lr_written() else ts.lr  # a rate written since is the one to go on at
-        record["train_state"] = {"step": ts.step, "lr": lr, "n_steps": ts.n_steps,
+        record["train_state"] = {"step": ts.step, "lr": lr, "n_steps": ts.n_steps, "draws": ts.draws,
                                  "moments": {k: len(v) for k, v in ts.moments.items()}}
         for k, ms in ts.moments.items():
             for i, m in enumerate(ms):
@@ -138,7 +139,9 @@ def model_from_record(record: dict, weights: dict, aux: dict):
     ts = record.get("train_state")
     if ts:
         moments = {k: tuple(aux["opt"][f"{k}\x00{i}"] for i in range(n)) for k, n in ts["moments"].items()}
-        model.train_state = TrainState(int(ts["step"]), float(ts["lr"]), moments, int(ts.get("n_steps", 0)))
+        draws = ts.get("draws")
+        model.train_state = TrainState(int(ts["step"]), float(ts["lr"]), moments, int(ts.get("n_steps", 0)),
+                                       None if draws is None else int(draws))
     model._changed()
     return model
 
