@@ -238,7 +238,8 @@ def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int |
 
     A weight input of shape ``(batch, 1, ...)`` holds one weight per sample and also takes
     ``(rows,)``. One of shape ``(batch, None, ..., 1)`` (see :func:`sample_weight_shape`) takes
-    that or one weight per position, ``(rows, *positions)`` or ``(rows, *positions, 1)``, where
+    that (``(rows,)``, ``(rows, 1)``, ...) or one weight per position, ``(rows, *positions)`` or
+    ``(rows, *positions, 1)``, where
     ``positions`` are the labels' dimensions between the batch and the last axis of the prediction.
     Any other shape holds one weight per output element and must match.
     """
@@ -265,15 +266,15 @@ def _sample_or_position_weights(a: np.ndarray, want: tuple, argument: str, posit
     (the middle dimensions are ``positions``), from any of the accepted forms."""
     rank, rows, received = len(want), want[0], a.shape
     mids = tuple(positions) if positions is not None else (None,) * (rank - 2)
-    if a.ndim == 1:
-        a = a.reshape(a.shape + (1,) * (rank - 1))
+    if 1 <= a.ndim <= rank and all(d == 1 for d in a.shape[1:]):  # (rows,), (rows, 1), ...: per sample
+        a = a.reshape(a.shape[:1] + (1,) * (rank - 1))
     elif a.ndim == rank - 1:
         a = a.reshape(a.shape + (1,))
     ok = a.ndim == rank and (rows is None or a.shape[0] == rows) and a.shape[-1] == 1 and (
         a.shape[1:-1] == (1,) * (rank - 2)
         or all(m is None or m == n for m, n in zip(mids, a.shape[1:-1])))
     if not ok:
-        ones = (rows,) + (1,) * (rank - 1)
+        ones = (rows, 1)
         per_position = (rows,) + mids
         raise ShapeError(f"{argument}: expected shape {describe_shape(want[:1])} or {describe_shape(ones)} (one "
                          f"weight per sample), or {describe_shape(per_position)} or "

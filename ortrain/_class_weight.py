@@ -104,7 +104,8 @@ def _classes_of(model) -> tuple[str, int | None, int]:
         if len(shape) != 2:
             raise OrtrainError(f"class_weight: expected an output of shape (batch, classes) for {loss.name}, "
                                f"received {describe_shape(shape)} (several labels per sample, which Keras' "
-                               f"class_weight does not take either); {_FIX}")
+                               f"class_weight does not take either); pass sample_weight instead, which takes one "
+                               f"weight per position too (the class weights of the labels: table[y])")
         last = shape[1]
         n = int(last) if isinstance(last, (int, np.integer)) else None
         return ("index" if isinstance(loss, losses.SparseCategoricalCrossentropy) else "one_hot"), n, 2

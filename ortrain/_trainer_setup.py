@@ -132,6 +132,9 @@ class TrainerSetup:
         n = len(self._inputs)
         self._feed_names = ["x" if n == 1 else f"x[{s.name!r}]" for s in self._inputs] + ["y", "sample_weight"]
         self._label = art.label
+        # Labels of an output with free dimensions after the batch are checked against the prediction
+        # at each batch's sizes; other outputs pay nothing per step.
+        self._free_labels = any(d is None for d in art.label.shape[1:])
         self._weight_spec = art.sample_weight
         self._scale = np.array(1.0 / self._k, np.float32)
         self._one = np.array(1.0, np.float32)
@@ -214,7 +217,8 @@ class TrainerSetup:
         def accept(key: str) -> None:  # before the artifacts are written: a refusal leaves no cache entry
             if props[_PROP + "key"] != key:
                 raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
-                                   "optimizer than this model; resume with the model and settings that wrote it")
+                                   "optimizer than this model (or to training graphs another ortrain version "
+                                   "built); resume with the model, settings and version that wrote it")
 
         art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
                                   refresh_checkpoint=False, _accept_key=accept)

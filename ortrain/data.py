@@ -266,7 +266,8 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     if n == 0:
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")
     pred_shape = model.output_specs[0].shape
-    ys = prepare_labels(model._label_spec(), y, ya, n, model._n_classes([a.shape for a in xs]), rows_of=xa)
+    shapes = [a.shape for a in xs]
+    ys = prepare_labels(model._label_spec_for(shapes), y, ya, n, model._n_classes(shapes), rows_of=xa)
     if weight_shape is None:
         weight_shape = sample_weight_shape(pred_shape)
     ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n, label_positions(ys, weight_shape))

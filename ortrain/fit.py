@@ -193,8 +193,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
 
     ``loss``/``optimizer`` recompile the model before training (a new optimizer starts fresh
     moments). ``nbatch_logical``: gradients of several batches make one update. ``loss_mask``
-    as for :class:`ortrain.Trainer`; batches carrying ``sample_weight`` without it weight each
-    sample's loss (any loss), in training and in validation alike. ``weight_decay`` (decoupled,
+    as for :class:`ortrain.Trainer`, except that ``loss_mask=1`` weights any loss, as batches
+    carrying ``sample_weight`` without it do (each sample's or position's loss, in training and in
+    validation alike): it lets batches without weights come first. ``weight_decay`` (decoupled,
     in [0, 1]) overrides the optimizer's: the default 0.0 turns decay off, with a warning when
     the compiled optimizer has some; ``None`` keeps the compiled optimizer's, as ``model.fit`` does.
     The trained weights and optimizer state are written back into ``model``, so a later fit
@@ -274,7 +275,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     except (OrtrainError, ValueError, TypeError) as exc:
         raise located(exc, where) from exc
     val_weighted = _validation_weighted(vit, initial_epoch)
-    any_loss = loss_mask is None and (w is not None or val_weighted or cw is not None)
+    weights_given = w is not None or val_weighted or cw is not None
+    any_loss = (loss_mask is None and weights_given) or (type(loss_mask) is int and loss_mask == 1)
     trainer = Trainer(staged, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
                       weight_decay=weight_decay, _weights_any_loss=any_loss)
     with trainer:

@@ -105,7 +105,8 @@ class Trainer(TrainerSetup, Releasable):
         n_classes = self._n_classes
         if self._classes_of is not None and not checked:
             n_classes = self._classes_of([a.shape for a in xs])
-        labels = prepare_labels(self._label, y, "y", rows, n_classes, check_classes=not checked)
+        spec = self._label if not self._free_labels else self._model._label_spec_for([a.shape for a in xs])
+        labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked)
         feeds = xs + [labels]
         if self._weight_spec is not None:
             w = self._sample_weight(sample_weight, rows, labels)

@@ -273,7 +273,8 @@ def test_class_weight_on_a_model_without_classes_is_refused():
          r"sample_weight"),
         (seq.compile(loss="sparse_categorical_crossentropy"), np.zeros((8, 5), int), zero,
          r"^class_weight: expected an output of shape \(batch, classes\) for sparse_categorical_crossentropy, "
-         r"received \(N, 5, 3\)"),
+         r"received \(N, 5, 3\) .*; pass sample_weight instead, which takes one weight per position too \(the "
+         r"class weights of the labels: table\[y\]\)$"),
     ]
     for model, labels, class_weight, message in cases:
         before = model.get_weights()

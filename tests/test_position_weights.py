@@ -95,7 +95,7 @@ def test_weights_of_another_shape_are_refused_and_change_nothing(rng, bad):
     y = rng.standard_normal((B, T, K)).astype(np.float32)
     with ot.Trainer(model, batch_size=B, loss_mask=1) as tr:
         before = tr.model().get_weights()
-        with pytest.raises(ot.ShapeError, match=r"sample_weight: expected shape \(4,\) or \(4, 1, 1\) \(one weight "
+        with pytest.raises(ot.ShapeError, match=r"sample_weight: expected shape \(4,\) or \(4, 1\) \(one weight "
                                                 r"per sample\), or \(4, 5\) or \(4, 5, 1\) \(one weight per "
                                                 r"position.*received \(" + ", ".join(map(str, bad))):
             tr.step(x, y, sample_weight=np.ones(bad, np.float32))
@@ -159,3 +159,59 @@ def test_metrics_weigh_positions_as_keras_does(rng):
     mae.update(p2, y2, w2)  # Keras averages such weights per sample
     want = np.sum(w2.mean(axis=1) * np.abs(p2 - y2).mean(axis=1)) / w2.mean(axis=1).sum()
     assert mae.result() == pytest.approx(want, rel=1e-12)
+
+
+def test_every_per_sample_form_weighs_alike(rng):
+    y = rng.standard_normal((B, T, K)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, B).astype(np.float32)
+    model = _sequence_regressor()
+    x = rng.standard_normal((B, T, 2)).astype(np.float32)
+    with ot.Trainer(model, batch_size=B, loss_mask=1) as tr:
+        losses = {tr.eval(x, y, sample_weight=w.reshape(shape)) for shape in [(B,), (B, 1), (B, 1, 1)]}
+    assert len(losses) == 1
+
+
+def test_a_free_length_prediction_takes_labels_and_weights_of_its_length(rng):
+    # onnxruntime's GatherElements read 4 labels for 6 predicted steps without a word: the loss
+    # covered the first 4 steps and training ran on them.
+    ids = ot.Input((None,), dtype="int64")
+    model = ot.Model(ids, L.Dense(7)(L.Embedding(7, 3)(ids)))
+    model.compile(optimizer=ot.optim.SGD(lr=0.5), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    x = rng.integers(0, 7, (B, 6))
+    short = rng.integers(0, 7, (B, 4))
+    before = model.get_weights()
+    message = r"y: expected shape \(4, 6\), received \(4, 4\)"
+    with pytest.raises(ot.ShapeError, match=message):
+        model.fit(x, short, verbose=0)
+    with pytest.raises(ot.ShapeError, match=message):
+        model.evaluate(x, short, sample_weight=np.ones((B, 4)))
+    with ot.Trainer(model, batch_size=B) as tr:
+        with pytest.raises(ot.ShapeError, match=message):
+            tr.step(x, short)
+        assert tr.n_steps == 0
+        tr.step(x[:, :3], rng.integers(0, 7, (B, 3)))  # each batch its own length
+        tr.step(x, rng.integers(0, 7, (B, 6)))
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    y = rng.integers(0, 7, (B, 6))
+    w = _mask(rng, (B, 6))
+    with pytest.raises(ot.ShapeError, match=r"sample_weight: expected shape .*\(4, 6\) or \(4, 6, 1\)"):
+        model.fit(x, y, sample_weight=w[:, :4], verbose=0)
+    logits = model.predict(x).astype(np.float64)
+    per = -np.log(np.take_along_axis(softmax(logits), y[..., None], axis=-1))[..., 0]
+    np.testing.assert_allclose(model.evaluate(x, y, sample_weight=w)["loss"], np.sum(w * per) / w.size, rtol=2e-6)
+
+
+def test_fit_generator_with_loss_mask_1_weights_cross_entropy_from_an_unweighted_first_batch(rng):
+    # The error for a weighted batch after an unweighted first one advised loss_mask=1, which a
+    # cross-entropy model then refused as weighting a mean squared error only.
+    x = rng.integers(0, 7, (B, T))
+    y = rng.integers(0, 7, (B, T))
+    w = _mask(rng)
+    a, b = _token_model(), _token_model()
+    b.set_weights(a.get_weights())
+    ot.fit_generator(a, [(x, y), (x, y, w)], loss_mask=1, verbose=0)
+    ot.fit_generator(b, [(x, y, np.ones((B, T))), (x, y, w)], verbose=0)
+    for p, q in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(p, q)

@@ -106,3 +106,27 @@ class _Graph:
 
 def _where(node, i: int) -> str:
     return f"{node.op_type} node {node.name or i!r}"
+
+
+def output_shape_at(proto: onnx.ModelProto, params, sizes) -> tuple | None:
+    """The first output's shape when the data inputs (those not named in ``params``) have the
+    dimensions ``sizes`` after their batch axis, by onnx's shape inference (the batch left free);
+    None where onnx cannot infer it."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(proto)
+    del probe.graph.value_info[:]
+    data = [vi for vi in probe.graph.input if vi.name not in params]
+    for vi, dims in zip(data, sizes):
+        shape = vi.type.tensor_type.shape
+        if len(shape.dim) != len(dims) + 1:
+            return None
+        for d, size in zip(shape.dim[1:], dims):
+            d.Clear()
+            d.dim_value = size
+    try:
+        out = onnx.shape_inference.infer_shapes(probe, data_prop=True).graph.output[0]
+    except Exception:  # what the graph declares stands; onnxruntime has the last word
+        return None
+    if not out.type.tensor_type.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in out.type.tensor_type.shape.dim)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec, spec_of
 from ortrain.graph.forward import ForwardGraph, ParamSpec
+from ortrain.graph.shapes import output_shape_at
 from ortrain.nn.base_model import Model, check_print_fn
 
 
@@ -74,24 +74,7 @@ class GraphModel(Model):
         return self._output_shapes[key]
 
     def _infer_output_shape(self, sizes) -> tuple | None:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(self._proto)
-        del probe.graph.value_info[:]
-        data = [vi for vi in probe.graph.input if vi.name not in {p.name for p in self._params}]
-        for vi, dims in zip(data, sizes):
-            shape = vi.type.tensor_type.shape
-            if len(shape.dim) != len(dims) + 1:
-                return None
-            for d, size in zip(shape.dim[1:], dims):
-                d.Clear()
-                d.dim_value = size
-        try:
-            out = onnx.shape_inference.infer_shapes(probe, data_prop=True).graph.output[0]
-        except Exception:  # what the graph declares stands; onnxruntime has the last word
-            return None
-        if not out.type.tensor_type.HasField("shape"):
-            return None
-        return tuple(d.dim_value if d.HasField("dim_value") else None for d in out.type.tensor_type.shape.dim)
+        return output_shape_at(self._proto, {p.name for p in self._params}, sizes)
 
     def index_bounds(self) -> dict[str, tuple[int, int, str]]:
         """Inputs that index a weight's rows straight away (``Gather`` on axis 0): ONNX allows

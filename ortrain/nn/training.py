@@ -18,6 +18,7 @@ from ortrain.data import prepare_arrays, refuse_non_finite_weights
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec
 from ortrain.graph.forward import to_inference, with_weights
+from ortrain.graph.shapes import output_shape_at
 from ortrain.history import History
 from ortrain.nn.base_layer import EDITS
 
@@ -259,8 +260,17 @@ class TrainingMixin:
         return n
 
     def _output_shape_for(self, input_shapes) -> tuple | None:
-        """The first output's shape for inputs of ``input_shapes`` (free dimensions None)."""
-        return tuple(self.output_specs[0].shape)
+        """The first output's shape for inputs of ``input_shapes`` (free dimensions None): the declared
+        one, or where it has free dimensions after the batch (a sequence of any length), onnx's
+        shape inference at those sizes, found once for each."""
+        declared = tuple(self.output_specs[0].shape)
+        if all(d is not None for d in declared[1:]):
+            return declared
+        key = tuple(tuple(int(d) for d in s[1:]) for s in input_shapes)
+        found = self.__dict__.setdefault("_shapes_at", {})
+        if key not in found:
+            found[key] = output_shape_at(self._base_proto(), {p.name for p in self.params()}, key)
+        return found[key] or declared
 
     def _label_spec(self) -> TensorSpec:
         """The loss's label input for this model's first output."""
@@ -268,3 +278,17 @@ class TrainingMixin:
             raise OrtrainError("the model is not compiled: call model.compile(optimizer=..., loss=...) first")
         pred = self.output_specs[0]
         return TensorSpec("y", self.loss.label_dtype, self.loss.label_shape(pred.shape))
+
+    def _label_spec_for(self, input_shapes) -> TensorSpec:
+        """The label input for inputs of ``input_shapes``: where the output has free dimensions after
+        the batch (a sequence of any length), the labels must hold those of the prediction for
+        these inputs (onnxruntime would read other labels without a word, or fail in the step)."""
+        spec = self._label_spec()
+        if all(d is not None for d in spec.shape[1:]):
+            return spec
+        out = self._output_shape_for(input_shapes)
+        known = None if out is None else self.loss.label_shape(out)
+        if known is None or len(known) != len(spec.shape):
+            return spec
+        return TensorSpec(spec.name, spec.dtype,
+                          spec.shape[:1] + tuple(s if s is not None else k for s, k in zip(spec.shape[1:], known[1:])))
