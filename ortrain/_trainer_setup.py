@@ -135,6 +135,7 @@ class TrainerSetup:
         # Labels of an output with free dimensions after the batch are checked against the prediction
         # at each batch's sizes; other outputs pay nothing per step.
         self._free_labels = any(d is None for d in art.label.shape[1:])
+        self._labels_at = {}
         self._weight_spec = art.sample_weight
         self._scale = np.array(1.0 / self._k, np.float32)
         self._one = np.array(1.0, np.float32)

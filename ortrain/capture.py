@@ -247,7 +247,9 @@ class CaptureStep(TracedCall):
             for path, data in zip(paths, self._models, strict=True):
                 path.write_bytes(data)
             engine.write_checkpoint(d / "checkpoint", engine.CheckpointData(trainable, frozen, state))
-            return engine.TrainingSession(paths[0], paths[1], d / "checkpoint", paths[2])
+            # A reopened session goes on with the dropout masks the one it replaces would have drawn.
+            draws = self._session.draws if self._session is not None else 0
+            return engine.TrainingSession(paths[0], paths[1], d / "checkpoint", paths[2], draws=draws)
 
     def _adopt(self, session) -> None:
         old, self._session = self._session, session

@@ -276,7 +276,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
         raise located(exc, where) from exc
     val_weighted = _validation_weighted(vit, initial_epoch)
     weights_given = w is not None or val_weighted or cw is not None
-    any_loss = (loss_mask is None and weights_given) or (type(loss_mask) is int and loss_mask == 1)
+    one = isinstance(loss_mask, (int, np.integer)) and not isinstance(loss_mask, bool) and loss_mask == 1
+    any_loss = (loss_mask is None and weights_given) or one
     trainer = Trainer(staged, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
                       weight_decay=weight_decay, _weights_any_loss=any_loss)
     with trainer:

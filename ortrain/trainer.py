@@ -105,7 +105,7 @@ class Trainer(TrainerSetup, Releasable):
         n_classes = self._n_classes
         if self._classes_of is not None and not checked:
             n_classes = self._classes_of([a.shape for a in xs])
-        spec = self._label if not self._free_labels else self._model._label_spec_for([a.shape for a in xs])
+        spec = self._label if not self._free_labels else self._label_at(xs)
         labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked)
         feeds = xs + [labels]
         if self._weight_spec is not None:
@@ -115,6 +115,15 @@ class Trainer(TrainerSetup, Releasable):
             raise OrtrainError(f"sample_weight: this trainer has no loss weights; create it with loss_mask=1 "
                                f"(one weight per sample) or loss_mask=<outputs> to pass them ({where})")
         return feeds
+
+    def _label_at(self, xs: list[np.ndarray]):
+        """The label input for a batch of these inputs, for an output with free positions: found once
+        for each set of sizes."""
+        key = tuple(a.shape[1:] for a in xs)
+        spec = self._labels_at.get(key)
+        if spec is None:
+            spec = self._labels_at[key] = self._model._label_spec_for([a.shape for a in xs])
+        return spec
 
     def _sample_weight(self, w, rows: int, labels: np.ndarray) -> np.ndarray:
         shape = self._weight_spec.shape

@@ -736,3 +736,28 @@ def test_boolean_inputs_are_refused_at_every_call():
         step(x=np.ones((3, 2), bool))
     np.testing.assert_array_equal(W.numpy(), before)
     assert opt.step == 1
+
+
+def test_dropout_draws_on_across_a_reopened_session(rng):
+    # A captured step reopens its session when the optimizer's state changed hands (another step
+    # sharing it, load_state); it started the dropout masks over, so a step alternating with
+    # another drew the same mask at every call.
+    w0 = rng.standard_normal((8, 4)).astype(np.float32)
+    x, y = np.ones((4, 3), np.float32), np.zeros((8, 3), np.float32)
+
+    def losses(alternate: bool):
+        ot.set_seed(5)
+        W = ag.param(w0.copy(), name="W")
+        opt = ot.optim.Adam([W], lr=0.0)  # the loss changes with the mask alone
+        drop = ot.capture_step(lambda x, y: ag.mse_loss(ag.dropout(ag.matmul(W, x), 0.5), y), optimizer=opt)
+        other = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x), y), optimizer=opt)
+        out = []
+        for _ in range(5):
+            out.append(float(drop(x=x, y=y)))
+            if alternate:
+                other(x=x, y=y)
+        return out
+
+    alone, alternating = losses(False), losses(True)
+    assert len(set(alone)) == 5
+    assert alternating == alone  # the masks an uninterrupted step draws, not its first one again

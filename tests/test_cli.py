@@ -134,6 +134,24 @@ def test_resume_of_a_model_with_dropout_is_bit_exact(workdir, capsys):
                                          "--verbose", "0"])
 
 
+def test_artifacts_seed_makes_runs_from_them_reproducible(workdir, capsys):
+    # An exported model's Dropout carries no seed, and `ortrain artifacts` left it so: two runs of
+    # the same command drew other masks, and a resumed run differed from an uninterrupted one.
+    ot.set_seed(None)
+    model = ot.Sequential([ot.layers.Dense(32, activation="relu"), ot.layers.Dropout(0.3), ot.layers.Dense(10)],
+                          input_shape=(64,), seed=0)
+    model.export_onnx(workdir / "drop.onnx")
+    assert cli("artifacts", "drop.onnx", "-o", "art", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--seed", "3") == 0
+    _stopped_and_resumed_match_straight(["--artifacts", "art", "--data", "train.npz", "--batch-size", "32", "--seed",
+                                         "5", "--verbose", "0"])
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--batch-size", "32", "--seed", "5",
+               "--verbose", "0", "--epochs", "3", "--out", "again") == 0
+    a, b = weights("straight/model.onnx"), weights("again/model.onnx")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_resume_after_ctrl_c_is_bit_exact(workdir, capsys, stop):
     make_artifacts(capsys)

@@ -211,7 +211,7 @@ def test_fit_generator_with_loss_mask_1_weights_cross_entropy_from_an_unweighted
     w = _mask(rng)
     a, b = _token_model(), _token_model()
     b.set_weights(a.get_weights())
-    ot.fit_generator(a, [(x, y), (x, y, w)], loss_mask=1, verbose=0)
+    ot.fit_generator(a, [(x, y), (x, y, w)], loss_mask=np.int64(1), verbose=0)
     ot.fit_generator(b, [(x, y, np.ones((B, T))), (x, y, w)], verbose=0)
     for p, q in zip(a.get_weights(), b.get_weights()):
         np.testing.assert_array_equal(p, q)

@@ -299,6 +299,17 @@ def test_a_resumed_trainer_draws_the_dropout_masks_it_would_have_drawn(rng, tmp_
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_dropout_seed_near_the_int64_limit_goes_on_wrapping(rng):
+    # The advanced seed overflowed the int64 attribute: a continued fit raised ValueError.
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    y = rng.standard_normal((8, 1)).astype(np.float32)
+    model = ot.Sequential([L.Dense(16), L.Dropout(0.5, seed=2**63 - 3), L.Dense(1)], input_shape=(4,))
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    model.fit(x, y, batch_size=4, epochs=4, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=4, epochs=6, initial_epoch=4, shuffle=False, verbose=0)
+    assert model.train_state.draws == 12 and all(np.all(np.isfinite(w)) for w in model.get_weights())
+
+
 def test_bad_input_is_refused_and_changes_nothing(rng):
     model = seed_model()
     x, y = seed_data()

@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainable", nargs="+", metavar="PATTERN", help="only these weights train (names or globs)")
     p.add_argument("--frozen", nargs="+", metavar="PATTERN", help="these weights do not train")
     p.add_argument("--sample-weights", action="store_true", help="add a per-sample weight input to the loss")
+    p.add_argument("--seed", type=_seed, help="seed the model's dropout (an exported model's has none), so runs "
+                   "from the artifacts draw reproducible masks and resume bit for bit")
 
     p = sub.add_parser("train", help="train from artifacts or an .onnx model on .npz/.npy data")
     p.add_argument("config", nargs="?", metavar="CONFIG.toml", help="a TOML file with the same keys as the options")

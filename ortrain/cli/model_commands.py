@@ -112,6 +112,8 @@ def artifacts(opts) -> dict:
     except (OrtrainError, AttributeError):
         before = None
     loss = ot.losses.get(loss_of(opts.loss, opts.from_logits))
+    if opts.seed is not None:
+        ot.set_seed(opts.seed)  # the seeds of the model's dropout and random ops
     model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
     opt = ot.optim.get(opts.optimizer)
     if opts.lr is not None:

@@ -117,8 +117,8 @@ def dropout_advanced(training_path, draws: int):
     if not seeded:
         yield training_path
         return
-    for a in seeded:
-        a.i += draws
+    for a in seeded:  # onnxruntime's counter is an int64, which wraps around
+        a.i = (a.i + draws + 2**63) % 2**64 - 2**63
     with tempfile.TemporaryDirectory(prefix="ortrain-") as tmp:
         path = os.path.join(tmp, "training.onnx")
         onnx.save(model, path)
