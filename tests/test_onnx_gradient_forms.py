@@ -26,11 +26,15 @@ def _i64(*values):
     return np.array(values, np.int64)
 
 
-def _one_sgd_step_matches_torch(nodes, x, out_shape, weights, forward, consts=None, opset=17, lr=0.1):
-    """Forward and weights after one SGD step on mean squared error, against PyTorch float64."""
+def _one_sgd_step_matches_torch(nodes, x, out_shape, weights, forward, consts=None, opset=17, lr=0.1,
+                                in_shape=None):
+    """Forward and weights after one SGD step on mean squared error, against PyTorch float64.
+    ``in_shape``: the input's declared dimensions after the batch (names for free ones), by
+    default ``x``'s."""
     torch = torch_or_skip()
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in {**weights, **(consts or {})}.items()]
-    proto = model(nodes, [vi("x", ["N", *x.shape[1:]])], [vi("out", ["N", *out_shape])], inits, opset=opset)
+    in_shape = list(x.shape[1:]) if in_shape is None else in_shape
+    proto = model(nodes, [vi("x", ["N", *in_shape])], [vi("out", ["N", *out_shape])], inits, opset=opset)
     tw = {k: torch.tensor(v.astype(np.float64), requires_grad=True) for k, v in weights.items()}
     want = forward(torch.tensor(x.astype(np.float64)), tw)
     y = np.random.default_rng(7).standard_normal(tuple(want.shape)).astype(np.float32)
@@ -510,3 +514,23 @@ def test_a_value_declared_without_a_shape_takes_the_inferred_one(rng):
     tw = torch.tensor(w.astype(np.float64), requires_grad=True)
     ((torch.tensor(x.astype(np.float64)) @ tw)[:, :2] ** 2).pow(2).mean().backward()
     np.testing.assert_allclose(m.get_weights()[0], w - 0.1 * tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_a_max_pool_of_free_sizes_trains(rng, rank):
+    """onnxruntime-training's MaxPoolGrad sized its gradient from the graph's stored shapes: with a
+    free length (or image size) it wrote an empty one, and the step failed in the next node or,
+    after a Conv, the process died. Overlapping windows (the 2-D case) add where they share a maximum."""
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    w = (rng.standard_normal((3, 2) + (3,) * rank) * 0.5).astype(np.float32)
+    if rank == 1:
+        x, dims, out = rng.standard_normal((N, 2, 8)).astype(np.float32), [2, "L"], [3, "M"]
+        pool = _node("MaxPool", ["h"], "out", kernel_shape=[2], strides=[2])
+        forward = lambda x, t: F.max_pool1d(F.conv1d(x, t["w"], padding=1), 2, 2)  # noqa: E731
+    else:
+        x, dims, out = rng.standard_normal((N, 2, 7, 7)).astype(np.float32), [2, "H", "W"], [3, "P", "Q"]
+        pool = _node("MaxPool", ["r"], "out", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+        forward = lambda x, t: F.max_pool2d(F.relu(F.conv2d(x, t["w"], padding=1)), 3, 2, 1)  # noqa: E731
+    nodes = [_node("Conv", ["x", "w"], "h", pads=[1] * 2 * rank)] + ([_node("Relu", ["h"], "r")] if rank == 2 else [])
+    _one_sgd_step_matches_torch(nodes + [pool], x, out, {"w": w}, forward, in_shape=dims)

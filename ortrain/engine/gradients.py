@@ -21,7 +21,7 @@ from ortrain.engine._runtime import C, training_graph_utils
 from ortrain.engine.device import session_options
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
-from ortrain.graph.passes import for_gradients
+from ortrain.graph.gradient_rewrites import for_gradients
 
 _NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)")
 

@@ -410,9 +410,3 @@ def relu_grad_as_mask(model: onnx.ModelProto, float32: set[str]) -> onnx.ModelPr
     return replace_nodes(model, rewritable, as_mask,
                           [numpy_helper.from_array(np.array(v, np.float32), name)
                            for v, name in ((_TWO_127, scale), (0.0, zero), (1.0, one))])
-
-
-def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrites of a training graph as onnxruntime-training's gradient builder wrote it from
-    ``forward`` (standard ONNX, whose value types the rewrites may need)."""
-    return bias_grad_as_matmul(relu_grad_as_mask(model, float32_values(forward)))

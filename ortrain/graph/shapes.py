@@ -13,7 +13,7 @@ import onnx
 from ortrain.graph.builder import OPSET
 from ortrain.graph.passes import int64_constants, node_inputs
 
-__all__ = ["Shapes"]
+__all__ = ["Shapes", "output_shape_at"]
 
 
 class Shapes:
