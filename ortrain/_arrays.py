@@ -239,9 +239,9 @@ def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int |
     A weight input of shape ``(batch, 1, ...)`` holds one weight per sample and also takes
     ``(rows,)``. One of shape ``(batch, None, ..., 1)`` (see :func:`sample_weight_shape`) takes
     that (``(rows,)``, ``(rows, 1)``, ...) or one weight per position, ``(rows, *positions)`` or
-    ``(rows, *positions, 1)``, where
-    ``positions`` are the labels' dimensions between the batch and the last axis of the prediction.
-    Any other shape holds one weight per output element and must match.
+    ``(rows, *positions, 1)``, where ``positions`` are the labels' dimensions between the batch
+    and the last axis of the prediction. Any other shape holds one weight per output element and
+    must match.
     """
     a = as_array(w, np.float32, argument)
     received = a.shape
