@@ -534,3 +534,28 @@ def test_a_max_pool_of_free_sizes_trains(rng, rank):
         forward = lambda x, t: F.max_pool2d(F.relu(F.conv2d(x, t["w"], padding=1)), 3, 2, 1)  # noqa: E731
     nodes = [_node("Conv", ["x", "w"], "h", pads=[1] * 2 * rank)] + ([_node("Relu", ["h"], "r")] if rank == 2 else [])
     _one_sgd_step_matches_torch(nodes + [pool], x, out, {"w": w}, forward, in_shape=dims)
+
+
+@pytest.mark.parametrize("other", ["Ly", 5])
+def test_a_named_free_dimension_that_broadcasts_trains(rng, other):
+    """onnxruntime-training's gradient builder took two differently named free dimensions (or a
+    named one and a size) as equal, so where one was 1 at run time it did not sum the broadcast
+    operand's gradient over it and the step failed: ``x @ w + y @ v`` with ``y`` one step long."""
+    torch = torch_or_skip()
+    w = rng.standard_normal((4, 5)).astype(np.float32)
+    v = rng.standard_normal((4, 5)).astype(np.float32)
+    x_dims = ["N", "Lx", 4] if other == "Ly" else ["N", 5, 4]
+    proto = model([_node("MatMul", ["x", "w"], "a"), _node("MatMul", ["y", "v"], "b"), _node("Add", ["a", "b"], "out")],
+                  [vi("x", x_dims), vi("y", ["N", "Ly", 4])], [vi("out", ["N", x_dims[1], 5])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(v, "v")])
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    y = rng.standard_normal((3, 1, 4)).astype(np.float32)  # broadcasts against x's five steps
+    t = rng.standard_normal((3, 5, 5)).astype(np.float32)
+    m = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    m.fit([x, y], t, batch_size=3, shuffle=False, verbose=0)
+    tw, tv = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (w, v))
+    f64 = lambda a: torch.tensor(a.astype(np.float64))  # noqa: E731
+    gw, gv = torch.autograd.grad(((f64(x) @ tw + f64(y) @ tv - f64(t)) ** 2).mean(), [tw, tv])
+    got = dict(zip(m.weight_names(), m.get_weights(), strict=True))
+    np.testing.assert_allclose(got["w"], w - 0.1 * gw.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["v"], v - 0.1 * gv.numpy(), rtol=1e-5, atol=1e-6)

@@ -21,7 +21,7 @@ from ortrain.engine._runtime import C, training_graph_utils
 from ortrain.engine.device import session_options
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
-from ortrain.graph.gradient_rewrites import for_gradients
+from ortrain.graph.gradient_rewrites import for_gradients, unnamed_broadcast_dims
 
 _NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)")
 
@@ -45,7 +45,8 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
 
     so = session_options(threads=1)
     try:
-        optimized = onnx.load_from_string(C.get_optimized_model(model.SerializeToString(), grads, so))
+        unnamed = unnamed_broadcast_dims(model)
+        optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads, so))
         builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads, outputs[0], so)
         builder.build()
     except Exception as exc:  # the builder reports everything as RuntimeError / Fail

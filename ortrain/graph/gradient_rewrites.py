@@ -33,7 +33,7 @@ from ortrain.graph.passes import (
 )
 from ortrain.graph.shapes import Shapes
 
-__all__ = ["for_gradients", "max_pool_grad_as_scatter"]
+__all__ = ["for_gradients", "max_pool_grad_as_scatter", "unnamed_broadcast_dims"]
 
 _ONE, _FLAT = "ortrain.max_pool_grad/one", "ortrain.max_pool_grad/flat"
 
@@ -90,3 +90,51 @@ def max_pool_grad_as_scatter(model: onnx.ModelProto, forward: onnx.ModelProto) -
 
     return replace_nodes(model, free, as_scatter, [numpy_helper.from_array(np.array([1], np.int64), _ONE),
                                                   numpy_helper.from_array(np.array([-1], np.int64), _FLAT)])
+
+
+# Elementwise ops whose inputs broadcast against each other.
+_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where", "PRelu",
+                 "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "BitShift"}
+
+
+def unnamed_broadcast_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (before the gradient builder reads it) with the names taken off the free dimensions
+    that meet another name or a size other than 1 in a broadcast; ``model`` itself when none do.
+
+    onnxruntime-training 1.19.2's gradient builder decides which axes of a broadcast operand's
+    gradient to sum from the stored shapes: it takes two differently named free dimensions as
+    equal, and a named one as equal to any size it meets. Where such a dimension is 1 at run time
+    (``x @ w + y @ v`` with ``y`` of one step against ``x`` of six) the gradient is not summed
+    over it and the step fails ("GEMM: Dimension mismatch"). A free dimension without a name makes
+    the builder sum by the sizes at run time (``BroadcastGradientArgs``), which is right whatever
+    they are; dimensions that only ever meet their own name or 1 keep it, and pay nothing.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # onnxruntime has the last word on a graph onnx cannot type
+        return model
+    g = inferred.graph
+    dims = {t.name: list(t.dims) for t in g.initializer}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.type.tensor_type.HasField("shape"):
+            dims[vi.name] = [d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value")
+                             else None for d in vi.type.tensor_type.shape.dim]
+    ambiguous = set()
+    for node in g.node:
+        shapes = [dims.get(i) for i in node.input if i]
+        if node.op_type not in _BROADCASTING or len(shapes) < 2 or any(s is None for s in shapes):
+            continue
+        for k in range(1, max(len(s) for s in shapes) + 1):
+            column = [s[-k] for s in shapes if len(s) >= k]
+            names = {d for d in column if isinstance(d, str)}
+            if len(names) > 1 or (names and any(isinstance(d, int) and d != 1 for d in column)):
+                ambiguous |= names
+    if not ambiguous:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for vi in [*out.graph.input, *out.graph.value_info, *out.graph.output]:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in ambiguous:
+                d.ClearField("dim_param")
+    return out
