@@ -367,8 +367,8 @@ def test_an_average_pool_with_dilations_is_refused_by_name(rng):
                   [vi("x", ["N", 3, 2])], [vi("out", ["N", 3, None])], [numpy_helper.from_array(w, "w")], opset=19)
     m = ot.from_onnx(proto)
     m.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(ot.UnsupportedOpError, match=r"AveragePool node .* has dilations \[2\]; ortrain trains average "
-                                                    r"pools without dilation"):
+    with pytest.raises(ot.UnsupportedOpError, match=r"AveragePool node .*: it has dilations \[2\], and ortrain trains "
+                                                    r"average pools without"):
         ot.Trainer(m, batch_size=2)
 
 
@@ -559,3 +559,43 @@ def test_a_named_free_dimension_that_broadcasts_trains(rng, other):
     got = dict(zip(m.weight_names(), m.get_weights(), strict=True))
     np.testing.assert_allclose(got["w"], w - 0.1 * gw.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["v"], v - 0.1 * gv.numpy(), rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("form", ["1-D", "2-D", "2-D padded, counted"])
+def test_an_average_pool_of_free_sizes_trains_when_its_windows_are_whole(rng, form):
+    """Average pools of free length or image size were refused (the runtime's own gradient writes an
+    empty one there); where every window averages over the whole kernel, the depthwise Conv that
+    replaces the pool needs only the channels."""
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    rank = 1 if form == "1-D" else 2
+    w = (rng.standard_normal((3, 2) + (3,) * rank) * 0.5).astype(np.float32)
+    if rank == 1:
+        x, dims, out = rng.standard_normal((N, 2, 8)).astype(np.float32), [2, "L"], [3, "M"]
+        pool = _node("AveragePool", ["h"], "out", kernel_shape=[2], strides=[2])
+        forward = lambda x, t: F.avg_pool1d(F.conv1d(x, t["w"], padding=1), 2, 2)  # noqa: E731
+    elif form == "2-D":
+        x, dims, out = rng.standard_normal((N, 2, 6, 7)).astype(np.float32), [2, "H", "W"], [3, "P", "Q"]
+        pool = _node("AveragePool", ["h"], "out", kernel_shape=[2, 2], strides=[2, 2])
+        forward = lambda x, t: F.avg_pool2d(F.conv2d(x, t["w"], padding=1), 2, 2)  # noqa: E731
+    else:
+        x, dims, out = rng.standard_normal((N, 2, 7, 7)).astype(np.float32), [2, "H", "W"], [3, "P", "Q"]
+        pool = _node("AveragePool", ["h"], "out", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                     count_include_pad=1)
+        forward = lambda x, t: F.avg_pool2d(F.conv2d(x, t["w"], padding=1), 3, 2, 1, count_include_pad=True)  # noqa: E731
+    conv = _node("Conv", ["x", "w"], "h", pads=[1] * 2 * rank)
+    _one_sgd_step_matches_torch([conv, pool], x, out, {"w": w}, forward, in_shape=dims)
+
+
+def test_an_average_pool_of_free_sizes_with_windows_of_several_sizes_is_refused(rng):
+    w = (rng.standard_normal((3, 2, 3, 3)) * 0.5).astype(np.float32)
+    proto = model([_node("Conv", ["x", "w"], "h", pads=[1, 1, 1, 1]),
+                   _node("AveragePool", ["h"], "out", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)],
+                  [vi("x", ["N", 2, "H", "W"])], [vi("out", ["N", 3, "P", "Q"])], [numpy_helper.from_array(w, "w")])
+    m = ot.from_onnx(proto).compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=r"AveragePool node .*: with ceil_mode, auto_pad SAME or padding "
+                                                    r"not counted its windows differ in size, and ortrain then needs "
+                                                    r"the sizes \(input shape \[None, 3, None, None\]\).*To train, "
+                                                    r"give the model static sizes"):
+        ot.Trainer(m, batch_size=2)

@@ -164,13 +164,14 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrite 1-D and 2-D AveragePool nodes as a depthwise Conv with constant weights.
 
     onnxruntime-training 1.19.2's CPU ``AveragePoolGrad`` sizes its output from the
-    shapes stored in the graph, so with a free batch dimension it writes an empty
-    gradient and the process dies with SIGFPE. A depthwise convolution with weights
+    shapes stored in the graph, so with a free dimension (the batch, a length) it writes an
+    empty gradient and the process dies with SIGFPE. A depthwise convolution with weights
     ``1/(kh*kw)``, rescaled where a window holds fewer cells (borders, ``ceil_mode``),
     computes the same average and has a working gradient (a 1-D pool is the 2-D one over a
-    height of 1). Only the training and eval graphs get this form; exported models keep
-    AveragePool. A pool this rewrite cannot express (3-D, or sizes unknown) is refused rather
-    than left to crash the process.
+    height of 1). It needs the channels; the spatial sizes only where windows differ in size
+    (``ceil_mode``, ``auto_pad`` SAME, padding not counted). Only the training and eval graphs
+    get this form; exported models keep AveragePool. A pool this rewrite cannot express is
+    refused rather than left to crash the process.
     """
     def is_pool(n) -> bool:
         return n.op_type == "AveragePool"
@@ -182,44 +183,57 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     def as_conv(i, node):
         shape = _shape_of(inferred, node.input[0])
         if any(d != 1 for d in attribute(node, "dilations", [])):
-            raise UnsupportedOpError(
-                f"AveragePool node {node.name or i!r} has dilations {list(attribute(node, 'dilations', []))}; "
-                "ortrain trains average pools without dilation (onnxruntime-training's own AveragePool gradient "
-                "crashes with a free batch size). Freeze the weights before it or replace the pool")
+            _refuse_pool(node, i, f"it has dilations {list(attribute(node, 'dilations', []))}, and ortrain trains "
+                         "average pools without", "freeze the weights before it or replace the pool")
         if len(attribute(node, "kernel_shape", [])) == 1:
-            if shape is None or len(shape) != 3 or any(d is None for d in shape[1:]):
-                raise UnsupportedOpError(
-                    f"AveragePool node {node.name or i!r}: ortrain trains 1-D average pools whose channels and "
-                    f"length are known (input shape {shape}); onnxruntime-training's own AveragePool gradient "
-                    "crashes with a free batch size. Give the model a static length or replace the pool")
+            if shape is None or len(shape) != 3 or shape[1] is None:
+                _refuse_pool(node, i, f"ortrain trains 1-D average pools whose channels are known (input shape "
+                             f"{shape})", "give the model a static channel count or replace the pool")
             return _pool_1d_as_2d(i, node, shape)
         return _pool_2d_as_conv(i, node, shape)
 
     return replace_nodes(model, is_pool, as_conv)
 
 
+def _refuse_pool(node, i: int, why: str, fix: str):
+    raise UnsupportedOpError(
+        f"AveragePool node {node.name or i!r}: {why}; onnxruntime-training's own AveragePool gradient sizes "
+        f"its output from the shapes the graph stores, and where one is free the process dies. To train, {fix}")
+
+
+def _full_windows(node) -> bool:
+    """Whether every window of the pool averages over the whole kernel, whatever the input's size:
+    no ``ceil_mode``, no SAME padding, and padding counted or none."""
+    return attribute(node, "ceil_mode", 0) == 0 and text_attribute(node, "auto_pad", "NOTSET") in (
+        "NOTSET", "", "VALID") and (attribute(node, "count_include_pad", 0) or not any(attribute(node, "pads", [])))
+
+
 def _pool_2d_as_conv(i: int, node, shape: list | None):
     kernel = list(attribute(node, "kernel_shape", []))
     if len(kernel) != 2:
-        raise UnsupportedOpError(
-            f"AveragePool node {node.name or i!r}: ortrain trains 1-D and 2-D average pools, this one is "
-            f"{len(kernel)}-D (kernel {kernel}); onnxruntime-training's own AveragePool gradient crashes with "
-            "a free batch size. Freeze the weights before it or replace the pool")
-    if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
-        raise UnsupportedOpError(
-            f"AveragePool node {node.name or i!r}: ortrain trains 2-D average pools whose channels, height "
-            f"and width are known (input shape {shape}); onnxruntime-training's own AveragePool gradient "
-            "crashes with a free batch size. Give the model static image sizes or replace the pool")
-    c, h, w = shape[1:]
+        _refuse_pool(node, i, f"ortrain trains 1-D and 2-D average pools, this one is {len(kernel)}-D (kernel "
+                     f"{kernel})", "freeze the weights before it or replace the pool")
+    if shape is None or len(shape) != 4 or shape[1] is None:
+        _refuse_pool(node, i, f"ortrain trains 2-D average pools whose channels are known (input shape {shape})",
+                     "give the model a static channel count or replace the pool")
+    c = shape[1]
     strides = list(attribute(node, "strides", [1, 1]))
-    pads = _explicit_pads(node, shape)
+    p = f"{node.name or 'AveragePool'}/as_conv_{i}/"
     kh, kw = kernel
+    inits = [numpy_helper.from_array(np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32), p + "weight")]
+    if any(d is None for d in shape[2:]):
+        if not _full_windows(node):
+            _refuse_pool(node, i, f"with ceil_mode, auto_pad SAME or padding not counted its windows differ in "
+                         f"size, and ortrain then needs the sizes (input shape {shape})",
+                         "give the model static sizes or replace the pool")
+        pads = list(attribute(node, "pads", [0, 0, 0, 0]))
+        return [helper.make_node("Conv", [node.input[0], p + "weight"], [node.output[0]], name=p + "Conv",
+                                 group=c, kernel_shape=kernel, strides=strides, pads=pads)], inits
+    h, w = shape[2:]
+    pads = _explicit_pads(node, shape)
     ho, end_h, rows = _pool_geometry(node, h, 0, kh, strides[0], pads)
     wo, end_w, cols = _pool_geometry(node, w, 1, kw, strides[1], pads)
     conv_pads = [pads[0], pads[1], end_h, end_w]
-    p = f"{node.name or 'AveragePool'}/as_conv_{i}/"
-    weight = np.full((c, 1, kh, kw), 1.0 / (kh * kw), np.float32)
-    inits = [numpy_helper.from_array(weight, p + "weight")]
     counts = np.outer(rows, cols)
     # A window with no cell of the input averages to 0 (onnxruntime reads past the input there).
     scale = np.divide(kh * kw, counts, out=np.zeros_like(counts), where=counts > 0)
