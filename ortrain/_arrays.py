@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ortrain._warnings import warn
 from ortrain.errors import NonFiniteError, OrtrainError, ShapeError, describe_shape
 
 
@@ -161,6 +162,10 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
             if a.min() < low or a.max() > high:
                 raise ShapeError(f"{arg}: indices into {what} must lie in [{low}, {high}], received values from "
                                  f"{a.min()} to {a.max()}; the table has {high + 1} rows")
+            if a.min() < 0:  # the same text each time: Python shows it once per line of the caller
+                warn(f"{arg}: negative indices into {what} count from the end of its {high + 1} rows, as ONNX's "
+                     "Gather and onnxruntime read them (-1 is the last row); PyTorch's Embedding refuses them, so "
+                     "check for a padding id of -1")
         out.append(a)
     if rows is None and len({a.shape[0] for a in out}) > 1:
         raise ShapeError(f"{argument}: expected the same number of rows in every input, received "
@@ -256,8 +261,13 @@ def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int |
         if per_sample and len(want) > 1:
             accepted = f"{describe_shape(want[:1])} or {accepted}"
         what = "one weight per sample" if per_sample else "one weight per output element"
+        hint = ""
+        if per_sample and len(want) == 2 and len(received) == 2 and received[1] > 1:
+            hint = ("; for one weight per output unit (a mask over a (batch, time) output) give the model an "
+                    "output of shape (batch, time, 1), which takes one weight per position, or for mean squared "
+                    "error use loss_mask=<outputs>")
         raise ShapeError(f"{argument}: expected shape {accepted} ({what}), received "
-                         f"{describe_shape(received)}")
+                         f"{describe_shape(received)}{hint}")
     return a
 
 

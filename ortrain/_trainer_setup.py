@@ -136,6 +136,8 @@ class TrainerSetup:
         # at each batch's sizes; other outputs pay nothing per step.
         self._free_labels = any(d is None for d in art.label.shape[1:])
         self._labels_at = {}
+        loss = model.loss
+        self._probabilities_unseen = hasattr(loss, "from_logits") and not loss.from_logits
         self._weight_spec = art.sample_weight
         self._scale = np.array(1.0 / self._k, np.float32)
         self._one = np.array(1.0, np.float32)

@@ -121,8 +121,7 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
     else:
         xa, ya, wa = (names.get(k, k) for k in ("x", "y", "sample_weight"))
         if sample_weight is not None and trainer._weight_spec is None:
-            raise OrtrainError(f"{wa}: this trainer has no loss weights; create it with loss_mask=1 (one "
-                               "weight per sample) or loss_mask=<outputs> to train with them")
+            raise OrtrainError(f"{wa}: this trainer has no loss weights; {trainer._how_to_weigh()}")
         weight_shape = None if trainer._weight_spec is None else trainer._weight_spec.shape
         xs, ys, ws = prepare_arrays(base, data, y, sample_weight, xa, ya, wa, weight_shape)
         refuse_non_finite_arrays(base, xs, ys, ws, (xa, ya, wa))

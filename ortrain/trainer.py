@@ -30,6 +30,7 @@ from ortrain._arrays import (
 from ortrain._lifetime import Releasable
 from ortrain._snapshot import Snapshot
 from ortrain._trainer_setup import TrainerSetup
+from ortrain._warnings import warn
 from ortrain.data import refuse_non_finite_weights
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError
 from ortrain.graph.forward import to_inference
@@ -112,9 +113,16 @@ class Trainer(TrainerSetup, Releasable):
             w = self._sample_weight(sample_weight, rows, labels)
             feeds.append(w if class_weight is None else class_weight.weigh(labels, w))
         elif sample_weight is not None:
-            raise OrtrainError(f"sample_weight: this trainer has no loss weights; create it with loss_mask=1 "
-                               f"(one weight per sample) or loss_mask=<outputs> to pass them ({where})")
+            raise OrtrainError(f"sample_weight: this trainer has no loss weights ({where}); {self._how_to_weigh()}")
         return feeds
+
+    def _how_to_weigh(self) -> str:
+        """How to train with loss weights, for this trainer's loss."""
+        if self._model.loss.name == "mse":
+            return "create it with loss_mask=1 (one weight per sample) or loss_mask=<outputs> to pass them"
+        return (f"a Trainer weighs a mean squared error only (loss_mask=1), and this model's loss is "
+                f"{self._model.loss.name!r}: pass the weights to model.fit or ot.fit_generator, which weigh any "
+                "loss, or train from artifacts built with weighting='sample' (Trainer.from_artifacts)")
 
     def _label_at(self, xs: list[np.ndarray]):
         """The label input for a batch of these inputs, for an output with free positions: found once
@@ -194,7 +202,21 @@ class Trainer(TrainerSetup, Releasable):
             self._refuse_non_finite(feeds)
         weighted = sample_weight is not None or class_weight is not None
         labels, weights = self._fed_labels_and_weights(feeds, weighted)
-        return self._train(feeds), labels, weights
+        fetches = self._train(feeds)
+        if self._probabilities_unseen:
+            self._probabilities_unseen = False
+            self._check_probabilities(fetches[2].numpy())
+        return fetches, labels, weights
+
+    def _check_probabilities(self, pred: np.ndarray) -> None:
+        """Once, at the first step: a loss on probabilities whose predictions are not (logits given
+        without from_logits=True are clipped to [1e-7, 1 - 1e-7] and train badly, silently)."""
+        if pred.size and np.isfinite(pred).all() and (pred.min() < -1e-6 or pred.max() > 1 + 1e-6):
+            loss = self._model.loss
+            warn(f"loss {loss.name!r} takes probabilities (from_logits=False), and the model's first output "
+                 f"held values from {pred.min():.4g} to {pred.max():.4g} at the first step, which it clips to "
+                 f"[1e-7, 1 - 1e-7]; if the output is logits, compile with {type(loss).__name__}(from_logits=True) "
+                 "(--from-logits on the command line)")
 
     def _refuse_non_finite(self, feeds: list[np.ndarray]) -> None:
         """A NaN or an infinity in a float input, label or weight would reach every weight through

@@ -1258,3 +1258,21 @@ def test_warnings_of_a_generator_fit_point_at_the_callers_line():
     with pytest.warns(RuntimeWarning, match="the generator ran dry") as caught:
         model.fit(iter(data), steps_per_epoch=3, epochs=3, verbose=0)
     assert caught[0].filename == __file__
+
+
+def test_a_probability_loss_on_logits_warns_at_the_first_step(rng):
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    y = np.arange(8) % 3
+    logits = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    logits.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.warns(UserWarning, match=r"loss 'sparse_categorical_crossentropy' takes probabilities "
+                                         r"\(from_logits=False\), and the model's first output held values from "
+                                         r"-?[0-9.]+ to [0-9.]+ at the first step.*SparseCategoricalCrossentropy"
+                                         r"\(from_logits=True\)") as caught:
+        logits.fit(x, y, epochs=2, batch_size=4, verbose=0)
+    assert sum("takes probabilities" in str(w.message) for w in caught) == 1  # once, not every step
+    probs = ot.Sequential([ot.layers.Dense(3, activation="softmax")], input_shape=(4,), seed=0)
+    probs.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        probs.fit(x, y, epochs=2, batch_size=4, verbose=0)

@@ -445,3 +445,24 @@ def test_imported_dropout_is_seeded_by_set_seed(rng):
     ot.set_seed(None)
     graph = ot.from_onnx(proto).forward_graph().proto.graph
     assert not any(a.name == "seed" for n in graph.node if n.op_type == "Dropout" for a in n.attribute)
+
+
+def test_an_output_declared_with_the_example_length_trains_at_any_length(rng):
+    """PyTorch's dynamo exporter declares a recurrent layer's output with the example's length,
+    (batch, 7, classes) for an input of free length: predictions ran at any length, but fit took
+    the declared 7 for the labels and refused those of a longer batch."""
+    w = rng.standard_normal((4, 5)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
+             helper.make_node("Reshape", ["h", "s"], ["out"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", "t", 4])],
+                          [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, ["N", 7, 5])],
+                          [numpy_helper.from_array(w, "w")])
+    m = ot.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert m.output_specs[0].shape == (None, None, 5)
+    m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x = rng.standard_normal((2, 9, 4)).astype(np.float32)
+    y = rng.standard_normal((2, 9, 5)).astype(np.float32)
+    m.fit(x, y, batch_size=2, shuffle=False, verbose=0)
+    d = x.astype(np.float64) @ w - y
+    want = w - 0.1 * np.einsum("btf,btk->fk", x.astype(np.float64), 2 * d / d.size)
+    np.testing.assert_allclose(m.get_weights()[0], want, rtol=1e-5, atol=1e-6)

@@ -215,3 +215,23 @@ def test_fit_generator_with_loss_mask_1_weights_cross_entropy_from_an_unweighted
     ot.fit_generator(b, [(x, y, np.ones((B, T))), (x, y, w)], verbose=0)
     for p, q in zip(a.get_weights(), b.get_weights()):
         np.testing.assert_array_equal(p, q)
+
+
+def test_weight_refusals_say_how_to_weigh(rng):
+    # A Trainer weighs a mean squared error only: for cross-entropy its message sent the user to
+    # loss_mask=1, which then refused the loss; and a (batch, time) mask for a (batch, time)
+    # output was refused without the way to give one.
+    model = _token_model()
+    x, y = rng.integers(0, 7, (B, T)), rng.integers(0, 7, (B, T))
+    with ot.Trainer(model, batch_size=B) as tr:
+        with pytest.raises(ot.OrtrainError, match=r"a Trainer weighs a mean squared error only \(loss_mask=1\), and "
+                                                  r"this model's loss is 'sparse_categorical_crossentropy': pass the "
+                                                  r"weights to model.fit or ot.fit_generator"):
+            tr.step(x, y, sample_weight=np.ones((B, T)))
+        assert tr.n_steps == 0
+    tagger = ot.Sequential([L.Dense(T)], input_shape=(3,), seed=0)
+    tagger.compile(optimizer="sgd", loss=ot.losses.BinaryCrossentropy(from_logits=True))
+    with pytest.raises(ot.ShapeError, match=r"expected shape \(4,\) or \(4, 1\) \(one weight per sample\), received "
+                                            r"\(4, 5\); for one weight per output unit .* give the model an output of "
+                                            r"shape \(batch, time, 1\)"):
+        tagger.fit(np.ones((B, 3)), np.ones((B, T)), sample_weight=np.ones((B, T)), verbose=0)

@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_learning_rate, help="learning rate stored as the default")
     p.add_argument("--trainable", nargs="+", metavar="PATTERN", help="only these weights train (names or globs)")
     p.add_argument("--frozen", nargs="+", metavar="PATTERN", help="these weights do not train")
-    p.add_argument("--sample-weights", action="store_true", help="add a per-sample weight input to the loss")
+    p.add_argument("--sample-weights", action="store_true",
+                   help="add a loss-weight input: one weight per sample, or per position for a sequence output")
     p.add_argument("--seed", type=_seed, help="seed the model's dropout (an exported model's has none), so runs "
                    "from the artifacts draw reproducible masks and resume bit for bit")
 

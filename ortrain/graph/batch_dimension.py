@@ -1,5 +1,6 @@
-"""The batch dimension of an imported model: a fixed first dimension of its data inputs made
-symbolic, unless a hard-coded shape in the graph pins it."""
+"""The free dimensions of an imported model: a fixed first dimension of its data inputs made
+symbolic, unless a hard-coded shape in the graph pins it, and an output declared with a fixed
+size the graph computes from a free input dimension declared free."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import onnx
 
 from ortrain.graph.passes import attribute, int64_constants
 
-__all__ = ["free_batch_dimension"]
+__all__ = ["free_batch_dimension", "free_output_dimensions"]
 
 BATCH = "batch"
 
@@ -87,3 +88,37 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
         if _dim0(vi) == batch:
             _set_dim0(vi, BATCH)
     return cand, []
+
+
+def free_output_dimensions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """Declare free the positions of an output (the dimensions between its batch and its last
+    axis) that the file declares fixed but onnx's shape inference, from inputs with a free
+    dimension after the batch, finds computed; returns the model and the dimensions changed
+    (``output[axis]``).
+
+    PyTorch's dynamo exporter declares a recurrent layer's output with the example's length
+    (``(batch, 7, classes)`` for an input of free length): predictions run at any length, since
+    onnxruntime computes the shape, but the loss's labels took the declared 7. The batch has its
+    own rule (:func:`free_batch_dimension`), and the last axis (classes, units) stays declared.
+    """
+    if not any(d is None or isinstance(d, str) for vi in model.graph.input for d in (_dims(vi) or [])[1:]):
+        return model, []
+    probe = copy.deepcopy(model)
+    del probe.graph.value_info[:]
+    for vi in probe.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception:  # what the file declares stands; onnxruntime has the last word
+        return model, []
+    out, changed = None, []
+    for i, (declared, found) in enumerate(zip(model.graph.output, inferred.graph.output)):
+        want, got = _dims(declared), _dims(found)
+        if not want or not got or len(want) != len(got):
+            continue
+        for axis in range(1, len(want) - 1):
+            if isinstance(want[axis], int) and isinstance(got[axis], str):
+                out = out or copy.deepcopy(model)
+                out.graph.output[i].type.tensor_type.shape.dim[axis].Clear()  # free, without a name
+                changed.append(f"{declared.name}[{axis}]")
+    return (out, changed) if out is not None else (model, [])

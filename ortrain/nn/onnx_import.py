@@ -39,7 +39,7 @@ from ortrain import _random
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
-from ortrain.graph.batch_dimension import free_batch_dimension
+from ortrain.graph.batch_dimension import free_batch_dimension, free_output_dimensions
 from ortrain.graph.forward import ForwardGraph, ParamSpec
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
@@ -453,6 +453,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, _ = repair(proto)
     _seed_random_ops(proto)
     proto, _ = free_batch_dimension(proto, data)
+    proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
     fg = canonical_forward(proto, trainable, frozen, stash, order)
     _check_shapes(fg)
