@@ -1,6 +1,7 @@
-"""Rewrites of a training graph as onnxruntime-training's gradient builder wrote it
-(:func:`for_gradients`), among them the gradient of a max pool whose sizes are free, written as
-a scatter of the output gradient.
+"""Rewrites around onnxruntime-training's gradient builder: of the graph it reads
+(:func:`unnamed_broadcast_dims`) and of the training graph it writes (:func:`for_gradients`),
+among them the gradient of a max pool whose sizes are free, written as a scatter of the output
+gradient.
 
 onnxruntime-training 1.19.2's CPU ``MaxPoolGrad`` sizes the gradient it writes from the shapes the
 graph stores for it, not from the tensors it is given. Where a pool's channels or spatial sizes
