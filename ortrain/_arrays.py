@@ -132,14 +132,12 @@ def positive_int(value, argument: str, *, allow_none: bool = False) -> int | Non
 
 # -- inputs, labels, weights -----------------------------------------------------------------------
 def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
-                   bounds: dict[str, tuple[int, int, str]] | None = None,
-                   shared: dict[str, list[tuple[str, int]]] | None = None) -> list[np.ndarray]:
+                   bounds: dict[str, tuple[int, int, str]] | None = None) -> list[np.ndarray]:
     """The arrays for the graph inputs ``specs``, cast and checked; ``rows`` pins the batch size.
 
     One input takes ``x`` itself; several take a list or tuple of arrays in ``specs`` order, or
     (as Keras does) a dict keyed by input name. ``bounds`` (``Model.index_bounds()``) gives the
-    range of inputs that index a table's rows, ``shared`` (``Model.shared_dims()``) the free
-    dimensions several inputs must hold equal.
+    range of inputs that index a table's rows.
     """
     if isinstance(x, dict):
         names = [s.name for s in specs]
@@ -172,20 +170,7 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
     if rows is None and len({a.shape[0] for a in out}) > 1:
         raise ShapeError(f"{argument}: expected the same number of rows in every input, received "
                          f"{', '.join(str(a.shape[0]) for a in out)} rows")
-    if shared:
-        _check_shared(specs, out, argument, shared)
     return out
-
-
-def _check_shared(specs, arrays: list[np.ndarray], argument: str, shared: dict) -> None:
-    by_name = {s.name: a for s, a in zip(specs, arrays)}
-    for dim, places in shared.items():
-        held = [(name, axis, by_name[name].shape[axis]) for name, axis in places
-                if name in by_name and axis < by_name[name].ndim]
-        if len({size for _, _, size in held}) > 1:
-            where = ", ".join(f"{argument}[{name!r}] holds {size} on axis {axis}" for name, axis, size in held)
-            raise ShapeError(f"{argument}: the model names one dimension {dim!r} in several inputs, which must "
-                             f"hold it equal; received {where}; give them the same length")
 
 
 def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,

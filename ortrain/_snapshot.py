@@ -21,13 +21,12 @@ class Snapshot(Releasable):
     """
 
     def __init__(self, forward_bytes: bytes, params, weights: dict[str, np.ndarray], input_specs,
-                 device: str, bounds: dict | None = None, shared: dict | None = None):
+                 device: str, bounds: dict | None = None):
         self._forward = forward_bytes
         self._params = list(params)
         self._weights = weights
         self._inputs = list(input_specs)
         self._bounds = bounds or {}
-        self._shared = shared or {}
         self._device = device
         self._runner = None
         self._freed = False
@@ -49,7 +48,7 @@ class Snapshot(Releasable):
         """Outputs for any number of rows: one array, or a list in output order for several outputs."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds, shared=self._shared)
+        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._forward, device=self._device)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)

@@ -129,7 +129,6 @@ class TrainerSetup:
         self._inference = None
         self._inputs = art.inputs
         self._bounds = model.index_bounds()
-        self._shared = model.shared_dims()
         n = len(self._inputs)
         self._feed_names = ["x" if n == 1 else f"x[{s.name!r}]" for s in self._inputs] + ["y", "sample_weight"]
         self._label = art.label

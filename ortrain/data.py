@@ -261,7 +261,7 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     ``weight_shape`` is the weight input's shape (batch first); by default one weight per sample
     (or per position, for a prediction with positions: :func:`ortrain._arrays.sample_weight_shape`).
     """
-    xs = prepare_inputs(model.input_specs, x, xa, bounds=model.index_bounds(), shared=model.shared_dims())
+    xs = prepare_inputs(model.input_specs, x, xa, bounds=model.index_bounds())
     n = xs[0].shape[0]
     if n == 0:
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")

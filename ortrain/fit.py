@@ -270,8 +270,7 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     try:
         x, y, w = parse_batch(first)
         # the first batch sets the size
-        rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds(),
-                              shared=staged.shared_dims())[0].shape[0]
+        rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]
     except (OrtrainError, ValueError, TypeError) as exc:
         raise located(exc, where) from exc
     val_weighted = _validation_weighted(vit, initial_epoch)

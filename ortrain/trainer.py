@@ -97,7 +97,7 @@ class Trainer(TrainerSetup, Releasable):
         ``rows`` pins the batch's rows, ``most`` bounds them. ``checked``: the rows come from arrays
         whose index and label ranges were checked whole. ``class_weight`` (the fit loop's, for a
         generator's batches) multiplies the weights by the class weights of the labels."""
-        xs = prepare_inputs(self._inputs, x, "x", rows, None if checked else self._bounds, self._shared)
+        xs = prepare_inputs(self._inputs, x, "x", rows, None if checked else self._bounds)
         rows = xs[0].shape[0]
         if most is not None and rows > most:
             raise ShapeError(f"x: a batch of {rows} rows, more than the {most} of the first batch, which set the "
@@ -259,7 +259,7 @@ class Trainer(TrainerSetup, Releasable):
         one array, or a list in output order for a model with several outputs."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds, shared=self._shared)
+        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights_now(), batch_size)
@@ -269,8 +269,7 @@ class Trainer(TrainerSetup, Releasable):
         """An independent eval-mode copy of the current weights (a target network)."""
         self._live()
         weights = {p.name: self._session.get(p.name) for p in self._params}
-        return Snapshot(self._inference_bytes(), self._params, weights, self._inputs, self.device, self._bounds,
-                        self._shared)
+        return Snapshot(self._inference_bytes(), self._params, weights, self._inputs, self.device, self._bounds)
 
     def _inference_bytes(self) -> bytes:
         if self._inference is None:
@@ -322,7 +321,7 @@ class Trainer(TrainerSetup, Releasable):
         """Set every batch norm's running mean and (biased) variance to the exact statistics of at most
         1024 rows of ``x``, layer by layer (each layer sees the layers before it already calibrated)."""
         self._live()
-        xs = prepare_inputs(self._inputs, x, "x", None, self._bounds, self._shared)
+        xs = prepare_inputs(self._inputs, x, "x", None, self._bounds)
         xs = [a[:CALIBRATION_ROWS] for a in xs]
         if xs[0].shape[0] < 2:
             raise ShapeError(f"calibrate_bn: x needs at least 2 rows to estimate a variance, received "

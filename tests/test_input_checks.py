@@ -259,37 +259,3 @@ def test_float64_values_beyond_float32_are_refused_not_made_infinite():
         np.testing.assert_array_equal(a, b)
     x[1, 2] = np.inf  # an infinity stays an infinity: predict runs it, training refuses it
     assert np.isnan(model.predict(x)).any() or np.isinf(model.predict(x)).any()
-
-
-def test_inputs_that_share_a_named_dimension_must_hold_it_equal(rng):
-    # Token ids and their mask, both (batch, "seq"): unequal lengths failed inside the first step
-    # with onnxruntime's broadcast error, naming no argument.
-    table = rng.standard_normal((10, 3)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
-         helper.make_node("Unsqueeze", ["mask", "last"], ["mask3"]),
-         helper.make_node("Mul", ["rows", "mask3"], ["kept"]),
-         helper.make_node("ReduceSum", ["kept", "axes"], ["y"], keepdims=0)],
-        "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
-              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([1], np.int64), "axes"),
-         numpy_helper.from_array(np.array([-1], np.int64), "last")])
-    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
-    model.compile(optimizer="adam", loss="mse")
-    assert model.shared_dims() == {"seq": [("ids", 1), ("mask", 1)]}
-    ids, mask, y = rng.integers(0, 10, (4, 6)), np.ones((4, 5), np.float32), np.zeros((4, 3), np.float32)
-    said = (r"x: the model names one dimension 'seq' in several inputs, which must hold it equal; received "
-            r"x\['ids'\] holds 6 on axis 1, x\['mask'\] holds 5 on axis 1; give them the same length")
-    before = model.get_weights()
-    for call in (lambda: model.fit([ids, mask], y, verbose=0), lambda: model.predict([ids, mask]),
-                 lambda: model.evaluate([ids, mask], y)):
-        with pytest.raises(ot.ShapeError, match=said):
-            call()
-    with ot.Trainer(model, batch_size=4) as tr:
-        with pytest.raises(ot.ShapeError, match=said):
-            tr.step([ids, mask], y)
-        assert tr.n_steps == 0
-        tr.step([ids, np.ones((4, 6), np.float32)], y)  # equal lengths train
-    for a, b in zip(before, model.get_weights(), strict=True):
-        np.testing.assert_array_equal(a, b)

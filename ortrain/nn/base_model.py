@@ -213,12 +213,6 @@ class Model(TrainingMixin):
                 bounds[name] = (0, node.layer.input_dim - 1, f"Embedding {node.layer.name!r}")
         return bounds
 
-    def shared_dims(self) -> dict[str, list[tuple[str, int]]]:
-        """Free dimensions after the batch that the model names alike in several places of its
-        inputs (``{name: [(input, axis), ...]}``), which every batch must hold equal: none in a
-        model built from layers."""
-        return {}
-
     def _input_name(self, i: int) -> str:
         t = self._inputs[i]
         return t.name or ("input" if len(self._inputs) == 1 else f"input_{i}")

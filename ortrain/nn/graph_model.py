@@ -25,7 +25,6 @@ class GraphModel(Model):
         self.layers = []
         self._nodes = []
         self._bounds = None
-        self._shared = None
         self._edits: set[str] = set()  # the edit log (see Model._take_edits)
         self._output_shapes: dict[tuple, tuple | None] = {}  # by input sizes after the batch
         listed = {vi.name for vi in self._proto.graph.input}
@@ -84,21 +83,6 @@ class GraphModel(Model):
         if self._bounds is None:
             self._bounds = self._find_index_bounds()
         return self._bounds
-
-    def shared_dims(self) -> dict[str, list[tuple[str, int]]]:
-        """Free dimensions after the batch that the file names alike in several places of its data
-        inputs (token ids and their mask, both ``(batch, "seq")``): ``{name: [(input, axis), ...]}``.
-        onnxruntime would fail on unequal ones only inside a step, with a broadcast error."""
-        if getattr(self, "_shared", None) is None:  # (a model pickled before it was kept)
-            data = {s.name for s in self.input_specs}
-            places: dict[str, list[tuple[str, int]]] = {}
-            for vi in self._proto.graph.input:
-                if vi.name in data:
-                    for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-                        if axis and d.HasField("dim_param") and d.dim_param:
-                            places.setdefault(d.dim_param, []).append((vi.name, axis))
-            self._shared = {name: at for name, at in places.items() if len(at) > 1}
-        return self._shared
 
     def _find_index_bounds(self) -> dict[str, tuple[int, int, str]]:
         rows = {p.name: p.shape[0] for p in self._params if p.shape}

@@ -217,7 +217,7 @@ class TrainingMixin:
         accepted for Keras code and shows nothing.
         """
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self.input_specs, x, "x", bounds=self.index_bounds(), shared=self.shared_dims())
+        xs = prepare_inputs(self.input_specs, x, "x", bounds=self.index_bounds())
         outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
