@@ -599,3 +599,13 @@ def test_an_average_pool_of_free_sizes_with_windows_of_several_sizes_is_refused(
                                                     r"the sizes \(input shape \[None, 3, None, None\]\).*To train, "
                                                     r"give the model static sizes"):
         ot.Trainer(m, batch_size=2)
+
+
+def test_dimensions_onnx_cannot_size_keep_their_names_for_the_gradient_builder():
+    """onnx's inference names what it cannot size unk__N; those are unknown sizes, not names, and
+    met a named batch in the loss's Sub: the rewrite took the batch's name off ordinary models."""
+    from ortrain.graph.gradient_rewrites import unnamed_broadcast_dims
+    nodes = [_node("MatMul", ["x", "w"], "h"), _node("Reshape", ["h", "shape"], "out"), _node("Sub", ["out", "y"], "d")]
+    proto = model(nodes, [vi("x", ["batch", 4]), vi("y", ["batch", 3])], [vi("d", ["batch", 3])],
+                  [numpy_helper.from_array(np.ones((4, 6), np.float32), "w"), numpy_helper.from_array(_i64(-1, 3), "shape")])
+    assert unnamed_broadcast_dims(proto) is proto

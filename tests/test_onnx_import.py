@@ -466,3 +466,47 @@ def test_an_output_declared_with_the_example_length_trains_at_any_length(rng):
     d = x.astype(np.float64) @ w - y
     want = w - 0.1 * np.einsum("btf,btk->fk", x.astype(np.float64), 2 * d / d.size)
     np.testing.assert_allclose(m.get_weights()[0], want, rtol=1e-5, atol=1e-6)
+
+
+def _reshaped_model(nodes, inits, declared):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", "t", 4])],
+                          [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, declared)], inits)
+    return ot.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+def test_an_output_onnx_cannot_size_takes_labels_of_the_length_the_runtime_predicts(rng):
+    """Where onnx's shape inference cannot tell an output's length (a shape computed through ops it
+    does not follow, as in a recurrent layer's export), the output is declared free and the labels
+    of each batch are checked against the prediction the runtime makes: after freeing it, labels
+    of any length trained (cross-entropy reads a subset without a word)."""
+    w = rng.standard_normal((4, 5)).astype(np.float32)
+    m = _reshaped_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
+                         helper.make_node("Max", ["s", "s"], ["s2"]), helper.make_node("Reshape", ["h", "s2"], ["out"])],
+                        [numpy_helper.from_array(w, "w")], ["N", 7, 5])
+    assert m.output_specs[0].shape == (None, None, 5)
+    m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x = rng.standard_normal((2, 9, 4)).astype(np.float32)
+    before = m.get_weights()
+    for wrong in [(2, 3, 5), (2, 1, 5), (2, 7, 5)]:
+        with pytest.raises(ot.ShapeError, match=r"y: expected shape \(2, 9, 5\), received \(2, " + str(wrong[1])):
+            m.fit(x, np.zeros(wrong, np.float32), batch_size=2, verbose=0)
+    np.testing.assert_array_equal(before[0], m.get_weights()[0])
+    m.fit(x, np.zeros((2, 9, 5), np.float32), batch_size=2, verbose=0)
+
+
+def test_an_output_whose_positions_stay_fixed_keeps_its_declared_size(rng):
+    """``h.reshape(b, -1, 3)`` after pooling the sequence away is (batch, 4, 3) at any length: onnx
+    could not tell with the length free, and the 4 was freed, so labels of any length trained."""
+    w = rng.standard_normal((4, 12)).astype(np.float32)
+    c = lambda n, v: numpy_helper.from_array(np.array(v, np.int64), n)  # noqa: E731
+    m = _reshaped_model([helper.make_node("ReduceMean", ["x", "ax1"], ["p"], keepdims=0),
+                         helper.make_node("MatMul", ["p", "w"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
+                         helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+                         helper.make_node("Concat", ["n", "rest"], ["shape"], axis=0),
+                         helper.make_node("Reshape", ["h", "shape"], ["out"])],
+                        [numpy_helper.from_array(w, "w"), c("ax1", [1]), c("zero", [0]), c("rest", [-1, 3])],
+                        ["N", 4, 3])
+    assert m.output_specs[0].shape == (None, 4, 3)
+    m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ot.ShapeError, match=r"y: expected shape \(4, 4\), received \(4, 1\)"):
+        m.evaluate(rng.standard_normal((4, 9, 4)).astype(np.float32), np.zeros((4, 1), np.int64))

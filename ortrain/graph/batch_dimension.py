@@ -92,33 +92,52 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
 
 def free_output_dimensions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """Declare free the positions of an output (the dimensions between its batch and its last
-    axis) that the file declares fixed but onnx's shape inference, from inputs with a free
-    dimension after the batch, finds computed; returns the model and the dimensions changed
-    (``output[axis]``).
+    axis) that the file declares fixed but that follow the inputs' free dimensions; returns the
+    model and the dimensions changed (``output[axis]``).
 
     PyTorch's dynamo exporter declares a recurrent layer's output with the example's length
     (``(batch, 7, classes)`` for an input of free length): predictions run at any length, since
-    onnxruntime computes the shape, but the loss's labels took the declared 7. The batch has its
-    own rule (:func:`free_batch_dimension`), and the last axis (classes, units) stays declared.
+    onnxruntime computes the shape, but the loss's labels took the declared 7. onnx's shape
+    inference runs with the inputs' free dimensions set to two different sizes: a position it
+    finds the same at both (``h.reshape(b, -1, 3)`` after pooling a sequence away, ``x[:, :5]``)
+    keeps the declared size; one it finds different, or cannot find (the recurrent layer's), is
+    declared free, and the labels of each batch are then checked against the prediction the
+    runtime makes (``GraphModel._output_shape_for``). The batch has its own rule
+    (:func:`free_batch_dimension`), and the last axis stays declared.
     """
     if not any(d is None or isinstance(d, str) for vi in model.graph.input for d in (_dims(vi) or [])[1:]):
         return model, []
-    probe = copy.deepcopy(model)
-    del probe.graph.value_info[:]
-    for vi in probe.graph.output:
-        vi.type.tensor_type.ClearField("shape")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
-    except Exception:  # what the file declares stands; onnxruntime has the last word
+    found = [_outputs_at(model, size) for size in (5, 7)]
+    if found[0] is None or found[1] is None:
         return model, []
     out, changed = None, []
-    for i, (declared, found) in enumerate(zip(model.graph.output, inferred.graph.output)):
-        want, got = _dims(declared), _dims(found)
-        if not want or not got or len(want) != len(got):
+    for i, declared in enumerate(model.graph.output):
+        want, small, large = _dims(declared), found[0][i], found[1][i]
+        if not want or small is None or large is None or not len(want) == len(small) == len(large):
             continue
         for axis in range(1, len(want) - 1):
-            if isinstance(want[axis], int) and isinstance(got[axis], str):
+            a, b = small[axis], large[axis]
+            if isinstance(want[axis], int) and not (isinstance(a, int) and a == b):
                 out = out or copy.deepcopy(model)
                 out.graph.output[i].type.tensor_type.shape.dim[axis].Clear()  # free, without a name
                 changed.append(f"{declared.name}[{axis}]")
     return (out, changed) if out is not None else (model, [])
+
+
+def _outputs_at(model: onnx.ModelProto, size: int) -> list | None:
+    """The outputs' dimensions by onnx's shape inference with every free input dimension (the
+    batch at 2) set to ``size``; None when inference fails."""
+    probe = copy.deepcopy(model)
+    del probe.graph.value_info[:]
+    for vi in probe.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    for vi in probe.graph.input:
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if not d.HasField("dim_value"):
+                d.Clear()
+                d.dim_value = 2 if axis == 0 else size
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception:  # what the file declares stands; onnxruntime has the last word
+        return None
+    return [_dims(vi) for vi in inferred.graph.output]

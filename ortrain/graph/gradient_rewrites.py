@@ -115,11 +115,16 @@ def unnamed_broadcast_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     except Exception:  # onnxruntime has the last word on a graph onnx cannot type
         return model
     g = inferred.graph
+    # The names the file gives (onnx's inference makes up others, unk__N, for what it cannot tell:
+    # those are unknown sizes, which the builder sums at run time already).
+    named = {d.dim_param for vi in [*model.graph.input, *model.graph.output]
+             for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}
     dims = {t.name: list(t.dims) for t in g.initializer}
     for vi in [*g.input, *g.value_info, *g.output]:
         if vi.type.tensor_type.HasField("shape"):
-            dims[vi.name] = [d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value")
-                             else None for d in vi.type.tensor_type.shape.dim]
+            dims[vi.name] = [d.dim_param if d.HasField("dim_param") and d.dim_param in named
+                             else d.dim_value if d.HasField("dim_value") else None
+                             for d in vi.type.tensor_type.shape.dim]
     ambiguous = set()
     for node in g.node:
         shapes = [dims.get(i) for i in node.input if i]
