@@ -510,3 +510,21 @@ def test_an_output_whose_positions_stay_fixed_keeps_its_declared_size(rng):
     m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     with pytest.raises(ot.ShapeError, match=r"y: expected shape \(4, 4\), received \(4, 1\)"):
         m.evaluate(rng.standard_normal((4, 9, 4)).astype(np.float32), np.zeros((4, 1), np.int64))
+
+
+def test_an_output_sized_by_the_batch_takes_its_labels(rng):
+    """``x @ w @ x.T`` is (batch, batch): the runtime's prediction for one row of zeros said
+    (1, 1), and labels of a batch of 3 were refused; one row and two disagree, so it stays
+    unknown and onnxruntime has the last word."""
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                           helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+                           helper.make_node("MatMul", ["h", "xt"], ["out"])], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, ["N", "M"])],
+                          [numpy_helper.from_array(w, "w")])
+    m = ot.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    m.compile(optimizer=ot.optim.SGD(lr=0.01), loss="mse")
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    m.fit(x, np.zeros((3, 3), np.float32), batch_size=3, verbose=0)
+    np.testing.assert_allclose(m.predict(x), x @ m.get_weights()[0] @ x.T, rtol=1e-5, atol=1e-5)

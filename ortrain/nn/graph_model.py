@@ -69,8 +69,9 @@ class GraphModel(Model):
         sizes (the batch size left free), found once for each set of sizes: an output as wide as a free
         input dimension (a class count only the input fixes) then has a width, and class labels are
         checked against it. Where onnx cannot infer a dimension after the batch (a recurrent
-        layer's length, written through computed shapes), the runtime's prediction for one row of
-        zeros at those sizes tells it. None where neither can."""
+        layer's length, written through computed shapes), the runtime's predictions for one and
+        for two rows of zeros at those sizes tell it, where they agree (an output sized by the
+        batch, ``x @ x.T``, stays unknown). None where neither can."""
         key = tuple(tuple(int(d) for d in s[1:]) for s in input_shapes)
         if key not in self._output_shapes:
             self._output_shapes[key] = self._infer_output_shape(key)
@@ -80,12 +81,14 @@ class GraphModel(Model):
         shape = output_shape_at(self._proto, {p.name for p in self._params}, sizes)
         if shape is not None and all(isinstance(d, int) for d in shape[1:]):
             return shape
-        try:
-            zeros = [np.zeros((1, *dims), s.dtype) for s, dims in zip(self.input_specs, sizes, strict=True)]
-            out = run_chunks(self._runner("predict"), self.input_specs, zeros, None, None)[0]
-        except Exception:  # onnxruntime has the last word at the step
-            return shape
-        return (None, *out.shape[1:])
+        found = set()
+        for rows in (1, 2):
+            try:
+                zeros = [np.zeros((rows, *dims), s.dtype) for s, dims in zip(self.input_specs, sizes, strict=True)]
+                found.add(run_chunks(self._runner("predict"), self.input_specs, zeros, None, None)[0].shape[1:])
+            except Exception:  # onnxruntime has the last word at the step
+                return shape
+        return (None, *found.pop()) if len(found) == 1 else shape
 
     def index_bounds(self) -> dict[str, tuple[int, int, str]]:
         """Inputs that index a weight's rows straight away (``Gather`` on axis 0): ONNX allows
