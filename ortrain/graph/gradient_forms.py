@@ -10,7 +10,8 @@ naming the node.
 
 This module holds the ``FORMS`` table and :func:`for_training`; the forms themselves are in
 :mod:`ortrain.graph.tensor_forms` (MatMul, Pow, Where, Split, Transpose, reductions) and
-:mod:`ortrain.graph.layer_forms` (Conv, LayerNormalization, LSTM, GRU), on the graph facts of
+:mod:`ortrain.graph.layer_forms` (Conv, LayerNormalization, LSTM, GRU) and
+:mod:`ortrain.graph.upsampling_forms` (Resize, ConvTranspose), on the graph facts of
 :mod:`ortrain.graph.shapes`.
 """
 
@@ -44,6 +45,12 @@ from ortrain.graph.tensor_forms import (
     _transpose_with_perm,
     _where_needs,
     _where_widened,
+)
+from ortrain.graph.upsampling_forms import (
+    _conv_transpose_as_conv,
+    _conv_transpose_needs,
+    _resize_as_matmuls,
+    _resize_needs,
 )
 
 __all__ = ["FORMS", "for_training", "gradient_forms"]
@@ -92,4 +99,6 @@ FORMS: dict[str, Form] = {
     "ReduceLogSumExp": Form(_reduce_needs, _reduce_kept),
     "LSTM": Form(_recurrent_needs, _recurrent_complete),
     "GRU": Form(_recurrent_needs, _recurrent_complete),
+    "Resize": Form(_resize_needs, _resize_as_matmuls),
+    "ConvTranspose": Form(_conv_transpose_needs, _conv_transpose_as_conv),
 }
