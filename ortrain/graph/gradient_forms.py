@@ -11,7 +11,9 @@ naming the node.
 This module holds the ``FORMS`` table and :func:`for_training`; the forms themselves are in
 :mod:`ortrain.graph.tensor_forms` (MatMul, Pow, Where, Split, Transpose, reductions) and
 :mod:`ortrain.graph.layer_forms` (Conv, LayerNormalization, LSTM, GRU) and
-:mod:`ortrain.graph.upsampling_forms` (Resize, ConvTranspose), on the graph facts of
+:mod:`ortrain.graph.upsampling_forms` (Resize, ConvTranspose) and
+:mod:`ortrain.graph.norm_forms` (InstanceNormalization and GroupNormalization, which have no gradient
+at all), on the graph facts of
 :mod:`ortrain.graph.shapes`.
 """
 
@@ -30,6 +32,7 @@ from ortrain.graph.layer_forms import (
     _recurrent_complete,
     _recurrent_needs,
 )
+from ortrain.graph.norm_forms import _group_norm_decomposed, _instance_norm_decomposed, _norm_needs
 from ortrain.graph.passes import average_pool_as_conv, name_batch_dimension, replace_nodes
 from ortrain.graph.shapes import _Graph
 from ortrain.graph.tensor_forms import (
@@ -101,4 +104,6 @@ FORMS: dict[str, Form] = {
     "GRU": Form(_recurrent_needs, _recurrent_complete),
     "Resize": Form(_resize_needs, _resize_as_matmuls),
     "ConvTranspose": Form(_conv_transpose_needs, _conv_transpose_as_conv),
+    "InstanceNormalization": Form(_norm_needs, _instance_norm_decomposed),
+    "GroupNormalization": Form(_norm_needs, _group_norm_decomposed),
 }

@@ -11,6 +11,10 @@ the gradient builder of the installed wheel; an op is listed when the builder
 knows it (``tests/data/probe_gradient_ops.py`` repeats the measurement and the
 test suite checks a sample of it against the engine). Ops of the ``com.microsoft``
 domain are those the builder registers for graphs ORT's own optimisers fuse.
+
+``InstanceNormalization`` and ``GroupNormalization`` are not among them, but ortrain's training
+graphs write them out in ops that are (:mod:`ortrain.graph.norm_forms`), so they are trained
+through all the same (``FORM_OPS``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
+from ortrain.graph.norm_forms import FORM_OPS
 from ortrain.graph.passes import (
     attribute,
     elem_types,
@@ -27,7 +32,7 @@ from ortrain.graph.passes import (
     text_attribute,
 )
 
-__all__ = ["GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
+__all__ = ["FORM_OPS", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
            "nodes_without_gradient", "untrainable_form"]
 
 GRADIENT_OPS = frozenset({
@@ -110,7 +115,8 @@ def gradient_reach(model: onnx.ModelProto, targets=None) -> set[str]:
 
 def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None = None) -> dict[str, list[str]]:
     """``{op_type: [node names]}`` for nodes a backward pass from ``target`` to ``trainable`` must cross
-    but the gradient builder cannot differentiate.
+    but the gradient builder cannot differentiate, nor ortrain's training graphs write in ops it can
+    (``FORM_OPS``).
 
     A node needs a gradient when one of its inputs depends on a trainable weight through
     float tensors and one of its float outputs leads to ``target`` (default: the first
@@ -137,7 +143,8 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     for i, node in enumerate(candidates):
         if not any(o in needed for o in node.output):
             continue
-        what = node.op_type if node.op_type not in GRADIENT_OPS else untrainable_form(node, consts)
+        known = node.op_type in GRADIENT_OPS or node.op_type in FORM_OPS
+        what = untrainable_form(node, consts) if known else node.op_type
         if what:
             missing.setdefault(what, []).append(node.name or f"{node.op_type}#{i}")
     return missing
