@@ -27,9 +27,11 @@ The steps, each a pure function of the model before it:
 
 from __future__ import annotations
 
+import ast
 import copy
 import fnmatch
 import os
+import re
 
 import numpy as np
 import onnx
@@ -70,6 +72,45 @@ NO_GRADIENT = ("no gradient reaches it (it is read only as a shape, ratio, expon
                "onnxruntime-training does not differentiate)")
 NON_FINITE = ("it holds inf or NaN (an additive attention mask of 0 and -inf, say), which a training step would "
               "spread as NaN through every weight")
+FOLDED = ("PyTorch's dynamo exporter folded it from shapes and constants, none of them a parameter (a ones or zeros "
+          "scale such as InstanceNorm(affine=False)'s), so PyTorch does not train it")
+
+# What torch's dynamo exporter records of a value (``metadata_props`` of its value_info): the values a
+# constant was folded from (onnxscript's optimizer, all of them, transitively) and a graph input's kind.
+_FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+_TEMPORARY = re.compile(r"val_\d+")  # the names onnxscript gives the values it creates
+
+
+def folded_constants(model: onnx.ModelProto) -> set[str]:
+    """Float initializers that torch's dynamo exporter folded from no parameter: it writes
+    ``InstanceNorm(affine=False)``'s scale and bias, and the per-group ones and zeros of
+    ``GroupNorm``, as initializers (``val_3``) computed from a shape, where the TorchScript exporter
+    writes ``Constant`` nodes. They are constants in PyTorch; as weights they would train.
+
+    A folded initializer counts when every value its ``folded_from`` record names is one the graph
+    computes, a user input, or a temporary of the exporter's (``val_<n>``), never a parameter (a
+    parameter folded away, ``2.weight`` into its ``(C, 1, 1)`` form ``val_29``, is no longer in the
+    graph and keeps the initializer a weight). Files without these records give nothing."""
+    g = model.graph
+    meta = {vi.name: {p.key: p.value for p in vi.metadata_props} for vi in [*g.input, *g.value_info]}
+    if not any(_FOLDED_FROM in m for m in meta.values()):
+        return set()
+    computed = {o for n in g.node for o in n.output if o} | \
+        {vi.name for vi in g.input if meta[vi.name].get(_INPUT_KIND) == "USER_INPUT"}
+    out = set()
+    for t in g.initializer:
+        record = meta.get(t.name, {}).get(_FOLDED_FROM)
+        if record is None or t.data_type != onnx.TensorProto.FLOAT:
+            continue
+        try:
+            sources = ast.literal_eval(record)
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(sources, list) and \
+                all(isinstance(n, str) and (n in computed or _TEMPORARY.fullmatch(n)) for n in sources):
+            out.add(t.name)
+    return out
 
 
 def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None) -> ForwardGraph:
@@ -212,7 +253,8 @@ def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set
 
 
 def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
-                      stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None) -> ForwardGraph:
+                      stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None,
+                      folded: set[str] = frozenset()) -> ForwardGraph:
     """Classify initializers and move the weights to graph inputs.
 
     First every ``Identity(initializer)`` output becomes an initializer of its own, a copy
@@ -231,7 +273,8 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     Such a weight has shape (1,), read through a ``Reshape`` to rank 0 (``repairs.read_as_scalars``).
     Initializers nothing reads (subgraphs of ``Loop`` or ``If`` included) are dropped. ``stash`` holds initializers already taken out
     of the graph (see ``_stash_weights``); they are classified the same way. Weights come
-    in ``order`` (names), by default the graph's initializer order; the copies follow.
+    in ``order`` (names), by default the graph's initializer order; the copies follow. ``folded``:
+    initializers that stay constants whatever reaches them (:func:`folded_constants`).
     """
     model = copy.deepcopy(model)
     stash = dict(stash or {})
@@ -252,6 +295,10 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
         tensor = isinstance(value, onnx.TensorProto)
         is_float = value.data_type == onnx.TensorProto.FLOAT if tensor else value.dtype == np.float32
         rank = len(value.dims) if tensor else value.ndim
+        if name in folded and name not in scalars:
+            constants.append(value if tensor else numpy_helper.from_array(value, name))
+            unreached[name] = FOLDED
+            continue
         if name in scalars or (is_float and rank >= 1 and (name in bn_stats or name in differentiable)):
             arr = np.ascontiguousarray(_to_array(value) if tensor else value, dtype=np.float32)  # a scalar: (1,)
             if name in bn_stats or name in scalars or _finite(arr):
@@ -445,6 +492,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     """
     from ortrain.nn.graph_model import GraphModel
     proto = load_untrusted(model)
+    folded = folded_constants(proto)
     stash, order = _stash_weights(proto)
     proto, _ = batchnorm_inference_form(proto)  # first: onnx's opset converter cannot take its training form
     proto = upgrade_opset(proto)
@@ -455,7 +503,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, _ = free_batch_dimension(proto, data)
     proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
-    fg = canonical_forward(proto, trainable, frozen, stash, order)
+    fg = canonical_forward(proto, trainable, frozen, stash, order, folded)
     _check_shapes(fg)
     _check_gradients(fg)
     if name is None:
