@@ -15,7 +15,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
 * ``Gelu(approximate="tanh")`` (opset 20, torch's default export of ``nn.GELU("tanh")``)
   gets the exact GELU's gradient from the runtime: it is written out as the tanh formula
   in plain arithmetic, whose gradient the builder derives correctly.
-* ``PRelu``, ``Elu``, ``Softplus``, ``HardSigmoid`` and ``HardSwish`` have no gradient builder,
+* ``PRelu``, ``Elu``, ``Selu``, ``Celu``, ``Softsign``, ``ThresholdedRelu``, ``Softplus``, ``HardSigmoid``
+  and ``HardSwish`` have no gradient builder,
   and neither has ``CastLike`` (the dynamo exporter's): they are written in ops that have one.
 * ``SplitToSequence`` read only by ``SequenceAt`` at constant indices (the dynamo exporter's
   ``split`` and ``unbind``) has no gradient: it becomes a ``Split``
@@ -251,7 +252,15 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
       ``(1 - beta) / alpha``);
     * ``HardSwish(x)`` -> ``0`` up to -3, ``x * (x + 3) / 6`` between, ``x`` from 3 (derivative
       ``x / 3 + 1 / 2`` strictly inside, 0 at -3, 1 at 3);
+    * ``Selu(x)`` -> ``Where(x > 0, gamma * x, alpha * gamma * (exp(u) - 1))`` and ``Celu(x)`` ->
+      ``Where(x > 0, x, alpha * (exp(u / alpha) - 1))`` (``u`` as for ``Elu``; the derivative at 0
+      is the left one, ``alpha * gamma`` and 1, as PyTorch's);
+    * ``Softsign(x)`` -> ``x / (1 + |x|)``;
+    * ``ThresholdedRelu(x)`` -> ``Where(x > alpha, x, 0)`` (derivative 0 at ``alpha``);
     * ``CastLike(x, like)`` -> ``Cast(x, to=<like's element type>)`` where that type is known.
+
+    The constants are rounded as PyTorch's kernels round them: ``alpha * gamma`` and ``1 / alpha``
+    are computed in float32 once, not per element.
     """
     def rewrite(e: _Expansion, node, types) -> bool:
         kind, x, y = node.op_type, node.input[0], node.output[0]
@@ -270,6 +279,23 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
             tail = e.op("Mul", e.const("alpha", attribute(node, "alpha", 1.0)), e.op("Sub", e.op("Exp", u),
                                                                                  e.const("one", 1.0)))
             e.op("Where", positive, x, tail, result=y)
+        elif kind in ("Selu", "Celu"):
+            positive = e.op("Greater", x, zero)
+            u = e.op("Where", positive, zero, x)
+            alpha = np.float32(attribute(node, "alpha", 1.67326319217681884765625 if kind == "Selu" else 1.0))
+            if kind == "Selu":
+                gamma = np.float32(attribute(node, "gamma", 1.05070102214813232421875))
+                e.op("Where", positive, e.op("Mul", x, e.const("gamma", gamma)),
+                     e.op("Mul", e.op("Sub", e.op("Exp", u), e.const("one", 1.0)), e.const("alpha_gamma", alpha * gamma)),
+                     result=y)
+            else:
+                inner = e.op("Mul", u, e.const("inverse_alpha", np.float32(1.0 / float(alpha))))
+                e.op("Where", positive, x, e.op("Mul", e.op("Sub", e.op("Exp", inner), e.const("one", 1.0)),
+                                                e.const("alpha", alpha)), result=y)
+        elif kind == "Softsign":
+            e.op("Div", x, e.op("Add", e.op("Abs", x), e.const("one", 1.0)), result=y)
+        elif kind == "ThresholdedRelu":
+            e.op("Where", e.op("Greater", x, e.const("alpha", attribute(node, "alpha", 1.0))), x, zero, result=y)
         elif kind == "Softplus":
             nonneg = e.op("GreaterOrEqual", x, zero)
             relu = e.op("Where", nonneg, x, zero)
@@ -292,7 +318,8 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
             e.op("Where", e.op("LessOrEqual", x, e.op("Neg", three)), zero,
                  e.op("Where", e.op("Less", x, three), middle, x), result=y)
         return True
-    return _expand(model, {"CastLike", "PRelu", "Elu", "Softplus", "HardSigmoid", "HardSwish"}, rewrite)
+    return _expand(model, {"CastLike", "PRelu", "Elu", "Selu", "Celu", "Softsign", "ThresholdedRelu", "Softplus",
+                           "HardSigmoid", "HardSwish"}, rewrite)
 
 
 def dilated_same_conv_with_pads(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
