@@ -9,12 +9,11 @@ that stand for the node. A form that cannot be rewritten because a shape is unkn
 naming the node.
 
 This module holds the ``FORMS`` table and :func:`for_training`; the forms themselves are in
-:mod:`ortrain.graph.tensor_forms` (MatMul, Pow, Where, Split, Transpose, reductions) and
-:mod:`ortrain.graph.layer_forms` (Conv, LayerNormalization, LSTM, GRU) and
-:mod:`ortrain.graph.upsampling_forms` (Resize, ConvTranspose) and
+:mod:`ortrain.graph.tensor_forms` (MatMul, Pow, Where, Split, Transpose, reductions),
+:mod:`ortrain.graph.layer_forms` (Conv, LayerNormalization, LSTM, GRU),
+:mod:`ortrain.graph.upsampling_forms` (Resize, ConvTranspose: gradient kernels on CUDA only) and
 :mod:`ortrain.graph.norm_forms` (InstanceNormalization and GroupNormalization, which have no gradient
-at all), on the graph facts of
-:mod:`ortrain.graph.shapes`.
+at all), on the graph facts of :mod:`ortrain.graph.shapes`.
 """
 
 from __future__ import annotations
