@@ -12,9 +12,9 @@ knows it (``tests/data/probe_gradient_ops.py`` repeats the measurement and the
 test suite checks a sample of it against the engine). Ops of the ``com.microsoft``
 domain are those the builder registers for graphs ORT's own optimisers fuse.
 
-``InstanceNormalization`` and ``GroupNormalization`` are not among them, but ortrain's training
-graphs write them out in ops that are (:mod:`ortrain.graph.norm_forms`), so they are trained
-through all the same (``FORM_OPS``).
+``InstanceNormalization``, ``GroupNormalization``, ``ReduceMax`` and ``ReduceMin`` are not among
+them, but ortrain's training graphs write them in ops that are (:mod:`ortrain.graph.norm_forms`,
+:mod:`ortrain.graph.tensor_forms`), so they are trained through all the same (``FORM_OPS``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-from ortrain.graph.norm_forms import FORM_OPS
 from ortrain.graph.passes import (
     attribute,
     elem_types,
@@ -34,6 +33,9 @@ from ortrain.graph.passes import (
 
 __all__ = ["FORM_OPS", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
            "nodes_without_gradient", "untrainable_form"]
+
+# Ops without a gradient that every training graph holds in other ops (gradient_forms.FORMS)
+FORM_OPS = frozenset({"InstanceNormalization", "GroupNormalization", "ReduceMax", "ReduceMin"})
 
 GRADIENT_OPS = frozenset({
     # ai.onnx, measured on the installed onnxruntime-training 1.19.2

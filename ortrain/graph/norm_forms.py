@@ -24,10 +24,7 @@ from ortrain.errors import UnsupportedOpError
 from ortrain.graph.passes import attribute
 from ortrain.graph.shapes import _Graph, _where
 
-__all__ = ["FORM_OPS"]
-
-FORM_OPS = frozenset({"InstanceNormalization", "GroupNormalization"})
-"""The ops these forms stand for: every node of them is rewritten for training."""
+__all__: list[str] = []
 
 
 def _norm_needs(node, g: _Graph) -> bool:

@@ -1,7 +1,7 @@
 """Gradient forms of tensor ops (the ``FORMS`` entries of :mod:`ortrain.graph.gradient_forms`):
 ``MatMul`` with a 1-D operand, ``Pow`` and ``Where`` with a broadcast operand, ``Split`` with an
-unread output, ``Transpose`` without ``perm``, ``ReduceL2``/``ReduceLogSumExp`` without ``keepdims``;
-and :func:`matmul_vectors_as_matrices` for the graphs that only run forward.
+unread output, ``Transpose`` without ``perm``, ``ReduceL2``/``ReduceLogSumExp`` without ``keepdims``,
+``ReduceMax``/``ReduceMin`` (no gradient at all: a ``TopK``); and :func:`matmul_vectors_as_matrices` for the graphs that only run forward.
 """
 
 from __future__ import annotations
@@ -183,3 +183,54 @@ def _reduce_kept(node, i: int, p: str, g: _Graph):
     return [helper.make_node(node.op_type, list(node.input), [kept], name=node.name, axes=axes, keepdims=1),
             helper.make_node("Squeeze", [kept, p + "axes"], list(node.output), name=p + "Squeeze")], \
         [numpy_helper.from_array(np.array(axes, np.int64), p + "axes")]
+
+
+# -- ReduceMax / ReduceMin ----------------------------------------------------------------------
+
+def _extreme_needs(node, g: _Graph) -> bool:
+    return node.input[0] in g.computed
+
+
+def _extreme_as_top_k(node, i: int, p: str, g: _Graph):
+    """``ReduceMax``/``ReduceMin``, which have no gradient in onnxruntime-training 1.19.2, as a
+    ``TopK`` of one element (which has one): the reduced axes moved last and merged into one. The
+    gradient reaches the first extreme element along them, as PyTorch's ``max(dim)`` sends it to
+    the index it returns (``amax`` shares it among ties instead)."""
+    rank = g.shapes.rank(node.input[0])
+    if rank is None:
+        raise UnsupportedOpError(f"{_where(node, i)}: onnxruntime-training 1.19.2 has no gradient for {node.op_type}, "
+                                 f"and ortrain trains through it as a TopK, which needs its input's rank; the rank of "
+                                 f"{node.input[0]!r} is not known. Export with known ranks")
+    if len(node.input) > 1 and node.input[1]:  # opset 18: axes as an input
+        axes = g.consts.get(node.input[1])
+        if axes is None:
+            raise UnsupportedOpError(f"{_where(node, i)}: its axes are computed in the graph, and ortrain trains "
+                                     f"through a {node.op_type} as a TopK over axes known when the graph is built. "
+                                     "Export with constant axes")
+        axes = [int(a) for a in np.ravel(axes)]
+    else:
+        axes = list(attribute(node, "axes", []))
+    keepdims = attribute(node, "keepdims", 1)
+    if not axes and attribute(node, "noop_with_empty_axes", 0):
+        return [helper.make_node("Identity", [node.input[0]], [node.output[0]], name=p + "Identity")], []
+    axes = sorted({a % rank for a in axes} if axes else set(range(rank)))
+    rest = [a for a in range(rank) if a not in axes]
+    nodes, inits = [], []
+    x = node.input[0]
+    if rest + axes != list(range(rank)):
+        nodes.append(helper.make_node("Transpose", [x], [p + "moved"], name=p + "Transpose", perm=rest + axes))
+        x = p + "moved"
+    if len(axes) > 1:  # Reshape's 0 keeps the leading (unreduced) sizes, even free ones
+        inits.append(numpy_helper.from_array(np.array([0] * len(rest) + [-1], np.int64), p + "merged_shape"))
+        nodes.append(helper.make_node("Reshape", [x, p + "merged_shape"], [p + "merged"], name=p + "Merge"))
+        x = p + "merged"
+    inits += [numpy_helper.from_array(np.array([1], np.int64), p + "k"),
+              numpy_helper.from_array(np.array([len(rest)], np.int64), p + "last"),
+              numpy_helper.from_array(np.array(axes, np.int64), p + "axes")]
+    nodes += [helper.make_node("TopK", [x, p + "k"], [p + "top", p + "index"], name=p + "TopK", axis=-1,
+                               largest=int(node.op_type == "ReduceMax"), sorted=1),
+              helper.make_node("Squeeze", [p + "top", p + "last"],
+                               [node.output[0] if not keepdims else p + "squeezed"], name=p + "Squeeze")]
+    if keepdims:
+        nodes.append(helper.make_node("Unsqueeze", [p + "squeezed", p + "axes"], [node.output[0]], name=p + "Unsqueeze"))
+    return nodes, inits
