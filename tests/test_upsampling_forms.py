@@ -31,6 +31,11 @@ LAYERS = {
                                  (2, 3, 5, 5)),
     "transpose k2 s2 (tiles)": (lambda t: t.nn.ConvTranspose2d(3, 4, 2, stride=2), (2, 3, 5, 6)),
     "transpose k3 s3 no bias": (lambda t: t.nn.ConvTranspose2d(3, 4, 3, stride=3, bias=False), (2, 3, 4, 2)),
+    "transpose k4 s3 groups op2": (lambda t: t.nn.ConvTranspose2d(4, 6, 4, stride=3, padding=1, output_padding=2,
+                                                                 groups=2), (2, 4, 3, 4)),
+    "transpose k5 s2 p3 (phases, end cropped)": (lambda t: t.nn.ConvTranspose2d(3, 2, 5, stride=2, padding=3),
+                                                 (2, 3, 4, 5)),
+    "transpose 3-D": (lambda t: t.nn.ConvTranspose3d(2, 3, 3, stride=2, padding=1), (2, 2, 3, 4, 3)),
     "transpose stride 1": (lambda t: t.nn.ConvTranspose2d(3, 4, 3), (2, 3, 5, 5)),
     "transpose groups dilation": (lambda t: t.nn.ConvTranspose2d(4, 6, 2, stride=3, groups=2, dilation=2), (2, 4, 4, 3)),
     "transpose padding past the kernel": (lambda t: t.nn.ConvTranspose2d(3, 2, 3, stride=2, padding=3), (2, 3, 6, 6)),
@@ -49,7 +54,7 @@ LAYERS = {
 
 def _net(torch, name):
     layer, shape = LAYERS[name]
-    conv = torch.nn.Conv2d(shape[1], shape[1], 1) if len(shape) == 4 else torch.nn.Conv1d(shape[1], shape[1], 1)
+    conv = {3: torch.nn.Conv1d, 4: torch.nn.Conv2d, 5: torch.nn.Conv3d}[len(shape)](shape[1], shape[1], 1)
     return torch.nn.Sequential(conv, layer(torch)), shape
 
 
@@ -175,24 +180,36 @@ def test_a_transposed_convolution_sized_by_output_shape_is_refused_by_name(rng):
         ot.Trainer(model, batch_size=2)
 
 
-def test_a_transposed_convolution_with_a_bias_trains_against_the_reference_evaluator(rng):
-    """Without PyTorch: the loss of a strided ConvTranspose equals onnx's reference evaluation of the
-    model, and after one step on a zero target the bias moved by exactly lr * mean gradient."""
-    w = numpy_helper.from_array(f32(rng, 2, 3, 3, 3), "W")
+@pytest.mark.parametrize("strides, pads, output_padding", [
+    ([2, 2], [1, 1, 1, 1], [1, 1]),  # one convolution per output phase
+    ([2, 3], [0, 1, 2, 0], [1, 0]),  # phases, padding unequal at the two ends
+    ([3, 2], [2, 0, 0, 5], [0, 1]),  # an end padding past kernel + output_padding: the zero-inserted input
+])
+def test_a_transposed_convolution_with_a_bias_trains_against_the_reference_evaluator(rng, strides, pads, output_padding):
+    """Without PyTorch: a strided ConvTranspose gives onnx's reference evaluation before and after a
+    step, its loss is the reference's, and the bias moves by exactly lr times the mean gradient."""
+    w = numpy_helper.from_array(f32(rng, 2, 3, 3, 4), "W")
     b = numpy_helper.from_array(f32(rng, 3), "B")
-    node = helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], name="up", strides=[2, 2], pads=[1, 1, 1, 1],
-                            output_padding=[1, 1])
-    proto = _model([node], [vi("x", [None, 2, 4, 4])], [vi("y", [None, 3, 8, 8])], [w, b])
+    node = helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], name="up", strides=strides, pads=pads,
+                            output_padding=output_padding)
+    out = [(4 - 1) * s + k + op - p0 - p1 for s, k, op, p0, p1 in zip(strides, [3, 4], output_padding, pads[:2], pads[2:])]
+    proto = _model([node], [vi("x", [None, 2, 4, 4])], [vi("y", [None, 3, *out])], [w, b])
     x = f32(rng, 2, 2, 4, 4)
     ref = ReferenceEvaluator(proto).run(None, {"x": x})[0]
     y = np.zeros_like(ref)
     model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.5), loss="mse")
     with ot.Trainer(model, batch_size=2) as tr:
+        np.testing.assert_allclose(tr.predict(x), ref, rtol=1e-5, atol=1e-6)
         loss = tr.step(x, y)
-        weights = dict(zip(model.weight_names(), tr.model().get_weights(), strict=True))
+        trained = tr.model()
+    weights = dict(zip(trained.weight_names(), trained.get_weights(), strict=True))
     np.testing.assert_allclose(loss, np.mean(ref ** 2), rtol=1e-5)
     db = (2 * ref / ref.size).sum(axis=(0, 2, 3))
     np.testing.assert_allclose(weights["B"], numpy_helper.to_array(b) - 0.5 * db, rtol=1e-5, atol=1e-7)
+    moved = helper.make_graph([node], "moved", [vi("x", [None, 2, 4, 4])], [vi("y", None)],
+                              [numpy_helper.from_array(weights["W"], "W"), numpy_helper.from_array(weights["B"], "B")])
+    after = ReferenceEvaluator(helper.make_model(moved, opset_imports=[helper.make_opsetid("", 17)])).run(None, {"x": x})[0]
+    np.testing.assert_allclose(trained.predict(x), after, rtol=1e-5, atol=1e-6)
 
 
 def test_resize_matrices_reproduce_the_reference_resize(rng):

@@ -14,17 +14,24 @@ CUDA only, written in ops whose gradients run on every device.
   along each axis), over the weights with input and output channels swapped and the kernel
   flipped, padded by ``dilation * (kernel - 1) - pad`` (a negative padding crops the output).
   The zeros are inserted by ``Pad`` on a new axis after each spatial one and a ``Reshape``, which
-  take free sizes; the flip is a ``Gather`` of the weights, which stay the trainable tensor. The
-  convolution does ``stride ** dims`` times the transposed convolution's work, most of it on zeros.
-  A 2-D one whose windows tile the output (kernel equal to the stride, no padding, one group) is
-  instead a 1x1 convolution to ``c_out * kh * kw`` channels whose blocks a ``Reshape`` and a
-  ``Transpose`` put in place: no work on zeros.
+  take free sizes; the flip is a ``Gather`` of the weights, which stay the trainable tensor. That
+  convolution does ``stride ** dims`` times the transposed convolution's work, most of it on zeros,
+  so two cases take other forms with no work on zeros:
+
+  - without dilation and with a kernel at least the stride (DCGAN's ``ConvTranspose2d(c, c // 2, 4,
+    stride=2, padding=1)``), one ``Conv`` per output phase (the output positions ``stride * q + r``
+    for each ``r``), over the taps that reach it, the phases then interleaved (:func:`_phases`);
+  - a 2-D one whose windows tile the output (kernel equal to the stride, no padding, one group) is
+    a 1x1 convolution to ``c_out * kh * kw`` channels whose blocks a ``Reshape`` and a ``Transpose``
+    put in place.
 
 The exported model keeps ``Resize`` and ``ConvTranspose``; only the training and eval graphs hold
 these forms.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import onnx
@@ -260,6 +267,14 @@ def _conv_transpose_as_conv(node, i: int, p: str, g: _Graph):
         w = op("Reshape", [w, const("w_shape", [group * c_out_group, c_in // group, *kernel])], "w_conv")
     else:
         w = op("Transpose", [w], "w_swapped", perm=[1, 0, *range(2, dims + 2)])
+    # output position s * q + r (r < s along each axis) is reached only by the taps r, r + s, ...:
+    # one small convolution per phase r, their outputs interleaved (no work on zeros); it needs every
+    # phase to have a tap (kernel >= stride) and no dilation, and an end padding within reach
+    reach = [-(-(k - pads[dims + a] + output_padding[a]) // s) - 1 for a, (k, s) in enumerate(zip(kernel, strides))]
+    if any(s > 1 for s in strides) and all(d == 1 for d in dilations) and \
+            all(k >= s for k, s in zip(kernel, strides)) and all(c >= 0 for c in reach):
+        return _phases(node, w, kernel, strides, pads, output_padding, reach, group, c_out_group, op, const,
+                       nodes, inits, p)
     for a, k in enumerate(kernel):
         if k > 1:
             w = op("Gather", [w, const(f"flip{a}", np.arange(k - 1, -1, -1, dtype=np.int64))], f"w_flipped{a}",
@@ -303,4 +318,69 @@ def _conv_transpose_as_conv(node, i: int, p: str, g: _Graph):
                       const("crop_ends", np.array(ends, np.int64)),
                       const("crop_axes", np.arange(2, dims + 2, dtype=np.int64))],
             [node.output[0]], name=p + "crop"))
+    return nodes, inits
+
+
+def _phases(node, w: str, kernel, strides, pads, output_padding, reach, group, c_out_group, op, const, nodes,
+            inits, p):
+    """``ConvTranspose`` (no dilation, ``kernel >= stride``) as one ``Conv`` per output phase.
+
+    Along an axis, output ``s * q + r - pad_begin`` sums ``x[q - j] * w[r + j * s]`` over ``j``: a
+    convolution of ``x`` with the taps ``r, r + s, ...`` (flipped, padded by their count less one
+    at the start). Each phase is made ``n + reach`` long (``reach`` is what the output needs past the
+    input's length, at most the taps' count less one: the end padding), the phases are stacked on a
+    new axis after each spatial one and merged (``(n, c, q1, s1, q2, s2) -> (n, c, q1 s1, q2 s2)``),
+    and the padding cropped. ``w`` is the weights as a convolution's, ``(c_out, c_in / group, *k)``,
+    not flipped."""
+    dims = len(kernel)
+    outputs = {}
+    for phase in itertools.product(*(range(s) for s in strides)):
+        sub, conv_pads, taps = w, [], []
+        for a, (r, k, s) in enumerate(zip(phase, kernel, strides)):
+            picked = np.arange(r, k, s)[::-1].astype(np.int64)  # the phase's taps, flipped
+            taps.append(len(picked))
+            sub = op("Gather", [sub, const(f"taps{a}_{r}_{'_'.join(map(str, phase))}", picked)],
+                     f"w_phase{'_'.join(map(str, phase))}_{a}", axis=a + 2)
+            conv_pads.append(len(picked) - 1)
+        conv_pads += list(reach)
+        outputs[phase] = op("Conv", [node.input[0], sub], f"phase{'_'.join(map(str, phase))}", group=group,
+                            kernel_shape=taps, pads=conv_pads)
+    # stack the phases, the last axis first: each stacking adds an axis after its spatial one
+    for a in range(dims - 1, -1, -1):
+        axis = const(f"stack_axis{a}", np.array([3 + a], np.int64))
+        merged = {}
+        for phase in {ph[:a] for ph in outputs}:
+            parts = [op("Unsqueeze", [outputs[phase + (r,)], axis], f"stack{a}_{'_'.join(map(str, phase + (r,)))}")
+                     for r in range(strides[a])]
+            merged[phase] = op("Concat", parts, f"stacked{a}_{'_'.join(map(str, phase))}", axis=3 + a)
+        outputs = merged
+    stacked = outputs[()]
+    in_shape = op("Shape", [node.input[0]], "input_shape")
+    head = op("Slice", [in_shape, const("zero", np.array([0], np.int64)), const("one", np.array([1], np.int64))],
+              "batch")
+    spatial = op("Slice", [in_shape, const("two", np.array([2], np.int64)),
+                           const("end", np.array([dims + 2], np.int64))], "input_spatial")
+    sizes = op("Mul", [op("Add", [spatial, const("reach", np.array(reach, np.int64))], "phase_sizes"),
+                       const("strides", np.array(strides, np.int64))], "merged_sizes")
+    target = op("Concat", [head, const("c_out", np.array([group * c_out_group], np.int64)), sizes], "merged_shape",
+                axis=0)
+    merged = op("Reshape", [stacked, target], "merged")
+    # crop the padding: pad_begin at the start; at the end, what the phases hold past the output
+    big = np.iinfo(np.int64).max
+    ends = [(c + 1) * s - (k - pads[dims + a] + output_padding[a])
+            for a, (c, s, k) in enumerate(zip(reach, strides, kernel))]
+    last = node.output[0]
+    has_bias = len(node.input) > 2 and node.input[2]
+    if any(pads[:dims]) or any(ends):
+        cropped = p + "cropped" if has_bias else last
+        nodes.append(helper.make_node(
+            "Slice", [merged, const("crop_starts", np.array(pads[:dims], np.int64)),
+                      const("crop_ends", np.array([-e if e else big for e in ends], np.int64)),
+                      const("crop_axes", np.arange(2, dims + 2, dtype=np.int64))], [cropped], name=p + "crop"))
+        merged = cropped
+    if has_bias:
+        bias = op("Reshape", [node.input[2], const("bias_shape", np.array([-1] + [1] * dims, np.int64))], "bias")
+        nodes.append(helper.make_node("Add", [merged, bias], [last], name=p + "Add"))
+    elif merged != last:
+        nodes.append(helper.make_node("Identity", [merged], [last], name=p + "Identity"))
     return nodes, inits
