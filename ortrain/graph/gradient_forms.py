@@ -9,7 +9,7 @@ that stand for the node. A form that cannot be rewritten because a shape is unkn
 naming the node.
 
 This module holds the ``FORMS`` table and :func:`for_training`; the forms themselves are in
-:mod:`ortrain.graph.tensor_forms` (MatMul, Pow, Where, Split, Transpose, reductions, ReduceMax/Min),
+:mod:`ortrain.graph.tensor_forms` (MatMul, Pow, Where, Split, Transpose, reductions, ReduceMax/Min, Einsum),
 :mod:`ortrain.graph.layer_forms` (Conv, LayerNormalization, LSTM, GRU),
 :mod:`ortrain.graph.upsampling_forms` (Resize, ConvTranspose: gradient kernels on CUDA only) and
 :mod:`ortrain.graph.norm_forms` (InstanceNormalization and GroupNormalization, which have no gradient
@@ -35,6 +35,8 @@ from ortrain.graph.norm_forms import _group_norm_decomposed, _instance_norm_deco
 from ortrain.graph.passes import average_pool_as_conv, name_batch_dimension, replace_nodes
 from ortrain.graph.shapes import _Graph
 from ortrain.graph.tensor_forms import (
+    _einsum_as_matmuls,
+    _einsum_needs,
     _extreme_as_top_k,
     _extreme_needs,
     _matmul_as_matrix,
@@ -103,6 +105,7 @@ FORMS: dict[str, Form] = {
     "ReduceLogSumExp": Form(_reduce_needs, _reduce_kept),
     "ReduceMax": Form(_extreme_needs, _extreme_as_top_k),
     "ReduceMin": Form(_extreme_needs, _extreme_as_top_k),
+    "Einsum": Form(_einsum_needs, _einsum_as_matmuls),
     "LSTM": Form(_recurrent_needs, _recurrent_complete),
     "GRU": Form(_recurrent_needs, _recurrent_complete),
     "Resize": Form(_resize_needs, _resize_as_matmuls),

@@ -1,10 +1,13 @@
 """Gradient forms of tensor ops (the ``FORMS`` entries of :mod:`ortrain.graph.gradient_forms`):
 ``MatMul`` with a 1-D operand, ``Pow`` and ``Where`` with a broadcast operand, ``Split`` with an
 unread output, ``Transpose`` without ``perm``, ``ReduceL2``/``ReduceLogSumExp`` without ``keepdims``,
-``ReduceMax``/``ReduceMin`` (no gradient at all: a ``TopK``); and :func:`matmul_vectors_as_matrices` for the graphs that only run forward.
+``ReduceMax``/``ReduceMin`` (no gradient at all: a ``TopK``), ``Einsum`` (none either: matrix
+products); and :func:`matmul_vectors_as_matrices` for the graphs that only run forward.
 """
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import onnx
@@ -234,3 +237,155 @@ def _extreme_as_top_k(node, i: int, p: str, g: _Graph):
     if keepdims:
         nodes.append(helper.make_node("Unsqueeze", [p + "squeezed", p + "axes"], [node.output[0]], name=p + "Unsqueeze"))
     return nodes, inits
+
+
+# -- Einsum -------------------------------------------------------------------------------------
+
+def _einsum_needs(node, g: _Graph) -> bool:
+    return True  # the runtime has no gradient for Einsum in any form
+
+
+def _equation(node) -> str:
+    equation = attribute(node, "equation", b"")
+    return equation.decode() if isinstance(equation, bytes) else equation
+
+
+def _refuse_einsum(node, i: int, why: str):
+    raise UnsupportedOpError(f"{_where(node, i)} (equation {_equation(node)!r}): {why}. "
+                             "onnxruntime-training 1.19.2 has no gradient for Einsum, and ortrain trains through it "
+                             "as transposes, sums and matrix products. Write it with matmul, sum and transpose")
+
+
+def _einsum_labels(node, i: int, g: _Graph) -> tuple[list[list[str]], list[str]]:
+    """The labels of each operand and of the output, one letter an axis, an ellipsis spelt out in
+    letters the equation does not use (aligned from the right, as numpy broadcasts it)."""
+    equation = _equation(node).replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(node.input):
+        _refuse_einsum(node, i, f"it has {len(node.input)} inputs for {len(terms)} terms")
+    spare = iter(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba" if c not in equation)
+    width = 0
+    for term, name in zip(terms, node.input):
+        if "..." in term:
+            rank = g.shapes.rank(name)
+            if rank is None:
+                _refuse_einsum(node, i, f"the rank of {name!r}, which its ellipsis spans, is not known")
+            width = max(width, rank - len(term.replace("...", "")))
+    ellipsis = [next(spare) for _ in range(width)]
+    labels = []
+    for term, name in zip(terms, node.input):
+        if "..." in term:
+            head, _, tail = term.partition("...")
+            n = g.shapes.rank(name) - len(head) - len(tail)
+            labels.append(list(head) + ellipsis[width - n:] + list(tail))
+        else:
+            labels.append(list(term))
+    if arrow:
+        out = list(rhs.replace("...", "".join(ellipsis)))
+    else:  # implicit output: the ellipsis, then the letters used once, in alphabetical order
+        counts = collections.Counter(c for term in labels for c in term if c not in ellipsis)
+        out = ellipsis + sorted(c for c, k in counts.items() if k == 1)
+    for term in labels:
+        if len(set(term)) != len(term):
+            _refuse_einsum(node, i, "a label repeats within one operand (a diagonal or a trace)")
+        if not all(c.isalpha() for c in term):
+            _refuse_einsum(node, i, "it is not a valid equation")
+    return labels, out
+
+
+class _Einsum:
+    """Nodes written for one Einsum; ``op`` appends one and returns its output's name."""
+
+    def __init__(self, p: str):
+        self.p, self.nodes, self.inits, self.n = p, [], [], 0
+
+    def const(self, value) -> str:
+        self.n += 1
+        name = f"{self.p}c{self.n}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, np.int64), name))
+        return name
+
+    def op(self, kind: str, inputs: list[str], out: str | None = None, **attrs) -> str:
+        self.n += 1
+        out = out or f"{self.p}{kind}{self.n}"
+        self.nodes.append(helper.make_node(kind, inputs, [out], name=f"{self.p}{kind}{self.n}", **attrs))
+        return out
+
+    def transpose(self, x: str, have: list[str], want: list[str]) -> str:
+        return x if have == want else self.op("Transpose", [x], perm=[have.index(c) for c in want])
+
+    def sum_out(self, x: str, have: list[str], keep) -> tuple[str, list[str]]:
+        """``x`` summed over the labels not in ``keep``."""
+        gone = [k for k, c in enumerate(have) if c not in keep]
+        if not gone:
+            return x, have
+        return self.op("ReduceSum", [x, self.const(gone)], keepdims=0), [c for c in have if c in keep]
+
+
+def _einsum_pair(e: _Einsum, a: str, la: list[str], b: str, lb: list[str], keep: set[str], out: str | None):
+    """The product of ``a`` and ``b`` summed over their shared labels not in ``keep``: its name and
+    labels, in the order ``batch, a's own, b's own``. ``MatMul`` does the work: the shared labels
+    kept are its batch axes, each operand's own labels but the last are axes of size 1 in the other
+    (broadcast), and the summed labels are merged into the inner axis."""
+    a, la = e.sum_out(a, la, keep | set(lb))
+    b, lb = e.sum_out(b, lb, keep | set(la))
+    batch = [c for c in la if c in lb and c in keep]
+    inner = [c for c in la if c in lb and c not in keep]
+    own_a = [c for c in la if c not in lb]
+    own_b = [c for c in lb if c not in la]
+    # the rows and columns of the product: each operand's last own label (or an axis of size 1)
+    lead_a, lead_b = own_a[:-1], own_b[:-1]
+    lead = batch + lead_a + lead_b
+    a = e.transpose(a, la, batch + lead_a + own_a[-1:] + inner)
+    b = e.transpose(b, lb, batch + lead_b + own_b[-1:] + inner)
+    a = _einsum_shape(e, a, len(batch), lead_a, lead_b, bool(own_a[-1:]), len(inner), first=True)
+    b = _einsum_shape(e, b, len(batch), lead_a, lead_b, bool(own_b[-1:]), len(inner), first=False)
+    product = e.op("MatMul", [a, e.op("Transpose", [b], perm=[*range(len(lead)), len(lead) + 1, len(lead)])])
+    # (lead..., rows, columns): drop the axes of size 1 stood in for an absent last own label
+    drop = [len(lead)] if not own_a else []
+    drop += [len(lead) + 1] if not own_b else []
+    labels = lead + own_a[-1:] + own_b[-1:]
+    if drop:
+        product = e.op("Squeeze", [product, e.const(drop)], out)
+    elif out is not None:
+        product = e.op("Identity", [product], out)
+    return product, labels
+
+
+def _einsum_shape(e: _Einsum, x: str, n_batch: int, lead_a: list, lead_b: list, has_own: bool, n_inner: int,
+                  first: bool) -> str:
+    """An operand (``batch, its lead, its last own label, inner``) as the matrix product takes it:
+    the other operand's lead as axes of size 1, an absent own label as an axis of size 1, the inner
+    labels merged into one axis (one of size 1 where there is none)."""
+    own_lead = len(lead_a if first else lead_b)
+    if n_inner != 1:  # Reshape's 0s keep the axes before the inner ones, even free ones
+        keep = n_batch + own_lead + int(has_own)
+        x = e.op("Reshape", [x, e.const([0] * keep + [-1 if n_inner else 1])])
+    axes = []
+    if not has_own:
+        axes.append(n_batch + own_lead)  # before the inner axis
+    if first and lead_b:
+        axes = [a + len(lead_b) for a in axes]
+        axes = list(range(n_batch + own_lead, n_batch + own_lead + len(lead_b))) + axes
+    if not first and lead_a:
+        axes = [a + len(lead_a) for a in axes]
+        axes = list(range(n_batch, n_batch + len(lead_a))) + axes
+    return e.op("Unsqueeze", [x, e.const(sorted(axes))]) if axes else x
+
+
+def _einsum_as_matmuls(node, i: int, p: str, g: _Graph):
+    """``Einsum`` as ``Transpose``, ``ReduceSum``, ``Reshape`` and ``MatMul`` (the operands taken two
+    at a time, left to right), which the gradient builder differentiates."""
+    labels, out = _einsum_labels(node, i, g)
+    e = _Einsum(p)
+    current, have = node.input[0], labels[0]
+    for k in range(1, len(labels)):
+        later = set(out).union(*map(set, labels[k + 1:]))
+        current, have = _einsum_pair(e, current, have, node.input[k], labels[k], later, None)
+    current, have = e.sum_out(current, have, set(out))
+    if have == out:
+        e.op("Identity", [current], node.output[0])
+    else:
+        e.op("Transpose", [current], node.output[0], perm=[have.index(c) for c in out])
+    return e.nodes, e.inits
