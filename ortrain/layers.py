@@ -7,6 +7,7 @@ from ortrain.nn.layers import (
     BatchNorm,
     Concatenate,
     Conv2D,
+    Conv2DTranspose,
     Dense,
     Dropout,
     Embedding,
@@ -16,7 +17,9 @@ from ortrain.nn.layers import (
     LayerNorm,
     MaxPool2D,
     Reshape,
+    UpSampling2D,
 )
 
-__all__ = ["Activation", "Add", "AvgPool2D", "BatchNorm", "Concatenate", "Conv2D", "Dense", "Dropout",
-           "Embedding", "Flatten", "GlobalAvgPool2D", "Layer", "LayerNorm", "MaxPool2D", "Reshape"]
+__all__ = ["Activation", "Add", "AvgPool2D", "BatchNorm", "Concatenate", "Conv2D", "Conv2DTranspose", "Dense",
+           "Dropout", "Embedding", "Flatten", "GlobalAvgPool2D", "Layer", "LayerNorm", "MaxPool2D", "Reshape",
+           "UpSampling2D"]

@@ -1,5 +1,5 @@
-"""Convolution and pooling over channels-first images: Conv2D, MaxPool2D, AvgPool2D and
-GlobalAvgPool2D."""
+"""Convolution, transposed convolution, upsampling and pooling over channels-first images: Conv2D,
+Conv2DTranspose, UpSampling2D, MaxPool2D, AvgPool2D and GlobalAvgPool2D."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ortrain._arrays import is_integer
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
 
-__all__ = ["AvgPool2D", "Conv2D", "GlobalAvgPool2D", "MaxPool2D"]
+__all__ = ["AvgPool2D", "Conv2D", "Conv2DTranspose", "GlobalAvgPool2D", "MaxPool2D", "UpSampling2D"]
 
 
 def _int_tuple(value, n: int, what: str) -> tuple:
@@ -92,6 +92,134 @@ class Conv2D(Layer):
         return {"name": self.name, "filters": self.filters, "kernel_size": list(self.kernel_size),
                 "strides": list(self.strides), "padding": self.padding, "activation": self.activation,
                 "use_bias": self.use_bias}
+
+
+class Conv2DTranspose(Layer):
+    """Transposed 2-D convolution (a decoder's learned upsampling) over ``(batch, channels, height,
+    width)``; kernel ``(in, filters, kh, kw)``, PyTorch's ``ConvTranspose2d`` layout.
+
+    Sizes and placement are Keras': without ``output_padding`` the output is ``n * stride`` for
+    ``padding="same"`` and ``n * stride + max(kernel - stride, 0)`` for ``"valid"``; with it (each
+    below the stride), ``(n - 1) * stride + kernel + output_padding``, less ``2 * (kernel // 2)`` for
+    ``"same"``. ``"same"`` crops the full transposed convolution as TensorFlow does, the odd cell at
+    the end; cells past the full output are zeros (plus the bias). Trained on the CPU through the
+    forms described in the README."""
+
+    def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid", output_padding=None,
+                 activation=None, use_bias: bool = True, name=None, seed=None):
+        super().__init__(name, seed)
+        if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
+            raise OrtrainError(f"Conv2DTranspose(filters=...): expected a positive int, received {filters!r}")
+        self.filters = int(filters)
+        self.kernel_size = _int_tuple(kernel_size, 2, "Conv2DTranspose(kernel_size=...)")
+        self.strides = _int_tuple(strides, 2, "Conv2DTranspose(strides=...)")
+        if padding not in ("valid", "same"):
+            raise OrtrainError(f"Conv2DTranspose(padding=...): expected 'valid' or 'same', received {padding!r}")
+        self.padding = padding
+        if output_padding is None:
+            self.output_padding = None
+        else:
+            received = output_padding
+            output_padding = (output_padding,) * 2 if is_integer(output_padding) else output_padding
+            try:
+                ok = len(output_padding) == 2 and all(is_integer(v) and 0 <= v < s
+                                                      for v, s in zip(output_padding, self.strides))
+            except TypeError:
+                ok = False
+            if not ok:
+                raise OrtrainError(f"Conv2DTranspose(output_padding=...): expected None or ints from 0 to the stride "
+                                   f"less one (strides {self.strides}), received {received!r}")
+            self.output_padding = tuple(int(v) for v in output_padding)
+        self.activation = check_activation(activation)
+        self.use_bias = bool(use_bias)
+
+    def _geometry(self):
+        """``(pads, output_padding)`` as ConvTranspose takes them, ``[top, left, bottom, right]``: the
+        full output ``(n - 1) * stride + kernel`` cropped by the padding, extended by the output
+        padding (which do not depend on ``n``)."""
+        begin, end, extra = [], [], []
+        for a in range(2):
+            k, s = self.kernel_size[a], self.strides[a]
+            op = self.output_padding[a] if self.output_padding is not None else None
+            # what the full output has beyond Keras' length (its crop) and where the crop starts
+            if self.padding == "valid":
+                over, start = (k - s - max(k - s, 0)) if op is None else -op, 0
+            else:
+                over = (k - s) if op is None else 2 * (k // 2) - op
+                start = max(over, 0) // 2
+            begin.append(start)
+            end.append(max(over, 0) - start)
+            extra.append(max(-over, 0))
+        return begin + end, extra
+
+    def _build(self, input_shapes, rng):
+        shape = input_shapes[0]
+        if len(shape) != 4 or shape[1] is None:
+            raise ShapeError(f"Conv2DTranspose expects (batch, channels, height, width) inputs with known channels, "
+                             f"received {describe_shape(shape)}")
+        cin = shape[1]
+        kh, kw = self.kernel_size
+        # PyTorch's default scale for ConvTranspose2d weights: fan-in counted over the output channels
+        self.weights["kernel"] = glorot_uniform(rng, (cin, self.filters, kh, kw), self.filters * kh * kw,
+                                                cin * kh * kw)
+        self.roles["kernel"] = "trainable"
+        if self.use_bias:
+            self.weights["bias"] = np.zeros(self.filters, np.float32)
+            self.roles["bias"] = "trainable"
+
+    def output_shape(self, input_shapes):
+        shape = input_shapes[0]
+        pads, extra = self._geometry()
+        sizes = [None if n is None else (n - 1) * s + k + e - pads[a] - pads[2 + a]
+                 for a, (n, k, s, e) in enumerate(zip(shape[2:], self.kernel_size, self.strides, extra))]
+        return (shape[0], self.filters, *sizes)
+
+    def emit(self, ctx, inputs):
+        pads, extra = self._geometry()
+        args = [inputs[0], ctx.weight(self, "kernel")] + ([ctx.weight(self, "bias")] if self.use_bias else [])
+        y = ctx.gb.op("ConvTranspose", args, kernel_shape=list(self.kernel_size), strides=list(self.strides),
+                      pads=pads, output_padding=extra if any(extra) else None)
+        return emit_activation(ctx.gb, y, self.activation)
+
+    def get_config(self):
+        return {"name": self.name, "filters": self.filters, "kernel_size": list(self.kernel_size),
+                "strides": list(self.strides), "padding": self.padding,
+                "output_padding": None if self.output_padding is None else list(self.output_padding),
+                "activation": self.activation, "use_bias": self.use_bias}
+
+
+class UpSampling2D(Layer):
+    """Repeat (``interpolation="nearest"``) or interpolate (``"bilinear"``, pixel centres aligned as in
+    Keras and PyTorch's ``align_corners=False``) each image ``size`` times along height and width.
+    Training needs the image size known (it interpolates by fixed matrices; see the README)."""
+
+    def __init__(self, size=2, interpolation: str = "nearest", name=None):
+        super().__init__(name)
+        self.size = _int_tuple(size, 2, "UpSampling2D(size=...)")
+        if interpolation not in ("nearest", "bilinear"):
+            raise OrtrainError(f"UpSampling2D(interpolation=...): expected 'nearest' or 'bilinear', "
+                               f"received {interpolation!r}")
+        self.interpolation = interpolation
+
+    def _build(self, input_shapes, rng):
+        if len(input_shapes[0]) != 4:
+            raise ShapeError(f"UpSampling2D expects (batch, channels, height, width) inputs, "
+                             f"received {describe_shape(input_shapes[0])}")
+
+    def output_shape(self, input_shapes):
+        shape = input_shapes[0]
+        return (shape[0], shape[1], *(None if n is None else n * s for n, s in zip(shape[2:], self.size)))
+
+    def emit(self, ctx, inputs):
+        scales = ctx.gb.const([1.0, 1.0, *map(float, self.size)], hint="scales")
+        if self.interpolation == "nearest":
+            attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+        else:
+            attrs = {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}
+        return ctx.gb.op("Resize", [inputs[0], "", scales], **attrs)
+
+    def get_config(self):
+        return {"name": self.name, "size": list(self.size), "interpolation": self.interpolation}
 
 
 class _Pool2D(Layer):

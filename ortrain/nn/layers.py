@@ -16,19 +16,26 @@ from __future__ import annotations
 
 from ortrain.errors import OrtrainError
 from ortrain.nn.base_layer import ACTIVATIONS, Layer
-from ortrain.nn.conv_layers import AvgPool2D, Conv2D, GlobalAvgPool2D, MaxPool2D
+from ortrain.nn.conv_layers import (
+    AvgPool2D,
+    Conv2D,
+    Conv2DTranspose,
+    GlobalAvgPool2D,
+    MaxPool2D,
+    UpSampling2D,
+)
 from ortrain.nn.core_layers import Activation, BatchNorm, Dense, Dropout, Embedding, LayerNorm
 from ortrain.nn.shape_layers import Add, Concatenate, Flatten, Reshape
 
 __all__ = [
-    "ACTIVATIONS", "Activation", "Add", "AvgPool2D", "BatchNorm", "Concatenate", "Conv2D", "Dense",
-    "Dropout", "Embedding", "Flatten", "GlobalAvgPool2D", "Layer", "LayerNorm", "MaxPool2D", "Reshape",
-    "layer_from_config",
+    "ACTIVATIONS", "Activation", "Add", "AvgPool2D", "BatchNorm", "Concatenate", "Conv2D", "Conv2DTranspose",
+    "Dense", "Dropout", "Embedding", "Flatten", "GlobalAvgPool2D", "Layer", "LayerNorm", "MaxPool2D", "Reshape",
+    "UpSampling2D", "layer_from_config",
 ]
 
 _REGISTRY = {cls.__name__: cls for cls in (Dense, Activation, Dropout, BatchNorm, LayerNorm, Embedding, Conv2D,
-                                           MaxPool2D, AvgPool2D, GlobalAvgPool2D, Flatten, Reshape, Add,
-                                           Concatenate)}
+                                           Conv2DTranspose, UpSampling2D, MaxPool2D, AvgPool2D, GlobalAvgPool2D,
+                                           Flatten, Reshape, Add, Concatenate)}
 
 
 def layer_from_config(kind: str, config: dict) -> Layer:
