@@ -22,6 +22,9 @@ TINY = {
         ["--quick"], (),
         r"update\s+20\s+loss\s+-?\d+\.\d+\s+grad_norm\s+\d+\.\d+.*\nupdates: 20  steps: 10240  episodes finished: \d+  "
         r"mean return of the last 20: (?P<value>\d+\.\d)", 25.0),
+    "denoising_autoencoder.py": (
+        ["--quick"], (), r"held-out reconstruction error 0\.\d+, the noisy input's 0\.\d+: (?P<value>\d+\.\d) times lower\n"
+        r"the exported model in a plain InferenceSession matches", 1.5),
     "deploy_onnxruntime.py": (
         [], (), r"onnxruntime matches ortrain on every image; accuracy (?P<value>0\.\d+)", 0.85),
     "dqn_cartpole.py": (
