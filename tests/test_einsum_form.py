@@ -127,3 +127,18 @@ def test_a_diagonal_is_refused_by_name(rng):
     model = ot.from_onnx(proto).compile(optimizer="sgd", loss="mse")
     with pytest.raises(ot.UnsupportedOpError, match=r"Einsum node 'contract' \(equation 'bii->bi'\): a label repeats"):
         ot.Trainer(model, batch_size=2)
+
+
+def test_a_summed_label_broadcast_from_size_one_trains_against_numpy(rng):
+    """``"bj,jk->bk"`` with ``x`` of shape ``(b, 1)``: ``x`` is broadcast along ``j`` (numpy, torch and
+    onnxruntime take it), so ``y = x * w.sum(0)`` and every row of ``w`` gets the same gradient."""
+    x, w, y = f32(rng, 3, 1), f32(rng, 4, 6), f32(rng, 3, 6)
+    model = ot.from_onnx(_einsum_model("bj,jk->bk", x.shape, {"w": w}, y.shape)).compile(
+        optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=3) as tr:
+        loss = tr.step(x, y)
+        w1 = tr.model().get_weights()[0]
+    pred = np.einsum("bj,jk->bk", np.broadcast_to(x, (3, 4)), w)
+    np.testing.assert_allclose(loss, np.mean((pred - y) ** 2), rtol=1e-6)
+    grad = np.broadcast_to(x.T @ (2 * (pred - y) / pred.size), w.shape)
+    np.testing.assert_allclose(w1, w - 0.1 * grad, rtol=1e-5, atol=1e-7)

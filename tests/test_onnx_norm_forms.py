@@ -16,6 +16,7 @@ SGD's below 0.04 of it).
 
 from __future__ import annotations
 
+import collections
 import io
 
 import numpy as np
@@ -187,6 +188,31 @@ def test_the_ones_and_zeros_the_dynamo_exporter_folds_from_a_shape_stay_constant
     assert sorted(_paired(net, model).values()) == ["0.weight", "2.bias", "2.weight"]
     with pytest.raises(ot.OrtrainError, match=r"is a constant, not a weight: PyTorch's dynamo exporter folded it"):
         ot.from_onnx(proto, trainable=[sorted(folded)[0]])
+
+
+@pytest.mark.torch
+def test_a_folded_constant_the_exporter_merged_with_a_parameter_stays_a_weight():
+    """The dynamo exporter merges equal initializers and keeps the first one's record: GroupNorm's
+    folded ones, equal to a parameter ``g`` of ones read as ``g[:, None]``, become one initializer
+    read by two nodes. It stays a weight, so ``g`` trains (shared with the norm's ones, as the
+    README says of merged tensors), rather than freezing without a word."""
+    torch = torch_or_skip()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.n = torch.nn.Conv1d(3, 4, 3, padding=1), torch.nn.GroupNorm(2, 4, affine=False)
+            self.g, self.b = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.zeros(4))
+
+        def forward(self, x):
+            return self.n(self.c(x)) * self.g[:, None] + self.b[:, None]
+
+    proto = _export(torch, Net(), np.zeros((2, 3, 7), np.float32), "dynamo")
+    readers = collections.Counter(i for n in proto.graph.node for i in n.input)
+    shared = {t.name for t in proto.graph.initializer if readers[t.name] > 1 and list(t.dims) == [4, 1]}
+    assert len(shared) == 2, "the exporter no longer merges these: the test needs another model"
+    model = ot.from_onnx(proto)
+    assert shared <= set(model.weight_names())
 
 
 def _group_norm_model(rng, opset, n_affine):

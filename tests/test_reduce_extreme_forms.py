@@ -128,3 +128,25 @@ def test_max_and_min_over_axes_train_as_in_pytorch(dynamo):
     np.testing.assert_allclose(got, want, rtol=1e-5)
     for name, value in net.state_dict().items():
         np.testing.assert_allclose(weights[name], value.numpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype, opset", [(onnx.TensorProto.UINT8, 18), (onnx.TensorProto.INT8, 18),
+                                          (onnx.TensorProto.BOOL, 20), (onnx.TensorProto.INT32, 18)])
+def test_an_extreme_of_a_mask_off_the_gradient_path_is_left_alone(dtype, opset):
+    """``ReduceMax`` of an integer or boolean mask ("any positive in the row") carries no gradient and
+    keeps its op: onnxruntime has no ``TopK`` for uint8, int8 or bool."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Greater", ["x", "zero"], ["positive"]),
+             helper.make_node("Cast", ["positive"], ["mask"], to=dtype),
+             helper.make_node("ReduceMax", ["mask", "axes"], ["any"], keepdims=1),
+             helper.make_node("Cast", ["any"], ["any_float"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("Mul", ["h", "any_float"], ["y"])]
+    inits = [numpy_helper.from_array(np.full((4, 3), 0.1, np.float32), "w"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    proto = _model(nodes, [vi("x", [None, 4])], [vi("y", [None, 3])], inits, opset=opset, ir=9)
+    x = np.array([[1, -1, 2, 0], [-1, -2, -3, -4]], np.float32)
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=2) as tr:
+        loss = tr.step(x, np.zeros((2, 3), np.float32))
+    np.testing.assert_allclose(loss, np.mean(np.array([0.2, 0.2, 0.2, 0, 0, 0]) ** 2), rtol=1e-6)

@@ -136,6 +136,13 @@ class _Graph:
         except Exception:  # what the reference evaluator cannot fold is not a constant here
             return None
 
+    def floating(self, name: str) -> bool:
+        """Whether ``name`` may hold floats (its element type is a float one, or not known): only
+        such values carry a gradient, and the forms that stand for ops without one are written for
+        them (onnxruntime lacks kernels the forms use, TopK of uint8 say, for other types)."""
+        return self.shapes.elem_type(name) in (0, onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                               onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
     def smaller(self, value: str, out: str) -> bool:
         """A value a gradient reaches that may be broadcast to ``out``'s shape."""
         return value in self.computed and not self.shapes.same(value, out)

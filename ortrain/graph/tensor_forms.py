@@ -191,7 +191,7 @@ def _reduce_kept(node, i: int, p: str, g: _Graph):
 # -- ReduceMax / ReduceMin ----------------------------------------------------------------------
 
 def _extreme_needs(node, g: _Graph) -> bool:
-    return node.input[0] in g.computed
+    return node.input[0] in g.computed and g.floating(node.input[0])
 
 
 def _extreme_as_top_k(node, i: int, p: str, g: _Graph):
@@ -242,7 +242,7 @@ def _extreme_as_top_k(node, i: int, p: str, g: _Graph):
 # -- Einsum -------------------------------------------------------------------------------------
 
 def _einsum_needs(node, g: _Graph) -> bool:
-    return True  # the runtime has no gradient for Einsum in any form
+    return g.floating(node.output[0])  # the runtime has no gradient for Einsum in any form
 
 
 def _equation(node) -> str:
@@ -379,13 +379,34 @@ def _einsum_as_matmuls(node, i: int, p: str, g: _Graph):
     at a time, left to right), which the gradient builder differentiates."""
     labels, out = _einsum_labels(node, i, g)
     e = _Einsum(p)
-    current, have = node.input[0], labels[0]
+    inputs = _einsum_unbroadcast(e, list(node.input), labels, out, g)
+    current, have = inputs[0], labels[0]
     for k in range(1, len(labels)):
         later = set(out).union(*map(set, labels[k + 1:]))
-        current, have = _einsum_pair(e, current, have, node.input[k], labels[k], later, None)
+        current, have = _einsum_pair(e, current, have, inputs[k], labels[k], later, None)
     current, have = e.sum_out(current, have, set(out))
     if have == out:
         e.op("Identity", [current], node.output[0])
     else:
         e.op("Transpose", [current], node.output[0], perm=[have.index(c) for c in out])
     return e.nodes, e.inits
+
+
+def _einsum_unbroadcast(e: _Einsum, inputs: list[str], labels: list[list[str]], out: list[str], g: _Graph):
+    """``inputs`` with the axes of size 1 squeezed out where another operand has that summed label
+    at a larger size (``"bj,jk->bk"`` with ``x`` of shape ``(b, 1)``: ``x`` broadcast along ``j``),
+    which the matrix product would refuse; ``labels`` is updated in place."""
+    sizes: dict[str, set] = collections.defaultdict(set)
+    shapes = [g.shapes.shape(name) for name in inputs]
+    for shape, term in zip(shapes, labels):
+        for c, d in zip(term, shape or []):
+            sizes[c].add(d)
+    for k, (shape, term) in enumerate(zip(shapes, labels)):
+        if shape is None:
+            continue
+        ones = [j for j, (c, d) in enumerate(zip(term, shape))
+                if d == 1 and c not in out and any(type(v) is not int or v > 1 for v in sizes[c])]
+        if ones:
+            inputs[k] = e.op("Squeeze", [inputs[k], e.const(ones)])
+            labels[k] = [c for j, c in enumerate(term) if j not in ones]
+    return inputs

@@ -47,7 +47,7 @@ __all__ = ["resize_matrix"]
 # -- Resize -------------------------------------------------------------------------------------
 
 def _resize_needs(node, g: _Graph) -> bool:
-    return node.input[0] in g.computed
+    return node.input[0] in g.computed and g.floating(node.input[0])
 
 
 def _refuse_resize(node, i: int, why: str, fix: str):

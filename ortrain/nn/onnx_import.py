@@ -28,6 +28,7 @@ The steps, each a pure function of the model before it:
 from __future__ import annotations
 
 import ast
+import collections
 import copy
 import fnmatch
 import os
@@ -91,16 +92,22 @@ def folded_constants(model: onnx.ModelProto) -> set[str]:
     A folded initializer counts when every value its ``folded_from`` record names is one the graph
     computes, a user input, or a temporary of the exporter's (``val_<n>``), never a parameter (a
     parameter folded away, ``2.weight`` into its ``(C, 1, 1)`` form ``val_29``, is no longer in the
-    graph and keeps the initializer a weight). Files without these records give nothing."""
+    graph and keeps the initializer a weight), and when one node alone reads it: the exporter
+    merges equal initializers and keeps the first one's record, so ones read by a norm and also by
+    a parameter's folded copy (``g[:, None]`` of a ``g`` made of ones) would freeze the parameter.
+    Files without these records give nothing."""
     g = model.graph
     meta = {vi.name: {p.key: p.value for p in vi.metadata_props} for vi in [*g.input, *g.value_info]}
     if not any(_FOLDED_FROM in m for m in meta.values()):
         return set()
     computed = {o for n in g.node for o in n.output if o} | \
         {vi.name for vi in g.input if meta[vi.name].get(_INPUT_KIND) == "USER_INPUT"}
+    readers = collections.Counter(i for n in g.node for i in node_inputs(n))
     out = set()
     for t in g.initializer:
         record = meta.get(t.name, {}).get(_FOLDED_FROM)
+        if readers[t.name] != 1:
+            continue
         if record is None or t.data_type != onnx.TensorProto.FLOAT:
             continue
         try:
