@@ -130,7 +130,7 @@ def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: 
            weighting: str | None, weights_sha256: str) -> None:
     _check_trainable(fg)
     lm, io = loss_model(fg, loss, weighting)
-    lm = for_training(lm)
+    lm = for_training(lm, run=engine.run_model)
     frozen = fg.names("frozen") + fg.names("buffer")
     # onnx.checker validates what ortrain writes itself (the loss model here, the optimizer graph,
     # forward.onnx); the gradient graphs come from onnxruntime-training and hold its own training

@@ -16,7 +16,7 @@ from ortrain.engine.device import (
     set_num_threads,
 )
 from ortrain.engine.gradients import build_training_graphs, write_initial_checkpoint
-from ortrain.engine.inference import InferenceRunner
+from ortrain.engine.inference import InferenceRunner, run_model
 from ortrain.engine.session import TrainingSession, check_feeds
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "get_num_threads",
     "parse_device",
     "read_checkpoint",
+    "run_model",
     "set_num_threads",
     "write_checkpoint",
     "write_initial_checkpoint",

@@ -42,3 +42,12 @@ class InferenceRunner:
 
     def free(self) -> None:
         self._sess = None
+
+
+def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The outputs of a small model on ``feeds``, by onnxruntime on the CPU, on one thread."""
+    runner = InferenceRunner(model, threads=1)
+    try:
+        return runner.run(feeds)
+    finally:
+        runner.free()

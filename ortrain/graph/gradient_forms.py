@@ -62,9 +62,11 @@ from ortrain.graph.upsampling_forms import (
 __all__ = ["FORMS", "for_training", "gradient_forms"]
 
 
-def for_training(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrites that only the training and eval graphs need (the exported model is left alone)."""
-    return name_batch_dimension(gradient_forms(average_pool_as_conv(model)))
+def for_training(model: onnx.ModelProto, run=None) -> onnx.ModelProto:
+    """Rewrites that only the training and eval graphs need (the exported model is left alone).
+    ``run`` runs a small model in onnxruntime, for the forms that read the runtime's arithmetic
+    off it (``Resize``); without it, a model holding such an op is refused."""
+    return name_batch_dimension(gradient_forms(average_pool_as_conv(model), run))
 
 
 # Each rewrite: (node, its index, a prefix for new names, the graph) -> (nodes, initializers)
@@ -76,12 +78,12 @@ class Form(NamedTuple):
     rewrite: Rewrite
 
 
-def gradient_forms(model: onnx.ModelProto) -> onnx.ModelProto:
+def gradient_forms(model: onnx.ModelProto, run=None) -> onnx.ModelProto:
     """``model`` with every node that ``FORMS`` says needs it rewritten (``model`` itself when none does).
     The forms are listed in the docstrings of the ``FORMS`` entries."""
     if not any(n.op_type in FORMS for n in model.graph.node):
         return model
-    g = _Graph(model)
+    g = _Graph(model, run)
 
     def needs(node) -> bool:
         form = FORMS.get(node.op_type)

@@ -81,9 +81,12 @@ def _declared(g) -> dict[str, tuple[list | None, int]]:
 
 
 class _Graph:
-    """What the tests and rewrites need to know of the whole graph."""
+    """What the tests and rewrites need to know of the whole graph. ``run``, where given, runs a
+    small model in onnxruntime (``run(model, feeds) -> outputs``): the forms that must reproduce
+    the runtime's own arithmetic of an op read it off the runtime."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, run=None):
+        self.run = run
         g = model.graph
         self.shapes = Shapes(model)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)

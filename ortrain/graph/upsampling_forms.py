@@ -4,8 +4,8 @@ CUDA only, written in ops whose gradients run on every device.
 
 * ``Resize`` interpolates each resized axis on its own, so along an axis of input size ``n`` and
   output size ``m`` it is a product with a fixed ``m x n`` matrix (a ``MatMul``). The matrix is read
-  off onnx's reference implementation (the ONNX specification in code), resizing one basis vector
-  at a time with the node's own attributes, so every mode and coordinate rule is the node's own.
+  off onnxruntime's own Resize, resizing one basis vector at a time with the node's own
+  attributes, so every mode, coordinate rule and rounding is the one the exported model runs.
   The product does ``2 n`` operations an output element where the interpolation needs a few, but
   runs on the GEMM kernels: for images up to hundreds of pixels across it is much faster than
   gathering the taps (a ``Gather`` per tap took 50 times as long for 32 x 32 images, most of it in
@@ -53,7 +53,7 @@ def _resize_needs(node, g: _Graph) -> bool:
 def _refuse_resize(node, i: int, why: str, fix: str):
     raise UnsupportedOpError(
         f"{_where(node, i)}: {why}. onnxruntime-training 1.19.2 has a gradient kernel for Resize on CUDA only, "
-        f"so ortrain trains through a Resize by interpolating along each axis with gathers, which needs this. "
+        f"so ortrain trains through a Resize as a product with a fixed matrix along each axis, which needs this. "
         f"To train, {fix}")
 
 
@@ -122,28 +122,30 @@ def _resized_axes(node, i: int, shape: list, scales, sizes) -> list[int]:
     return axes
 
 
-def resize_matrix(node: onnx.NodeProto, opset: int, size: int, scale: float | None, out_size: int | None):
+def resize_matrix(node: onnx.NodeProto, opset: int, size: int, scale: float | None, out_size: int | None,
+                  run) -> np.ndarray:
     """The interpolation of ``node`` (a Resize) along one axis of input length ``size``, with
     ``scale`` or ``out_size`` along it, as an ``(m, size)`` matrix: output ``j`` is row ``j`` times
-    the input. Read off onnx's reference implementation by resizing the ``size`` basis vectors."""
-    from onnx.reference import ReferenceEvaluator
-
+    the input. Read off onnxruntime's own Resize (``run(model, feeds)``), which the exported model
+    runs and which agrees with PyTorch, by resizing the ``size`` basis vectors as ``(size, 1, 1,
+    size)`` with the node's attributes (onnx's reference implementation differs from both where a
+    scale times the size is not whole, and in float64 rounding)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in ("axes",)}
     attrs.pop("keep_aspect_ratio_policy", None)  # one axis: every policy stretches it
-    basis = np.eye(size, dtype=np.float64).reshape(size, 1, size)  # (n, 1, n): row j is e_j
+    basis = np.eye(size, dtype=np.float32).reshape(size, 1, 1, size)  # row j is e_j
     inputs = ["x", "", "scales", ""] if scale is not None else ["x", "", "", "sizes"]
     feeds = {"x": basis}
     if scale is not None:
-        feeds["scales"] = np.array([1.0, 1.0, scale], np.float32)
+        feeds["scales"] = np.array([1.0, 1.0, 1.0, scale], np.float32)
     else:
-        feeds["sizes"] = np.array([size, 1, out_size], np.int64)
+        feeds["sizes"] = np.array([size, 1, 1, out_size], np.int64)
     graph = helper.make_graph(
         [helper.make_node("Resize", inputs, ["y"], **attrs)], "axis",
-        [helper.make_tensor_value_info(k, TensorProto.DOUBLE if k == "x" else
-                                       (TensorProto.FLOAT if k == "scales" else TensorProto.INT64), None)
-         for k in feeds], [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT if k != "sizes" else TensorProto.INT64, None)
+         for k in feeds], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    return ReferenceEvaluator(probe).run(None, feeds)[0][:, 0, :].T  # column j answers e_j
+    probe.ir_version = 8
+    return np.asarray(run(probe, feeds)[0], np.float64)[:, 0, 0, :].T  # column j answers e_j
 
 
 def _resize_as_matmuls(node, i: int, p: str, g: _Graph):
@@ -164,9 +166,16 @@ def _resize_as_matmuls(node, i: int, p: str, g: _Graph):
     rank = len(shape)
     nodes, inits = [], []
     current = node.input[0]
+    if g.run is None:
+        raise UnsupportedOpError(f"{_where(node, i)}: ortrain writes a Resize for training with onnxruntime's own "
+                                 "interpolation, and no runtime was given to read it from")
     for n_axis, a in enumerate(axes):
-        matrix = resize_matrix(node, g.opset, shape[a], None if scales is None else scales[a],
-                               None if sizes is None else sizes[a])
+        try:
+            matrix = resize_matrix(node, g.opset, shape[a], None if scales is None else scales[a],
+                                   None if sizes is None else sizes[a], g.run)
+        except Exception as exc:  # a mode or rule the runtime does not take
+            _refuse_resize(node, i, f"onnxruntime cannot resize axis {a} this way ({str(exc).splitlines()[0]})",
+                           "export it with a mode and coordinate rule of the ONNX standard at opset 17 or later")
         out = node.output[0] if n_axis == len(axes) - 1 else f"{p}axis{a}"
         q = f"{p}axis{a}/"
         if a == rank - 1:  # x (..., n) @ A^T (n, m)
