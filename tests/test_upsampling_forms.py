@@ -164,11 +164,29 @@ def test_a_resize_of_static_sizes_trains_against_a_numpy_gradient(rng):
     assert np.allclose(model.predict(x), ReferenceEvaluator(proto).run(None, {"x": x})[0], atol=1e-6)
 
 
-def test_a_resize_of_free_image_sizes_is_refused_by_name(rng):
-    model = ot.from_onnx(_resize_model(rng, ["h", "w"])).compile(optimizer="sgd", loss="mse")
+def test_a_linear_resize_of_free_image_sizes_is_refused_by_name(rng):
+    model = ot.from_onnx(_resize_model(rng, ["h", "w"], mode="linear")).compile(optimizer="sgd", loss="mse")
     with pytest.raises(ot.UnsupportedOpError, match=r"Resize node 'up': axis 2 of its input has no static size .*"
                                                     r"export the model with static image sizes"):
         ot.Trainer(model, batch_size=2)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}])
+def test_a_nearest_upsampling_of_free_image_sizes_trains_at_each_size(rng, attrs):
+    """Repeating each pixel (a whole factor in nearest mode, with onnx's default rules or torch's)
+    takes any image size: one SGD step at two sizes against the numpy gradient."""
+    proto = _resize_model(rng, ["h", "w"], **attrs)
+    w0 = numpy_helper.to_array(proto.graph.initializer[0]).copy()
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.5), loss="mse")
+    with ot.Trainer(model, batch_size=2) as tr:
+        w = w0
+        for h, wd in ((3, 4), (5, 2)):
+            x, y = f32(rng, 2, 2, h, wd), f32(rng, 2, 2, 2 * h, 2 * wd)
+            pred = np.einsum("oi,nihw->nohw", w[:, :, 0, 0], x).repeat(2, axis=2).repeat(2, axis=3)
+            np.testing.assert_allclose(tr.step(x, y), np.mean((pred - y) ** 2), rtol=1e-6)
+            dh = (2 * (pred - y) / pred.size).reshape(2, 2, h, 2, wd, 2).sum(axis=(3, 5))
+            w = w - 0.5 * np.einsum("nohw,nihw->oi", dh, x)[:, :, None, None]
+            np.testing.assert_allclose(tr.model().get_weights()[0], w, rtol=1e-5, atol=1e-7)
 
 
 def test_a_transposed_convolution_sized_by_output_shape_is_refused_by_name(rng):
