@@ -342,3 +342,15 @@ def test_a_small_unet_trains_as_in_pytorch():
         if name in weights and name != "enc.1.running_var":
             np.testing.assert_allclose(weights[name], value.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
     assert {"up.weight", "enc.1.running_mean"} <= set(weights)
+
+
+def test_a_transposed_convolution_whose_output_padding_reaches_the_stride_is_refused_at_import(rng):
+    """onnxruntime 1.19.2 leaves output cells of such a layer unset (PyTorch allows it where the
+    dilation is larger): predictions and the exported model would be arbitrary."""
+    w = numpy_helper.from_array(f32(rng, 2, 3, 2, 2), "W")
+    node = helper.make_node("ConvTranspose", ["x", "W"], ["y"], name="up", strides=[2, 2], dilations=[3, 3],
+                            output_padding=[2, 2])
+    proto = _model([node], [vi("x", [None, 2, 3, 3])], [vi("y", [None, 3, 10, 10])], [w])
+    with pytest.raises(ot.UnsupportedOpError, match=r"ConvTranspose node 'up' has output_padding \[2, 2\] that "
+                                                    r"reaches its strides \[2, 2\]"):
+        ot.from_onnx(proto)

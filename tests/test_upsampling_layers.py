@@ -138,3 +138,10 @@ def test_conv2d_transpose_refuses_bad_arguments(kwargs, message):
 def test_upsampling2d_refuses_an_unknown_interpolation():
     with pytest.raises(ot.OrtrainError, match=r"expected 'nearest' or 'bilinear', received 'bicubic'"):
         ot.layers.UpSampling2D(2, interpolation="bicubic")
+
+
+def test_a_conv2d_transpose_with_an_empty_output_is_refused_when_built():
+    with pytest.raises(ot.ShapeError, match=r"Conv2DTranspose: kernel \(4, 4\), strides \(2, 2\), padding 'same' "
+                                            r"and output_padding \(0, 0\) give input .* an output of \[0, 2\] pixels"):
+        ot.Sequential([ot.layers.Conv2DTranspose(2, 4, strides=2, padding="same", output_padding=0)],
+                      input_shape=(3, 1, 2))

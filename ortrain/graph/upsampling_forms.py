@@ -122,8 +122,9 @@ def _resized_axes(node, i: int, shape: list, scales, sizes, static: bool = True)
             _refuse_resize(node, i, f"it resizes axis {a} (the batch or the channels)", "resize only the spatial axes")
         if static and type(shape[a]) is not int:
             _refuse_resize(node, i, f"axis {a} of its input has no static size (input shape {shape})",
-                           "export the model with static image sizes (no dynamic height or width), or "
-                           "upsample by a whole factor in nearest mode")
+                           "export the model with static image sizes (no dynamic height or width; for a model of "
+                           "ortrain's layers, give ot.Input its height and width), or upsample by a whole factor "
+                           "in nearest mode")
     return axes
 
 

@@ -172,6 +172,11 @@ class Conv2DTranspose(Layer):
         pads, extra = self._geometry()
         sizes = [None if n is None else (n - 1) * s + k + e - pads[a] - pads[2 + a]
                  for a, (n, k, s, e) in enumerate(zip(shape[2:], self.kernel_size, self.strides, extra))]
+        if any(d is not None and d < 1 for d in sizes):
+            raise ShapeError(f"Conv2DTranspose: kernel {self.kernel_size}, strides {self.strides}, padding "
+                             f"{self.padding!r} and output_padding {self.output_padding} give input "
+                             f"{describe_shape(shape)} an output of {sizes} pixels; use padding='valid' or a larger "
+                             f"output_padding")
         return (shape[0], self.filters, *sizes)
 
     def emit(self, ctx, inputs):
@@ -191,7 +196,8 @@ class Conv2DTranspose(Layer):
 class UpSampling2D(Layer):
     """Repeat (``interpolation="nearest"``) or interpolate (``"bilinear"``, pixel centres aligned as in
     Keras and PyTorch's ``align_corners=False``) each image ``size`` times along height and width.
-    Training needs the image size known (it interpolates by fixed matrices; see the README)."""
+    Training through ``"bilinear"`` needs the image size known (``ot.Input((c, h, w))``: it
+    interpolates by fixed matrices; see the README); ``"nearest"`` takes any size."""
 
     def __init__(self, size=2, interpolation: str = "nearest", name=None):
         super().__init__(name)

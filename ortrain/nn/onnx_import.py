@@ -47,7 +47,7 @@ from ortrain.graph.forward import ForwardGraph, ParamSpec
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.opsets import upgrade_opset
-from ortrain.graph.passes import node_inputs
+from ortrain.graph.passes import attribute, node_inputs
 from ortrain.graph.repairs import batchnorm_inference_form, read_as_scalars, repair
 
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
@@ -422,6 +422,23 @@ def _check_data_inputs(model: onnx.ModelProto, data: list[str]) -> None:
 
 # -- the whole import -------------------------------------------------------------------------
 
+def _check_runtime_kernels(proto: onnx.ModelProto) -> None:
+    """Refuse forms whose onnxruntime 1.19.2 kernel computes garbage, which ``predict`` and the
+    exported model would serve: a ``ConvTranspose`` whose ``output_padding`` reaches its stride
+    (PyTorch allows it where the dilation is larger) leaves output cells unset."""
+    for i, node in enumerate(proto.graph.node):
+        if node.op_type != "ConvTranspose":
+            continue
+        strides = list(attribute(node, "strides", []))
+        padding = list(attribute(node, "output_padding", []))
+        if any(op >= s for op, s in zip(padding, strides or [1] * len(padding))):
+            raise UnsupportedOpError(
+                f"from_onnx: ConvTranspose node {node.name or i!r} has output_padding {padding} that reaches its "
+                f"strides {strides or [1] * len(padding)}; onnxruntime 1.19.2 leaves output cells of such a layer "
+                f"unset, so its predictions (and those of the exported model) would be arbitrary. Give the layer "
+                f"output_padding below the stride (crop or pad its output instead)")
+
+
 def _check_gradients(fg: ForwardGraph) -> None:
     missing = nodes_without_gradient(fg.proto, fg.names("trainable"))
     if not missing:
@@ -510,6 +527,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, _ = free_batch_dimension(proto, data)
     proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
+    _check_runtime_kernels(proto)
     fg = canonical_forward(proto, trainable, frozen, stash, order, folded)
     _check_shapes(fg)
     _check_gradients(fg)
