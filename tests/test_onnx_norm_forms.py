@@ -215,6 +215,18 @@ def test_a_folded_constant_the_exporter_merged_with_a_parameter_stays_a_weight()
     assert shared <= set(model.weight_names())
 
 
+def _steps_as_in_torch(model, x, y, want: list[float], tw: dict):
+    """``len(want)`` Trainer steps on one batch: the losses ``want`` and the weights of ``tw`` (torch
+    tensors by weight name) after them, as PyTorch's steps gave; returns the trained model."""
+    with ot.Trainer(model, batch_size=len(x)) as tr:
+        got = [tr.step(x, y) for _ in want]
+        trained = tr.model()
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    for name, value in zip(trained.weight_names(), trained.get_weights(), strict=True):
+        np.testing.assert_allclose(value, tw[name].detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+    return trained
+
+
 def _group_norm_model(rng, opset, n_affine):
     """``x * w`` (``w`` one weight per channel of 4) into ``GroupNormalization(num_groups=2)`` with
     weights ``scale`` and ``bias`` of ``n_affine`` values, over inputs (N, 4, 3)."""
@@ -258,12 +270,7 @@ def test_group_normalization_trains_with_a_scale_per_group_at_opset_18_and_per_c
     model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.3), loss="mse")
     np.testing.assert_allclose(model.predict(x), ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})[0],
                                rtol=1e-6, atol=1e-6)
-    with ot.Trainer(model, batch_size=5) as tr:
-        got = [tr.step(x, y) for _ in range(2)]
-        trained = tr.model()
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-    for name, w in zip(trained.weight_names(), trained.get_weights(), strict=True):
-        np.testing.assert_allclose(w, tw[name].detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+    trained = _steps_as_in_torch(model, x, y, want, tw)
     with torch.no_grad():
         np.testing.assert_allclose(trained.predict(x), forward(x).numpy(), rtol=RTOL, atol=ATOL)
     path = trained.export_onnx(tmp_path / "gn.onnx")
@@ -341,11 +348,6 @@ def test_activations_without_a_gradient_train_as_in_pytorch_at_their_kinks_too(r
     np.testing.assert_allclose(model.predict(x), ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})[0],
                                rtol=1e-6, atol=1e-6)
     model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
-    with ot.Trainer(model, batch_size=6) as tr:
-        got = [tr.step(x, y) for _ in range(3)]
-        trained = tr.model()
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-    for name_, value in zip(trained.weight_names(), trained.get_weights(), strict=True):
-        np.testing.assert_allclose(value, tw[name_].detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=name_)
+    trained = _steps_as_in_torch(model, x, y, want, tw)
     served = ort.InferenceSession(trained.export_onnx(tmp_path / "act.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(trained.predict(x), served.run(None, {"x": x})[0], rtol=1e-6, atol=1e-7)

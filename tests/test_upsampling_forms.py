@@ -118,20 +118,25 @@ def test_upsampling_layers_of_the_dynamo_exporter_train_as_in_pytorch(name):
     _side_by_side(torch, net, _export(torch, net, shape, dynamo=True), shape)
 
 
+def _interpolating(torch, channels: int, **kwargs):
+    """A 1x1 convolution, then ``torch.nn.functional.interpolate(..., **kwargs)``."""
+
+    class Interpolating(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(channels, channels, 1)
+
+        def forward(self, x):
+            return torch.nn.functional.interpolate(self.c(x), **kwargs)
+
+    return Interpolating()
+
+
 @pytest.mark.torch
 def test_an_antialiased_downsampling_trains_as_in_pytorch():
     torch = torch_or_skip()
     torch.manual_seed(0)
-
-    class Down(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c = torch.nn.Conv2d(3, 3, 1)
-
-        def forward(self, x):
-            return torch.nn.functional.interpolate(self.c(x), size=(3, 4), mode="bilinear", antialias=True)
-
-    net = Down()
+    net = _interpolating(torch, 3, size=(3, 4), mode="bilinear", antialias=True)
     _side_by_side(torch, net, _export(torch, net, (2, 3, 7, 9), dynamo=True), (2, 3, 7, 9))
 
 
@@ -278,16 +283,7 @@ def test_an_align_corners_downsampling_by_a_scale_trains_as_in_pytorch():
     take pixels 0, 3 and 6."""
     torch = torch_or_skip()
     torch.manual_seed(0)
-
-    class Down(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c = torch.nn.Conv2d(2, 2, 1)
-
-        def forward(self, x):
-            return torch.nn.functional.interpolate(self.c(x), scale_factor=0.5, mode="bilinear", align_corners=True)
-
-    net = Down()
+    net = _interpolating(torch, 2, scale_factor=0.5, mode="bilinear", align_corners=True)
     _side_by_side(torch, net, _export(torch, net, (2, 2, 7, 7), dynamo=False), (2, 2, 7, 7))
 
 

@@ -54,11 +54,12 @@ def _resize_needs(node, g: _Graph) -> bool:
     return node.input[0] in g.computed and g.floating(node.input[0])
 
 
-def _refuse_resize(node, i: int, why: str, fix: str):
+def _refuse(node, i: int, why: str, fix: str):
+    form = {"Resize": "a product with a fixed matrix along each axis",
+            "ConvTranspose": "a convolution over the input with zeros inserted"}[node.op_type]
     raise UnsupportedOpError(
-        f"{_where(node, i)}: {why}. onnxruntime-training 1.19.2 has a gradient kernel for Resize on CUDA only, "
-        f"so ortrain trains through a Resize as a product with a fixed matrix along each axis, which needs this. "
-        f"To train, {fix}")
+        f"{_where(node, i)}: {why}. onnxruntime-training 1.19.2 has a gradient kernel for {node.op_type} on CUDA "
+        f"only, so ortrain trains through it as {form}, which needs this. To train, {fix}")
 
 
 def _resize_parts(node, i: int, g: _Graph, shape: list):
@@ -73,7 +74,7 @@ def _resize_parts(node, i: int, g: _Graph, shape: list):
         # torch writes an output size as Concat(Shape(x)[:2], size): onnx's inference finds it
         sizes = _inferred_sizes(g, node)
     if (scales_name and scales is None) or (sizes_name and sizes is None):
-        _refuse_resize(node, i, "its scales or sizes are computed in the graph", "export with a fixed scale "
+        _refuse(node, i, "its scales or sizes are computed in the graph", "export with a fixed scale "
                        "factor or output size (nn.Upsample(scale_factor=2), not a size read from another tensor)")
     scales = None if scales is None or scales.size == 0 else [float(v) for v in scales.ravel()]
     if isinstance(sizes, np.ndarray):
@@ -90,9 +91,9 @@ def _resize_parts(node, i: int, g: _Graph, shape: list):
                 full_sizes[a] = sizes[k]
         scales, sizes = full_scales, full_sizes
     if scales is None and sizes is None:
-        _refuse_resize(node, i, "it has neither scales nor sizes", "export the resize with one of them")
+        _refuse(node, i, "it has neither scales nor sizes", "export the resize with one of them")
     if (scales is not None and len(scales) != rank) or (sizes is not None and len(sizes) != rank):
-        _refuse_resize(node, i, f"its scales or sizes do not match its input's rank {rank}", "fix the model")
+        _refuse(node, i, f"its scales or sizes do not match its input's rank {rank}", "fix the model")
     return scales, sizes
 
 
@@ -119,9 +120,9 @@ def _resized_axes(node, i: int, shape: list, scales, sizes, static: bool = True)
             if (scales is not None and scales[a] != 1.0) or (sizes is not None and sizes[a] != shape[a])]
     for a in axes:
         if a < 2 and len(shape) > 2:
-            _refuse_resize(node, i, f"it resizes axis {a} (the batch or the channels)", "resize only the spatial axes")
+            _refuse(node, i, f"it resizes axis {a} (the batch or the channels)", "resize only the spatial axes")
         if static and type(shape[a]) is not int:
-            _refuse_resize(node, i, f"axis {a} of its input has no static size (input shape {shape})",
+            _refuse(node, i, f"axis {a} of its input has no static size (input shape {shape})",
                            "export the model with static image sizes (no dynamic height or width; for a model of "
                            "ortrain's layers, give ot.Input its height and width), or upsample by a whole factor "
                            "in nearest mode")
@@ -198,13 +199,13 @@ def resize_matrix(node: onnx.NodeProto, opset: int, size: int, scale: float | No
 def _resize_as_matmuls(node, i: int, p: str, g: _Graph):
     """``Resize`` as a ``MatMul`` by a constant matrix along each resized axis (see the module's docstring)."""
     if text_attribute(node, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
-        _refuse_resize(node, i, "it crops (coordinate_transformation_mode tf_crop_and_resize)",
+        _refuse(node, i, "it crops (coordinate_transformation_mode tf_crop_and_resize)",
                        "resize without cropping")
     if text_attribute(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
-        _refuse_resize(node, i, "it keeps the aspect ratio (keep_aspect_ratio_policy)", "give it the output sizes")
+        _refuse(node, i, "it keeps the aspect ratio (keep_aspect_ratio_policy)", "give it the output sizes")
     shape = g.shapes.shape(node.input[0])
     if shape is None:
-        _refuse_resize(node, i, "the rank of its input is not known", "export the model with its input shapes")
+        _refuse(node, i, "the rank of its input is not known", "export the model with its input shapes")
     scales, sizes = _resize_parts(node, i, g, shape)
     if g.run is None:
         raise UnsupportedOpError(f"{_where(node, i)}: ortrain writes a Resize for training with onnxruntime's own "
@@ -225,7 +226,7 @@ def _resize_as_matmuls(node, i: int, p: str, g: _Graph):
             matrix = resize_matrix(node, g.opset, shape[a], None if scales is None else scales[a],
                                    None if sizes is None else sizes[a], g.run)
         except Exception as exc:  # a mode or rule the runtime does not take
-            _refuse_resize(node, i, f"onnxruntime cannot resize axis {a} this way ({str(exc).splitlines()[0]})",
+            _refuse(node, i, f"onnxruntime cannot resize axis {a} this way ({str(exc).splitlines()[0]})",
                            "export it with a mode and coordinate rule of the ONNX standard at opset 17 or later")
         out = node.output[0] if n_axis == len(axes) - 1 else f"{p}axis{a}"
         q = f"{p}axis{a}/"
@@ -253,23 +254,16 @@ def _conv_transpose_needs(node, g: _Graph) -> bool:
     return True
 
 
-def _refuse_transpose(node, i: int, why: str, fix: str):
-    raise UnsupportedOpError(
-        f"{_where(node, i)}: {why}. onnxruntime-training 1.19.2 has a gradient kernel for ConvTranspose on CUDA "
-        f"only, so ortrain trains through it as a convolution over the input with zeros inserted, which needs "
-        f"this. To train, {fix}")
-
-
 def _conv_transpose_as_conv(node, i: int, p: str, g: _Graph):
     """``ConvTranspose`` as a ``Conv`` over the zero-inserted input (see the module's docstring)."""
     if text_attribute(node, "auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") or \
             attribute(node, "output_shape", None) is not None:
-        _refuse_transpose(node, i, "it is sized by auto_pad or output_shape", "export it with explicit pads and "
+        _refuse(node, i, "it is sized by auto_pad or output_shape", "export it with explicit pads and "
                           "output_padding (as torch.nn.ConvTranspose2d does)")
     wshape = g.shapes.sizes(node.input[1])
     shape = g.shapes.shape(node.input[0])
     if wshape is None or shape is None:
-        _refuse_transpose(node, i, f"the shape of its weights ({wshape}) or the rank of its input is not known",
+        _refuse(node, i, f"the shape of its weights ({wshape}) or the rank of its input is not known",
                           "export the model with its shapes")
     c_in, c_out_group, *kernel = wshape
     dims = len(kernel)
@@ -279,7 +273,7 @@ def _conv_transpose_as_conv(node, i: int, p: str, g: _Graph):
     pads = list(attribute(node, "pads", [0] * (2 * dims)))
     output_padding = list(attribute(node, "output_padding", [0] * dims))
     if len(shape) != dims + 2 or c_in % group:
-        _refuse_transpose(node, i, f"its input {shape} and weights {wshape} do not agree", "fix the model")
+        _refuse(node, i, f"its input {shape} and weights {wshape} do not agree", "fix the model")
     nodes, inits = [], []
 
     def const(name, value):

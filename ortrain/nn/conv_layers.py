@@ -25,6 +25,25 @@ def _int_tuple(value, n: int, what: str) -> tuple:
     return tuple(int(v) for v in value)
 
 
+def _conv_arguments(layer: str, filters, kernel_size, strides, padding) -> tuple:
+    """``(filters, kernel_size, strides, padding)`` of a convolution layer, checked."""
+    if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
+        raise OrtrainError(f"{layer}(filters=...): expected a positive int, received {filters!r}")
+    if padding not in ("valid", "same"):
+        raise OrtrainError(f"{layer}(padding=...): expected 'valid' or 'same', received {padding!r}")
+    return (int(filters), _int_tuple(kernel_size, 2, f"{layer}(kernel_size=...)"),
+            _int_tuple(strides, 2, f"{layer}(strides=...)"), padding)
+
+
+def _conv_weights(layer, rng, shape: tuple, fan_in: int, fan_out: int) -> None:
+    """A convolution layer's Glorot-uniform ``kernel`` of ``shape`` and, with ``use_bias``, zero ``bias``."""
+    layer.weights["kernel"] = glorot_uniform(rng, shape, fan_in, fan_out)
+    layer.roles["kernel"] = "trainable"
+    if layer.use_bias:
+        layer.weights["bias"] = np.zeros(layer.filters, np.float32)
+        layer.roles["bias"] = "trainable"
+
+
 def _conv_out(n, k, s, pad_total):
     return None if n is None else (n + pad_total - k) // s + 1
 
@@ -41,14 +60,8 @@ class Conv2D(Layer):
     def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid", activation=None,
                  use_bias: bool = True, name=None, seed=None):
         super().__init__(name, seed)
-        if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
-            raise OrtrainError(f"Conv2D(filters=...): expected a positive int, received {filters!r}")
-        self.filters = int(filters)
-        self.kernel_size = _int_tuple(kernel_size, 2, "Conv2D(kernel_size=...)")
-        self.strides = _int_tuple(strides, 2, "Conv2D(strides=...)")
-        if padding not in ("valid", "same"):
-            raise OrtrainError(f"Conv2D(padding=...): expected 'valid' or 'same', received {padding!r}")
-        self.padding = padding
+        self.filters, self.kernel_size, self.strides, self.padding = _conv_arguments(
+            "Conv2D", filters, kernel_size, strides, padding)
         self.activation = check_activation(activation)
         self.use_bias = bool(use_bias)
 
@@ -65,12 +78,7 @@ class Conv2D(Layer):
                              f"received {describe_shape(shape)}")
         cin = shape[1]
         kh, kw = self.kernel_size
-        self.weights["kernel"] = glorot_uniform(rng, (self.filters, cin, kh, kw), cin * kh * kw,
-                                                self.filters * kh * kw)
-        self.roles["kernel"] = "trainable"
-        if self.use_bias:
-            self.weights["bias"] = np.zeros(self.filters, np.float32)
-            self.roles["bias"] = "trainable"
+        _conv_weights(self, rng, (self.filters, cin, kh, kw), cin * kh * kw, self.filters * kh * kw)
 
     def output_shape(self, input_shapes):
         shape = input_shapes[0]
@@ -108,14 +116,8 @@ class Conv2DTranspose(Layer):
     def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid", output_padding=None,
                  activation=None, use_bias: bool = True, name=None, seed=None):
         super().__init__(name, seed)
-        if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
-            raise OrtrainError(f"Conv2DTranspose(filters=...): expected a positive int, received {filters!r}")
-        self.filters = int(filters)
-        self.kernel_size = _int_tuple(kernel_size, 2, "Conv2DTranspose(kernel_size=...)")
-        self.strides = _int_tuple(strides, 2, "Conv2DTranspose(strides=...)")
-        if padding not in ("valid", "same"):
-            raise OrtrainError(f"Conv2DTranspose(padding=...): expected 'valid' or 'same', received {padding!r}")
-        self.padding = padding
+        self.filters, self.kernel_size, self.strides, self.padding = _conv_arguments(
+            "Conv2DTranspose", filters, kernel_size, strides, padding)
         if output_padding is None:
             self.output_padding = None
         else:
@@ -159,13 +161,8 @@ class Conv2DTranspose(Layer):
                              f"received {describe_shape(shape)}")
         cin = shape[1]
         kh, kw = self.kernel_size
-        # PyTorch's default scale for ConvTranspose2d weights: fan-in counted over the output channels
-        self.weights["kernel"] = glorot_uniform(rng, (cin, self.filters, kh, kw), self.filters * kh * kw,
-                                                cin * kh * kw)
-        self.roles["kernel"] = "trainable"
-        if self.use_bias:
-            self.weights["bias"] = np.zeros(self.filters, np.float32)
-            self.roles["bias"] = "trainable"
+        # Keras counts a transposed kernel's fan-in over the output channels (Glorot's limit sums the fans)
+        _conv_weights(self, rng, (cin, self.filters, kh, kw), self.filters * kh * kw, cin * kh * kw)
 
     def output_shape(self, input_shapes):
         shape = input_shapes[0]
