@@ -56,7 +56,7 @@ def _resize_needs(node, g: _Graph) -> bool:
 
 def _refuse(node, i: int, why: str, fix: str):
     form = {"Resize": "a product with a fixed matrix along each axis",
-            "ConvTranspose": "a convolution over the input with zeros inserted"}[node.op_type]
+            "ConvTranspose": "convolutions of its input with its kernel's taps"}[node.op_type]
     raise UnsupportedOpError(
         f"{_where(node, i)}: {why}. onnxruntime-training 1.19.2 has a gradient kernel for {node.op_type} on CUDA "
         f"only, so ortrain trains through it as {form}, which needs this. To train, {fix}")
