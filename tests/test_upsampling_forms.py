@@ -350,3 +350,16 @@ def test_a_transposed_convolution_whose_output_padding_reaches_the_stride_is_ref
     with pytest.raises(ot.UnsupportedOpError, match=r"ConvTranspose node 'up' has output_padding \[2, 2\] that "
                                                     r"reaches its strides \[2, 2\]"):
         ot.from_onnx(proto)
+
+
+@pytest.mark.torch
+def test_a_resize_after_a_group_norm_trains_as_in_pytorch():
+    """torch writes GroupNorm as a Reshape back to ``Shape(x)``, after which onnx's plain shape
+    inference loses the image size a matrix needs; inference that propagates values keeps it (a
+    diffusion UNet's GroupNorm before its upsampling)."""
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+    # without its affine, whose weights the exporter renames (onnx::Mul_27)
+    net = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.GroupNorm(2, 4, affine=False),
+                              torch.nn.Upsample(scale_factor=2, mode="bilinear"), torch.nn.Conv2d(4, 1, 1))
+    _side_by_side(torch, net, _export(torch, net, (2, 2, 5, 6), dynamo=False), (2, 2, 5, 6))

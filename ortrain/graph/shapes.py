@@ -87,6 +87,7 @@ class _Graph:
 
     def __init__(self, model: onnx.ModelProto, run=None):
         self.run = run
+        self._propagated = None
         g = model.graph
         self.shapes = Shapes(model)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
@@ -138,6 +139,25 @@ class _Graph:
             return np.asarray(ReferenceEvaluator(probe).run(None, {})[0])
         except Exception:  # what the reference evaluator cannot fold is not a constant here
             return None
+
+    def propagated_shape(self, name: str) -> list | None:
+        """``name``'s shape, with the dimensions onnx's inference finds once it also propagates
+        values (a ``Reshape`` to ``Shape(x)``, as torch exports ``GroupNorm``, keeps the sizes it
+        otherwise loses) put in where the plain shape leaves them unknown."""
+        shape = self.shapes.shape(name)
+        if shape is not None and all(type(d) is int for d in shape):
+            return shape
+        if self._propagated is None:
+            try:
+                self._propagated = _declared(onnx.shape_inference.infer_shapes(self.model, data_prop=True).graph)
+            except Exception:  # what the plain inference found stands
+                self._propagated = {}
+        found = self._propagated.get(name, (None, 0))[0]
+        if found is None or (shape is not None and len(found) != len(shape)):
+            return shape
+        if shape is None:
+            return found
+        return [d if type(d) is int or type(f) is not int else f for d, f in zip(shape, found)]
 
     def floating(self, name: str) -> bool:
         """Whether ``name`` may hold floats (its element type is a float one, or not known): only

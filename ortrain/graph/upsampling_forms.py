@@ -101,18 +101,10 @@ def _inferred_sizes(g: _Graph, node) -> list | None:
     """The output sizes of ``node`` (a Resize) by onnx's shape inference with values propagated,
     the input's dimension where it leaves the batch or the channels unknown (they are not
     resized); None where it leaves a spatial one unknown."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(g.model, data_prop=True)
-    except Exception:
+    source, dims = g.propagated_shape(node.input[0]), g.propagated_shape(node.output[0])
+    if source is None or dims is None or len(dims) != len(source) or any(type(d) is not int for d in dims[2:]):
         return None
-    source = g.shapes.shape(node.input[0])
-    for vi in [*inferred.graph.value_info, *inferred.graph.output]:
-        if vi.name == node.output[0] and vi.type.tensor_type.HasField("shape") and source is not None:
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-            if len(dims) != len(source) or any(d is None for d in dims[2:]):
-                return None
-            return [d if d is not None else s for d, s in zip(dims, source)]
-    return None
+    return [d if type(d) is int else s for d, s in zip(dims, source)]
 
 
 def _resized_axes(node, i: int, shape: list, scales, sizes, static: bool = True) -> list[int]:
@@ -203,7 +195,7 @@ def _resize_as_matmuls(node, i: int, p: str, g: _Graph):
                        "resize without cropping")
     if text_attribute(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
         _refuse(node, i, "it keeps the aspect ratio (keep_aspect_ratio_policy)", "give it the output sizes")
-    shape = g.shapes.shape(node.input[0])
+    shape = g.propagated_shape(node.input[0])
     if shape is None:
         _refuse(node, i, "the rank of its input is not known", "export the model with its input shapes")
     scales, sizes = _resize_parts(node, i, g, shape)
@@ -261,7 +253,7 @@ def _conv_transpose_as_conv(node, i: int, p: str, g: _Graph):
         _refuse(node, i, "it is sized by auto_pad or output_shape", "export it with explicit pads and "
                           "output_padding (as torch.nn.ConvTranspose2d does)")
     wshape = g.shapes.sizes(node.input[1])
-    shape = g.shapes.shape(node.input[0])
+    shape = g.propagated_shape(node.input[0])
     if wshape is None or shape is None:
         _refuse(node, i, f"the shape of its weights ({wshape}) or the rank of its input is not known",
                           "export the model with its shapes")
