@@ -75,7 +75,7 @@ def _resize_parts(node, i: int, g: _Graph, shape: list):
         sizes = _inferred_sizes(g, node)
     if (scales_name and scales is None) or (sizes_name and sizes is None):
         _refuse(node, i, "its scales or sizes are computed in the graph", "export with a fixed scale "
-                       "factor or output size (nn.Upsample(scale_factor=2), not a size read from another tensor)")
+                "factor or output size (nn.Upsample(scale_factor=2), not a size read from another tensor)")
     scales = None if scales is None or scales.size == 0 else [float(v) for v in scales.ravel()]
     if isinstance(sizes, np.ndarray):
         sizes = None if sizes.size == 0 else [int(v) for v in sizes.ravel()]
@@ -107,27 +107,22 @@ def _inferred_sizes(g: _Graph, node) -> list | None:
     return [d if type(d) is int else s for d, s in zip(dims, source)]
 
 
-def _resized_axes(node, i: int, shape: list, scales, sizes, static: bool = True) -> list[int]:
+def _resized_axes(node, i: int, shape: list, scales, sizes) -> list[int]:
+    """The axes a Resize changes; the batch and the channels are refused."""
     axes = [a for a in range(len(shape))
             if (scales is not None and scales[a] != 1.0) or (sizes is not None and sizes[a] != shape[a])]
     for a in axes:
         if a < 2 and len(shape) > 2:
             _refuse(node, i, f"it resizes axis {a} (the batch or the channels)", "resize only the spatial axes")
-        if static and type(shape[a]) is not int:
-            _refuse(node, i, f"axis {a} of its input has no static size (input shape {shape})",
-                           "export the model with static image sizes (no dynamic height or width; for a model of "
-                           "ortrain's layers, give ot.Input its height and width), or upsample by a whole factor "
-                           "in nearest mode")
     return axes
 
 
-def _repeats(node, i: int, g: _Graph, shape: list, scales) -> list[int] | None:
+def _repeats(node, g: _Graph, axes: list[int], rank: int, scales) -> list[int] | None:
     """The whole factors of a nearest ``Resize`` that repeats each element along each resized axis
     (torch's ``Upsample(scale_factor=2)``), or None. Checked against the runtime's own answer at
     two lengths, so that it holds at any length (a free one included)."""
     if text_attribute(node, "mode", "nearest") != "nearest" or scales is None:
         return None
-    axes = _resized_axes(node, i, shape, scales, None, static=False)
     factors = [scales[a] for a in axes]
     if not axes or not all(f == int(f) and f >= 2 for f in factors):
         return None
@@ -139,7 +134,7 @@ def _repeats(node, i: int, g: _Graph, shape: list, scales) -> list[int] | None:
                 return None
             if matrix.shape != (n * int(f), n) or not np.array_equal(matrix, np.repeat(np.eye(n), int(f), axis=0)):
                 return None
-    return [int(scales[a]) for a in range(len(shape))]
+    return [int(scales[a]) for a in range(rank)]
 
 
 def _resize_repeated(node, p: str, rank: int, repeats: list[int]):
@@ -191,8 +186,7 @@ def resize_matrix(node: onnx.NodeProto, opset: int, size: int, scale: float | No
 def _resize_as_matmuls(node, i: int, p: str, g: _Graph):
     """``Resize`` as a ``MatMul`` by a constant matrix along each resized axis (see the module's docstring)."""
     if text_attribute(node, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
-        _refuse(node, i, "it crops (coordinate_transformation_mode tf_crop_and_resize)",
-                       "resize without cropping")
+        _refuse(node, i, "it crops (coordinate_transformation_mode tf_crop_and_resize)", "resize without cropping")
     if text_attribute(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
         _refuse(node, i, "it keeps the aspect ratio (keep_aspect_ratio_policy)", "give it the output sizes")
     shape = g.propagated_shape(node.input[0])
@@ -202,11 +196,16 @@ def _resize_as_matmuls(node, i: int, p: str, g: _Graph):
     if g.run is None:
         raise UnsupportedOpError(f"{_where(node, i)}: ortrain writes a Resize for training with onnxruntime's own "
                                  "interpolation, and no runtime was given to read it from")
-    free = [a for a in _resized_axes(node, i, shape, scales, sizes, static=False) if type(shape[a]) is not int]
-    repeats = _repeats(node, i, g, shape, scales) if free else None
-    if repeats is not None:  # the matrices are faster (the runtime's Expand gradient is slow), but need sizes
-        return _resize_repeated(node, p, len(shape), repeats)
     axes = _resized_axes(node, i, shape, scales, sizes)
+    free = [a for a in axes if type(shape[a]) is not int]
+    if free:  # the matrices are faster (the runtime's Expand gradient is slow), but need the sizes
+        repeats = _repeats(node, g, axes, len(shape), scales)
+        if repeats is None:
+            _refuse(node, i, f"axis {free[0]} of its input has no static size (input shape {shape})",
+                    "export the model with static image sizes (no dynamic height or width; for a model of "
+                    "ortrain's layers, give ot.Input its height and width), or upsample by a whole factor "
+                    "in nearest mode")
+        return _resize_repeated(node, p, len(shape), repeats)
     if not axes:
         return [helper.make_node("Identity", [node.input[0]], [node.output[0]], name=p + "Identity")], []
     dtype = helper.tensor_dtype_to_np_dtype(g.shapes.elem_type(node.input[0]) or TensorProto.FLOAT)
@@ -219,7 +218,7 @@ def _resize_as_matmuls(node, i: int, p: str, g: _Graph):
                                    None if sizes is None else sizes[a], g.run)
         except Exception as exc:  # a mode or rule the runtime does not take
             _refuse(node, i, f"onnxruntime cannot resize axis {a} this way ({str(exc).splitlines()[0]})",
-                           "export it with a mode and coordinate rule of the ONNX standard at opset 17 or later")
+                    "export it with a mode and coordinate rule of the ONNX standard at opset 17 or later")
         out = node.output[0] if n_axis == len(axes) - 1 else f"{p}axis{a}"
         q = f"{p}axis{a}/"
         if a == rank - 1:  # x (..., n) @ A^T (n, m)
@@ -251,12 +250,12 @@ def _conv_transpose_as_conv(node, i: int, p: str, g: _Graph):
     if text_attribute(node, "auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") or \
             attribute(node, "output_shape", None) is not None:
         _refuse(node, i, "it is sized by auto_pad or output_shape", "export it with explicit pads and "
-                          "output_padding (as torch.nn.ConvTranspose2d does)")
+                "output_padding (as torch.nn.ConvTranspose2d does)")
     wshape = g.shapes.sizes(node.input[1])
     shape = g.propagated_shape(node.input[0])
     if wshape is None or shape is None:
         _refuse(node, i, f"the shape of its weights ({wshape}) or the rank of its input is not known",
-                          "export the model with its shapes")
+                "export the model with its shapes")
     c_in, c_out_group, *kernel = wshape
     dims = len(kernel)
     group = int(attribute(node, "group", 1))
