@@ -201,6 +201,35 @@ def test_freeze_bn_stats(rng):
     np.testing.assert_allclose(moved, 0.99 * 0.5 + 0.01 * h.mean(0), rtol=1e-5)  # momentum update
 
 
+def test_unfreeze_bn_stats_keeps_a_frozen_layer_frozen(rng, tmp_path):
+    # freeze(bn) fixes that layer's statistics, as Keras' trainable=False does; undoing the
+    # model-wide freeze_bn_stats() must not train them again, before or after a save.
+    bn = L.BatchNorm()
+    model = ot.Sequential([L.Dense(4), bn, L.BatchNorm(), L.Dense(1)], input_shape=(3,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    x = (rng.standard_normal((16, 3)) * 3 + 2).astype(np.float32)
+    y = rng.standard_normal((16, 1)).astype(np.float32)
+    model.freeze(bn)
+    model.freeze_bn_stats()
+    model.unfreeze_bn_stats()
+    model.save(tmp_path / "m.ortrain")
+    for m in (model, ot.load_model(tmp_path / "m.ortrain")):
+        before = m.get_weights()
+        with ot.Trainer(m, batch_size=16) as tr:
+            loss = tr.step(x, y)
+            after = tr.model().get_weights()
+        np.testing.assert_array_equal(after[4], before[4])      # the frozen layer's running mean
+        np.testing.assert_array_equal(after[5], before[5])
+        h = x @ before[0] + before[1]
+        h = (h - before[4]) / np.sqrt(before[5] + 1e-3) * before[2] + before[3]   # running stats
+        np.testing.assert_allclose(after[8], 0.99 * before[8] + 0.01 * h.mean(0), rtol=1e-5)  # the other moves
+        assert np.isfinite(loss)
+    model.unfreeze(bn)
+    with ot.Trainer(model, batch_size=16) as tr:
+        tr.step(x, y)
+        assert not np.array_equal(tr.model().get_weights()[4], model.get_weights()[4])
+
+
 def test_evaluate_matches_numpy(rng):
     model = skip_model()
     x = rng.standard_normal((20, 6)).astype(np.float32)

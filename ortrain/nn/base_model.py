@@ -83,7 +83,8 @@ class Model(TrainingMixin):
     def _init_state(self, name: str) -> None:
         self.name = name
         self._frozen: set[str] = set()
-        self._frozen_stats: set[str] = set()  # running-mean names of batch norms in inference form
+        self._frozen_stats: set[str] = set()  # running-mean names of the frozen batch-norm layers
+        self._all_stats_frozen = False  # freeze_bn_stats(): every batch norm in inference form
         self._version = 0
         self._init_training_state()
 
@@ -238,7 +239,7 @@ class Model(TrainingMixin):
         return gb.to_model(doc=f"ortrain model {self.name}", check=False)
 
     def forward_graph(self) -> ForwardGraph:
-        proto = freeze_batchnorm_stats(self._base_proto(), self._frozen_stats)
+        proto = freeze_batchnorm_stats(self._base_proto(), self._stats_frozen())
         weights = self._weight_table()
         fg = ForwardGraph(proto, tuple(self.params()), weights)
         return fg
@@ -302,12 +303,20 @@ class Model(TrainingMixin):
 
     def freeze_bn_stats(self) -> None:
         """Batch norms normalise by their running statistics in training too and stop updating them."""
-        self._frozen_stats = {n.input[3] for n in batchnorm_nodes(self._base_proto())}
+        self._all_stats_frozen = True
         self._changed()
 
     def unfreeze_bn_stats(self) -> None:
-        self._frozen_stats = set()
+        """Undo :meth:`freeze_bn_stats`. A batch-norm layer frozen with :meth:`freeze` keeps its
+        statistics fixed until it is unfrozen itself."""
+        self._all_stats_frozen = False
         self._changed()
+
+    def _stats_frozen(self) -> set[str]:
+        """Running-mean names of the batch norms that train in inference form."""
+        if self._all_stats_frozen:
+            return {n.input[3] for n in batchnorm_nodes(self._base_proto())}
+        return set(self._frozen_stats)
 
     @property
     def trainable_weight_names(self) -> list[str]:

@@ -54,7 +54,8 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     (``None`` without ``with_weights``)."""
     from ortrain.nn.graph_model import GraphModel
     record = {"format": FORMAT, "ortrain": __version__, "name": model.name,
-              "frozen": sorted(model._frozen), "frozen_stats": sorted(model._frozen_stats)}
+              "frozen": sorted(model._frozen), "frozen_stats": sorted(model._frozen_stats),
+              "all_stats_frozen": model._all_stats_frozen}
     extra = {}
     if isinstance(model, GraphModel):
         record["kind"] = "graph"
@@ -125,6 +126,7 @@ def model_from_record(record: dict, weights: dict, aux: dict):
         model.set_weights({n: weights[n] for n in model.weight_names()})
     model._frozen = set(record.get("frozen", []))
     model._frozen_stats = set(record.get("frozen_stats", []))
+    model._all_stats_frozen = bool(record.get("all_stats_frozen", False))
     comp = record.get("compile")
     if comp:
         loss = losses.get(comp["loss"])
