@@ -12,7 +12,8 @@ The generator contract (``ot.fit_generator``):
   starts the next epoch. An infinite one never returns ``None`` and needs
   ``steps_per_epoch``.
 * a **re-iterable** (a list, or any object whose ``iter()`` returns a fresh iterator)
-  is iterated afresh at the start of every epoch.
+  is iterated afresh at the start of every epoch. An object with ``__len__`` and
+  ``__getitem__`` but no ``__iter__`` (a Keras ``Sequence``) gives items ``0 .. len-1``.
 * a **one-shot iterator** (a Python generator, ``iter(list)``) is consumed across
   epochs: ``steps_per_epoch`` says how many batches make an epoch. When it runs dry,
   training stops.
@@ -113,9 +114,15 @@ class IterableSource:
         self._it = iter(iterable) if self.one_shot else None
         self.exhausted = False
         self.size = None if self.one_shot or not hasattr(type(iterable), "__len__") else len(iterable)
+        # A Keras-style Sequence (__len__ and __getitem__, no __iter__) holds len() batches: Python's
+        # own iteration would index on until IndexError, past the end of a Sequence that never raises.
+        self._indexed = self.size is not None and not hasattr(type(iterable), "__iter__")
 
     def start_epoch(self, epoch: int) -> None:
-        if not self.one_shot:
+        if self._indexed:
+            seq = self._iterable
+            self._it = (seq[i] for i in range(len(seq)))
+        elif not self.one_shot:
             self._it = iter(self._iterable)
 
     def pull(self):
@@ -202,7 +209,9 @@ class EpochIterator:
     """Steps of one epoch over a source: ``(step, batch)`` pairs.
 
     With ``steps`` the source is pulled exactly ``steps`` times unless it ends the epoch
-    first; without, until it returns ``None``. A batch already pulled for the first epoch
+    first; without, until it returns ``None``. After an epoch of ``steps`` batches, a callable
+    whose first call of the next epoch returns ``None`` is called once more: that ``None``
+    ended the pass the previous epoch completed (a finite callable exactly ``steps`` long). A batch already pulled for the first epoch
     (the fit loop reads one to learn the batch size, or whether validation batches carry
     weights) is handed back with :meth:`peek`.
     """
@@ -213,6 +222,7 @@ class EpochIterator:
         self._pending = _NOTHING
         self.taken = 0  # batches of the last epoch
         self.ended_early = False  # the source ended an epoch before ``steps``
+        self._spill = False  # the last epoch stopped at ``steps`` before a callable said None
 
     def peek(self, epoch: int):
         """The first batch of epoch ``epoch`` (None when it has none), pulled now and yielded
@@ -230,16 +240,22 @@ class EpochIterator:
         self.taken = 0
         self.ended_early = False
         pull = source.pull
+        spill, self._spill = self._spill, False
         while steps is None or self.taken < steps:
             if pending is not _NOTHING:
                 batch, pending = pending, _NOTHING
             else:
+                batch = pull()
+            if batch is None and spill and self.taken == 0:
+                # A finite callable as long as steps_per_epoch: the None that ends its pass arrives
+                # at the start of the next epoch, and the call after it begins the next pass.
                 batch = pull()
             if batch is None:
                 self.ended_early = steps is not None
                 return
             self.taken += 1
             yield self.taken - 1, batch
+        self._spill = isinstance(source, CallableSource)
 
 
 # -- preparing what fit receives ----------------------------------------------------------------

@@ -53,7 +53,7 @@ from ortrain.data import (
     split_arrays,
     validation_iterator,
 )
-from ortrain.errors import OrtrainError
+from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
 from ortrain.nn.model import Model
 from ortrain.trainer import Trainer
@@ -185,10 +185,14 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     ``generator``: a callable of no arguments returning a batch, or ``None`` at the end of an epoch
     (a finite one resets itself first); or an iterable of batches (a re-iterable is iterated afresh
     every epoch; a one-shot iterator is consumed across epochs and needs ``steps_per_epoch`` for
-    more than one). Batches are ``(x, y)``, ``(x, y, sample_weight)`` or
-    ``{"inputs": [...], "labels": [...], "sample_weight": ...}``, of at most the first batch's size.
-    With ``steps_per_epoch`` the generator is called exactly that many times per epoch. An epoch
-    without a batch stops training with a warning.
+    more than one; an object with ``__len__`` and ``__getitem__`` only, as a Keras ``Sequence``,
+    gives items ``0 .. len-1`` every epoch). Batches are ``(x, y)``, ``(x, y, sample_weight)`` or
+    ``{"inputs": [...], "labels": [...], "sample_weight": ...}``, of at least one row and at most
+    the first batch's. With ``steps_per_epoch`` the generator is called exactly that many times
+    per epoch; a callable whose first call of an epoch returns ``None`` right after a full epoch is
+    called once more (that ``None`` ended the pass the last epoch finished, as for a finite
+    callable exactly ``steps_per_epoch`` long). An epoch without a batch stops training with a
+    warning.
 
     ``loss``/``optimizer`` recompile the model before training (a new optimizer starts fresh
     moments). ``nbatch_logical``: gradients of several batches make one update. ``loss_mask``
@@ -271,6 +275,9 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
         x, y, w = parse_batch(first)
         # the first batch sets the size
         rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]
+        if rows == 0:
+            raise ShapeError("x: the first batch holds no rows, and its rows set the batch size; give batches "
+                             "of at least one sample (a generator ends its epoch by returning None or stopping)")
     except (OrtrainError, ValueError, TypeError) as exc:
         raise located(exc, where) from exc
     val_weighted = _validation_weighted(vit, initial_epoch)

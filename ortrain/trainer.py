@@ -99,6 +99,9 @@ class Trainer(TrainerSetup, Releasable):
         generator's batches) multiplies the weights by the class weights of the labels."""
         xs = prepare_inputs(self._inputs, x, "x", rows, None if checked else self._bounds)
         rows = xs[0].shape[0]
+        if most is not None and rows == 0:
+            raise ShapeError("x: a batch of 0 rows; give batches of at least one sample (a generator ends its "
+                             "epoch by returning None or stopping)")
         if most is not None and rows > most:
             raise ShapeError(f"x: a batch of {rows} rows, more than the {most} of the first batch, which set the "
                              f"batch size; give batches of at most {most} rows (a shorter one, such as a "

@@ -275,6 +275,80 @@ def test_finite_callable_resets_itself_and_sets_the_epoch_length():
     assert model.train_state.n_steps == 6
 
 
+def test_a_finite_callable_as_long_as_steps_per_epoch_trains_every_epoch():
+    # The None that ends the callable's pass comes at the start of the next epoch: it is that
+    # pass's end, not an empty epoch. Same weights as a list of the batches.
+    data = batches(3, 4)
+    state = {"i": 0, "calls": 0}
+
+    def gen():
+        state["calls"] += 1
+        if state["i"] == len(data):
+            state["i"] = 0
+            return None
+        state["i"] += 1
+        return data[state["i"] - 1]
+
+    model, ref = mlp(), mlp()
+    for m in (model, ref):
+        m.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hist = ot.fit_generator(model, gen, steps_per_epoch=3, epochs=4, verbose=0)
+    ot.fit_generator(ref, data, epochs=4, verbose=0)
+    assert hist.epoch == [0, 1, 2, 3] and model.train_state.n_steps == 12
+    assert state["calls"] == 15  # 3 a epoch, and the None at the start of epochs 1-3
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    it = iter(data)  # a callable that does not reset still stops, after one more call
+    with pytest.warns(RuntimeWarning, match="epoch 1 .* yielded no batch .*must reset itself"):
+        hist = ot.fit_generator(model, lambda: next(it, None), steps_per_epoch=3, epochs=4, verbose=0)
+    assert hist.epoch == [0]
+
+
+def test_a_keras_style_sequence_gives_len_batches_an_epoch():
+    class Seq:  # keras.utils.Sequence without the base class: __len__ and __getitem__ only
+        def __init__(self):
+            self.data, self.indices = batches(3, 4), []
+
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):  # past len(): iter() alone would go on to the IndexError
+            if i >= 6:
+                raise IndexError(i)
+            self.indices.append(i)
+            return self.data[i % 3]
+
+    seq, model, ref = Seq(), mlp(), mlp()
+    for m in (model, ref):
+        m.compile(optimizer="sgd", loss="mse")
+    hist = ot.fit_generator(model, seq, epochs=2, verbose=0)
+    ot.fit_generator(ref, seq.data, epochs=2, verbose=0)
+    assert hist.epoch == [0, 1] and seq.indices == [0, 1, 2, 0, 1, 2]
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_batch_of_no_rows_is_named_and_changes_nothing():
+    data = batches(2, 4)
+    empty = (data[0][0][:0], data[0][1][:0])
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    before = model.get_weights()
+    with pytest.raises(ot.ShapeError, match="epoch 0, step 0 .*x: the first batch holds no rows"):
+        ot.fit_generator(model, [empty, data[0]], verbose=0)
+    with pytest.raises(ot.ShapeError, match="epoch 0, step 1 .*x: a batch of 0 rows"):
+        ot.fit_generator(model, [data[0], empty], verbose=0)
+    assert model.train_state.n_steps == 1  # the step before the empty batch
+    ref = mlp()
+    ref.compile(optimizer="sgd", loss="mse")
+    ot.fit_generator(ref, [data[0]], verbose=0)
+    for a, b, c in zip(model.get_weights(), ref.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(a, c)
+
+
 def test_reiterable_is_iterated_afresh_each_epoch():
     class Shards:
         def __init__(self):
