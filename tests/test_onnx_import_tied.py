@@ -166,6 +166,7 @@ def test_fresh_eval_export_trains_like_pytorch(rng, kind, optimizer):
         optimizer=ot.optim.SGD(lr=0.1) if optimizer == "sgd" else ot.optim.Adam(lr=0.01), loss="mse")
     assert {p.name: p.role for p in model.params()} == {
         k: "buffer" if "running" in k else "trainable" for k in want}
+    assert model.weight_names() == list(want)  # state_dict order: set_weights(list) puts each in place
     with ot.Trainer(model, batch_size=8) as tr:
         losses = [tr.step(x, y) for x, y in batches]
         got = _weights(tr.model())

@@ -280,7 +280,8 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     Such a weight has shape (1,), read through a ``Reshape`` to rank 0 (``repairs.read_as_scalars``).
     Initializers nothing reads (subgraphs of ``Loop`` or ``If`` included) are dropped. ``stash`` holds initializers already taken out
     of the graph (see ``_stash_weights``); they are classified the same way. Weights come
-    in ``order`` (names), by default the graph's initializer order; the copies follow. ``folded``:
+    in ``order`` (names), by default the graph's initializer order, the copies where the graph
+    first reads them (:func:`_with_copies_in_place`). ``folded``:
     initializers that stay constants whatever reaches them (:func:`folded_constants`).
     """
     model = copy.deepcopy(model)
@@ -328,7 +329,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
              "as (or into) Pow's exponent, which onnxruntime-training does not differentiate, so "
              f"{'it stays a constant' if len(exponents) == 1 else 'they stay constants'} (PyTorch would "
              "train a parameter there)", UserWarning)
-    rank = {name: i for i, name in enumerate(first + copies)}
+    rank = {name: i for i, name in enumerate(_with_copies_in_place(model, first, copies))}
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
     model.graph.initializer.extend(constants)
@@ -337,6 +338,28 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                              for p in params)
     fg = ForwardGraph(model, tuple(params), weights)
     return reassign_roles(fg, trainable, frozen, unreached) if (trainable is not None or frozen is not None) else fg
+
+
+def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: list[str]) -> list[str]:
+    """``first`` (the file's initializer order) with each Identity copy put where the graph first
+    reads it: before the first weight read later (by node, then by input slot). A fresh
+    BatchNorm's running variance, written as ``Identity(gamma)``, so comes after its running
+    mean, and a second LayerNorm's scale before its bias, as in PyTorch's ``state_dict``."""
+    if not copies:
+        return first
+    reads: dict[str, tuple[int, int]] = {}
+    for i, node in enumerate(model.graph.node):
+        for slot, name in enumerate(node.input):
+            reads.setdefault(name, (i, slot))
+    end = (len(model.graph.node), 0)
+    placed = sorted(copies, key=lambda n: reads.get(n, end))
+    out, k = [], 0
+    for name in first:
+        while k < len(placed) and reads.get(placed[k], end) < reads.get(name, end):
+            out.append(placed[k])
+            k += 1
+        out.append(name)
+    return out + placed[k:]
 
 
 def _exponent_sources(model: onnx.ModelProto) -> set[str]:
