@@ -247,10 +247,12 @@ class TrainerSetup:
                        device: str = "cpu", threads=None, checkpoint=None, metrics=None) -> Trainer:
         """Train from pre-built artifacts alone (``ot.artifacts.build`` or ``ortrain artifacts``).
 
-        ``checkpoint`` (written by ``save_checkpoint`` for these artifacts) resumes from it instead
-        of starting from the artifacts' own weights.
+        ``directory``: an artifacts directory, or the record ``ot.artifacts.build`` returned (whose
+        learning rate is the one that build was asked for). ``checkpoint`` (written by
+        ``save_checkpoint`` for these artifacts) resumes from it instead of starting from the
+        artifacts' own weights.
         """
-        art = artifacts_mod.load(directory)
+        art = _artifacts(directory)
         ckpt = art.checkpoint if checkpoint is None else Path(checkpoint)
         data = engine.read_checkpoint(ckpt)
         own = checkpoint is not None and Path(checkpoint).resolve() == Path(art.checkpoint).resolve()
@@ -275,6 +277,18 @@ class TrainerSetup:
         if _PROP + "key" in data.properties:
             tr._restore_counters(data.properties, data)
         return tr
+
+
+def _artifacts(directory) -> artifacts_mod.Artifacts:
+    """The artifacts in a directory, or those of a build's record (checked on disk again, with the
+    record's learning rate)."""
+    if not isinstance(directory, artifacts_mod.Artifacts):
+        return artifacts_mod.load(directory)
+    art = artifacts_mod.load(directory.directory)
+    if art.key != directory.key:
+        raise OrtrainError(f"directory: the artifacts in {str(directory.directory)!r} were rebuilt for another "
+                           "model, loss or optimizer after this record was made; build them again")
+    return artifacts_mod.Artifacts(art.directory, dict(art.manifest, optimizer=directory.manifest["optimizer"]))
 
 
 def _draws_of(state) -> int:

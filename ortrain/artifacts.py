@@ -233,8 +233,9 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     building the same thing at once take turns on a lock instead of replacing each other's files.
     An ``out_dir`` that holds artifacts of another model, loss or optimizer is replaced whole.
     The learning rate shapes no graph and is not in the key: a hit asked for another rate
-    returns a record that carries it, and an ``out_dir``'s manifest is rewritten to it (a
-    ``Trainer`` of a model takes the model's rate in any case).
+    returns a record that carries it, and the directory's manifest is rewritten to it, so
+    ``Trainer.from_artifacts`` of the record or of its directory trains at the rate of this
+    build (a ``Trainer`` of a model takes the model's rate in any case).
     ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
     model's weights into its session anyway). ``_accept_key`` (internal) is called with the key
     before anything is written, and may refuse it by raising.
@@ -278,15 +279,20 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
 
 def _with_lr(art: Artifacts, opt: optim.Optimizer, rewrite: bool) -> Artifacts:
     """A hit whose learning rate differs (it shapes no graph, so it is not in the key): the
-    record carries the requested one, and an ``out_dir``'s manifest is rewritten to it (the
-    manifest is the one file a published directory may change; the cache's are shared)."""
+    record carries the requested one, and the manifest is rewritten to it (the manifest is the
+    one file a published directory may change), so ``Trainer.from_artifacts`` of the directory
+    trains at the rate of its latest build. ``rewrite=False`` (a cache hit served without the
+    lock): a cache that cannot be written to keeps its rate, and the record still carries it."""
     wanted = json.loads(json.dumps(opt.config()))
     if art.manifest["optimizer"] == wanted:
         return art
     manifest = dict(art.manifest, optimizer=wanted)
-    if rewrite:
+    try:
         with atomic_path(art.directory / "manifest.json") as tmp:
             Path(tmp).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    except (OSError, OrtrainError):
+        if rewrite:
+            raise
     return Artifacts(art.directory, manifest)
 
 

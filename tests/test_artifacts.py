@@ -292,6 +292,12 @@ def test_a_hit_with_another_learning_rate_carries_it(tmp_path, monkeypatch):
     a = ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=1e-3))
     b = ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.5))
     assert a.directory == b.directory and (a.optimizer.lr, b.optimizer.lr) == (1e-3, 0.5)
+    # the cached directory trains at its latest build's rate; a record at its own build's
+    with ot.Trainer.from_artifacts(b.directory, batch_size=4) as tr:
+        assert tr.lr == 0.5
+    for record, lr in ((a, 1e-3), (b, 0.5)):
+        with ot.Trainer.from_artifacts(record, batch_size=4) as tr:
+            assert tr.lr == lr
     out = tmp_path / "art"
     ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=1e-3), out_dir=out)
     ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.5), out_dir=out)
