@@ -19,7 +19,7 @@ from ortrain._files import checked_target
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.model import Model
-from ortrain.optim import SGD, check_weight_decay
+from ortrain.optim import check_weight_decay
 
 if TYPE_CHECKING:
     from ortrain.trainer import Trainer
@@ -73,9 +73,6 @@ class TrainerSetup:
         if weight_decay is None:
             weight_decay = getattr(opt, "weight_decay", 0.0)
         weight_decay = check_weight_decay(weight_decay)
-        if weight_decay and isinstance(opt, SGD):
-            raise OrtrainError(f"weight_decay={weight_decay}: SGD in ortrain has no weight decay; compile with "
-                               "optimizer='adamw' or leave weight_decay at 0")
         self.weight_decay = weight_decay
         self.device = str(engine.parse_device(device))
         for spec in model.input_specs:

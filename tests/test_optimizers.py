@@ -62,17 +62,29 @@ def test_trainer_weight_decay_overrides_compile_and_spares_frozen(batches):
     np.testing.assert_array_equal(w5[1], w0[1])  # frozen: neither trained nor decayed
 
 
-@pytest.mark.parametrize("kind", ["adam", "adamw", "sgd"])
+def test_sgd_weight_decay_matches_numpy_and_spares_frozen(batches):
+    # w -= lr * (g + wd * w): Keras' decoupled decay and PyTorch's coupled one agree without momentum
+    for opt, wd in ((ot.optim.SGD(lr=0.1, weight_decay=0.3), None), (ot.optim.SGD(lr=0.1), 0.3)):
+        w0, w5, _ = run_ortrain(opt, batches, weight_decay=wd, freeze="dense_0.bias")
+        w, b = (a.astype(np.float64) for a in w0)
+        for x, y in batches:
+            w = w * (1 - 0.1 * 0.3) - 0.1 * linear_mse_grads(x, y, w, b)[0]
+        np.testing.assert_allclose(w5[0], w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(w5[1], w0[1])  # frozen: neither trained nor decayed
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw", "sgd", "sgd-decay"])
 def test_matches_pytorch(kind, batches):
     torch = torch_or_skip()
     opt = {"adam": ot.optim.Adam(lr=0.05), "adamw": ot.optim.AdamW(lr=0.05, weight_decay=0.1),
-           "sgd": ot.optim.SGD(lr=0.1)}[kind]
+           "sgd": ot.optim.SGD(lr=0.1), "sgd-decay": ot.optim.SGD(lr=0.1, weight_decay=0.2)}[kind]
     w0, w5, losses = run_ortrain(opt, batches)
     w = torch.tensor(w0[0], requires_grad=True)
     b = torch.tensor(w0[1], requires_grad=True)
     topt = {"adam": lambda: torch.optim.Adam([w, b], lr=0.05),
             "adamw": lambda: torch.optim.AdamW([w, b], lr=0.05, weight_decay=0.1),
-            "sgd": lambda: torch.optim.SGD([w, b], lr=0.1)}[kind]()
+            "sgd": lambda: torch.optim.SGD([w, b], lr=0.1),
+            "sgd-decay": lambda: torch.optim.SGD([w, b], lr=0.1, weight_decay=0.2)}[kind]()
     tl = []
     for x, y in batches:
         loss = ((torch.tensor(x) @ w + b - torch.tensor(y)) ** 2).mean()
@@ -112,8 +124,8 @@ def test_optimizer_argument_errors():
         ot.optim.Adam(betas=(1.0, 0.9))
     with pytest.raises(ot.OrtrainError, match="optimizer: expected 'adam', 'adamw', 'sgd'"):
         ot.optim.get("rmsprop")
-    with pytest.raises(ot.OrtrainError, match="SGD in ortrain has no weight decay"):
-        ot.optim.SGD().graph(weight_decay=0.1)
+    with pytest.raises(ot.OrtrainError, match="weight_decay: expected a number in \\[0, 1\\]"):
+        ot.optim.SGD(weight_decay=-0.1)
     W = ag.param(np.zeros((2, 2), np.float32), name="W")
     expected = "params: expected None or a list of ag.param objects (for capture_step), received "
     for call, said in [

@@ -395,9 +395,8 @@ def test_argument_errors():
         ot.Trainer(model, batch_size=16, nbatch_logical=24)
     with pytest.raises(ot.OrtrainError, match="weight_decay: expected a number in \\[0, 1\\]"):
         ot.Trainer(model, weight_decay=1.5)
-    sgd = dense_model(4, 2)
-    with pytest.raises(ot.OrtrainError, match="SGD in ortrain has no weight decay"):
-        ot.Trainer(sgd, weight_decay=0.1)
+    with pytest.raises(ot.OrtrainError, match="weight_decay: expected a number in \\[0, 1\\]"):
+        ot.Trainer(dense_model(4, 2), weight_decay=-0.1)   # SGD takes decay too
 
 
 def two_output_model():

@@ -41,10 +41,28 @@ def adamw_graph(betas: tuple[float, float], eps: float, weight_decay: float) -> 
     return finish_model(graph, extra_domains=[MS_DOMAIN])
 
 
-def sgd_graph() -> onnx.ModelProto:
-    """Plain SGD, ``w -= lr * g`` (the library's update graph has no momentum)."""
-    node = helper.make_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"], ["updated_flag"],
-                            name="SGD", domain=MS_DOMAIN)
-    graph = helper.make_graph([node], "sgd", _common_inputs(),
+def sgd_graph(weight_decay: float = 0.0) -> onnx.ModelProto:
+    """Plain SGD, ``w -= lr * g`` (the library's update graph has no momentum).
+
+    With ``weight_decay`` each gradient gets ``weight_decay * w`` added first (``SequenceMap``),
+    so ``w -= lr * (g + weight_decay * w)``: without momentum that is both PyTorch's coupled
+    decay and Keras' decoupled one, ``w * (1 - lr * weight_decay) - lr * g``. The library's
+    ``SGDOptimizerV2`` still updates the weights in place."""
+    gradients = "gradients"
+    nodes = []
+    if weight_decay:
+        body = helper.make_graph(
+            [helper.make_node("Mul", ["w", "decay"], ["w_decay"]), helper.make_node("Add", ["g", "w_decay"], ["g_decay"])],
+            "decayed_gradient",
+            [helper.make_tensor_value_info("w", TensorProto.FLOAT, None),
+             helper.make_tensor_value_info("g", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("g_decay", TensorProto.FLOAT, None)],
+            [helper.make_tensor("decay", TensorProto.FLOAT, [], [float(weight_decay)])])
+        gradients = "decayed_gradients"
+        nodes.append(helper.make_node("SequenceMap", ["params", "gradients"], [gradients], name="WeightDecay",
+                                      body=body))
+    nodes.append(helper.make_node("SGDOptimizerV2", ["learning_rate", "params", gradients], ["updated_flag"],
+                                  name="SGD", domain=MS_DOMAIN))
+    graph = helper.make_graph(nodes, "sgd", _common_inputs(),
                               [helper.make_tensor_value_info("updated_flag", TensorProto.BOOL, [1])])
     return finish_model(graph, extra_domains=[MS_DOMAIN])

@@ -234,18 +234,26 @@ class AdamW(Adam):
 
 
 class SGD(Optimizer):
-    """Plain stochastic gradient descent, ``w -= lr * g`` (no momentum); ``lr=1e-2`` by default."""
+    """Plain stochastic gradient descent, ``w -= lr * g`` (no momentum); ``lr=1e-2`` by default.
+
+    ``weight_decay`` (in [0, 1], 0 by default) shrinks the weights as well:
+    ``w -= lr * (g + weight_decay * w)``, which without momentum is both ``torch.optim.SGD``'s
+    decay and Keras' decoupled one. Capture takes Adam and AdamW only."""
 
     name = "sgd"
 
-    def __init__(self, params=None, lr: float = 1e-2):
+    def __init__(self, params=None, lr: float = 1e-2, weight_decay: float = 0.0):
         super().__init__(params, lr)
+        self.weight_decay = check_weight_decay(weight_decay)
+
+    @property
+    def hyperparameters(self):
+        # without decay, the config (and the artifacts' key) of the SGD before it had decay
+        return {"weight_decay": self.weight_decay} if self.weight_decay else {}
 
     def graph(self, weight_decay=None):
-        if weight_decay:
-            raise OrtrainError(f"weight_decay={weight_decay!r}: SGD in ortrain has no weight decay "
-                               "(onnxruntime-training's SGD update has none); use AdamW or weight_decay=0")
-        return sgd_graph()
+        wd = self.weight_decay if weight_decay is None else check_weight_decay(weight_decay)
+        return sgd_graph(wd)
 
 
 _BY_NAME = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
