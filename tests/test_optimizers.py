@@ -140,6 +140,26 @@ def test_optimizer_argument_errors():
     assert ot.optim.Adam(iter([W])).params == [W] and ot.optim.Adam((W,)).params == [W]  # any iterable
 
 
+def test_learning_rate_is_keras_name_for_lr(batches):
+    # a Keras callback writes model.optimizer.learning_rate; the step must take it
+    assert ot.optim.Adam(learning_rate=0.1).lr == 0.1 and ot.optim.SGD(learning_rate=0.3).lr == 0.3
+    with pytest.raises(ot.OrtrainError, match="lr=0.1 and learning_rate=0.2 name one setting"):
+        ot.optim.AdamW(lr=0.1, learning_rate=0.2)
+
+    class Halve(ot.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.model.optimizer.learning_rate = self.model.optimizer.learning_rate / 2
+
+    model = dense_model(NIN, NOUT, optimizer=ot.optim.SGD(lr=0.2))
+    w, b = (a.astype(np.float64) for a in model.get_weights())
+    hist = ot.fit_generator(model, batches[:1], epochs=2, callbacks=[Halve()], verbose=0)
+    for lr in (0.1, 0.05):
+        gw, gb = linear_mse_grads(*batches[0], w, b)
+        w, b = w - lr * gw, b - lr * gb
+    assert hist.history["lr"] == [0.1, 0.05]
+    np.testing.assert_allclose(model.get_weights()[0], w, rtol=1e-5, atol=1e-6)
+
+
 def test_optimizer_defaults_follow_pytorch():
     assert ot.optim.Adam().config() == {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
                                         "weight_decay": 0.0}

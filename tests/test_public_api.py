@@ -109,7 +109,7 @@ def test_misplaced_optimizer_and_bad_configs_get_clear_errors():
     with pytest.raises(ot.OrtrainError, match="huber: cannot build it from"):
         ot.losses.get({"name": "huber", "delt": 2})
     with pytest.raises(ot.OrtrainError, match="adam: cannot build it from"):
-        ot.optim.get({"name": "adam", "learning_rate": 2})
+        ot.optim.get({"name": "adam", "learn_rate": 2})
     for betas in (5, (0.9,), ("0.9", "0.99"), (0.9, 1.0), (0.9, float("nan"))):
         with pytest.raises(ot.OrtrainError, match=re.escape(f"betas: expected two numbers in [0, 1), received "
                                                             f"{betas!r}")):

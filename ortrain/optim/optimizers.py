@@ -68,14 +68,21 @@ def _checked_params(params, cls: str) -> list:
 
 
 class Optimizer:
-    """The base of ``Adam``, ``AdamW`` and ``SGD``: ``lr`` (settable), ``step`` (updates taken),
-    ``state()``/``load_state()``; ``params`` only for ``capture_step``."""
+    """The base of ``Adam``, ``AdamW`` and ``SGD``: ``lr`` (settable; ``learning_rate`` is the same,
+    by Keras' name, in the constructors too), ``step`` (updates taken), ``state()``/``load_state()``;
+    ``params`` only for ``capture_step``."""
 
     name = "optimizer"
     has_moments = False
+    default_lr = 1e-3
 
-    def __init__(self, params=None, lr: float = 1e-3):
+    def __init__(self, params=None, lr: float = 1e-3, learning_rate: float | None = None):
         self.params = _checked_params(params, type(self).__name__)
+        if learning_rate is not None:  # Keras' name
+            if lr != self.default_lr and lr != learning_rate:
+                raise OrtrainError(f"{type(self).__name__}: lr={lr!r} and learning_rate={learning_rate!r} name one "
+                                   "setting; pass one of them")
+            lr = learning_rate
         self._lr = check_lr(lr)
         self.step = 0
         self._moments: dict[str, tuple[np.ndarray, ...]] = {}
@@ -108,6 +115,15 @@ class Optimizer:
         self._lr = check_lr(value)
         self.lr_writes += 1
         self._lr_now = None
+
+    @property
+    def learning_rate(self) -> float:
+        """Keras' name for :attr:`lr` (read and written alike)."""
+        return self.lr
+
+    @learning_rate.setter
+    def learning_rate(self, value) -> None:
+        self.lr = value
 
     @property
     def hyperparameters(self) -> dict:
@@ -200,8 +216,8 @@ class Adam(Optimizer):
     default_weight_decay = 0.0
 
     def __init__(self, params=None, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float | None = None):
-        super().__init__(params, lr)
+                 weight_decay: float | None = None, *, learning_rate: float | None = None):
+        super().__init__(params, lr, learning_rate)
         try:
             b1, b2 = betas
         except (TypeError, ValueError):
@@ -241,9 +257,11 @@ class SGD(Optimizer):
     decay and Keras' decoupled one. Capture takes Adam and AdamW only."""
 
     name = "sgd"
+    default_lr = 1e-2
 
-    def __init__(self, params=None, lr: float = 1e-2, weight_decay: float = 0.0):
-        super().__init__(params, lr)
+    def __init__(self, params=None, lr: float = 1e-2, weight_decay: float = 0.0, *,
+                 learning_rate: float | None = None):
+        super().__init__(params, lr, learning_rate)
         self.weight_decay = check_weight_decay(weight_decay)
 
     @property
