@@ -337,7 +337,8 @@ def capture_step(fn, params=None, optimizer=None, max_grad_norm=None) -> Capture
 
     ``fn`` takes named tensors and returns the loss tensor or a dict with a ``"loss"`` entry.
     The first call traces it with the given arrays (which fix the input names, shapes and
-    dtypes) and builds two graphs, forward with backward, then the optimizer's update; every
+    dtypes: a later call may pass float64 for float32 or int32 for int64, which are cast, but an
+    integer array for a float input or the reverse raises ``ShapeError``) and builds two graphs, forward with backward, then the optimizer's update; every
     call runs both and returns the forward outputs from before the update (the loss as an
     ndarray, or a dict of ndarrays). The learning rate and the step counter are read from
     ``optimizer`` on every call, so schedules and ``opt.load_state()`` take effect at once.

@@ -373,9 +373,20 @@ def test_shape_and_dtype_errors_name_the_input_and_change_nothing():
     with pytest.raises(ot.ShapeError, match=r"input 'x': expected a numeric array castable to float32, received "
                                             r"dtype <U1"):
         train(x=np.full((3, 4), "a"), y=Y)
+    for bad in (X.astype(np.int64), X.astype(np.int32)):  # another input than the one traced
+        with pytest.raises(ot.ShapeError, match=r"input 'x' expected float32 values, as the first call fixed it, "
+                                                f"received {bad.dtype}; pass float32 arrays"):
+            train(x=bad, y=Y)
     assert _snapshot(opt, W) == before
     out = train(x=X.astype(np.float64), y=Y.tolist())   # castable inputs are cast
     assert out.dtype == np.float32 and opt.step == 2
+    E = ag.param(_w0(), name="E")
+    rows = ot.capture_step(lambda i: ag.sum(ag.get_rows(E, i)), optimizer=ot.optim.Adam([E]))
+    rows(i=np.array([0, 1]))
+    rows(i=np.array([1, 0], np.int32))   # int32 indices are cast to int64
+    with pytest.raises(ot.ShapeError, match=r"input 'i' expected integer indices or labels \(int64\), as the "
+                                            r"first call fixed it, received float64"):
+        rows(i=np.array([0.0, 1.0]))
 
 
 def test_freed_capture_raises_and_keeps_trained_values():

@@ -112,9 +112,17 @@ class TracedCall(Releasable):
                          + "; pass the same inputs by name at every call, or capture another step for others")
 
     def _convert(self, name, a, shape, dtype):
+        typed = hasattr(a, "dtype")  # an array's dtype is the caller's choice; a list's is Python's
         a = read_array(a, f"{self._where}: input {name!r}")
         if a.dtype.kind == "b":  # as the first call refuses it: a boolean mask is no row index
             raise ShapeError(f"{self._where}: input {name!r} is boolean; pass 0/1 as float32 or int64")
+        if typed and a.dtype.kind in "iuf" and (a.dtype.kind == "f") != (dtype.kind == "f"):
+            # float64 for float32 and int32 for int64 are cast, as everywhere; floats for indices or
+            # labels, or integers for values, are another input than the one traced
+            fixed = "integer indices or labels (int64)" if dtype.kind in "iu" else "float32 values"
+            raise ShapeError(f"{self._where}: input {name!r} expected {fixed}, as the first call fixed it, "
+                             f"received {a.dtype}; pass {'int64' if dtype.kind in 'iu' else 'float32'} arrays, "
+                             "or capture another step for the other dtype")
         a = as_array(a, dtype, f"{self._where}: input {name!r}")
         if a.shape != shape:
             hint = ""
