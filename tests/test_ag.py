@@ -87,6 +87,17 @@ OPS = {
     "param_squared": (lambda w, x: w * w, lambda t, w, x: w * w, [W0], {"x": X0}),
     "param_concat_twice": (lambda w, x: ag.concat([w, w], axis=1), lambda t, w, x: t.cat([w, w], 1), [W0],
                            {"x": X0}),
+    # PyTorch's argument names, and its transpose(x, d0, d1) and negative permutation axes
+    "torch_names": (lambda w, x: ag.concat([ag.softmax(w @ x, dim=0), ag.log_softmax(w @ x, dim=0),
+                                            ag.sum(w @ x, dim=1, keepdim=True) * w,
+                                            ag.mean(w @ x, dim=(0, 1), keepdim=True) * w], dim=1),
+                    lambda t, w, x: t.cat([t.softmax(w @ x, dim=0), t.log_softmax(w @ x, dim=0),
+                                           (w @ x).sum(dim=1, keepdim=True) * w,
+                                           (w @ x).mean(dim=(0, 1), keepdim=True) * w], dim=1), [W0], {"x": X0}),
+    "transpose_torch_and_negative": (
+        lambda w, x: ag.transpose(ag.reshape(w, (3, 2, 2)), 0, 2) * ag.transpose(ag.reshape(w, (3, 2, 2)), (-1, 1, 0)),
+        lambda t, w, x: t.transpose(w.reshape(3, 2, 2), 0, 2) * w.reshape(3, 2, 2).permute(-1, 1, 0), [W0],
+        {"x": X0}),
 }
 
 
@@ -354,6 +365,11 @@ NOT_INTS = r"give Python or numpy ints \(floats and bools are not read as intege
     (lambda: ag.transpose(A, (1.5, 0)), r"transpose: perm expected a tuple of ints, received \(1.5, 0\) \(tuple\)"),
     (lambda: ag.transpose(A, (True, False)), r"transpose: perm expected a tuple of ints, received \(True, False\)"),
     (lambda: ag.transpose(A, "ab"), r"transpose: perm expected a tuple of ints, received 'ab'"),
+    (lambda: ag.transpose(A, 0, 1, perm=(1, 0)), r"transpose: the dimensions were given twice"),
+    (lambda: ag.softmax(A, 1, dim=0), r"softmax: axis=1 and dim=0 name one setting; pass one of them"),
+    (lambda: ag.mean(A, keepdims=True, keepdim=False), r"mean: keepdims=True and keepdim=False name one setting"),
+    (lambda: ag.dropout(A, 0.3, p=0.2), r"dropout: rate=0.3 and p=0.2 name one setting"),
+    (lambda: ag.dropout(A, p=1.0), r"dropout: rate expected a number in \[0, 1\), received 1.0"),
     (lambda: A + [[1, 2], [3]], r"add: expected an array \(nested lists need rows of equal length\), received a list"),
     (lambda: ag.concat([A, [[1, 2], [3]]]), r"concat: expected an array \(nested lists need rows of equal length\)"),
     (lambda: ag.get_rows(A, [[0, 1], [0]]), r"get_rows: expected an array \(nested lists need rows of equal length\)"),

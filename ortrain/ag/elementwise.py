@@ -8,7 +8,7 @@ import numpy as np
 
 from ortrain._arrays import is_real, read_array
 from ortrain._random import draw_seed
-from ortrain.ag._checks import _axis, _float, _node, as_tensor, broadcast
+from ortrain.ag._checks import _axis, _float, _node, _torch_name, as_tensor, broadcast
 from ortrain.ag.tensor import Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import MS_DOMAIN
@@ -193,30 +193,32 @@ def _power_of(where: str, base, x: Tensor) -> Tensor:
     return _unary(where, "Exp", _binary(where, "Mul", x, np.log(b.astype(np.float64))))
 
 
-def softmax(x, axis: int = -1) -> Tensor:
-    """``exp(x) / sum(exp(x))`` along ``axis`` (the last by default)."""
+def softmax(x, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``axis`` (the last by default; ``dim`` is PyTorch's name)."""
     x = as_tensor(x, "softmax")
     _float("softmax", x)
-    a = _axis("softmax", axis, x.ndim)
+    a = _axis("softmax", _torch_name("softmax", "axis", axis, -1, "dim", dim), x.ndim)
     return Tensor(x.shape, x.dtype, "softmax", (x,), _node("Softmax", axis=a))
 
 
-def log_softmax(x, axis: int = -1) -> Tensor:
-    """``log(softmax(x))`` along ``axis``, computed stably."""
+def log_softmax(x, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    """``log(softmax(x))`` along ``axis`` (``dim`` in PyTorch), computed stably."""
     x = as_tensor(x, "log_softmax")
     _float("log_softmax", x)
-    a = _axis("log_softmax", axis, x.ndim)
+    a = _axis("log_softmax", _torch_name("log_softmax", "axis", axis, -1, "dim", dim), x.ndim)
     return Tensor(x.shape, x.dtype, "log_softmax", (x,), _node("LogSoftmax", axis=a))
 
 
 # -- dropout --------------------------------------------------------------------------------------
-def dropout(x, rate: float = 0.5) -> Tensor:
-    """Zero each element with probability ``rate`` and scale the rest by ``1 / (1 - rate)``.
+def dropout(x, rate: float = 0.5, *, p: float | None = None) -> Tensor:
+    """Zero each element with probability ``rate`` (``p`` in PyTorch) and scale the rest by
+    ``1 / (1 - rate)``.
 
     Active in captured training steps (a new mask at every call); ``ot.capture`` runs without it.
     """
     x = as_tensor(x, "dropout")
     _float("dropout", x)
+    rate = _torch_name("dropout", "rate", rate, 0.5, "p", p)
     if not is_real(rate) or not 0.0 <= rate < 1.0:
         raise OrtrainError(f"dropout: rate expected a number in [0, 1), received {rate!r}")
     if rate == 0:

@@ -6,7 +6,7 @@ import numpy as np
 
 from ortrain._arrays import read_array
 from ortrain._warnings import warn
-from ortrain.ag._checks import _axis, _float, _ints, _node, _shapes, as_tensor
+from ortrain.ag._checks import _axis, _float, _ints, _node, _shapes, _torch_name, as_tensor
 from ortrain.ag.elementwise import add, div
 from ortrain.ag.tensor import FLOAT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
@@ -86,13 +86,16 @@ def _reduced(x: Tensor, axes: tuple, keepdims: bool) -> tuple:
     return tuple(d for i, d in enumerate(x.shape) if i not in axes)
 
 
-def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - the ag op is called sum
-    """Sum over ``axis`` (an int, a tuple, or ``None`` for every axis).
+def sum(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None = None) -> Tensor:  # noqa: A001 - the ag op is called sum
+    """Sum over ``axis`` (an int, a tuple, or ``None`` for every axis; PyTorch's ``dim`` and
+    ``keepdim`` are taken too).
 
     ``axis=()`` reduces nothing and returns ``x``, as ``np.sum(x, axis=())`` does. (ONNX's
     ReduceSum would read empty axes as "all axes", so no node is emitted for it.)
     """
     x = as_tensor(x, "sum")
+    axis = _torch_name("sum", "axis", axis, None, "dim", dim)
+    keepdims = _torch_name("sum", "keepdims", keepdims, False, "keepdim", keepdim)
     axes = _reduce_axes("sum", x, axis)
     if not x.ndim or not axes:
         return x
@@ -104,14 +107,17 @@ def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001 - the ag 
     return Tensor(_reduced(x, axes, keepdims), x.dtype, "sum", (x,), emit)
 
 
-def mean(x, axis=None, keepdims: bool = False) -> Tensor:
-    """Mean over ``axis`` (an int, a tuple, or ``None`` for every axis).
+def mean(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None = None) -> Tensor:
+    """Mean over ``axis`` (an int, a tuple, or ``None`` for every axis; PyTorch's ``dim`` and
+    ``keepdim`` are taken too).
 
     ``axis=()`` reduces nothing and returns ``x``, as ``np.mean(x, axis=())`` does (see :func:`sum`).
     The mean over no elements (an axis of length 0) is NaN with a warning, as numpy's.
     """
     x = as_tensor(x, "mean")
     _float("mean", x)
+    axis = _torch_name("mean", "axis", axis, None, "dim", dim)
+    keepdims = _torch_name("mean", "keepdims", keepdims, False, "keepdim", keepdim)
     axes = _reduce_axes("mean", x, axis)
     if not x.ndim or not axes:
         return x
@@ -146,25 +152,39 @@ def reshape(x, shape) -> Tensor:
                   lambda gb, names: gb.op("Reshape", [names[0], gb.const(target, np.int64, hint="shape")]))
 
 
-def transpose(x, perm=None) -> Tensor:
-    """Permute dimensions (reverse them when ``perm`` is None, as numpy does)."""
+def transpose(x, *dims, perm=None) -> Tensor:
+    """Permute dimensions: ``transpose(x, perm)`` with a tuple (negative axes count from the end),
+    ``transpose(x, 2, 0, 1)``, or ``transpose(x, d0, d1)``, which swaps two dimensions as
+    ``torch.transpose`` does; with neither, the dimensions are reversed, as numpy's."""
     x = as_tensor(x, "transpose")
+    if dims and perm is not None:
+        raise OrtrainError(f"transpose: the dimensions were given twice ({dims!r} and perm={perm!r}); pass one")
+    if len(dims) == 1:
+        perm = dims[0]
+    elif len(dims) == 2:  # torch.transpose(x, d0, d1): a swap
+        a, b = (_axis("transpose", d, x.ndim) for d in dims)
+        perm = list(range(x.ndim))
+        perm[a], perm[b] = perm[b], perm[a]
+    elif dims:
+        perm = dims
     p = list(range(x.ndim))[::-1] if perm is None else list(_ints("transpose", "perm", perm, "a tuple of ints"))
+    p = [i + x.ndim if -x.ndim <= i < 0 else i for i in p]
     if sorted(p) != list(range(x.ndim)):
         raise ShapeError(f"transpose: perm {perm!r} is not a permutation of the {x.ndim} dimensions of "
                          f"{describe_shape(x.shape)}")
     return Tensor(tuple(x.shape[i] for i in p), x.dtype, "transpose", (x,), _node("Transpose", perm=p))
 
 
-def concat(tensors, axis: int = 0) -> Tensor:
-    """Join tensors along ``axis`` (0 by default, as numpy); other dimensions must agree."""
+def concat(tensors, axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Join tensors along ``axis`` (0 by default, as numpy; ``dim`` is PyTorch's name); other
+    dimensions must agree."""
     if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
         raise OrtrainError("concat: tensors expected a non-empty list or tuple of tensors")
     # Constants take the dtype of the first tensor, as in the binary ops (an int array joins float32 rows).
     first = next((t for t in tensors if isinstance(t, Tensor)), None)
     first = as_tensor(tensors[0], "concat") if first is None else first
     ts = [as_tensor(t, "concat", like=first) for t in tensors]
-    a = _axis("concat", axis, first.ndim)
+    a = _axis("concat", _torch_name("concat", "axis", axis, 0, "dim", dim), first.ndim)
     for t in ts:
         if t.dtype != first.dtype or t.ndim != first.ndim or \
                 any(d != e for i, (d, e) in enumerate(zip(t.shape, first.shape, strict=True)) if i != a):
