@@ -230,6 +230,22 @@ def test_unfreeze_bn_stats_keeps_a_frozen_layer_frozen(rng, tmp_path):
         assert not np.array_equal(tr.model().get_weights()[4], model.get_weights()[4])
 
 
+def test_sequential_may_start_with_an_input_as_in_keras(rng, tmp_path):
+    a = ot.Sequential([ot.Input((4,), name="features"), L.Dense(3, activation="relu"), L.Dense(2)], seed=0)
+    b = ot.Sequential([L.Dense(3, activation="relu"), L.Dense(2)], input_shape=(4,), seed=0)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(a.predict(x), b.predict(x))
+    assert [s.name for s in a.input_specs] == ["features"]
+    a.save(tmp_path / "a.ortrain")
+    np.testing.assert_array_equal(ot.load_model(tmp_path / "a.ortrain").predict(x), a.predict(x))
+    ids = ot.Sequential([ot.Input((5,), dtype="int64"), L.Embedding(10, 3), L.Flatten()], seed=0)
+    assert ids.input_specs[0].dtype == np.int64 and ids.output_specs[0].shape == (None, 15)
+    with pytest.raises(ot.OrtrainError, match=r"input_shape=\(3,\) and the ot.Input's shape \(4,\) disagree"):
+        ot.Sequential([ot.Input((4,)), L.Dense(2)], input_shape=(3,))
+    with pytest.raises(ot.OrtrainError, match=r"expected ot.layers objects \(after an optional ot.Input\)"):
+        ot.Sequential([L.Dense(2), ot.Input((3,))], input_shape=(3,))
+
+
 def test_evaluate_matches_numpy(rng):
     model = skip_model()
     x = rng.standard_normal((20, 6)).astype(np.float32)

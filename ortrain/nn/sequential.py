@@ -9,13 +9,14 @@ from ortrain._arrays import checked_int
 from ortrain.errors import OrtrainError
 from ortrain.nn.base_layer import Layer
 from ortrain.nn.base_model import Model
-from ortrain.nn.symbolic import Input
+from ortrain.nn.symbolic import Input, SymbolicTensor
 
 __all__ = ["Sequential"]
 
 
 class Sequential(Model):
-    """A stack of single-input layers: ``ot.Sequential([Dense(8, activation="relu"), Dense(2)], input_shape=(4,))``."""
+    """A stack of single-input layers: ``ot.Sequential([Dense(8, activation="relu"), Dense(2)], input_shape=(4,))``,
+    or, as in Keras, ``ot.Sequential([ot.Input((4,)), Dense(8, activation="relu"), Dense(2)])``."""
 
     def __init__(self, layers=None, input_shape=None, name: str | None = None, seed: int | None = None,
                  input_dtype=None):
@@ -24,9 +25,21 @@ class Sequential(Model):
             raise OrtrainError(f"Sequential(layers=...): expected a list of layers, received "
                                f"{type(layers).__name__}{fix}")
         layers = list(layers or [])
+        first = None
+        if layers and isinstance(layers[0], SymbolicTensor):  # Keras' Sequential([Input((4,)), Dense(2)])
+            first = layers.pop(0)
+            if first.node is not None:
+                raise OrtrainError("Sequential: the first item may be an ot.Input(...), received a layer's output; "
+                                   "use the functional API (ot.Model(inputs, outputs)) for that")
+            if input_shape is not None and tuple(input_shape) != first.shape[1:]:
+                raise OrtrainError(f"Sequential: input_shape={tuple(input_shape)!r} and the ot.Input's shape "
+                                   f"{first.shape[1:]!r} disagree; give one of them")
+            input_shape = first.shape[1:]
+            input_dtype = input_dtype or first.dtype
         for lyr in layers:
             if not isinstance(lyr, Layer):
-                raise OrtrainError(f"Sequential: expected ot.layers objects, received {lyr!r}")
+                raise OrtrainError(f"Sequential: expected ot.layers objects (after an optional ot.Input), received "
+                                   f"{lyr!r}; e.g. ot.Sequential([ot.Input((4,)), ot.layers.Dense(2)])")
             if lyr.n_inputs != 1:
                 raise OrtrainError(f"Sequential: {type(lyr).__name__} merges several inputs; use the functional "
                                    "API (ot.Input / ot.Model) for branches")
@@ -34,11 +47,11 @@ class Sequential(Model):
             raise OrtrainError("Sequential needs at least one layer")
         if input_shape is None:
             raise OrtrainError("Sequential(..., input_shape=...) is required: give the shape of one sample, "
-                               "e.g. input_shape=(4,) for 4 features")
+                               "e.g. input_shape=(4,) for 4 features, or start the list with ot.Input((4,))")
         dtype = input_dtype or layers[0].input_dtype
         seed = checked_int(seed, "Sequential(seed=...)", minimum=0, allow_none=True)
         rng = _random.generator(seed)
-        x = inp = Input(input_shape, dtype=dtype)
+        x = inp = first if first is not None else Input(input_shape, dtype=dtype)
         for lyr in layers:
             if not lyr.built_for and lyr.seed is None:
                 lyr.build([x.shape], rng)
