@@ -22,9 +22,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortrain._arrays import is_real
-from ortrain.errors import OrtrainError
-from ortrain.graph import GraphBuilder
+from ortrain import engine
+from ortrain._arrays import (
+    as_array,
+    is_real,
+    label_positions,
+    prepare_labels,
+    prepare_sample_weight,
+    sample_weight_shape,
+)
+from ortrain.errors import OrtrainError, ShapeError
+from ortrain.graph import GraphBuilder, TensorSpec
 
 __all__ = [
     "BinaryCrossentropy",
@@ -73,6 +81,42 @@ class Loss:
         if weight is not None:
             e = gb.op("Mul", [e, weight])
         return gb.op("ReduceMean", [e], keepdims=0)
+
+    def __call__(self, y_true, y_pred, sample_weight=None) -> float:
+        """The loss of ``y_pred`` against ``y_true``, as a number: the graph ``compile`` appends,
+        run by onnxruntime, with the reduction training reports (see the module's docstring).
+
+        Keras' argument order, not PyTorch's (``loss(input, target)``). ``y_pred`` is batch
+        first (a vector is one output for each sample); labels and weights take what ``fit``
+        takes: ``(batch,)`` or ``(batch, 1)`` weights, one per output element for mean
+        squared error. Computed from scratch at each call: a check, not a training path.
+        """
+        pred = as_array(y_pred, np.float32, "y_pred")
+        if pred.ndim == 0 or not pred.shape[0]:
+            raise ShapeError(f"y_pred: expected predictions batch first, of at least one sample, received shape "
+                             f"{pred.shape}")
+        if pred.ndim == 1:
+            if self.label_dtype.kind in "iu" or self.name == "categorical_crossentropy":
+                raise ShapeError(f"y_pred: {self.name} expected predictions of shape (batch, classes), received "
+                                 f"shape {pred.shape}")
+            pred = pred.reshape(-1, 1)
+        rows = pred.shape[0]
+        spec = TensorSpec("label", self.label_dtype, self.label_shape(pred.shape))
+        labels = prepare_labels(spec, y_true, "y_true", rows, self.n_classes(pred.shape), rows_of="y_pred")
+        gb = GraphBuilder(name="loss")
+        feeds = {"pred": pred, "label": labels}
+        gb.add_input("pred", np.float32, pred.shape)
+        gb.add_input("label", labels.dtype, labels.shape)
+        if sample_weight is not None:
+            w = as_array(sample_weight, np.float32, "sample_weight")
+            elements = self.element_weights and w.shape == pred.shape and pred.shape[-1] > 1
+            shape = pred.shape if elements else sample_weight_shape(pred.shape)
+            feeds["weight"] = prepare_sample_weight(w, shape, "sample_weight", rows, label_positions(labels, shape))
+            gb.add_input("weight", np.float32, feeds["weight"].shape)
+        value = self.build(gb, "pred", "label", "weight" if "weight" in feeds else None, pred_rank=pred.ndim)
+        gb.op("Identity", [value], outputs=["loss"])
+        gb.add_output("loss", np.float32, ())
+        return float(engine.run_model(gb.to_model(), feeds)[0])
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Loss) and other.config() == self.config()

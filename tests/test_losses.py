@@ -144,3 +144,43 @@ def test_loss_lookup_and_errors():
 def test_element_weights_refused_for_other_losses(data):
     with pytest.raises(ot.OrtrainError, match="mean squared error only"):
         loss_and_grad("mae", data["z"], data["y"], weight=np.ones((B, K)), weighting="element")
+
+
+@pytest.mark.torch
+def test_loss_objects_are_callable_as_keras_losses_and_match_pytorch(data):
+    from conftest import torch_or_skip
+    torch = torch_or_skip()
+    F, t = torch.nn.functional, torch.tensor
+    z, y, labels, y01 = data["z"], data["y"], data["labels"], data["y01"]
+    probs = torch.softmax(t(z), 1).numpy()
+    L = ot.losses
+    cases = [
+        (L.MeanSquaredError()(y, z), F.mse_loss(t(z), t(y))),
+        (L.MeanAbsoluteError()(y, z), F.l1_loss(t(z), t(y))),
+        (L.Huber(delta=0.5)(y, z), F.huber_loss(t(z), t(y), delta=0.5)),
+        (L.CategoricalCrossentropy()(np.eye(K)[labels], probs), F.cross_entropy(t(z), t(labels))),
+        (L.CategoricalCrossentropy(from_logits=True)(np.eye(K)[labels], z), F.cross_entropy(t(z), t(labels))),
+        (L.SparseCategoricalCrossentropy()(labels, probs), F.cross_entropy(t(z), t(labels))),
+        (L.SparseCategoricalCrossentropy(from_logits=True)(labels[:, None], z), F.cross_entropy(t(z), t(labels))),
+        (L.BinaryCrossentropy()(y01, torch.sigmoid(t(z)).numpy()), F.binary_cross_entropy_with_logits(t(z), t(y01))),
+        (L.BinaryCrossentropy(from_logits=True)(y01, z), F.binary_cross_entropy_with_logits(t(z), t(y01))),
+        (ot.losses.get("mse")(y[:, 0], z[:, 0].astype(np.float64)), F.mse_loss(t(z[:, 0]), t(y[:, 0]))),
+    ]
+    for got, want in cases:
+        assert isinstance(got, float)
+        np.testing.assert_allclose(got, want.item(), rtol=2e-6)
+    # weights as fit takes them: sum(w * loss) / elements, one per sample or (mse) one per element
+    w = np.linspace(0, 2, B).astype(np.float32)
+    np.testing.assert_allclose(L.MeanSquaredError()(y, z, w), np.sum(w[:, None] * (z - y) ** 2) / (B * K), rtol=2e-6)
+    np.testing.assert_allclose(L.MeanSquaredError()(y, z, np.abs(y)), np.mean(np.abs(y) * (z - y) ** 2), rtol=2e-6)
+    per_sample = F.cross_entropy(t(z), t(labels), reduction="none").numpy()
+    np.testing.assert_allclose(L.SparseCategoricalCrossentropy(from_logits=True)(labels, z, w),
+                               np.sum(w * per_sample) / B, rtol=2e-6)
+    with pytest.raises(ot.ShapeError, match=r"y_true: expected shape \(6, 4\), received \(5, 4\); give one row per "
+                                            r"row of y_pred"):
+        L.MeanSquaredError()(y[:5], z)
+    with pytest.raises(ot.ShapeError, match=r"class labels must lie in \[0, 3\]"):
+        L.SparseCategoricalCrossentropy()(labels + K, probs)
+    with pytest.raises(ot.ShapeError, match=r"sparse_categorical_crossentropy expected predictions of shape "
+                                            r"\(batch, classes\)"):
+        L.SparseCategoricalCrossentropy()(labels, probs[0])
