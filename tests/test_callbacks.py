@@ -366,7 +366,7 @@ def test_csv_and_checkpoint_files_are_complete_after_an_exception(tmp_path):
     data = batches(3, 4)
     rec = Recorder()
     log = ot.callbacks.CSVLogger(tmp_path / "log.csv")
-    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "ckpt-{epoch}")
+    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "ckpt-{epoch}", save_model=False)
     model = sgd_model()
     with pytest.raises(OSError, match="disk went away"):
         ot.fit_generator(model, failing_generator(data, 8), steps_per_epoch=3, epochs=5,
@@ -390,7 +390,7 @@ def test_model_checkpoint_resume_is_bit_exact(tmp_path):
     ot.fit_generator(whole, data, epochs=3, verbose=0)
     part = mlp(seed=1)
     part.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
-    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "last")
+    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "last", save_model=False)
     ot.fit_generator(part, data, epochs=2, callbacks=[ckpt], verbose=0)
     resumed = mlp(seed=1)
     resumed.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
@@ -413,7 +413,8 @@ def test_model_checkpoint_of_a_weighted_cross_entropy_fit_resumes_with_loss_mask
     whole = model()
     ot.fit_generator(whole, data, epochs=3, verbose=0)
     part = model()
-    ot.fit_generator(part, data, epochs=2, callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "last")], verbose=0)
+    ot.fit_generator(part, data, epochs=2, callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "last", save_model=False)],
+                     verbose=0)
     with ot.Trainer.from_checkpoint(model(), tmp_path / "last", batch_size=4, loss_mask=1) as tr:
         for x, y, w in data:
             tr.step(x, y, w)
@@ -627,7 +628,7 @@ def test_model_checkpoint_can_save_the_model_as_keras_does(tmp_path):
     data = batches(2, 4)
     model = sgd_model()
     model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
-    saver = ot.callbacks.ModelCheckpoint(tmp_path / "m-{epoch}.ortrain", monitor="loss", save_model=True)
+    saver = ot.callbacks.ModelCheckpoint(tmp_path / "m-{epoch}.ortrain", monitor="loss")   # the default
     ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[saver])
     assert [p.rsplit("/", 1)[-1] for p in saver.saved] == ["m-1.ortrain", "m-2.ortrain"]
     last = ot.load_model(tmp_path / "m-2.ortrain")
@@ -641,6 +642,11 @@ def test_model_checkpoint_can_save_the_model_as_keras_does(tmp_path):
         with ot.Trainer(sgd_model(), batch_size=4) as tr:
             ot.fit.train(tr, data[0][0], data[0][1], epochs=1, verbose=0,
                          callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "x", save_model=True)])
+    with ot.Trainer(sgd_model(), batch_size=4) as tr:   # by default a bare trainer's fit writes checkpoints
+        ot.fit.train(tr, data[0][0], data[0][1], epochs=1, verbose=0,
+                     callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "t")])
+        with ot.Trainer.from_checkpoint(sgd_model(), tmp_path / "t", batch_size=4) as again:
+            assert again.n_steps == tr.n_steps == 1
 
 
 

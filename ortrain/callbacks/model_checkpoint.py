@@ -16,20 +16,24 @@ __all__ = ["ModelCheckpoint"]
 
 
 class ModelCheckpoint(Callback):
-    """Write ``trainer.save_checkpoint(filepath)`` at the end of every epoch, or only when
-    ``monitor`` improves with ``save_best_only=True``.
+    """Save at the end of every epoch, or only when ``monitor`` improves with ``save_best_only=True``.
 
-    The file holds weights, optimizer moments, step counters and learning rate;
-    ``ot.Trainer.from_checkpoint(model, filepath, batch_size=...)`` continues from it bit-exactly
-    (with the ``nbatch_logical`` and ``loss_mask`` of the fit that wrote it; ``loss_mask=1`` for a
-    fit with per-sample or class weights, whatever its loss). ``filepath`` may hold
+    What is written, by ``save_model``:
+
+    * ``None`` (the default): the model, as Keras' ``ModelCheckpoint`` writes it, when the fit
+      trains a model; a trainer checkpoint when it trains a bare trainer.
+    * ``True``: the model, ``model.save(filepath)``: architecture, the weights of that epoch and
+      the optimizer state, which ``ot.load_model`` reads back and ``fit`` (or a ``Trainer``)
+      continues from.
+    * ``False``: ``trainer.save_checkpoint(filepath)``: weights, optimizer moments, step counters
+      and learning rate, which ``ot.Trainer.from_checkpoint(model, filepath, batch_size=...)``
+      continues from bit-exactly (with the ``nbatch_logical`` and ``loss_mask`` of the fit that
+      wrote it; ``loss_mask=1`` for a fit with per-sample or class weights, whatever its loss).
+
+    ``filepath`` may hold
     ``str.format`` fields: ``{epoch}`` (counted from 1, as Keras names files) and any logged
     value, e.g. ``"ckpt-{epoch:02d}-{val_loss:.3f}"``. Every file is written to a temporary name
-    and renamed, so a checkpoint on disk is always complete, also after a failed fit.
-
-    ``save_model=True`` writes the model instead, as Keras' ``ModelCheckpoint`` does:
-    ``model.save(filepath)`` with the weights of that epoch and the optimizer state, which
-    ``ot.load_model`` reads back and ``fit`` continues from (a fit of a model, not of a bare trainer).
+    and renamed, so a file on disk is always complete, also after a failed fit.
 
     As in Keras, the best value monitored is kept across fits with the same callback (a continued
     fit saves over the best file only when it does better), and ``initial_value_threshold`` sets
@@ -41,13 +45,13 @@ class ModelCheckpoint(Callback):
     """
 
     def __init__(self, filepath, monitor: str = "val_loss", save_best_only: bool = False, mode: str = "auto",
-                 verbose: int = 0, save_model: bool = False, initial_value_threshold: float | None = None):
+                 verbose: int = 0, save_model: bool | None = None, initial_value_threshold: float | None = None):
         if not isinstance(filepath, (str, os.PathLike)) or not os.fspath(filepath):
             raise OrtrainError(f"ModelCheckpoint(filepath=...): expected a file path such as 'ckpt-{{epoch}}', "
                                f"received {filepath!r}")
         self.filepath = os.fspath(filepath)
         self.save_best_only = bool(save_best_only)
-        self.save_model = bool(save_model)
+        self.save_model = None if save_model is None else bool(save_model)
         self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint")
         if initial_value_threshold is not None:
             if not is_real(initial_value_threshold) or math.isnan(initial_value_threshold):
@@ -62,7 +66,7 @@ class ModelCheckpoint(Callback):
         if not os.path.isdir(directory):
             raise OrtrainError(f"ModelCheckpoint: directory {directory!r} does not exist; create it or choose "
                                "another filepath")
-        if self.save_model and self.loop.model is None:
+        if self.save_model is True and self.loop.model is None:
             raise OrtrainError("ModelCheckpoint(save_model=True): this fit trains a bare trainer, not a model; "
                                "save trainer checkpoints (save_model=False) instead")
         # The path of the first epoch, with every value the fit logs: a bad format, a validation value
@@ -122,7 +126,7 @@ class ModelCheckpoint(Callback):
                 return
             self.monitor.best = current
         path = self._path(epoch, logs)
-        if self.save_model:
+        if self.save_model or (self.save_model is None and self.loop.model is not None):
             self.model.save(path)  # this epoch's weights, and (train_state) the optimizer state
         else:
             self.trainer.save_checkpoint(path)
