@@ -120,6 +120,10 @@ def test_save_and_load_round_trip(tmp_path, rng):
     (tmp_path / "junk").write_bytes(b"PK\x03\x04 not really")
     with pytest.raises(ot.OrtrainError, match="is not a model saved by ortrain"):
         ot.load_model(tmp_path / "junk")
+    with ot.Trainer(trained, batch_size=16) as tr:
+        tr.save_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(ot.OrtrainError, match="is a trainer checkpoint .* resume it with ot.Trainer.from_checkpoint"):
+        ot.load_model(tmp_path / "ckpt")
     missing = tmp_path / "no-such-dir" / "m.ortrain"
     with pytest.raises(ot.OrtrainError, match="cannot write '.*m.ortrain': the directory '.*no-such-dir' does not "
                                               "exist; create it first"):

@@ -191,6 +191,11 @@ def load_model(path):
     except FileNotFoundError:
         raise OrtrainError(f"load_model: no such file {path!r}") from None
     except (zipfile.BadZipFile, KeyError, TypeError, ValueError, OSError) as exc:
+        if isinstance(exc, zipfile.BadZipFile) and _is_trainer_checkpoint(path):
+            raise OrtrainError(f"load_model: {path!r} is a trainer checkpoint (Trainer.save_checkpoint, or "
+                               "ModelCheckpoint(save_model=False)), which holds weights and optimizer state but not "
+                               "the architecture; resume it with ot.Trainer.from_checkpoint(model, path, "
+                               "batch_size=...) for the model that wrote it") from exc
         raise OrtrainError(f"load_model: {path!r} is not a model saved by ortrain ({exc})") from exc
     try:
         return model_from_record(record, weights, {"opt": opt, "extra": extra})
@@ -199,3 +204,12 @@ def load_model(path):
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise OrtrainError(f"load_model: {path!r} is damaged: its model.json does not describe a model "
                            f"({type(exc).__name__}: {exc}); save the model again") from exc
+
+
+def _is_trainer_checkpoint(path) -> bool:
+    """Whether ``path`` is an onnxruntime-training checkpoint that a ``Trainer`` wrote."""
+    from ortrain import engine
+    try:
+        return any(k.startswith("ortrain.") for k in engine.read_checkpoint(path).properties)
+    except Exception:  # noqa: BLE001 - any unreadable file is simply not one
+        return False
