@@ -83,8 +83,8 @@ class Model(TrainingMixin):
     def _init_state(self, name: str) -> None:
         self.name = name
         self._frozen: set[str] = set()
-        self._frozen_stats: set[str] = set()  # running-mean names of the frozen batch-norm layers
-        self._all_stats_frozen = False  # freeze_bn_stats(): every batch norm in inference form
+        self._frozen_stats: set[str] = set()  # running-mean names of batch norms in inference form
+        self._layer_frozen_stats: set[str] = set()  # of those, the layers frozen with freeze()
         self._version = 0
         self._init_training_state()
 
@@ -239,7 +239,7 @@ class Model(TrainingMixin):
         return gb.to_model(doc=f"ortrain model {self.name}", check=False)
 
     def forward_graph(self) -> ForwardGraph:
-        proto = freeze_batchnorm_stats(self._base_proto(), self._stats_frozen())
+        proto = freeze_batchnorm_stats(self._base_proto(), self._frozen_stats)
         weights = self._weight_table()
         fg = ForwardGraph(proto, tuple(self.params()), weights)
         return fg
@@ -286,10 +286,10 @@ class Model(TrainingMixin):
         for n in resolved:
             if roles[n] == "trainable":
                 self._frozen.add(n)
-            elif n in means:
-                self._frozen_stats.add(n)
-            elif n in pairs:
-                self._frozen_stats.add(pairs[n])
+            elif n in means or n in pairs:
+                mean = n if n in means else pairs[n]
+                self._frozen_stats.add(mean)
+                self._layer_frozen_stats.add(mean)
         self._changed()
 
     def unfreeze(self, names_or_layers) -> None:
@@ -297,26 +297,28 @@ class Model(TrainingMixin):
         pairs = self._bn_stat_pairs()
         for n in resolved:
             self._frozen.discard(n)
-            self._frozen_stats.discard(n)
-            self._frozen_stats.discard(pairs.get(n, ""))
+            for stats in (self._frozen_stats, self._layer_frozen_stats):
+                stats.discard(n)
+                stats.discard(pairs.get(n, ""))
         self._changed()
 
     def freeze_bn_stats(self) -> None:
-        """Batch norms normalise by their running statistics in training too and stop updating them."""
-        self._all_stats_frozen = True
+        """Batch norms normalise by their running statistics in training too and stop updating them
+        (until :meth:`unfreeze_bn_stats`, or :meth:`unfreeze` of a layer)."""
+        self._frozen_stats = {n.input[3] for n in batchnorm_nodes(self._base_proto())}
         self._changed()
 
     def unfreeze_bn_stats(self) -> None:
-        """Undo :meth:`freeze_bn_stats`. A batch-norm layer frozen with :meth:`freeze` keeps its
-        statistics fixed until it is unfrozen itself."""
-        self._all_stats_frozen = False
+        """Batch norms train their running statistics again, but for the layers frozen with
+        :meth:`freeze`, which keep them fixed (Keras' behaviour) until they are unfrozen."""
+        self._frozen_stats = set(self._layer_frozen_stats)
         self._changed()
 
-    def _stats_frozen(self) -> set[str]:
-        """Running-mean names of the batch norms that train in inference form."""
-        if self._all_stats_frozen:
-            return {n.input[3] for n in batchnorm_nodes(self._base_proto())}
-        return set(self._frozen_stats)
+    def _frozen_layer_stats(self) -> set[str]:
+        """Of the frozen statistics, those of batch-norm layers whose scale is frozen: the layers
+        :meth:`freeze` froze (for a record saved before the two were told apart)."""
+        scale = {n.input[3]: n.input[1] for n in batchnorm_nodes(self._base_proto())}
+        return {m for m in self._frozen_stats if scale.get(m) in self._frozen}
 
     @property
     def trainable_weight_names(self) -> list[str]:

@@ -55,7 +55,7 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     from ortrain.nn.graph_model import GraphModel
     record = {"format": FORMAT, "ortrain": __version__, "name": model.name,
               "frozen": sorted(model._frozen), "frozen_stats": sorted(model._frozen_stats),
-              "all_stats_frozen": model._all_stats_frozen}
+              "layer_frozen_stats": sorted(model._layer_frozen_stats)}
     extra = {}
     if isinstance(model, GraphModel):
         record["kind"] = "graph"
@@ -126,7 +126,8 @@ def model_from_record(record: dict, weights: dict, aux: dict):
         model.set_weights({n: weights[n] for n in model.weight_names()})
     model._frozen = set(record.get("frozen", []))
     model._frozen_stats = set(record.get("frozen_stats", []))
-    model._all_stats_frozen = bool(record.get("all_stats_frozen", False))
+    layer_frozen = record.get("layer_frozen_stats")
+    model._layer_frozen_stats = model._frozen_layer_stats() if layer_frozen is None else set(layer_frozen)
     comp = record.get("compile")
     if comp:
         loss = losses.get(comp["loss"])

@@ -82,6 +82,8 @@ class TrainingMixin:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        if "_layer_frozen_stats" not in state:  # pickled before frozen layers' statistics were kept apart
+            self._layer_frozen_stats = self._frozen_layer_stats()
         seen = self._lr_seen
         if seen is not None and seen[0] == "this optimizer":
             self._lr_seen = (id(self.optimizer), seen[1])
