@@ -175,6 +175,56 @@ def test_fresh_eval_export_trains_like_pytorch(rng, kind, optimizer):
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.torch
+def test_merged_weights_keep_the_state_dict_order_whatever_the_module_order():
+    torch = torch_or_skip()
+    nn = torch.nn
+
+    class Reordered(nn.Module):  # registered a, head, b; applied a, b, head; b.bias merged into a.bias
+        def __init__(self):
+            super().__init__()
+            self.a, self.head, self.b = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 8)
+            nn.init.zeros_(self.a.bias)
+            nn.init.zeros_(self.b.bias)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.b(torch.relu(self.a(x)))))
+
+    class LateNorm(nn.Module):  # the batch norm registered after the head it feeds
+        def __init__(self):
+            super().__init__()
+            self.inp, self.head, self.bn = nn.Linear(4, 8), nn.Linear(8, 3), nn.BatchNorm1d(8)
+
+        def forward(self, x):
+            return self.head(self.bn(self.inp(x)))
+
+    class Swapped(nn.Module):  # b1 registered first, applied second: all of b2 merged into b1
+        def __init__(self):
+            super().__init__()
+            self.inp, self.b1, self.b2, self.head = nn.Linear(4, 8), nn.BatchNorm1d(8), nn.BatchNorm1d(8), \
+                nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.b1(self.b2(self.inp(x))))
+
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    for module in (Reordered(), LateNorm(), Swapped(), _torch_net(torch, "batchnorm"), _torch_net(torch, "layernorm")):
+        module.eval()
+        proto = _eval_export(torch, module)
+        assert any(n.op_type == "Identity" for n in proto.graph.node)
+        state = {k: v.numpy() for k, v in module.state_dict().items() if v.is_floating_point()}
+        model = ot.from_onnx(proto)
+        assert model.weight_names() == list(state), type(module).__name__
+        with torch.no_grad():   # other values, in state_dict order, reach the right weights
+            for v in module.state_dict().values():
+                if v.is_floating_point():
+                    v.add_(torch.rand_like(v) * 0.5)
+            want = module(torch.from_numpy(x)).numpy()
+        model.set_weights([v.numpy() for v in module.state_dict().values() if v.is_floating_point()])
+        np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-5)
+
+
 # -- scalars ---------------------------------------------------------------------------------------
 
 def _scaled_model(rng):

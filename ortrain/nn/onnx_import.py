@@ -164,8 +164,9 @@ def _to_array(t: onnx.TensorProto) -> np.ndarray:
         raise OrtrainError(f"from_onnx: initializer {t.name!r} cannot be read ({exc}); the file is damaged") from exc
 
 
-def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> list[str]:
-    """Give every ``Identity(initializer)`` output an initializer of its own (in place); returns the new names.
+def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> dict[str, str]:
+    """Give every ``Identity(initializer)`` output an initializer of its own (in place); returns the new
+    names, each with the tensor it copies.
 
     torch's TorchScript exporter writes ``Identity(kept)`` for a *distinct* parameter or buffer
     whose tensor it merged into ``kept`` (``DeduplicateInitializers``: equal values in an eval
@@ -185,7 +186,8 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
     g = model.graph
     tensors = {t.name: t for t in g.initializer}
     graph_outputs = {o.name for o in g.output}
-    kept, copies, matrices = [], [], []
+    kept, matrices = [], []
+    copies: dict[str, str] = {}
     # folded transposed weights are read by MatMul; a layer's own weight (Gemm, Conv) is never a tie
     matmul_reads = {i for n in g.node if n.op_type == "MatMul" for i in n.input}
     for node in g.node:
@@ -202,7 +204,7 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> l
         else:
             stash[out] = stash[src].copy()
             rank = stash[src].ndim
-        copies.append(out)
+        copies[out] = src
         if rank >= 2 and out in matmul_reads:
             matrices.append((src, out))
     if matrices:
@@ -340,11 +342,17 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     return reassign_roles(fg, trainable, frozen, unreached) if (trainable is not None or frozen is not None) else fg
 
 
-def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: list[str]) -> list[str]:
-    """``first`` (the file's initializer order) with each Identity copy put where the graph first
-    reads it: before the first weight read later (by node, then by input slot). A fresh
-    BatchNorm's running variance, written as ``Identity(gamma)``, so comes after its running
-    mean, and a second LayerNorm's scale before its bias, as in PyTorch's ``state_dict``."""
+def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: dict[str, str]) -> list[str]:
+    """``first`` (the file's initializer order: PyTorch's ``state_dict`` order) with each Identity
+    copy put back in its place, so ``set_weights`` takes a ``state_dict``'s values in order.
+
+    A copy named like other weights of its module (``b.bias`` beside ``b.weight``) goes among them,
+    by the input slot the graph reads each through (scale, bias, running mean, running variance):
+    a fresh BatchNorm's running variance, written as ``Identity(gamma)``, follows its running mean.
+    The copies of a module with no other weight go together before the first weight the graph
+    reads after them, but never before the module of a tensor they copy: the exporter keeps the
+    first of equal tensors in ``state_dict`` order and writes the later ones as its copies.
+    """
     if not copies:
         return first
     reads: dict[str, tuple[int, int]] = {}
@@ -352,14 +360,36 @@ def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: list
         for slot, name in enumerate(node.input):
             reads.setdefault(name, (i, slot))
     end = (len(model.graph.node), 0)
-    placed = sorted(copies, key=lambda n: reads.get(n, end))
-    out, k = [], 0
-    for name in first:
-        while k < len(placed) and reads.get(placed[k], end) < reads.get(name, end):
-            out.append(placed[k])
-            k += 1
-        out.append(name)
-    return out + placed[k:]
+
+    def read(name: str) -> tuple[int, int]:
+        return reads.get(name, end)
+
+    def module(name: str) -> str | None:
+        return name.rsplit(".", 1)[0] if "." in name else None
+
+    def root(name: str) -> str:
+        while name in copies:
+            name = copies[name]
+        return name
+
+    out, alone = list(first), {}
+    for name in sorted(copies, key=read):
+        kin = [i for i, n in enumerate(out) if module(n) is not None and module(n) == module(name)]
+        if kin:
+            before = [i for i in kin if read(out[i]) < read(name)]
+            out.insert(before[-1] + 1 if before else kin[0], name)
+        else:
+            alone.setdefault(module(name) or name, []).append(name)
+    for group in sorted(alone.values(), key=lambda g: read(g[0])):
+        at = next((i for i, n in enumerate(out) if read(n) > read(group[0])), len(out))
+        for name in group:
+            source = root(name)
+            if source in out:  # after the whole module of the tensor it copies
+                same = [i for i, n in enumerate(out) if n == source or
+                        (module(n) is not None and module(n) == module(source))]
+                at = max(at, same[-1] + 1)
+        out[at:at] = group
+    return out
 
 
 def _exponent_sources(model: onnx.ModelProto) -> set[str]:
