@@ -2,8 +2,8 @@
 
 Every source answers two calls: ``start_epoch(epoch)`` when an epoch begins and
 ``pull()`` for the next batch, ``None`` at the end of the epoch. :class:`EpochIterator`
-counts steps on top of a source; it never asks a source for more than
-``steps_per_epoch`` batches.
+counts steps on top of a source; it never takes more than ``steps_per_epoch`` batches
+from it (a callable's ``None`` left from an earlier epoch is passed over).
 
 The generator contract (``ot.fit_generator``):
 
@@ -13,7 +13,8 @@ The generator contract (``ot.fit_generator``):
   ``steps_per_epoch``.
 * a **re-iterable** (a list, or any object whose ``iter()`` returns a fresh iterator)
   is iterated afresh at the start of every epoch. An object with ``__len__`` and
-  ``__getitem__`` but no ``__iter__`` (a Keras ``Sequence``) gives items ``0 .. len-1``.
+  ``__getitem__`` but no ``__iter__`` (a Keras ``Sequence``) gives items ``0 .. len-1``, and
+  its ``on_epoch_end()``, if any, is called when an epoch's batches are done.
 * a **one-shot iterator** (a Python generator, ``iter(list)``) is consumed across
   epochs: ``steps_per_epoch`` says how many batches make an epoch. When it runs dry,
   training stops.
@@ -125,6 +126,12 @@ class IterableSource:
         elif not self.one_shot:
             self._it = iter(self._iterable)
 
+    def end_epoch(self) -> None:
+        """A Keras ``Sequence``'s ``on_epoch_end()`` (where it reshuffles), as Keras calls it."""
+        hook = getattr(self._iterable, "on_epoch_end", None) if self._indexed else None
+        if callable(hook):
+            hook()
+
     def pull(self):
         if self.exhausted:
             return None
@@ -209,9 +216,9 @@ class EpochIterator:
     """Steps of one epoch over a source: ``(step, batch)`` pairs.
 
     With ``steps`` the source is pulled exactly ``steps`` times unless it ends the epoch
-    first; without, until it returns ``None``. After an epoch of ``steps`` batches, a callable
-    whose first call of the next epoch returns ``None`` is called once more: that ``None``
-    ended the pass the previous epoch completed (a finite callable exactly ``steps`` long). A batch already pulled for the first epoch
+    first; without, until it returns ``None``. A callable whose first call of an epoch returns
+    ``None`` is called once more: that ``None`` ends a pass an earlier epoch (of this fit or of
+    one before) completed at ``steps`` batches, a finite callable exactly ``steps`` long. A batch already pulled for the first epoch
     (the fit loop reads one to learn the batch size, or whether validation batches carry
     weights) is handed back with :meth:`peek`.
     """
@@ -222,15 +229,21 @@ class EpochIterator:
         self._pending = _NOTHING
         self.taken = 0  # batches of the last epoch
         self.ended_early = False  # the source ended an epoch before ``steps``
-        self._spill = False  # the last epoch stopped at ``steps`` before a callable said None
 
     def peek(self, epoch: int):
         """The first batch of epoch ``epoch`` (None when it has none), pulled now and yielded
         again as that epoch's first step."""
         if self._pending is _NOTHING:
             self.source.start_epoch(epoch)
-            self._pending = self.source.pull()
+            self._pending = self._first()
         return self._pending
+
+    def _first(self):
+        """An epoch's first pull, past a callable's leftover ``None`` (see the class docstring)."""
+        batch = self.source.pull()
+        if batch is None and isinstance(self.source, CallableSource):
+            batch = self.source.pull()
+        return batch
 
     def epoch(self, epoch: int):
         source, steps = self.source, self.steps
@@ -240,22 +253,19 @@ class EpochIterator:
         self.taken = 0
         self.ended_early = False
         pull = source.pull
-        spill, self._spill = self._spill, False
         while steps is None or self.taken < steps:
             if pending is not _NOTHING:
                 batch, pending = pending, _NOTHING
             else:
-                batch = pull()
-            if batch is None and spill and self.taken == 0:
-                # A finite callable as long as steps_per_epoch: the None that ends its pass arrives
-                # at the start of the next epoch, and the call after it begins the next pass.
-                batch = pull()
+                batch = pull() if self.taken else self._first()
             if batch is None:
                 self.ended_early = steps is not None
-                return
+                break
             self.taken += 1
             yield self.taken - 1, batch
-        self._spill = isinstance(source, CallableSource)
+        end = getattr(source, "end_epoch", None)
+        if end is not None:
+            end()
 
 
 # -- preparing what fit receives ----------------------------------------------------------------

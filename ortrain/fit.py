@@ -11,8 +11,9 @@ object                 owns
 data source            the batches: ``batch_size`` and ``shuffle`` for arrays (the short last
 (``ortrain.data``)     batch included), re-iterating an iterable each epoch, the sample weights
                        of each batch
-epoch iterator         the steps: ``steps_per_epoch`` / ``validation_steps`` (never one pull
-(``EpochIterator``)    more), where an epoch ends (``None``, exhaustion)
+epoch iterator         the steps: ``steps_per_epoch`` / ``validation_steps`` (one batch pulled
+(``EpochIterator``)    each; a callable's leftover ``None`` is passed over), where an epoch ends
+                       (``None``, exhaustion)
 loop (``Loop``)        ``epochs``, ``initial_epoch``, validation and ``validation_freq``, callbacks
                        and their stop flag, the history, locating errors by epoch and step
 trainer                one step: the batch's shape, gradient accumulation (``nbatch_logical``),
@@ -189,10 +190,10 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     gives items ``0 .. len-1`` every epoch). Batches are ``(x, y)``, ``(x, y, sample_weight)`` or
     ``{"inputs": [...], "labels": [...], "sample_weight": ...}``, of at least one row and at most
     the first batch's. With ``steps_per_epoch`` the generator is called exactly that many times
-    per epoch; a callable whose first call of an epoch returns ``None`` right after a full epoch is
-    called once more (that ``None`` ended the pass the last epoch finished, as for a finite
-    callable exactly ``steps_per_epoch`` long). An epoch without a batch stops training with a
-    warning.
+    per epoch; a callable whose first call of an epoch returns ``None`` is called once more (that
+    ``None`` ends a pass an earlier epoch, of this fit or of one before, finished at
+    ``steps_per_epoch`` batches: a finite callable exactly that long). An epoch without a batch
+    stops training with a warning.
 
     ``loss``/``optimizer`` recompile the model before training (a new optimizer starts fresh
     moments). ``nbatch_logical``: gradients of several batches make one update. ``loss_mask``

@@ -300,6 +300,12 @@ def test_a_finite_callable_as_long_as_steps_per_epoch_trains_every_epoch():
     assert state["calls"] == 15  # 3 a epoch, and the None at the start of epochs 1-3
     for a, b in zip(model.get_weights(), ref.get_weights()):
         np.testing.assert_array_equal(a, b)
+    # a later fit (a resume, model.fit again) starts past the None the last one left
+    hist = model.fit(gen, steps_per_epoch=3, epochs=6, initial_epoch=4, verbose=0)
+    ot.fit_generator(ref, data, epochs=2, verbose=0)
+    assert hist.epoch == [4, 5] and model.train_state.n_steps == 18
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_array_equal(a, b)
     it = iter(data)  # a callable that does not reset still stops, after one more call
     with pytest.warns(RuntimeWarning, match="epoch 1 .* yielded no batch .*must reset itself"):
         hist = ot.fit_generator(model, lambda: next(it, None), steps_per_epoch=3, epochs=4, verbose=0)
@@ -320,12 +326,15 @@ def test_a_keras_style_sequence_gives_len_batches_an_epoch():
             self.indices.append(i)
             return self.data[i % 3]
 
+        def on_epoch_end(self):  # as Keras calls it, once an epoch's batches are done
+            self.indices.append("end")
+
     seq, model, ref = Seq(), mlp(), mlp()
     for m in (model, ref):
         m.compile(optimizer="sgd", loss="mse")
     hist = ot.fit_generator(model, seq, epochs=2, verbose=0)
     ot.fit_generator(ref, seq.data, epochs=2, verbose=0)
-    assert hist.epoch == [0, 1] and seq.indices == [0, 1, 2, 0, 1, 2]
+    assert hist.epoch == [0, 1] and seq.indices == [0, 1, 2, "end", 0, 1, 2, "end"]
     for a, b in zip(model.get_weights(), ref.get_weights()):
         np.testing.assert_array_equal(a, b)
 
