@@ -124,6 +124,11 @@ def test_save_and_load_round_trip(tmp_path, rng):
         tr.save_checkpoint(tmp_path / "ckpt")
     with pytest.raises(ot.OrtrainError, match="is a trainer checkpoint .* resume it with ot.Trainer.from_checkpoint"):
         ot.load_model(tmp_path / "ckpt")
+    with pytest.raises(ot.OrtrainError, match="looks like a model file .*: open it with ot.load_model"):
+        ot.Trainer.from_checkpoint(trained, tmp_path / "m.ortrain", batch_size=16)
+    trained.export_onnx(tmp_path / "m.onnx")
+    with pytest.raises(ot.OrtrainError, match="an ONNX model is opened with ot.from_onnx"):
+        ot.load_model(tmp_path / "m.onnx")
     missing = tmp_path / "no-such-dir" / "m.ortrain"
     with pytest.raises(ot.OrtrainError, match="cannot write '.*m.ortrain': the directory '.*no-such-dir' does not "
                                               "exist; create it first"):

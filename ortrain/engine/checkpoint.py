@@ -69,8 +69,13 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointData:
     except OSError as exc:
         raise OrtrainError(f"cannot read checkpoint {os.fspath(path)!r}: {exc.strerror}") from exc
     if len(buf) < 8 or buf[4:8] != _IDENTIFIER:
+        hint = ""
+        if buf[:4] == b"PK\x03\x04":  # a zip: what model.save (and ModelCheckpoint by default) writes
+            hint = ("; it looks like a model file (model.save, or ModelCheckpoint's default): open it with "
+                    "ot.load_model(path) and train on (fit, or a Trainer of that model), or write trainer "
+                    "checkpoints with ModelCheckpoint(save_model=False)")
         raise OrtrainError(f"{os.fspath(path)!r} is not an onnxruntime-training checkpoint "
-                           "(missing the 'ODTC' file identifier)")
+                           f"(missing the 'ODTC' file identifier){hint}")
     try:
         return _parse(buf)
     except OrtrainError:  # an intact file ortrain cannot use: its own reason

@@ -197,7 +197,10 @@ def load_model(path):
                                "ModelCheckpoint(save_model=False)), which holds weights and optimizer state but not "
                                "the architecture; resume it with ot.Trainer.from_checkpoint(model, path, "
                                "batch_size=...) for the model that wrote it") from exc
-        raise OrtrainError(f"load_model: {path!r} is not a model saved by ortrain ({exc})") from exc
+        hint = ""
+        if isinstance(exc, zipfile.BadZipFile) and str(path).lower().endswith(".onnx"):
+            hint = "; an ONNX model is opened with ot.from_onnx(path)"
+        raise OrtrainError(f"load_model: {path!r} is not a model saved by ortrain ({exc}){hint}") from exc
     try:
         return model_from_record(record, weights, {"opt": opt, "extra": extra})
     except OrtrainError:
