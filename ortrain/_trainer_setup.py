@@ -282,9 +282,10 @@ def _artifacts(directory) -> artifacts_mod.Artifacts:
     if not isinstance(directory, artifacts_mod.Artifacts):
         return artifacts_mod.load(directory)
     art = artifacts_mod.load(directory.directory)
-    if art.key != directory.key:
-        raise OrtrainError(f"directory: the artifacts in {str(directory.directory)!r} were rebuilt for another "
-                           "model, loss or optimizer after this record was made; build them again")
+    if art.key != directory.key or art.manifest.get("weights_sha256") != directory.manifest.get("weights_sha256"):
+        raise OrtrainError(f"directory: the artifacts in {str(directory.directory)!r} were rebuilt (for another "
+                           "model, loss or optimizer, or with other weights) after this record was made; build "
+                           "them again, or pass the directory to train from what it holds now")
     return artifacts_mod.Artifacts(art.directory, dict(art.manifest, optimizer=directory.manifest["optimizer"]))
 
 

@@ -298,6 +298,11 @@ def test_a_hit_with_another_learning_rate_carries_it(tmp_path, monkeypatch):
     for record, lr in ((a, 1e-3), (b, 0.5)):
         with ot.Trainer.from_artifacts(record, batch_size=4) as tr:
             assert tr.lr == lr
+    first = ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.1), out_dir=tmp_path / "w")
+    model.set_weights([w + 1 for w in model.get_weights()])
+    ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.1), out_dir=tmp_path / "w")   # other weights, in place
+    with pytest.raises(ot.OrtrainError, match=r"directory: the artifacts in '.*w' were rebuilt .* with other weights"):
+        ot.Trainer.from_artifacts(first, batch_size=4)
     out = tmp_path / "art"
     ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=1e-3), out_dir=out)
     ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.5), out_dir=out)
