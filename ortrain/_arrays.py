@@ -111,6 +111,20 @@ def is_integer(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+def one_of_two_names(where: str, ours: str, value, default, theirs: str, given):
+    """An argument that has a second name (PyTorch's ``dim`` for ``axis``, Keras' ``learning_rate``
+    for ``lr``): ``given`` when the caller used ``theirs``, else ``value``. Both, with different
+    values, are refused; a value left at ``default`` gives way to the other name's."""
+    if given is None:
+        return value
+
+    def same(a, b) -> bool:
+        return (tuple(a) if isinstance(a, list) else a) == (tuple(b) if isinstance(b, list) else b)
+    if not same(value, default) and not same(value, given):
+        raise OrtrainError(f"{where}: {ours}={value!r} and {theirs}={given!r} name one setting; pass one of them")
+    return given
+
+
 def checked_int(value, argument: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
     """``value`` as an int of at least ``minimum``; ``None`` passes through when ``allow_none``.
 

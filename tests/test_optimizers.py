@@ -145,6 +145,8 @@ def test_learning_rate_is_keras_name_for_lr(batches):
     assert ot.optim.Adam(learning_rate=0.1).lr == 0.1 and ot.optim.SGD(learning_rate=0.3).lr == 0.3
     with pytest.raises(ot.OrtrainError, match="lr=0.1 and learning_rate=0.2 name one setting"):
         ot.optim.AdamW(lr=0.1, learning_rate=0.2)
+    with pytest.raises(ot.OrtrainError, match="learning_rate: expected a finite number >= 0, received -1"):
+        ot.optim.SGD(learning_rate=-1)
 
     class Halve(ot.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):

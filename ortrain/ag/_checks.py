@@ -62,16 +62,6 @@ def _ints(where: str, argument: str, value, expected: str) -> tuple[int, ...]:
     return tuple(int(i) for i in items)
 
 
-def _torch_name(where: str, ours: str, value, default, theirs: str, given):
-    """``value`` of the argument ``ours``, or ``given`` when the caller used PyTorch's name
-    ``theirs`` for it (``dim`` for ``axis``, ``keepdim`` for ``keepdims``, ``p`` for ``rate``)."""
-    if given is None:
-        return value
-    if value != default and value != given:
-        raise OrtrainError(f"{where}: {ours}={value!r} and {theirs}={given!r} name one setting; pass one of them")
-    return given
-
-
 def _axis(where: str, axis, ndim: int) -> int:
     a = _int(where, "axis", axis)
     if not -ndim <= a < max(ndim, 1):

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from ortrain._arrays import is_real, read_array
+from ortrain._arrays import is_real, one_of_two_names, read_array
 from ortrain._random import draw_seed
-from ortrain.ag._checks import _axis, _float, _node, _torch_name, as_tensor, broadcast
+from ortrain.ag._checks import _axis, _float, _node, as_tensor, broadcast
 from ortrain.ag.tensor import Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import MS_DOMAIN
@@ -197,7 +197,7 @@ def softmax(x, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``axis`` (the last by default; ``dim`` is PyTorch's name)."""
     x = as_tensor(x, "softmax")
     _float("softmax", x)
-    a = _axis("softmax", _torch_name("softmax", "axis", axis, -1, "dim", dim), x.ndim)
+    a = _axis("softmax", one_of_two_names("softmax", "axis", axis, -1, "dim", dim), x.ndim)
     return Tensor(x.shape, x.dtype, "softmax", (x,), _node("Softmax", axis=a))
 
 
@@ -205,7 +205,7 @@ def log_softmax(x, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """``log(softmax(x))`` along ``axis`` (``dim`` in PyTorch), computed stably."""
     x = as_tensor(x, "log_softmax")
     _float("log_softmax", x)
-    a = _axis("log_softmax", _torch_name("log_softmax", "axis", axis, -1, "dim", dim), x.ndim)
+    a = _axis("log_softmax", one_of_two_names("log_softmax", "axis", axis, -1, "dim", dim), x.ndim)
     return Tensor(x.shape, x.dtype, "log_softmax", (x,), _node("LogSoftmax", axis=a))
 
 
@@ -218,9 +218,9 @@ def dropout(x, rate: float = 0.5, *, p: float | None = None) -> Tensor:
     """
     x = as_tensor(x, "dropout")
     _float("dropout", x)
-    rate = _torch_name("dropout", "rate", rate, 0.5, "p", p)
+    rate = one_of_two_names("dropout", "rate", rate, 0.5, "p", p)
     if not is_real(rate) or not 0.0 <= rate < 1.0:
-        raise OrtrainError(f"dropout: rate expected a number in [0, 1), received {rate!r}")
+        raise OrtrainError(f"dropout: {'rate' if p is None else 'p'} expected a number in [0, 1), received {rate!r}")
     if rate == 0:
         return x
     seed = draw_seed()

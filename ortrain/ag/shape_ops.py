@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortrain._arrays import read_array
+from ortrain._arrays import one_of_two_names, read_array
 from ortrain._warnings import warn
-from ortrain.ag._checks import _axis, _float, _ints, _node, _shapes, _torch_name, as_tensor
+from ortrain.ag._checks import _axis, _float, _ints, _node, _shapes, as_tensor
 from ortrain.ag.elementwise import add, div
 from ortrain.ag.tensor import FLOAT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
@@ -94,8 +94,8 @@ def sum(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None 
     ReduceSum would read empty axes as "all axes", so no node is emitted for it.)
     """
     x = as_tensor(x, "sum")
-    axis = _torch_name("sum", "axis", axis, None, "dim", dim)
-    keepdims = _torch_name("sum", "keepdims", keepdims, False, "keepdim", keepdim)
+    axis = one_of_two_names("sum", "axis", axis, None, "dim", dim)
+    keepdims = one_of_two_names("sum", "keepdims", keepdims, False, "keepdim", keepdim)
     axes = _reduce_axes("sum", x, axis)
     if not x.ndim or not axes:
         return x
@@ -116,8 +116,8 @@ def mean(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None
     """
     x = as_tensor(x, "mean")
     _float("mean", x)
-    axis = _torch_name("mean", "axis", axis, None, "dim", dim)
-    keepdims = _torch_name("mean", "keepdims", keepdims, False, "keepdim", keepdim)
+    axis = one_of_two_names("mean", "axis", axis, None, "dim", dim)
+    keepdims = one_of_two_names("mean", "keepdims", keepdims, False, "keepdim", keepdim)
     axes = _reduce_axes("mean", x, axis)
     if not x.ndim or not axes:
         return x
@@ -184,7 +184,7 @@ def concat(tensors, axis: int = 0, *, dim: int | None = None) -> Tensor:
     first = next((t for t in tensors if isinstance(t, Tensor)), None)
     first = as_tensor(tensors[0], "concat") if first is None else first
     ts = [as_tensor(t, "concat", like=first) for t in tensors]
-    a = _axis("concat", _torch_name("concat", "axis", axis, 0, "dim", dim), first.ndim)
+    a = _axis("concat", one_of_two_names("concat", "axis", axis, 0, "dim", dim), first.ndim)
     for t in ts:
         if t.dtype != first.dtype or t.ndim != first.ndim or \
                 any(d != e for i, (d, e) in enumerate(zip(t.shape, first.shape, strict=True)) if i != a):

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import onnx
 
-from ortrain._arrays import is_real
+from ortrain._arrays import is_real, one_of_two_names
 from ortrain.errors import OrtrainError
 from ortrain.optim.graphs import adamw_graph, sgd_graph
 
@@ -78,12 +78,8 @@ class Optimizer:
 
     def __init__(self, params=None, lr: float = 1e-3, learning_rate: float | None = None):
         self.params = _checked_params(params, type(self).__name__)
-        if learning_rate is not None:  # Keras' name
-            if lr != self.default_lr and lr != learning_rate:
-                raise OrtrainError(f"{type(self).__name__}: lr={lr!r} and learning_rate={learning_rate!r} name one "
-                                   "setting; pass one of them")
-            lr = learning_rate
-        self._lr = check_lr(lr)
+        lr = one_of_two_names(type(self).__name__, "lr", lr, self.default_lr, "learning_rate", learning_rate)
+        self._lr = check_lr(lr, "lr" if learning_rate is None else "learning_rate")
         self.step = 0
         self._moments: dict[str, tuple[np.ndarray, ...]] = {}
         self._state_source = None  # set by a live capture: returns {param name: moments}
