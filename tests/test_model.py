@@ -270,6 +270,9 @@ def test_sequential_may_start_with_an_input_as_in_keras(rng, tmp_path):
     assert ids.input_specs[0].dtype == np.int64 and ids.output_specs[0].shape == (None, 15)
     with pytest.raises(ot.OrtrainError, match=r"input_shape=\(3,\) and the ot.Input's shape \(4,\) disagree"):
         ot.Sequential([ot.Input((4,)), L.Dense(2)], input_shape=(3,))
+    assert ot.Sequential([ot.Input((4,)), L.Dense(2)], input_shape=4).input_specs[0].shape == (None, 4)
+    with pytest.raises(ot.OrtrainError, match=r"input_dtype='int64' and the ot.Input's dtype 'float32' disagree"):
+        ot.Sequential([ot.Input((4,)), L.Dense(2)], input_dtype="int64")
     with pytest.raises(ot.OrtrainError, match=r"expected ot.layers objects \(after an optional ot.Input\)"):
         ot.Sequential([L.Dense(2), ot.Input((3,))], input_shape=(3,))
 

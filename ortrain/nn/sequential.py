@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 from ortrain import _random
 from ortrain._arrays import checked_int
 from ortrain.errors import OrtrainError
@@ -31,11 +33,14 @@ class Sequential(Model):
             if first.node is not None:
                 raise OrtrainError("Sequential: the first item may be an ot.Input(...), received a layer's output; "
                                    "use the functional API (ot.Model(inputs, outputs)) for that")
-            if input_shape is not None and tuple(input_shape) != first.shape[1:]:
-                raise OrtrainError(f"Sequential: input_shape={tuple(input_shape)!r} and the ot.Input's shape "
+            given = (input_shape,) if isinstance(input_shape, int) else input_shape
+            if given is not None and tuple(given) != first.shape[1:]:
+                raise OrtrainError(f"Sequential: input_shape={input_shape!r} and the ot.Input's shape "
                                    f"{first.shape[1:]!r} disagree; give one of them")
-            input_shape = first.shape[1:]
-            input_dtype = input_dtype or first.dtype
+            if input_dtype is not None and _dtype(input_dtype) != first.dtype:
+                raise OrtrainError(f"Sequential: input_dtype={input_dtype!r} and the ot.Input's dtype "
+                                   f"{first.dtype.name!r} disagree; give one of them")
+            input_shape, input_dtype = first.shape[1:], first.dtype
         for lyr in layers:
             if not isinstance(lyr, Layer):
                 raise OrtrainError(f"Sequential: expected ot.layers objects (after an optional ot.Input), received "
@@ -58,3 +63,10 @@ class Sequential(Model):
             x = lyr(x)
         super().__init__(inp, x, name=name or "sequential")
         self._seed = seed
+
+
+def _dtype(value) -> np.dtype | None:
+    try:
+        return np.dtype(value)
+    except TypeError:
+        return None
