@@ -90,6 +90,8 @@ class Loss:
         first (a vector is one output for each sample); labels and weights take what ``fit``
         takes: ``(batch,)`` or ``(batch, 1)`` weights, one per output element for mean
         squared error. Computed from scratch at each call: a check, not a training path.
+        Categorical cross-entropy takes probabilities as they are, as training does, where Keras
+        first divides each row by its sum (the same for a softmax output, whose rows sum to 1).
         """
         pred = as_array(y_pred, np.float32, "y_pred")
         if pred.ndim == 0 or not pred.shape[0]:
