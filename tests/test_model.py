@@ -277,6 +277,33 @@ def test_sequential_may_start_with_an_input_as_in_keras(rng, tmp_path):
         ot.Sequential([L.Dense(2), ot.Input((3,))], input_shape=(3,))
 
 
+def test_layer_trainable_false_freezes_it_as_in_keras(rng, tmp_path):
+    dense, bn = L.Dense(4), L.BatchNorm()
+    model = ot.Sequential([dense, bn, L.Dense(1)], input_shape=(3,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(lr=0.1), loss="mse")
+    assert model.get_layer("dense_0") is dense and model.get_layer(index=-1) is model.layers[-1]
+    assert model.count_params() == 3 * 4 + 4 + 4 * 4 + 4 + 1   # Keras counts the running statistics too
+    x = (rng.standard_normal((16, 3)) * 3 + 2).astype(np.float32)
+    y = rng.standard_normal((16, 1)).astype(np.float32)
+    dense.trainable = False
+    bn.trainable = False   # a batch norm also normalises by, and keeps, its running statistics
+    assert model.trainable_weight_names == ["dense_1.kernel", "dense_1.bias"]
+    model.save(tmp_path / "m.ortrain")
+    for m in (model, ot.load_model(tmp_path / "m.ortrain")):
+        before = m.get_weights()
+        m.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        after = m.get_weights()
+        for i in range(6):
+            np.testing.assert_array_equal(after[i], before[i])
+        assert not np.array_equal(after[6], before[6])
+    dense.trainable = True
+    assert "dense_0.kernel" in model.trainable_weight_names
+    with pytest.raises(ot.OrtrainError, match="trainable expected True or False, received 0"):
+        dense.trainable = 0
+    with pytest.raises(ot.OrtrainError, match="get_layer: no layer named 'nope'; the layers are 'dense_0'"):
+        model.get_layer("nope")
+
+
 def test_evaluate_matches_numpy(rng):
     model = skip_model()
     x = rng.standard_normal((20, 6)).astype(np.float32)

@@ -145,6 +145,20 @@ class Layer:
 
     n_inputs: int | None = 1  # None: any number >= 2
     input_dtype = np.dtype(np.float32)
+    _trainable = True
+
+    @property
+    def trainable(self) -> bool:
+        """Keras' switch: ``layer.trainable = False`` freezes this layer's weights in every model
+        it belongs to, from the next fit or ``Trainer`` on (a batch norm also keeps its running
+        statistics fixed, as in Keras). ``model.freeze`` freezes within one model."""
+        return self._trainable
+
+    @trainable.setter
+    def trainable(self, value) -> None:
+        if not isinstance(value, (bool, np.bool_)):
+            raise OrtrainError(f"layer {self.name!r}: trainable expected True or False, received {value!r}")
+        self._trainable = bool(value)
 
     def __init__(self, name: str | None = None, seed: int | None = None):
         if name is not None and (not isinstance(name, str) or not name or "." in name or "/" in name):

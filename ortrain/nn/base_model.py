@@ -124,14 +124,40 @@ class Model(TrainingMixin):
         raise KeyError(name)
 
     def params(self) -> list[ParamSpec]:
-        """Weights in documented order, with their current roles (freezing applied)."""
+        """Weights in documented order, with their current roles (freezing applied: ``freeze`` and
+        layers set ``trainable = False``)."""
         out = []
+        held = self._untrainable_layers_weights()
         for p in self._base_params():
             role = p.role
-            if role == "trainable" and p.name in self._frozen:
+            if role == "trainable" and (p.name in self._frozen or p.name in held):
                 role = "frozen"
             out.append(ParamSpec(p.name, tuple(p.shape), p.dtype, role))
         return out
+
+    def _untrainable_layers_weights(self) -> set[str]:
+        """The weights of the layers set ``trainable = False``."""
+        return {f"{lyr.name}.{s}" for lyr in self.layers if not lyr.trainable for s in lyr.weights}
+
+    def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
+        """A layer by name or by index in :attr:`layers`, as Keras' ``get_layer``."""
+        if (name is None) == (index is None):
+            raise OrtrainError("get_layer: expected name=... or index=..., one of them")
+        if index is not None:
+            if not isinstance(index, int) or not -len(self.layers) <= index < len(self.layers):
+                raise OrtrainError(f"get_layer(index=...): expected an int in [0, {len(self.layers)}), received "
+                                   f"{index!r}")
+            return self.layers[index]
+        for lyr in self.layers:
+            if lyr.name == name:
+                return lyr
+        raise OrtrainError(f"get_layer: no layer named {name!r}; the layers are "
+                           f"{', '.join(repr(lyr.name) for lyr in self.layers) or 'none'}")
+
+    def count_params(self) -> int:
+        """How many numbers the weights hold, trainable or not (Keras counts a batch norm's
+        running statistics too)."""
+        return int(sum(int(np.prod(p.shape, dtype=np.int64)) for p in self._base_params()))
 
     def weight_names(self) -> list[str]:
         return [p.name for p in self._base_params()]
@@ -239,7 +265,9 @@ class Model(TrainingMixin):
         return gb.to_model(doc=f"ortrain model {self.name}", check=False)
 
     def forward_graph(self) -> ForwardGraph:
-        proto = freeze_batchnorm_stats(self._base_proto(), self._frozen_stats)
+        held = self._untrainable_layers_weights()
+        stats = self._frozen_stats | {n.input[3] for n in batchnorm_nodes(self._base_proto()) if n.input[3] in held}
+        proto = freeze_batchnorm_stats(self._base_proto(), stats)
         weights = self._weight_table()
         fg = ForwardGraph(proto, tuple(self.params()), weights)
         return fg

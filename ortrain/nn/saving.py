@@ -64,7 +64,8 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     else:
         layer_index = {id(lyr): i for i, lyr in enumerate(model.layers)}
         record["kind"] = "layers"
-        record["layers"] = [{"class": type(lyr).__name__, "config": lyr.get_config()} for lyr in model.layers]
+        record["layers"] = [{"class": type(lyr).__name__, "config": lyr.get_config(),
+                             **({} if lyr.trainable else {"trainable": False})} for lyr in model.layers]
         record["inputs"] = [{"name": t.name, "shape": list(t.shape[1:]), "dtype": t.dtype.name}
                             for t in model._inputs]
         record["nodes"] = [{"layer": layer_index[id(n.layer)], "inputs": [_tensor_ref(model, t) for t in n.inputs]}
@@ -104,6 +105,8 @@ def model_from_record(record: dict, weights: dict, aux: dict):
                            name=record["name"])
     else:
         layers = [layer_from_config(d["class"], d["config"]) for d in record["layers"]]
+        for lyr, d in zip(layers, record["layers"]):
+            lyr.trainable = bool(d.get("trainable", True))
         inputs = [Input(tuple(d["shape"]), dtype=d["dtype"], name=d["name"]) for d in record["inputs"]]
         tensors = []
 
