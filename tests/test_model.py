@@ -298,6 +298,16 @@ def test_layer_trainable_false_freezes_it_as_in_keras(rng, tmp_path):
         assert not np.array_equal(after[6], before[6])
     dense.trainable = True
     assert "dense_0.kernel" in model.trainable_weight_names
+    model.trainable = False   # every layer, as Keras' model.trainable
+    assert model.trainable_weight_names == [] and not model.trainable and not dense.trainable
+    model.trainable = True
+    assert model.trainable and len(model.trainable_weight_names) == 6
+    imported = ot.from_onnx(model.export_onnx(tmp_path / "m.onnx"))   # no layers: all its weights
+    imported.trainable = False
+    assert imported.trainable_weight_names == [] and not imported.trainable
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    got = model.evaluate(x, y)
+    assert model.evaluate(x, y, return_dict=False) == [got["loss"], got["mae"]]   # Keras' default form
     with pytest.raises(ot.OrtrainError, match="trainable expected True or False, received 0"):
         dense.trainable = 0
     with pytest.raises(ot.OrtrainError, match="get_layer: no layer named 'nope'; the layers are 'dense_0'"):

@@ -135,6 +135,24 @@ class Model(TrainingMixin):
             out.append(ParamSpec(p.name, tuple(p.shape), p.dtype, role))
         return out
 
+    @property
+    def trainable(self) -> bool:
+        """Keras' switch for a whole model: ``model.trainable = False`` sets every layer's
+        ``trainable`` (a model imported with ``from_onnx``, which has no layers, freezes or
+        unfreezes all its weights instead). Reads whether any layer, or any weight, still trains."""
+        if self.layers:
+            return any(lyr.trainable for lyr in self.layers)
+        return bool(self.trainable_weight_names)
+
+    @trainable.setter
+    def trainable(self, value) -> None:
+        if not isinstance(value, (bool, np.bool_)):
+            raise OrtrainError(f"model {self.name!r}: trainable expected True or False, received {value!r}")
+        for lyr in self.layers:
+            lyr.trainable = bool(value)
+        if not self.layers:
+            (self.unfreeze if value else self.freeze)("*")
+
     def _untrainable_layers_weights(self) -> set[str]:
         """The weights of the layers set ``trainable = False``."""
         return {f"{lyr.name}.{s}" for lyr in self.layers if not lyr.trainable for s in lyr.weights}

@@ -223,12 +223,16 @@ class TrainingMixin:
         outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
-    def evaluate(self, x, y, batch_size=None, sample_weight=None, verbose=0) -> dict:
+    def evaluate(self, x, y, batch_size=None, sample_weight=None, verbose=0, return_dict: bool = True):
         """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode.
 
         Everything is checked before the first run: shapes, and class labels against the number
         of classes for sparse cross-entropy. ``verbose`` is accepted for Keras code and shows nothing.
+        ``return_dict=False`` gives what Keras' default gives: the loss alone without metrics, else
+        the list ``[loss, *metrics]``.
         """
+        if not isinstance(return_dict, (bool, np.bool_)):
+            raise OrtrainError(f"evaluate(return_dict=...): expected True or False, received {return_dict!r}")
         positive_int(batch_size, "batch_size", allow_none=True)
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
@@ -247,7 +251,10 @@ class TrainingMixin:
             total += float(loss) * pred.shape[0]
             for m in ms:
                 m.update(pred, yl[sl], None if w is None else w[sl])
-        return {"loss": total / n, **{m.name: m.result() for m in ms}}
+        results = {"loss": total / n, **{m.name: m.result() for m in ms}}
+        if return_dict:
+            return results
+        return results["loss"] if len(results) == 1 else list(results.values())
 
     def _n_classes(self, input_shapes=None) -> int | None:
         """How many classes an integer label of the loss indexes (None: labels are no class indices,
