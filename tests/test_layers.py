@@ -1,6 +1,7 @@
 """Layers: forward values against numpy, training steps against PyTorch."""
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from conftest import torch_or_skip
 from helpers import sigmoid, softmax
@@ -148,7 +149,7 @@ def test_layer_argument_errors():
     with pytest.raises(ot.OrtrainError, match="Dense\\(units=...\\): expected a positive int, received 0"):
         L.Dense(0)
     with pytest.raises(ot.OrtrainError, match="activation: expected one of"):
-        L.Dense(2, activation="swish")
+        L.Dense(2, activation="swishy")
     with pytest.raises(ot.OrtrainError, match="Conv2D\\(padding=...\\): expected 'valid' or 'same'"):
         L.Conv2D(2, 3, padding="full")
     with pytest.raises(ot.ShapeError, match="Conv2D expects \\(batch, channels, height, width\\)"):
@@ -354,3 +355,34 @@ def test_layer_weights_keep_their_rules_through_dict_methods_and_copies(rng):
         np.testing.assert_allclose(model.predict(x), (x @ w + b) @ w2 + b2, rtol=1e-5)  # the original untouched
     with pytest.raises(ot.OrtrainError, match=r"layer 'dense_0': weights cannot be replaced as a whole"):
         layer.weights = [np.zeros((4, 3)), np.zeros(3)]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name, torch_name", [
+    ("elu", "elu"), ("selu", "selu"), ("softplus", "softplus"), ("softsign", "softsign"), ("silu", "silu"),
+    ("swish", "silu"), ("hard_sigmoid", "hardsigmoid"), ("hard_swish", "hardswish"), ("relu6", "relu6"),
+    ("exponential", "exp"), ("mish", "mish"), ("log_softmax", "log_softmax")])
+def test_more_keras_activations_train_and_export_as_pytorch_computes_them(rng, tmp_path, name, torch_name):
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    fn = (lambda z: F.log_softmax(z, -1)) if torch_name == "log_softmax" else \
+        torch.exp if torch_name == "exp" else getattr(F, torch_name)
+    x = (rng.standard_normal((8, 4)) * 3).astype(np.float32)
+    x[0] = 0.0   # the biases start at 0: row 0 sits on every kink at 0
+    y = rng.standard_normal((8, 3)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(3, activation=name)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    w, b = (torch.tensor(a, requires_grad=True) for a in model.get_weights())
+    out = fn(torch.from_numpy(x) @ w + b)
+    loss = F.mse_loss(out, torch.from_numpy(y))
+    loss.backward()
+    np.testing.assert_allclose(model.predict(x), out.detach().numpy(), rtol=1e-5, atol=1e-6)
+    with ot.Trainer(model, batch_size=8) as tr:
+        np.testing.assert_allclose(tr.step(x, y), loss.item(), rtol=1e-5)
+        got = tr.model().get_weights()
+    np.testing.assert_allclose(got[0], (w - 0.1 * w.grad).detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], (b - 0.1 * b.grad).detach().numpy(), rtol=1e-5, atol=1e-6)
+    session = ort.InferenceSession(model.export_onnx(tmp_path / "m.onnx"))   # stock onnxruntime runs the export
+    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x})[0], model.predict(x),
+                               rtol=1e-5, atol=1e-6)
+

@@ -16,16 +16,21 @@ from ortrain.nn.symbolic import SymbolicTensor
 
 __all__ = ["ACTIVATIONS", "EDITS", "EmitContext", "Layer", "Weights"]
 
-ACTIVATIONS = ("linear", "relu", "sigmoid", "tanh", "softmax", "gelu", "leaky_relu")
+ACTIVATIONS = ("linear", "relu", "sigmoid", "tanh", "softmax", "gelu", "leaky_relu", "elu", "selu", "softplus",
+               "softsign", "silu", "hard_sigmoid", "hard_silu", "relu6", "exponential", "mish", "log_softmax")
+_ALIASES = {"swish": "silu", "hard_swish": "hard_silu"}  # Keras' other names
 LEAKY_RELU_ALPHA = 0.2  # Keras 3's default negative slope
 
 
 def check_activation(name) -> str:
     if name is None:
         return "linear"
-    if not isinstance(name, str) or name.lower() not in ACTIVATIONS:
-        raise OrtrainError(f"activation: expected one of {', '.join(ACTIVATIONS)}, received {name!r}")
-    return name.lower()
+    key = name.lower() if isinstance(name, str) else None
+    key = _ALIASES.get(key, key)
+    if key not in ACTIVATIONS:
+        raise OrtrainError(f"activation: expected one of {', '.join(ACTIVATIONS + tuple(_ALIASES))}, received "
+                           f"{name!r}")
+    return key
 
 
 def emit_activation(gb: GraphBuilder, x: str, name: str) -> str:
@@ -42,6 +47,24 @@ def emit_activation(gb: GraphBuilder, x: str, name: str) -> str:
         return gb.op("Softmax", [x], axis=-1)
     if name == "leaky_relu":
         return gb.op("LeakyRelu", [x], alpha=LEAKY_RELU_ALPHA)
+    # Keras 3's definitions. The ops without a gradient in onnxruntime-training (Elu, Selu,
+    # Softplus, Softsign, HardSigmoid, HardSwish) stay in the model and its export; the training
+    # graphs write them in arithmetic (Model.forward_graph), with PyTorch's derivative at the kinks.
+    if name in ("elu", "selu", "softplus", "softsign", "exponential", "log_softmax"):
+        op = {"elu": "Elu", "selu": "Selu", "softplus": "Softplus", "softsign": "Softsign", "exponential": "Exp",
+              "log_softmax": "LogSoftmax"}[name]
+        return gb.op(op, [x], axis=-1 if name == "log_softmax" else None)
+    if name == "silu":
+        return gb.op("Mul", [x, gb.op("Sigmoid", [x])])
+    if name == "hard_sigmoid":  # relu6(x + 3) / 6
+        return gb.op("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)
+    if name == "hard_silu":  # x * hard_sigmoid(x)
+        return gb.op("HardSwish", [x])
+    if name == "relu6":  # not Clip, whose runtime derivative is 1 at 0 and 6, where Keras' and PyTorch's is 0
+        six = gb.const(6.0, hint="six")
+        return gb.op("Where", [gb.op("GreaterOrEqual", [x, six]), six, gb.op("Relu", [x])])
+    if name == "mish":  # x * tanh(softplus(x))
+        return gb.op("Mul", [x, gb.op("Tanh", [gb.op("Softplus", [x])])])
     if name == "gelu":
         # Exact GELU in standard ops, x * (1 + erf(x / sqrt 2)) / 2, so any ONNX runtime can run the export.
         e = gb.op("Erf", [gb.op("Div", [x, gb.const(math.sqrt(2.0), hint="sqrt2")])])

@@ -22,6 +22,7 @@ from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, to_inference, with_weights
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats
+from ortrain.graph.repairs import activations_as_arithmetic
 from ortrain.nn.base_layer import EmitContext, Layer
 from ortrain.nn.core_layers import Embedding
 from ortrain.nn.saving import model_from_record, model_record, save_model
@@ -285,7 +286,8 @@ class Model(TrainingMixin):
     def forward_graph(self) -> ForwardGraph:
         held = self._untrainable_layers_weights()
         stats = self._frozen_stats | {n.input[3] for n in batchnorm_nodes(self._base_proto()) if n.input[3] in held}
-        proto = freeze_batchnorm_stats(self._base_proto(), stats)
+        # activations onnxruntime-training cannot differentiate (elu, softplus...), in arithmetic
+        proto, _ = activations_as_arithmetic(freeze_batchnorm_stats(self._base_proto(), stats))
         weights = self._weight_table()
         fg = ForwardGraph(proto, tuple(self.params()), weights)
         return fg

@@ -74,7 +74,11 @@ class Activation(Layer):
     - ``gelu``: the exact form ``x * (1 + erf(x / sqrt 2)) / 2`` (PyTorch's ``GELU()``, not
       its ``approximate="tanh"``);
     - ``leaky_relu``: negative slope 0.2, Keras 3's default (PyTorch's ``LeakyReLU`` defaults
-      to 0.01); a model with another slope can come in through ``ot.from_onnx``.
+      to 0.01); a model with another slope can come in through ``ot.from_onnx``;
+    - ``elu`` (alpha 1), ``selu``, ``softplus``, ``softsign``, ``silu`` (``swish``),
+      ``hard_sigmoid`` (``relu6(x + 3) / 6``), ``hard_silu`` (``hard_swish``), ``relu6``,
+      ``exponential``, ``mish``, ``log_softmax`` (last axis), with PyTorch's derivative at the
+      kinks.
     """
 
     def __init__(self, activation, name=None):
