@@ -885,3 +885,27 @@ def test_a_fit_refused_or_failed_before_its_first_step_keeps_logs_and_a_written_
     with pytest.raises(RuntimeError):
         model.fit(x, y, batch_size=8, verbose=0, callbacks=[Boom()])
     assert model.fit(x, y, batch_size=8, verbose=0).history["lr"] == [0.5]   # the written rate still applies
+
+
+def test_lambda_callback_calls_the_functions_given_as_keras_does():
+    calls = []
+    cb = ot.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: calls.append("train_begin"),
+        on_epoch_begin=lambda epoch, logs: calls.append(("epoch_begin", epoch)),
+        on_batch_end=lambda batch, logs: calls.append(("batch_end", batch, round(logs["loss"], 6))),
+        on_epoch_end=lambda epoch, logs: calls.append(("epoch_end", epoch, sorted(logs))),
+        on_train_end=lambda logs: calls.append("train_end"))
+    data = batches(2, 4)
+    model = sgd_model()
+    hist = ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[cb])
+    steps = [c for c in calls if c[0] == "batch_end"]
+    assert calls[0] == "train_begin" and calls[-1] == "train_end"
+    assert [c for c in calls if c[0] == "epoch_begin"] == [("epoch_begin", 0), ("epoch_begin", 1)]
+    assert [c[1] for c in steps] == [0, 1, 0, 1]
+    assert [c for c in calls if c[0] == "epoch_end"] == [("epoch_end", e, ["loss", "lr"]) for e in (0, 1)]
+    assert hist.history["loss"][0] == pytest.approx((steps[0][2] + steps[1][2]) / 2, rel=1e-5)
+    quiet = ot.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)
+    assert not ot.callbacks.CallbackList([quiet]).has_batch_hooks   # no per-step call without a batch function
+    with pytest.raises(ot.OrtrainError, match="LambdaCallback\\(on_epoch_end=...\\): expected a function"):
+        ot.callbacks.LambdaCallback(on_epoch_end=3)
+

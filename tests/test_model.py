@@ -314,6 +314,41 @@ def test_layer_trainable_false_freezes_it_as_in_keras(rng, tmp_path):
         model.get_layer("nope")
 
 
+def test_keras_names_calls_and_weight_files(rng, tmp_path):
+    L2 = ot.layers
+    assert (L2.MaxPooling2D, L2.AveragePooling2D, L2.GlobalAveragePooling2D, L2.BatchNormalization,
+            L2.LayerNormalization, L2.Input) == (L.MaxPool2D, L.AvgPool2D, L.GlobalAvgPool2D, L.BatchNorm, L.LayerNorm,
+                                                  ot.Input)
+
+    def build(seed):
+        return ot.Sequential([L2.Input((4,)), L2.Dense(3, activation="relu"), L2.BatchNormalization(), L2.Dense(2)],
+                             seed=seed)
+    model = build(0)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(model(x), model.predict(x))   # Keras' model(x): inference mode
+    np.testing.assert_array_equal(model.predict_on_batch(x), model.predict(x))
+    with pytest.raises(ot.OrtrainError, match="model\\(x, training=True\\): a forward pass in training mode"):
+        model(x, training=True)
+    with pytest.raises(ot.OrtrainError, match="a model inside a model\\) is not supported"):
+        model(ot.Input((4,)))
+    path = model.save_weights(tmp_path / "w.weights")
+    assert path.endswith("w.weights")   # the name as given
+    other = build(1)
+    assert not np.allclose(other.predict(x), model.predict(x))
+    other.load_weights(path)
+    np.testing.assert_array_equal(other.predict(x), model.predict(x))
+    with np.load(path) as f:
+        assert f.files == model.weight_names()
+    wrong = ot.Sequential([L.Dense(3)], input_shape=(7,))
+    before = wrong.get_weights()
+    with pytest.raises(ot.OrtrainError, match="load_weights: '.*w.weights' does not fit this model: set_weights: "
+                                              "unknown weight names"):
+        wrong.load_weights(path)
+    np.testing.assert_array_equal(wrong.get_weights()[0], before[0])
+    with pytest.raises(ot.OrtrainError, match="load_weights: no such file"):
+        model.load_weights(tmp_path / "none.npz")
+
+
 def test_evaluate_matches_numpy(rng):
     model = skip_model()
     x = rng.standard_normal((20, 6)).astype(np.float32)

@@ -10,6 +10,7 @@ from ortrain.callbacks.base import Callback, CallbackList
 from ortrain.callbacks.cosine_decay import CosineDecay
 from ortrain.callbacks.csv_logger import CSVLogger
 from ortrain.callbacks.early_stopping import EarlyStopping
+from ortrain.callbacks.lambda_callback import LambdaCallback
 from ortrain.callbacks.learning_rate_scheduler import LearningRateScheduler
 from ortrain.callbacks.model_checkpoint import ModelCheckpoint
 from ortrain.callbacks.progress import ProgressBar, ProgressLines
@@ -23,6 +24,7 @@ __all__ = [
     "CallbackList",
     "CosineDecay",
     "EarlyStopping",
+    "LambdaCallback",
     "LearningRateScheduler",
     "ModelCheckpoint",
     "ProgressBar",

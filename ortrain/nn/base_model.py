@@ -390,6 +390,46 @@ class Model(TrainingMixin):
         """Architecture, weights, compile settings and optimizer state in one zip file (no pickle)."""
         return save_model(self, path)
 
+    def save_weights(self, path) -> str:
+        """The weights alone, by name, in one ``.npz`` file (the name is kept as given), which
+        :meth:`load_weights` (or ``np.load``) reads back."""
+        path = checked_target(path, "save_weights(path)")
+        table = self._weight_table()
+        with atomic_path(path, "save_weights(path)") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **{n: table[n] for n in self.weight_names()})
+        return str(path)
+
+    def load_weights(self, path) -> None:
+        """Weights from :meth:`save_weights`' file, by name, all checked before any changes (as
+        ``set_weights`` with a dict: a file may hold some of the weights)."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                weights = {n: f[n] for n in f.files}
+        except FileNotFoundError:
+            raise OrtrainError(f"load_weights: no such file {str(path)!r}") from None
+        except (OSError, ValueError) as exc:
+            raise OrtrainError(f"load_weights: {str(path)!r} is not a weights file of save_weights ({exc}); a "
+                               "whole model file is read with ot.load_model") from exc
+        try:
+            self.set_weights(weights)
+        except OrtrainError as exc:
+            raise type(exc)(f"load_weights: {str(path)!r} does not fit this model: {exc}") from None
+
+    def __call__(self, x, training: bool = False):
+        """``model(x)`` on arrays: :meth:`predict`, as Keras' call in inference mode."""
+        if isinstance(x, SymbolicTensor) or (isinstance(x, (list, tuple)) and x and
+                                             all(isinstance(t, SymbolicTensor) for t in x)):
+            raise OrtrainError("a model called on ot.Input tensors (a model inside a model) is not supported; "
+                               "build one functional model from the layers")
+        if training:
+            raise OrtrainError("model(x, training=True): a forward pass in training mode runs inside training "
+                               "steps only (Trainer.step, fit); model(x) predicts in inference mode")
+        return self.predict(x)
+
+    def predict_on_batch(self, x):
+        """Keras' name for :meth:`predict` on one batch."""
+        return self.predict(x)
+
     def copy(self) -> Model:
         """An independent model with the same architecture, weights, freezing and compile settings."""
         return self._copy_with(None)
