@@ -1359,3 +1359,28 @@ def test_a_probability_loss_on_logits_warns_at_the_first_step(rng):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         probs.fit(x, y, epochs=2, batch_size=4, verbose=0)
+
+
+@pytest.mark.torch
+def test_train_on_batch_steps_once_on_the_whole_batch_as_keras_does(rng):
+    torch = torch_or_skip()
+    x = rng.standard_normal((40, 4)).astype(np.float32)   # more rows than fit's default batch of 32
+    y = rng.integers(0, 3, 40)
+    model = ot.Sequential([ot.layers.Dense(3, activation="softmax")], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(lr=0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    w, b = (torch.tensor(a, requires_grad=True) for a in model.get_weights())
+    opt = torch.optim.Adam([w, b], lr=0.1)
+    for _ in range(3):
+        loss, acc = model.train_on_batch(x, y)
+        p = torch.softmax(torch.from_numpy(x) @ w + b, 1)
+        want = torch.nn.functional.nll_loss(torch.log(p), torch.from_numpy(y))
+        opt.zero_grad()
+        want.backward()
+        opt.step()
+        np.testing.assert_allclose(loss, want.item(), rtol=1e-5)   # the loss before the update
+        assert acc == pytest.approx(np.mean(p.detach().numpy().argmax(1) == y))
+    np.testing.assert_allclose(model.get_weights()[0], w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert model.train_state.n_steps == 3 and model.history is None
+    got = model.test_on_batch(x, y)
+    assert got == list(model.evaluate(x, y).values())
+

@@ -194,6 +194,27 @@ class TrainingMixin:
                          steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                          class_weight=class_weight, validation_freq=validation_freq)
 
+    def train_on_batch(self, x, y, sample_weight=None, class_weight=None):
+        """One training step on one batch, as Keras' ``train_on_batch``: returns the batch's loss
+        (from before the update), or ``[loss, *metrics]`` when the model has metrics. The
+        optimizer state carries on as between fits, and ``model.history`` is left as it was.
+        Each call opens the training session afresh (milliseconds); a loop of steps runs at
+        full speed in an :class:`ortrain.Trainer`."""
+        from ortrain.fit import fit_model
+        history = self.history
+        try:
+            rows = prepare_inputs(self.input_specs, x, "x")[0].shape[0]   # the whole batch makes one step
+            hist = fit_model(self, x, y, batch_size=max(rows, 1), epochs=1, verbose=0, shuffle=False,
+                             sample_weight=sample_weight, class_weight=class_weight)
+        finally:
+            self.history = history
+        logs = {k: v[0] for k, v in hist.history.items() if k != "lr"}
+        return logs["loss"] if len(logs) == 1 else list(logs.values())
+
+    def test_on_batch(self, x, y, sample_weight=None):
+        """Keras' ``test_on_batch``: :meth:`evaluate` on one batch, the loss or ``[loss, *metrics]``."""
+        return self.evaluate(x, y, sample_weight=sample_weight, return_dict=False)
+
     # -- inference --------------------------------------------------------------------------
     def _runner(self, kind: str = "predict", weighting=None):
         key = (kind, weighting, self._weights_stamp())
