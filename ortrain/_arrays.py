@@ -125,6 +125,13 @@ def one_of_two_names(where: str, ours: str, value, default, theirs: str, given):
     return given
 
 
+def checked_flag(value, argument: str) -> bool:
+    """A True/False argument (numpy's bool too); anything else is refused, not read as truthy."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise OrtrainError(f"{argument}: expected True or False, received {value!r}")
+    return bool(value)
+
+
 def checked_int(value, argument: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
     """``value`` as an int of at least ``minimum``; ``None`` passes through when ``allow_none``.
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ortrain import losses as losses_mod
 from ortrain import optim
-from ortrain._arrays import checked_int, is_integer, is_real, prepare_inputs
+from ortrain._arrays import checked_flag, checked_int, is_integer, is_real, prepare_inputs
 from ortrain._class_weight import class_weights
 from ortrain._loop import Loop, located
 from ortrain._warnings import warn
@@ -126,18 +126,12 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
         weight_shape = None if trainer._weight_spec is None else trainer._weight_spec.shape
         xs, ys, ws = prepare_arrays(base, data, y, sample_weight, xa, ya, wa, weight_shape)
         refuse_non_finite_arrays(base, xs, ys, ws, (xa, ya, wa))
-        source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=_flag(shuffle, "shuffle")), len(ys)
+        source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=checked_flag(shuffle, "shuffle")), len(ys)
     vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size,
                               names=names.get("validation_data"))
     loop = Loop(trainer, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
                  validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=samples)
     return loop.run()
-
-
-def _flag(value, argument: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise OrtrainError(f"{argument}: expected True or False, received {value!r}")
-    return bool(value)
 
 
 def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
@@ -357,7 +351,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     epochs, initial_epoch = _epochs(epochs, initial_epoch)
     steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
     validation_steps = _count(validation_steps, "validation_steps")
-    shuffle = _flag(shuffle, "shuffle")
+    shuffle = checked_flag(shuffle, "shuffle")
     check_verbose(verbose)
     validation_freq = _validation_freq(validation_freq)
     CallbackList(callbacks or ())  # checks the objects before anything runs

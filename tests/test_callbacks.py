@@ -908,4 +908,11 @@ def test_lambda_callback_calls_the_functions_given_as_keras_does():
     assert not ot.callbacks.CallbackList([quiet]).has_batch_hooks   # no per-step call without a batch function
     with pytest.raises(ot.OrtrainError, match="LambdaCallback\\(on_epoch_end=...\\): expected a function"):
         ot.callbacks.LambdaCallback(on_epoch_end=3)
+    keras3 = []   # Keras 3's names for the batch hooks
+    ot.fit_generator(sgd_model(), data, epochs=1, verbose=0, callbacks=[ot.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda batch, logs: keras3.append(("begin", batch)),
+        on_train_batch_end=lambda batch, logs: keras3.append(("end", batch)))])
+    assert keras3 == [("begin", 0), ("end", 0), ("begin", 1), ("end", 1)]
+    with pytest.raises(ot.OrtrainError, match="on_batch_end and on_train_batch_end .* are one hook"):
+        ot.callbacks.LambdaCallback(on_batch_end=print, on_train_batch_end=print)
 

@@ -1383,4 +1383,6 @@ def test_train_on_batch_steps_once_on_the_whole_batch_as_keras_does(rng):
     assert model.train_state.n_steps == 3 and model.history is None
     got = model.test_on_batch(x, y)
     assert got == list(model.evaluate(x, y).values())
+    assert model.test_on_batch(x, y, return_dict=True) == model.evaluate(x, y)
+    assert sorted(model.train_on_batch(x, y, return_dict=True)) == ["accuracy", "loss"]
 

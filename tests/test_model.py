@@ -308,7 +308,7 @@ def test_layer_trainable_false_freezes_it_as_in_keras(rng, tmp_path):
     model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
     got = model.evaluate(x, y)
     assert model.evaluate(x, y, return_dict=False) == [got["loss"], got["mae"]]   # Keras' default form
-    with pytest.raises(ot.OrtrainError, match="trainable expected True or False, received 0"):
+    with pytest.raises(ot.OrtrainError, match="trainable: expected True or False, received 0"):
         dense.trainable = 0
     with pytest.raises(ot.OrtrainError, match="get_layer: no layer named 'nope'; the layers are 'dense_0'"):
         model.get_layer("nope")

@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 
-from ortrain._arrays import as_array, is_integer, read_array
+from ortrain._arrays import as_array, checked_flag, is_integer, read_array
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
 __all__ = ["Buffer", "Const", "Input", "Param", "Tensor", "buffer", "param"]
@@ -244,9 +244,8 @@ def param(array, name: str | None = None, trainable: bool = True) -> Param:
     ``name`` identifies it in ``opt.state()`` and checkpoints (a fresh ``param_N`` when omitted);
     a new capture over params of the same names continues from ``opt.load_state``.
     """
-    if not isinstance(trainable, (bool, np.bool_)):
-        raise OrtrainError(f"trainable: expected True or False, received {trainable!r}")
-    return Param(_value(array, "ag.param(array)", bool(trainable)), _name(name, "param"), bool(trainable))
+    trainable = checked_flag(trainable, "trainable")
+    return Param(_value(array, "ag.param(array)", trainable), _name(name, "param"), trainable)
 
 
 def buffer(array, name: str | None = None) -> Buffer:

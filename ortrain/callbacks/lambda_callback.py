@@ -9,9 +9,10 @@ __all__ = ["LambdaCallback"]
 
 class LambdaCallback(Callback):
     """Call the functions given for the hooks, with Keras' arguments: ``on_epoch_begin(epoch,
-    logs)``, ``on_epoch_end(epoch, logs)``, ``on_batch_begin(batch, logs)``,
-    ``on_batch_end(batch, logs)``, ``on_train_begin(logs)``, ``on_train_end(logs)``. Hooks not
-    given cost nothing (no per-step call without a batch function).
+    logs)``, ``on_epoch_end(epoch, logs)``, ``on_batch_begin(batch, logs)`` (or Keras 3's
+    ``on_train_batch_begin``), ``on_batch_end(batch, logs)`` (``on_train_batch_end``),
+    ``on_train_begin(logs)``, ``on_train_end(logs)``. Hooks not given cost nothing (no per-step
+    call without a batch function).
 
     >>> import ortrain as ot
     >>> seen = []
@@ -19,12 +20,20 @@ class LambdaCallback(Callback):
     """
 
     def __init__(self, on_epoch_begin=None, on_epoch_end=None, on_batch_begin=None, on_batch_end=None,
-                 on_train_begin=None, on_train_end=None):
-        given = dict(on_epoch_begin=on_epoch_begin, on_epoch_end=on_epoch_end, on_batch_begin=on_batch_begin,
-                     on_batch_end=on_batch_end, on_train_begin=on_train_begin, on_train_end=on_train_end)
+                 on_train_begin=None, on_train_end=None, on_train_batch_begin=None, on_train_batch_end=None):
+        batch_hooks = {"on_batch_begin": (on_batch_begin, on_train_batch_begin),
+                       "on_batch_end": (on_batch_end, on_train_batch_end)}
+        for ours, (fn, keras3) in batch_hooks.items():
+            if fn is not None and keras3 is not None:
+                raise OrtrainError(f"LambdaCallback: {ours} and on_train_{ours[3:]} (Keras 3's name) are one hook; "
+                                   "pass one of them")
+        given = dict(on_epoch_begin=on_epoch_begin, on_epoch_end=on_epoch_end, on_train_begin=on_train_begin,
+                     on_train_end=on_train_end,
+                     **{ours: fn if fn is not None else keras3 for ours, (fn, keras3) in batch_hooks.items()})
         for hook, fn in given.items():
             if fn is not None and not callable(fn):
-                raise OrtrainError(f"LambdaCallback({hook}=...): expected a function, received {type(fn).__name__}")
+                raise OrtrainError(f"LambdaCallback({hook}=...): expected a function, received {type(fn).__name__}; "
+                                   f"pass a function or a lambda, e.g. {hook}=lambda *args: ...")
         self._fns = {hook: fn for hook, fn in given.items() if fn is not None}
 
     def _overrides(self, hook: str) -> bool:

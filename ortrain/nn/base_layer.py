@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import as_array, checked_int, read_array
+from ortrain._arrays import as_array, checked_flag, checked_int, read_array
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 from ortrain.nn.symbolic import SymbolicTensor
@@ -179,9 +179,7 @@ class Layer:
 
     @trainable.setter
     def trainable(self, value) -> None:
-        if not isinstance(value, (bool, np.bool_)):
-            raise OrtrainError(f"layer {self.name!r}: trainable expected True or False, received {value!r}")
-        self._trainable = bool(value)
+        self._trainable = checked_flag(value, f"layer {self.name!r}: trainable")
 
     def __init__(self, name: str | None = None, seed: int | None = None):
         if name is not None and (not isinstance(name, str) or not name or "." in name or "/" in name):

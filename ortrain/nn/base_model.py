@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from ortrain._arrays import as_array
+from ortrain._arrays import as_array, checked_flag
 from ortrain._files import atomic_path, checked_target
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
@@ -147,8 +147,7 @@ class Model(TrainingMixin):
 
     @trainable.setter
     def trainable(self, value) -> None:
-        if not isinstance(value, (bool, np.bool_)):
-            raise OrtrainError(f"model {self.name!r}: trainable expected True or False, received {value!r}")
+        value = checked_flag(value, f"model {self.name!r}: trainable")
         for lyr in self.layers:
             lyr.trainable = bool(value)
         if not self.layers:

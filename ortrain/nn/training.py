@@ -12,7 +12,7 @@ import numpy as np
 
 from ortrain import engine, losses, optim
 from ortrain import metrics as metrics_mod
-from ortrain._arrays import positive_int, prepare_inputs, row_slices, run_chunks
+from ortrain._arrays import checked_flag, positive_int, prepare_inputs, row_slices, run_chunks
 from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, loss_model
 from ortrain.data import prepare_arrays, refuse_non_finite_weights
 from ortrain.errors import OrtrainError
@@ -194,13 +194,18 @@ class TrainingMixin:
                          steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                          class_weight=class_weight, validation_freq=validation_freq)
 
-    def train_on_batch(self, x, y, sample_weight=None, class_weight=None):
+    def train_on_batch(self, x, y, sample_weight=None, class_weight=None, return_dict: bool = False):
         """One training step on one batch, as Keras' ``train_on_batch``: returns the batch's loss
-        (from before the update), or ``[loss, *metrics]`` when the model has metrics. The
-        optimizer state carries on as between fits, and ``model.history`` is left as it was.
-        Each call opens the training session afresh (milliseconds); a loop of steps runs at
-        full speed in an :class:`ortrain.Trainer`."""
+        (from before the update), or ``[loss, *metrics]`` when the model has metrics (a dict with
+        ``return_dict=True``). The optimizer state carries on as between fits, and
+        ``model.history`` is left as it was.
+
+        Each call is a whole ``fit``: it builds a trainer, opens the training session and writes
+        the weights and optimizer state back, some 10 ms for a small model and a few tenths of a
+        second for millions of weights, tens to hundreds of times a step. A loop of steps (a GAN,
+        reinforcement learning) belongs in an :class:`ortrain.Trainer`, which keeps its session."""
         from ortrain.fit import fit_model
+        checked_flag(return_dict, "train_on_batch(return_dict=...)")
         history = self.history
         try:
             rows = prepare_inputs(self.input_specs, x, "x")[0].shape[0]   # the whole batch makes one step
@@ -208,12 +213,12 @@ class TrainingMixin:
                              sample_weight=sample_weight, class_weight=class_weight)
         finally:
             self.history = history
-        logs = {k: v[0] for k, v in hist.history.items() if k != "lr"}
-        return logs["loss"] if len(logs) == 1 else list(logs.values())
+        return _results({k: v[0] for k, v in hist.history.items() if k != "lr"}, return_dict)
 
-    def test_on_batch(self, x, y, sample_weight=None):
-        """Keras' ``test_on_batch``: :meth:`evaluate` on one batch, the loss or ``[loss, *metrics]``."""
-        return self.evaluate(x, y, sample_weight=sample_weight, return_dict=False)
+    def test_on_batch(self, x, y, sample_weight=None, return_dict: bool = False):
+        """Keras' ``test_on_batch``: :meth:`evaluate` on one batch, the loss or ``[loss, *metrics]``
+        (a dict with ``return_dict=True``)."""
+        return self.evaluate(x, y, sample_weight=sample_weight, return_dict=return_dict)
 
     # -- inference --------------------------------------------------------------------------
     def _runner(self, kind: str = "predict", weighting=None):
@@ -252,8 +257,7 @@ class TrainingMixin:
         ``return_dict=False`` gives what Keras' default gives: the loss alone without metrics, else
         the list ``[loss, *metrics]``.
         """
-        if not isinstance(return_dict, (bool, np.bool_)):
-            raise OrtrainError(f"evaluate(return_dict=...): expected True or False, received {return_dict!r}")
+        checked_flag(return_dict, "evaluate(return_dict=...)")
         positive_int(batch_size, "batch_size", allow_none=True)
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
@@ -272,10 +276,7 @@ class TrainingMixin:
             total += float(loss) * pred.shape[0]
             for m in ms:
                 m.update(pred, yl[sl], None if w is None else w[sl])
-        results = {"loss": total / n, **{m.name: m.result() for m in ms}}
-        if return_dict:
-            return results
-        return results["loss"] if len(results) == 1 else list(results.values())
+        return _results({"loss": total / n, **{m.name: m.result() for m in ms}}, return_dict)
 
     def _n_classes(self, input_shapes=None) -> int | None:
         """How many classes an integer label of the loss indexes (None: labels are no class indices,
@@ -322,3 +323,12 @@ class TrainingMixin:
             return spec
         return TensorSpec(spec.name, spec.dtype,
                           spec.shape[:1] + tuple(s if s is not None else k for s, k in zip(spec.shape[1:], known[1:])))
+
+
+def _results(logs: dict, as_dict: bool):
+    """Keras' return forms of evaluate and the on-batch calls: the dict, or without
+    ``return_dict`` the loss alone (no metrics) or ``[loss, *metrics]``."""
+    if as_dict:
+        return logs
+    return logs["loss"] if len(logs) == 1 else list(logs.values())
+
