@@ -119,7 +119,9 @@ def one_of_two_names(where: str, ours: str, value, default, theirs: str, given):
         return value
 
     def same(a, b) -> bool:
-        return (tuple(a) if isinstance(a, list) else a) == (tuple(b) if isinstance(b, list) else b)
+        def plain(v):
+            return tuple(np.asarray(v).ravel().tolist()) if isinstance(v, (list, tuple, np.ndarray)) else v
+        return plain(a) == plain(b)
     if not same(value, default) and not same(value, given):
         raise OrtrainError(f"{where}: {ours}={value!r} and {theirs}={given!r} name one setting; pass one of them")
     return given

@@ -371,6 +371,7 @@ NOT_INTS = r"give Python or numpy ints \(floats and bools are not read as intege
     (lambda: ag.dropout(A, 0.3, p=0.2), r"dropout: rate=0.3 and p=0.2 name one setting"),
     (lambda: ag.dropout(A, p=1.0), r"dropout: p expected a number in \[0, 1\), received 1.0"),
     (lambda: ag.sum(A, axis=(0, 1), dim=[0, 2]), r"sum: axis=\(0, 1\) and dim=\[0, 2\] name one setting"),
+    (lambda: ag.sum(A, axis=np.array([0, 1]), dim=[1, 0]), r"sum: axis=array\(\[0, 1\]\) and dim=\[1, 0\] name one"),
     (lambda: A + [[1, 2], [3]], r"add: expected an array \(nested lists need rows of equal length\), received a list"),
     (lambda: ag.concat([A, [[1, 2], [3]]]), r"concat: expected an array \(nested lists need rows of equal length\)"),
     (lambda: ag.get_rows(A, [[0, 1], [0]]), r"get_rows: expected an array \(nested lists need rows of equal length\)"),

@@ -347,6 +347,14 @@ def test_keras_names_calls_and_weight_files(rng, tmp_path):
     np.testing.assert_array_equal(wrong.get_weights()[0], before[0])
     with pytest.raises(ot.OrtrainError, match="load_weights: no such file"):
         model.load_weights(tmp_path / "none.npz")
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    model.save(tmp_path / "m.ortrain")
+    for path in (tmp_path / "one.npy", tmp_path / "m.ortrain"):   # an array, a whole model: named, nothing changes
+        with pytest.raises(ot.OrtrainError, match="is not a weights file of save_weights .* read with ot.load_model"):
+            model.load_weights(path)
+    assert model.get_layer(index=np.int64(1)) is model.layers[1]
+    with pytest.raises(ot.OrtrainError, match=r"get_layer\(index=...\): expected an int in \[-3, 3\) .*received True"):
+        model.get_layer(index=True)
 
 
 def test_evaluate_matches_numpy(rng):

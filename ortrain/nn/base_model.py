@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from ortrain._arrays import as_array, checked_flag
+from ortrain._arrays import as_array, checked_flag, is_integer
 from ortrain._files import atomic_path, checked_target
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
@@ -160,12 +160,14 @@ class Model(TrainingMixin):
     def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
         """A layer by name or by index in :attr:`layers`, as Keras' ``get_layer``."""
         if (name is None) == (index is None):
-            raise OrtrainError("get_layer: expected name=... or index=..., one of them")
+            raise OrtrainError(f"get_layer: expected name=... or index=..., one of them, received name={name!r} and "
+                               f"index={index!r}")
         if index is not None:
-            if not isinstance(index, int) or not -len(self.layers) <= index < len(self.layers):
-                raise OrtrainError(f"get_layer(index=...): expected an int in [0, {len(self.layers)}), received "
-                                   f"{index!r}")
-            return self.layers[index]
+            n = len(self.layers)
+            if not is_integer(index) or not -n <= index < n:
+                raise OrtrainError(f"get_layer(index=...): expected an int in [-{n}, {n}) (this model has {n} layers), "
+                                   f"received {index!r}")
+            return self.layers[int(index)]
         for lyr in self.layers:
             if lyr.name == name:
                 return lyr
@@ -401,14 +403,23 @@ class Model(TrainingMixin):
     def load_weights(self, path) -> None:
         """Weights from :meth:`save_weights`' file, by name, all checked before any changes (as
         ``set_weights`` with a dict: a file may hold some of the weights)."""
+        not_weights = (f"load_weights: {str(path)!r} is not a weights file of save_weights (an .npz of arrays by "
+                       "weight name); a whole model file is read with ot.load_model")
         try:
-            with np.load(path, allow_pickle=False) as f:
-                weights = {n: f[n] for n in f.files}
+            loaded = np.load(path, allow_pickle=False)
         except FileNotFoundError:
             raise OrtrainError(f"load_weights: no such file {str(path)!r}") from None
         except (OSError, ValueError) as exc:
-            raise OrtrainError(f"load_weights: {str(path)!r} is not a weights file of save_weights ({exc}); a "
-                               "whole model file is read with ot.load_model") from exc
+            raise OrtrainError(f"{not_weights} ({exc})") from exc
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
+            raise OrtrainError(not_weights)
+        with loaded as f:
+            if "model.json" in f.files or "weights.npz" in f.files:  # model.save's zip
+                raise OrtrainError(not_weights)
+            try:
+                weights = {n: f[n] for n in f.files}
+            except (OSError, ValueError) as exc:
+                raise OrtrainError(f"{not_weights} ({exc})") from exc
         try:
             self.set_weights(weights)
         except OrtrainError as exc:

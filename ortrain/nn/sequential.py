@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import checked_int
+from ortrain._arrays import checked_int, is_integer
 from ortrain.errors import OrtrainError
 from ortrain.nn.base_layer import Layer
 from ortrain.nn.base_model import Model
@@ -33,10 +33,13 @@ class Sequential(Model):
             if first.node is not None:
                 raise OrtrainError("Sequential: the first item may be an ot.Input(...), received a layer's output; "
                                    "use the functional API (ot.Model(inputs, outputs)) for that")
-            given = (input_shape,) if isinstance(input_shape, int) else input_shape
+            given = (input_shape,) if is_integer(input_shape) else input_shape
             if given is not None and tuple(given) != first.shape[1:]:
                 raise OrtrainError(f"Sequential: input_shape={input_shape!r} and the ot.Input's shape "
                                    f"{first.shape[1:]!r} disagree; give one of them")
+            if input_dtype is not None and _dtype(input_dtype) not in (np.dtype(np.float32), np.dtype(np.int64)):
+                raise OrtrainError(f"Sequential(input_dtype=...): expected 'float32' or 'int64', received "
+                                   f"{input_dtype!r}")
             if input_dtype is not None and _dtype(input_dtype) != first.dtype:
                 raise OrtrainError(f"Sequential: input_dtype={input_dtype!r} and the ot.Input's dtype "
                                    f"{first.dtype.name!r} disagree; give one of them")
