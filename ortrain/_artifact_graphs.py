@@ -36,7 +36,8 @@ def _check_weighting(weighting) -> None:
 
 def _check_trainable(fg: ForwardGraph) -> None:
     if not fg.names("trainable"):
-        raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights")
+        raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights "
+                           "(model.unfreeze(...), or layer.trainable = True for layers set trainable=False)")
 
 
 def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tuple[onnx.ModelProto, dict]:

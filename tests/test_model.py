@@ -300,7 +300,11 @@ def test_layer_trainable_false_freezes_it_as_in_keras(rng, tmp_path):
     assert "dense_0.kernel" in model.trainable_weight_names
     model.trainable = False   # every layer, as Keras' model.trainable
     assert model.trainable_weight_names == [] and not model.trainable and not dense.trainable
-    model.trainable = True
+    with pytest.warns(UserWarning, match="unfreeze: 'dense_0.kernel', 'dense_0.bias' stay frozen: layer 'dense_0' is "
+                                         "set trainable=False; set layer.trainable = True"):
+        model.unfreeze(dense)
+    model.freeze("dense_1.*")
+    model.trainable = True    # every weight trains, model.freeze's too
     assert model.trainable and len(model.trainable_weight_names) == 6
     imported = ot.from_onnx(model.export_onnx(tmp_path / "m.onnx"))   # no layers: all its weights
     imported.trainable = False

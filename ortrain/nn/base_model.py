@@ -18,6 +18,7 @@ import onnx
 
 from ortrain._arrays import as_array, checked_flag, is_integer
 from ortrain._files import atomic_path, checked_target
+from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, to_inference, with_weights
@@ -139,8 +140,9 @@ class Model(TrainingMixin):
     @property
     def trainable(self) -> bool:
         """Keras' switch for a whole model: ``model.trainable = False`` sets every layer's
-        ``trainable`` (a model imported with ``from_onnx``, which has no layers, freezes or
-        unfreezes all its weights instead). Reads whether any layer, or any weight, still trains."""
+        ``trainable`` (a model imported with ``from_onnx``, which has no layers, freezes all its
+        weights instead); ``True`` lets every weight train, undoing ``model.freeze`` as well
+        (``freeze_bn_stats()`` stays). Reads whether any layer, or any weight, still trains."""
         if self.layers:
             return any(lyr.trainable for lyr in self.layers)
         return bool(self.trainable_weight_names)
@@ -149,9 +151,14 @@ class Model(TrainingMixin):
     def trainable(self, value) -> None:
         value = checked_flag(value, f"model {self.name!r}: trainable")
         for lyr in self.layers:
-            lyr.trainable = bool(value)
-        if not self.layers:
-            (self.unfreeze if value else self.freeze)("*")
+            lyr.trainable = value
+        if value:  # everything trains, what model.freeze froze too (freeze_bn_stats() stays)
+            self._frozen_stats -= self._layer_frozen_stats
+            self._layer_frozen_stats.clear()
+            self._frozen.clear()
+            self._changed()
+        elif not self.layers:
+            self.freeze("*")
 
     def _untrainable_layers_weights(self) -> set[str]:
         """The weights of the layers set ``trainable = False``."""
@@ -342,7 +349,16 @@ class Model(TrainingMixin):
         self._changed()
 
     def unfreeze(self, names_or_layers) -> None:
+        """Train these weights again (as :meth:`freeze` names them). A weight whose layer is set
+        ``trainable = False`` stays frozen, with a warning that says so."""
         resolved = self._resolve(names_or_layers, "unfreeze")
+        untrainable = self._untrainable_layers_weights()
+        held = [n for n in dict.fromkeys(resolved) if n in untrainable]
+        if held:
+            layers = list(dict.fromkeys(n.rsplit(".", 1)[0] for n in held))
+            warn(f"unfreeze: {', '.join(map(repr, held))} stay frozen: layer{'s' if len(layers) > 1 else ''} "
+                 f"{', '.join(map(repr, layers))} {'are' if len(layers) > 1 else 'is'} set trainable=False; set "
+                 "layer.trainable = True (or model.trainable = True)", UserWarning)
         pairs = self._bn_stat_pairs()
         for n in resolved:
             self._frozen.discard(n)
