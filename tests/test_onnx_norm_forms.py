@@ -310,6 +310,7 @@ ACTIVATIONS = {
     "Selu_attributes": ({"alpha": 1.5, "gamma": 2.0}, lambda torch, h: 2.0 * torch.nn.functional.elu(h, 1.5), [0.0]),
     "Celu": ({"alpha": 0.5}, lambda torch, h: torch.celu(h, 0.5), [0.0]),
     "Softsign": ({}, lambda torch, h: torch.nn.functional.softsign(h), [0.0]),
+    "Mish": ({}, lambda torch, h: torch.nn.functional.mish(h), [0.0]),   # torch's dynamo exporter writes it
     "ThresholdedRelu": ({"alpha": 0.5}, lambda torch, h: torch.nn.functional.threshold(h, 0.5, 0.0), [0.5, 0.0]),
 }
 
@@ -332,7 +333,7 @@ def test_activations_without_a_gradient_train_as_in_pytorch_at_their_kinks_too(r
     nodes = [helper.make_node("Add", ["x", "b"], ["h"]), helper.make_node(op, ["h"], ["a"], name="act", **attrs),
              helper.make_node("Mul", ["a", "w"], ["y"])]
     proto = _model(nodes, [vi("x", ["N", 4])], [vi("y", ["N", 4])],
-                   [numpy_helper.from_array(b, "b"), numpy_helper.from_array(w, "w")])
+                   [numpy_helper.from_array(b, "b"), numpy_helper.from_array(w, "w")], opset=18 if op == "Mish" else 17)
     y = rng.standard_normal((6, 4)).astype(np.float32)
     tw = {"b": torch.tensor(b, requires_grad=True), "w": torch.tensor(w, requires_grad=True)}
     opt = torch.optim.SGD(list(tw.values()), lr=0.1)

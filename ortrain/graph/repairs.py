@@ -256,6 +256,7 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
       ``Where(x > 0, x, alpha * (exp(u / alpha) - 1))`` (``u`` as for ``Elu``; the derivative at 0
       is the left one, ``alpha * gamma`` and 1, as PyTorch's);
     * ``Softsign(x)`` -> ``x / (1 + |x|)``;
+    * ``Mish(x)`` -> ``x * tanh(softplus(x))``, the softplus as above;
     * ``ThresholdedRelu(x)`` -> ``Where(x > alpha, x, 0)`` (derivative 0 at ``alpha``);
     * ``CastLike(x, like)`` -> ``Cast(x, to=<like's element type>)`` where that type is known.
 
@@ -296,11 +297,15 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
             e.op("Div", x, e.op("Add", e.op("Abs", x), e.const("one", 1.0)), result=y)
         elif kind == "ThresholdedRelu":
             e.op("Where", e.op("Greater", x, e.const("alpha", attribute(node, "alpha", 1.0))), x, zero, result=y)
-        elif kind == "Softplus":
+        elif kind in ("Softplus", "Mish"):
             nonneg = e.op("GreaterOrEqual", x, zero)
             relu = e.op("Where", nonneg, x, zero)
             exp = e.op("Exp", e.op("Where", nonneg, e.op("Neg", x), x))
-            e.op("Add", relu, e.op("Log", e.op("Add", exp, e.const("one", 1.0))), result=y)
+            if kind == "Softplus":
+                e.op("Add", relu, e.op("Log", e.op("Add", exp, e.const("one", 1.0))), result=y)
+            else:  # x * tanh(softplus(x))
+                softplus = e.op("Add", relu, e.op("Log", e.op("Add", exp, e.const("one", 1.0))))
+                e.op("Mul", x, e.op("Tanh", softplus), result=y)
         elif kind == "HardSigmoid":
             alpha, beta = float(attribute(node, "alpha", 0.2)), float(attribute(node, "beta", 0.5))
             z = e.op("Add", e.op("Mul", x, e.const("alpha", alpha)), e.const("beta", beta))
@@ -319,7 +324,7 @@ def activations_as_arithmetic(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
                  e.op("Where", e.op("Less", x, three), middle, x), result=y)
         return True
     return _expand(model, {"CastLike", "PRelu", "Elu", "Selu", "Celu", "Softsign", "ThresholdedRelu", "Softplus",
-                           "HardSigmoid", "HardSwish"}, rewrite)
+                           "Mish", "HardSigmoid", "HardSwish"}, rewrite)
 
 
 def dilated_same_conv_with_pads(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:

@@ -181,10 +181,11 @@ class Model(TrainingMixin):
         raise OrtrainError(f"get_layer: no layer named {name!r}; the layers are "
                            f"{', '.join(repr(lyr.name) for lyr in self.layers) or 'none'}")
 
-    def count_params(self) -> int:
+    def count_params(self, trainable_only: bool = False) -> int:
         """How many numbers the weights hold, trainable or not (Keras counts a batch norm's
-        running statistics too)."""
-        return int(sum(int(np.prod(p.shape, dtype=np.int64)) for p in self._base_params()))
+        running statistics too); ``trainable_only`` counts the trainable ones."""
+        return int(sum(int(np.prod(p.shape, dtype=np.int64)) for p in self.params()
+                       if not trainable_only or p.role == "trainable"))
 
     def weight_names(self) -> list[str]:
         return [p.name for p in self._base_params()]
@@ -293,9 +294,10 @@ class Model(TrainingMixin):
 
     def forward_graph(self) -> ForwardGraph:
         held = self._untrainable_layers_weights()
-        stats = self._frozen_stats | {n.input[3] for n in batchnorm_nodes(self._base_proto()) if n.input[3] in held}
+        base = self._base_proto()
+        stats = self._frozen_stats | {n.input[3] for n in batchnorm_nodes(base) if n.input[3] in held}
         # activations onnxruntime-training cannot differentiate (elu, softplus...), in arithmetic
-        proto, _ = activations_as_arithmetic(freeze_batchnorm_stats(self._base_proto(), stats))
+        proto, _ = activations_as_arithmetic(freeze_batchnorm_stats(base, stats))
         weights = self._weight_table()
         fg = ForwardGraph(proto, tuple(self.params()), weights)
         return fg
@@ -478,10 +480,12 @@ class Model(TrainingMixin):
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         for r in rows:
             print_fn("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-        ps = self.params()
-        total = sum(int(np.prod(p.shape)) for p in ps)
-        trainable = sum(int(np.prod(p.shape)) for p in ps if p.role == "trainable")
-        print_fn(f"Total params: {total}  trainable: {trainable}  non-trainable: {total - trainable}")
+        print_fn(self._param_totals())
+
+    def _param_totals(self) -> str:
+        """The last line of :meth:`summary`."""
+        total, trainable = self.count_params(), self.count_params(trainable_only=True)
+        return f"Total params: {total}  trainable: {trainable}  non-trainable: {total - trainable}"
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}: {len(self.weight_names())} weights>"

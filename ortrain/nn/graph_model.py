@@ -122,7 +122,4 @@ class GraphModel(Model):
             print_fn(f"  input  {s.name}: {s.shape} {np.dtype(s.dtype).name}")
         for s in self.output_specs:
             print_fn(f"  output {s.name}: {s.shape} {np.dtype(s.dtype).name}")
-        ps = self.params()
-        total = sum(int(np.prod(p.shape)) for p in ps)
-        trainable = sum(int(np.prod(p.shape)) for p in ps if p.role == "trainable")
-        print_fn(f"Total params: {total}  trainable: {trainable}  non-trainable: {total - trainable}")
+        print_fn(self._param_totals())
