@@ -256,8 +256,9 @@ def test_steps_per_epoch_calls_an_infinite_callable_exactly():
     assert model.train_state.n_steps == 15
 
 
-def test_finite_callable_resets_itself_and_sets_the_epoch_length():
-    data = batches(3, 4)
+def resetting_callable(data):
+    """The generator contract's finite callable over ``data``: a batch a call, then None once it
+    has reset itself; ``state["calls"]`` counts the calls."""
     state = {"i": 0, "calls": 0}
 
     def gen():
@@ -267,7 +268,11 @@ def test_finite_callable_resets_itself_and_sets_the_epoch_length():
             return None
         state["i"] += 1
         return data[state["i"] - 1]
+    return gen, state
 
+
+def test_finite_callable_resets_itself_and_sets_the_epoch_length():
+    gen, state = resetting_callable(batches(3, 4))
     model = mlp()
     model.compile(optimizer="adam", loss="mse")
     ot.fit_generator(model, gen, epochs=2, verbose=0)
@@ -279,15 +284,7 @@ def test_a_finite_callable_as_long_as_steps_per_epoch_trains_every_epoch():
     # The None that ends the callable's pass comes at the start of the next epoch: it is that
     # pass's end, not an empty epoch. Same weights as a list of the batches.
     data = batches(3, 4)
-    state = {"i": 0, "calls": 0}
-
-    def gen():
-        state["calls"] += 1
-        if state["i"] == len(data):
-            state["i"] = 0
-            return None
-        state["i"] += 1
-        return data[state["i"] - 1]
+    gen, state = resetting_callable(data)
 
     model, ref = mlp(), mlp()
     for m in (model, ref):
