@@ -218,9 +218,9 @@ class EpochIterator:
     With ``steps`` the source is pulled exactly ``steps`` times unless it ends the epoch
     first; without, until it returns ``None``. A callable whose first call of an epoch returns
     ``None`` is called once more: that ``None`` ends a pass an earlier epoch (of this fit or of
-    one before) completed at ``steps`` batches, a finite callable exactly ``steps`` long. A batch already pulled for the first epoch
-    (the fit loop reads one to learn the batch size, or whether validation batches carry
-    weights) is handed back with :meth:`peek`.
+    one before) completed at ``steps`` batches, a finite callable exactly ``steps`` long. A
+    batch already pulled for the first epoch (the fit loop reads one to learn the batch size,
+    or whether validation batches carry weights) is handed back with :meth:`peek`.
     """
 
     def __init__(self, source, steps: int | None = None):
