@@ -206,6 +206,8 @@ def _extreme_as_top_k(node, i: int, p: str, g: _Graph):
                                  f"{node.input[0]!r} is not known. Export with known ranks")
     if len(node.input) > 1 and node.input[1]:  # opset 18: axes as an input
         axes = g.consts.get(node.input[1])
+        if axes is None:  # the dynamo exporter without its optimizer: Reshape(Constant, Constant)
+            axes = g.constant(node.input[1])
         if axes is None:
             raise UnsupportedOpError(f"{_where(node, i)}: its axes are computed in the graph, and ortrain trains "
                                      f"through a {node.op_type} as a TopK over axes known when the graph is built. "
