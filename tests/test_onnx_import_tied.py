@@ -225,6 +225,35 @@ def test_merged_weights_keep_the_state_dict_order_whatever_the_module_order():
         np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_dynamo_export_lists_the_weights_in_state_dict_order(mode):
+    # The dynamo exporter lists every parameter, then every buffer: a BatchNorm's running
+    # statistics came last, and set_weights(list) in state_dict order put them elsewhere.
+    torch = torch_or_skip()
+    nn = torch.nn
+    torch.manual_seed(0)
+    module = getattr(nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 3),
+                                   nn.BatchNorm1d(3)), mode)()
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.zeros(2, 4),), f, dynamo=True, optimize=False,
+                          dynamic_shapes=({0: torch.export.Dim("b")},))
+    proto = onnx.load_from_string(f.getvalue())
+    state = [k for k, v in module.state_dict().items() if v.is_floating_point()]
+    assert [t.name for t in proto.graph.initializer][-1] == "4.running_var"   # the file's own order
+    model = ot.from_onnx(proto)
+    assert model.weight_names() == state
+    with torch.no_grad():
+        for k in state:
+            module.state_dict()[k].add_(torch.rand_like(module.state_dict()[k]))
+        x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+        want = module.eval()(torch.from_numpy(x)).numpy()
+    model.set_weights([module.state_dict()[k].numpy() for k in state])
+    np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-5)
+
+
 # -- scalars ---------------------------------------------------------------------------------------
 
 def _scaled_model(rng):

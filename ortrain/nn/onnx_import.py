@@ -331,7 +331,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
              "as (or into) Pow's exponent, which onnxruntime-training does not differentiate, so "
              f"{'it stays a constant' if len(exponents) == 1 else 'they stay constants'} (PyTorch would "
              "train a parameter there)", UserWarning)
-    rank = {name: i for i, name in enumerate(_with_copies_in_place(model, first, copies))}
+    rank = {name: i for i, name in enumerate(_by_module(_with_copies_in_place(model, first, copies)))}
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
     model.graph.initializer.extend(constants)
@@ -390,6 +390,17 @@ def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: dict
                 at = max(at, same[-1] + 1)
         out[at:at] = group
     return out
+
+
+def _by_module(order: list[str]) -> list[str]:
+    """``order`` with each module's weights together, where the module first appears: PyTorch's
+    ``state_dict`` order. The dynamo exporter lists the parameters in that order and then every
+    buffer (a BatchNorm's running statistics last of all); a name without a module path stays
+    where it is."""
+    groups: dict[str, list[str]] = {}
+    for name in order:
+        groups.setdefault(name.rsplit(".", 1)[0] if "." in name else "\0" + name, []).append(name)
+    return [name for group in groups.values() for name in group]
 
 
 def _exponent_sources(model: onnx.ModelProto) -> set[str]:
