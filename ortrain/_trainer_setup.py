@@ -218,7 +218,9 @@ class TrainerSetup:
             if props[_PROP + "key"] != key:
                 raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
                                    "optimizer than this model (or to training graphs another ortrain version "
-                                   "built); resume with the model, settings and version that wrote it")
+                                   "built, or to the same ONNX file imported by an earlier ortrain, which listed "
+                                   "a dynamo export's weights in another order); resume with the model, settings "
+                                   "and version that wrote it, or with a model saved by model.save back then")
 
         art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
                                   refresh_checkpoint=False, _accept_key=accept)

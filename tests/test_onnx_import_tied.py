@@ -254,6 +254,56 @@ def test_a_dynamo_export_lists_the_weights_in_state_dict_order(mode):
     np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.torch
+def test_a_dynamo_exports_buffers_stay_frozen_and_in_state_dict_order(rng):
+    # register_buffer: PyTorch never trains it (a positional-encoding table, a shift); the dynamo
+    # exporter records it as a BUFFER and lists it after every parameter.
+    torch = torch_or_skip()
+    nn = torch.nn
+
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pe", torch.randn(5, 4))
+
+        def forward(self, x):
+            return x + self.pe
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(3))
+            self.register_buffer("shift", torch.randn(3))
+            self.inp, self.pos, self.out = nn.Linear(3, 4), Positions(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.out(self.pos(self.inp(x * self.scale + self.shift)))
+
+    torch.manual_seed(0)
+    net = Net()
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.zeros(4, 5, 3),), f, dynamo=True, optimize=False)
+    model = ot.from_onnx(onnx.load_from_string(f.getvalue()))
+    assert model.weight_names() == list(net.state_dict())
+    assert {p.name for p in model.params() if p.role != "trainable"} == {"shift", "pos.pe"}
+    model.compile(optimizer=ot.optim.Adam(lr=0.1), loss="mse")
+    batches = [(_f32(rng, 4, 5, 3), _f32(rng, 4, 5, 2)) for _ in range(3)]
+    with ot.Trainer(model, batch_size=4) as tr:
+        losses = [tr.step(x, y) for x, y in batches]
+        got = _weights(tr.model())
+    want = torch_steps(torch, net, torch.optim.Adam(net.parameters(), lr=0.1), torch.nn.functional.mse_loss, batches)
+    np.testing.assert_allclose(losses, want, rtol=1e-5)
+    for name, value in net.state_dict().items():
+        np.testing.assert_allclose(got[name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    with pytest.warns(UserWarning, match=r"unfreeze: 'pos.pe' stay frozen: they were frozen when the model was "
+                                         r"imported \(.*a PyTorch buffer\); import it again with trainable= naming"):
+        model.unfreeze("pos.pe")
+    named = ot.from_onnx(onnx.load_from_string(f.getvalue()), trainable=["pos.pe", "out.*"])   # trains where named
+    assert {p.name for p in named.params() if p.role == "trainable"} == {"pos.pe", "out.weight", "out.bias"}
+
+
 # -- scalars ---------------------------------------------------------------------------------------
 
 def _scaled_model(rng):

@@ -141,8 +141,10 @@ class Model(TrainingMixin):
     def trainable(self) -> bool:
         """Keras' switch for a whole model: ``model.trainable = False`` sets every layer's
         ``trainable`` (a model imported with ``from_onnx``, which has no layers, freezes all its
-        weights instead); ``True`` lets every weight train, undoing ``model.freeze`` as well
-        (``freeze_bn_stats()`` stays). Reads whether any layer, or any weight, still trains."""
+        weights instead); ``True`` lets every weight train, undoing ``model.freeze`` as well, the
+        statistics of the batch norms it froze included (also where ``freeze_bn_stats()`` froze
+        them too; the others it froze stay). Weights frozen when the model was imported stay
+        frozen, with a warning. Reads whether any layer, or any weight, still trains."""
         if self.layers:
             return any(lyr.trainable for lyr in self.layers)
         return bool(self.trainable_weight_names)
@@ -152,7 +154,8 @@ class Model(TrainingMixin):
         value = checked_flag(value, f"model {self.name!r}: trainable")
         for lyr in self.layers:
             lyr.trainable = value
-        if value:  # everything trains, what model.freeze froze too (freeze_bn_stats() stays)
+        if value:  # everything trains, what model.freeze froze too
+            self._warn_held(self.weight_names(), "model.trainable = True")
             self._frozen_stats -= self._layer_frozen_stats
             self._layer_frozen_stats.clear()
             self._frozen.clear()
@@ -354,13 +357,7 @@ class Model(TrainingMixin):
         """Train these weights again (as :meth:`freeze` names them). A weight whose layer is set
         ``trainable = False`` stays frozen, with a warning that says so."""
         resolved = self._resolve(names_or_layers, "unfreeze")
-        untrainable = self._untrainable_layers_weights()
-        held = [n for n in dict.fromkeys(resolved) if n in untrainable]
-        if held:
-            layers = list(dict.fromkeys(n.rsplit(".", 1)[0] for n in held))
-            warn(f"unfreeze: {', '.join(map(repr, held))} stay frozen: layer{'s' if len(layers) > 1 else ''} "
-                 f"{', '.join(map(repr, layers))} {'are' if len(layers) > 1 else 'is'} set trainable=False; set "
-                 "layer.trainable = True (or model.trainable = True)", UserWarning)
+        self._warn_held(resolved, "unfreeze")
         pairs = self._bn_stat_pairs()
         for n in resolved:
             self._frozen.discard(n)
@@ -368,6 +365,22 @@ class Model(TrainingMixin):
                 stats.discard(n)
                 stats.discard(pairs.get(n, ""))
         self._changed()
+
+    def _warn_held(self, names, verb: str) -> None:
+        """Name the weights among ``names`` that ``verb`` leaves frozen, and why."""
+        untrainable = self._untrainable_layers_weights()
+        roles = {p.name: p.role for p in self._base_params()}
+        held = [n for n in dict.fromkeys(names) if n in untrainable and roles.get(n) == "trainable"]
+        if held:
+            layers = list(dict.fromkeys(n.rsplit(".", 1)[0] for n in held))
+            warn(f"{verb}: {', '.join(map(repr, held))} stay frozen: layer{'s' if len(layers) > 1 else ''} "
+                 f"{', '.join(map(repr, layers))} {'are' if len(layers) > 1 else 'is'} set trainable=False; set "
+                 "layer.trainable = True (or model.trainable = True)", UserWarning)
+        imported = [n for n in dict.fromkeys(names) if roles.get(n) == "frozen"]
+        if imported:
+            warn(f"{verb}: {', '.join(map(repr, imported[:6]))}{', ...' if len(imported) > 6 else ''} stay frozen: "
+                 "they were frozen when the model was imported (from_onnx's frozen= or trainable=, or a PyTorch "
+                 "buffer); import it again with trainable= naming them to train them", UserWarning)
 
     def freeze_bn_stats(self) -> None:
         """Batch norms normalise by their running statistics in training too and stop updating them

@@ -120,6 +120,16 @@ def folded_constants(model: onnx.ModelProto) -> set[str]:
     return out
 
 
+def torch_buffers(model: onnx.ModelProto) -> set[str]:
+    """Initializers the dynamo exporter records as PyTorch buffers (``register_buffer``: a
+    positional-encoding table, a BatchNorm's running statistics), which PyTorch does not train.
+    The TorchScript exporter keeps no such record: there, nothing is known."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    return {vi.name for vi in [*g.input, *g.value_info] if vi.name in inits
+            and any(p.key == _INPUT_KIND and p.value == "BUFFER" for p in vi.metadata_props)}
+
+
 def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None) -> ForwardGraph:
     """Apply ``trainable=``/``frozen=`` name patterns to a forward graph's weights.
 
@@ -146,7 +156,8 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None
     for p in fg.params:
         role = p.role
         if role != "buffer":
-            role = "trainable"
+            # a PyTorch buffer (frozen on import) trains only where trainable= names it
+            role = "frozen" if role == "frozen" and not (t is not None and _matches(p.name, t)) else "trainable"
             if t is not None and not _matches(p.name, t):
                 role = "frozen"
             if f is not None and _matches(p.name, f):
@@ -263,7 +274,7 @@ def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set
 
 def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                       stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None,
-                      folded: set[str] = frozenset()) -> ForwardGraph:
+                      folded: set[str] = frozenset(), buffers: set[str] = frozenset()) -> ForwardGraph:
     """Classify initializers and move the weights to graph inputs.
 
     First every ``Identity(initializer)`` output becomes an initializer of its own, a copy
@@ -281,10 +292,13 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     would change the formula, so neither the default nor a glob such as ``"*"`` picks them.
     Such a weight has shape (1,), read through a ``Reshape`` to rank 0 (``repairs.read_as_scalars``).
     Initializers nothing reads (subgraphs of ``Loop`` or ``If`` included) are dropped. ``stash`` holds initializers already taken out
-    of the graph (see ``_stash_weights``); they are classified the same way. Weights come
-    in ``order`` (names), by default the graph's initializer order, the copies where the graph
-    first reads them (:func:`_with_copies_in_place`). ``folded``:
-    initializers that stay constants whatever reaches them (:func:`folded_constants`).
+    of the graph (see ``_stash_weights``); they are classified the same way. Weights come in
+    PyTorch's ``state_dict`` order where the names tell it: ``order`` (names, by default the
+    graph's initializer order) with the copies put back in place (:func:`_with_copies_in_place`)
+    and each module's weights together (:func:`_by_module`). ``folded``: initializers that stay
+    constants whatever reaches them (:func:`folded_constants`). ``buffers``: PyTorch buffers
+    (:func:`torch_buffers`), frozen unless ``trainable=`` names them (running statistics stay
+    buffers).
     """
     model = copy.deepcopy(model)
     stash = dict(stash or {})
@@ -312,7 +326,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
         if name in scalars or (is_float and rank >= 1 and (name in bn_stats or name in differentiable)):
             arr = np.ascontiguousarray(_to_array(value) if tensor else value, dtype=np.float32)  # a scalar: (1,)
             if name in bn_stats or name in scalars or _finite(arr):
-                role = "buffer" if name in bn_stats else "trainable"
+                role = "buffer" if name in bn_stats else "frozen" if name in buffers else "trainable"
                 params.append(ParamSpec(name, tuple(arr.shape), np.dtype(np.float32), role))
                 weights[name] = arr
                 continue
@@ -331,7 +345,8 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
              "as (or into) Pow's exponent, which onnxruntime-training does not differentiate, so "
              f"{'it stays a constant' if len(exponents) == 1 else 'they stay constants'} (PyTorch would "
              "train a parameter there)", UserWarning)
-    rank = {name: i for i, name in enumerate(_by_module(_with_copies_in_place(model, first, copies)))}
+    placed = _by_module(model, _with_copies_in_place(model, first, copies), buffers)
+    rank = {name: i for i, name in enumerate(placed)}
     params.sort(key=lambda p: rank.get(p.name, len(rank)))
     del model.graph.initializer[:]
     model.graph.initializer.extend(constants)
@@ -343,7 +358,8 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
 
 
 def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: dict[str, str]) -> list[str]:
-    """``first`` (the file's initializer order: PyTorch's ``state_dict`` order) with each Identity
+    """``first`` (the file's initializer order: PyTorch's ``state_dict`` order for the TorchScript
+    exporter; :func:`_by_module` then regroups the dynamo exporter's) with each Identity
     copy put back in its place, so ``set_weights`` takes a ``state_dict``'s values in order.
 
     A copy named like other weights of its module (``b.bias`` beside ``b.weight``) goes among them,
@@ -392,15 +408,35 @@ def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: dict
     return out
 
 
-def _by_module(order: list[str]) -> list[str]:
-    """``order`` with each module's weights together, where the module first appears: PyTorch's
-    ``state_dict`` order. The dynamo exporter lists the parameters in that order and then every
-    buffer (a BatchNorm's running statistics last of all); a name without a module path stays
-    where it is."""
+def _by_module(model: onnx.ModelProto, order: list[str], buffers: set[str] = frozenset()) -> list[str]:
+    """``order`` with each module's weights together, in PyTorch's ``state_dict`` order. The
+    dynamo exporter lists every parameter, then every buffer (``buffers``: a BatchNorm's running
+    statistics, a positional-encoding table), so a module's group sits where it first appears,
+    and a module of buffers alone where the graph first reads it among the others. Names without
+    a module path are the top module's, which ``state_dict`` lists first; an exporter's anonymous
+    ``onnx::`` names stay where they are."""
     groups: dict[str, list[str]] = {}
     for name in order:
-        groups.setdefault(name.rsplit(".", 1)[0] if "." in name else "\0" + name, []).append(name)
-    return [name for group in groups.values() for name in group]
+        key = "\0" + name if name.startswith("onnx::") else name.rsplit(".", 1)[0] if "." in name else ""
+        groups.setdefault(key, []).append(name)
+    if "" in groups:  # the top module's own weights first
+        groups = {"": groups.pop(""), **groups}
+    alone = [k for k, names in groups.items() if k and all(n in buffers for n in names)]
+    if alone:
+        reads: dict[str, int] = {}
+        for i, node in enumerate(model.graph.node):
+            for name in node.input:
+                reads.setdefault(name, i)
+        end = len(model.graph.node)
+
+        def first_read(key: str) -> int:
+            return min(reads.get(n, end) for n in groups[key])
+        keys = [k for k in groups if k not in alone]
+        for key in sorted(alone, key=first_read):
+            at = next((i for i, k in enumerate(keys) if k and first_read(k) > first_read(key)), len(keys))
+            keys.insert(at, key)
+        groups = {k: groups[k] for k in keys}
+    return [name for names in groups.values() for name in names]
 
 
 def _exponent_sources(model: onnx.ModelProto) -> set[str]:
@@ -581,6 +617,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     from ortrain.nn.graph_model import GraphModel
     proto = load_untrusted(model)
     folded = folded_constants(proto)
+    buffers = torch_buffers(proto)
     stash, order = _stash_weights(proto)
     proto, _ = batchnorm_inference_form(proto)  # first: onnx's opset converter cannot take its training form
     proto = upgrade_opset(proto)
@@ -592,7 +629,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
     _check_runtime_kernels(proto)
-    fg = canonical_forward(proto, trainable, frozen, stash, order, folded)
+    fg = canonical_forward(proto, trainable, frozen, stash, order, folded, buffers)
     _check_shapes(fg)
     _check_gradients(fg)
     if name is None:
