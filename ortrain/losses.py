@@ -104,17 +104,26 @@ class Loss:
             pred = pred.reshape(-1, 1)
         rows = pred.shape[0]
         spec = TensorSpec("label", self.label_dtype, self.label_shape(pred.shape))
-        labels = prepare_labels(spec, y_true, "y_true", rows, self.n_classes(pred.shape), rows_of="y_pred")
+        try:
+            labels = prepare_labels(spec, y_true, "y_true", rows, self.n_classes(pred.shape), rows_of="y_pred")
+            weight = None
+            if sample_weight is not None:
+                w = as_array(sample_weight, np.float32, "sample_weight")
+                elements = self.element_weights and w.shape == pred.shape and pred.shape[-1] > 1
+                shape = pred.shape if elements else sample_weight_shape(pred.shape)
+                weight = prepare_sample_weight(w, shape, "sample_weight", rows, label_positions(labels, shape))
+        except ShapeError as exc:  # fit's checks, whose fixes speak of a model: here y_pred sets the shapes
+            message = str(exc).split("; for one weight per output unit")[0]
+            raise ShapeError(message.replace(", or build the model for this shape", " (y_pred's shape sets it)")
+                             + ("; for mean squared error, weights shaped as y_pred weigh each element"
+                                if self.element_weights and "sample_weight" in message else "")) from None
         gb = GraphBuilder(name="loss")
         feeds = {"pred": pred, "label": labels}
         gb.add_input("pred", np.float32, pred.shape)
         gb.add_input("label", labels.dtype, labels.shape)
-        if sample_weight is not None:
-            w = as_array(sample_weight, np.float32, "sample_weight")
-            elements = self.element_weights and w.shape == pred.shape and pred.shape[-1] > 1
-            shape = pred.shape if elements else sample_weight_shape(pred.shape)
-            feeds["weight"] = prepare_sample_weight(w, shape, "sample_weight", rows, label_positions(labels, shape))
-            gb.add_input("weight", np.float32, feeds["weight"].shape)
+        if weight is not None:
+            feeds["weight"] = weight
+            gb.add_input("weight", np.float32, weight.shape)
         value = self.build(gb, "pred", "label", "weight" if "weight" in feeds else None, pred_rank=pred.ndim)
         gb.op("Identity", [value], outputs=["loss"])
         gb.add_output("loss", np.float32, ())

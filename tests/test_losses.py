@@ -181,6 +181,12 @@ def test_loss_objects_are_callable_as_keras_losses_and_match_pytorch(data):
         L.MeanSquaredError()(y[:5], z)
     with pytest.raises(ot.ShapeError, match=r"class labels must lie in \[0, 3\]"):
         L.SparseCategoricalCrossentropy()(labels + K, probs)
+    with pytest.raises(ot.ShapeError, match=r"y_true: expected shape \(6, 4\), received \(6, 2\); reshape y_true to "
+                                            r"that \(y_pred's shape sets it\)$"):   # no fix speaking of a model
+        L.MeanSquaredError()(y[:, :2], z)
+    with pytest.raises(ot.ShapeError, match=r"received \(6, 2\); for mean squared error, weights shaped as y_pred "
+                                            r"weigh each element$"):
+        L.MeanSquaredError()(y, z, np.ones((B, 2)))
     with pytest.raises(ot.ShapeError, match=r"sparse_categorical_crossentropy expected predictions of shape "
                                             r"\(batch, classes\)"):
         L.SparseCategoricalCrossentropy()(labels, probs[0])
