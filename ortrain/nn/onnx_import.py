@@ -371,17 +371,7 @@ def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: dict
     """
     if not copies:
         return first
-    reads: dict[str, tuple[int, int]] = {}
-    for i, node in enumerate(model.graph.node):
-        for slot, name in enumerate(node.input):
-            reads.setdefault(name, (i, slot))
-    end = (len(model.graph.node), 0)
-
-    def read(name: str) -> tuple[int, int]:
-        return reads.get(name, end)
-
-    def module(name: str) -> str | None:
-        return name.rsplit(".", 1)[0] if "." in name else None
+    read = _first_reads(model)
 
     def root(name: str) -> str:
         while name in copies:
@@ -390,22 +380,38 @@ def _with_copies_in_place(model: onnx.ModelProto, first: list[str], copies: dict
 
     out, alone = list(first), {}
     for name in sorted(copies, key=read):
-        kin = [i for i, n in enumerate(out) if module(n) is not None and module(n) == module(name)]
+        kin = [i for i, n in enumerate(out) if _module(n) is not None and _module(n) == _module(name)]
         if kin:
             before = [i for i in kin if read(out[i]) < read(name)]
             out.insert(before[-1] + 1 if before else kin[0], name)
         else:
-            alone.setdefault(module(name) or name, []).append(name)
+            alone.setdefault(_module(name) or name, []).append(name)
     for group in sorted(alone.values(), key=lambda g: read(g[0])):
         at = next((i for i, n in enumerate(out) if read(n) > read(group[0])), len(out))
         for name in group:
             source = root(name)
             if source in out:  # after the whole module of the tensor it copies
                 same = [i for i, n in enumerate(out) if n == source or
-                        (module(n) is not None and module(n) == module(source))]
+                        (_module(n) is not None and _module(n) == _module(source))]
                 at = max(at, same[-1] + 1)
         out[at:at] = group
     return out
+
+
+def _module(name: str) -> str | None:
+    """The module path of a PyTorch weight name (``layer1.0.bn1`` of ``layer1.0.bn1.weight``)."""
+    return name.rsplit(".", 1)[0] if "." in name else None
+
+
+def _first_reads(model: onnx.ModelProto):
+    """``read(name)``: where the graph first reads ``name``, (node index, input slot); after every
+    node for a name it does not read."""
+    reads: dict[str, tuple[int, int]] = {}
+    for i, node in enumerate(model.graph.node):
+        for slot, name in enumerate(node.input):
+            reads.setdefault(name, (i, slot))
+    end = (len(model.graph.node), 0)
+    return lambda name: reads.get(name, end)
 
 
 def _by_module(model: onnx.ModelProto, order: list[str], buffers: set[str] = frozenset()) -> list[str]:
@@ -417,20 +423,16 @@ def _by_module(model: onnx.ModelProto, order: list[str], buffers: set[str] = fro
     ``onnx::`` names stay where they are."""
     groups: dict[str, list[str]] = {}
     for name in order:
-        key = "\0" + name if name.startswith("onnx::") else name.rsplit(".", 1)[0] if "." in name else ""
+        key = "\0" + name if name.startswith("onnx::") else _module(name) or ""
         groups.setdefault(key, []).append(name)
     if "" in groups:  # the top module's own weights first
         groups = {"": groups.pop(""), **groups}
     alone = [k for k, names in groups.items() if k and all(n in buffers for n in names)]
     if alone:
-        reads: dict[str, int] = {}
-        for i, node in enumerate(model.graph.node):
-            for name in node.input:
-                reads.setdefault(name, i)
-        end = len(model.graph.node)
+        read = _first_reads(model)
 
-        def first_read(key: str) -> int:
-            return min(reads.get(n, end) for n in groups[key])
+        def first_read(key: str) -> tuple[int, int]:
+            return min(read(n) for n in groups[key])
         keys = [k for k in groups if k not in alone]
         for key in sorted(alone, key=first_read):
             at = next((i for i, k in enumerate(keys) if k and first_read(k) > first_read(key)), len(keys))
