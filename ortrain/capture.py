@@ -94,7 +94,9 @@ class CaptureStep(TracedCall):
             try:
                 session.train_step_into(feeds)
             except Exception as exc:
-                raise OrtrainError(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") from exc
+                raise self._failed(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") from exc
+            if self._ranges:
+                self._check_ranges(outs[len(self._keys):])
             loss = outs[0].copy()
             if self._max_norm is not None:
                 norm = self._clip()

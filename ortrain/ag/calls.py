@@ -33,6 +33,12 @@ def _extra_params(params, where: str) -> list[Param]:
     return items
 
 
+def _mend(sources: str) -> str:
+    if "buffer" in sources:
+        return "Write values in range into the buffer, or mend the arithmetic that computes the indices"
+    return "Pass inputs that keep the computed indices in range, or mend the arithmetic"
+
+
 class TracedCall(Releasable):
     """Base of the captures: binds arguments, checks inputs, tracks ``free``."""
 
@@ -68,6 +74,7 @@ class TracedCall(Releasable):
         self._specs = tuple((s.name, s.shape, s.dtype, slot.get(s.name, -1)) for s in traced.inputs)
         self._feeds = [None] * len(order)
         self._checks = tuple((slot[name], name, rows, op) for name, rows, op in traced.index_checks)
+        self._ranges = traced.range_checks
 
     def _arrive(self, args, kwargs, built: bool) -> list:
         """What every call does first: refuse after free, bind positional arrays to names, trace on
@@ -100,6 +107,24 @@ class TracedCall(Releasable):
                 raise ShapeError(f"{self._where}: input {name!r} holds indices for {op} into {rows} entries; its "
                                  f"values must lie in [0, {rows - 1}], received values from {a.min()} to {a.max()}")
         return feeds
+
+    def _check_ranges(self, ends) -> None:
+        """Refuse indices computed inside fn that fall outside their table; ``ends`` holds the
+        graph's [min, max] of each, as :func:`trace` added them. Runs before anything moves."""
+        for (low, high), (rows, op, sources) in zip(ends, self._ranges, strict=True):
+            if low <= high and (low < 0 or high >= rows):
+                what = "class labels" if op != "get_rows" else "row indices"
+                raise ShapeError(f"{self._where}: the {what} for {op} ({sources}) must lie in [0, {rows - 1}], "
+                                 f"received values from {low} to {high}; nothing was updated. {_mend(sources)}")
+
+    def _failed(self, message: str) -> OrtrainError:
+        """The error for a failed run. onnxruntime's Gather refuses an index past its table in its
+        own words; when fn computes indices, that is a ShapeError saying where they came from."""
+        if not self._ranges or "out of data bounds" not in message:
+            return OrtrainError(message)
+        sources = ", ".join(dict.fromkeys(f"{op} {sources}" for _, op, sources in self._ranges))
+        return ShapeError(f"{message}; an index computed inside fn ({sources}) is out of range and nothing was "
+                          f"updated. {_mend(sources)}")
 
     def _missing(self, kwargs):
         want = [s[0] for s in self._specs]
@@ -157,10 +182,15 @@ class Capture(TracedCall):
             named[name] = feeds[i]
         for p in self._params:
             named[p.name] = p._current()
-        outs = self._runner.run(named)
+        try:
+            outs = self._runner.run(named)
+        except OrtrainError as exc:
+            raise self._failed(str(exc)) from exc
+        if self._ranges:
+            self._check_ranges(outs[len(self._keys):])
         if not self._dict:
             return outs[0]
-        return dict(zip(self._keys, outs, strict=True))
+        return dict(zip(self._keys, outs[:len(self._keys)], strict=True))
 
     def _build(self, kwargs) -> None:
         arrays = example_inputs(kwargs, self._where)

@@ -199,9 +199,9 @@ def get_rows(table, idx) -> Tensor:
     """Rows ``table[idx]`` of a param (an embedding: the read rows get gradients) or a buffer.
 
     ``idx`` is an int64 tensor (an argument of ``fn``) or an int array; the result has shape
-    ``idx.shape + table.shape[1:]``. Indices from ``fn``'s arguments are checked on every call and
-    must lie in ``[0, rows)``; a constant ``idx`` may also count from the end, ``-1`` for the last row,
-    as numpy's.
+    ``idx.shape + table.shape[1:]``. Indices are checked on every call, those from ``fn``'s arguments
+    and those computed inside ``fn`` (read from an int buffer, int arithmetic) alike, and must lie in
+    ``[0, rows)``; a constant ``idx`` may also count from the end, ``-1`` for the last row, as numpy's.
     """
     if not isinstance(table, Tensor) or not table.shape:
         raise OrtrainError(f"get_rows: table expected an ag.param, ag.buffer or tensor with rows, received "

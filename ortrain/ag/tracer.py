@@ -18,7 +18,7 @@ from ortrain._arrays import as_array, read_array
 from ortrain._dag import post_order
 from ortrain.ag.losses import check_loss
 from ortrain.ag.ops import reshape
-from ortrain.ag.tensor import FLOAT, INT, Const, Input, Param, Tensor
+from ortrain.ag.tensor import FLOAT, INT, Buffer, Const, Input, Param, Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import GraphBuilder, TensorSpec
 
@@ -26,6 +26,7 @@ __all__ = ["Traced", "example_inputs", "topological_order", "trace"]
 
 LOSS = "loss"
 _LABEL_OPS = ("softmax_cross_entropy_loss", "cross_entropy_loss")
+_INDEXING = ("get_rows", *_LABEL_OPS)  # ops whose second input, when int64, indexes the first
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class Traced:
     loss_params: tuple[Param, ...]        # those the loss depends on (the ones that can get a gradient)
     index_checks: tuple[tuple[str, int, str], ...]  # (argument, rows, op): indices to check per call
     returns_dict: bool
+    # (rows, op, sources) of indices computed inside fn (read from a buffer, int arithmetic): the graph
+    # returns their [min, max] as the last outputs (``output_names`` after the keys' ones)
+    range_checks: tuple[tuple[int, str, str], ...] = ()
 
 
 def example_inputs(arrays: dict, where: str) -> dict[str, np.ndarray]:
@@ -105,7 +109,7 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
     for n in used:
         names[id(inputs[n])] = gb.add_input(n, inputs[n].dtype, inputs[n].shape)
         by_name[n] = inputs[n]
-    checks = []
+    checks, computed = [], []
     for t in order:
         if isinstance(t, Input):
             if id(t) not in names:
@@ -127,19 +131,37 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
             # of one op (W * W, concat([W, W])) would be defined twice, so its repeats get an Identity.
             args = [gb.op("Identity", [a]) if a in args[:k] else a for k, a in enumerate(args)]
             names[id(t)] = t._emit(gb, args)
-            if len(t.inputs) > 1 and isinstance(t.inputs[1], Input) and t.inputs[1].dtype == INT:
-                if t.op == "get_rows":
-                    checks.append((t.inputs[1].name, t.inputs[0].shape[0], "get_rows"))
-                elif t.op in _LABEL_OPS:
-                    checks.append((t.inputs[1].name, t.inputs[0].shape[-1], t.op))
+            if t.op in _INDEXING and t.inputs[1].dtype == INT:
+                idx = t.inputs[1]
+                rows = t.inputs[0].shape[0] if t.op == "get_rows" else t.inputs[0].shape[-1]
+                if isinstance(idx, Input):
+                    checks.append((idx.name, rows, t.op))
+                elif not isinstance(idx, Const):  # constants were checked when the op was recorded
+                    computed.append((names[id(idx)], rows, t.op, _sources(idx)))
     out_names = []
     for key, t in outputs.items():
         name = f"output/{key}"
         gb.op("Identity", [names[id(t)]], outputs=[name])
         gb.add_output(name, t.dtype, t.shape)
         out_names.append(name)
+    for k, (idx, _, _, _) in enumerate(computed):
+        # One [min, max] pair per computed index: onnxruntime's Gather reads negative indices from the
+        # end and its SoftmaxCrossEntropyLoss reads past the classes, both without a word.
+        ends = [gb.op(op, [gb.op("Reshape", [idx, gb.const([-1], np.int64)])], keepdims=1) for op in
+                ("ReduceMin", "ReduceMax")]
+        gb.op("Concat", ends, outputs=[f"ag/range/{k}"], axis=0)
+        out_names.append(gb.add_output(f"ag/range/{k}", INT, (2,)))
     reach = {id(t) for t in topological_order([outputs[LOSS]])} if training else set()
     proto = gb.to_model(doc="traced by ortrain.ag")
     specs = tuple(TensorSpec(n, a.dtype, a.shape) for n, a in arrays.items())
     return Traced(proto, specs, tuple(used), tuple(outputs), tuple(out_names), tuple(params),
-                  tuple(p for p in params if id(p) in reach), tuple(checks), returns_dict)
+                  tuple(p for p in params if id(p) in reach), tuple(checks), returns_dict,
+                  tuple(c[1:] for c in computed))
+
+
+def _sources(idx: Tensor) -> str:
+    """Where a computed index's values come from, for the message that refuses them."""
+    leaves = [t for t in topological_order([idx]) if isinstance(t, (Input, Param))]
+    named = [f"{'buffer' if isinstance(t, Buffer) else 'input' if isinstance(t, Input) else 'param'} {t.name!r}"
+             for t in leaves]
+    return "computed in fn" + (f" from {', '.join(named)}" if named else "")
