@@ -300,6 +300,7 @@ class CaptureStep(TracedCall):
         if _world[0] != self._world_seen:
             self._sync_params()
         values = {n: np.array(v, copy=True) for n, v in self._views.items()}
+        self._models[2] = opt.graph().SerializeToString()  # load_state may have brought other betas or decay
         self._adopt(self._open(values, moments, opt.step))
         self._claim()
 

@@ -179,3 +179,68 @@ def test_schedules():
     np.testing.assert_allclose([wc(t) for t in range(3)], [0.5, 1.0, 1.0])
     with pytest.raises(ot.OrtrainError, match="warmup_steps \\(6\\) must be below total_steps \\(6\\)"):
         s.warmup_cosine(1.0, 6, 6)
+
+
+def _adamw_run(w0, x, y, steps, **hyper):
+    W = ag.param(w0, name="W")
+    opt = ot.optim.AdamW([W], **hyper)
+    step = ot.capture_step(lambda x, y: ag.mse_loss(x @ W, y), optimizer=opt)
+    for _ in range(steps):
+        step(x=x, y=y)
+    return W, opt, step
+
+
+def test_load_state_restores_the_hyperparameters_as_torch_does(rng):
+    w0, x = rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    y = np.zeros((4, 2), np.float32)
+    hyper = dict(lr=0.05, betas=(0.7, 0.95), eps=1e-4, weight_decay=0.2)
+    W, opt, step = _adamw_run(w0, x, y, 1, **hyper)
+    saved, w1 = opt.state(), W.numpy()
+    step(x=x, y=y)
+    want = W.numpy()
+    step.free()
+    expect = NumpyAdam([w0], lr=0.05, betas=(0.7, 0.95), eps=1e-4, weight_decay=0.2)
+    for _ in range(2):
+        expect.step([2 * x.T @ (x @ expect.p[0] - y) / y.size])
+    np.testing.assert_allclose(want, expect.p[0], rtol=1e-5, atol=1e-6)
+
+    fresh = ot.optim.AdamW([ag.param(w1, name="W")])  # built with the defaults
+    fresh.load_state(saved)
+    assert fresh.state()["hyperparameters"] == {"betas": [0.7, 0.95], "eps": 1e-4, "weight_decay": 0.2}
+    again = ot.capture_step(lambda x, y: ag.mse_loss(x @ fresh.params[0], y), optimizer=fresh)
+    again(x=x, y=y)
+    np.testing.assert_array_equal(fresh.params[0].numpy(), want)
+    again.free()
+
+    # into a live captured step, whose update graph was built with the defaults
+    W2, live, step2 = _adamw_run(w0, x, y, 1)
+    W2.assign(w1)
+    live.load_state(saved)
+    step2(x=x, y=y)
+    np.testing.assert_array_equal(W2.numpy(), want)
+    step2.free()
+
+
+def test_load_state_refuses_bad_hyperparameters_and_changes_nothing(rng):
+    w0, x = rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    _, opt, step = _adamw_run(w0, x, np.zeros((4, 2), np.float32), 2, lr=0.01)
+    before = opt.state()
+    for hyper, message in [({"betas": [1.5, 0.9]}, r"'hyperparameters': betas: expected two numbers in \[0, 1\)"),
+                           ({"momentum": 0.9}, r"'hyperparameters' expected a dict with keys among \['betas', "
+                                               r"'eps', 'weight_decay'\]"),
+                           ({"weight_decay": -1}, r"'hyperparameters': weight_decay")]:
+        bad = {**before, "step": 7, "lr": 0.5, "hyperparameters": hyper}
+        with pytest.raises(ot.OrtrainError, match=message):
+            opt.load_state(bad)
+        after = opt.state()
+        assert (after["step"], after["lr"], after["hyperparameters"]) == \
+               (before["step"], before["lr"], before["hyperparameters"])
+        np.testing.assert_array_equal(after["moments"]["W"]["m"], before["moments"]["W"]["m"])
+    step.free()
+
+    # an SGD's state leaves a decay of 0 out: loading it takes the decay away
+    sgd = ot.optim.SGD(weight_decay=0.1)
+    sgd.load_state(ot.optim.SGD().state())
+    assert sgd.weight_decay == 0.0
+    with pytest.raises(ot.OrtrainError, match=r"keys among \['weight_decay'\], as SGD.state\(\)"):
+        sgd.load_state({**sgd.state(), "hyperparameters": {"betas": [0.9, 0.99]}})

@@ -145,7 +145,8 @@ class Optimizer:
         }
 
     def load_state(self, state: dict) -> None:
-        """Restore what :meth:`state` returned; a capture over the same params then continues exactly."""
+        """Restore what :meth:`state` returned (moments, step, lr and the hyperparameters: betas, eps,
+        weight decay); a capture over the same params then continues exactly."""
         if not isinstance(state, dict) or "step" not in state or "moments" not in state:
             raise OrtrainError("load_state: expected the dict returned by Optimizer.state() "
                                "(keys 'step', 'lr', 'moments'), received "
@@ -167,12 +168,31 @@ class Optimizer:
                                "optimizer over the same params")
         moments = {pname: self._checked_moments(pname, ms) for pname, ms in state["moments"].items()}
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
+        hyper = self._checked_hyperparameters(state.get("hyperparameters"))
         self._moments, self.step, self._lr = moments, int(step), lr
+        for key, value in hyper.items():
+            setattr(self, key, value)
         self.lr_writes += 1
         self._lr_now = None
         # A live capture reads the loaded moments at its next call, instead of its own.
         self._state_source = None
         self._state_version += 1
+
+    def _checked_hyperparameters(self, hyper) -> dict:
+        """The attributes ``hyper`` (from :meth:`state`) sets, checked as the constructor checks them;
+        as ``torch.optim.Optimizer.load_state_dict`` restores betas and decay, so does this. A key
+        ``state()`` leaves out (an SGD's decay of 0) takes the constructor's default."""
+        if hyper is None:
+            return {}
+        known = [k for k in ("betas", "eps", "weight_decay") if hasattr(self, k)]
+        if not isinstance(hyper, dict) or set(hyper) - set(known):
+            raise OrtrainError(f"load_state: 'hyperparameters' expected a dict with keys among {known}, as "
+                               f"{type(self).__name__}.state() returns it, received {hyper!r:.120}")
+        try:
+            made = type(self)(None, **hyper)
+        except OrtrainError as exc:
+            raise OrtrainError(f"load_state: 'hyperparameters': {exc}; the state was not loaded") from None
+        return {key: getattr(made, key) for key in known}
 
     def _checked_moments(self, pname: str, ms) -> tuple[np.ndarray, ...]:
         keys = ("m", "v") if self.has_moments else ()
