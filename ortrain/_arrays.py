@@ -25,8 +25,9 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
     """``value`` as a C-contiguous array of ``dtype``.
 
     float64 (and other real floats/ints) cast to float32 for float inputs; integer
-    labels cast to int64 when they are integers. Strings, objects, complex numbers and
-    floats with a fraction given as integer labels are refused.
+    labels cast to int64 when they are integers, numbers to bool when they are 0 and 1. Strings,
+    objects, complex numbers, floats with a fraction given as integer labels and other numbers
+    given as booleans are refused.
     """
     a = read_array(value, argument)
     kind = a.dtype.kind
@@ -52,6 +53,10 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
             if (hi >= top if kind == "f" else hi > info.max) or lo < info.min:
                 raise ShapeError(f"{argument}: holds {hi if lo >= info.min else lo}, beyond the range of "
                                  f"{dtype.name} [{info.min}, {info.max}]")
+    elif dtype.kind == "b" and a.size and not np.isin(a, (0, 1)).all():
+        # numpy's cast makes 0.5 or 2 True; a soft mask is another input than a boolean one
+        raise ShapeError(f"{argument}: expected booleans (or 0 and 1), received dtype {a.dtype} holding "
+                         f"{a[~np.isin(a, (0, 1))].flat[0]}; pass a boolean array, e.g. values > 0.5")
     if kind == "f" and dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize:
         with np.errstate(over="ignore"):
             out = np.asarray(a, dtype=dtype, order="C")

@@ -76,6 +76,25 @@ def test_imported_gather_takes_onnx_range_negative_rows_count_from_the_end():
         model.predict(np.array([[0, -7]]))
 
 
+def test_a_boolean_input_takes_0_and_1_and_refuses_other_numbers():
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["mask"], ["on"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["x", "on"], ["kept"]), helper.make_node("MatMul", ["kept", "w"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+              helper.make_tensor_value_info("mask", TensorProto.BOOL, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        [numpy_helper.from_array(np.array([[1.0], [2.0], [4.0]], np.float32), "w")])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
+    x, mask = np.ones((2, 3), np.float32), np.array([[True, False, True], [False, True, False]])
+    np.testing.assert_array_equal(model.predict([x, mask]), [[5.0], [2.0]])
+    np.testing.assert_array_equal(model.predict([x, mask.astype(np.int64)]), [[5.0], [2.0]])
+    np.testing.assert_array_equal(model.predict([x, mask.astype(np.float64)]), [[5.0], [2.0]])
+    for soft, shown in [(mask * 0.5, "float64 holding 0.5"), (mask * 2, "int64 holding 2")]:
+        with pytest.raises(ot.ShapeError, match=f"x\\['mask'\\]: expected booleans \\(or 0 and 1\\), received dtype "
+                                                f"{shown}; pass a boolean array"):
+            model.predict([x, soft])
+
+
 @pytest.mark.parametrize("where, bad", [("x", np.nan), ("y", np.inf), ("sample_weight", -np.inf)])
 def test_a_non_finite_value_refuses_the_step_and_changes_nothing(where, bad):
     model = ot.Sequential([L.Dense(2)], input_shape=(3,), seed=0)
