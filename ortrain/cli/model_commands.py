@@ -13,7 +13,16 @@ import numpy as np
 
 import ortrain as ot
 from ortrain._files import checked_target
-from ortrain.cli._common import UsageError, _one_input, load_data, loss_of, model_file, read_json
+from ortrain.cli._common import (
+    NPZ_KEYS,
+    UsageError,
+    _one_input,
+    array_names,
+    load_data,
+    loss_of,
+    model_file,
+    read_json,
+)
 from ortrain.cli.run_dir import _artifacts_of
 from ortrain.errors import OrtrainError
 
@@ -49,7 +58,21 @@ def evaluate(opts) -> dict:
     x, y, w = load_data(opts.data)
     if y is None:
         raise UsageError("--data: the file holds no labels 'y' to evaluate against")
-    return model.evaluate(x, y, batch_size=opts.batch_size, sample_weight=w)
+    with _named_by_file(opts.data):
+        return model.evaluate(x, y, batch_size=opts.batch_size, sample_weight=w)
+
+
+@contextlib.contextmanager
+def _named_by_file(paths: list[str]):
+    """An error about an array names it by option and file, as ``train``'s errors do."""
+    try:
+        yield
+    except OrtrainError as exc:
+        message = str(exc)
+        for key, named in zip(NPZ_KEYS, array_names(paths), strict=True):
+            if message.startswith(key) and message[len(key):len(key) + 1] in (":", "["):
+                raise type(exc)(named + message[len(key):]) from exc
+        raise
 
 
 def _output_file(opts, example: str) -> None:
@@ -78,7 +101,8 @@ def predict(opts) -> dict:
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
     _one_input(model.input_specs)
     x, _, _ = load_data(opts.data)
-    pred = model.predict(x, batch_size=opts.batch_size)
+    with _named_by_file(opts.data):
+        pred = model.predict(x, batch_size=opts.batch_size)
     if isinstance(pred, np.ndarray):
         path = _npy_path(Path(opts.output), None)
         np.save(path, pred)
