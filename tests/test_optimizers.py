@@ -179,6 +179,11 @@ def test_schedules():
     np.testing.assert_allclose([wc(t) for t in range(3)], [0.5, 1.0, 1.0])
     with pytest.raises(ot.OrtrainError, match="warmup_steps \\(6\\) must be below total_steps \\(6\\)"):
         s.warmup_cosine(1.0, 6, 6)
+    for make, name, bad in [(lambda: s.step(-0.1), "initial_lr", -0.1), (lambda: s.cosine(0.1, 10, -1), "final_lr", -1),
+                            (lambda: s.warmup_cosine(float("nan"), 2, 6), "initial_lr", float("nan")),
+                            (lambda: s.step(0.1, drop="half"), "drop", "half")]:
+        with pytest.raises(ot.OrtrainError, match=f"^{name}: expected .*received {bad!r}"):
+            make()
 
 
 def _adamw_run(w0, x, y, steps, **hyper):

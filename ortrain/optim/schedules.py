@@ -11,22 +11,31 @@ from __future__ import annotations
 
 import math
 
-from ortrain._arrays import positive_int
+from ortrain._arrays import is_real, positive_int
 from ortrain.errors import OrtrainError
 
 __all__ = ["cosine", "step", "warmup_cosine"]
 
 
+def _rate(value, name: str) -> float:
+    # checked here, not at the first step that reads the schedule
+    if not is_real(value) or not math.isfinite(value) or value < 0:
+        raise OrtrainError(f"{name}: expected a learning rate, a finite number >= 0, received {value!r}")
+    return float(value)
+
+
 def step(initial_lr: float, drop: float = 0.5, every: int = 10):
     """``initial_lr * drop ** (t // every)``."""
+    initial_lr = _rate(initial_lr, "initial_lr")
     every = positive_int(every, "every")
-    if not 0 < drop <= 1:
+    if not is_real(drop) or not 0 < drop <= 1:
         raise OrtrainError(f"drop: expected a number in (0, 1], received {drop!r}")
     return lambda t: initial_lr * drop ** (int(t) // every)
 
 
 def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
     """Cosine decay from ``initial_lr`` at 0 to ``final_lr`` at ``total_steps`` (then constant)."""
+    initial_lr, final_lr = _rate(initial_lr, "initial_lr"), _rate(final_lr, "final_lr")
     total_steps = positive_int(total_steps, "total_steps")
 
     def schedule(t):
@@ -50,6 +59,7 @@ def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_
     warmup_steps``, so the first step already moves and the last warm-up step reaches
     ``initial_lr``; then cosine decay from ``initial_lr`` (at step ``warmup_steps``, so the peak
     lasts two steps) to ``final_lr`` at ``total_steps``."""
+    initial_lr = _rate(initial_lr, "initial_lr")
     warmup_steps = positive_int(warmup_steps, "warmup_steps")
     total_steps = positive_int(total_steps, "total_steps")
     check_warmup_below_total(warmup_steps, total_steps)
