@@ -21,6 +21,7 @@ from ortrain.engine._runtime import C, training_graph_utils
 from ortrain.engine.device import session_options
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
+from ortrain.graph.dropout_masks import dropout_as_mask_inputs, with_mask_metadata
 from ortrain.graph.gradient_rewrites import for_gradients, unnamed_broadcast_dims
 
 _NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)")
@@ -33,7 +34,8 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     ``requires_grad`` and ``frozen`` name initializers of ``model``: both become graph
     inputs fed from the checkpoint state; every other initializer stays a constant.
     Inputs of the training model: the model's own inputs, then the parameters, then one
-    gradient accumulation buffer per trainable parameter, then ``lazy_reset_grad``.
+    gradient accumulation buffer per trainable parameter, then ``lazy_reset_grad``; the
+    masks of its dropout (:mod:`ortrain.graph.dropout_masks`) are inputs too.
     """
     if not requires_grad:
         raise OrtrainError("nothing to train: no parameter requires a gradient (all are frozen or constants)")
@@ -42,6 +44,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     training_graph_utils._move_initializers_to_inputs(model, grads | frozen_set)
     eval_model = copy.deepcopy(model)
     training_graph_utils._disable_training_mode(eval_model)
+    model, masks = dropout_as_mask_inputs(model)
 
     so = session_options(threads=1)
     try:
@@ -65,7 +68,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     for m in (training, eval_model):
         if m.ir_version > 10 or m.ir_version < IR_VERSION:
             m.ir_version = IR_VERSION
-    return training, eval_model
+    return with_mask_metadata(training, masks), eval_model
 
 
 def write_initial_checkpoint(path: str | os.PathLike, trainable: dict[str, np.ndarray],

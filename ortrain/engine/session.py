@@ -23,11 +23,15 @@ from ortrain.engine.checkpoint import read_checkpoint
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
+from ortrain.graph.dropout_masks import MaskSource
 
 
 def read_input_specs(path: str | os.PathLike, names: list[str]) -> list[TensorSpec]:
     """Specs of the named graph inputs of an ONNX file (weights are not loaded)."""
-    model = onnx.load(os.fspath(path), load_external_data=False)
+    return input_specs(onnx.load(os.fspath(path), load_external_data=False), names)
+
+
+def input_specs(model: onnx.ModelProto, names: list[str]) -> list[TensorSpec]:
     by_name = {vi.name: vi for vi in model.graph.input}
     return [spec_of(by_name[n]) for n in names]
 
@@ -144,7 +148,9 @@ class TrainingSession:
     def __init__(self, training_path, eval_path, checkpoint_path, optimizer_path=None, *,
                  device: str | Device = "cpu", threads: int | None = None, draws: int = 0):
         """``draws``: how many training steps ran before (in earlier sessions), so that seeded
-        dropout goes on with the masks it would have drawn next (see :func:`dropout_advanced`)."""
+        dropout goes on with the masks it would have drawn next: the masks ortrain draws are a
+        function of the step count (:mod:`ortrain.graph.dropout_masks`); a ``Dropout`` left to
+        the runtime's kernel opens with advanced seeds (:func:`dropout_advanced`)."""
         if eval_path is None:
             # The library aborts the process when eval mode runs without an eval graph.
             raise OrtrainError("a training session needs an eval graph; rebuild the artifacts")
@@ -166,7 +172,10 @@ class TrainingSession:
             raise _open_failure(exc, self.device) from exc
         # Training steps run, counting those of earlier sessions: each draws one mask per dropout.
         self.draws = int(draws)
-        self.train_inputs = read_input_specs(training_path, list(self._module.input_names(True)))
+        training = onnx.load(os.fspath(training_path), load_external_data=False)
+        masks = MaskSource(training, list(self._module.input_names(True)))
+        self.train_inputs = input_specs(training, masks.data_names)
+        self._masks = masks if masks else None  # ortrain draws the dropout masks (graph.dropout_masks)
         self.eval_inputs = read_input_specs(eval_path, list(self._module.input_names(False)))
         self.train_outputs = list(self._module.output_names(True))
         self.eval_outputs = list(self._module.output_names(False))
@@ -204,6 +213,8 @@ class TrainingSession:
             feeds = check_feeds(self.train_inputs, feeds, "train step")
         fetches = C.OrtValueVector()
         self.writes += 1
+        if self._masks is not None:
+            feeds = self._masks.feeds(feeds, self.draws)
         try:
             self._module.train_step(feeds, fetches)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
@@ -231,6 +242,8 @@ class TrainingSession:
         self._live()
         vec, arrays, unconfirmed = self._bound
         self.writes += 1
+        if self._masks is not None:
+            feeds = self._masks.feeds(feeds, self.draws)
         try:
             self._module.train_step(feeds, vec)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception

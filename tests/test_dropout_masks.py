@@ -1,0 +1,148 @@
+"""Dropout masks: independent from step to step, each a fixed function of seed, dropout and step.
+
+onnxruntime's CPU Dropout seeds minstd_rand0 with seed + k at its k-th run: the first element
+of every input was dropped (or kept) at every step, and the others cycled through fixed
+patterns. The reference below is written out here: a Philox generator keyed by (seed, index of
+the dropout) at counter (0, step, 0, 0), one float32 draw per element, kept when >= rate.
+"""
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from conftest import torch_or_skip
+from onnx import TensorProto, helper, numpy_helper
+
+import ortrain as ot
+from ortrain import ag
+
+L = ot.layers
+
+
+def reference_mask(seed: int, index: int, step: int, shape, rate: float) -> np.ndarray:
+    gen = np.random.Generator(np.random.Philox(counter=np.array([0, step, 0, 0], np.uint64),
+                                               key=np.array([seed % 2**64, index], np.uint64)))
+    keep = gen.random(shape, dtype=np.float32) >= np.float32(rate)
+    return keep * (np.float32(1) / (np.float32(1) - np.float32(rate)))
+
+
+def _mask_model(n: int, rate: float, seed):
+    """Output = dropout(ones): with SGD at lr 0 and one weight 2**i per output element, each
+    step's loss spells out its mask bit by bit."""
+    model = ot.Sequential([L.Dense(n), L.Dropout(rate, seed=seed), L.Dense(n)], input_shape=(n,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    model.set_weights([np.eye(n, dtype=np.float32), np.zeros(n, np.float32)] * 2)
+    return model
+
+
+def _masks(model, n: int, rate: float, steps: int) -> np.ndarray:
+    weights = (2.0 ** np.arange(n)).astype(np.float32)[None]
+    scale = 1 / (1 - rate) ** 2
+    out = []
+    with ot.Trainer(model, batch_size=1, loss_mask=n) as tr:
+        for _ in range(steps):
+            code = int(round(tr.step(np.ones((1, n)), np.zeros((1, n)), sample_weight=weights) * n / scale))
+            out.append([(code >> i) & 1 for i in range(n)])
+    return np.array(out)
+
+
+def test_masks_are_independent_from_step_to_step():
+    n, rate, steps = 16, 0.5, 400
+    masks = _masks(_mask_model(n, rate, seed=3), n, rate, steps)
+    expected = np.array([reference_mask(3, 0, k, (1, n), rate)[0] > 0 for k in range(steps)])
+    np.testing.assert_array_equal(masks, expected)
+    # independent draws: each element kept about half the time (3 sigma: 0.075), and a step's
+    # mask agrees with the one before it on about half the elements
+    assert np.all(np.abs(masks.mean(axis=0) - 0.5) < 0.1), masks.mean(axis=0)
+    assert abs(np.mean(masks[1:] == masks[:-1]) - 0.5) < 0.03
+    assert abs(np.mean(masks[2:] == masks[:-2]) - 0.5) < 0.03
+
+
+def test_an_unseeded_dropout_draws_independent_masks_too():
+    n, rate = 16, 0.5
+    masks = _masks(_mask_model(n, rate, seed=None), n, rate, 200)
+    assert 0.35 < masks[:, 0].mean() < 0.65  # onnxruntime's kept element 0 at every step
+    assert abs(np.mean(masks[1:] == masks[:-1]) - 0.5) < 0.05
+
+
+def test_training_through_dropout_matches_pytorch_with_the_same_masks(rng):
+    torch = torch_or_skip()
+    x = rng.standard_normal((8, 5)).astype(np.float32)
+    y = rng.standard_normal((8, 3)).astype(np.float32)
+    model = ot.Sequential([L.Dense(6, activation="tanh"), L.Dropout(0.3, seed=11), L.Dense(3)],
+                          input_shape=(5,), seed=1)
+    model.compile(optimizer=ot.optim.Adam(lr=0.05), loss="mse")
+    w = model.get_weights()
+    l1, l2 = torch.nn.Linear(5, 6), torch.nn.Linear(6, 3)
+    with torch.no_grad():
+        for layer, (kernel, bias) in ((l1, w[:2]), (l2, w[2:])):
+            layer.weight.copy_(torch.tensor(kernel.T))
+            layer.bias.copy_(torch.tensor(bias))
+    opt = torch.optim.Adam([*l1.parameters(), *l2.parameters()], lr=0.05)
+    with ot.Trainer(model, batch_size=8) as tr:
+        for k in range(4):
+            mask = torch.tensor(reference_mask(11, 0, k, (8, 6), 0.3))
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(l2(torch.tanh(l1(torch.tensor(x))) * mask), torch.tensor(y))
+            loss.backward()
+            opt.step()
+            assert tr.step(x, y) == pytest.approx(loss.item(), rel=1e-5)
+        got = tr.model().get_weights()
+    want = [l1.weight.detach().numpy().T, l1.bias.detach().numpy(), l2.weight.detach().numpy().T,
+            l2.bias.detach().numpy()]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_captured_dropout_draws_the_reference_masks():
+    ot.set_seed(5)
+    W = ag.param(np.ones((4, 4), np.float32), name="W")
+
+    def fn(x):
+        h = ag.dropout(x @ W, 0.25)
+        return {"loss": ag.mean(h), "h": h}
+
+    step = ot.capture_step(fn, optimizer=ot.optim.Adam([W], lr=0.0))
+    x = np.ones((3, 4), np.float32)
+    outs = [step(x=x) for _ in range(3)]  # the first call traces fn, whose dropout draws a seed
+    ot.set_seed(5)
+    seed = ot._random.draw_seed()
+    for k, out in enumerate(outs):
+        want = 4 * reference_mask(seed, 0, k, (3, 4), 0.25)
+        np.testing.assert_array_equal(out["h"], want)
+        assert out["loss"] == pytest.approx(want.mean(), rel=1e-6)
+    step.free()
+
+
+def test_a_dropout_over_a_free_sequence_length_keeps_the_runtime_kernel(rng):
+    # The mask's shape is known only when the graph runs: onnxruntime's Dropout draws it.
+    graph = helper.make_graph(
+        [helper.make_node("Dropout", ["x", "ratio", "on"], ["d", "m"], seed=2),
+         helper.make_node("MatMul", ["d", "w"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "length", 2])],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "ratio"), numpy_helper.from_array(np.array(True), "on"),
+         numpy_helper.from_array(np.ones((3, 2), np.float32), "w")])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    training = onnx.load(art.directory / "training.onnx")
+    assert [n.op_type for n in training.graph.node].count("Dropout") == 1
+    assert not [i.name for i in training.graph.input if i.name.startswith("ortrain.dropout_mask/")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ot.Trainer(model, batch_size=2) as tr:
+            losses = [tr.step(rng.standard_normal((2, 5, 3)), np.zeros((2, 5, 2))) for _ in range(3)]
+    assert all(np.isfinite(losses))
+
+
+def test_the_training_graph_reads_masks_and_the_eval_graph_none():
+    model = _mask_model(4, 0.5, seed=3)
+    art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    training, evaluation = (onnx.load(art.directory / f) for f in ("training.onnx", "eval.onnx"))
+    assert "Dropout" not in [n.op_type for n in training.graph.node]
+    masks = [i for i in training.graph.input if i.name.startswith("ortrain.dropout_mask/")]
+    assert [(i.name, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]) for i in masks] == \
+        [("ortrain.dropout_mask/0", ["batch", 4])]
+    assert not [i for i in evaluation.graph.input if i.name.startswith("ortrain.dropout_mask/")]
