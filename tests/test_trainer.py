@@ -1,5 +1,9 @@
 """Trainer: the seed example against PyTorch, loss masks, targets, batch norm, resume, lifetimes, errors."""
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from conftest import torch_or_skip
@@ -532,3 +536,34 @@ def test_an_interrupt_leaves_the_counters_matching_the_weights(monkeypatch, wher
         assert tr.step(*batches[2]) == good.step(*batches[2])  # no gradient of the interrupted batch left over
         for a, b in zip(tr.model().get_weights(), good.model().get_weights()):
             np.testing.assert_array_equal(a, b)
+
+
+def test_free_from_another_thread_waits_for_the_call_in_flight(tmp_path):
+    # onnxruntime's module, optimizer and state point into one another: a free() while another
+    # thread was saving a checkpoint pulled the optimizer from under it and killed the process.
+    script = tmp_path / "race.py"
+    script.write_text(textwrap.dedent(f"""
+        import threading, time, numpy as np, ortrain as ot
+        m = ot.Sequential([ot.layers.Dense(64), ot.layers.Dense(4)], input_shape=(8,))
+        m.compile(optimizer="adam", loss="mse")
+        for trial in range(8):
+            tr = ot.Trainer(m, batch_size=4)
+            tr.step(np.ones((4, 8)), np.zeros((4, 4)))
+            ended = []
+            def save():
+                try:
+                    for _ in range(200):
+                        tr.save_checkpoint({str(tmp_path / "c")!r})
+                    ended.append("done")
+                except ot.FreedError:
+                    ended.append("freed")
+            t = threading.Thread(target=save)
+            t.start()
+            time.sleep(0.005)
+            tr.free()
+            t.join()
+            assert ended in (["done"], ["freed"]), ended
+        print("ok")
+        """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr[-2000:])

@@ -9,10 +9,12 @@ onnxruntime-training only through this class.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
 import tempfile
+import threading
 
 import numpy as np
 import onnx
@@ -137,6 +139,16 @@ def _all_nodes(graph: onnx.GraphProto):
                 yield from _all_nodes(g)
 
 
+def _exclusive(method):
+    """Run ``method`` holding the session's lock: the runtime's module, optimizer and state point
+    into one another, so ``free`` from another thread mid-call would pull memory from under it."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call
+
+
 class TrainingSession:
     """Training graph, eval graph, optional optimizer graph and their shared state.
 
@@ -154,6 +166,7 @@ class TrainingSession:
         if eval_path is None:
             # The library aborts the process when eval mode runs without an eval graph.
             raise OrtrainError("a training session needs an eval graph; rebuild the artifacts")
+        self._lock = threading.RLock()
         self.device = parse_device(device)
         so = session_options(threads)
         dev = self.device.ort_device()
@@ -194,6 +207,7 @@ class TrainingSession:
         if self._freed:
             raise FreedError("this training session was freed")
 
+    @_exclusive
     def free(self) -> None:
         """Release the graphs and state; safe to call twice."""
         self._freed = True
@@ -206,6 +220,7 @@ class TrainingSession:
         return self._freed
 
     # -- steps ------------------------------------------------------------------------
+    @_exclusive
     def train_step(self, feeds, check: bool = True):
         """Forward and backward; gradients are added to the accumulation buffers. Returns raw fetches."""
         self._live()
@@ -225,6 +240,7 @@ class TrainingSession:
         self.draws += 1
         return fetches
 
+    @_exclusive
     def bind_train_outputs(self, arrays: list[np.ndarray]) -> None:
         """Have :meth:`train_step_into` write the outputs into ``arrays`` (contiguous, exactly the
         outputs' shapes and dtypes; the caller keeps them): no fetch is allocated per step."""
@@ -237,6 +253,7 @@ class TrainingSession:
             vec.push_back(OrtValue.ortvalue_from_numpy(a)._ortvalue)
         self._bound = [vec, list(arrays), True]
 
+    @_exclusive
     def train_step_into(self, feeds) -> None:
         """A train step (no input checks) writing its outputs into the arrays of :meth:`bind_train_outputs`."""
         self._live()
@@ -261,6 +278,7 @@ class TrainingSession:
                 for i, a in enumerate(arrays):
                     a[...] = vec[i].numpy()
 
+    @_exclusive
     def eval_step(self, feeds, check: bool = True):
         """Forward with the loss, without backward and without dropout."""
         self._live()
@@ -273,6 +291,7 @@ class TrainingSession:
             raise runtime_failure(exc, "evaluation step") from exc
         return fetches
 
+    @_exclusive
     def optimizer_step(self) -> None:
         self._live()
         if self._optimizer is None:
@@ -283,6 +302,7 @@ class TrainingSession:
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "optimizer step") from exc
 
+    @_exclusive
     def zero_grad(self) -> None:
         """The next train step overwrites the gradient buffers instead of adding to them."""
         self._live()
@@ -293,6 +313,7 @@ class TrainingSession:
         return self._lr
 
     @lr.setter
+    @_exclusive
     def lr(self, value: float) -> None:
         self._live()
         if self._optimizer is None:
@@ -301,6 +322,7 @@ class TrainingSession:
         self._lr = float(value)
 
     # -- parameters -------------------------------------------------------------------
+    @_exclusive
     def view(self, name: str) -> np.ndarray:
         """A live numpy view of a parameter (CPU only): writing into it changes the weight."""
         self._live()
@@ -314,12 +336,14 @@ class TrainingSession:
             v = self._views[name] = self._state.get_parameter(name).data.numpy()
         return v
 
+    @_exclusive
     def grad_view(self, name: str) -> np.ndarray | None:
         """A live view of a trainable parameter's accumulated gradient, or None before the first step."""
         self._live()
         return self._state.get_parameter(name).grad.numpy() if self._state.get_parameter(name).grad.has_value() \
             else None
 
+    @_exclusive
     def get(self, name: str) -> np.ndarray:
         """A copy of a parameter's current value."""
         self._live()
@@ -327,6 +351,7 @@ class TrainingSession:
             return self.view(name).copy()
         return self._state.get_parameter(name).data.numpy()
 
+    @_exclusive
     def set(self, name: str, value: np.ndarray) -> None:
         self._live()
         self.writes += 1
@@ -340,6 +365,7 @@ class TrainingSession:
             self._state.copy_parameter_from(name, C.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value)))
 
     # -- checkpoints and export -------------------------------------------------------
+    @_exclusive
     def save_checkpoint(self, path, properties: dict | None = None, include_optimizer: bool = True) -> None:
         self._live()
         for key, value in (properties or {}).items():
@@ -347,6 +373,7 @@ class TrainingSession:
         with atomic_path(path) as tmp:
             C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
 
+    @_exclusive
     def optimizer_state(self):
         """The optimizer's state (its update count and moments by parameter name; None without an
         optimizer), read back through a checkpoint in a scratch directory: the runtime offers no
@@ -365,6 +392,7 @@ class TrainingSession:
         state = self.optimizer_state()
         return state.moments if state is not None else {}
 
+    @_exclusive
     def abandon_step(self, exc: BaseException, updates_before: int) -> bool:
         """After a step that raised ``exc``: drop the gradients (the runtime may have added the
         batch's), and say whether the update ran all the same. Only an interrupt (Ctrl-C), which
@@ -380,10 +408,12 @@ class TrainingSession:
             return False
         return state is not None and state.step > updates_before
 
+    @_exclusive
     def properties(self) -> dict:
         self._live()
         return {n: self._state.get_property(n) for n in self._state.property_names()}
 
+    @_exclusive
     def export_inference(self, path, output_names: list[str]) -> None:
         """Write an inference model with the current weights (library export, from the eval graph)."""
         self._live()
