@@ -20,10 +20,17 @@ CAN_LOCK = fcntl is not None  # lock_file works here
 
 def checked_target(path, what: str = "path") -> Path:
     """``path`` as a ``Path`` for a file about to be written, or a clear error: it must be a
-    non-empty path whose folder exists and which is not itself a folder."""
+    non-empty path whose folder exists and which is not itself a folder or a device, pipe or
+    socket. A symbolic link gives the path of the file it names."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise OrtrainError(f"{what}: expected a file path (str or os.PathLike), received {path!r}")
     path = Path(path)
+    if path.is_symlink():  # the file the link names is written; the link stays
+        path = Path(os.path.realpath(path))
+    kind = _special_kind(path)
+    if kind:
+        raise OrtrainError(f"{what}: cannot write {str(path)!r}: it is {kind}, not a regular file (a file is written "
+                           "beside it and renamed onto it, which would replace it); give the path of a file")
     if path.is_dir():
         raise OrtrainError(f"{what}: cannot write {str(path)!r}: it is a directory; give the path of a file, "
                            f"e.g. {str(path / 'model')!r}")
@@ -34,6 +41,18 @@ def checked_target(path, what: str = "path") -> Path:
         raise OrtrainError(f"{what}: cannot write {str(path)!r}: the directory {str(path.parent)!r} does not "
                            "exist; create it first")
     return path
+
+
+def _special_kind(path: Path) -> str | None:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, kind in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return None
 
 
 def not_a_folder(target: Path) -> str | None:

@@ -1,0 +1,46 @@
+"""Where files are written: a symbolic link keeps pointing at the file it names, which gets the new
+content; a device, pipe or socket is refused, never replaced by a regular file."""
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+import ortrain as ot
+
+
+def _model():
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    return model.compile(optimizer="adam", loss="mse")
+
+
+def _writers(model, trainer):
+    return {"save": model.save, "export_onnx": model.export_onnx, "save_weights": model.save_weights,
+            "save_checkpoint": trainer.save_checkpoint}
+
+
+@pytest.mark.parametrize("writer", ["save", "export_onnx", "save_weights", "save_checkpoint"])
+def test_a_link_is_followed_and_kept(tmp_path, writer):
+    model = _model()
+    with ot.Trainer(model, batch_size=2) as tr:
+        target = tmp_path / "real.file"
+        target.write_bytes(b"old")
+        link = tmp_path / ("link.npz" if writer == "save_weights" else "link.file")
+        link.symlink_to(target)
+        _writers(model, tr)[writer](link)
+        assert link.is_symlink() and os.readlink(link) == str(target)
+        assert target.read_bytes() != b"old" and target.stat().st_size > 100
+
+
+@pytest.mark.parametrize("writer", ["save", "export_onnx", "save_weights", "save_checkpoint"])
+def test_a_named_pipe_is_refused_and_stays_a_pipe(tmp_path, writer):
+    model = _model()
+    pipe = tmp_path / ("pipe.npz" if writer == "save_weights" else "pipe")
+    os.mkfifo(pipe)
+    with ot.Trainer(model, batch_size=2) as tr:
+        with pytest.raises(ot.OrtrainError, match=r"it is a named pipe, not a regular file .* give the path of a file"):
+            _writers(model, tr)[writer](pipe)
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [pipe.name]
+    np.testing.assert_array_equal(model.get_weights()[1], np.zeros(2, np.float32))
