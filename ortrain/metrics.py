@@ -87,14 +87,16 @@ _LABELS = {"sparse_categorical_accuracy": "class", "categorical_accuracy": "dens
            "mae": "dense", "mse": "dense"}
 
 
-def _check_labels(metric: str, loss) -> None:
+def _check_labels(metric: str, loss, given: str | None = None) -> None:
     """Refuse a metric whose labels are not the loss's: it would compare class indices with rows
-    of scores (a wrong value, or a broadcasting error after the first step had trained)."""
+    of scores (a wrong value, or a broadcasting error after the first step had trained).
+    ``metric`` is the canonical name, ``given`` the one the caller used (for the message)."""
     takes = _LABELS.get(metric)
     if takes is None or loss is None:
         return
     classes = loss.class_labels
     name = getattr(loss, "name", type(loss).__name__)
+    metric = given or metric
     if takes == "dense" and classes:
         raise OrtrainError(f"metrics: {metric!r} compares the output with labels of its own shape, and loss "
                            f"{name!r} takes class indices; use 'accuracy' (or 'sparse_categorical_accuracy') "
@@ -153,5 +155,6 @@ def resolve(names, loss) -> list[Metric]:
         else:
             raise OrtrainError(f"metrics: unknown metric {name!r}; known: accuracy, sparse_categorical_accuracy, "
                                "categorical_accuracy, binary_accuracy, mae, mse")
-        _check_labels(out[-1].name, loss)
+        _check_labels(out[-1].name, loss, name)
+        out[-1].name = name  # as Keras: logged and monitored by the name given ("acc", "val_acc")
     return out

@@ -1383,3 +1383,27 @@ def test_train_on_batch_steps_once_on_the_whole_batch_as_keras_does(rng):
     assert model.test_on_batch(x, y, return_dict=True) == model.evaluate(x, y)
     assert sorted(model.train_on_batch(x, y, return_dict=True)) == ["accuracy", "loss"]
 
+
+
+def test_metrics_are_logged_and_monitored_by_the_names_given(rng):
+    # Keras keeps a metric's name: "acc" logs acc and val_acc, which callbacks monitor by that name.
+    x = rng.standard_normal((40, 4)).astype(np.float32)
+    labels = (x[:, :1] > 0).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(1, activation="sigmoid")], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="binary_crossentropy", metrics=["acc", "mean_absolute_error"])
+    stop = ot.callbacks.EarlyStopping(monitor="val_acc", patience=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a monitor that is never logged warns
+        hist = model.fit(x, labels, batch_size=8, epochs=5, validation_split=0.25, callbacks=[stop], verbose=0)
+    assert sorted(hist.history) == ["acc", "loss", "lr", "mean_absolute_error", "val_acc", "val_loss",
+                                    "val_mean_absolute_error"]
+    assert len(hist.epoch) == 2  # lr 0: val_acc never improves after the first epoch
+    p = model.predict(x)
+    got = model.evaluate(x, labels, verbose=0)
+    assert sorted(got) == ["acc", "loss", "mean_absolute_error"]
+    assert got["acc"] == pytest.approx(np.mean((p > 0.5) == (labels > 0.5)))
+    assert got["mean_absolute_error"] == pytest.approx(np.mean(np.abs(p - labels)), rel=1e-6)
+    assert hist.history["val_acc"][0] == pytest.approx(np.mean((p[30:] > 0.5) == (labels[30:] > 0.5)))
+    with pytest.raises(ot.OrtrainError, match="metrics: 'mean_absolute_error' compares the output with labels of "
+                                              "its own shape, and loss 'sparse_categorical_crossentropy'"):
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["mean_absolute_error"])
