@@ -650,6 +650,30 @@ def test_model_checkpoint_can_save_the_model_as_keras_does(tmp_path):
 
 
 
+def test_model_checkpoint_takes_keras_save_weights_only_and_save_freq(tmp_path):
+    data = batches(2, 4)
+    model = sgd_model()
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    saver = ot.callbacks.ModelCheckpoint(tmp_path / "w{epoch:02d}.weights.h5", monitor="loss", save_weights_only=True,
+                                         save_freq="epoch")
+    ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[saver])
+    assert [p.rsplit("/", 1)[-1] for p in saver.saved] == ["w01.weights.h5", "w02.weights.h5"]
+    other = sgd_model()
+    other.load_weights(tmp_path / "w02.weights.h5")
+    for a, b in zip(other.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for kwargs, message in [({"save_freq": 10}, r"save_freq=...\): only 'epoch' .* received 10"),
+                            ({"save_weights_only": 1}, r"save_weights_only=...\): expected True or False"),
+                            ({"save_weights_only": True, "save_model": True}, "not both")]:
+        with pytest.raises(ot.OrtrainError, match=message):
+            ot.callbacks.ModelCheckpoint(tmp_path / "x", **kwargs)
+    with pytest.raises(ot.OrtrainError, match=r"save_weights_only=True\): this fit trains a bare trainer"):
+        with ot.Trainer(sgd_model(), batch_size=4) as tr:
+            ot.fit.train(tr, data[0][0], data[0][1], epochs=1, verbose=0,
+                         callbacks=[ot.callbacks.ModelCheckpoint(tmp_path / "x", save_weights_only=True)])
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_callback_that_saves_or_copies_self_model_keeps_the_live_optimizer_state(tmp_path):
     """Keras' way to checkpoint from a callback: self.model.save(path). The file holds the moments
     of the epoch's weights (it held the state of before the fit, and a resumed fit drifted)."""

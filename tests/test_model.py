@@ -353,7 +353,8 @@ def test_keras_names_calls_and_weight_files(rng, tmp_path):
         model.load_weights(tmp_path / "none.npz")
     np.save(tmp_path / "one.npy", np.zeros(3))
     model.save(tmp_path / "m.ortrain")
-    for path in (tmp_path / "one.npy", tmp_path / "m.ortrain"):   # an array, a whole model: named, nothing changes
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "w.weights").read_bytes()[:100])
+    for path in (tmp_path / "one.npy", tmp_path / "m.ortrain", tmp_path / "cut.npz"):   # named, nothing changes
         with pytest.raises(ot.OrtrainError, match="is not a weights file of save_weights .* read with ot.load_model"):
             model.load_weights(path)
     assert model.get_layer(index=np.int64(1)) is model.layers[1]

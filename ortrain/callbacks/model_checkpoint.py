@@ -7,7 +7,7 @@ import os
 import re
 import string
 
-from ortrain._arrays import is_real
+from ortrain._arrays import checked_flag, is_real
 from ortrain.callbacks._monitor import Monitor, skips_validation
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
@@ -39,16 +39,29 @@ class ModelCheckpoint(Callback):
     fit saves over the best file only when it does better), and ``initial_value_threshold`` sets
     the value to beat before the first save.
 
+    ``save_weights_only=True`` writes the weights alone, ``model.save_weights(filepath)`` (an
+    ``.npz`` of the weights by name, which ``model.load_weights`` reads, whatever the file's
+    extension). ``save_freq`` takes ``"epoch"`` only.
+
     With ``validation_freq`` an epoch without validation logs no ``val_`` values: ``save_best_only``
     monitoring one skips that epoch, and a ``filepath`` naming one is refused when training begins
     unless only validated epochs save (``save_best_only=True`` monitoring a ``val_`` value).
     """
 
     def __init__(self, filepath, monitor: str = "val_loss", save_best_only: bool = False, mode: str = "auto",
-                 verbose: int = 0, save_model: bool | None = None, initial_value_threshold: float | None = None):
+                 verbose: int = 0, save_model: bool | None = None, initial_value_threshold: float | None = None,
+                 save_weights_only: bool = False, save_freq="epoch"):
         if not isinstance(filepath, (str, os.PathLike)) or not os.fspath(filepath):
             raise OrtrainError(f"ModelCheckpoint(filepath=...): expected a file path such as 'ckpt-{{epoch}}', "
                                f"received {filepath!r}")
+        if save_freq != "epoch":
+            raise OrtrainError(f"ModelCheckpoint(save_freq=...): only 'epoch' (save at the end of every epoch) is "
+                               f"supported, received {save_freq!r}; save every n batches from a callback's "
+                               "on_batch_end with self.model.save(path)")
+        self.save_weights_only = checked_flag(save_weights_only, "ModelCheckpoint(save_weights_only=...)")
+        if self.save_weights_only and save_model is not None:
+            raise OrtrainError("ModelCheckpoint: give save_weights_only=True (the weights, model.save_weights) or "
+                               f"save_model={save_model!r}, not both")
         self.filepath = os.fspath(filepath)
         self.save_best_only = bool(save_best_only)
         self.save_model = None if save_model is None else bool(save_model)
@@ -66,8 +79,9 @@ class ModelCheckpoint(Callback):
         if not os.path.isdir(directory):
             raise OrtrainError(f"ModelCheckpoint: directory {directory!r} does not exist; create it or choose "
                                "another filepath")
-        if self.save_model is True and self.loop.model is None:
-            raise OrtrainError("ModelCheckpoint(save_model=True): this fit trains a bare trainer, not a model; "
+        if (self.save_model is True or self.save_weights_only) and self.loop.model is None:
+            given = "save_weights_only=True" if self.save_weights_only else "save_model=True"
+            raise OrtrainError(f"ModelCheckpoint({given}): this fit trains a bare trainer, not a model; "
                                "save trainer checkpoints (save_model=False) instead")
         # The path of the first epoch, with every value the fit logs: a bad format, a validation value
         # without validation data or a folder is refused now, before anything trains (a name another
@@ -126,7 +140,9 @@ class ModelCheckpoint(Callback):
                 return
             self.monitor.best = current
         path = self._path(epoch, logs)
-        if self.save_model or (self.save_model is None and self.loop.model is not None):
+        if self.save_weights_only:
+            self.model.save_weights(path)  # an .npz of the weights by name, whatever the extension
+        elif self.save_model or (self.save_model is None and self.loop.model is not None):
             self.model.save(path)  # this epoch's weights, and (train_state) the optimizer state
         else:
             self.trainer.save_checkpoint(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import zipfile
 from collections.abc import Mapping
 
 import numpy as np
@@ -440,7 +441,7 @@ class Model(TrainingMixin):
             loaded = np.load(path, allow_pickle=False)
         except FileNotFoundError:
             raise OrtrainError(f"load_weights: no such file {str(path)!r}") from None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:  # not numpy's format, or cut short
             raise OrtrainError(f"{not_weights} ({exc})") from exc
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
             raise OrtrainError(not_weights)
