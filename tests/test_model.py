@@ -588,3 +588,51 @@ def test_models_saved_before_the_metric_and_input_checks_still_load(rng, tmp_pat
     named = ot.load_model(DATA / "saved_input_named_obs_state.zip")
     assert named.input_specs[0].name == "obs/state"
     named.predict(rng.standard_normal((2, *named.input_specs[0].shape[1:])).astype(np.float32))
+
+
+def test_sequential_add_and_pop_as_in_keras(rng, tmp_path):
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    model = ot.Sequential(name="stack")
+    assert model.layers == []
+    for call, said in [(lambda: model.predict(x), "has no input shape yet; add an ot.Input"),
+                       (lambda: model.add(L.Dense(3)), r"Sequential.add: the model has no input shape yet")]:
+        with pytest.raises(ot.OrtrainError, match=said):
+            call()
+    model.add(ot.Input((4,)))
+    with pytest.raises(ot.OrtrainError, match="has no layer yet; add layers first"):
+        model.compile(optimizer="sgd", loss="mse")
+    hidden = L.Dense(6, activation="relu")
+    model.add(hidden)
+    kept = hidden.get_weights()
+    model.add(L.Dense(2))
+    for a, b in zip(hidden.get_weights(), kept, strict=True):   # a rebuild keeps the weights there
+        np.testing.assert_array_equal(a, b)
+    w1, b1, w2, b2 = model.get_weights()
+    np.testing.assert_allclose(model.predict(x), np.maximum(x @ w1 + b1, 0) @ w2 + b2, rtol=1e-5, atol=1e-6)
+    assert model.name == "stack" and [lyr.name for lyr in model.layers] == ["dense_0", "dense_1"]
+    before = model.get_weights()
+    for bad, said in [(L.Add(), "Add merges several inputs"), (hidden, "is in this model already"),
+                      (ot.Input((4,)), "has its input already")]:
+        with pytest.raises(ot.OrtrainError, match=said):
+            model.add(bad)
+    assert len(model.layers) == 2 and all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+
+    assert model.pop().name == "dense_1"
+    np.testing.assert_allclose(model.predict(x), np.maximum(x @ w1 + b1, 0), rtol=1e-5, atol=1e-6)
+    model.add(L.Dense(1))
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, np.zeros((5, 1)), epochs=1, verbose=0)
+    model.save(tmp_path / "m.ortrain")
+    loaded = ot.load_model(tmp_path / "m.ortrain")
+    loaded.add(L.Dense(3))
+    assert isinstance(loaded, ot.Sequential) and loaded.predict(x).shape == (5, 3)
+    assert model.pop() is not None and model.pop() is hidden and model.layers == []
+    with pytest.raises(ot.OrtrainError, match="has no layer to remove"):
+        model.pop()
+
+    seeded = ot.Sequential(input_shape=(4,), seed=7)   # add() draws what the list form draws
+    seeded.add(L.Dense(3))
+    seeded.add(L.Dense(2))
+    listed = ot.Sequential([L.Dense(3), L.Dense(2)], input_shape=(4,), seed=7)
+    for a, b in zip(seeded.get_weights(), listed.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

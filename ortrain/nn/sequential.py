@@ -13,12 +13,20 @@ from ortrain.nn.base_layer import Layer
 from ortrain.nn.base_model import Model
 from ortrain.nn.symbolic import Input, SymbolicTensor
 
-__all__ = ["Sequential"]
+__all__ = ["NotBuiltError", "Sequential"]
+
+
+class NotBuiltError(OrtrainError, AttributeError):
+    """A model method used on a ``Sequential`` that has no input shape or no layer yet."""
 
 
 class Sequential(Model):
     """A stack of single-input layers: ``ot.Sequential([Dense(8, activation="relu"), Dense(2)], input_shape=(4,))``,
-    or, as in Keras, ``ot.Sequential([ot.Input((4,)), Dense(8, activation="relu"), Dense(2)])``."""
+    or, as in Keras, ``ot.Sequential([ot.Input((4,)), Dense(8, activation="relu"), Dense(2)])``, or
+    ``model = ot.Sequential(); model.add(ot.Input((4,))); model.add(Dense(2))``.
+
+    :meth:`add` and :meth:`pop` rebuild the model (the layers keep their weights); compile after
+    the last of them. Until it has an input shape and a layer, only ``add`` works."""
 
     def __init__(self, layers=None, input_shape=None, name: str | None = None, seed: int | None = None,
                  input_dtype=None):
@@ -29,43 +37,116 @@ class Sequential(Model):
         layers = list(layers or [])
         first = None
         if layers and isinstance(layers[0], SymbolicTensor):  # Keras' Sequential([Input((4,)), Dense(2)])
-            first = layers.pop(0)
-            if first.node is not None:
-                raise OrtrainError("Sequential: the first item may be an ot.Input(...), received a layer's output; "
-                                   "use the functional API (ot.Model(inputs, outputs)) for that")
-            given = (input_shape,) if is_integer(input_shape) else input_shape
-            if given is not None and tuple(given) != first.shape[1:]:
-                raise OrtrainError(f"Sequential: input_shape={input_shape!r} and the ot.Input's shape "
-                                   f"{first.shape[1:]!r} disagree; give one of them")
-            if input_dtype is not None and _dtype(input_dtype) not in (np.dtype(np.float32), np.dtype(np.int64)):
-                raise OrtrainError(f"Sequential(input_dtype=...): expected 'float32' or 'int64', received "
-                                   f"{input_dtype!r}")
-            if input_dtype is not None and _dtype(input_dtype) != first.dtype:
-                raise OrtrainError(f"Sequential: input_dtype={input_dtype!r} and the ot.Input's dtype "
-                                   f"{first.dtype.name!r} disagree; give one of them")
+            first = _checked_input(layers.pop(0), input_shape, input_dtype)
             input_shape, input_dtype = first.shape[1:], first.dtype
         for lyr in layers:
-            if not isinstance(lyr, Layer):
-                raise OrtrainError(f"Sequential: expected ot.layers objects (after an optional ot.Input), received "
-                                   f"{lyr!r}; e.g. ot.Sequential([ot.Input((4,)), ot.layers.Dense(2)])")
-            if lyr.n_inputs != 1:
-                raise OrtrainError(f"Sequential: {type(lyr).__name__} merges several inputs; use the functional "
-                                   "API (ot.Input / ot.Model) for branches")
+            _check_layer(lyr)
+        seed = checked_int(seed, "Sequential(seed=...)", minimum=0, allow_none=True)
+        self._seed = seed
+        self._rng = _random.generator(seed)
+        self._pending = (first, input_shape, input_dtype, name)
         if not layers:
-            raise OrtrainError("Sequential needs at least one layer")
+            self._built = False  # Keras' Sequential() filled in by add()
+            self.layers = []
+            return
         if input_shape is None:
             raise OrtrainError("Sequential(..., input_shape=...) is required: give the shape of one sample, "
                                "e.g. input_shape=(4,) for 4 features, or start the list with ot.Input((4,))")
+        self._assemble(layers)
+
+    def _assemble(self, layers: list) -> None:
+        first, input_shape, input_dtype, name = self._pending
         dtype = input_dtype or layers[0].input_dtype
-        seed = checked_int(seed, "Sequential(seed=...)", minimum=0, allow_none=True)
-        rng = _random.generator(seed)
         x = inp = first if first is not None else Input(input_shape, dtype=dtype)
         for lyr in layers:
             if not lyr.built_for and lyr.seed is None:
-                lyr.build([x.shape], rng)
+                lyr.build([x.shape], self._rng)
             x = lyr(x)
-        super().__init__(inp, x, name=name or "sequential")
-        self._seed = seed
+        Model.__init__(self, inp, x, name=name or getattr(self, "name", None) or "sequential")
+        self._pending = (inp, None, None, self.name)
+        self._built = True
+
+    def __getattr__(self, name: str):
+        # Only for attributes not found: a model method used before add() gave an input and a layer.
+        if name.startswith("__") or self.__dict__.get("_built", True):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if self._has_input():
+            raise NotBuiltError("this Sequential has no layer yet; add layers first: model.add(ot.layers.Dense(2))")
+        raise NotBuiltError("this Sequential has no input shape yet; add an ot.Input((features,)) and layers "
+                            "first: model.add(ot.Input((4,))); model.add(ot.layers.Dense(2))")
+
+    def _has_input(self) -> bool:
+        first, shape = self.__dict__.get("_pending", (None, None, None, None))[:2]
+        return first is not None or shape is not None
+
+    def add(self, layer) -> None:
+        """Append a layer (or, first, an ``ot.Input``), as Keras' ``Sequential.add``. The layers
+        already there keep their weights; an error leaves the model as it was."""
+        built = self.__dict__.get("_built", True)
+        layers = list(self.layers) if built else []
+        if isinstance(layer, SymbolicTensor):
+            if built or self._has_input():
+                raise OrtrainError("Sequential.add: the model has its input already; an ot.Input can only come first")
+            _, _, dtype, name = self._pending
+            self._pending = (_checked_input(layer, None, dtype), None, None, name)
+            return
+        _check_layer(layer)
+        if any(layer is lyr for lyr in layers):
+            raise OrtrainError(f"Sequential.add: {layer!r} is in this model already; a layer appears once in a "
+                               "Sequential (share layers with the functional API)")
+        if not built and not self._has_input():
+            raise OrtrainError("Sequential.add: the model has no input shape yet; add an ot.Input((features,)) "
+                               "first, or give Sequential(input_shape=...)")
+        self._rebuild(layers + [layer])
+
+    def pop(self) -> Layer:
+        """Remove the last layer (as Keras' ``Sequential.pop``) and return it."""
+        if not self.__dict__.get("_built", True):
+            raise OrtrainError("Sequential.pop: the model has no layer to remove")
+        layers = list(self.layers)
+        if len(layers) == 1:
+            inp, name = self._inputs[0], self.name
+            self.__dict__.clear()
+            Sequential.__init__(self, [inp], name=name)
+            return layers[0]
+        self._rebuild(layers[:-1])
+        return layers[-1]
+
+    def _rebuild(self, layers: list) -> None:
+        saved = dict(self.__dict__)
+        if "_pending" not in saved:  # a loaded or copied model: built without Sequential.__init__
+            self._pending, self._rng = (self._inputs[0], None, None, self.name), _random.generator(None)
+        try:
+            self._assemble(layers)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
+
+
+def _checked_input(first, input_shape, input_dtype):
+    if first.node is not None:
+        raise OrtrainError("Sequential: the first item may be an ot.Input(...), received a layer's output; "
+                           "use the functional API (ot.Model(inputs, outputs)) for that")
+    given = (input_shape,) if is_integer(input_shape) else input_shape
+    if given is not None and tuple(given) != first.shape[1:]:
+        raise OrtrainError(f"Sequential: input_shape={input_shape!r} and the ot.Input's shape "
+                           f"{first.shape[1:]!r} disagree; give one of them")
+    if input_dtype is not None and _dtype(input_dtype) not in (np.dtype(np.float32), np.dtype(np.int64)):
+        raise OrtrainError(f"Sequential(input_dtype=...): expected 'float32' or 'int64', received {input_dtype!r}")
+    if input_dtype is not None and _dtype(input_dtype) != first.dtype:
+        raise OrtrainError(f"Sequential: input_dtype={input_dtype!r} and the ot.Input's dtype "
+                           f"{first.dtype.name!r} disagree; give one of them")
+    return first
+
+
+def _check_layer(lyr) -> None:
+    if not isinstance(lyr, Layer):
+        raise OrtrainError(f"Sequential: expected ot.layers objects (after an optional ot.Input), received "
+                           f"{lyr!r}; e.g. ot.Sequential([ot.Input((4,)), ot.layers.Dense(2)])")
+    if lyr.n_inputs != 1:
+        raise OrtrainError(f"Sequential: {type(lyr).__name__} merges several inputs; use the functional "
+                           "API (ot.Input / ot.Model) for branches")
 
 
 def _dtype(value) -> np.dtype | None:
