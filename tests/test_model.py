@@ -636,3 +636,30 @@ def test_sequential_add_and_pop_as_in_keras(rng, tmp_path):
     listed = ot.Sequential([L.Dense(3), L.Dense(2)], input_shape=(4,), seed=7)
     for a, b in zip(seeded.get_weights(), listed.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_keras_weight_and_shape_attributes(rng):
+    model = ot.Sequential([L.Dense(3), L.BatchNorm(), L.Dense(2)], input_shape=(4,), seed=0)
+    names, weights = model.weight_names(), model.get_weights()
+    assert (model.input_shape, model.output_shape, model.metrics_names) == ((None, 4), (None, 2), [])
+    assert [w.shape for w in model.weights] == [w.shape for w in weights]
+    stats = {"batch_norm_0.running_mean", "batch_norm_0.running_var"}
+    train = [w for n, w in zip(names, weights) if n not in stats]
+    for got, want in ((model.trainable_weights, train), (model.non_trainable_weights, [weights[4], weights[5]])):
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+    model.freeze("dense_0.*")
+    assert len(model.trainable_weights) == 4 and len(model.non_trainable_weights) == 4
+    dense, bn = model.layers[0], model.layers[1]
+    np.testing.assert_array_equal(dense.kernel, weights[0])
+    np.testing.assert_array_equal(bn.gamma, weights[2])
+    assert [w.shape for w in bn.trainable_weights] == [(3,), (3,)] and len(bn.non_trainable_weights) == 2
+    bn.trainable = False
+    assert bn.trainable_weights == [] and len(bn.non_trainable_weights) == 4
+    with pytest.raises(AttributeError, match="'Dense' object has no attribute 'gamma'"):
+        getattr(dense, "gamma")  # noqa: B009 - the attribute lookup is what is tested
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    assert model.metrics_names == ["loss", "mae"]
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    assert len(model.evaluate(x, np.zeros((6, 2)), return_dict=False)) == len(model.metrics_names)
+    two = ot.Model([a := ot.Input((3,)), b := ot.Input((5,))], L.Dense(2)(L.Concatenate()([a, b])))
+    assert two.input_shape == [(None, 3), (None, 5)]

@@ -227,6 +227,24 @@ class Layer:
         """Copies of this layer's weights, in ``weights`` order, as Keras' ``layer.get_weights()``."""
         return [a.copy() for a in self.weights.values()]
 
+    @property
+    def trainable_weights(self) -> list[np.ndarray]:
+        """Copies of the weights that train with the layer (none when ``trainable`` is False), as
+        Keras lists them; a model's ``freeze`` is the model's business (``model.trainable_weights``)."""
+        return [a.copy() for k, a in self.weights.items() if self.trainable and self.roles.get(k) == "trainable"]
+
+    @property
+    def non_trainable_weights(self) -> list[np.ndarray]:
+        """Copies of the others: a batch norm's running statistics, or all when ``trainable`` is False."""
+        return [a.copy() for k, a in self.weights.items() if not (self.trainable and self.roles.get(k) == "trainable")]
+
+    def __getattr__(self, name: str):
+        # Keras' layer.kernel, layer.bias, layer.gamma...: a weight by its suffix (read-only array)
+        weights = self.__dict__.get("_weights")
+        if weights is not None and not name.startswith("_") and name in weights:
+            return weights[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def set_weights(self, weights) -> None:
         """Replace this layer's weights (a list in ``weights`` order), checked before anything
         changes; every model the layer belongs to sees them."""

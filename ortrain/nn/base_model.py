@@ -405,6 +405,39 @@ class Model(TrainingMixin):
     def trainable_weight_names(self) -> list[str]:
         return [p.name for p in self.params() if p.role == "trainable"]
 
+    # -- Keras' attributes (arrays where Keras has variables: copies, as get_weights gives) ----------
+    @property
+    def weights(self) -> list[np.ndarray]:
+        """Keras' ``model.weights``: every weight, in :meth:`get_weights` order."""
+        return self.get_weights()
+
+    @property
+    def trainable_weights(self) -> list[np.ndarray]:
+        """The weights that train (freezing applied), in :meth:`get_weights` order."""
+        table, train = self._weight_table(), set(self.trainable_weight_names)
+        return [table[n].copy() for n in self.weight_names() if n in train]
+
+    @property
+    def non_trainable_weights(self) -> list[np.ndarray]:
+        """The weights that do not train: frozen ones and batch-norm running statistics."""
+        table, train = self._weight_table(), set(self.trainable_weight_names)
+        return [table[n].copy() for n in self.weight_names() if n not in train]
+
+    @property
+    def input_shape(self):
+        """The input's shape with ``None`` for the batch (a list of them for several inputs)."""
+        return _one_or_list([s.shape for s in self.input_specs])
+
+    @property
+    def output_shape(self):
+        """The output's shape with ``None`` for the batch (a list of them for several outputs)."""
+        return _one_or_list([s.shape for s in self.output_specs])
+
+    @property
+    def metrics_names(self) -> list[str]:
+        """What ``evaluate`` reports once compiled: ``loss``, then the metrics by their given names."""
+        return ["loss", *self.metrics] if self.compiled else []
+
     # -- export and persistence --------------------------------------------------------------
     def export_onnx(self, path) -> str:
         """Write an inference graph (no loss, no dropout, running batch-norm statistics, free batch size)."""
@@ -503,3 +536,8 @@ class Model(TrainingMixin):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}: {len(self.weight_names())} weights>"
+
+
+def _one_or_list(shapes: list[tuple]):
+    shapes = [(None,) + tuple(shape[1:]) if shape else tuple(shape) for shape in shapes]
+    return shapes[0] if len(shapes) == 1 else shapes
