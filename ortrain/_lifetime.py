@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+from ortrain.errors import OrtrainError
+
 
 class Releasable:
     """``with obj: ...`` frees on exit, and garbage collection frees as a backstop.
@@ -24,6 +26,14 @@ class Releasable:
 
     def __exit__(self, *exc) -> None:
         self.free()
+
+    # What to do instead of copying: a session cannot be copied or pickled, and a shallow copy
+    # sharing one would count steps of its own.
+    _instead = "free it and make a new one"
+
+    def __reduce_ex__(self, protocol):
+        raise OrtrainError(f"a {type(self).__name__} holds an onnxruntime session and cannot be copied or pickled; "
+                           f"{self._instead}")
 
     def __del__(self):
         with contextlib.suppress(Exception):

@@ -35,6 +35,12 @@ class Snapshot(Releasable):
         if self._freed:
             raise FreedError("this snapshot was freed; take a new one with trainer.snapshot()")
 
+    # A copy (deepcopy, pickle) holds the weights and opens its own session when it first predicts.
+    __reduce_ex__ = object.__reduce_ex__
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_runner": None}
+
     def weight_names(self) -> list[str]:
         self._live()
         return [p.name for p in self._params]

@@ -64,6 +64,9 @@ class Trainer(TrainerSetup, Releasable):
     1
     """
 
+    _instead = ("tr.save_checkpoint(path) and ot.Trainer.from_checkpoint(model, path) carry its state, "
+                "tr.model() its weights, tr.snapshot() an independent copy for predictions")
+
     def __init__(self, model: Model, batch_size: int = 32, nbatch_logical: int | None = None, loss_mask=None,
                  weight_decay: float | None = None, device: str = "cpu", threads: int | None = None,
                  _weights_any_loss: bool = False):

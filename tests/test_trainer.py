@@ -567,3 +567,35 @@ def test_free_from_another_thread_waits_for_the_call_in_flight(tmp_path):
         """))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr[-2000:])
+
+
+def test_copies_and_pickles_of_sessions_refused_of_values_independent(rng):
+    import copy
+    import pickle
+
+    from ortrain import ag
+    model = dense_model(3, 2)
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    with ot.Trainer(model, batch_size=2) as tr:
+        for make in (copy.copy, copy.deepcopy, pickle.dumps):   # a shallow copy shared the session
+            with pytest.raises(ot.OrtrainError, match=r"a Trainer holds an onnxruntime session and cannot be copied "
+                                                      r"or pickled; tr.save_checkpoint\(path\)"):
+                make(tr)
+        snap = tr.snapshot()
+        want = snap.predict(x)   # its session is open: a copy opens its own
+        for other in (copy.deepcopy(snap), pickle.loads(pickle.dumps(snap))):
+            np.testing.assert_array_equal(other.predict(x), want)
+            other.free()
+        np.testing.assert_array_equal(snap.predict(x), want)
+    W = ag.param(np.ones((3, 2), np.float32), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    step = ot.capture_step(lambda x: ag.mean(x @ W), optimizer=opt)
+    step(x=x)
+    with pytest.raises(ot.OrtrainError, match="a CaptureStep holds an onnxruntime session .* capture the function"):
+        copy.deepcopy(step)
+    W2, opt2 = copy.deepcopy(W), copy.deepcopy(opt)
+    step(x=x)   # the copies do not move with the live param
+    assert W2.name == "W" and not np.array_equal(W2.numpy(), W.numpy())
+    assert opt2.state()["step"] == 1 and opt.state()["step"] == 2
+    np.testing.assert_array_equal(opt2.params[0].numpy(), W2.numpy())
+    step.free()

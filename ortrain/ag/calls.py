@@ -43,6 +43,7 @@ class TracedCall(Releasable):
     """Base of the captures: binds arguments, checks inputs, tracks ``free``."""
 
     _where = "capture"
+    _instead = "capture the function again; params and opt.state() carry the values and moments"
 
     def __init__(self, fn, params):
         if not callable(fn):

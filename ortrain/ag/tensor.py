@@ -146,6 +146,11 @@ class Param(Tensor):
             if view is not None:
                 view[index] = values
 
+    def __reduce__(self):
+        # A copy (copy, deepcopy, pickle) is a new param of the same name holding the current value,
+        # held by no captured step.
+        return _rebuilt, (type(self), np.array(self._current(), copy=True), self.name, self.trainable)
+
     def _attach(self, step) -> None:
         self._users.add(step)
 
@@ -215,6 +220,10 @@ class Buffer(Param):
             raise ShapeError(f"{where}: row indices must lie in [0, {cap - 1}], received values from "
                              f"{idx.min()} to {idx.max()}")
         return idx.astype(np.int64)
+
+
+def _rebuilt(cls, value: np.ndarray, name: str, trainable: bool) -> Param:
+    return cls(value, name) if cls is Buffer else cls(value, name, trainable)
 
 
 def _value(array, argument: str, trainable: bool) -> np.ndarray:
