@@ -44,3 +44,28 @@ def test_a_named_pipe_is_refused_and_stays_a_pipe(tmp_path, writer):
     assert stat.S_ISFIFO(os.stat(pipe).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == [pipe.name]
     np.testing.assert_array_equal(model.get_weights()[1], np.zeros(2, np.float32))
+
+
+def test_a_checkpoint_that_cannot_be_written_says_why_and_keeps_the_old_file(tmp_path):
+    import resource
+    import signal
+
+    model = _model()
+    path = tmp_path / "c"
+    with ot.Trainer(model, batch_size=2) as tr:
+        tr.save_checkpoint(path)
+        before = path.read_bytes()
+        tr.step(np.ones((2, 3)), np.zeros((2, 2)))
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, hard))
+        try:
+            with pytest.raises(ot.OrtrainError, match=r"save_checkpoint: cannot write '.*c': File too large \(errno "
+                                                      r"27\); a file already there is left as it was"):
+                tr.save_checkpoint(path)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, handler)
+        assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+        tr.save_checkpoint(path)
+    assert path.read_bytes() != before

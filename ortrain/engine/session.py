@@ -371,7 +371,14 @@ class TrainingSession:
         for key, value in (properties or {}).items():
             self._state.add_property(key, value)
         with atomic_path(path) as tmp:
-            C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
+            try:
+                C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
+            except RuntimeError as exc:  # a full disk, a file-size limit: the reason ends the message
+                reason = _reason(exc)
+                found = re.search(r"error:\s*(.+?)\s*errno:\s*(\d+)", reason)
+                reason = f"{found.group(1)} (errno {found.group(2)})" if found else reason
+                raise OrtrainError(f"save_checkpoint: cannot write {os.fspath(path)!r}: {reason}; a file already "
+                                   "there is left as it was. Free space or choose another folder") from exc
 
     @_exclusive
     def optimizer_state(self):
