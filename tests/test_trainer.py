@@ -599,3 +599,33 @@ def test_copies_and_pickles_of_sessions_refused_of_values_independent(rng):
     assert opt2.state()["step"] == 1 and opt.state()["step"] == 2
     np.testing.assert_array_equal(opt2.params[0].numpy(), W2.numpy())
     step.free()
+
+
+def test_a_forked_child_can_step_free_and_exit_with_the_parents_trainer(tmp_path):
+    # onnxruntime-training's module crashed a forked child that destroyed it (free, gc or exit).
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, numpy as np, ortrain as ot
+        x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
+        m = ot.Sequential([ot.layers.Dense(16, activation="relu"), ot.layers.Dense(2)], input_shape=(3,), seed=0)
+        m.compile(optimizer="adam", loss="mse")
+        tr = ot.Trainer(m, batch_size=4)
+        tr.step(x, y)
+        statuses = []
+        for how in ("free", "exit"):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.write(w, repr(tr.step(x, y)).encode())
+                if how == "free":
+                    tr.free()
+                sys.exit(0)
+            os.close(w)
+            child_loss = float(os.read(r, 100))
+            statuses.append((os.waitpid(pid, 0)[1], child_loss))
+        want = tr.step(x, y)  # the children's steps moved only their own copies
+        assert statuses == [(0, want), (0, want)], (statuses, want)
+        print("ok")
+        """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stdout, run.stderr[-2000:])

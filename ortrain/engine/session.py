@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import threading
+import weakref
 
 import numpy as np
 import onnx
@@ -139,6 +140,25 @@ def _all_nodes(graph: onnx.GraphProto):
                 yield from _all_nodes(g)
 
 
+_open_sessions: weakref.WeakSet = weakref.WeakSet()
+
+
+def _keep_in_child() -> None:
+    """After ``fork``, in the child: onnxruntime-training's module crashes the process when it is
+    destroyed there (by ``free``, by garbage collection, or at exit). The child's copies of the
+    runtime's objects are given one reference more, so none is ever destroyed; the child can
+    still step them, and the system takes its memory back when it ends."""
+    import ctypes
+    for session in list(_open_sessions):
+        for obj in (session._module, session._optimizer, session._state):
+            if obj is not None:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_keep_in_child)
+
+
 def _exclusive(method):
     """Run ``method`` holding the session's lock: the runtime's module, optimizer and state point
     into one another, so ``free`` from another thread mid-call would pull memory from under it."""
@@ -185,6 +205,7 @@ class TrainingSession:
             raise _open_failure(exc, self.device) from exc
         # Training steps run, counting those of earlier sessions: each draws one mask per dropout.
         self.draws = int(draws)
+        _open_sessions.add(self)
         training = onnx.load(os.fspath(training_path), load_external_data=False)
         masks = MaskSource(training, list(self._module.input_names(True)))
         self.train_inputs = input_specs(training, masks.data_names)
