@@ -495,3 +495,27 @@ def test_a_checkpoint_fits_artifacts_that_differ_only_in_dropout_seeds(tmp_path)
     other = ot.artifacts.build(net(2, width=16), loss="mse", optimizer="sgd", out_dir=tmp_path / "other")
     with pytest.raises(ot.OrtrainError, match="was trained with another architecture"):
         other.model(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("given", ["record", "directory"])
+def test_from_artifacts_refuses_a_directory_replaced_while_it_opens(tmp_path, monkeypatch, given):
+    # Another process building another model into the same out_dir between the check of the
+    # manifest and the reads of the files gave a trainer of that other model, without a word.
+    def model(width):
+        return ot.Sequential([ot.layers.Dense(width), ot.layers.Dense(2)], input_shape=(4,), seed=width)
+
+    out = tmp_path / "art"
+    record = ot.artifacts.build(model(3), loss="mse", optimizer="adam", out_dir=out)
+    real = ot.artifacts.Artifacts.model
+
+    def read_then_replaced(self, *args, **kwargs):
+        monkeypatch.setattr(ot.artifacts.Artifacts, "model", real)
+        made = real(self, *args, **kwargs)
+        ot.artifacts.build(model(5), loss="mse", optimizer="adam", out_dir=out)
+        return made
+
+    monkeypatch.setattr(ot.artifacts.Artifacts, "model", read_then_replaced)
+    with pytest.raises(ot.OrtrainError, match="were replaced while the trainer was opening them"):
+        ot.Trainer.from_artifacts(record if given == "record" else out, batch_size=2)
+    with ot.Trainer.from_artifacts(out, batch_size=2) as tr:   # opened again: what the directory holds now
+        assert tr.model().get_weights()[0].shape == (4, 5)
