@@ -126,6 +126,11 @@ def test_optimizer_argument_errors():
         ot.optim.get("rmsprop")
     with pytest.raises(ot.OrtrainError, match="weight_decay: expected a number in \\[0, 1\\]"):
         ot.optim.SGD(weight_decay=-0.1)
+    for kwargs in ({"momentum": 0.9}, {"momentum": 0.9, "nesterov": True}):   # Keras' and PyTorch's names
+        with pytest.raises(ot.OrtrainError, match="SGD: momentum=0.9, nesterov=.*keeps no velocity, so only plain "
+                                                  "SGD \\(momentum=0\\) is offered; use ot.optim.Adam"):
+            ot.optim.SGD(lr=0.1, **kwargs)
+    assert ot.optim.SGD(momentum=0.0).lr == 0.01
     W = ag.param(np.zeros((2, 2), np.float32), name="W")
     expected = "params: expected None or a list of ag.param objects (for capture_step), received "
     for call, said in [

@@ -276,9 +276,14 @@ class SGD(Optimizer):
     default_lr = 1e-2
 
     def __init__(self, params=None, lr: float = 1e-2, weight_decay: float = 0.0, *,
-                 learning_rate: float | None = None):
+                 learning_rate: float | None = None, momentum: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr, learning_rate)
         self.weight_decay = check_weight_decay(weight_decay)
+        if not is_real(momentum) or momentum != 0 or nesterov is not False:
+            # onnxruntime-training's SGD keeps no velocity: refused rather than trained without it
+            raise OrtrainError(f"SGD: momentum={momentum!r}, nesterov={nesterov!r}: onnxruntime-training's SGD "
+                               "update keeps no velocity, so only plain SGD (momentum=0) is offered; use "
+                               "ot.optim.Adam or AdamW for an update with moments")
 
     @property
     def hyperparameters(self):
