@@ -663,3 +663,32 @@ def test_keras_weight_and_shape_attributes(rng):
     assert len(model.evaluate(x, np.zeros((6, 2)), return_dict=False)) == len(model.metrics_names)
     two = ot.Model([a := ot.Input((3,)), b := ot.Input((5,))], L.Dense(2)(L.Concatenate()([a, b])))
     assert two.input_shape == [(None, 3), (None, 5)]
+
+
+def test_a_feature_extractor_from_model_input_and_a_layer_output(rng):
+    # Keras' transfer-learning idiom: Model(model.input, model.layers[-2].output) shares the layers.
+    model = ot.Sequential([L.Dense(8, activation="relu"), L.Dense(3)], input_shape=(4,), seed=0)
+    features = ot.Model(model.input, model.layers[-2].output)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    w1, b1, w2, b2 = model.get_weights()
+    np.testing.assert_allclose(features.predict(x), np.maximum(x @ w1 + b1, 0), rtol=1e-5, atol=1e-6)
+    assert features.weight_names() == ["dense_0.kernel", "dense_0.bias"]
+    assert model.inputs == [model.input] and model.outputs == [model.output] and model.layers[1].input is \
+        model.layers[0].output
+    head = L.Dense(2)
+    classifier = ot.Model(features.input, head(features.output))
+    assert [lyr.name for lyr in classifier.layers] == ["dense_0", head.name]
+    with pytest.raises(ot.OrtrainError, match="has not been called on a tensor yet"):
+        _ = L.Dense(2).output
+    graph = ot.from_onnx(onnx.load_from_string(_tiny_onnx()))
+    with pytest.raises(ot.OrtrainError, match=r"model.inputs: this model has no layer tensors .* model.input_specs"):
+        _ = graph.inputs
+
+
+def _tiny_onnx() -> bytes:
+    from onnx import TensorProto, helper, numpy_helper
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+                          [numpy_helper.from_array(np.ones((2, 1), np.float32), "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()

@@ -434,6 +434,32 @@ class Model(TrainingMixin):
         return _one_or_list([s.shape for s in self.output_specs])
 
     @property
+    def inputs(self) -> list:
+        """Keras' ``model.inputs``: the ``ot.Input`` tensors (for a model built of layers)."""
+        return list(self._symbolic("inputs", self.__dict__.get("_inputs")))
+
+    @property
+    def outputs(self) -> list:
+        """Keras' ``model.outputs``: the output tensors (for a model built of layers)."""
+        return list(self._symbolic("outputs", self.__dict__.get("_outputs")))
+
+    @property
+    def input(self):
+        """Keras' ``model.input``: the input tensor, or the list of them."""
+        return _one_or_list(self.inputs, shapes=False)
+
+    @property
+    def output(self):
+        """Keras' ``model.output``: the output tensor, or the list of them."""
+        return _one_or_list(self.outputs, shapes=False)
+
+    def _symbolic(self, what: str, tensors):
+        if tensors is None:
+            raise OrtrainError(f"model.{what}: this model has no layer tensors (a model imported from ONNX, or a "
+                               f"Sequential with no layer yet); model.{what[:-1]}_specs describes its {what}")
+        return tensors
+
+    @property
     def metrics_names(self) -> list[str]:
         """What ``evaluate`` reports once compiled: ``loss``, then the metrics by their given names."""
         return ["loss", *self.metrics] if self.compiled else []
@@ -538,6 +564,7 @@ class Model(TrainingMixin):
         return f"<{type(self).__name__} {self.name!r}: {len(self.weight_names())} weights>"
 
 
-def _one_or_list(shapes: list[tuple]):
-    shapes = [(None,) + tuple(shape[1:]) if shape else tuple(shape) for shape in shapes]
-    return shapes[0] if len(shapes) == 1 else shapes
+def _one_or_list(items: list, shapes: bool = True):
+    if shapes:
+        items = [(None,) + tuple(shape[1:]) if shape else tuple(shape) for shape in items]
+    return items[0] if len(items) == 1 else items
