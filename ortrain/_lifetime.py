@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from ortrain.errors import OrtrainError
+
+
+def exclusive(method):
+    """Run ``method`` holding ``self._lock`` (an ``RLock``): with ``free`` exclusive too, another
+    thread's ``free`` waits for a call in flight, and the call after it raises ``FreedError``."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call
 
 
 class Releasable:

@@ -3,11 +3,13 @@ taken by ``Trainer.snapshot`` and moved towards the trainer by ``Trainer.update_
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ortrain import engine
 from ortrain._arrays import positive_int, prepare_inputs, run_chunks
-from ortrain._lifetime import Releasable
+from ortrain._lifetime import Releasable, exclusive
 from ortrain.errors import FreedError
 
 __all__ = ["Snapshot"]
@@ -30,6 +32,7 @@ class Snapshot(Releasable):
         self._device = device
         self._runner = None
         self._freed = False
+        self._lock = threading.RLock()  # free() from another thread waits for a predict or an update
 
     def _live(self):
         if self._freed:
@@ -39,17 +42,24 @@ class Snapshot(Releasable):
     __reduce_ex__ = object.__reduce_ex__
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_runner": None}
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"} | {"_runner": None}
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+    @exclusive
     def weight_names(self) -> list[str]:
         self._live()
         return [p.name for p in self._params]
 
+    @exclusive
     def get_weights(self) -> list[np.ndarray]:
         """Copies of the weights, in the model's order."""
         self._live()
         return [self._weights[p.name].copy() for p in self._params]
 
+    @exclusive
     def predict(self, x, batch_size=None) -> np.ndarray | list[np.ndarray]:
         """Outputs for any number of rows: one array, or a list in output order for several outputs."""
         self._live()
@@ -60,9 +70,11 @@ class Snapshot(Releasable):
         outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
+    @exclusive
     def _shapes(self) -> dict[str, tuple]:
         return {p.name: tuple(self._weights[p.name].shape) for p in self._params}
 
+    @exclusive
     def _move_towards(self, read, trainable: set[str], tau: float) -> None:
         """``weight <- tau * read(name) + (1 - tau) * weight`` in place for the ``trainable`` names;
         the others (batch-norm statistics, frozen weights) are copied whole, as is all at ``tau=1``."""
@@ -75,6 +87,7 @@ class Snapshot(Releasable):
             else:
                 mine[...] = current
 
+    @exclusive
     def free(self) -> None:
         """Release the session and weights; later ``predict``/``update_target`` on it raise FreedError."""
         self._freed = True

@@ -293,17 +293,18 @@ class Trainer(TrainerSetup, Releasable):
         if not isinstance(target, Snapshot):
             raise OrtrainError(f"target: expected a Snapshot from trainer.snapshot(), received "
                                f"{type(target).__name__}")
-        target._live()
         if not is_real(tau) or not 0.0 <= tau <= 1.0:
             raise OrtrainError(f"tau: expected a number in [0, 1], received {tau!r}")
-        mine = {p.name: tuple(p.shape) for p in self._params}
-        theirs = target._shapes()
-        if mine != theirs:
-            diff = sorted(set(mine.items()) ^ set(theirs.items()))[:4]
-            raise OrtrainError(f"target: its weights differ from this trainer's by name or shape (e.g. {diff}); "
-                               "take the target from a trainer of the same architecture")
-        read = self._session.view if self._session.device.kind == "cpu" else self._session.get
-        target._move_towards(read, set(self._trainable), tau)
+        with target._lock:  # a free() of the target from another thread waits, or comes first
+            target._live()
+            mine = {p.name: tuple(p.shape) for p in self._params}
+            theirs = target._shapes()
+            if mine != theirs:
+                diff = sorted(set(mine.items()) ^ set(theirs.items()))[:4]
+                raise OrtrainError(f"target: its weights differ from this trainer's by name or shape (e.g. {diff}); "
+                                   "take the target from a trainer of the same architecture")
+            read = self._session.view if self._session.device.kind == "cpu" else self._session.get
+            target._move_towards(read, set(self._trainable), tau)
 
     def model(self) -> Model:
         """A new Model carrying the current weights (the constructor's model is never changed).

@@ -629,3 +629,36 @@ def test_a_forked_child_can_step_free_and_exit_with_the_parents_trainer(tmp_path
         """))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stdout, run.stderr[-2000:])
+
+
+def test_a_snapshot_freed_from_another_thread_raises_freed_error_only(rng):
+    import threading
+    import time
+
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    model = ot.Sequential([L.Dense(32, activation="relu"), L.Dense(2)], input_shape=(8,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    other = set()
+    with ot.Trainer(model, batch_size=16) as tr:
+        for trial in range(20):
+            snap = tr.snapshot()
+
+            def use(snap=snap):
+                try:
+                    while True:
+                        snap.predict(x)
+                        snap.get_weights()
+                        tr.update_target(snap, tau=0.5)
+                except ot.FreedError:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - what the race raised is the test
+                    other.add(repr(exc)[:120])
+
+            threads = [threading.Thread(target=use) for _ in range(2)]
+            for t in threads:
+                t.start()
+            time.sleep(0.001 * (trial % 5))
+            snap.free()
+            for t in threads:
+                t.join()
+    assert other == set()

@@ -9,7 +9,6 @@ onnxruntime-training only through this class.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ import numpy as np
 import onnx
 
 from ortrain._files import atomic_path
+from ortrain._lifetime import exclusive
 from ortrain.engine._runtime import C, OrtValue
 from ortrain.engine.checkpoint import read_checkpoint
 from ortrain.engine.device import Device, parse_device, session_options
@@ -159,16 +159,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_keep_in_child)
 
 
-def _exclusive(method):
-    """Run ``method`` holding the session's lock: the runtime's module, optimizer and state point
-    into one another, so ``free`` from another thread mid-call would pull memory from under it."""
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
-    return call
-
-
 class TrainingSession:
     """Training graph, eval graph, optional optimizer graph and their shared state.
 
@@ -186,6 +176,8 @@ class TrainingSession:
         if eval_path is None:
             # The library aborts the process when eval mode runs without an eval graph.
             raise OrtrainError("a training session needs an eval graph; rebuild the artifacts")
+        # the runtime's module, optimizer and state point into one another: a free() from another
+        # thread in the middle of a call would pull memory from under it (see exclusive)
         self._lock = threading.RLock()
         self.device = parse_device(device)
         so = session_options(threads)
@@ -228,7 +220,7 @@ class TrainingSession:
         if self._freed:
             raise FreedError("this training session was freed")
 
-    @_exclusive
+    @exclusive
     def free(self) -> None:
         """Release the graphs and state; safe to call twice."""
         self._freed = True
@@ -241,7 +233,7 @@ class TrainingSession:
         return self._freed
 
     # -- steps ------------------------------------------------------------------------
-    @_exclusive
+    @exclusive
     def train_step(self, feeds, check: bool = True):
         """Forward and backward; gradients are added to the accumulation buffers. Returns raw fetches."""
         self._live()
@@ -261,7 +253,7 @@ class TrainingSession:
         self.draws += 1
         return fetches
 
-    @_exclusive
+    @exclusive
     def bind_train_outputs(self, arrays: list[np.ndarray]) -> None:
         """Have :meth:`train_step_into` write the outputs into ``arrays`` (contiguous, exactly the
         outputs' shapes and dtypes; the caller keeps them): no fetch is allocated per step."""
@@ -274,7 +266,7 @@ class TrainingSession:
             vec.push_back(OrtValue.ortvalue_from_numpy(a)._ortvalue)
         self._bound = [vec, list(arrays), True]
 
-    @_exclusive
+    @exclusive
     def train_step_into(self, feeds) -> None:
         """A train step (no input checks) writing its outputs into the arrays of :meth:`bind_train_outputs`."""
         self._live()
@@ -299,7 +291,7 @@ class TrainingSession:
                 for i, a in enumerate(arrays):
                     a[...] = vec[i].numpy()
 
-    @_exclusive
+    @exclusive
     def eval_step(self, feeds, check: bool = True):
         """Forward with the loss, without backward and without dropout."""
         self._live()
@@ -312,7 +304,7 @@ class TrainingSession:
             raise runtime_failure(exc, "evaluation step") from exc
         return fetches
 
-    @_exclusive
+    @exclusive
     def optimizer_step(self) -> None:
         self._live()
         if self._optimizer is None:
@@ -323,7 +315,7 @@ class TrainingSession:
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "optimizer step") from exc
 
-    @_exclusive
+    @exclusive
     def zero_grad(self) -> None:
         """The next train step overwrites the gradient buffers instead of adding to them."""
         self._live()
@@ -334,7 +326,7 @@ class TrainingSession:
         return self._lr
 
     @lr.setter
-    @_exclusive
+    @exclusive
     def lr(self, value: float) -> None:
         self._live()
         if self._optimizer is None:
@@ -343,7 +335,7 @@ class TrainingSession:
         self._lr = float(value)
 
     # -- parameters -------------------------------------------------------------------
-    @_exclusive
+    @exclusive
     def view(self, name: str) -> np.ndarray:
         """A live numpy view of a parameter (CPU only): writing into it changes the weight."""
         self._live()
@@ -357,14 +349,14 @@ class TrainingSession:
             v = self._views[name] = self._state.get_parameter(name).data.numpy()
         return v
 
-    @_exclusive
+    @exclusive
     def grad_view(self, name: str) -> np.ndarray | None:
         """A live view of a trainable parameter's accumulated gradient, or None before the first step."""
         self._live()
         return self._state.get_parameter(name).grad.numpy() if self._state.get_parameter(name).grad.has_value() \
             else None
 
-    @_exclusive
+    @exclusive
     def get(self, name: str) -> np.ndarray:
         """A copy of a parameter's current value."""
         self._live()
@@ -372,7 +364,7 @@ class TrainingSession:
             return self.view(name).copy()
         return self._state.get_parameter(name).data.numpy()
 
-    @_exclusive
+    @exclusive
     def set(self, name: str, value: np.ndarray) -> None:
         self._live()
         self.writes += 1
@@ -386,7 +378,7 @@ class TrainingSession:
             self._state.copy_parameter_from(name, C.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value)))
 
     # -- checkpoints and export -------------------------------------------------------
-    @_exclusive
+    @exclusive
     def save_checkpoint(self, path, properties: dict | None = None, include_optimizer: bool = True) -> None:
         self._live()
         for key, value in (properties or {}).items():
@@ -401,7 +393,7 @@ class TrainingSession:
                 raise OrtrainError(f"save_checkpoint: cannot write {os.fspath(path)!r}: {reason}; a file already "
                                    "there is left as it was. Free space or choose another folder") from exc
 
-    @_exclusive
+    @exclusive
     def optimizer_state(self):
         """The optimizer's state (its update count and moments by parameter name; None without an
         optimizer), read back through a checkpoint in a scratch directory: the runtime offers no
@@ -420,7 +412,7 @@ class TrainingSession:
         state = self.optimizer_state()
         return state.moments if state is not None else {}
 
-    @_exclusive
+    @exclusive
     def abandon_step(self, exc: BaseException, updates_before: int) -> bool:
         """After a step that raised ``exc``: drop the gradients (the runtime may have added the
         batch's), and say whether the update ran all the same. Only an interrupt (Ctrl-C), which
@@ -436,12 +428,12 @@ class TrainingSession:
             return False
         return state is not None and state.step > updates_before
 
-    @_exclusive
+    @exclusive
     def properties(self) -> dict:
         self._live()
         return {n: self._state.get_property(n) for n in self._state.property_names()}
 
-    @_exclusive
+    @exclusive
     def export_inference(self, path, output_names: list[str]) -> None:
         """Write an inference model with the current weights (library export, from the eval graph)."""
         self._live()
