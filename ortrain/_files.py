@@ -26,7 +26,13 @@ def checked_target(path, what: str = "path") -> Path:
         raise OrtrainError(f"{what}: expected a file path (str or os.PathLike), received {path!r}")
     path = Path(path)
     if path.is_symlink():  # the file the link names is written; the link stays
-        path = Path(os.path.realpath(path))
+        try:
+            path = Path(os.path.realpath(path, strict=True))
+        except FileNotFoundError:  # a link to a file not written yet
+            path = Path(os.path.realpath(path))
+        except OSError as exc:  # a loop of links
+            raise OrtrainError(f"{what}: cannot write {str(path)!r}: {exc.strerror or exc}; give the path of a "
+                               "file") from None
     kind = _special_kind(path)
     if kind:
         raise OrtrainError(f"{what}: cannot write {str(path)!r}: it is {kind}, not a regular file (a file is written "

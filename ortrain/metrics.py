@@ -118,12 +118,18 @@ def fitting(names, loss) -> tuple[list[str], list[str], list[str]]:
             unknown.append(name)
             continue
         try:
-            _check_labels(metric.name, loss)
+            _check_labels(_canonical(name), loss, metric.name)
         except OrtrainError:
             misfit.append(name)
             continue
-        kept.append(name)
+        if name not in kept:  # a file from before duplicates were refused
+            kept.append(name)
     return kept, misfit, unknown
+
+
+def _canonical(name: str) -> str:
+    key = name.lower()
+    return {"acc": "accuracy", "mean_absolute_error": "mae", "mean_squared_error": "mse"}.get(key, key)
 
 
 def resolve(names, loss) -> list[Metric]:
@@ -132,6 +138,8 @@ def resolve(names, loss) -> list[Metric]:
     for name in names or ():
         if not isinstance(name, str):
             raise OrtrainError(f"metrics: expected names such as 'accuracy' or 'mae', received {name!r}")
+        if any(m.name == name for m in out):
+            raise OrtrainError(f"metrics: {name!r} is given twice; give each metric once (it is logged by its name)")
         key = name.lower()
         if key in ("accuracy", "acc"):
             lname = getattr(loss, "name", "")

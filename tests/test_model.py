@@ -353,9 +353,15 @@ def test_keras_names_calls_and_weight_files(rng, tmp_path):
         model.load_weights(tmp_path / "none.npz")
     np.save(tmp_path / "one.npy", np.zeros(3))
     model.save(tmp_path / "m.ortrain")
-    (tmp_path / "cut.npz").write_bytes((tmp_path / "w.weights").read_bytes()[:100])
-    for path in (tmp_path / "one.npy", tmp_path / "m.ortrain", tmp_path / "cut.npz"):   # named, nothing changes
+    for path in (tmp_path / "one.npy", tmp_path / "m.ortrain"):   # named, nothing changes
         with pytest.raises(ot.OrtrainError, match="is not a weights file of save_weights .* read with ot.load_model"):
+            model.load_weights(path)
+    data = (tmp_path / "w.weights").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(data[:100])
+    flip = data.index(b"NUMPY") + 130   # a byte of the first array's values (after its 128-byte header)
+    (tmp_path / "flip.npz").write_bytes(data[:flip] + bytes([data[flip] ^ 0xFF]) + data[flip + 1:])
+    for path in (tmp_path / "cut.npz", tmp_path / "flip.npz"):
+        with pytest.raises(ot.OrtrainError, match="cannot be read as a weights file of save_weights: it is damaged"):
             model.load_weights(path)
     assert model.get_layer(index=np.int64(1)) is model.layers[1]
     with pytest.raises(ot.OrtrainError, match=r"get_layer\(index=...\): expected an int in \[-3, 3\) .*received True"):
@@ -692,3 +698,61 @@ def _tiny_onnx() -> bytes:
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
                           [numpy_helper.from_array(np.ones((2, 1), np.float32), "w")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def test_sequential_add_keeps_freezing_and_a_refused_add_changes_nothing(tmp_path):
+    import copy
+    import pickle
+
+    empty = ot.Sequential(name="empty")
+    assert "not built" in repr(empty)
+    for make in (copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))):
+        assert "not built" in repr(make(empty))
+    model = ot.Sequential([L.Dense(4, name="a"), L.BatchNorm(name="bn")], input_shape=(3,), seed=2)
+    model.freeze("a.*")
+    model.freeze_bn_stats()
+    model.add(L.Dense(2, name="b"))
+    assert model.trainable_weight_names == ["bn.gamma", "bn.beta", "b.kernel", "b.bias"]
+    embedding = L.Embedding(10, 3)
+    with pytest.raises(ot.OrtrainError, match="Embedding takes int64 inputs"):
+        model.add(embedding)
+    assert embedding.built_for is None and embedding.weights == {}   # left as it was, usable elsewhere
+    ids = ot.Input((5,), dtype="int64")
+    assert ot.Model(ids, L.Flatten()(embedding(ids))).output_shape == (None, 15)
+    seeded = ot.Sequential(input_shape=(3,), seed=2)
+    seeded.add(L.Dense(4))
+    with pytest.raises(ot.OrtrainError, match="Embedding takes int64 inputs"):
+        seeded.add(L.Embedding(10, 3))   # draws nothing from the seeded stack
+    seeded.add(L.Dense(2))
+    seeded.pop()
+    seeded.pop()
+    seeded.add(L.Dense(4))   # draws what the popped first layer drew
+    seeded.add(L.Dense(2))
+    listed = ot.Sequential([L.Dense(4), L.Dense(2)], input_shape=(3,), seed=2)
+    for a, b in zip(seeded.get_weights(), listed.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_metric_names_as_given_keep_their_checks(tmp_path):
+    model = ot.Sequential([L.Dense(3, activation="softmax")], input_shape=(4,), seed=0)
+    with pytest.raises(ot.OrtrainError, match="metrics: 'acc' is given twice"):
+        model.compile(optimizer="sgd", loss="categorical_crossentropy", metrics=["acc", "acc"])
+    model.compile(optimizer="sgd", loss="categorical_crossentropy", metrics=["MAE"])
+    model.save(tmp_path / "m.ortrain")
+    # the file names 'MAE', which sparse labels cannot take: loaded without it, with a warning
+    record_path = tmp_path / "m.ortrain"
+    import json
+    import zipfile
+    with zipfile.ZipFile(record_path) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    record = json.loads(files["model.json"])
+    record["compile"]["loss"] = {"name": "sparse_categorical_crossentropy", "from_logits": False}
+    files["model.json"] = json.dumps(record).encode()
+    with zipfile.ZipFile(tmp_path / "sparse.ortrain", "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+    with pytest.warns(UserWarning, match=r"metrics \['MAE'\] do not read the labels"):
+        loaded = ot.load_model(tmp_path / "sparse.ortrain")
+    assert loaded.metrics == []
+    for monitor in ("val_Acc", "val_ACCURACY", "val_acc"):   # accuracy improves upwards, whatever its case
+        assert ot.callbacks.EarlyStopping(monitor=monitor).monitor.mode == "max"

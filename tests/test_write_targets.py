@@ -69,3 +69,11 @@ def test_a_checkpoint_that_cannot_be_written_says_why_and_keeps_the_old_file(tmp
         assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["c"]
         tr.save_checkpoint(path)
     assert path.read_bytes() != before
+
+
+def test_a_loop_of_links_is_refused_and_kept(tmp_path):
+    (tmp_path / "x").symlink_to("y")
+    (tmp_path / "y").symlink_to("x")
+    with pytest.raises(ot.OrtrainError, match=r"save\(path\): cannot write '.*x': Too many levels of symbolic links"):
+        _model().save(tmp_path / "x")
+    assert (tmp_path / "x").is_symlink() and (tmp_path / "y").is_symlink()

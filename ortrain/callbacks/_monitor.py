@@ -26,7 +26,7 @@ class Monitor:
         self.owner = owner
         if mode == "auto":
             # Accuracy-like values grow as the model improves; losses and errors shrink.
-            mode = "max" if "acc" in monitor else "min"
+            mode = "max" if "acc" in monitor.lower() else "min"  # metrics keep their names: "val_Acc" too
         self.mode = mode
         self.min_delta = abs(float(min_delta))
         self.reset()

@@ -56,6 +56,14 @@ class Callback:
         self.trainer = loop.trainer
         self.params = loop.params
 
+    def __getstate__(self) -> dict:
+        # A copy or a pickle (sklearn's clone, a saved History) holds the callback's own values, not
+        # the links to the fit it ran in (its trainer holds a session, which cannot be copied).
+        state = dict(self.__dict__)
+        state.pop("loop", None)
+        state.pop("trainer", None)
+        return state
+
     def _check_fit(self) -> None:
         """Refuse settings this fit cannot honour (``params``, ``loop`` are set). Every callback's
         check runs before any ``on_train_begin``, so a refusal leaves what those would change

@@ -203,9 +203,14 @@ class Layer:
             self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
             self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
         except BaseException:
-            self._weights, self.roles = Weights(self), {}
+            self.unbuild()
             raise
         self.built_for = key
+
+    def unbuild(self) -> None:
+        """Back to a layer never built (a build, or a model it was added to, failed)."""
+        self._weights, self.roles, self.built_for = Weights(self), {}, None
+        self.__dict__.pop("_last_call", None)
 
     # -- weights ---------------------------------------------------------------------
     @property

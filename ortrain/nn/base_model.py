@@ -496,11 +496,15 @@ class Model(TrainingMixin):
         ``set_weights`` with a dict: a file may hold some of the weights)."""
         not_weights = (f"load_weights: {str(path)!r} is not a weights file of save_weights (an .npz of arrays by "
                        "weight name); a whole model file is read with ot.load_model")
+        damaged = (f"load_weights: {str(path)!r} cannot be read as a weights file of save_weights: it is damaged "
+                   "(cut short or changed after it was written); use another copy")
         try:
             loaded = np.load(path, allow_pickle=False)
         except FileNotFoundError:
             raise OrtrainError(f"load_weights: no such file {str(path)!r}") from None
-        except (OSError, ValueError, zipfile.BadZipFile) as exc:  # not numpy's format, or cut short
+        except zipfile.BadZipFile as exc:  # a zip, cut short
+            raise OrtrainError(f"{damaged} ({exc})") from exc
+        except (OSError, ValueError) as exc:  # not numpy's format
             raise OrtrainError(f"{not_weights} ({exc})") from exc
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
             raise OrtrainError(not_weights)
@@ -509,8 +513,8 @@ class Model(TrainingMixin):
                 raise OrtrainError(not_weights)
             try:
                 weights = {n: f[n] for n in f.files}
-            except (OSError, ValueError) as exc:
-                raise OrtrainError(f"{not_weights} ({exc})") from exc
+            except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:  # a bad CRC, a cut array
+                raise OrtrainError(f"{damaged} ({exc})") from exc
         try:
             self.set_weights(weights)
         except OrtrainError as exc:

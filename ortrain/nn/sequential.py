@@ -47,6 +47,7 @@ class Sequential(Model):
         self._pending = (first, input_shape, input_dtype, name)
         if not layers:
             self._built = False  # Keras' Sequential() filled in by add()
+            self._init_state(name or "sequential")
             self.layers = []
             return
         if input_shape is None:
@@ -60,6 +61,8 @@ class Sequential(Model):
         x = inp = first if first is not None else Input(input_shape, dtype=dtype)
         for lyr in layers:
             if not lyr.built_for and lyr.seed is None:
+                # where a seeded stack stood before this layer drew: pop() puts it back there
+                self.__dict__.setdefault("_drawn_before", {})[id(lyr)] = self._rng.bit_generator.state
                 lyr.build([x.shape], self._rng)
             x = lyr(x)
         Model.__init__(self, inp, x, name=name or getattr(self, "name", None) or "sequential")
@@ -75,6 +78,11 @@ class Sequential(Model):
         raise NotBuiltError("this Sequential has no input shape yet; add an ot.Input((features,)) and layers "
                             "first: model.add(ot.Input((4,))); model.add(ot.layers.Dense(2))")
 
+    def __repr__(self) -> str:
+        if not self.__dict__.get("_built", True):
+            return f"<Sequential {self.name!r}: not built ({'no layer' if self._has_input() else 'no input'} yet)>"
+        return super().__repr__()
+
     def _has_input(self) -> bool:
         first, shape = self.__dict__.get("_pending", (None, None, None, None))[:2]
         return first is not None or shape is not None
@@ -83,6 +91,8 @@ class Sequential(Model):
         """Append a layer (or, first, an ``ot.Input``), as Keras' ``Sequential.add``. The layers
         already there keep their weights; an error leaves the model as it was."""
         built = self.__dict__.get("_built", True)
+        if built:
+            self._adopt()
         layers = list(self.layers) if built else []
         if isinstance(layer, SymbolicTensor):
             if built or self._has_input():
@@ -97,31 +107,51 @@ class Sequential(Model):
         if not built and not self._has_input():
             raise OrtrainError("Sequential.add: the model has no input shape yet; add an ot.Input((features,)) "
                                "first, or give Sequential(input_shape=...)")
-        self._rebuild(layers + [layer])
+        was_built, drawn = layer.built_for is not None, self._rng.bit_generator.state
+        try:
+            self._rebuild(layers + [layer])
+        except BaseException:
+            self._rng.bit_generator.state = drawn  # a refused layer draws nothing from a seeded stack
+            if not was_built:
+                layer.unbuild()
+            raise
 
     def pop(self) -> Layer:
         """Remove the last layer (as Keras' ``Sequential.pop``) and return it."""
         if not self.__dict__.get("_built", True):
             raise OrtrainError("Sequential.pop: the model has no layer to remove")
+        self._adopt()
         layers = list(self.layers)
+        drawn = self.__dict__.get("_drawn_before", {}).pop(id(layers[-1]), None)
         if len(layers) == 1:
-            inp, name = self._inputs[0], self.name
+            inp, name, seed, rng = self._inputs[0], self.name, self._seed, self._rng
             self.__dict__.clear()
-            Sequential.__init__(self, [inp], name=name)
-            return layers[0]
-        self._rebuild(layers[:-1])
+            Sequential.__init__(self, [inp], name=name, seed=seed)
+            self._rng = rng
+        else:
+            self._rebuild(layers[:-1])
+        if drawn is not None:  # the next layer added draws what the popped one drew, as the list form would
+            self._rng.bit_generator.state = drawn
         return layers[-1]
 
+    def _adopt(self) -> None:
+        """Give a loaded or copied model (built without ``Sequential.__init__``) the stack's state."""
+        if "_pending" not in self.__dict__:
+            self._pending, self._rng, self._seed = (self._inputs[0], None, None, self.name), _random.generator(None), None
+
     def _rebuild(self, layers: list) -> None:
+        self._adopt()
         saved = dict(self.__dict__)
-        if "_pending" not in saved:  # a loaded or copied model: built without Sequential.__init__
-            self._pending, self._rng = (self._inputs[0], None, None, self.name), _random.generator(None)
         try:
             self._assemble(layers)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(saved)
             raise
+        # What model.freeze and freeze_bn_stats froze stays frozen (for the layers still there).
+        names = set(self.weight_names())
+        for key in ("_frozen", "_frozen_stats", "_layer_frozen_stats"):
+            setattr(self, key, set(saved.get(key, ())) & names)
 
 
 def _checked_input(first, input_shape, input_dtype):
