@@ -4,8 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import threading
+import weakref
 
 from ortrain.errors import OrtrainError
+
+_locked = weakref.WeakSet()  # objects whose lock exclusive() takes
+
+
+def new_lock(owner) -> threading.RLock:
+    """The lock :func:`exclusive` takes for ``owner``; a forked child gets a fresh one (a thread
+    of the parent that held it at the fork does not exist in the child, which would wait forever)."""
+    _locked.add(owner)
+    return threading.RLock()
+
+
+def _fresh_locks_in_child() -> None:
+    for owner in list(_locked):
+        owner._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 
 def exclusive(method):

@@ -3,13 +3,13 @@ taken by ``Trainer.snapshot`` and moved towards the trainer by ``Trainer.update_
 
 from __future__ import annotations
 
-import threading
+import copy
 
 import numpy as np
 
 from ortrain import engine
 from ortrain._arrays import positive_int, prepare_inputs, run_chunks
-from ortrain._lifetime import Releasable, exclusive
+from ortrain._lifetime import Releasable, exclusive, new_lock
 from ortrain.errors import FreedError
 
 __all__ = ["Snapshot"]
@@ -32,21 +32,25 @@ class Snapshot(Releasable):
         self._device = device
         self._runner = None
         self._freed = False
-        self._lock = threading.RLock()  # free() from another thread waits for a predict or an update
+        self._lock = new_lock(self)  # free() from another thread waits for a predict or an update
 
     def _live(self):
         if self._freed:
             raise FreedError("this snapshot was freed; take a new one with trainer.snapshot()")
 
-    # A copy (deepcopy, pickle) holds the weights and opens its own session when it first predicts.
+    # A copy (copy, deepcopy, pickle) holds its own weights and opens its own session when it first
+    # predicts: a shallow copy sharing the weights would move with the original's update_target.
     __reduce_ex__ = object.__reduce_ex__
+
+    def __copy__(self) -> Snapshot:
+        return copy.deepcopy(self)
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_lock"} | {"_runner": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._lock = threading.RLock()
+        self._lock = new_lock(self)
 
     @exclusive
     def weight_names(self) -> list[str]:

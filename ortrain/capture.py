@@ -90,26 +90,31 @@ class CaptureStep(TracedCall):
         session = self._session
         outs = self._outs
         norm = None
-        try:
+        drawn = session.draws
+        with session._lock:  # once for the whole step (the session's own calls would take it three times)
             try:
-                session.train_step_into(feeds)
-            except Exception as exc:
-                raise self._failed(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") from exc
-            if self._ranges:
-                self._check_ranges(outs[len(self._keys):])
-            loss = outs[0].copy()
-            if self._max_norm is not None:
-                norm = self._clip()
-            elif not math.isfinite(loss):
-                self._refuse("loss", float(loss))
-            session.optimizer_step()
-            session.zero_grad()
-        except BaseException as exc:
-            # Nothing but the gradients moved: they are dropped. An interrupt that came just after
-            # the update ran counts it.
-            if session.abandon_step(exc, self._step):
-                self._advance()
-            raise
+                try:
+                    session._train_step_into(feeds)
+                except Exception as exc:
+                    raise self._failed(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") \
+                        from exc
+                if self._ranges:
+                    self._check_ranges(outs[len(self._keys):])
+                loss = outs[0].copy()
+                if self._max_norm is not None:
+                    norm = self._clip()
+                elif not math.isfinite(loss):
+                    self._refuse("loss", float(loss))
+                session._optimizer_step()
+                session._zero_grad()
+            except BaseException as exc:
+                # Nothing but the gradients moved: they are dropped. An interrupt that came just after
+                # the update ran counts it.
+                if session.abandon_step(exc, self._step):
+                    self._advance()
+                else:  # a refused step: the next call draws its dropout masks again
+                    session.draws = drawn
+                raise
         self._advance()
         if not self._dict and norm is None:
             return loss
@@ -249,9 +254,9 @@ class CaptureStep(TracedCall):
             for path, data in zip(paths, self._models, strict=True):
                 path.write_bytes(data)
             engine.write_checkpoint(d / "checkpoint", engine.CheckpointData(trainable, frozen, state))
-            # A reopened session goes on with the dropout masks the one it replaces would have drawn.
-            draws = self._session.draws if self._session is not None else 0
-            return engine.TrainingSession(paths[0], paths[1], d / "checkpoint", paths[2], draws=draws)
+            # Dropout masks are drawn at the optimizer's step count: a reopened session, or a new capture
+            # resumed with opt.load_state, goes on with the masks an uninterrupted run would draw.
+            return engine.TrainingSession(paths[0], paths[1], d / "checkpoint", paths[2], draws=int(step))
 
     def _adopt(self, session) -> None:
         old, self._session = self._session, session

@@ -156,26 +156,29 @@ class Trainer(TrainerSetup, Releasable):
         this batch's) and counts the update if it ran, so the counters always match the weights."""
         feeds.append(self._scale)
         session = self._session
-        try:
-            fetches = session.train_step(feeds, check=False)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                self._drop_period()
-            raise
-        if self._accum + 1 < self._k:
-            self._accum += 1
-            self._n_steps += 1
-            return fetches
-        try:
-            session.lr = self._lr
-            session.optimizer_step()
-            self._drop_period()
-        except BaseException as exc:
-            self._accum = 0
-            if session.abandon_step(exc, self._updates):
-                self._updates += 1  # the update ran before the interrupt arrived
+        with session._lock:  # once for the step's calls
+            try:
+                fetches = session._train_step(feeds, check=False)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    self._drop_period()
+                raise
+            if self._accum + 1 < self._k:
+                self._accum += 1
                 self._n_steps += 1
-            raise
+                return fetches
+            try:
+                if session.lr != self._lr:
+                    session._set_lr(self._lr)
+                session._optimizer_step()
+                session._zero_grad()
+                self._accum = 0
+            except BaseException as exc:
+                self._accum = 0
+                if session.abandon_step(exc, self._updates):
+                    self._updates += 1  # the update ran before the interrupt arrived
+                    self._n_steps += 1
+                raise
         self._updates += 1
         self._n_steps += 1
         return fetches

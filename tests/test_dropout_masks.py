@@ -115,8 +115,50 @@ def test_a_captured_dropout_draws_the_reference_masks():
     step.free()
 
 
-def test_a_dropout_over_a_free_sequence_length_keeps_the_runtime_kernel(rng):
-    # The mask's shape is known only when the graph runs: onnxruntime's Dropout draws it.
+def test_masks_of_an_odd_size_follow_the_reference_at_every_step():
+    # 7 float32 draws a step leave half of a 64-bit block unused: the next step starts afresh.
+    n, rate, steps = 7, 0.5, 40
+    masks = _masks(_mask_model(n, rate, seed=3), n, rate, steps)
+    expected = np.array([reference_mask(3, 0, k, (1, n), rate)[0] > 0 for k in range(steps)])
+    np.testing.assert_array_equal(masks, expected)
+
+
+def test_masks_over_a_transposed_and_reshaped_batch(rng):
+    # PyTorch exports put dropout after x.reshape(-1, k) or x.transpose(0, 1): the batch has no name
+    # there, or is not the first dimension; the runtime's kernel was left to draw, keeping element 0.
+    rate, steps = 0.5, 200
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "rows"], ["r"]),           # (batch, 6) -> (2 * batch, 3)
+         helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0]),    # (3, 2 * batch)
+         helper.make_node("Dropout", ["t", "ratio", "on"], ["d", "m"], seed=4),
+         helper.make_node("Transpose", ["d"], ["back"], perm=[1, 0]),
+         helper.make_node("Reshape", ["back", "cols"], ["y"]),
+         helper.make_node("Add", ["y", "b"], ["z"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 6])],
+        [numpy_helper.from_array(np.array([-1, 3], np.int64), "rows"),
+         numpy_helper.from_array(np.array([-1, 6], np.int64), "cols"),
+         numpy_helper.from_array(np.array(rate, np.float32), "ratio"), numpy_helper.from_array(np.array(True), "on"),
+         numpy_helper.from_array(np.zeros(6, np.float32), "b")])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    weights = (2.0 ** np.arange(6)).astype(np.float32)[None]
+    codes = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no Dropout is left to the kernel
+        with ot.Trainer(model, batch_size=1, loss_mask=6) as tr:
+            for _ in range(steps):
+                loss = tr.step(np.ones((1, 6)), np.zeros((1, 6)), sample_weight=weights)
+                codes.append(int(round(loss * 6 / 4)))   # each kept element is 2 after scaling
+    masks = np.array([[(c >> i) & 1 for i in range(6)] for c in codes])
+    # drawn in the layout of the dropout's input, (3, 2), and transposed back to the output's (2, 3)
+    expected = np.array([(reference_mask(4, 0, k, (3, 2), rate) > 0).T.reshape(6) for k in range(steps)])
+    np.testing.assert_array_equal(masks, expected)
+    assert np.all(np.abs(masks.mean(axis=0) - 0.5) < 0.13)
+
+
+def test_a_dropout_over_a_free_sequence_length_keeps_the_runtime_kernel_and_says_so(rng):
+    # The mask's size is known only when the graph runs: onnxruntime's Dropout draws it.
     graph = helper.make_graph(
         [helper.make_node("Dropout", ["x", "ratio", "on"], ["d", "m"], seed=2),
          helper.make_node("MatMul", ["d", "w"], ["y"])],
@@ -126,7 +168,9 @@ def test_a_dropout_over_a_free_sequence_length_keeps_the_runtime_kernel(rng):
          numpy_helper.from_array(np.ones((3, 2), np.float32), "w")])
     model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
     model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
-    art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    with pytest.warns(UserWarning, match=r"Dropout node 'd' keeps onnxruntime's kernel: the size of its input is not "
+                                         r"known before a step runs"):
+        art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
     training = onnx.load(art.directory / "training.onnx")
     assert [n.op_type for n in training.graph.node].count("Dropout") == 1
     assert not [i.name for i in training.graph.input if i.name.startswith("ortrain.dropout_mask/")]
@@ -144,5 +188,45 @@ def test_the_training_graph_reads_masks_and_the_eval_graph_none():
     assert "Dropout" not in [n.op_type for n in training.graph.node]
     masks = [i for i in training.graph.input if i.name.startswith("ortrain.dropout_mask/")]
     assert [(i.name, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]) for i in masks] == \
-        [("ortrain.dropout_mask/0", ["batch", 4])]
+        [("ortrain.dropout_mask/0", ["ortrain_mask_rows_0"])]   # flat, reshaped to the input in the graph
     assert not [i for i in evaluation.graph.input if i.name.startswith("ortrain.dropout_mask/")]
+
+
+def _dropout_capture(w0, refuse_at=None, resume_at=None):
+    """Losses of a captured step with dropout over 5 calls; a call refused at ``refuse_at`` (a label
+    out of range), or the step resumed into a new capture through opt.state() at ``resume_at``."""
+    W = ag.param(w0, name="W")
+    labels = ag.buffer(np.array([0, 1, 2, 0], np.int64), name="labels")
+    opt = ot.optim.Adam([W], lr=0.1)
+
+    def fn(x, i):
+        return ag.softmax_cross_entropy_loss(ag.dropout(x @ W, 0.5), ag.get_rows(labels, i))
+
+    ot.set_seed(9)
+    step = ot.capture_step(fn, optimizer=opt)
+    x, i = np.ones((4, 4), np.float32), np.arange(4)
+    losses = []
+    for k in range(5):
+        if k == refuse_at:
+            labels.write(1, np.array([7]))
+            with pytest.raises(ot.ShapeError):
+                step(x=x, i=i)
+            labels.write(1, np.array([1]))
+        if k == resume_at:
+            state, value = opt.state(), W.numpy()
+            step.free()
+            W = ag.param(value, name="W")
+            opt = ot.optim.Adam([W], lr=0.1)
+            opt.load_state(state)
+            ot.set_seed(9)   # the same dropout seed, as a restarted script draws it
+            step = ot.capture_step(fn, optimizer=opt)
+        losses.append(float(step(x=x, i=i)))
+    step.free()
+    return losses
+
+
+def test_a_refused_or_resumed_capture_draws_the_masks_of_an_uninterrupted_run(rng):
+    w0 = rng.standard_normal((4, 3)).astype(np.float32)
+    straight = _dropout_capture(w0)
+    assert _dropout_capture(w0, refuse_at=2) == straight   # the refused call drew no mask of its own
+    assert _dropout_capture(w0, resume_at=3) == straight   # a new capture counts from opt.step

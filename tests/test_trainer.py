@@ -472,14 +472,14 @@ def test_a_failed_update_counts_no_step_and_drops_its_gradients(monkeypatch):
         good.step(x[:16], y[:16])
         tr.step(x[:16], y[:16])
         session = tr._session
-        real = session.optimizer_step
+        real = session._optimizer_step   # the step calls it holding the session's lock
 
         def fail():
             raise ot.OrtrainError("injected")
-        monkeypatch.setattr(session, "optimizer_step", fail)
+        monkeypatch.setattr(session, "_optimizer_step", fail)
         with pytest.raises(ot.OrtrainError, match="injected"):
             tr.step(x[16:32], y[16:32])
-        monkeypatch.setattr(session, "optimizer_step", real)
+        monkeypatch.setattr(session, "_optimizer_step", real)
         assert (tr.n_steps, tr.n_updates) == (1, 1)
         # the next update holds only its own batch's gradients, as in a trainer that never failed
         assert tr.step(x[32:48], y[32:48]) == good.step(x[32:48], y[32:48])
@@ -519,12 +519,12 @@ def test_an_interrupt_leaves_the_counters_matching_the_weights(monkeypatch, wher
     with ot.Trainer(seed_model(), batch_size=16) as good, ot.Trainer(seed_model(), batch_size=16) as tr:
         good.step(*batches[0])
         tr.step(*batches[0])
-        real = getattr(tr._session, where)
+        real = getattr(tr._session, "_" + where)   # the step calls it holding the session's lock
 
         def interrupted(*args, **kwargs):
             real(*args, **kwargs)
             raise KeyboardInterrupt
-        monkeypatch.setattr(tr._session, where, interrupted)
+        monkeypatch.setattr(tr._session, "_" + where, interrupted)
         with pytest.raises(KeyboardInterrupt):
             tr.step(*batches[1])
         monkeypatch.undo()
@@ -583,10 +583,19 @@ def test_copies_and_pickles_of_sessions_refused_of_values_independent(rng):
                 make(tr)
         snap = tr.snapshot()
         want = snap.predict(x)   # its session is open: a copy opens its own
+        shallow = copy.copy(snap)   # its own weights too: an update of the copy leaves the original
+        tr.step(x, np.ones((2, 2), np.float32))
+        tr.update_target(shallow, tau=1.0)
+        np.testing.assert_array_equal(snap.predict(x), want)
+        assert not np.array_equal(shallow.predict(x), want)
         for other in (copy.deepcopy(snap), pickle.loads(pickle.dumps(snap))):
             np.testing.assert_array_equal(other.predict(x), want)
             other.free()
         np.testing.assert_array_equal(snap.predict(x), want)
+    history = model.fit(x, np.zeros((2, 2), np.float32), epochs=2, verbose=0,
+                        callbacks=[ot.callbacks.EarlyStopping(monitor="loss")])
+    for make in (copy.deepcopy, lambda h: pickle.loads(pickle.dumps(h))):   # sklearn's clone, a saved history
+        assert make(history).history == history.history
     W = ag.param(np.ones((3, 2), np.float32), name="W")
     opt = ot.optim.Adam([W], lr=0.1)
     step = ot.capture_step(lambda x: ag.mean(x @ W), optimizer=opt)
@@ -662,3 +671,44 @@ def test_a_snapshot_freed_from_another_thread_raises_freed_error_only(rng):
             for t in threads:
                 t.join()
     assert other == set()
+
+
+def test_a_fork_while_another_thread_steps_leaves_the_child_a_usable_trainer(tmp_path):
+    # The child inherited the session's lock held by the stepping thread, which does not exist
+    # there: its free() waited forever.
+    script = tmp_path / "fork_busy.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, threading, time, numpy as np, ortrain as ot
+        m = ot.Sequential([ot.layers.Dense(64), ot.layers.Dropout(0.5), ot.layers.Dense(2)], input_shape=(32,),
+                          seed=0)
+        m.compile(optimizer="adam", loss="mse")
+        tr = ot.Trainer(m, batch_size=256)  # drawing the masks, the step lets other threads run
+        x, y = np.ones((256, 32), np.float32), np.zeros((256, 2), np.float32)
+        stop = []
+        def loop():
+            while not stop:
+                tr.step(x, y)
+        t = threading.Thread(target=loop)
+        t.start()
+        hung = 0
+        for _ in range(16):
+            time.sleep(0.01)
+            pid = os.fork()
+            if pid == 0:
+                tr.free()
+                os._exit(0)
+            for _ in range(100):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                hung += 1
+        stop.append(1)
+        t.join()
+        tr.free()
+        print("hung", hung)
+        """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "hung 0", (run.returncode, run.stdout, run.stderr[-2000:])

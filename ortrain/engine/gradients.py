@@ -44,7 +44,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     training_graph_utils._move_initializers_to_inputs(model, grads | frozen_set)
     eval_model = copy.deepcopy(model)
     training_graph_utils._disable_training_mode(eval_model)
-    model, masks = dropout_as_mask_inputs(model)
+    model, masks = dropout_as_mask_inputs(model, grads | frozen_set)
 
     so = session_options(threads=1)
     try:

@@ -10,9 +10,11 @@ the dropout's seed and its index, at a counter of the step number: each step's m
 independent of the others', and a resumed session draws exactly what an uninterrupted one
 would have drawn, from the step count alone.
 
-A ``Dropout`` whose input shape is not fixed apart from the batch (a free sequence length in
+The mask is fed flat and reshaped to the dropout's input in the graph, so its input may have
+any shape whose size is fixed per row of the batch (after a transpose or a reshape of the
+batch axis too). A ``Dropout`` over a size that only a step can tell (a free sequence length in
 an imported model), whose ratio or training flag is computed, or whose mask output another node
-reads keeps the runtime's kernel.
+reads keeps the runtime's kernel, with a warning.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ortrain._warnings import warn
 from ortrain.graph.builder import FreshNames
 
 __all__ = ["MASK_PREFIX", "METADATA_KEY", "MaskSource", "dropout_as_mask_inputs", "with_mask_metadata"]
@@ -41,36 +44,68 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     return values
 
 
-def _dims(inferred: onnx.ModelProto, name: str) -> list | None:
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
-        if vi.name == name:
-            t = vi.type.tensor_type
-            if t.elem_type != _FLOAT or not t.HasField("shape"):
-                return None
-            return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-    return None
+def _elements(inferred: onnx.ModelProto | None, names: list[str]) -> dict[str, int | None]:
+    """How many elements each float32 value of ``names`` holds, where inference fixes them all."""
+    out = dict.fromkeys(names)
+    if inferred is None:
+        return out
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        t = vi.type.tensor_type
+        if vi.name in out and t.elem_type == _FLOAT and t.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+            out[vi.name] = int(np.prod(dims, dtype=np.int64)) if all(d > 0 for d in dims) else None
+    return out
 
 
-def _batch_input(graph: onnx.GraphProto, symbol: str) -> str | None:
-    """The graph input whose first dimension is ``symbol``: its rows are the mask's."""
-    for vi in graph.input:
-        dims = vi.type.tensor_type.shape.dim
-        if dims and dims[0].dim_param == symbol:
-            return vi.name
-    return None
-
-
-def dropout_as_mask_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[dict]]:
-    """``model`` with every active ``Dropout`` it can take written as ``x * mask``, the mask a new
-    graph input; returns the model and one record per mask (input name, rate, seed, and the input
-    whose rows give the mask's first dimension when that dimension is free)."""
-    graph = model.graph
-    if not any(n.op_type == "Dropout" and n.domain in ("", "ai.onnx") for n in graph.node):
-        return model, []
+def _infer(model: onnx.ModelProto, batch: tuple[str, int] | None = None) -> onnx.ModelProto | None:
+    """``model`` with inferred shapes; ``batch`` = (symbol, rows) first fixes that free dimension."""
+    if batch is not None:
+        fixed = onnx.ModelProto()
+        fixed.CopyFrom(model)
+        for vi in fixed.graph.input:
+            for d in vi.type.tensor_type.shape.dim:
+                if d.dim_param == batch[0]:
+                    d.dim_value = batch[1]
+        model = fixed
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - a graph onnx cannot infer keeps the runtime's dropout
+        return None
+
+
+def _batch(graph: onnx.GraphProto, data: list[str]) -> tuple[str, str] | None:
+    """(symbol, input) when every free dimension of the data inputs is the first one and they
+    share its name: the rows of a batch, whose count a step's first such input gives."""
+    found = None
+    for vi in graph.input:
+        if vi.name not in data:
+            continue
+        dims = list(vi.type.tensor_type.shape.dim)
+        free = [i for i, d in enumerate(dims) if not d.HasField("dim_value")]
+        if not free:
+            continue
+        if free != [0] or not dims[0].dim_param or (found and found[0] != dims[0].dim_param):
+            return None
+        found = found or (dims[0].dim_param, vi.name)
+    return found
+
+
+def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.ModelProto, list[dict]]:
+    """``model`` with every active ``Dropout`` it can take written as ``x * mask``, the mask a new
+    graph input (flat, reshaped to ``x``'s shape in the graph); returns the model and one record
+    per mask: input name, rate, seed, and its size, fixed or per row of the batch. ``params``:
+    the graph inputs that are weights, not data."""
+    graph = model.graph
+    dropouts = [n for n in graph.node if n.op_type == "Dropout" and n.domain in ("", "ai.onnx")]
+    if not dropouts:
         return model, []
+    data = [vi.name for vi in graph.input if vi.name not in set(params)]
+    batch = _batch(graph, data)
+    xs = [n.input[0] for n in dropouts]
+    static = _elements(_infer(model), xs)
+    two = three = dict.fromkeys(xs)
+    if batch is not None and any(v is None for v in static.values()):
+        two, three = (_elements(_infer(model, (batch[0], rows)), xs) for rows in (2, 3))
     consts = _constants(graph)
     read = [i for n in graph.node for i in n.input] + [o.name for o in graph.output]
     out = onnx.ModelProto()
@@ -78,14 +113,20 @@ def dropout_as_mask_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, lis
     names = FreshNames(out)
     nodes, masks = [], []
     for node in out.graph.node:
-        record = _record(node, consts, inferred, read, out.graph, names, len(masks))
+        x = node.input[0] if node.op_type == "Dropout" and node.input else None
+        size = _size(static.get(x), two.get(x), three.get(x), batch)
+        record = _record(node, consts, read, size, names, len(masks))
         if record is None:
             nodes.append(node)
             continue
-        dims = record.pop("dims")
-        out.graph.input.append(helper.make_tensor_value_info(record["input"], _FLOAT, dims))
-        nodes.append(helper.make_node("Mul", [node.input[0], record["input"]], [node.output[0]],
-                                      name=names.fresh(f"{node.name or 'Dropout'}/mask")))
+        rows = f"ortrain_mask_rows_{len(masks)}" if record["per_row"] else record["elements"]
+        out.graph.input.append(helper.make_tensor_value_info(record["input"], _FLOAT, [rows]))
+        base = node.name or "Dropout"
+        shape = names.fresh(f"{base}/shape")
+        mask = names.fresh(f"{base}/mask")
+        nodes += [helper.make_node("Shape", [x], [shape], name=names.fresh(f"{base}/Shape")),
+                  helper.make_node("Reshape", [record["input"], shape], [mask], name=names.fresh(f"{base}/Reshape")),
+                  helper.make_node("Mul", [x, mask], [node.output[0]], name=names.fresh(f"{base}/Mul"))]
         masks.append(record)
     if not masks:
         return model, []
@@ -94,26 +135,40 @@ def dropout_as_mask_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, lis
     return out, masks
 
 
-def _record(node, consts, inferred, read, graph, names, index: int) -> dict | None:
+def _size(static, two, three, batch) -> tuple[int, bool, str | None] | None:
+    """(elements, per row, batch input) of a dropout's input, or None when they are not known
+    before a step runs."""
+    if static:
+        return static, False, None
+    if batch is not None and two and three and three - two == two // 2 and two % 2 == 0:
+        return two // 2, True, batch[1]
+    return None
+
+
+def _record(node, consts, read, size, names, index: int) -> dict | None:
     if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
         return None
     ratio, flag = consts.get(node.input[1]), consts.get(node.input[2])
-    if ratio is None or flag is None or ratio.size != 1 or flag.size != 1 or not bool(flag.reshape(-1)[0]):
+    if flag is not None and flag.size == 1 and not bool(flag.reshape(-1)[0]):
+        return None  # never drops
+    why = None
+    if ratio is None or flag is None or ratio.size != 1 or flag.size != 1:
+        why = "its ratio or training flag is computed in the graph"
+    elif len(node.output) > 1 and node.output[1] and node.output[1] in read:
+        why = "another node reads its mask"
+    elif size is None:
+        why = "the size of its input is not known before a step runs (a free dimension besides the batch)"
+    elif not 0.0 <= float(ratio.reshape(-1)[0]) < 1.0:
         return None
-    rate = float(ratio.reshape(-1)[0])
-    if not 0.0 <= rate < 1.0 or (len(node.output) > 1 and node.output[1] and node.output[1] in read):
+    if why:
+        warn(f"Dropout node {node.name or node.output[0]!r} keeps onnxruntime's kernel: {why}. That kernel draws "
+             "masks whose elements repeat patterns from step to step (its first element is dropped, or kept, at "
+             "every step); ortrain draws independent masks for a dropout over a tensor of fixed size per row")
         return None
-    dims = _dims(inferred, node.input[0])
-    if not dims or any(not isinstance(d, int) or d <= 0 for d in dims[1:]):
-        return None
-    batch = None
-    if not isinstance(dims[0], int) or dims[0] <= 0:
-        batch = _batch_input(graph, dims[0]) if isinstance(dims[0], str) else None
-        if batch is None:
-            return None
+    elements, per_row, batch = size
     seed = next((a.i for a in node.attribute if a.name == "seed"), None)
-    return {"input": names.fresh(f"{MASK_PREFIX}{index}"), "rate": rate, "seed": seed, "batch": batch,
-            "dims": dims}
+    return {"input": names.fresh(f"{MASK_PREFIX}{index}"), "rate": float(ratio.reshape(-1)[0]), "seed": seed,
+            "elements": elements, "per_row": per_row, "batch": batch}
 
 
 def with_mask_metadata(model: onnx.ModelProto, masks: list[dict]) -> onnx.ModelProto:
@@ -132,8 +187,6 @@ class MaskSource:
         """``feed_names``: the training graph's fed inputs in the runtime's order, masks included."""
         meta = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), None)
         records = json.loads(meta) if meta else []
-        shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-                  for vi in model.graph.input}
         by_name = {r["input"]: r for r in records}
         self.data_names = [n for n in feed_names if n not in by_name]
         self._slots = []
@@ -141,10 +194,13 @@ class MaskSource:
             # An unseeded dropout draws masks no other session repeats, as the runtime's does.
             seed = r["seed"] if r["seed"] is not None else secrets.randbits(63)
             rate = np.float32(r["rate"])
+            bits = np.random.Philox(key=np.array([seed % 2**64, k], np.uint64))
+            # set whole at every step, with nothing buffered: the draws start at the step's counter
+            state = dict(bits.state, buffer_pos=4, has_uint32=0, uinteger=0)
             self._slots.append((feed_names.index(r["input"]),
-                                None if r["batch"] is None else self.data_names.index(r["batch"]),
-                                tuple(shapes[r["input"]]), rate, np.float32(1) / (np.float32(1) - rate),
-                                np.array([seed % 2**64, k], np.uint64)))
+                                self.data_names.index(r["batch"]) if r["per_row"] else None,
+                                int(r["elements"]), rate, np.float32(1) / (np.float32(1) - rate),
+                                bits, np.random.Generator(bits), state))
         self._slots.sort(key=lambda s: s[0])  # inserted in order, each lands at its own slot
         self._buffers: dict[tuple, tuple] = {}
 
@@ -154,20 +210,20 @@ class MaskSource:
     def feeds(self, data: list, step: int) -> list:
         """``data`` (the fed inputs without the masks) with the masks of training step ``step``."""
         full = list(data)
-        counter = np.array([0, step, 0, 0], np.uint64)
-        for slot, batch, shape, rate, scale, key in self._slots:
-            if batch is not None:
-                shape = (data[batch].shape[0],) + shape[1:]
-            u, keep, mask = self._arrays(slot, shape)
-            np.random.Generator(np.random.Philox(counter=counter, key=key)).random(out=u, dtype=np.float32)
+        for slot, batch, elements, rate, scale, bits, gen, state in self._slots:
+            n = elements * data[batch].shape[0] if batch is not None else elements
+            u, keep, mask = self._arrays(slot, n)
+            state["state"]["counter"] = np.array([0, step, 0, 0], np.uint64)
+            bits.state = state
+            gen.random(out=u, dtype=np.float32)
             np.greater_equal(u, rate, out=keep)
             np.multiply(keep, scale, out=mask)
             full.insert(slot, mask)
         return full
 
-    def _arrays(self, slot: int, shape: tuple):
-        arrays = self._buffers.get((slot, shape))
+    def _arrays(self, slot: int, n: int):
+        arrays = self._buffers.get((slot, n))
         if arrays is None:
-            arrays = self._buffers[(slot, shape)] = (np.empty(shape, np.float32), np.empty(shape, np.bool_),
-                                                    np.empty(shape, np.float32))
+            arrays = self._buffers[(slot, n)] = (np.empty(n, np.float32), np.empty(n, np.bool_),
+                                                 np.empty(n, np.float32))
         return arrays
