@@ -248,6 +248,9 @@ def test_load_state_refuses_bad_hyperparameters_and_changes_nothing(rng):
         np.testing.assert_array_equal(after["moments"]["W"]["m"], before["moments"]["W"]["m"])
     step.free()
 
+    partial = ot.optim.Adam(betas=(0.5, 0.6))
+    partial.load_state({**ot.optim.Adam().state(), "hyperparameters": {"eps": 1e-3}})   # the rest stays
+    assert (partial.betas, partial.eps) == ((0.5, 0.6), 1e-3)
     # an SGD's state leaves a decay of 0 out: loading it takes the decay away
     sgd = ot.optim.SGD(weight_decay=0.1)
     sgd.load_state(ot.optim.SGD().state())

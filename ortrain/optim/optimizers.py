@@ -75,6 +75,7 @@ class Optimizer:
     name = "optimizer"
     has_moments = False
     default_lr = 1e-3
+    _left_out_of_state: dict = {}  # hyperparameters state() omits at these values
 
     def __init__(self, params=None, lr: float = 1e-3, learning_rate: float | None = None):
         self.params = _checked_params(params, type(self).__name__)
@@ -181,15 +182,17 @@ class Optimizer:
     def _checked_hyperparameters(self, hyper) -> dict:
         """The attributes ``hyper`` (from :meth:`state`) sets, checked as the constructor checks them;
         as ``torch.optim.Optimizer.load_state_dict`` restores betas and decay, so does this. A key
-        ``state()`` leaves out (an SGD's decay of 0) takes the constructor's default."""
+        left out keeps this optimizer's value, except one ``state()`` leaves out itself (an SGD's
+        decay of 0)."""
         if hyper is None:
             return {}
         known = [k for k in ("betas", "eps", "weight_decay") if hasattr(self, k)]
         if not isinstance(hyper, dict) or set(hyper) - set(known):
             raise OrtrainError(f"load_state: 'hyperparameters' expected a dict with keys among {known}, as "
                                f"{type(self).__name__}.state() returns it, received {hyper!r:.120}")
+        given = {k: getattr(self, k) for k in known} | self._left_out_of_state | hyper
         try:
-            made = type(self)(None, **hyper)
+            made = type(self)(None, **given)
         except OrtrainError as exc:
             raise OrtrainError(f"load_state: 'hyperparameters': {exc}; the state was not loaded") from None
         return {key: getattr(made, key) for key in known}
@@ -274,6 +277,7 @@ class SGD(Optimizer):
 
     name = "sgd"
     default_lr = 1e-2
+    _left_out_of_state = {"weight_decay": 0.0}
 
     def __init__(self, params=None, lr: float = 1e-2, weight_decay: float = 0.0, *,
                  learning_rate: float | None = None, momentum: float = 0.0, nesterov: bool = False):
