@@ -34,6 +34,7 @@ __all__ = ["MASK_PREFIX", "METADATA_KEY", "MaskSource", "dropout_as_mask_inputs"
 MASK_PREFIX = "ortrain.dropout_mask/"
 METADATA_KEY = "ortrain.dropout_masks"
 _FLOAT = onnx.TensorProto.FLOAT
+_ROWS = (2, 3, 7)  # batch sizes at which a size is checked to grow with the rows
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -103,9 +104,10 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.Mode
     batch = _batch(graph, data)
     xs = [n.input[0] for n in dropouts]
     static = _elements(_infer(model), xs)
-    two = three = dict.fromkeys(xs)
+    # The elements at three batch sizes: a size proportional to the rows is known from the rows.
+    sizes = [dict.fromkeys(xs)] * 3
     if batch is not None and any(v is None for v in static.values()):
-        two, three = (_elements(_infer(model, (batch[0], rows)), xs) for rows in (2, 3))
+        sizes = [_elements(_infer(model, (batch[0], rows)), xs) for rows in _ROWS]
     consts = _constants(graph)
     read = [i for n in graph.node for i in n.input] + [o.name for o in graph.output]
     out = onnx.ModelProto()
@@ -114,7 +116,7 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.Mode
     nodes, masks = [], []
     for node in out.graph.node:
         x = node.input[0] if node.op_type == "Dropout" and node.input else None
-        size = _size(static.get(x), two.get(x), three.get(x), batch)
+        size = _size(static.get(x), [sized.get(x) for sized in sizes], batch)
         record = _record(node, consts, read, size, names, len(masks))
         if record is None:
             nodes.append(node)
@@ -135,13 +137,14 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.Mode
     return out, masks
 
 
-def _size(static, two, three, batch) -> tuple[int, bool, str | None] | None:
+def _size(static, at_rows: list, batch) -> tuple[int, bool, str | None] | None:
     """(elements, per row, batch input) of a dropout's input, or None when they are not known
-    before a step runs."""
+    before a step runs. ``at_rows``: its elements when the batch has each of ``_ROWS`` rows."""
     if static:
         return static, False, None
-    if batch is not None and two and three and three - two == two // 2 and two % 2 == 0:
-        return two // 2, True, batch[1]
+    per_row = at_rows[0] // _ROWS[0] if batch is not None and at_rows[0] else 0
+    if per_row and all(n == per_row * rows for n, rows in zip(at_rows, _ROWS, strict=True)):
+        return per_row, True, batch[1]
     return None
 
 
