@@ -45,8 +45,10 @@ class Snapshot(Releasable):
     def __copy__(self) -> Snapshot:
         return copy.deepcopy(self)
 
+    @exclusive  # the weights of one moment, not some from before an update_target and some from after
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"} | {"_runner": None}
+        state = {k: v for k, v in self.__dict__.items() if k != "_lock"}
+        return state | {"_runner": None, "_weights": {n: a.copy() for n, a in self._weights.items()}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

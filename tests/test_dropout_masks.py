@@ -230,3 +230,60 @@ def test_a_refused_or_resumed_capture_draws_the_masks_of_an_uninterrupted_run(rn
     straight = _dropout_capture(w0)
     assert _dropout_capture(w0, refuse_at=2) == straight   # the refused call drew no mask of its own
     assert _dropout_capture(w0, resume_at=3) == straight   # a new capture counts from opt.step
+
+
+def _one_dropout_model(nodes, x_dims, inits, out_dims):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_dims)],
+                              [numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+                               numpy_helper.from_array(np.array(True), "on"), *inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("batch", ["N", "batch_size"])
+def test_masks_whatever_the_export_names_the_batch(batch):
+    # ortrain names its label's rows "batch": a model naming its own otherwise kept the kernel.
+    proto = _one_dropout_model([helper.make_node("Dropout", ["x", "ratio", "on"], ["d", "m"], seed=1),
+                                helper.make_node("MatMul", ["d", "w"], ["y"])], [batch, 4],
+                               [numpy_helper.from_array(np.ones((4, 2), np.float32), "w")], [batch, 2])
+    model = ot.from_onnx(proto)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    assert "Dropout" not in [n.op_type for n in onnx.load(art.directory / "training.onnx").graph.node]
+
+
+def test_a_size_that_stops_growing_with_the_batch_keeps_the_kernel():
+    # x[:3] then dropout: 4 elements a row at 2 and 3 rows, 12 from then on
+    proto = _one_dropout_model(
+        [helper.make_node("Slice", ["x", "start", "end", "axis"], ["s"]),
+         helper.make_node("Dropout", ["s", "ratio", "on"], ["d", "m"], seed=1),
+         helper.make_node("ReduceSum", ["d"], ["total"], keepdims=1),
+         helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "total"], ["y"])],
+        ["batch", 4], [numpy_helper.from_array(np.array([0], np.int64), "start"),
+                       numpy_helper.from_array(np.array([3], np.int64), "end"),
+                       numpy_helper.from_array(np.array([0], np.int64), "axis"),
+                       numpy_helper.from_array(np.ones((4, 2), np.float32), "w")], ["batch", 2])
+    model = ot.from_onnx(proto)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.warns(UserWarning, match="keeps onnxruntime's kernel: the size of its input is not known"):
+        ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    for rows in (2, 3, 5):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with ot.Trainer(model, batch_size=rows) as tr:
+                assert np.isfinite(tr.step(np.ones((rows, 4)), np.zeros((rows, 2))))
+
+
+def test_a_dropout_inside_a_subgraph_says_it_keeps_the_kernel():
+    then = helper.make_graph([helper.make_node("Dropout", ["x", "ratio", "on"], ["inner"], name="inside", seed=1)],
+                             "then", [], [helper.make_tensor_value_info("inner", TensorProto.FLOAT, ["batch", 4])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["same"])], "else", [],
+                              [helper.make_tensor_value_info("same", TensorProto.FLOAT, ["batch", 4])])
+    proto = _one_dropout_model([helper.make_node("If", ["cond"], ["b"], then_branch=then, else_branch=other),
+                                helper.make_node("MatMul", ["b", "w"], ["y"])], ["batch", 4],
+                               [numpy_helper.from_array(np.array(True), "cond"),
+                                numpy_helper.from_array(np.ones((4, 2), np.float32), "w")], ["batch", 2])
+    with pytest.warns(UserWarning, match="Dropout node 'inside' keeps onnxruntime's kernel: it lies inside a "
+                                         "control-flow subgraph"):
+        ot.artifacts.build(ot.from_onnx(proto), loss="mse", optimizer="sgd")

@@ -681,6 +681,9 @@ def test_a_feature_extractor_from_model_input_and_a_layer_output(rng):
     assert features.weight_names() == ["dense_0.kernel", "dense_0.bias"]
     assert model.inputs == [model.input] and model.outputs == [model.output] and model.layers[1].input is \
         model.layers[0].output
+    elsewhere = model.layers[0](ot.Input((4,)))   # a later call elsewhere: output stays the first call's, as Keras'
+    assert model.layers[0].output is not elsewhere
+    np.testing.assert_allclose(ot.Model(model.input, model.layers[-2].output).predict(x), features.predict(x))
     head = L.Dense(2)
     classifier = ot.Model(features.input, head(features.output))
     assert [lyr.name for lyr in classifier.layers] == ["dense_0", head.name]

@@ -34,7 +34,9 @@ __all__ = ["MASK_PREFIX", "METADATA_KEY", "MaskSource", "dropout_as_mask_inputs"
 MASK_PREFIX = "ortrain.dropout_mask/"
 METADATA_KEY = "ortrain.dropout_masks"
 _FLOAT = onnx.TensorProto.FLOAT
-_ROWS = (2, 3, 7)  # batch sizes at which a size is checked to grow with the rows
+_ROWS = (2, 3, 7)
+_KERNEL = ("That kernel draws masks whose elements repeat patterns from step to step (its first element is dropped, "
+           "or kept, at every step); ortrain draws independent masks for a dropout over a tensor of fixed size per row")  # batch sizes at which a size is checked to grow with the rows
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -58,15 +60,15 @@ def _elements(inferred: onnx.ModelProto | None, names: list[str]) -> dict[str, i
     return out
 
 
-def _infer(model: onnx.ModelProto, batch: tuple[str, int] | None = None) -> onnx.ModelProto | None:
-    """``model`` with inferred shapes; ``batch`` = (symbol, rows) first fixes that free dimension."""
+def _infer(model: onnx.ModelProto, batch: tuple[list[str], int] | None = None) -> onnx.ModelProto | None:
+    """``model`` with inferred shapes; ``batch`` = (inputs, rows) first gives those inputs' free
+    first dimension that many rows."""
     if batch is not None:
         fixed = onnx.ModelProto()
         fixed.CopyFrom(model)
         for vi in fixed.graph.input:
-            for d in vi.type.tensor_type.shape.dim:
-                if d.dim_param == batch[0]:
-                    d.dim_value = batch[1]
+            if vi.name in batch[0]:
+                vi.type.tensor_type.shape.dim[0].dim_value = batch[1]
         model = fixed
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -74,21 +76,31 @@ def _infer(model: onnx.ModelProto, batch: tuple[str, int] | None = None) -> onnx
         return None
 
 
-def _batch(graph: onnx.GraphProto, data: list[str]) -> tuple[str, str] | None:
-    """(symbol, input) when every free dimension of the data inputs is the first one and they
-    share its name: the rows of a batch, whose count a step's first such input gives."""
-    found = None
+def _nested_dropouts(graph: onnx.GraphProto, depth: int = 0):
+    """The ``Dropout`` nodes inside the subgraphs of ``graph``'s nodes (If, Loop, Scan)."""
+    for node in graph.node:
+        if depth and node.op_type == "Dropout":
+            yield node
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _nested_dropouts(g, depth + 1)
+
+
+def _batch(graph: onnx.GraphProto, data: list[str]) -> tuple[list[str], str] | None:
+    """(inputs, input) when the only free dimension of every data input is its first: the rows of
+    a batch, whatever each input names it (a model's ``N``, the label's ``batch``: a step feeds
+    them all the same rows), whose count a step's first such input gives."""
+    batched = []
     for vi in graph.input:
         if vi.name not in data:
             continue
         dims = list(vi.type.tensor_type.shape.dim)
         free = [i for i, d in enumerate(dims) if not d.HasField("dim_value")]
-        if not free:
-            continue
-        if free != [0] or not dims[0].dim_param or (found and found[0] != dims[0].dim_param):
+        if free and free != [0]:
             return None
-        found = found or (dims[0].dim_param, vi.name)
-    return found
+        if free:
+            batched.append(vi.name)
+    return (batched, batched[0]) if batched else None
 
 
 def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.ModelProto, list[dict]]:
@@ -97,6 +109,9 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.Mode
     per mask: input name, rate, seed, and its size, fixed or per row of the batch. ``params``:
     the graph inputs that are weights, not data."""
     graph = model.graph
+    for inner in _nested_dropouts(graph):
+        warn(f"Dropout node {inner.name or inner.output[0]!r} keeps onnxruntime's kernel: it lies inside a control-flow "
+             f"subgraph (If, Loop, Scan). {_KERNEL}")
     dropouts = [n for n in graph.node if n.op_type == "Dropout" and n.domain in ("", "ai.onnx")]
     if not dropouts:
         return model, []
@@ -164,9 +179,7 @@ def _record(node, consts, read, size, names, index: int) -> dict | None:
     elif not 0.0 <= float(ratio.reshape(-1)[0]) < 1.0:
         return None
     if why:
-        warn(f"Dropout node {node.name or node.output[0]!r} keeps onnxruntime's kernel: {why}. That kernel draws "
-             "masks whose elements repeat patterns from step to step (its first element is dropped, or kept, at "
-             "every step); ortrain draws independent masks for a dropout over a tensor of fixed size per row")
+        warn(f"Dropout node {node.name or node.output[0]!r} keeps onnxruntime's kernel: {why}. {_KERNEL}")
         return None
     elements, per_row, batch = size
     seed = next((a.i for a in node.attribute if a.name == "seed"), None)

@@ -210,7 +210,7 @@ class Layer:
     def unbuild(self) -> None:
         """Back to a layer never built (a build, or a model it was added to, failed)."""
         self._weights, self.roles, self.built_for = Weights(self), {}, None
-        self.__dict__.pop("_last_call", None)
+        self.__dict__.pop("_first_call", None)
 
     # -- weights ---------------------------------------------------------------------
     @property
@@ -294,22 +294,22 @@ class Layer:
         if self.n_inputs is None and len(tensors) < 2:
             raise OrtrainError(f"{type(self).__name__} merges two or more inputs, received {len(tensors)}")
         out = SymbolicTensor.from_layer(self, tensors)
-        self._last_call = (tensors[0] if self.n_inputs == 1 else tensors, out)
+        self.__dict__.setdefault("_first_call", (tensors[0] if self.n_inputs == 1 else tensors, out))
         return out
 
     @property
     def input(self):
-        """Keras' ``layer.input``: the tensor of the layer's latest call (a list for a merge)."""
+        """Keras' ``layer.input``: the tensor of the layer's first call (a list for a merge)."""
         return self._called()[0]
 
     @property
     def output(self):
-        """Keras' ``layer.output``: the tensor of the layer's latest call, e.g. for a feature
+        """Keras' ``layer.output``: the tensor of the layer's first call, e.g. for a feature
         extractor ``ot.Model(model.input, model.layers[-2].output)`` sharing the layers."""
         return self._called()[1]
 
     def _called(self):
-        called = self.__dict__.get("_last_call")
+        called = self.__dict__.get("_first_call")
         if called is None:
             raise OrtrainError(f"layer {self.name or type(self).__name__!r} has not been called on a tensor yet: it has "
                                "no input or output; call it, layer(ot.Input(shape)), or use it in a model")
