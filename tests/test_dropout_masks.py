@@ -168,17 +168,15 @@ def test_a_dropout_over_a_free_sequence_length_keeps_the_runtime_kernel_and_says
          numpy_helper.from_array(np.ones((3, 2), np.float32), "w")])
     model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
     model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
-    with pytest.warns(UserWarning, match=r"Dropout node 'd' keeps onnxruntime's kernel: the size of its input is not "
-                                         r"known before a step runs"):
-        art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
     training = onnx.load(art.directory / "training.onnx")
     assert [n.op_type for n in training.graph.node].count("Dropout") == 1
     assert not [i.name for i in training.graph.input if i.name.startswith("ortrain.dropout_mask/")]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with ot.Trainer(model, batch_size=2) as tr:
+    said = r"Dropout node keeps onnxruntime's kernel \('d': the size of its input is not known before a step runs"
+    for _ in range(2):   # said whenever a trainer opens the graph, the artifacts cached or not
+        with pytest.warns(UserWarning, match=said), ot.Trainer(model, batch_size=2) as tr:
             losses = [tr.step(rng.standard_normal((2, 5, 3)), np.zeros((2, 5, 2))) for _ in range(3)]
-    assert all(np.isfinite(losses))
+        assert all(np.isfinite(losses))
 
 
 def test_the_training_graph_reads_masks_and_the_eval_graph_none():
@@ -266,11 +264,8 @@ def test_a_size_that_stops_growing_with_the_batch_keeps_the_kernel():
                        numpy_helper.from_array(np.ones((4, 2), np.float32), "w")], ["batch", 2])
     model = ot.from_onnx(proto)
     model.compile(optimizer="sgd", loss="mse")
-    with pytest.warns(UserWarning, match="keeps onnxruntime's kernel: the size of its input is not known"):
-        ot.artifacts.build(model, loss="mse", optimizer="sgd")
     for rows in (2, 3, 5):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with pytest.warns(UserWarning, match="keeps onnxruntime's kernel .*the size of its input is not known"):
             with ot.Trainer(model, batch_size=rows) as tr:
                 assert np.isfinite(tr.step(np.ones((rows, 4)), np.zeros((rows, 2))))
 
@@ -284,6 +279,27 @@ def test_a_dropout_inside_a_subgraph_says_it_keeps_the_kernel():
                                 helper.make_node("MatMul", ["b", "w"], ["y"])], ["batch", 4],
                                [numpy_helper.from_array(np.array(True), "cond"),
                                 numpy_helper.from_array(np.ones((4, 2), np.float32), "w")], ["batch", 2])
-    with pytest.warns(UserWarning, match="Dropout node 'inside' keeps onnxruntime's kernel: it lies inside a "
-                                         "control-flow subgraph"):
-        ot.artifacts.build(ot.from_onnx(proto), loss="mse", optimizer="sgd")
+    model = ot.from_onnx(proto)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.warns(UserWarning, match=r"Dropout node keeps onnxruntime's kernel \('inside': it lies inside a "
+                                         r"control-flow subgraph"):
+        ot.Trainer(model, batch_size=2).free()
+
+
+def test_a_dynamo_export_flattening_before_dropout_gets_masks():
+    # onnx's shape inference loses the size at the exporter's computed reshape: ortrain measures it
+    torch = torch_or_skip()
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(12, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(net, (torch.zeros(2, 3, 4),), dynamo=True, optimize=False, input_names=["x"],
+                                    training=torch.onnx.TrainingMode.TRAINING, dynamic_axes={"x": {0: "batch"}},
+                                    verbose=False)
+    model = ot.from_onnx(program.model_proto)
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+        with ot.Trainer(model, batch_size=3) as tr:
+            assert np.isfinite(tr.step(np.ones((3, 3, 4)), np.zeros((3, 2))))
+    assert "Dropout" not in [n.op_type for n in onnx.load(art.directory / "training.onnx").graph.node]

@@ -19,6 +19,7 @@ from onnx import numpy_helper
 
 from ortrain.engine._runtime import C, training_graph_utils
 from ortrain.engine.device import session_options
+from ortrain.engine.inference import run_model
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
 from ortrain.graph.dropout_masks import dropout_as_mask_inputs, with_mask_metadata
@@ -44,7 +45,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     training_graph_utils._move_initializers_to_inputs(model, grads | frozen_set)
     eval_model = copy.deepcopy(model)
     training_graph_utils._disable_training_mode(eval_model)
-    model, masks = dropout_as_mask_inputs(model, grads | frozen_set)
+    model, masks, kept = dropout_as_mask_inputs(model, grads | frozen_set, run=run_model)
 
     so = session_options(threads=1)
     try:
@@ -68,7 +69,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     for m in (training, eval_model):
         if m.ir_version > 10 or m.ir_version < IR_VERSION:
             m.ir_version = IR_VERSION
-    return with_mask_metadata(training, masks), eval_model
+    return with_mask_metadata(training, masks, kept), eval_model
 
 
 def write_initial_checkpoint(path: str | os.PathLike, trainable: dict[str, np.ndarray],

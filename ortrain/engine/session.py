@@ -20,12 +20,13 @@ import onnx
 
 from ortrain._files import atomic_path
 from ortrain._lifetime import exclusive, new_lock
+from ortrain._warnings import warn
 from ortrain.engine._runtime import C, OrtValue
 from ortrain.engine.checkpoint import read_checkpoint
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
-from ortrain.graph.dropout_masks import MaskSource
+from ortrain.graph.dropout_masks import MaskSource, kernel_warning
 
 
 def read_input_specs(path: str | os.PathLike, names: list[str]) -> list[TensorSpec]:
@@ -199,6 +200,8 @@ class TrainingSession:
         _open_sessions.add(self)
         training = onnx.load(os.fspath(training_path), load_external_data=False)
         masks = MaskSource(training, list(self._module.input_names(True)))
+        if masks.kept:
+            warn(kernel_warning(masks.kept))
         self.train_inputs = input_specs(training, masks.data_names)
         self._masks = masks if masks else None  # ortrain draws the dropout masks (graph.dropout_masks)
         self.eval_inputs = read_input_specs(eval_path, list(self._module.input_names(False)))

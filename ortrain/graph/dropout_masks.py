@@ -26,13 +26,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ortrain._warnings import warn
 from ortrain.graph.builder import FreshNames
 
-__all__ = ["MASK_PREFIX", "METADATA_KEY", "MaskSource", "dropout_as_mask_inputs", "with_mask_metadata"]
+__all__ = ["MASK_PREFIX", "METADATA_KEY", "MaskSource", "dropout_as_mask_inputs", "kernel_warning",
+           "with_mask_metadata"]
 
 MASK_PREFIX = "ortrain.dropout_mask/"
 METADATA_KEY = "ortrain.dropout_masks"
+KERNEL_KEY = "ortrain.dropout_kernel"
 _FLOAT = onnx.TensorProto.FLOAT
 _ROWS = (2, 3, 7)
 _KERNEL = ("That kernel draws masks whose elements repeat patterns from step to step (its first element is dropped, "
@@ -103,26 +104,30 @@ def _batch(graph: onnx.GraphProto, data: list[str]) -> tuple[list[str], str] | N
     return (batched, batched[0]) if batched else None
 
 
-def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.ModelProto, list[dict]]:
+def dropout_as_mask_inputs(model: onnx.ModelProto, params=(), run=None) -> tuple[onnx.ModelProto, list, list]:
     """``model`` with every active ``Dropout`` it can take written as ``x * mask``, the mask a new
-    graph input (flat, reshaped to ``x``'s shape in the graph); returns the model and one record
-    per mask: input name, rate, seed, and its size, fixed or per row of the batch. ``params``:
-    the graph inputs that are weights, not data."""
+    graph input (flat, reshaped to ``x``'s shape in the graph). Returns the model, one record per
+    mask (input name, rate, seed, and its size, fixed or per row of the batch) and one per
+    dropout left to the runtime's kernel (node, why). ``params``: the graph inputs that are
+    weights, not data. ``run(model, feeds)``: runs a graph, to measure the sizes onnx's shape
+    inference cannot work out (an exporter's computed reshapes) at a few batch sizes."""
     graph = model.graph
-    for inner in _nested_dropouts(graph):
-        warn(f"Dropout node {inner.name or inner.output[0]!r} keeps onnxruntime's kernel: it lies inside a control-flow "
-             f"subgraph (If, Loop, Scan). {_KERNEL}")
+    kept = [{"node": inner.name or inner.output[0], "why": "it lies inside a control-flow subgraph (If, Loop, Scan)"}
+            for inner in _nested_dropouts(graph)]
     dropouts = [n for n in graph.node if n.op_type == "Dropout" and n.domain in ("", "ai.onnx")]
     if not dropouts:
-        return model, []
+        return model, [], kept
     data = [vi.name for vi in graph.input if vi.name not in set(params)]
     batch = _batch(graph, data)
     xs = [n.input[0] for n in dropouts]
     static = _elements(_infer(model), xs)
     # The elements at three batch sizes: a size proportional to the rows is known from the rows.
-    sizes = [dict.fromkeys(xs)] * 3
-    if batch is not None and any(v is None for v in static.values()):
+    sizes = [dict.fromkeys(xs)] * len(_ROWS)
+    unknown = [x for x in xs if static[x] is None]
+    if batch is not None and unknown:
         sizes = [_elements(_infer(model, (batch[0], rows)), xs) for rows in _ROWS]
+        if run is not None and any(sized[x] is None for sized in sizes for x in unknown):
+            sizes = _measured(model, batch[0], unknown, run) or sizes
     consts = _constants(graph)
     read = [i for n in graph.node for i in n.input] + [o.name for o in graph.output]
     out = onnx.ModelProto()
@@ -133,8 +138,10 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.Mode
         x = node.input[0] if node.op_type == "Dropout" and node.input else None
         size = _size(static.get(x), [sized.get(x) for sized in sizes], batch)
         record = _record(node, consts, read, size, names, len(masks))
-        if record is None:
+        if record is None or "why" in record:
             nodes.append(node)
+            if record is not None:
+                kept.append(record)
             continue
         rows = f"ortrain_mask_rows_{len(masks)}" if record["per_row"] else record["elements"]
         out.graph.input.append(helper.make_tensor_value_info(record["input"], _FLOAT, [rows]))
@@ -146,10 +153,38 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=()) -> tuple[onnx.Mode
                   helper.make_node("Mul", [x, mask], [node.output[0]], name=names.fresh(f"{base}/Mul"))]
         masks.append(record)
     if not masks:
-        return model, []
+        return model, [], kept
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    return out, masks
+    return out, masks, kept
+
+
+def _measured(model: onnx.ModelProto, batched: list[str], names: list[str], run) -> list[dict] | None:
+    """The elements of ``names`` when the forward graph runs on zeros at each of ``_ROWS`` rows
+    (None when some input cannot be given a shape, or the graph does not run on zeros)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
+    constants = {t.name for t in probe.graph.initializer}
+    out = []
+    for rows in _ROWS:
+        feeds = {}
+        for vi in probe.graph.input:
+            if vi.name in constants:
+                continue
+            t = vi.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else (rows if vi.name in batched and i == 0 else -1)
+                    for i, d in enumerate(t.shape.dim)]
+            if min(dims, default=0) < 0:
+                return None
+            feeds[vi.name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(t.elem_type))
+        try:
+            values = run(probe, feeds)
+        except Exception:  # noqa: BLE001 - a graph that does not run on zeros keeps the runtime's dropout
+            return None
+        out.append({n: int(v.size) for n, v in zip(names, values, strict=True)})
+    return out
 
 
 def _size(static, at_rows: list, batch) -> tuple[int, bool, str | None] | None:
@@ -157,6 +192,8 @@ def _size(static, at_rows: list, batch) -> tuple[int, bool, str | None] | None:
     before a step runs. ``at_rows``: its elements when the batch has each of ``_ROWS`` rows."""
     if static:
         return static, False, None
+    if at_rows[0] and all(n == at_rows[0] for n in at_rows):  # measured, and not growing with the batch
+        return at_rows[0], False, None
     per_row = at_rows[0] // _ROWS[0] if batch is not None and at_rows[0] else 0
     if per_row and all(n == per_row * rows for n, rows in zip(at_rows, _ROWS, strict=True)):
         return per_row, True, batch[1]
@@ -164,6 +201,8 @@ def _size(static, at_rows: list, batch) -> tuple[int, bool, str | None] | None:
 
 
 def _record(node, consts, read, size, names, index: int) -> dict | None:
+    """The mask record of a dropout ortrain takes, ``{"node", "why"}`` for one it leaves to the
+    runtime's kernel, None for a node that is no active dropout."""
     if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
         return None
     ratio, flag = consts.get(node.input[1]), consts.get(node.input[2])
@@ -175,24 +214,33 @@ def _record(node, consts, read, size, names, index: int) -> dict | None:
     elif len(node.output) > 1 and node.output[1] and node.output[1] in read:
         why = "another node reads its mask"
     elif size is None:
-        why = "the size of its input is not known before a step runs (a free dimension besides the batch)"
+        why = ("the size of its input is not known before a step runs (it depends on a free dimension besides the "
+               "batch, or ortrain could not work it out)")
     elif not 0.0 <= float(ratio.reshape(-1)[0]) < 1.0:
         return None
     if why:
-        warn(f"Dropout node {node.name or node.output[0]!r} keeps onnxruntime's kernel: {why}. {_KERNEL}")
-        return None
+        return {"node": node.name or node.output[0], "why": why}
     elements, per_row, batch = size
     seed = next((a.i for a in node.attribute if a.name == "seed"), None)
     return {"input": names.fresh(f"{MASK_PREFIX}{index}"), "rate": float(ratio.reshape(-1)[0]), "seed": seed,
             "elements": elements, "per_row": per_row, "batch": batch}
 
 
-def with_mask_metadata(model: onnx.ModelProto, masks: list[dict]) -> onnx.ModelProto:
-    """Record the masks a training graph reads, for :class:`MaskSource`."""
-    if masks:
-        for p in [p for p in model.metadata_props if p.key == METADATA_KEY]:
+def kernel_warning(kept: list[dict]) -> str:
+    """What to say of the dropouts a training graph leaves to the runtime's kernel."""
+    nodes = "; ".join(f"{k['node']!r}: {k['why']}" for k in kept)
+    return (f"Dropout node{'s' if len(kept) > 1 else ''} keep{'' if len(kept) > 1 else 's'} onnxruntime's kernel "
+            f"({nodes}). {_KERNEL}")
+
+
+def with_mask_metadata(model: onnx.ModelProto, masks: list[dict], kept: list[dict] = ()) -> onnx.ModelProto:
+    """Record the masks a training graph reads (for :class:`MaskSource`) and the dropouts it leaves
+    to the runtime's kernel (said when a session opens it)."""
+    for key, value in ((METADATA_KEY, masks), (KERNEL_KEY, list(kept))):
+        for p in [p for p in model.metadata_props if p.key == key]:
             model.metadata_props.remove(p)
-        model.metadata_props.add(key=METADATA_KEY, value=json.dumps(masks, sort_keys=True))
+        if value:
+            model.metadata_props.add(key=key, value=json.dumps(value, sort_keys=True))
     return model
 
 
@@ -201,8 +249,9 @@ class MaskSource:
 
     def __init__(self, model: onnx.ModelProto, feed_names: list[str]):
         """``feed_names``: the training graph's fed inputs in the runtime's order, masks included."""
-        meta = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), None)
-        records = json.loads(meta) if meta else []
+        meta = {p.key: p.value for p in model.metadata_props}
+        records = json.loads(meta.get(METADATA_KEY, "[]"))
+        self.kept = json.loads(meta.get(KERNEL_KEY, "[]"))  # dropouts left to the runtime's kernel
         by_name = {r["input"]: r for r in records}
         self.data_names = [n for n in feed_names if n not in by_name]
         self._slots = []
