@@ -303,3 +303,24 @@ def test_a_dynamo_export_flattening_before_dropout_gets_masks():
         with ot.Trainer(model, batch_size=3) as tr:
             assert np.isfinite(tr.step(np.ones((3, 3, 4)), np.zeros((3, 2))))
     assert "Dropout" not in [n.op_type for n in onnx.load(art.directory / "training.onnx").graph.node]
+
+
+def test_a_size_that_depends_on_the_values_keeps_the_kernel():
+    # positions 0..max(lengths): one element on zeros at any batch size, but not a fixed size
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMax", ["len"], ["top"], keepdims=0), helper.make_node("Add", ["top", "one"], ["lim"]),
+         helper.make_node("Range", ["zero", "lim", "one"], ["r"]), helper.make_node("Cast", ["r"], ["rf"], to=1),
+         helper.make_node("Dropout", ["rf", "ratio", "on"], ["d"], seed=1),
+         helper.make_node("ReduceSum", ["d"], ["total"], keepdims=1),
+         helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "total"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+              helper.make_tensor_value_info("len", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "ratio"), numpy_helper.from_array(np.array(True), "on"),
+         numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(1, np.int64), "one"),
+         numpy_helper.from_array(np.ones((4, 2), np.float32), "w")])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.warns(UserWarning, match="the size of its input is not known before a step runs .*input values"):
+        with ot.Trainer(model, batch_size=3) as tr:
+            assert np.isfinite(tr.step([np.ones((3, 4)), np.array([5, 2, 3])], np.zeros((3, 2))))

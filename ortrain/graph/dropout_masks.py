@@ -160,8 +160,10 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=(), run=None) -> tuple
 
 
 def _measured(model: onnx.ModelProto, batched: list[str], names: list[str], run) -> list[dict] | None:
-    """The elements of ``names`` when the forward graph runs on zeros at each of ``_ROWS`` rows
-    (None when some input cannot be given a shape, or the graph does not run on zeros)."""
+    """The elements of ``names`` when the forward graph runs at each of ``_ROWS`` rows, on zeros
+    and on ones: a size that differs between the two depends on the values (a ``NonZero``, a
+    ``Range`` up to an input) and is None. None for all when some input cannot be given a shape,
+    or the graph does not run on such inputs."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
@@ -169,7 +171,7 @@ def _measured(model: onnx.ModelProto, batched: list[str], names: list[str], run)
     constants = {t.name for t in probe.graph.initializer}
     out = []
     for rows in _ROWS:
-        feeds = {}
+        shapes = {}
         for vi in probe.graph.input:
             if vi.name in constants:
                 continue
@@ -178,12 +180,15 @@ def _measured(model: onnx.ModelProto, batched: list[str], names: list[str], run)
                     for i, d in enumerate(t.shape.dim)]
             if min(dims, default=0) < 0:
                 return None
-            feeds[vi.name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(t.elem_type))
-        try:
-            values = run(probe, feeds)
-        except Exception:  # noqa: BLE001 - a graph that does not run on zeros keeps the runtime's dropout
-            return None
-        out.append({n: int(v.size) for n, v in zip(names, values, strict=True)})
+            shapes[vi.name] = (dims, helper.tensor_dtype_to_np_dtype(t.elem_type))
+        sized = []
+        for fill in (np.zeros, np.ones):
+            try:
+                values = run(probe, {n: fill(dims, dtype) for n, (dims, dtype) in shapes.items()})
+            except Exception:  # noqa: BLE001 - a graph that does not run on these keeps the runtime's dropout
+                return None
+            sized.append([int(v.size) for v in values])
+        out.append({n: a if a == b else None for n, a, b in zip(names, *sized, strict=True)})
     return out
 
 
@@ -215,7 +220,7 @@ def _record(node, consts, read, size, names, index: int) -> dict | None:
         why = "another node reads its mask"
     elif size is None:
         why = ("the size of its input is not known before a step runs (it depends on a free dimension besides the "
-               "batch, or ortrain could not work it out)")
+               "batch or on the input values, or ortrain could not work it out)")
     elif not 0.0 <= float(ratio.reshape(-1)[0]) < 1.0:
         return None
     if why:
