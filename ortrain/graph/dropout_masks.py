@@ -12,9 +12,12 @@ would have drawn, from the step count alone.
 
 The mask is fed flat and reshaped to the dropout's input in the graph, so its input may have
 any shape whose size is fixed per row of the batch (after a transpose or a reshape of the
-batch axis too). A ``Dropout`` over a size that only a step can tell (a free sequence length in
-an imported model), whose ratio or training flag is computed, or whose mask output another node
-reads keeps the runtime's kernel, with a warning.
+batch axis too). Sizes come from onnx's shape inference at a few batch sizes, or, where it
+loses them (an exporter's computed reshapes), from running the forward graph there. A
+``Dropout`` over a size that only a step can tell (a free sequence length in an imported model,
+a size that depends on the values), inside a control-flow subgraph, whose ratio or training
+flag is computed, or whose mask output another node reads keeps the runtime's kernel; the
+training graph records which, and a session opening it warns.
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ MASK_PREFIX = "ortrain.dropout_mask/"
 METADATA_KEY = "ortrain.dropout_masks"
 KERNEL_KEY = "ortrain.dropout_kernel"
 _FLOAT = onnx.TensorProto.FLOAT
-_ROWS = (2, 3, 7)
+_ROWS = (2, 3, 7)  # batch sizes at which a size is checked to grow with the rows
 _KERNEL = ("That kernel draws masks whose elements repeat patterns from step to step (its first element is dropped, "
-           "or kept, at every step); ortrain draws independent masks for a dropout over a tensor of fixed size per row")  # batch sizes at which a size is checked to grow with the rows
+           "or kept, at every step); ortrain draws independent masks for a dropout over a tensor of fixed size per row")
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
