@@ -15,7 +15,8 @@ _locked = weakref.WeakSet()  # objects whose lock exclusive() takes
 
 def new_lock(owner) -> threading.RLock:
     """The lock :func:`exclusive` takes for ``owner``; a forked child gets a fresh one (a thread
-    of the parent that held it at the fork does not exist in the child, which would wait forever)."""
+    of the parent that held it at the fork does not exist in the child, which would wait forever),
+    and then runs the owner's ``_after_fork_in_child()`` if it has one."""
     _locked.add(owner)
     return threading.RLock()
 
@@ -23,6 +24,9 @@ def new_lock(owner) -> threading.RLock:
 def _fresh_locks_in_child() -> None:
     for owner in list(_locked):
         owner._lock = threading.RLock()
+        after = getattr(owner, "_after_fork_in_child", None)
+        if after is not None:
+            after()
 
 
 if hasattr(os, "register_at_fork"):

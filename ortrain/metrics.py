@@ -18,7 +18,8 @@ __all__ = ["Metric", "resolve"]
 
 class Metric:
     def __init__(self, name: str, fn):
-        self.name = name
+        self.name = name  # how it is logged: the name compile was given
+        self.kind = name  # what it computes ("accuracy" for "acc")
         self._fn = fn
         self.reset()
 
@@ -118,7 +119,7 @@ def fitting(names, loss) -> tuple[list[str], list[str], list[str]]:
             unknown.append(name)
             continue
         try:
-            _check_labels(_canonical(name), loss, metric.name)
+            _check_labels(metric.kind, loss, metric.name)
         except OrtrainError:
             misfit.append(name)
             continue
@@ -126,10 +127,6 @@ def fitting(names, loss) -> tuple[list[str], list[str], list[str]]:
             kept.append(name)
     return kept, misfit, unknown
 
-
-def _canonical(name: str) -> str:
-    key = name.lower()
-    return {"acc": "accuracy", "mean_absolute_error": "mae", "mean_squared_error": "mse"}.get(key, key)
 
 
 def resolve(names, loss) -> list[Metric]:
@@ -163,6 +160,6 @@ def resolve(names, loss) -> list[Metric]:
         else:
             raise OrtrainError(f"metrics: unknown metric {name!r}; known: accuracy, sparse_categorical_accuracy, "
                                "categorical_accuracy, binary_accuracy, mae, mse")
-        _check_labels(out[-1].name, loss, name)
+        _check_labels(out[-1].kind, loss, name)
         out[-1].name = name  # as Keras: logged and monitored by the name given ("acc", "val_acc")
     return out

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import tempfile
-import weakref
 
 import numpy as np
 import onnx
@@ -140,25 +139,6 @@ def _all_nodes(graph: onnx.GraphProto):
                 yield from _all_nodes(g)
 
 
-_open_sessions: weakref.WeakSet = weakref.WeakSet()
-
-
-def _keep_in_child() -> None:
-    """After ``fork``, in the child: onnxruntime-training's module crashes the process when it is
-    destroyed there (by ``free``, by garbage collection, or at exit). The child's copies of the
-    runtime's objects are given one reference more, so none is ever destroyed; the child can
-    still step them, and the system takes its memory back when it ends."""
-    import ctypes
-    for session in list(_open_sessions):
-        for obj in (session._module, session._optimizer, session._state):
-            if obj is not None:
-                ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_keep_in_child)
-
-
 class TrainingSession:
     """Training graph, eval graph, optional optimizer graph and their shared state.
 
@@ -197,7 +177,6 @@ class TrainingSession:
             raise _open_failure(exc, self.device) from exc
         # Training steps run, counting those of earlier sessions: each draws one mask per dropout.
         self.draws = int(draws)
-        _open_sessions.add(self)
         training = onnx.load(os.fspath(training_path), load_external_data=False)
         masks = MaskSource(training, list(self._module.input_names(True)))
         if masks.kept:
@@ -221,6 +200,16 @@ class TrainingSession:
     def _live(self):
         if self._freed:
             raise FreedError("this training session was freed")
+
+    def _after_fork_in_child(self) -> None:
+        """onnxruntime-training's module crashes a forked child that destroys it (by ``free``, by
+        garbage collection, or at exit): the child's copies of the runtime's objects get one
+        reference more, so none is ever destroyed; the child can still step them, and the
+        system takes its memory back when it ends."""
+        import ctypes
+        for obj in (self._module, self._optimizer, self._state):
+            if obj is not None:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
     @exclusive
     def free(self) -> None:

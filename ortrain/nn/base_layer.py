@@ -236,12 +236,16 @@ class Layer:
     def trainable_weights(self) -> list[np.ndarray]:
         """Copies of the weights that train with the layer (none when ``trainable`` is False), as
         Keras lists them; a model's ``freeze`` is the model's business (``model.trainable_weights``)."""
-        return [a.copy() for k, a in self.weights.items() if self.trainable and self.roles.get(k) == "trainable"]
+        return self._weights_that_train(True)
 
     @property
     def non_trainable_weights(self) -> list[np.ndarray]:
         """Copies of the others: a batch norm's running statistics, or all when ``trainable`` is False."""
-        return [a.copy() for k, a in self.weights.items() if not (self.trainable and self.roles.get(k) == "trainable")]
+        return self._weights_that_train(False)
+
+    def _weights_that_train(self, train: bool) -> list[np.ndarray]:
+        return [a.copy() for k, a in self.weights.items()
+                if (self.trainable and self.roles.get(k) == "trainable") == train]
 
     def __getattr__(self, name: str):
         # Keras' layer.kernel, layer.bias, layer.gamma...: a weight by its suffix (read-only array)

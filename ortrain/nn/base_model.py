@@ -414,14 +414,16 @@ class Model(TrainingMixin):
     @property
     def trainable_weights(self) -> list[np.ndarray]:
         """The weights that train (freezing applied), in :meth:`get_weights` order."""
-        table, train = self._weight_table(), set(self.trainable_weight_names)
-        return [table[n].copy() for n in self.weight_names() if n in train]
+        return self._weights_that_train(True)
 
     @property
     def non_trainable_weights(self) -> list[np.ndarray]:
         """The weights that do not train: frozen ones and batch-norm running statistics."""
-        table, train = self._weight_table(), set(self.trainable_weight_names)
-        return [table[n].copy() for n in self.weight_names() if n not in train]
+        return self._weights_that_train(False)
+
+    def _weights_that_train(self, train: bool) -> list[np.ndarray]:
+        table, trainable = self._weight_table(), set(self.trainable_weight_names)
+        return [table[n].copy() for n in self.weight_names() if (n in trainable) == train]
 
     @property
     def input_shape(self):
