@@ -184,6 +184,13 @@ def test_schedules():
     np.testing.assert_allclose([wc(t) for t in range(3)], [0.5, 1.0, 1.0])
     with pytest.raises(ot.OrtrainError, match="warmup_steps \\(6\\) must be below total_steps \\(6\\)"):
         s.warmup_cosine(1.0, 6, 6)
+    # no warm-up is the plain cosine (as transformers' get_cosine_schedule_with_warmup takes 0)
+    np.testing.assert_allclose([s.warmup_cosine(1.0, 0, 4, 0.2)(t) for t in range(6)], [cos(t) for t in range(6)])
+    with pytest.raises(ot.OrtrainError, match="warmup_steps: expected an int >= 0, received -1"):
+        s.warmup_cosine(1.0, -1, 4)
+    for sched in (s.step(1.0), cos, wc):
+        with pytest.raises(ot.OrtrainError, match="schedule: expected the step .*received nan"):
+            sched(float("nan"))
     for make, name, bad in [(lambda: s.step(-0.1), "initial_lr", -0.1), (lambda: s.cosine(0.1, 10, -1), "final_lr", -1),
                             (lambda: s.warmup_cosine(float("nan"), 2, 6), "initial_lr", float("nan")),
                             (lambda: s.step(0.1, drop="half"), "drop", "half")]:

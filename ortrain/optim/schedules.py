@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from ortrain._arrays import is_real, positive_int
+from ortrain._arrays import checked_int, is_real, positive_int
 from ortrain.errors import OrtrainError
 
 __all__ = ["cosine", "step", "warmup_cosine"]
@@ -24,13 +24,20 @@ def _rate(value, name: str) -> float:
     return float(value)
 
 
+def _step_number(t) -> int:
+    # a schedule is read with a step or epoch count; a NaN or an infinity is a caller's mistake
+    if not is_real(t) or not math.isfinite(t):
+        raise OrtrainError(f"schedule: expected the step (or epoch) number, a finite number, received {t!r}")
+    return int(t)
+
+
 def step(initial_lr: float, drop: float = 0.5, every: int = 10):
     """``initial_lr * drop ** (t // every)``."""
     initial_lr = _rate(initial_lr, "initial_lr")
     every = positive_int(every, "every")
     if not is_real(drop) or not 0 < drop <= 1:
         raise OrtrainError(f"drop: expected a number in (0, 1], received {drop!r}")
-    return lambda t: initial_lr * drop ** (int(t) // every)
+    return lambda t: initial_lr * drop ** (_step_number(t) // every)
 
 
 def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
@@ -39,7 +46,7 @@ def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
     total_steps = positive_int(total_steps, "total_steps")
 
     def schedule(t):
-        frac = min(max(int(t), 0), total_steps) / total_steps
+        frac = min(max(_step_number(t), 0), total_steps) / total_steps
         return final_lr + 0.5 * (initial_lr - final_lr) * (1.0 + math.cos(math.pi * frac))
     return schedule
 
@@ -58,15 +65,15 @@ def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_
     """Linear warm-up over ``warmup_steps``: step ``t`` (from 0) gets ``initial_lr * (t + 1) /
     warmup_steps``, so the first step already moves and the last warm-up step reaches
     ``initial_lr``; then cosine decay from ``initial_lr`` (at step ``warmup_steps``, so the peak
-    lasts two steps) to ``final_lr`` at ``total_steps``."""
+    lasts two steps) to ``final_lr`` at ``total_steps``. ``warmup_steps=0`` is :func:`cosine`."""
     initial_lr = _rate(initial_lr, "initial_lr")
-    warmup_steps = positive_int(warmup_steps, "warmup_steps")
+    warmup_steps = checked_int(warmup_steps, "warmup_steps", minimum=0)
     total_steps = positive_int(total_steps, "total_steps")
     check_warmup_below_total(warmup_steps, total_steps)
     decay = cosine(initial_lr, total_steps - warmup_steps, final_lr)
 
     def schedule(t):
-        t = int(t)
+        t = _step_number(t)
         if t < warmup_steps:
             return initial_lr * (t + 1) / warmup_steps
         return decay(t - warmup_steps)
