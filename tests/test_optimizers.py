@@ -143,6 +143,9 @@ def test_optimizer_argument_errors():
         with pytest.raises(ot.OrtrainError, match=re.escape(expected + said)):
             call()
     assert ot.optim.Adam(iter([W])).params == [W] and ot.optim.Adam((W,)).params == [W]  # any iterable
+    assert ot.optim.Adam([W, W]).params == [W]  # one param listed twice is held once, as torch does
+    with pytest.raises(ot.OrtrainError, match="params: two different params are named 'W'"):
+        ot.optim.Adam([W, ag.param(np.ones((3,), np.float32), name="W")])   # state() keys moments by name
 
 
 def test_learning_rate_is_keras_name_for_lr(batches):

@@ -64,6 +64,13 @@ def _checked_params(params, cls: str) -> list:
     if bad is not None:
         raise OrtrainError(f"{expected} a list holding {type(bad).__name__} {bad!r:.40}; create params with "
                            "ag.param(array, name=...)")
+    items = list({id(p): p for p in items}.values())  # one param listed twice is held once, as torch does
+    seen: dict = {}
+    for p in items:
+        if seen.setdefault(p.name, p) is not p:
+            # state() keys the moments by name, so two params of one name would share them
+            raise OrtrainError(f"params: two different params are named {p.name!r} ({seen[p.name]!r} and {p!r}); "
+                               "give each its own name, e.g. ag.param(array, name=...)")
     return items
 
 
