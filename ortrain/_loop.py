@@ -29,6 +29,13 @@ def located(exc: Exception, where: str) -> Exception:
 
 
 # -- the loop -------------------------------------------------------------------------------------
+def validates_after(epoch: int, validation_freq: int | frozenset[int]) -> bool:
+    """Whether ``validation_freq`` (Keras': every n-th epoch, or epoch numbers counted from 1)
+    takes epoch ``epoch`` (counted from 0)."""
+    freq = validation_freq
+    return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
+
+
 class Loop:
     """One run of the epoch loop; callbacks see it as ``callback.loop``."""
 
@@ -96,10 +103,7 @@ class Loop:
     def validates(self, epoch: int) -> bool:
         """Whether validation runs at the end of ``epoch`` (counted from 0): the fit has validation
         data and ``validation_freq`` takes this epoch (counted from 1, as Keras counts it)."""
-        if self.validation is None:
-            return False
-        freq = self.validation_freq
-        return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
+        return self.validation is not None and validates_after(epoch, self.validation_freq)
 
     def _names(self) -> list[str]:
         return [p.name for p in self.trainer._params]
@@ -186,7 +190,7 @@ class Loop:
                     break
                 if self.validates(epoch):
                     logs.update(self._validate(epoch))
-                logs["lr"] = self.trainer.lr
+                logs["lr"] = self.epoch_lr
                 cbs.on_epoch_end(epoch, logs)
                 if self.stop_training:
                     if self._model is not None:
@@ -244,6 +248,7 @@ class Loop:
                                            "not, so training started without them; pass loss_mask=1 to "
                                            "fit_generator, or give every batch weights (ones where none apply)")
                 fetches, labels, weights = tr._step(x, y, w, None, checked, self.class_weight, most=bs)
+                lr = tr.lr  # the rate this step took, before a batch hook writes the next one
                 loss = float(fetches[1].numpy())
                 rows = labels.shape[0]
                 if metrics:
@@ -265,6 +270,7 @@ class Loop:
         self._check_short(epoch, step + 1)
         logs = {"loss": total / seen}
         logs.update((m.name, m.result()) for m in metrics)
+        self.epoch_lr = lr
         return logs
 
     def _check_short(self, epoch: int, taken: int) -> None:

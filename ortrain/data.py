@@ -339,9 +339,12 @@ def looks_like_arrays(data) -> bool:
             and not any(_batch_like(v) for v in data[1:]))
 
 
-def validation_iterator(model, data, steps, batch_size: int, argument: str = "validation_data", names=None):
+def validation_iterator(model, data, steps, batch_size: int, argument: str = "validation_data", names=None,
+                        validations: int = 1):
     """An epoch iterator over validation arrays ``(x, y[, sample_weight])`` or a generator; None for None.
     ``names`` (three) name the arrays in messages instead of ``validation_data[0]`` and so on.
+    ``validations`` is how many epochs the fit validates after: a one-shot iterator without ``steps``
+    is used up by the first, so more are refused, as :func:`generator_source` refuses them.
 
     What can be checked before training is: arrays, and each batch of a list or tuple of batches
     (inputs and labels against the model), so a mistake there stops nothing halfway."""
@@ -367,7 +370,13 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
             prepare_arrays(model, x, y, None, f"{argument}[{i}] x", f"{argument}[{i}] y")
             if isinstance(w, np.ndarray) and w.dtype.kind == "f":  # other forms are checked when read
                 refuse_non_finite_weights(w, f"{argument}[{i}] sample_weight", "nothing was trained")
-    return EpochIterator(as_source(data, argument), steps)
+    source = as_source(data, argument)
+    if source.one_shot and steps is None and validations > 1:
+        raise OrtrainError(f"{argument}: a one-shot iterator (e.g. a Python generator) is used up by the first "
+                           f"validation and the fit validates after {validations} epochs; pass validation_steps, "
+                           "or a re-iterable (a list, an object with __iter__) or a callable that returns None "
+                           "at each validation's end")
+    return EpochIterator(source, steps)
 
 
 def check_split(validation_split) -> None:

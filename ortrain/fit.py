@@ -37,7 +37,7 @@ from ortrain import losses as losses_mod
 from ortrain import optim
 from ortrain._arrays import checked_flag, checked_int, is_integer, is_real, prepare_inputs
 from ortrain._class_weight import class_weights
-from ortrain._loop import Loop, located
+from ortrain._loop import Loop, located, validates_after
 from ortrain._warnings import warn
 from ortrain.callbacks.base import CallbackList
 from ortrain.callbacks.progress import check_verbose
@@ -93,6 +93,11 @@ def _validation_freq(value) -> int | frozenset[int]:
     return int(value)
 
 
+def _validations(initial_epoch: int, epochs: int, validation_freq) -> int:
+    """How many of the fit's epochs validate."""
+    return sum(validates_after(e, validation_freq) for e in range(initial_epoch, epochs))
+
+
 # -- entry points ---------------------------------------------------------------------------------
 def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1, initial_epoch: int = 0,
           steps_per_epoch: int | None = None, validation_data=None, validation_steps: int | None = None,
@@ -128,7 +133,7 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
         refuse_non_finite_arrays(base, xs, ys, ws, (xa, ya, wa))
         source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=checked_flag(shuffle, "shuffle")), len(ys)
     vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size,
-                              names=names.get("validation_data"))
+                              names=names.get("validation_data"), validations=epochs - initial_epoch)
     loop = Loop(trainer, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
                  validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=samples)
     return loop.run()
@@ -256,7 +261,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
         warn(f"weight_decay=0.0 (fit_generator's default) turns off the weight decay {compiled_decay} of the "
              f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
              "it)", UserWarning)
-    vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator")
+    vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator",
+                              validations=_validations(initial_epoch, epochs, validation_freq))
     if epochs <= initial_epoch:
         return History()
     batches = EpochIterator(source, steps_per_epoch)
@@ -359,7 +365,9 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     arrays = prepare_arrays(model, x, y, sample_weight, "x", "y", "sample_weight")
     if validation_data is not None:
         check_split(validation_split)  # then ignored, as in Keras
-        (xs, ys, ws), vit = arrays, validation_iterator(model, validation_data, validation_steps, bs)
+        vit = validation_iterator(model, validation_data, validation_steps, bs,
+                                  validations=_validations(initial_epoch, epochs, validation_freq))
+        xs, ys, ws = arrays
     else:
         (xs, ys, ws), held = split_arrays(arrays, validation_split)
         if held is not None:

@@ -19,12 +19,13 @@ class History(Callback):
 
     ``history``: a dict of lists, one value per epoch: ``loss`` (the mean loss of the epoch's
     training steps, each batch weighted by its rows), compiled metrics, ``val_loss`` and
-    ``val_<metric>`` when there is validation data, ``lr`` (the learning rate the epoch trained
-    with) and anything a callback adds to the logs. ``epoch``: the epoch numbers (from 0,
-    ``initial_epoch`` included). ``params``: the fit's settings. A value missing in some epoch
-    is NaN there, so every list has one entry per epoch: with ``validation_freq`` the ``val_``
-    lists hold NaN after the epochs that were not validated (Keras' lists leave those epochs out;
-    ``np.isnan`` or ``to_pandas().dropna()`` finds the validated ones).
+    ``val_<metric>`` when there is validation data, ``lr`` (the learning rate of the epoch's
+    last step, the last one used when a callback changes it within the epoch) and anything a
+    callback adds to the logs. ``epoch``: the epoch numbers (from 0, ``initial_epoch`` included).
+    ``params``: the fit's settings. A value missing in some epoch is NaN there, so every list has
+    one entry per epoch: with ``validation_freq`` the ``val_`` lists hold NaN after the epochs that
+    were not validated (Keras' lists leave those epochs out; ``np.isnan`` or
+    ``to_pandas().dropna()`` finds the validated ones).
     """
 
     def __init__(self):

@@ -697,6 +697,28 @@ def test_a_callback_that_saves_or_copies_self_model_keeps_the_live_optimizer_sta
     assert whole.train_state.n_steps == 6 and whole._live_state is None
 
 
+def test_history_lr_is_the_rate_the_epoch_trained_with_when_a_batch_hook_changes_it():
+    # a per-step decay written in on_batch_end: the epoch's rate, not the next epoch's first
+    data = batches(1, 4)
+    used = []
+
+    class PerStepDecay(ot.callbacks.Callback):
+        def on_batch_begin(self, step, logs=None):
+            used.append(self.model.optimizer.lr)
+
+        def on_batch_end(self, step, logs=None):
+            self.model.optimizer.lr = self.model.optimizer.lr * 0.5
+
+    model = sgd_model(lr=0.1)
+    hist = ot.fit_generator(model, data, epochs=3, verbose=0, callbacks=[PerStepDecay()])
+    assert used == hist.history["lr"] == [0.1, 0.05, 0.025]
+    ws = mlp().get_weights()
+    for lr in used:
+        ws = sgd(ws, mse_grads(ws, *data[0])[1], lr)
+    for got, want in zip(model.get_weights(), ws):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_model_optimizer_lr_reads_the_rate_the_fit_trains_at_as_in_keras(tmp_path):
     # A Keras callback logs self.model.optimizer.lr: it read the compiled rate while a schedule ran
     import copy

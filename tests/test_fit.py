@@ -381,6 +381,26 @@ def test_one_shot_iterator_needs_steps_per_epoch():
     assert model.train_state.n_steps == 2
 
 
+def test_one_shot_validation_iterator_needs_validation_steps():
+    # used up by the first validation, it left val_loss NaN (and EarlyStopping blind) after that
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    x, y = batches(1, 8)[0]
+    for call in (lambda v, **kw: ot.fit_generator(model, batches(2, 4), epochs=3, validation_generator=v,
+                                                  verbose=0, **kw),
+                 lambda v, **kw: model.fit(x, y, batch_size=4, epochs=3, validation_data=v, verbose=0, **kw)):
+        with pytest.raises(ot.OrtrainError, match="a one-shot iterator .* is used up by the first validation and "
+                                                  "the fit validates after 3 epochs; pass validation_steps"):
+            call(iter(batches(2, 4)))
+        assert model.train_state is None
+    hist = ot.fit_generator(model, batches(2, 4), epochs=3, validation_generator=iter(batches(3, 4)),
+                            validation_steps=1, verbose=0)
+    assert np.isfinite(hist.history["val_loss"]).all()
+    hist = model.fit(x, y, batch_size=4, epochs=3, validation_data=iter(batches(2, 4)), validation_freq=[3],
+                     verbose=0)  # validates once
+    assert np.isfinite(hist.history["val_loss"][2])
+
+
 def test_one_shot_iterator_running_dry_later_warns_and_stops():
     model = mlp()
     model.compile(optimizer="adam", loss="mse")
