@@ -158,6 +158,7 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
     staged.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics)
     if new_opt is model.optimizer:  # the caller's optimizer keeps reading the caller's model
         new_opt._lr_now = shown
+        staged._lr_seen = model._seen()  # and its rate is taken over only if written since the last fit
     staged.train_state = model.train_state if optimizer is None else None
     return staged
 

@@ -167,6 +167,27 @@ def test_loss_and_optimizer_override_compile():
     assert_weights(model, ws)
 
 
+def test_a_loss_override_continues_at_the_rate_the_last_fit_left():
+    # the moments go on, so the rate must too: not a rate written before that fit
+    data = batches(2, 4)
+    for write_after in (False, True):
+        model = mlp()
+        model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+        model.optimizer.lr = 0.2   # taken by the next fit, then halved by the decay
+        model.fit(data[0][0], data[0][1], batch_size=4, epochs=2, verbose=0,
+                  callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+        assert model.optimizer.lr == 0.1
+        if write_after:
+            model.optimizer.lr = 0.3   # written since: the next fit starts at it
+        want = 0.3 if write_after else 0.1
+        ws = model.get_weights()
+        for x, y in data:
+            ws = sgd(ws, mse_grads(ws, x, y)[1], want)
+        hist = ot.fit_generator(model, data, loss="mse", weight_decay=None, verbose=0)
+        assert hist.history["lr"] == [want] and model.train_state.lr == want
+        assert_weights(model, ws)
+
+
 def test_loss_mask_and_weight_decay_reach_the_trainer():
     data = batches(2, 4)
     mask = np.ones((4, 3), np.float32)
