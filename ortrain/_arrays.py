@@ -284,10 +284,14 @@ def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int |
     per_sample = all(d == 1 for d in shape[1:])
     if per_sample and a.ndim == 1 and len(want) > 1:
         a = a.reshape(a.shape + (1,) * (len(want) - 1))
+    elif per_sample and len(want) == 1 and a.ndim == 2 and a.shape[1] == 1:
+        a = a.reshape(a.shape[:1])  # a prediction of shape (batch,) takes (rows, 1) too
     if a.ndim != len(want) or any(e is not None and e != n for e, n in zip(want, a.shape)):
         accepted = describe_shape(want)
         if per_sample and len(want) > 1:
             accepted = f"{describe_shape(want[:1])} or {accepted}"
+        elif per_sample:
+            accepted = f"{accepted} or {describe_shape(want + (1,))}"
         what = "one weight per sample" if per_sample else "one weight per output element"
         hint = ""
         if per_sample and len(want) == 2 and len(received) == 2 and received[1] > 1:

@@ -340,11 +340,12 @@ def looks_like_arrays(data) -> bool:
 
 
 def validation_iterator(model, data, steps, batch_size: int, argument: str = "validation_data", names=None,
-                        validations: int = 1):
+                        validations: int = 1, weight_shape: tuple | None = None):
     """An epoch iterator over validation arrays ``(x, y[, sample_weight])`` or a generator; None for None.
     ``names`` (three) name the arrays in messages instead of ``validation_data[0]`` and so on.
     ``validations`` is how many epochs the fit validates after: a one-shot iterator without ``steps``
     is used up by the first, so more are refused, as :func:`generator_source` refuses them.
+    ``weight_shape``: the trainer's weight input (as for :func:`prepare_arrays`).
 
     What can be checked before training is: arrays, and each batch of a list or tuple of batches
     (inputs and labels against the model), so a mistake there stops nothing halfway."""
@@ -352,7 +353,8 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
         return None
     if looks_like_arrays(data):
         xa, ya, wa = names or (f"{argument}[0]", f"{argument}[1]", f"{argument}[2]")
-        xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None, xa, ya, wa)
+        xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None, xa, ya, wa,
+                                    weight_shape)
         refuse_non_finite_weights(ws, wa, "nothing was trained")
         return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], np.ndarray):
@@ -367,9 +369,9 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
                 x, y, w = parse_batch(batch)
             except OrtrainError as exc:
                 raise OrtrainError(f"{argument}[{i}]: {exc}") from None
-            prepare_arrays(model, x, y, None, f"{argument}[{i}] x", f"{argument}[{i}] y")
-            if isinstance(w, np.ndarray) and w.dtype.kind == "f":  # other forms are checked when read
-                refuse_non_finite_weights(w, f"{argument}[{i}] sample_weight", "nothing was trained")
+            wa = f"{argument}[{i}] sample_weight"
+            ws = prepare_arrays(model, x, y, w, f"{argument}[{i}] x", f"{argument}[{i}] y", wa, weight_shape)[2]
+            refuse_non_finite_weights(ws, wa, "nothing was trained")
     source = as_source(data, argument)
     if source.one_shot and steps is None and validations > 1:
         raise OrtrainError(f"{argument}: a one-shot iterator (e.g. a Python generator) is used up by the first "

@@ -93,6 +93,16 @@ def _validation_freq(value) -> int | frozenset[int]:
     return int(value)
 
 
+def _element_weights(model: Model, loss_mask) -> tuple | None:
+    """The weight input's shape for ``loss_mask=<outputs>`` (one weight per output element); None
+    for one per sample, the default of :func:`prepare_arrays`."""
+    pred = tuple(model.output_specs[0].shape)
+    if isinstance(loss_mask, (int, np.integer)) and not isinstance(loss_mask, bool) and loss_mask != 1 \
+            and len(pred) == 2 and loss_mask == pred[1]:
+        return pred
+    return None
+
+
 def _validations(initial_epoch: int, epochs: int, validation_freq) -> int:
     """How many of the fit's epochs validate."""
     return sum(validates_after(e, validation_freq) for e in range(initial_epoch, epochs))
@@ -122,18 +132,22 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
     base = trainer._model
     check_verbose(verbose)
     names = names or {}
+    weight_shape = None if trainer._weight_spec is None else trainer._weight_spec.shape
     if y is None:
         source, samples = generator_source(data, steps_per_epoch, epochs - initial_epoch), None
     else:
         xa, ya, wa = (names.get(k, k) for k in ("x", "y", "sample_weight"))
         if sample_weight is not None and trainer._weight_spec is None:
             raise OrtrainError(f"{wa}: this trainer has no loss weights; {trainer._how_to_weigh()}")
-        weight_shape = None if trainer._weight_spec is None else trainer._weight_spec.shape
         xs, ys, ws = prepare_arrays(base, data, y, sample_weight, xa, ya, wa, weight_shape)
         refuse_non_finite_arrays(base, xs, ys, ws, (xa, ya, wa))
         source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=checked_flag(shuffle, "shuffle")), len(ys)
     vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size,
-                              names=names.get("validation_data"), validations=epochs - initial_epoch)
+                              names=names.get("validation_data"), validations=epochs - initial_epoch,
+                              weight_shape=weight_shape)
+    if trainer._weight_spec is None and epochs > initial_epoch and _validation_weighted(vit, initial_epoch):
+        wa = (names.get("validation_data") or ("", "", "validation_data (its sample weights)"))[2]
+        raise OrtrainError(f"{wa}: this trainer has no loss weights; {trainer._how_to_weigh()}")
     loop = Loop(trainer, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
                  validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=samples)
     return loop.run()
@@ -263,7 +277,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
              f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
              "it)", UserWarning)
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator",
-                              validations=_validations(initial_epoch, epochs, validation_freq))
+                              validations=_validations(initial_epoch, epochs, validation_freq),
+                              weight_shape=_element_weights(staged, loss_mask))
     if epochs <= initial_epoch:
         return History()
     batches = EpochIterator(source, steps_per_epoch)

@@ -422,6 +422,37 @@ def test_one_shot_validation_iterator_needs_validation_steps():
     assert np.isfinite(hist.history["val_loss"][2])
 
 
+def test_validation_weights_are_checked_before_anything_trains():
+    # a list of batches whose weights have the wrong shape, and weights a trainer cannot take, were
+    # refused only after a whole epoch had trained
+    from ortrain import fit as fit_mod
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    x, y = batches(1, 8)[0]
+    with pytest.raises(ot.ShapeError, match=r"validation_data\[0\] sample_weight: expected shape \(4,\) or "
+                                            r"\(4, 1\) \(one weight per sample\), received \(4, 5\)"):
+        model.fit(x, y, batch_size=4, epochs=2, verbose=0, validation_data=[(x[:4], y[:4], np.ones((4, 5)))])
+    assert model.train_state is None
+    with pytest.raises(ot.OrtrainError, match=r"validation_data\[0\] sample_weight: holds nan in row 1; weights must be finite"):
+        model.fit(x, y, batch_size=4, verbose=0, validation_data=[(x[:4], y[:4], [1.0, np.nan, 1.0, 1.0])])
+    assert model.train_state is None
+    with ot.Trainer(model, batch_size=4) as tr:
+        before = tr.model().get_weights()
+        with pytest.raises(ot.OrtrainError, match="validation_data \\(its sample weights\\): this trainer has no "
+                                                  "loss weights; create it with loss_mask=1"):
+            fit_mod.train(tr, x, y, validation_data=(x, y, np.ones(8)), epochs=2, verbose=0)
+        assert tr.n_steps == 0
+        for got, want in zip(tr.model().get_weights(), before):
+            np.testing.assert_array_equal(got, want)
+    # per-element validation weights under loss_mask=<outputs> are taken as the training ones are
+    mask = np.ones((4, 3), np.float32)
+    mask[:, 2] = 0
+    hist = ot.fit_generator(model, [(x[:4], y[:4], mask)], loss_mask=3, verbose=0,
+                            validation_generator=[(x[4:], y[4:], mask)])
+    d = model.predict(x[4:]) - y[4:]
+    assert hist.history["val_loss"][0] == pytest.approx(np.sum(mask * d ** 2) / 12, rel=1e-5)
+
+
 def test_one_shot_iterator_running_dry_later_warns_and_stops():
     model = mlp()
     model.compile(optimizer="adam", loss="mse")

@@ -76,6 +76,32 @@ def test_loss_masks_match_weighted_numpy_reference(rng, mask):
         assert tr.eval(x, y) == pytest.approx(tr.eval(x, y, sample_weight=np.ones(shape)))
 
 
+def test_a_prediction_of_shape_batch_takes_sample_weights_of_batch_or_batch_1(rng):
+    # API.md: with loss_mask=1, sample_weight is [batch] or [batch, 1], whatever the output's rank
+    from _onnx_helpers import model as onnx_model
+    from _onnx_helpers import vi
+    from onnx import helper, numpy_helper
+    w0 = rng.standard_normal((3, 1)).astype(np.float32)
+    proto = onnx_model([helper.make_node("MatMul", ["x", "W"], ["z"]),
+                        helper.make_node("Squeeze", ["z", "axis"], ["y"])],
+                       [vi("x", ["batch", 3])], [vi("y", ["batch"])],
+                       [numpy_helper.from_array(w0, "W"), numpy_helper.from_array(np.array([1], np.int64), "axis")])
+    model = ot.from_onnx(proto)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x, y = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    w = np.array([1.0, 0.0, 2.0, 0.5], np.float32)
+    with ot.Trainer(model, batch_size=4, loss_mask=1) as tr:
+        d = (x @ w0)[:, 0] - y
+        for weights in (w, w[:, None]):
+            assert tr.eval(x, y, weights) == pytest.approx(np.sum(w * d ** 2) / 4, rel=1e-6)
+        with pytest.raises(ot.ShapeError, match=r"sample_weight: expected shape \(4,\) or \(4, 1\) \(one weight per "
+                                                r"sample\), received \(4, 2\)"):
+            tr.step(x, y, np.ones((4, 2)))
+        tr.step(x, y, w[:, None])
+        np.testing.assert_allclose(tr.model().get_weights()[0], w0 - 0.1 * (2 / 4) * x.T @ (w * d)[:, None],
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_zero_weight_removes_the_gradient_exactly(rng):
     x = rng.standard_normal((4, 5)).astype(np.float32)
     model = dense_model(5, 3, optimizer=ot.optim.SGD(lr=0.5))
