@@ -23,13 +23,14 @@ class Snapshot(Releasable):
     """
 
     def __init__(self, forward_bytes: bytes, params, weights: dict[str, np.ndarray], input_specs,
-                 device: str, bounds: dict | None = None):
+                 device: str, bounds: dict | None = None, threads: int | None = None):
         self._forward = forward_bytes
         self._params = list(params)
         self._weights = weights
         self._inputs = list(input_specs)
         self._bounds = bounds or {}
         self._device = device
+        self._threads = threads  # the trainer's: onnxruntime's intra-op threads
         self._runner = None
         self._freed = False
         self._lock = new_lock(self)  # free() from another thread waits for a predict or an update
@@ -51,7 +52,7 @@ class Snapshot(Releasable):
         return state | {"_runner": None, "_weights": {n: a.copy() for n, a in self._weights.items()}}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"_threads": None} | state)
         self._lock = new_lock(self)
 
     @exclusive
@@ -72,7 +73,7 @@ class Snapshot(Releasable):
         positive_int(batch_size, "batch_size", allow_none=True)
         xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
         if self._runner is None:
-            self._runner = engine.InferenceRunner(self._forward, device=self._device)
+            self._runner = engine.InferenceRunner(self._forward, device=self._device, threads=self._threads)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)
         return outs[0] if len(outs) == 1 else outs
 

@@ -48,6 +48,7 @@ class TrainerSetup:
         self._model = model._copy_with({n: _read_only(a) for n, a in model._weight_table().items()})
         self._params = list(art.params)  # the roles the graphs were built with
         self._trainable = [p.name for p in self._params if p.role == "trainable"]
+        self._threads = threads
         self._open(model, art, checkpoint, threads, _draws_of(model.train_state) if draws is None else draws)
         self._counters_from(model)
         self._feeds_for(model, art)

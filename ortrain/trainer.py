@@ -53,7 +53,9 @@ class Trainer(TrainerSetup, Releasable):
     one ``sample_weight`` per sample) or the number of output units (one weight per output
     element; a 0 removes that element's gradient exactly). ``weight_decay``: decoupled, in
     [0, 1], frozen weights never decayed; ``None`` takes the compiled optimizer's. ``device``:
-    ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``threads``: onnxruntime's intra-op threads.
+    ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``threads``: onnxruntime's intra-op threads, for every
+    session the trainer opens (training, ``predict``, ``calibrate_bn``, its snapshots); None takes
+    :func:`ortrain.set_num_threads`' setting (all cores by default).
 
     >>> import numpy as np, ortrain as ot
     >>> model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
@@ -270,7 +272,7 @@ class Trainer(TrainerSetup, Releasable):
         positive_int(batch_size, "batch_size", allow_none=True)
         xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
         if self._runner is None:
-            self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device)
+            self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device, threads=self._threads)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights_now(), batch_size)
         return outs[0] if len(outs) == 1 else outs
 
@@ -278,7 +280,8 @@ class Trainer(TrainerSetup, Releasable):
         """An independent eval-mode copy of the current weights (a target network)."""
         self._live()
         weights = {p.name: self._session.get(p.name) for p in self._params}
-        return Snapshot(self._inference_bytes(), self._params, weights, self._inputs, self.device, self._bounds)
+        return Snapshot(self._inference_bytes(), self._params, weights, self._inputs, self.device, self._bounds,
+                        self._threads)
 
     def _inference_bytes(self) -> bytes:
         if self._inference is None:
@@ -346,7 +349,7 @@ class Trainer(TrainerSetup, Releasable):
             return
         if self._calib is None:
             probe = with_extra_outputs(forward, [n.input[0] for n in nodes])
-            self._calib = engine.InferenceRunner(probe, device=self.device)
+            self._calib = engine.InferenceRunner(probe, device=self.device, threads=self._threads)
         feeds = {s.name: a for s, a in zip(self._inputs, xs)}
         before = {name: self._session.get(name).copy() for node in nodes for name in node.input[3:5]}
         try:

@@ -122,6 +122,26 @@ def test_thread_setting():
             ot.Trainer(dense_model(3, 2), batch_size=4, threads=bad)
 
 
+def test_a_trainers_thread_count_reaches_every_session_it_opens(monkeypatch):
+    import copy
+
+    from ortrain.engine import inference
+    asked = []
+    made = inference.session_options
+    monkeypatch.setattr(inference, "session_options", lambda threads=None: asked.append(threads) or made(threads))
+    model = ot.Sequential([ot.layers.Dense(2), ot.layers.BatchNorm()], input_shape=(3,), seed=0)
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((4, 3), np.float32)
+    with ot.Trainer(model, batch_size=4, threads=1) as tr:
+        tr.predict(x)
+        tr.calibrate_bn(x)
+        snap = tr.snapshot()
+        snap.predict(x)
+        copy.deepcopy(snap).predict(x)
+        snap.free()
+    assert asked == [1, 1, 1, 1]   # predict, calibrate_bn, a snapshot and its copy
+
+
 def test_bad_feeds_name_the_input_and_change_nothing(rng):
     art = ot.artifacts.build(dense_model(3, 2), optimizer="adam")
     sess = open_session(art)
