@@ -172,6 +172,58 @@ def test_writing_files_checks_the_path_and_keeps_the_usual_permissions(tmp_path,
             ot.load_model("bad.ortrain")
 
 
+def test_load_model_refuses_a_damaged_optimizer_state_as_load_state_does(tmp_path, rng):
+    # it was loaded, and the first fit then turned the weights to NaN or failed inside onnxruntime
+    import io
+    import json
+    import zipfile
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 8)]
+    model = skip_model()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=4, verbose=0)
+    model.save(tmp_path / "m.ortrain")
+    with zipfile.ZipFile(tmp_path / "m.ortrain") as z:
+        parts = {n: z.read(n) for n in z.namelist()}
+    record = json.loads(parts["model.json"])
+    moments = dict(np.load(io.BytesIO(parts["optimizer.npz"])))
+    first = record["optimizer_order"][0].split("\x00")[0]
+
+    def damaged(change_record=None, change_moments=None):
+        rec, ms = json.loads(json.dumps(record)), dict(moments)
+        (change_record or (lambda r: None))(rec)
+        (change_moments or (lambda m: None))(ms)
+        buf = io.BytesIO()
+        np.savez(buf, **ms)
+        path = tmp_path / f"bad{len(list(tmp_path.iterdir()))}.ortrain"
+        with zipfile.ZipFile(path, "w") as z:
+            for name, data in {**parts, "model.json": json.dumps(rec), "optimizer.npz": buf.getvalue()}.items():
+                z.writestr(name, data)
+        return path
+
+    def set_moment(i, value):
+        return lambda ms: ms.__setitem__(f"m{i}", value)
+
+    shape = moments["m0"].shape
+    for path, said in [
+            (damaged(change_moments=set_moment(0, np.full(shape, np.nan, np.float32))),
+             f"moment 'm' of '{first}' holds nan, where it needs finite values"),
+            (damaged(change_moments=set_moment(1, -np.ones(shape, np.float32))),
+             f"moment 'v' of '{first}' holds -1.0, where it needs finite values >= 0"),
+            (damaged(change_moments=set_moment(0, np.zeros((3, 3, 3), np.float32))),
+             f"moment 'm' of '{first}' is float32 of shape \\(3, 3, 3\\), where the weight is float32 of shape"),
+            (damaged(change_moments=set_moment(0, np.zeros(shape))), f"moment 'm' of '{first}' is float64"),
+            (damaged(lambda r: r["train_state"].__setitem__("step", -5)), "its training state's 'step' is -5"),
+            (damaged(lambda r: r["train_state"].__setitem__("lr", float("nan"))), "its learning rate is nan")]:
+        with pytest.raises(ot.OrtrainError, match=f"load_model: '.*bad\\d.ortrain' is damaged: {said}"):
+            ot.load_model(path)
+    again = ot.load_model(tmp_path / "m.ortrain")   # the file as written loads, and trains on as the original
+    model.fit(x, y, batch_size=4, verbose=0)
+    again.fit(x, y, batch_size=4, verbose=0)
+    for a, b in zip(again.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_freeze_and_unfreeze(rng):
     model = skip_model()
     model.freeze(["dense_0", "dense_3.*"])

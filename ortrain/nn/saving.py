@@ -205,12 +205,50 @@ def load_model(path):
             hint = "; an ONNX model is opened with ot.from_onnx(path)"
         raise OrtrainError(f"load_model: {path!r} is not a model saved by ortrain ({exc}){hint}") from exc
     try:
-        return model_from_record(record, weights, {"opt": opt, "extra": extra})
+        model = model_from_record(record, weights, {"opt": opt, "extra": extra})
     except OrtrainError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise OrtrainError(f"load_model: {path!r} is damaged: its model.json does not describe a model "
                            f"({type(exc).__name__}: {exc}); save the model again") from exc
+    problem = _train_state_problem(model)
+    if problem:
+        raise OrtrainError(f"load_model: {path!r} is damaged: {problem}; save the model again")
+    return model
+
+
+def _train_state_problem(model) -> str | None:
+    """What is wrong with a loaded model's optimizer state, checked as ``Optimizer.load_state``
+    checks one, so a damaged file is refused when it is loaded, not at the first step (or after it,
+    with weights turned to NaN)."""
+    import math
+
+    from ortrain.optim.optimizers import is_step
+    ts = model.train_state
+    if ts is None:
+        return None
+    for name, value in (("step", ts.step), ("n_steps", ts.n_steps), ("draws", ts.draws)):
+        if value is not None and not is_step(value):
+            return f"its training state's {name!r} is {value!r}, not an int >= 0"
+    if not (math.isfinite(ts.lr) and ts.lr >= 0):
+        return f"its learning rate is {ts.lr!r}, not a finite number >= 0"
+    shapes = {n: tuple(a.shape) for n, a in model._weight_table().items()}
+    # Adam keeps two moments a weight; onnxruntime-training's SGD one (always 0: it keeps no velocity)
+    counts = (2,) if model.optimizer is not None and model.optimizer.has_moments else (0, 1)
+    for name, ms in ts.moments.items():
+        if name not in shapes:
+            return f"it holds optimizer moments of {name!r}, which is not a weight of the model"
+        if len(ms) not in counts:
+            return f"it holds {len(ms)} optimizer moments of {name!r}, where its optimizer keeps {counts[-1]}"
+        for k, a in zip(("m", "v"), ms):
+            if a.dtype != np.float32 or a.shape != shapes[name]:
+                return (f"moment {k!r} of {name!r} is {a.dtype} of shape {a.shape}, where the weight is float32 of "
+                        f"shape {shapes[name]}")
+            bad = ~np.isfinite(a) | ((a < 0) if k == "v" else False)
+            if bad.any():
+                need = "finite values >= 0" if k == "v" else "finite values"
+                return f"moment {k!r} of {name!r} holds {a[bad].flat[0]}, where it needs {need}"
+    return None
 
 
 def _is_trainer_checkpoint(path) -> bool:
