@@ -6,7 +6,7 @@ import csv
 import math
 import os
 
-from ortrain._files import atomic_path
+from ortrain._files import atomic_path, checked_target
 from ortrain.callbacks.base import Callback
 from ortrain.callbacks.csv_logger import csv_cell
 from ortrain.errors import OrtrainError
@@ -85,23 +85,32 @@ class History(Callback):
             import matplotlib
             matplotlib.use("Agg", force=False)
             import matplotlib.pyplot as plt
+            from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
             raise OrtrainError("History.plot needs matplotlib, which is not installed; install the plot extra: "
                                "pip install 'ortrain[plot]' (or pip install matplotlib)") from None
+        target = checked_target(path, "History.plot(path)")
+        fmt = target.suffix[1:].lower() or "png"  # as matplotlib takes it, but written to path itself
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if fmt not in formats:
+            raise OrtrainError(f"History.plot(path): matplotlib writes no {fmt!r} files (from the extension of "
+                               f"{os.fspath(path)!r}); use one of {', '.join(sorted(formats))}, e.g. 'history.png'")
         panels = [k for k in self.history if not k.startswith("val_")]
         panels += [k[4:] for k in self.history if k.startswith("val_") and k[4:] not in self.history]
         fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.6 * len(panels)), sharex=True, squeeze=False)
-        for ax, key in zip(axes[:, 0], panels):
-            for name in (key, f"val_{key}"):
-                if name in self.history:
-                    ax.plot(self.epoch, self.history[name], marker="o", label=name)
-            ax.set_ylabel(key)
-            if key == "lr" and all(v > 0 for v in self.history["lr"]):
-                ax.set_yscale("log")
-            ax.legend()
-        axes[-1, 0].set_xlabel("epoch")
-        fig.tight_layout()
-        path = os.fspath(path)
-        fig.savefig(path)
-        plt.close(fig)
-        return path
+        try:
+            for ax, key in zip(axes[:, 0], panels):
+                for name in (key, f"val_{key}"):
+                    if name in self.history:
+                        ax.plot(self.epoch, self.history[name], marker="o", label=name)
+                ax.set_ylabel(key)
+                if key == "lr" and all(v > 0 for v in self.history["lr"]):
+                    ax.set_yscale("log")
+                ax.legend()
+            axes[-1, 0].set_xlabel("epoch")
+            fig.tight_layout()
+            with atomic_path(path, "History.plot(path)") as tmp:
+                fig.savefig(tmp, format=fmt)
+        finally:
+            plt.close(fig)
+        return os.fspath(path)

@@ -6,6 +6,7 @@ weighted cross-entropy) and PyTorch where installed.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -1066,6 +1067,19 @@ def test_history_to_pandas_and_plot(tmp_path):
     assert list(df.index) == [0, 1, 2] and df["val_loss"].tolist() == hist.history["val_loss"]
     png = hist.plot(tmp_path / "h.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # the file is the path given (matplotlib alone writes 'noext.png' for 'noext'); the format is its extension
+    assert hist.plot(tmp_path / "noext") == str(tmp_path / "noext")
+    assert open(tmp_path / "noext", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert open(hist.plot(tmp_path / "h.svg"), "rb").read(5) in (b"<?xml", b"<svg ")
+    import matplotlib.pyplot as plt
+    figures = plt.get_fignums()
+    (tmp_path / "folder").mkdir()
+    for path, said in ((tmp_path / "folder", "it is a directory"), (tmp_path / "no" / "h.png", "does not exist"),
+                       (None, "expected a file path"), (tmp_path / "h.bogus", "matplotlib writes no 'bogus' files")):
+        with pytest.raises(ot.OrtrainError, match=f"History.plot\\(path\\): .*{said}"):
+            hist.plot(path)
+    assert plt.get_fignums() == figures   # a refused plot leaves no figure open
+    assert sorted(os.listdir(tmp_path)) == ["folder", "h.png", "h.svg", "noext"]
 
 
 def test_history_missing_extras_name_the_extra(monkeypatch, tmp_path):
