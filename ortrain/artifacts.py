@@ -241,6 +241,9 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     before anything is written, and may refuse it by raising.
     """
     _check_weighting(weighting)
+    if out_dir is not None and (not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir)):
+        raise OrtrainError(f"out_dir: expected a directory path (str or os.PathLike) or None for the cache, "
+                           f"received {out_dir!r}")
     fg = _freeze_unreachable(_forward_graph(model_or_onnx, trainable, frozen))
     _check_trainable(fg)
     loss = losses.get(loss)

@@ -220,7 +220,10 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
     model = dense_model(3, 2)
     for kwargs, message in ((dict(weighting="bogus", out_dir=tmp_path / "a"), "weighting: expected None, 'sample'"),
                             (dict(frozen=["*"], out_dir=tmp_path / "x" / "y" / "z"), "nothing to train"),
-                            (dict(frozen=["*"]), "nothing to train")):
+                            (dict(frozen=["*"]), "nothing to train"),
+                            (dict(out_dir=5), r"out_dir: expected a directory path \(str or os.PathLike\) or None for "
+                                              "the cache, received 5"),
+                            (dict(out_dir=""), "out_dir: expected a directory path")):
         with pytest.raises(ot.OrtrainError, match=message):
             ot.artifacts.build(model, loss="mse", **kwargs)
     # A build that fails once it holds the lock (here: the gradient builder) removes the lock file
