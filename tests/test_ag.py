@@ -264,10 +264,23 @@ def test_params_and_buffers_validate_their_input():
     assert table.capacity == 4 and not table.trainable and table.dtype == np.float32
 
 
+def test_an_integer_input_to_a_float_op_names_the_input_and_the_cast():
+    W = ag.param(np.ones((2, 3), np.float32), name="W")
+    step = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x), y), optimizer=ot.optim.Adam([W]))
+    for ints in (np.int32, np.uint8, np.int64):
+        with pytest.raises(ot.ShapeError, match=r"matmul: expected float32 tensors, received the input 'x', an integer "
+                                                r"array of shape \(3, 4\) .*pass x= as float32, e.g. "
+                                                r"x.astype\(np.float32\)"):
+            step(x=np.ones((3, 4), ints), y=np.zeros((2, 4), np.float32))
+    assert step(x=np.ones((3, 4), np.float32), y=np.zeros((2, 4), np.float32)) == pytest.approx(9.0)
+
+
 def test_duplicate_names_in_one_step_are_refused():
     a, b = ag.param(np.ones(2), name="w"), ag.param(np.ones(2), name="w")
+    with pytest.raises(ot.OrtrainError, match="params: two different params are named 'w'"):
+        ot.optim.Adam([a, b])   # refused when the optimizer is made
     with pytest.raises(ot.OrtrainError, match="the name 'w' is used twice"):
-        ot.capture_step(lambda x: ag.mean(a * x + b), optimizer=ot.optim.Adam([a, b]))(x=np.ones(2))
+        ot.capture_step(lambda x: ag.mean(a * x + b), optimizer=ot.optim.Adam([a]))(x=np.ones(2))
     c = ag.param(np.ones(2), name="x")
     with pytest.raises(ot.OrtrainError, match="the name 'x' is used twice"):
         ot.capture_step(lambda x: ag.mean(c * x), optimizer=ot.optim.Adam([c]))(x=np.ones(2))

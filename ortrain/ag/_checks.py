@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortrain._arrays import as_array, is_integer, read_array
-from ortrain.ag.tensor import FLOAT, INT, Const, Tensor
+from ortrain.ag.tensor import FLOAT, INT, Const, Input, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
 
@@ -31,6 +31,10 @@ def as_tensor(value, where: str, like: Tensor | None = None) -> Tensor:
 
 def _float(where: str, *ts: Tensor) -> None:
     for t in ts:
+        if t.dtype != FLOAT and isinstance(t, Input):
+            raise ShapeError(f"{where}: expected float32 tensors, received the input {t.name!r}, an integer array "
+                             f"of shape {describe_shape(t.shape)} (integer inputs are kept as int64, for indices "
+                             f"and labels); pass {t.name}= as float32, e.g. {t.name}.astype(np.float32)")
         if t.dtype != FLOAT:
             raise ShapeError(f"{where}: expected float32 tensors, received {t.dtype.name} "
                              f"(shape {describe_shape(t.shape)})")
