@@ -92,7 +92,10 @@ def test_train_writes_a_complete_run_and_the_tools_read_it(workdir, capsys):
     state = json.loads((run / "state.json").read_text())
     assert state["epoch"] == 2 and (run / state["checkpoint"]).is_file()
     assert (run / "log.csv").read_text().splitlines()[0] == "epoch,accuracy,loss,lr,val_accuracy,val_loss"
-    capsys.readouterr()
+    final = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("final:"))
+    # in the files' order, not in an order the hash seed picks anew in every process
+    assert [cell.split("=")[0] for cell in final[len("final: "):].split(", ")] == \
+        ["accuracy", "loss", "lr", "val_accuracy", "val_loss"]
     assert cli("--json", "eval", "--run", "run", "--data", "test.npz", "--metrics", "accuracy") == 0
     result = json.loads(capsys.readouterr().out)
     x, y = load_digits()

@@ -47,7 +47,7 @@ class RunRecorder(Callback):
         self.trainer.save_checkpoint(ck)
         self.epochs.append(epoch)
         logs = logs or {}
-        for key in set(self.history) | set(logs):
+        for key in sorted(set(self.history) | set(logs)):  # one order, whatever the hash seed
             column = self.history.setdefault(key, [None] * (len(self.epochs) - 1))
             column.append(logs.get(key))
         write_text(self.out / "log.csv", self._csv())

@@ -193,7 +193,7 @@ def _names(cfg: dict) -> dict:
 def _finish(out: Path, model, recorder: RunRecorder) -> dict:
     """The end of a run: ``model.onnx`` and the loss plot."""
     model.export_onnx(out / "model.onnx")
-    summary = {"model": str(out / "model.onnx"), "final": {k: v[-1] for k, v in recorder.history.items() if v}}
+    summary = {"model": str(out / "model.onnx"), "final": {k: v[-1] for k, v in sorted(recorder.history.items()) if v}}
     plot = _plot(recorder, out)
     if plot:
         summary["plot"] = plot
