@@ -495,6 +495,24 @@ def test_artifacts_says_when_it_replaces_other_artifacts(workdir, capsys):
     assert "note: replaced the artifacts 'art' held" in capsys.readouterr().out
 
 
+def test_demo_does_not_replace_files_it_did_not_write(workdir, capsys):
+    make_artifacts(capsys)
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32",
+               "--out", "run", "--verbose", "0") == 0
+    before = {p.name: p.read_bytes() for p in (workdir / "run").iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert cli("demo", "--out", "run", "--epochs", "1", "--verbose", "0") == 2
+    err = capsys.readouterr().err
+    assert "--out: 'run' holds model.onnx" in err and "which the demo did not write" in err
+    assert {p.name: p.read_bytes() for p in (workdir / "run").iterdir() if p.is_file()} == before
+    (workdir / "mine").mkdir()
+    (workdir / "mine" / "summary.json").write_text("{}")
+    assert cli("demo", "--out", "mine", "--epochs", "1", "--verbose", "0") == 2
+    assert (workdir / "mine" / "summary.json").read_text() == "{}"
+    for _ in range(2):   # its own directory it writes again
+        assert cli("demo", "--out", "again", "--epochs", "1", "--verbose", "0") == 0
+
+
 def test_demo_reaches_the_accuracy_and_verifies_the_export(tmp_path, capsys):
     assert cli("demo", "--out", tmp_path / "demo", "--verbose", "0") == 0
     out = capsys.readouterr().out

@@ -7,16 +7,41 @@ that its predictions match ortrain's.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import numpy as np
 
 import ortrain as ot
-from ortrain.cli._common import check_out_dir, write_json
+from ortrain.cli._common import UsageError, check_out_dir, write_json
 from ortrain.datasets import load_digits
 
 L = ot.layers
+
+
+FILES = ("model.onnx", "model.ortrain", "history.csv", "loss.png", "summary.json")
+MARK = ".ortrain-demo"  # a directory the demo writes into: its files there are the demo's to replace
+
+
+def _refuse_others(out_dir: Path) -> None:
+    """The demo writes into a new directory, one it wrote before, or one whose files it would not
+    overwrite: a training run's model.onnx is not replaced by the digits model."""
+    if (out_dir / MARK).exists() or _demo_summary(out_dir / "summary.json"):
+        return
+    clash = [n for n in FILES if (out_dir / n).exists()]
+    if clash or (out_dir / "run.json").exists():
+        held = ", ".join(clash) if clash else "a training run"
+        raise UsageError(f"--out: {str(out_dir)!r} holds {held}, which the demo did not write and would replace; "
+                         "choose a new or empty directory (by default the demo writes to 'ortrain-demo')")
+
+
+def _demo_summary(path: Path) -> bool:
+    """Whether ``path`` is the summary of an earlier demo (one from before the mark was written)."""
+    try:
+        return "test_accuracy" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def build_model(seed: int) -> ot.Model:
@@ -45,7 +70,9 @@ def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int
     start = time.perf_counter()
     out_dir = Path(out)
     check_out_dir(out_dir, "the demo")
+    _refuse_others(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MARK).touch()
     ot.set_seed(seed)
     x, y = load_digits()
     x_train, y_train, x_test, y_test = split(x, y, 0.2, seed)
