@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -345,6 +346,8 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     (["train", "--artifacts", "art", "--data", "typo.npz", "--epochs", "1", "--batch-size", "8"], 2,
      "has arrays ['sample_weights', 'x', 'y']; expected 'x', 'y' and optionally 'sample_weight', nothing else"),
     (["demo", "--out", "train.npz"], 2, "--out: 'train.npz' is a file"),
+    (["artifacts", "mlp.onnx", "-o", "train.npz/sub", "--loss", "mse"], 2,
+     "-o: 'train.npz/sub' lies under the file 'train.npz'; writing artifacts needs a directory"),
     # config files that cannot be read, paths of the wrong kind, an option the loss does not take
     (["train", "latin1.toml"], 2, "CONFIG: 'latin1.toml' is not UTF-8 text, as TOML files are"),
     (["train", "paths.toml"], 2, "CONFIG: key 'data' expects a string or a list of strings, received ['train.npz', 5]"),
@@ -493,6 +496,27 @@ def test_artifacts_says_when_it_replaces_other_artifacts(workdir, capsys):
     assert "note:" not in capsys.readouterr().out  # the same artifacts: nothing replaced
     assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0
     assert "note: replaced the artifacts 'art' held" in capsys.readouterr().out
+
+
+def test_an_output_the_system_refuses_is_named_by_its_option(workdir, capsys, monkeypatch):
+    # a read-only or full file system: one line naming the option and the file, no bare errno
+    import errno
+    make_artifacts(capsys)
+
+    def refuse(path, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    save = np.save
+    monkeypatch.setattr(np, "save", refuse)
+    assert cli("predict", "--artifacts", "art", "--data", "x.npy", "-o", "p.npy") == 1
+    assert capsys.readouterr().err.strip() == ("ortrain predict: -o: cannot write 'p.npy': Read-only file system; "
+                                               "choose a path you can write to")
+    monkeypatch.setattr(np, "save", save)
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32",
+               "--out", "ro/run", "--verbose", "0") == 1
+    assert capsys.readouterr().err.strip() == ("ortrain train: --out: cannot write 'ro/run': Read-only file system; "
+                                               "choose a path you can write to")
 
 
 def test_demo_does_not_replace_files_it_did_not_write(workdir, capsys):

@@ -309,6 +309,29 @@ def _kept(opts) -> str:
     return f"; the run in {str(out)!r} keeps its completed epochs, continue it with --resume"
 
 
+# each command's output option: (argparse dest, the flag messages name)
+_OUTPUTS = {"demo": ("out", "--out"), "train": ("run_dir", "--out"), "artifacts": ("output", "-o"),
+            "predict": ("output", "-o"), "export": ("output", "-o")}
+
+
+def _os_error(opts, exc: OSError) -> str:
+    """An operating-system error as one line that names the file, and the option when the file is
+    the command's output (or lies under it)."""
+    import os
+    name = exc.filename
+    if name is None:
+        return str(exc)
+    why = exc.strerror or str(exc)
+    dest, flag = _OUTPUTS.get(opts.command, (None, None))
+    given = getattr(opts, dest, None) if dest else None
+    if given is not None:
+        given, path = os.path.abspath(given), os.path.abspath(os.fspath(name))
+        stem = os.path.splitext(given)[0]  # predict's OUT_0.npy, OUT_1.npy, ...
+        if path == given or path.startswith(given + os.sep) or path.startswith(stem + "_"):
+            return f"{flag}: cannot write {os.fspath(name)!r}: {why}; choose a path you can write to"
+    return f"cannot use {os.fspath(name)!r}: {why}"
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     try:
@@ -344,7 +367,8 @@ def main(argv=None) -> int:
         print(f"ortrain {opts.command}: interrupted{_kept(opts)}", file=sys.stderr)
         return 130
     except (OrtrainError, OSError) as exc:
-        print(f"ortrain {opts.command}: {' '.join(str(exc).split())}", file=sys.stderr)
+        said = _os_error(opts, exc) if isinstance(exc, OSError) else str(exc)
+        print(f"ortrain {opts.command}: {' '.join(said.split())}", file=sys.stderr)
         return 1
     finally:
         if handle_term:

@@ -141,11 +141,12 @@ def _jsonable(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def check_out_dir(out: Path, what: str) -> None:
-    """``--out`` must be a directory or a path where one can be made: not a file, not under one."""
+def check_out_dir(out: Path, what: str, option: str = "--out") -> None:
+    """``option`` (``--out``) must be a directory or a path where one can be made: not a file, not
+    under one."""
     why = not_a_folder(out)
     if why is not None:
-        raise UsageError(f"--out: {str(out)!r} {why}; {what} needs a directory, choose another path")
+        raise UsageError(f"{option}: {str(out)!r} {why}; {what} needs a directory, choose another path")
 
 
 def read_json(path: Path, what: str) -> dict:

@@ -18,6 +18,7 @@ from ortrain.cli._common import (
     UsageError,
     _one_input,
     array_names,
+    check_out_dir,
     load_data,
     loss_of,
     model_file,
@@ -129,8 +130,7 @@ def export(opts) -> dict:
 
 def artifacts(opts) -> dict:
     model_file(opts.model, "MODEL")
-    if os.path.exists(opts.output) and not os.path.isdir(opts.output):
-        raise UsageError(f"-o: {opts.output!r} is a file; artifacts need a directory, choose another path")
+    check_out_dir(Path(opts.output), "writing artifacts", "-o")
     try:  # the manifest alone: artifacts of another version are replaced too
         before = read_json(Path(opts.output) / "manifest.json", "manifest").get("key")
     except (OrtrainError, AttributeError):
