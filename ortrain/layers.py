@@ -16,6 +16,7 @@ from ortrain.nn.layers import (
     Layer,
     LayerNorm,
     MaxPool2D,
+    Permute,
     Reshape,
     UpSampling2D,
 )
@@ -31,4 +32,4 @@ MaxPooling2D = MaxPool2D
 __all__ = ["Activation", "Add", "AveragePooling2D", "AvgPool2D", "BatchNorm", "BatchNormalization", "Concatenate",
            "Conv2D", "Conv2DTranspose", "Dense", "Dropout", "Embedding", "Flatten", "GlobalAvgPool2D",
            "GlobalAveragePooling2D", "Input", "Layer", "LayerNorm", "LayerNormalization", "MaxPool2D", "MaxPooling2D",
-           "Reshape", "UpSampling2D"]
+           "Permute", "Reshape", "UpSampling2D"]

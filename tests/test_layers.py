@@ -94,6 +94,65 @@ def test_flatten_reshape_add_concatenate(rng):
     np.testing.assert_array_equal(c, np.concatenate([u, v], axis=1))
 
 
+def test_keras_channel_axis_acts_on_the_channels_of_images(tmp_path, rng):
+    # Keras' channels-last last axis is its channels: a conv's softmax normalised the image width,
+    # and Concatenate() joined widths, so a ported U-Net built another network without an error
+    x = rng.standard_normal((2, 4, 5, 6)).astype(np.float32)
+    for act, ref in (("softmax", lambda z: softmax(z, axis=1)), ("log_softmax", lambda z: np.log(softmax(z, axis=1)))):
+        model, out = predict_one(L.Conv2D(3, 1, activation=act), x)
+        k, b = model.get_weights()
+        z = np.einsum("oi,nihw->nohw", k[:, :, 0, 0], x) + b[None, :, None, None]
+        np.testing.assert_allclose(out, ref(z), rtol=1e-5, atol=1e-6)
+    up, skip = ot.Input((4, 5, 6)), ot.Input((3, 5, 6))
+    joined = L.Concatenate()([up, skip])
+    assert joined.shape == (None, 7, 5, 6)
+    head = L.Conv2D(2, 1)
+    unet = ot.Model([up, skip], head(joined))
+    assert head.get_weights()[0].shape == (2, 7, 1, 1)
+    u, v = x, rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    k, b = head.get_weights()
+    np.testing.assert_allclose(unet.predict([u, v]), np.einsum("oi,nihw->nohw", k[:, :, 0, 0],
+                                                               np.concatenate([u, v], 1)) + b[None, :, None, None],
+                               rtol=1e-5, atol=1e-6)
+    unet.save(tmp_path / "u.ortrain")
+    np.testing.assert_array_equal(ot.load_model(tmp_path / "u.ortrain").predict([u, v]), unet.predict([u, v]))
+    a, c = ot.Input((2, 3)), ot.Input((2, 3))
+    assert L.Concatenate()([a, c]).shape == (None, 2, 6)              # other tensors: the last axis
+    assert L.Concatenate(axis=-1)([up, up]).shape == (None, 4, 5, 12)  # an axis given is the axis
+
+
+def test_permute_and_a_per_pixel_classifier_against_torch(rng):
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    x = rng.standard_normal((2, 4, 5, 6)).astype(np.float32)
+    np.testing.assert_array_equal(predict_one(L.Permute((2, 3, 1)), x)[1], x.transpose(0, 2, 3, 1))
+    np.testing.assert_array_equal(predict_one(L.Permute((3, 1, 2)), x)[1], x.transpose(0, 3, 1, 2))
+    for dims in ((2, 3), (0, 1, 2), (1, 1, 2), (), "21"):
+        with pytest.raises(ot.OrtrainError, match="Permute\\(dims=...\\): expected a permutation of 1 .. n"):
+            L.Permute(dims)
+    with pytest.raises(ot.ShapeError, match="Permute\\(dims=\\(2, 1\\)\\) reorders 2 non-batch axes; its input "):
+        predict_one(L.Permute((2, 1)), x)
+    # classes on the last axis, labels (batch, height, width): PyTorch's cross-entropy over dim 1
+    model = ot.Sequential([L.Conv2D(3, 3, padding="same"), L.Permute((2, 3, 1))], input_shape=(4, 5, 6), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.5), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    y = rng.integers(0, 3, (2, 5, 6))
+    k, b = (torch.tensor(w, requires_grad=True) for w in model.get_weights())
+    with ot.Trainer(model, batch_size=2) as tr:
+        ours = [tr.step(x, y) for _ in range(2)]
+        trained = tr.model().get_weights()
+    opt = torch.optim.SGD([k, b], lr=0.5)
+    ref = []
+    for _ in range(2):
+        loss = F.cross_entropy(F.conv2d(torch.tensor(x), k, b, padding=1), torch.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref.append(loss.item())
+    np.testing.assert_allclose(ours, ref, rtol=1e-5)
+    for got, want in zip(trained, (k, b)):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_conv_and_pools_against_torch(rng):
     torch = torch_or_skip()
     F = torch.nn.functional

@@ -33,8 +33,9 @@ def check_activation(name) -> str:
     return key
 
 
-def emit_activation(gb: GraphBuilder, x: str, name: str) -> str:
-    """Append the nodes of an activation; ``linear`` appends nothing."""
+def emit_activation(gb: GraphBuilder, x: str, name: str, axis: int = -1) -> str:
+    """Append the nodes of an activation; ``linear`` appends nothing. ``axis``: the one ``softmax``
+    and ``log_softmax`` normalise over."""
     if name == "linear":
         return x
     if name == "relu":
@@ -44,7 +45,7 @@ def emit_activation(gb: GraphBuilder, x: str, name: str) -> str:
     if name == "tanh":
         return gb.op("Tanh", [x])
     if name == "softmax":
-        return gb.op("Softmax", [x], axis=-1)
+        return gb.op("Softmax", [x], axis=axis)
     if name == "leaky_relu":
         return gb.op("LeakyRelu", [x], alpha=LEAKY_RELU_ALPHA)
     # Keras 3's definitions. The ops without a gradient in onnxruntime-training (Elu, Selu,
@@ -53,7 +54,7 @@ def emit_activation(gb: GraphBuilder, x: str, name: str) -> str:
     if name in ("elu", "selu", "softplus", "softsign", "exponential", "log_softmax"):
         op = {"elu": "Elu", "selu": "Selu", "softplus": "Softplus", "softsign": "Softsign", "exponential": "Exp",
               "log_softmax": "LogSoftmax"}[name]
-        return gb.op(op, [x], axis=-1 if name == "log_softmax" else None)
+        return gb.op(op, [x], axis=axis if name == "log_softmax" else None)
     if name == "silu":
         return gb.op("Mul", [x, gb.op("Sigmoid", [x])])
     if name == "hard_sigmoid":  # relu6(x + 3) / 6

@@ -55,7 +55,10 @@ def _same_pads(n, k, s):
 
 
 class Conv2D(Layer):
-    """2-D convolution over ``(batch, channels, height, width)``; kernel ``(filters, in, kh, kw)``."""
+    """2-D convolution over ``(batch, channels, height, width)``; kernel ``(filters, in, kh, kw)``.
+
+    ``activation="softmax"`` (and ``log_softmax``) normalises over the filters, axis 1: each
+    pixel's classes, as Keras' does over its channels-last filters."""
 
     def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid", activation=None,
                  use_bias: bool = True, name=None, seed=None):
@@ -94,7 +97,7 @@ class Conv2D(Layer):
         args = [inputs[0], ctx.weight(self, "kernel")] + ([ctx.weight(self, "bias")] if self.use_bias else [])
         y = ctx.gb.op("Conv", args, kernel_shape=list(self.kernel_size), strides=list(self.strides),
                       pads=list(self._pads(shape)))
-        return emit_activation(ctx.gb, y, self.activation)
+        return emit_activation(ctx.gb, y, self.activation, axis=1)  # a softmax over the filters
 
     def get_config(self):
         return {"name": self.name, "filters": self.filters, "kernel_size": list(self.kernel_size),
@@ -181,7 +184,7 @@ class Conv2DTranspose(Layer):
         args = [inputs[0], ctx.weight(self, "kernel")] + ([ctx.weight(self, "bias")] if self.use_bias else [])
         y = ctx.gb.op("ConvTranspose", args, kernel_shape=list(self.kernel_size), strides=list(self.strides),
                       pads=pads, output_padding=extra if any(extra) else None)
-        return emit_activation(ctx.gb, y, self.activation)
+        return emit_activation(ctx.gb, y, self.activation, axis=1)  # a softmax over the filters
 
     def get_config(self):
         return {"name": self.name, "filters": self.filters, "kernel_size": list(self.kernel_size),

@@ -25,17 +25,17 @@ from ortrain.nn.conv_layers import (
     UpSampling2D,
 )
 from ortrain.nn.core_layers import Activation, BatchNorm, Dense, Dropout, Embedding, LayerNorm
-from ortrain.nn.shape_layers import Add, Concatenate, Flatten, Reshape
+from ortrain.nn.shape_layers import Add, Concatenate, Flatten, Permute, Reshape
 
 __all__ = [
     "ACTIVATIONS", "Activation", "Add", "AvgPool2D", "BatchNorm", "Concatenate", "Conv2D", "Conv2DTranspose",
-    "Dense", "Dropout", "Embedding", "Flatten", "GlobalAvgPool2D", "Layer", "LayerNorm", "MaxPool2D", "Reshape",
-    "UpSampling2D", "layer_from_config",
+    "Dense", "Dropout", "Embedding", "Flatten", "GlobalAvgPool2D", "Layer", "LayerNorm", "MaxPool2D", "Permute",
+    "Reshape", "UpSampling2D", "layer_from_config",
 ]
 
 _REGISTRY = {cls.__name__: cls for cls in (Dense, Activation, Dropout, BatchNorm, LayerNorm, Embedding, Conv2D,
                                            Conv2DTranspose, UpSampling2D, MaxPool2D, AvgPool2D, GlobalAvgPool2D,
-                                           Flatten, Reshape, Add, Concatenate)}
+                                           Flatten, Reshape, Permute, Add, Concatenate)}
 
 
 def layer_from_config(kind: str, config: dict) -> Layer:

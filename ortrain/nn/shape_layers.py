@@ -1,5 +1,5 @@
-"""Layers without weights that reshape one tensor (Flatten, Reshape) or merge several (Add,
-Concatenate)."""
+"""Layers without weights that reshape one tensor (Flatten, Reshape, Permute) or merge several
+(Add, Concatenate)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ortrain._arrays import is_integer
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer
 
-__all__ = ["Add", "Concatenate", "Flatten", "Reshape"]
+__all__ = ["Add", "Concatenate", "Flatten", "Permute", "Reshape"]
 
 
 class Flatten(Layer):
@@ -87,25 +87,67 @@ class Add(Layer):
         return out
 
 
+class Permute(Layer):
+    """Reorder the non-batch dimensions, as Keras' ``Permute``: ``dims`` counts them from 1, so
+    ``Permute((2, 3, 1))`` turns ``(batch, channels, height, width)`` into ``(batch, height,
+    width, channels)`` (e.g. to put a per-pixel classifier's classes last, where the losses read
+    them)."""
+
+    def __init__(self, dims, name=None):
+        super().__init__(name)
+        if isinstance(dims, np.ndarray) and dims.ndim == 1:
+            dims = list(dims)
+        if not isinstance(dims, (tuple, list)) or not dims or not all(is_integer(d) for d in dims) \
+                or sorted(int(d) for d in dims) != list(range(1, len(dims) + 1)):
+            raise OrtrainError(f"Permute(dims=...): expected a permutation of 1 .. n (the non-batch axes, counted "
+                               f"from 1, as Keras counts them), e.g. (2, 1), received {dims!r}")
+        self.dims = tuple(int(d) for d in dims)
+
+    def output_shape(self, input_shapes):
+        shape = input_shapes[0]
+        if len(shape) != len(self.dims) + 1:
+            raise ShapeError(f"Permute(dims={self.dims}) reorders {len(self.dims)} non-batch axes; its input "
+                             f"{describe_shape(shape)} has {len(shape) - 1}")
+        return (shape[0],) + tuple(shape[d] for d in self.dims)
+
+    def emit(self, ctx, inputs):
+        return ctx.gb.op("Transpose", [inputs[0]], perm=[0, *self.dims])
+
+    def get_config(self):
+        return {"name": self.name, "dims": list(self.dims)}
+
+
 class Concatenate(Layer):
-    """Join tensors along ``axis`` (default the last; 0 is the batch and is refused)."""
+    """Join tensors along ``axis`` (0 is the batch and is refused).
+
+    By default (``axis=None``) along the features: the channels of images, axis 1 of
+    ``(batch, channels, height, width)`` tensors (ortrain's images are channels first), else the
+    last axis. That is the axis Keras' default (-1, its channels-last images' channels) joins, so
+    a U-Net's skip connection ``Concatenate()([up, skip])`` stacks channels here too."""
 
     n_inputs = None
 
-    def __init__(self, axis: int = -1, name=None):
+    def __init__(self, axis: int | None = None, name=None):
         super().__init__(name)
-        if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
-            raise OrtrainError(f"Concatenate(axis=...): expected an int, received {axis!r}")
+        if axis is not None and (isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer))):
+            raise OrtrainError(f"Concatenate(axis=...): expected an int or None (the features), received {axis!r}")
         if axis == 0:
             raise OrtrainError("Concatenate(axis=0) would join along the batch; choose a feature axis")
-        self.axis = int(axis)
+        self.axis = None if axis is None else int(axis)
+
+    def _axis(self, rank: int) -> int:
+        """The axis joined, for inputs of ``rank``."""
+        if self.axis is None:
+            return 1 if rank == 4 else rank - 1
+        return self.axis
 
     def output_shape(self, input_shapes):
         rank = len(input_shapes[0])
-        if not -rank <= self.axis < rank:
+        given = self._axis(rank)
+        if not -rank <= given < rank:
             raise ShapeError(f"Concatenate(axis={self.axis}): inputs of rank {rank} have axes {-rank} to "
                              f"{rank - 1}")
-        axis = self.axis % rank
+        axis = given % rank
         if axis == 0 or any(len(s) != rank for s in input_shapes):
             raise ShapeError(f"Concatenate(axis={self.axis}) cannot join "
                              f"{', '.join(describe_shape(s) for s in input_shapes)}")
@@ -120,7 +162,7 @@ class Concatenate(Layer):
         return tuple(out)
 
     def emit(self, ctx, inputs):
-        return ctx.gb.op("Concat", list(inputs), axis=self.axis)
+        return ctx.gb.op("Concat", list(inputs), axis=self._axis(len(self.built_for[0]) + 1))
 
     def get_config(self):
         return {"name": self.name, "axis": self.axis}
