@@ -38,6 +38,7 @@ from ortrain import optim
 from ortrain._arrays import checked_flag, checked_int, is_integer, is_real, prepare_inputs
 from ortrain._class_weight import class_weights
 from ortrain._loop import Loop, located, validates_after
+from ortrain._trainer_setup import _weighting
 from ortrain._warnings import warn
 from ortrain.callbacks.base import CallbackList
 from ortrain.callbacks.progress import check_verbose
@@ -94,13 +95,10 @@ def _validation_freq(value) -> int | frozenset[int]:
 
 
 def _element_weights(model: Model, loss_mask) -> tuple | None:
-    """The weight input's shape for ``loss_mask=<outputs>`` (one weight per output element); None
-    for one per sample, the default of :func:`prepare_arrays`."""
-    pred = tuple(model.output_specs[0].shape)
-    if isinstance(loss_mask, (int, np.integer)) and not isinstance(loss_mask, bool) and loss_mask != 1 \
-            and len(pred) == 2 and loss_mask == pred[1]:
-        return pred
-    return None
+    """The weight input's shape for ``loss_mask=<outputs>`` (one weight per output element: the
+    prediction's shape, as the artifacts build it); None for one per sample, the default of
+    :func:`prepare_arrays`. A ``loss_mask`` the trainer refuses is refused here first."""
+    return tuple(model.output_specs[0].shape) if _weighting(loss_mask, model) == "element" else None
 
 
 def _validations(initial_epoch: int, epochs: int, validation_freq) -> int:

@@ -452,6 +452,16 @@ def test_validation_weights_are_checked_before_anything_trains():
                             validation_generator=[(x[4:], y[4:], mask)])
     d = model.predict(x[4:]) - y[4:]
     assert hist.history["val_loss"][0] == pytest.approx(np.sum(mask * d ** 2) / 12, rel=1e-5)
+    # and on an output with positions, (batch, time, outputs), as training takes them
+    seq = ot.Sequential([ot.layers.Dense(2)], input_shape=(3, 4), seed=0)
+    seq.compile(optimizer="sgd", loss="mse")
+    xs, ys = np.ones((4, 3, 4), np.float32), np.zeros((4, 3, 2), np.float32)
+    ws = np.ones((4, 3, 2), np.float32)
+    ws[:, :, 1] = 0
+    for val in ([(xs, ys, ws)], (xs, ys, ws)):
+        hist = ot.fit_generator(seq, [(xs, ys, ws)], loss_mask=2, validation_generator=val, verbose=0)
+        d = seq.predict(xs) - ys
+        assert hist.history["val_loss"][0] == pytest.approx(np.sum(ws * d ** 2) / d.size, rel=1e-5)
 
 
 def test_one_shot_iterator_running_dry_later_warns_and_stops():
