@@ -214,13 +214,15 @@ def load_model(path):
     problem = _train_state_problem(model)
     if problem:
         raise OrtrainError(f"load_model: {path!r} is damaged: {problem}; save the model again")
+    _warn_non_finite_moments(model, path)
     return model
 
 
 def _train_state_problem(model) -> str | None:
-    """What is wrong with a loaded model's optimizer state, checked as ``Optimizer.load_state``
-    checks one, so a damaged file is refused when it is loaded, not at the first step (or after it,
-    with weights turned to NaN)."""
+    """What is wrong with a loaded model's optimizer state (a step, a rate, a moment no training
+    leaves), so a damaged file is refused when it is loaded, not inside onnxruntime at the first
+    step. Moments that are not finite a diverged training leaves: see
+    :func:`_warn_non_finite_moments`."""
     import math
 
     from ortrain.optim.optimizers import is_step
@@ -244,11 +246,20 @@ def _train_state_problem(model) -> str | None:
             if a.dtype != np.float32 or a.shape != shapes[name]:
                 return (f"moment {k!r} of {name!r} is {a.dtype} of shape {a.shape}, where the weight is float32 of "
                         f"shape {shapes[name]}")
-            bad = ~np.isfinite(a) | ((a < 0) if k == "v" else False)
-            if bad.any():
-                need = "finite values >= 0" if k == "v" else "finite values"
-                return f"moment {k!r} of {name!r} holds {a[bad].flat[0]}, where it needs {need}"
+            if k == "v" and (a < 0).any():  # a mean of squares; NaN is not below 0
+                return f"moment 'v' of {name!r} holds {a[a < 0].flat[0]}, where it needs values >= 0"
     return None
+
+
+def _warn_non_finite_moments(model, path) -> None:
+    """A model whose training diverged before it was saved keeps its NaN moments, as it had them
+    (EarlyStopping's restored weights beside them, say): loaded as saved, with a warning."""
+    ts = model.train_state
+    bad = sorted(n for n, ms in (ts.moments.items() if ts else ()) if not all(np.isfinite(a).all() for a in ms))
+    if bad:
+        warn(f"load_model: {path!r} holds optimizer moments that are not finite ({', '.join(map(repr, bad[:3]))}"
+             f"{', ...' if len(bad) > 3 else ''}; training diverged before it was saved?): a fit from them gives NaN "
+             "weights; compile the model again to train on from fresh moments")
 
 
 def _is_trainer_checkpoint(path) -> bool:
