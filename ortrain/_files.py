@@ -92,11 +92,13 @@ def fresh_dir(parent: Path, prefix: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(path, what: str = "path"):
+def atomic_path(path, what: str | None = None):
     """Yield a fresh temporary path beside ``path``; on success it is renamed onto ``path``, on
     failure removed. Unique per call, so threads and processes writing one file do not collide.
-    The file gets the usual permissions (0666 less the umask), as ``open`` would give it."""
-    path = checked_target(path, what)
+    The file gets the usual permissions (0666 less the umask), as ``open`` would give it. A write
+    the system refuses (a full disk, a file-size limit) is an :class:`OrtrainError` naming
+    ``what`` (the argument) and ``path``."""
+    path = checked_target(path, what or "path")
     while True:
         # the same suffix: writers such as onnx.save choose the format by it
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}"
@@ -106,14 +108,17 @@ def atomic_path(path, what: str = "path"):
         except FileExistsError:
             continue
         except OSError as exc:  # a folder that cannot be written
-            raise OrtrainError(f"{what}: cannot write {str(path)!r}: {exc.strerror or exc}; choose a folder you "
-                               "can write to") from None
+            raise OrtrainError(f"{what or 'path'}: cannot write {str(path)!r}: {exc.strerror or exc}; choose a "
+                               "folder you can write to") from None
     try:
         yield str(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        if isinstance(exc, OSError):  # numpy's short write ("6000 requested and 992 written") has no errno
+            raise OrtrainError(f"{what + ': ' if what else ''}cannot write {str(path)!r}: {exc.strerror or exc}; a "
+                               "file already there is left as it was. Free space or choose another folder") from exc
         raise
 
 

@@ -507,10 +507,18 @@ def test_an_output_the_system_refuses_is_named_by_its_option(workdir, capsys, mo
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
     save = np.save
-    monkeypatch.setattr(np, "save", refuse)
+
+    def cut_short(path, array, *args, **kwargs):  # numpy's own message for a full disk, without an errno
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY")
+        raise OSError("6000 requested and 992 written")
+
+    monkeypatch.setattr(np, "save", cut_short)
     assert cli("predict", "--artifacts", "art", "--data", "x.npy", "-o", "p.npy") == 1
-    assert capsys.readouterr().err.strip() == ("ortrain predict: -o: cannot write 'p.npy': Read-only file system; "
-                                               "choose a path you can write to")
+    assert capsys.readouterr().err.strip() == ("ortrain predict: -o: cannot write 'p.npy': 6000 requested and 992 "
+                                               "written; a file already there is left as it was. Free space or "
+                                               "choose another folder")
+    assert not [p for p in os.listdir(".") if "p.npy" in p]   # no file cut short left behind
     monkeypatch.setattr(np, "save", save)
     monkeypatch.setattr(Path, "mkdir", refuse)
     assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32",
@@ -527,7 +535,10 @@ def test_demo_does_not_replace_files_it_did_not_write(workdir, capsys):
     capsys.readouterr()
     assert cli("demo", "--out", "run", "--epochs", "1", "--verbose", "0") == 2
     err = capsys.readouterr().err
-    assert "--out: 'run' holds model.onnx" in err and "which the demo did not write" in err
+    assert "--out: 'run' holds a training run, which the demo did not write" in err
+    (workdir / "run" / ".ortrain-demo").touch()   # a run started where a demo once wrote
+    before[".ortrain-demo"] = b""
+    assert cli("demo", "--out", "run", "--epochs", "1", "--verbose", "0") == 2
     assert {p.name: p.read_bytes() for p in (workdir / "run").iterdir() if p.is_file()} == before
     (workdir / "mine").mkdir()
     (workdir / "mine" / "summary.json").write_text("{}")

@@ -71,6 +71,32 @@ def test_a_checkpoint_that_cannot_be_written_says_why_and_keeps_the_old_file(tmp
     assert path.read_bytes() != before
 
 
+@pytest.mark.parametrize("writer", ["save", "export_onnx", "save_weights"])
+def test_a_file_that_cannot_be_written_says_why_and_keeps_the_old_one(tmp_path, writer):
+    # a full disk or a size limit: the error names the argument and the file, and leaves no part-file
+    import resource
+    import signal
+
+    model = _model()
+    path = tmp_path / "f"
+    with ot.Trainer(model, batch_size=2) as tr:
+        write = _writers(model, tr)[writer]
+        write(path)
+        before = path.read_bytes()
+        model.set_weights([w + 1 for w in model.get_weights()])
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
+        try:
+            with pytest.raises(ot.OrtrainError, match=rf"{writer}\(path\): cannot write '.*f': File too large; a "
+                                                      r"file already there is left as it was. Free space"):
+                write(path)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, handler)
+        assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
 def test_a_loop_of_links_is_refused_and_kept(tmp_path):
     (tmp_path / "x").symlink_to("y")
     (tmp_path / "y").symlink_to("x")

@@ -27,11 +27,12 @@ MARK = ".ortrain-demo"  # a directory the demo writes into: its files there are 
 def _refuse_others(out_dir: Path) -> None:
     """The demo writes into a new directory, one it wrote before, or one whose files it would not
     overwrite: a training run's model.onnx is not replaced by the digits model."""
-    if (out_dir / MARK).exists() or _demo_summary(out_dir / "summary.json"):
+    run = (out_dir / "run.json").exists()  # a training run's, whatever the demo wrote there before
+    if not run and ((out_dir / MARK).exists() or _demo_summary(out_dir / "summary.json")):
         return
     clash = [n for n in FILES if (out_dir / n).exists()]
-    if clash or (out_dir / "run.json").exists():
-        held = ", ".join(clash) if clash else "a training run"
+    if clash or run:
+        held = "a training run" if run else ", ".join(clash)
         raise UsageError(f"--out: {str(out_dir)!r} holds {held}, which the demo did not write and would replace; "
                          "choose a new or empty directory (by default the demo writes to 'ortrain-demo')")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 import ortrain as ot
-from ortrain._files import checked_target
+from ortrain._files import atomic_path, checked_target
 from ortrain.cli._common import (
     NPZ_KEYS,
     UsageError,
@@ -106,12 +106,18 @@ def predict(opts) -> dict:
         pred = model.predict(x, batch_size=opts.batch_size)
     if isinstance(pred, np.ndarray):
         path = _npy_path(Path(opts.output), None)
-        np.save(path, pred)
+        _save_npy(path, pred)
         return {"predictions": str(path), "shape": list(pred.shape)}
     paths = [_npy_path(Path(opts.output), i) for i in range(len(pred))]
     for path, p in zip(paths, pred):
-        np.save(path, p)
+        _save_npy(path, p)
     return {"predictions": [str(p) for p in paths], "shapes": [list(p.shape) for p in pred]}
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    """Write whole or not at all: a full disk leaves no cut-short file behind."""
+    with atomic_path(path, "-o") as tmp:
+        np.save(tmp, array)
 
 
 def _npy_path(path: Path, index: int | None) -> Path:

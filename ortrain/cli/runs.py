@@ -12,6 +12,7 @@ import numpy as np
 
 import ortrain as ot
 from ortrain import fit as fit_mod
+from ortrain._files import atomic_path
 from ortrain._trainer_setup import written_for
 from ortrain.cli._common import (
     UsageError,
@@ -208,14 +209,17 @@ def _plot(recorder: RunRecorder, out: Path) -> str | None:
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key in ("loss", "val_loss"):
-        if key in recorder.history:  # None: a value JSON could not hold (NaN), or an epoch without one
-            values = [np.nan if v is None else v for v in recorder.history[key]]
-            ax.plot([e + 1 for e in recorder.epochs], values, marker="o", label=key)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("loss")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=100)
-    plt.close(fig)
+    try:
+        for key in ("loss", "val_loss"):
+            if key in recorder.history:  # None: a value JSON could not hold (NaN), or an epoch without one
+                values = [np.nan if v is None else v for v in recorder.history[key]]
+                ax.plot([e + 1 for e in recorder.epochs], values, marker="o", label=key)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("loss")
+        ax.legend()
+        fig.tight_layout()
+        with atomic_path(out / "loss.png", "loss.png") as tmp:  # a full disk leaves the last plot whole
+            fig.savefig(tmp, dpi=100, format="png")
+    finally:
+        plt.close(fig)
     return str(out / "loss.png")
