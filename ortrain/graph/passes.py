@@ -381,13 +381,18 @@ def int64_constants(model: onnx.ModelProto, also_int32: bool = False) -> dict[st
     """The int64 values an initializer or a ``Constant`` node fixes (shapes, axes, steps), by name;
     with ``also_int32`` the int32 ones too (positions, which ONNX allows in either)."""
     kinds = {onnx.TensorProto.INT64, onnx.TensorProto.INT32} if also_int32 else {onnx.TensorProto.INT64}
-    values = {t.name: t for t in model.graph.initializer}
+    found = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type in kinds}
     for n in model.graph.node:
         if n.op_type == "Constant":
             for a in n.attribute:
-                if a.name == "value":
-                    values[n.output[0]] = a.t
-    return {name: numpy_helper.to_array(t) for name, t in values.items() if t.data_type in kinds}
+                if a.name == "value" and a.t.data_type in kinds:
+                    found[n.output[0]] = numpy_helper.to_array(a.t)
+                # the dynamo exporter writes a slice's steps, a reshape's shape... as value_ints
+                elif a.name == "value_ints":
+                    found[n.output[0]] = np.array(a.ints, np.int64)
+                elif a.name == "value_int":
+                    found[n.output[0]] = np.array(a.i, np.int64)
+    return found
 
 
 def float32_values(model: onnx.ModelProto) -> set[str]:
