@@ -340,7 +340,7 @@ def _scalars_held_as_rank_one(proto, names: list[str]):
     return out
 
 
-def capture_step(fn, params=None, optimizer=None, max_grad_norm=None) -> CaptureStep:
+def capture_step(fn, optimizer=None, params=None, max_grad_norm=None) -> CaptureStep:
     """Capture a whole training step: ``fn``'s forward pass, its backward pass and the update.
 
     ``fn`` takes named tensors and returns the loss tensor or a dict with a ``"loss"`` entry.
@@ -365,9 +365,10 @@ def capture_step(fn, params=None, optimizer=None, max_grad_norm=None) -> Capture
     raises ``ot.NonFiniteError`` before the update: weights, moments and the step counter stay
     as they were. The moments accumulate clipped gradients. CPU only; float32 weights.
     """
-    if isinstance(params, Optimizer) and optimizer is None:
-        raise OrtrainError("capture_step(fn, params=None, optimizer=...): the second positional argument is "
-                           "params; pass the optimizer by name: ot.capture_step(fn, optimizer=opt)")
+    if isinstance(optimizer, (Param, list, tuple)):  # the params where the optimizer goes
+        raise OrtrainError("capture_step(fn, optimizer=None, params=None, max_grad_norm=None): the second positional "
+                           "argument is the optimizer, received params; pass them by name: "
+                           "ot.capture_step(fn, optimizer=opt, params=[...])")
     return CaptureStep(fn, params, optimizer, max_grad_norm)
 
 

@@ -82,7 +82,7 @@ def test_model_and_fit_signatures():
 
 
 def test_capture_signatures_and_ag_ops():
-    assert list(params(ot.capture_step)) == ["fn", "params", "optimizer", "max_grad_norm"]
+    assert list(params(ot.capture_step)) == ["fn", "optimizer", "params", "max_grad_norm"]   # API.md's order
     assert params(ot.capture_step)["max_grad_norm"] is None
     assert list(params(ot.capture)) == ["fn", "params"]
     for name in ("param", "buffer", "matmul", "add", "sub", "mul", "div", "scale", "relu", "sigmoid", "tanh",
@@ -104,8 +104,12 @@ def test_misplaced_optimizer_and_bad_configs_get_clear_errors():
     import numpy as np
     W = ag.param(np.zeros((2, 2)), name="W")
     opt = ot.optim.Adam([W])
-    with pytest.raises(ot.OrtrainError, match="pass the optimizer by name"):
-        ot.capture_step(lambda x: ag.mean(W @ x), opt)
+    # API.md's order, fn, optimizer, params, max_grad_norm: the optimizer may come second by position
+    assert list(inspect.signature(ot.capture_step).parameters) == ["fn", "optimizer", "params", "max_grad_norm"]
+    assert ot.capture_step(lambda x: ag.mean(W @ x), opt)(x=np.ones((2, 3))) == 0.0
+    with pytest.raises(ot.OrtrainError, match=r"the second positional argument is the optimizer, received params; "
+                                              r"pass them by name: ot.capture_step\(fn, optimizer=opt, params="):
+        ot.capture_step(lambda x: ag.mean(W @ x), [W], opt)
     with pytest.raises(ot.OrtrainError, match="huber: cannot build it from"):
         ot.losses.get({"name": "huber", "delt": 2})
     with pytest.raises(ot.OrtrainError, match="adam: cannot build it from"):
