@@ -93,6 +93,26 @@ def test_export_onnx_runs_in_plain_inference_session(tmp_path, rng):
         np.testing.assert_allclose(sess.run(None, {"input": x})[0], model.predict(x), rtol=1e-6, atol=1e-7)
 
 
+def test_an_export_names_its_free_sizes_and_keeps_no_training_outputs(tmp_path, rng):
+    # tract could not load an input size with neither a value nor a name; onnx2torch computed wrong
+    # values from LayerNormalization's Mean and InvStdDev outputs, which only a gradient reads
+    from onnx.reference import ReferenceEvaluator
+    inp = ot.Input((None, 3))
+    model = ot.Model(inp, L.Dense(2)(L.LayerNorm()(L.Dense(4)(inp))))
+    proto = onnx.load(model.export_onnx(tmp_path / "m.onnx"))
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*proto.graph.input, *proto.graph.output]}
+    assert dims == {"input": ["batch", "input_dim1", 3], "output": ["batch", 0, 2]}
+    assert [len(n.output) for n in proto.graph.node if n.op_type == "LayerNormalization"] == [1]
+    x = rng.standard_normal((2, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(ReferenceEvaluator(proto).run(None, {"input": x})[0], model.predict(x),
+                               rtol=1e-5, atol=1e-6)
+    again = ot.from_onnx(proto)   # re-imported, it trains (the gradient gets its outputs back)
+    again.compile(optimizer="sgd", loss="mse")
+    with ot.Trainer(again, batch_size=2) as tr:
+        assert np.isfinite(tr.step(x, np.zeros((2, 5, 2))))
+
+
 def test_save_and_load_round_trip(tmp_path, rng):
     model = skip_model()
     model.freeze("dense_1")

@@ -102,7 +102,9 @@ def with_weights(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx
 
 def to_inference(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Inference flavour: dropout without its training input and mask, batch norm in inference mode,
-    and a ``MatMul`` with a 1-D operand as a matrix product (onnxruntime's optimizer fuses it wrongly)."""
+    layer norm without the mean and inverse deviation it keeps for the gradient (some converters
+    compute wrong values with them), and a ``MatMul`` with a 1-D operand as a matrix product
+    (onnxruntime's optimizer fuses it wrongly)."""
     model = copy.deepcopy(proto)
     used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
     for node in model.graph.node:
@@ -114,6 +116,8 @@ def to_inference(proto: onnx.ModelProto) -> onnx.ModelProto:
             for attr in list(node.attribute):
                 if attr.name == "training_mode":
                     node.attribute.remove(attr)
+            del node.output[1:]
+        elif node.op_type == "LayerNormalization" and not any(o in used for o in node.output[1:]):
             del node.output[1:]
     _drop_unused_initializers(model)
     used = {i for n in model.graph.node for i in node_inputs(n)} | {o.name for o in model.graph.output}

@@ -293,6 +293,21 @@ def name_batch_dimension(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def name_free_dimensions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """An exported model's free sizes, named: axis 0 of its inputs and outputs ``batch``, an
+    input's other free axes ``<input>_dim<k>``. Some runtimes (tract) cannot load a graph input
+    whose size has neither a value nor a name."""
+    out = copy.deepcopy(model)
+    for vi, every_axis in [(vi, True) for vi in out.graph.input] + [(vi, False) for vi in out.graph.output]:
+        if not vi.type.HasField("tensor_type"):
+            continue
+        for k, dim in enumerate(vi.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") or dim.dim_param or (k and not every_axis):
+                continue
+            dim.dim_param = BATCH_DIM if k == 0 else f"{vi.name}_dim{k}"
+    return out
+
+
 # -- rewrites of the gradient graphs onnxruntime-training builds --------------------------------
 
 def bias_grad_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -23,7 +23,7 @@ from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, to_inference, with_weights
-from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats
+from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats, name_free_dimensions
 from ortrain.graph.repairs import activations_as_arithmetic
 from ortrain.nn.base_layer import EmitContext, Layer
 from ortrain.nn.core_layers import Embedding
@@ -473,7 +473,7 @@ class Model(TrainingMixin):
         fg = self.forward_graph()
         # From the graph before freezing: batch norms with frozen statistics stay BatchNormalization
         # nodes (the same outputs in inference), so an importer still sees their statistics as such.
-        proto = with_weights(to_inference(self._base_proto()), fg.weights)
+        proto = name_free_dimensions(with_weights(to_inference(self._base_proto()), fg.weights))
         proto.doc_string = f"Exported by ortrain from model {self.name!r}"
         check_model(proto, "exported model")
         with atomic_path(path, "export_onnx(path)") as tmp:
