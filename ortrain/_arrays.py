@@ -220,13 +220,17 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
         elif len(shape) >= 2 and shape[-1] == 1 and a.ndim == len(shape) - 1:
             a = a.reshape(a.shape + (1,))
         check_shape(a, shape, argument, rows, rows_of)
-    except ShapeError:
+    except ShapeError as exc:
         several = list(y.values()) if isinstance(y, dict) else y
         if isinstance(several, (list, tuple)) and len(several) > 1 and \
                 all(isinstance(v, np.ndarray) for v in several):
             raise ShapeError(f"{argument}: expected one label array, for the model's first output (the loss is "
                              f"computed on it alone), received a {type(y).__name__} of {len(several)} arrays; give "
                              "the first output's labels") from None
+        if spec.dtype.kind in "iu" and len(spec.shape) == 3:  # the losses read classes on the last axis
+            raise ShapeError(f"{exc}. For a class per pixel of a (batch, channels, height, width) prediction, "
+                             "put the classes last with ot.layers.Permute((2, 3, 1)) and give labels (batch, "
+                             "height, width)") from None
         raise
     if not check_classes or not a.size:
         return a

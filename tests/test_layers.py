@@ -137,9 +137,40 @@ def test_keras_channel_axis_acts_on_the_channels_of_images(tmp_path, rng):
                                rtol=1e-5, atol=1e-6)
     unet.save(tmp_path / "u.ortrain")
     np.testing.assert_array_equal(ot.load_model(tmp_path / "u.ortrain").predict([u, v]), unet.predict([u, v]))
+    with pytest.raises(ot.ShapeError, match=r"Concatenate\(\) \(axis 1: the channels of images\) needs equal sizes "
+                                            r"off the axis, .*; give the axis to join, e.g. Concatenate\(axis=-1\)"):
+        L.Concatenate()([up, ot.Input((4, 5, 7))])   # a channels-last port: the message names the axis joined
     a, c = ot.Input((2, 3)), ot.Input((2, 3))
     assert L.Concatenate()([a, c]).shape == (None, 2, 6)              # other tensors: the last axis
     assert L.Concatenate(axis=-1)([up, up]).shape == (None, 4, 5, 12)  # an axis given is the axis
+
+
+def test_a_conv_softmax_saved_before_it_took_the_channels_loads_as_saved(tmp_path, rng):
+    import json
+    import warnings
+    import zipfile
+    x = rng.standard_normal((2, 1, 4, 5)).astype(np.float32)
+    model = ot.Sequential([L.Conv2D(3, 1, activation="softmax")], input_shape=(1, 4, 5), seed=0)
+    model.save(tmp_path / "new.ortrain")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(ot.load_model(tmp_path / "new.ortrain").predict(x), model.predict(x))
+    with zipfile.ZipFile(tmp_path / "new.ortrain") as z:   # a file from before: no softmax_axis
+        parts = {n: z.read(n) for n in z.namelist()}
+    record = json.loads(parts["model.json"])
+    del record["layers"][0]["config"]["softmax_axis"]
+    with zipfile.ZipFile(tmp_path / "old.ortrain", "w") as z:
+        for name, data in {**parts, "model.json": json.dumps(record)}.items():
+            z.writestr(name, data)
+    with pytest.warns(UserWarning, match="normalised their softmax over the image width; it loads as saved"):
+        old = ot.load_model(tmp_path / "old.ortrain")
+    k, b = model.get_weights()
+    z = np.einsum("oi,nihw->nohw", k[:, :, 0, 0], x) + b[None, :, None, None]
+    np.testing.assert_allclose(old.predict(x), softmax(z, axis=-1), rtol=1e-5, atol=1e-6)
+    old.save(tmp_path / "again.ortrain")   # saved again, it keeps that axis, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(ot.load_model(tmp_path / "again.ortrain").predict(x), old.predict(x))
 
 
 def test_permute_and_a_per_pixel_classifier_against_torch(rng):
@@ -153,6 +184,11 @@ def test_permute_and_a_per_pixel_classifier_against_torch(rng):
             L.Permute(dims)
     with pytest.raises(ot.ShapeError, match="Permute\\(dims=\\(2, 1\\)\\) reorders 2 non-batch axes; its input "):
         predict_one(L.Permute((2, 1)), x)
+    seg = ot.Sequential([L.Conv2D(3, 1, activation="softmax")], input_shape=(4, 5, 6), seed=0)
+    seg.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ot.ShapeError, match=r"For a class per pixel of a \(batch, channels, height, width\) "
+                                            r"prediction, put the classes last with ot.layers.Permute\(\(2, 3, 1\)\)"):
+        seg.fit(x, rng.integers(0, 3, (2, 5, 6)), verbose=0)
     # classes on the last axis, labels (batch, height, width): PyTorch's cross-entropy over dim 1
     model = ot.Sequential([L.Conv2D(3, 3, padding="same"), L.Permute((2, 3, 1))], input_shape=(4, 5, 6), seed=0)
     model.compile(optimizer=ot.optim.SGD(lr=0.5), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))

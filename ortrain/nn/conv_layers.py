@@ -54,11 +54,21 @@ def _same_pads(n, k, s):
     return total // 2, total - total // 2
 
 
+SOFTMAX_ACTIVATIONS = ("softmax", "log_softmax")
+
+
+def softmax_axis_config(layer) -> dict:
+    """A convolution's softmax axis, in its saved config (files from before it was axis 1 lack it)."""
+    return {"softmax_axis": layer.softmax_axis} if layer.activation in SOFTMAX_ACTIVATIONS else {}
+
+
 class Conv2D(Layer):
     """2-D convolution over ``(batch, channels, height, width)``; kernel ``(filters, in, kh, kw)``.
 
     ``activation="softmax"`` (and ``log_softmax``) normalises over the filters, axis 1: each
     pixel's classes, as Keras' does over its channels-last filters."""
+
+    softmax_axis = 1  # -1 (the width) for a model saved before 0.1.0's last revision: see layer_from_config
 
     def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid", activation=None,
                  use_bias: bool = True, name=None, seed=None):
@@ -97,12 +107,12 @@ class Conv2D(Layer):
         args = [inputs[0], ctx.weight(self, "kernel")] + ([ctx.weight(self, "bias")] if self.use_bias else [])
         y = ctx.gb.op("Conv", args, kernel_shape=list(self.kernel_size), strides=list(self.strides),
                       pads=list(self._pads(shape)))
-        return emit_activation(ctx.gb, y, self.activation, axis=1)  # a softmax over the filters
+        return emit_activation(ctx.gb, y, self.activation, axis=self.softmax_axis)
 
     def get_config(self):
         return {"name": self.name, "filters": self.filters, "kernel_size": list(self.kernel_size),
                 "strides": list(self.strides), "padding": self.padding, "activation": self.activation,
-                "use_bias": self.use_bias}
+                "use_bias": self.use_bias, **softmax_axis_config(self)}
 
 
 class Conv2DTranspose(Layer):
@@ -114,7 +124,9 @@ class Conv2DTranspose(Layer):
     below the stride), ``(n - 1) * stride + kernel + output_padding``, less ``2 * (kernel // 2)`` for
     ``"same"``. ``"same"`` crops the full transposed convolution as TensorFlow does, the odd cell at
     the end; cells past the full output are zeros (plus the bias). Trained on the CPU through the
-    forms described in the README."""
+    forms described in the README. A ``softmax`` activation normalises over the filters, axis 1."""
+
+    softmax_axis = 1  # as Conv2D's
 
     def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid", output_padding=None,
                  activation=None, use_bias: bool = True, name=None, seed=None):
@@ -184,13 +196,13 @@ class Conv2DTranspose(Layer):
         args = [inputs[0], ctx.weight(self, "kernel")] + ([ctx.weight(self, "bias")] if self.use_bias else [])
         y = ctx.gb.op("ConvTranspose", args, kernel_shape=list(self.kernel_size), strides=list(self.strides),
                       pads=pads, output_padding=extra if any(extra) else None)
-        return emit_activation(ctx.gb, y, self.activation, axis=1)  # a softmax over the filters
+        return emit_activation(ctx.gb, y, self.activation, axis=self.softmax_axis)
 
     def get_config(self):
         return {"name": self.name, "filters": self.filters, "kernel_size": list(self.kernel_size),
                 "strides": list(self.strides), "padding": self.padding,
                 "output_padding": None if self.output_padding is None else list(self.output_padding),
-                "activation": self.activation, "use_bias": self.use_bias}
+                "activation": self.activation, "use_bias": self.use_bias, **softmax_axis_config(self)}
 
 
 class UpSampling2D(Layer):

@@ -25,6 +25,8 @@ class Dense(Layer):
     """``activation(x @ kernel + bias)``; kernel ``(in, out)``, Glorot-uniform; bias zeros.
 
     ``activation`` is one of ``ACTIVATIONS`` (see ``Activation`` for their exact definitions).
+    On an input of more axes it acts on the last (for an image the width; ``Permute`` moves the
+    channels there).
     """
 
     def __init__(self, units: int, activation=None, use_bias: bool = True, name=None, seed=None):
@@ -160,7 +162,9 @@ class BatchNorm(Layer):
 
 
 class LayerNorm(Layer):
-    """Layer normalisation over the last axis, with learned ``gamma``/``beta``.
+    """Layer normalisation over the last axis, with learned ``gamma``/``beta`` (for an image,
+    ``(batch, channels, height, width)``, the width: ``Permute((2, 3, 1))`` first puts the
+    channels last, where Keras' channels-last images have them).
 
     ``epsilon`` defaults to Keras' 1e-3; PyTorch's ``nn.LayerNorm`` uses 1e-5.
 

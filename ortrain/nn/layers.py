@@ -14,9 +14,11 @@ rebuilds saved layers by type (:func:`layer_from_config`).
 
 from __future__ import annotations
 
+from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
 from ortrain.nn.base_layer import ACTIVATIONS, Layer
 from ortrain.nn.conv_layers import (
+    SOFTMAX_ACTIVATIONS,
     AvgPool2D,
     Conv2D,
     Conv2DTranspose,
@@ -41,4 +43,14 @@ _REGISTRY = {cls.__name__: cls for cls in (Dense, Activation, Dropout, BatchNorm
 def layer_from_config(kind: str, config: dict) -> Layer:
     if kind not in _REGISTRY:
         raise OrtrainError(f"unknown layer type {kind!r} in a saved model")
-    return _REGISTRY[kind](**config)
+    config = dict(config)
+    softmax_axis = config.pop("softmax_axis", None)
+    layer = _REGISTRY[kind](**config)
+    if isinstance(layer, (Conv2D, Conv2DTranspose)) and layer.activation in SOFTMAX_ACTIVATIONS:
+        if softmax_axis is None:  # saved when a convolution's softmax normalised the last axis
+            warn(f"{kind} {layer.name or ''!s}: this model was saved by an ortrain whose convolutions normalised "
+                 f"their {layer.activation} over the image width; it loads as saved, so its predictions stay "
+                 "as they were. A layer made anew normalises over the filters (each pixel's classes)")
+            softmax_axis = -1
+        layer.softmax_axis = int(softmax_axis)
+    return layer

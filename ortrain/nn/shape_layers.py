@@ -144,17 +144,18 @@ class Concatenate(Layer):
     def output_shape(self, input_shapes):
         rank = len(input_shapes[0])
         given = self._axis(rank)
+        said = f"Concatenate(axis={self.axis})" if self.axis is not None else \
+            f"Concatenate() (axis {given}: {'the channels of images' if given == 1 else 'the last'})"
         if not -rank <= given < rank:
-            raise ShapeError(f"Concatenate(axis={self.axis}): inputs of rank {rank} have axes {-rank} to "
-                             f"{rank - 1}")
+            raise ShapeError(f"{said}: inputs of rank {rank} have axes {-rank} to {rank - 1}")
         axis = given % rank
         if axis == 0 or any(len(s) != rank for s in input_shapes):
-            raise ShapeError(f"Concatenate(axis={self.axis}) cannot join "
-                             f"{', '.join(describe_shape(s) for s in input_shapes)}")
+            raise ShapeError(f"{said} cannot join {', '.join(describe_shape(s) for s in input_shapes)}")
         for d in range(1, rank):
             if d != axis and len({s[d] for s in input_shapes}) > 1:
-                raise ShapeError(f"Concatenate(axis={self.axis}) needs equal sizes off the axis, received "
-                                 f"{', '.join(describe_shape(s) for s in input_shapes)}")
+                raise ShapeError(f"{said} needs equal sizes off the axis, received "
+                                 f"{', '.join(describe_shape(s) for s in input_shapes)}; give the axis to join, "
+                                 f"e.g. Concatenate(axis={d if d != rank - 1 else -1})")
         sizes = [s[axis] for s in input_shapes]
         total = None if any(v is None for v in sizes) else sum(sizes)
         out = list(input_shapes[0])
