@@ -120,6 +120,10 @@ FORMS = {
         [helper.make_node("Constant", [], [name], **{f"value_{kind}": value}) for name, kind, value in
          (("starts", "ints", [-1]), ("ends", "ints", [-(2 ** 62)]), ("axes", "ints", [1]), ("steps", "ints", [-1]))]
         + [helper.make_node("Slice", ["h", "starts", "ends", "axes", "steps"], ["y"], name="node_flip")], [None, 3]),
+    "Slice with a negative step, of int32": _one_op_model(
+        [helper.make_node("Slice", ["h", "starts", "ends", "axes", "steps"], ["y"], name="flip32")], [None, 3],
+        [numpy_helper.from_array(np.array(v, np.int32), n) for n, v in
+         (("starts", [-1]), ("ends", [-(2 ** 31)]), ("axes", [1]), ("steps", [-1]))]),
     "ReduceL2 over every axis without keepdims": _one_op_model(
         [helper.make_node("ReduceL2", ["h"], ["norm"], name="norm", keepdims=0),
          helper.make_node("Mul", ["h", "norm"], ["y"])], [None, 3]),

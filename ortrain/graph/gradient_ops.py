@@ -140,7 +140,7 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
             tainted.update(outs)
             candidates.append(node)
     needed = ancestors(model, target)
-    consts = int64_constants(model)
+    consts = int64_constants(model, also_int32=True)  # ONNX takes a slice's steps, a pad's pads... in either
     missing: dict[str, list[str]] = {}
     for i, node in enumerate(candidates):
         if not any(o in needed for o in node.output):
