@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -118,8 +119,18 @@ def atomic_path(path, what: str | None = None):
             os.remove(tmp)
         if isinstance(exc, OSError):  # numpy's short write ("6000 requested and 992 written") has no errno
             raise OrtrainError(f"{what + ': ' if what else ''}cannot write {str(path)!r}: {exc.strerror or exc}; a "
-                               "file already there is left as it was. Free space or choose another folder") from exc
+                               f"file already there is left as it was. {write_advice(exc.errno)}") from exc
         raise
+
+
+def write_advice(code: int | None) -> str:
+    """What to do about a write the system refused with ``errno`` ``code`` (None: unknown)."""
+    if code in (errno.EFBIG,):
+        return ("The file is larger than this process may write (ulimit -f) or the file system holds: raise the "
+                "limit or choose another folder")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "Choose a folder you can write to"
+    return "Free space or choose another folder"
 
 
 def lock_file(path: Path, wait: bool = True):

@@ -52,6 +52,7 @@ from ortrain._artifact_store import scratch_dir as scratch_dir
 from ortrain._files import atomic_path, fresh_dir
 from ortrain._manifest import FILES, FORMAT, finish, sha256, versions
 from ortrain._manifest import read as read_manifest
+from ortrain.engine.session import write_failure
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec
 from ortrain.graph.forward import ForwardGraph, ParamSpec
@@ -313,12 +314,18 @@ def _publish(target: Path, fill) -> Artifacts:
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
             os.rename(target, old / "stale")
         os.rename(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         if old is not None and (old / "stale").exists() and not target.exists():
             os.rename(old / "stale", target)  # put the old directory back
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        failed = write_failure(exc)
+        if failed is not None:
+            why, advice = failed
+            raise OrtrainError(f"artifacts: cannot write {str(target)!r}: {why}; nothing was published (what was "
+                               f"there is left as it was). {advice} (out_dir, or ot.artifacts.set_cache_dir for the "
+                               "cache)") from exc
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

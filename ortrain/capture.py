@@ -366,8 +366,8 @@ def capture_step(fn, optimizer=None, params=None, max_grad_norm=None) -> Capture
     as they were. The moments accumulate clipped gradients. CPU only; float32 weights.
     """
     if isinstance(optimizer, (Param, list, tuple)):  # the params where the optimizer goes
-        raise OrtrainError("capture_step(fn, optimizer=None, params=None, max_grad_norm=None): the second positional "
-                           "argument is the optimizer, received params; pass them by name: "
+        raise OrtrainError("optimizer: expected an ot.optim.Adam or AdamW, received params (capture_step takes fn, "
+                           "optimizer, params, max_grad_norm in that order); pass them by name: "
                            "ot.capture_step(fn, optimizer=opt, params=[...])")
     return CaptureStep(fn, params, optimizer, max_grad_norm)
 

@@ -107,9 +107,15 @@ def test_misplaced_optimizer_and_bad_configs_get_clear_errors():
     # API.md's order, fn, optimizer, params, max_grad_norm: the optimizer may come second by position
     assert list(inspect.signature(ot.capture_step).parameters) == ["fn", "optimizer", "params", "max_grad_norm"]
     assert ot.capture_step(lambda x: ag.mean(W @ x), opt)(x=np.ones((2, 3))) == 0.0
-    with pytest.raises(ot.OrtrainError, match=r"the second positional argument is the optimizer, received params; "
-                                              r"pass them by name: ot.capture_step\(fn, optimizer=opt, params="):
-        ot.capture_step(lambda x: ag.mean(W @ x), [W], opt)
+    for call in (lambda: ot.capture_step(lambda x: ag.mean(W @ x), [W], opt),
+                 lambda: ot.capture_step(lambda x: ag.mean(W @ x), optimizer=[W])):
+        with pytest.raises(ot.OrtrainError, match=r"optimizer: expected an ot.optim.Adam or AdamW, received params "
+                                                  r".*pass them by name: ot.capture_step\(fn, optimizer=opt, params="):
+            call()
+    for call in (lambda: ot.capture_step(lambda x: ag.mean(W @ x), opt, 1.0),
+                 lambda: ot.capture(lambda x: ag.mean(W @ x), params=1.0)):
+        with pytest.raises(ot.OrtrainError, match=r"params expected None or a list of ag.param / ag.buffer objects"):
+            call()
     with pytest.raises(ot.OrtrainError, match="huber: cannot build it from"):
         ot.losses.get({"name": "huber", "delt": 2})
     with pytest.raises(ot.OrtrainError, match="adam: cannot build it from"):

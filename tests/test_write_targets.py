@@ -89,12 +89,33 @@ def test_a_file_that_cannot_be_written_says_why_and_keeps_the_old_one(tmp_path, 
         resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
         try:
             with pytest.raises(ot.OrtrainError, match=rf"{writer}\(path\): cannot write '.*f': File too large; a "
-                                                      r"file already there is left as it was. Free space"):
+                                                      r"file already there is left as it was. The file is larger "
+                                                      r"than this process may write \(ulimit -f\)"):
                 write(path)
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
             signal.signal(signal.SIGXFSZ, handler)
         assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_artifacts_that_cannot_be_written_say_why_and_publish_nothing(tmp_path):
+    import resource
+    import signal
+
+    model = ot.Sequential([ot.layers.Dense(64)], input_shape=(64,), seed=0)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        for limit in (500, 12000):   # a graph's file, then onnxruntime's checkpoint, past the limit
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+            with pytest.raises(ot.OrtrainError, match=r"artifacts: cannot write '.*art': File too large.*; nothing "
+                                                      r"was published .* \(ulimit -f\)"):
+                ot.artifacts.build(model, loss="mse", optimizer="adam", out_dir=tmp_path / "art")
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            assert os.listdir(tmp_path) == []
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 def test_a_loop_of_links_is_refused_and_kept(tmp_path):

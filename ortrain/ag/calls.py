@@ -26,6 +26,9 @@ __all__ = ["Capture", "TracedCall"]
 def _extra_params(params, where: str) -> list[Param]:
     if params is None:
         return []
+    if not isinstance(params, Param) and (not hasattr(params, "__iter__") or isinstance(params, (str, bytes, dict))):
+        raise OrtrainError(f"{where}: params expected None or a list of ag.param / ag.buffer objects (the ones "
+                           f"fn reads that must not train), received {params!r:.60}")
     items = [params] if isinstance(params, Param) else list(params)
     bad = [p for p in items if not isinstance(p, Param)]
     if bad:

@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 import onnx
 
-from ortrain._files import atomic_path
+from ortrain._files import atomic_path, write_advice
 from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine._runtime import C, OrtValue
@@ -67,6 +67,19 @@ def check_feeds(specs: list[TensorSpec], arrays, where: str) -> list[np.ndarray]
         raise ShapeError(f"{where}: inputs disagree on the number of rows ({sizes}); every input of one "
                          f"step must hold the same samples")
     return out
+
+
+def write_failure(exc: BaseException) -> tuple[str, str] | None:
+    """Why a file could not be written and what to do, when ``exc`` says so: an ``OSError`` (a
+    full disk, a size limit, no permission), or the runtime's failure to save a checkpoint, whose
+    message ends with the system's reason; None for anything else."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc), write_advice(exc.errno)
+    if isinstance(exc, RuntimeError):
+        found = re.search(r"error:\s*(.+?)\s*errno:\s*(\d+)", _reason(exc))
+        if found:
+            return f"{found.group(1)} (errno {found.group(2)})", write_advice(int(found.group(2)))
+    return None
 
 
 def _reason(exc: Exception) -> str:
@@ -385,11 +398,9 @@ class TrainingSession:
             try:
                 C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
             except RuntimeError as exc:  # a full disk, a file-size limit: the reason ends the message
-                reason = _reason(exc)
-                found = re.search(r"error:\s*(.+?)\s*errno:\s*(\d+)", reason)
-                reason = f"{found.group(1)} (errno {found.group(2)})" if found else reason
+                reason, advice = write_failure(exc) or (_reason(exc), write_advice(None))
                 raise OrtrainError(f"save_checkpoint: cannot write {os.fspath(path)!r}: {reason}; a file already "
-                                   "there is left as it was. Free space or choose another folder") from exc
+                                   f"there is left as it was. {advice}") from exc
 
     @exclusive
     def optimizer_state(self):
