@@ -17,7 +17,7 @@ from ortrain._manifest import FORMAT, finish, versions
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
-from ortrain.graph.forward import ForwardGraph, ParamSpec, extend
+from ortrain.graph.forward import ForwardGraph, ParamSpec, extend, reserved_input_name
 from ortrain.graph.gradient_forms import for_training
 from ortrain.graph.gradient_ops import ancestors, gradient_reach, may_stop_gradients
 
@@ -38,6 +38,13 @@ def _check_trainable(fg: ForwardGraph) -> None:
     if not fg.names("trainable"):
         raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights "
                            "(model.unfreeze(...), or layer.trainable = True for layers set trainable=False)")
+    for spec in fg.inputs:
+        why = reserved_input_name(spec.name)
+        if why:
+            raise OrtrainError(f"input {spec.name!r}: {why}, so a training graph cannot feed it (predictions can); "
+                               "give the input another name (ot.Input(..., name=...), or input_names=[...] in "
+                               "torch.onnx.export)")
+
 
 
 def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tuple[onnx.ModelProto, dict]:

@@ -275,6 +275,17 @@ def test_an_integer_input_to_a_float_op_names_the_input_and_the_cast():
     assert step(x=np.ones((3, 4), np.float32), y=np.zeros((2, 4), np.float32)) == pytest.approx(9.0)
 
 
+def test_an_argument_named_as_a_gradient_is_refused_for_training():
+    W = ag.param(np.ones((2, 3), np.float32), name="W")
+    step = ot.capture_step(lambda x_grad: ag.sum(ag.matmul(W, x_grad)), optimizer=ot.optim.Adam([W]))
+    with pytest.raises(ot.OrtrainError, match=r"argument 'x_grad': onnxruntime-training reserves names ending in "
+                                              r"'_grad' .*; give fn's argument .* another name"):
+        step(x_grad=np.ones((3, 4), np.float32))
+    np.testing.assert_array_equal(W.numpy(), np.ones((2, 3)))
+    fwd = ot.capture(lambda x_grad: ag.sum(ag.matmul(W, x_grad)))   # a forward pass feeds it
+    assert fwd(x_grad=np.ones((3, 4), np.float32)) == 24.0
+
+
 def test_duplicate_names_in_one_step_are_refused():
     a, b = ag.param(np.ones(2), name="w"), ag.param(np.ones(2), name="w")
     with pytest.raises(ot.OrtrainError, match="params: two different params are named 'w'"):

@@ -113,6 +113,29 @@ def test_an_export_names_its_free_sizes_and_keeps_no_training_outputs(tmp_path, 
         assert np.isfinite(tr.step(x, np.zeros((2, 5, 2))))
 
 
+def test_input_names_a_training_graph_reserves_are_refused_with_the_fix(rng):
+    # onnxruntime-training takes an input named x_grad for a gradient: the first step failed inside it
+    from onnx import helper, numpy_helper
+    for name in ("x_grad", "lazy_reset_grad", "w_grad.accumulation.buffer", "ortrain.label"):
+        with pytest.raises(ot.OrtrainError, match=rf"Model: input name '{re.escape(name)}': .*; give "
+                                                  r"ot.Input\(..., name=...\) another name"):
+            inp = ot.Input((3,), name=name)
+            ot.Model(inp, L.Dense(2)(inp))
+    graph = helper.make_graph([helper.make_node("MatMul", ["x_grad", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x_grad", onnx.TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 2])],
+                              [numpy_helper.from_array(np.ones((3, 2), np.float32), "W")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    model = ot.from_onnx(proto)   # imported and predicting, as before
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(model.predict(x), x @ np.ones((3, 2)), rtol=1e-6)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.OrtrainError, match=r"input 'x_grad': onnxruntime-training reserves names ending in "
+                                              r"'_grad' .*; give the input another name .*input_names="):
+        ot.Trainer(model, batch_size=4)
+
+
 def test_save_and_load_round_trip(tmp_path, rng):
     model = skip_model()
     model.freeze("dense_1")

@@ -21,6 +21,7 @@ from ortrain.ag.ops import reshape
 from ortrain.ag.tensor import FLOAT, INT, Buffer, Const, Input, Param, Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import GraphBuilder, TensorSpec
+from ortrain.graph.forward import reserved_input_name
 
 __all__ = ["Traced", "example_inputs", "topological_order", "trace"]
 
@@ -107,6 +108,10 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
     reached = {id(t) for t in order}
     used = [n for n, t in inputs.items() if id(t) in reached]
     for n in used:
+        why = reserved_input_name(n) if training else None
+        if why:
+            raise OrtrainError(f"{where}: argument {n!r}: {why}; give fn's argument (and the call's keyword) "
+                               "another name")
         names[id(inputs[n])] = gb.add_input(n, inputs[n].dtype, inputs[n].shape)
         by_name[n] = inputs[n]
     checks, computed = [], []

@@ -100,6 +100,17 @@ def with_weights(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx
     return model
 
 
+def reserved_input_name(name: str) -> str | None:
+    """Why a data input may not be named ``name`` in a training graph, or None: onnxruntime-training
+    takes an input ending in ``_grad`` (or named as its accumulation buffers) for one of the
+    gradients it feeds, and ortrain's loss inputs start with ``ortrain.``."""
+    if name.startswith("ortrain."):
+        return "the name is reserved for ortrain's loss inputs"
+    if name.endswith("_grad") or "_grad." in name or name == "lazy_reset_grad":
+        return "onnxruntime-training reserves names ending in '_grad' (and its buffers' names) for the gradients"
+    return None
+
+
 def to_inference(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Inference flavour: dropout without its training input and mask, batch norm in inference mode,
     layer norm without the mean and inverse deviation it keeps for the gradient (some converters

@@ -22,7 +22,7 @@ from ortrain._files import atomic_path, checked_target
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
-from ortrain.graph.forward import ForwardGraph, ParamSpec, to_inference, with_weights
+from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name, to_inference, with_weights
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats, name_free_dimensions
 from ortrain.graph.repairs import activations_as_arithmetic
 from ortrain.nn.base_layer import EmitContext, Layer
@@ -76,11 +76,13 @@ class Model(TrainingMixin):
         names = [self._input_name(i) for i in range(len(self._inputs))]
         taken = {self._output_name(i) for i in range(len(self._outputs))} | set(self.weight_names())
         for i, n in enumerate(names):
-            if n in names[:i] or n in taken or n.startswith("ortrain."):
-                what = "another input's" if n in names[:i] else "an output's or a weight's" if n in taken else \
-                    "reserved for ortrain's loss inputs"
+            if n in names[:i] or n in taken:
+                what = "another input's" if n in names[:i] else "an output's or a weight's"
                 raise OrtrainError(f"Model: input name {n!r} is {what} name; give ot.Input(..., name=...) a name "
                                    "of its own")
+            why = reserved_input_name(n)
+            if why:
+                raise OrtrainError(f"Model: input name {n!r}: {why}; give ot.Input(..., name=...) another name")
 
     # -- construction helpers -----------------------------------------------------------
     def _init_state(self, name: str) -> None:
