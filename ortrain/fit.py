@@ -31,6 +31,8 @@ epochs=5`` runs epochs 2, 3 and 4; the number only matters to callbacks and sche
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ortrain import losses as losses_mod
@@ -296,7 +298,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     except (OrtrainError, ValueError, TypeError) as exc:
         raise located(exc, where) from exc
     val_weighted = _validation_weighted(vit, initial_epoch)
-    weights_given = w is not None or val_weighted or cw is not None
+    # batches in a list: a later one's weights count as the first's do
+    weights_given = w is not None or bool(_any_weighted(source)) or val_weighted or cw is not None
     one = isinstance(loss_mask, (int, np.integer)) and not isinstance(loss_mask, bool) and loss_mask == 1
     any_loss = (loss_mask is None and weights_given) or one
     trainer = Trainer(staged, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
@@ -401,6 +404,22 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
         return loop.run()
 
 
+def _any_weighted(source) -> bool | None:
+    """For batches given as a list or tuple (all at hand), whether any carries loss weights; None
+    for a source read one batch at a time."""
+    held = getattr(source, "_iterable", None)
+    if not isinstance(held, (list, tuple)):
+        return None
+    return any(_weighted_batch(b) for b in itertools.takewhile(lambda b: b is not None, held))
+
+
+def _weighted_batch(batch) -> bool:
+    try:
+        return parse_batch(batch)[2] is not None
+    except (OrtrainError, ValueError, TypeError):
+        return False  # a malformed batch is refused at its step, which the error then names
+
+
 def _validation_weighted(vit: EpochIterator | None, epoch: int) -> bool:
     """Whether the validation batches carry loss weights, which the trainer needs an input for.
     Arrays say so; from another source the first batch is read now (and validated first)."""
@@ -408,6 +427,9 @@ def _validation_weighted(vit: EpochIterator | None, epoch: int) -> bool:
         return False
     if isinstance(vit.source, ArraySource):
         return vit.source._w is not None
+    listed = _any_weighted(vit.source)
+    if listed is not None:
+        return listed
     first = vit.peek(epoch)
     try:
         return first is not None and parse_batch(first)[2] is not None

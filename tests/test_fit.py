@@ -464,6 +464,27 @@ def test_validation_weights_are_checked_before_anything_trains():
         assert hist.history["val_loss"][0] == pytest.approx(np.sum(ws * d ** 2) / d.size, rel=1e-5)
 
 
+def test_weights_on_a_later_batch_of_a_list_count_as_on_the_first(rng):
+    # the trainer's weight input was decided by the first batch alone: a weighted second batch failed
+    # after training had started (and model.fit offers no loss_mask=1 to pass)
+    data = batches(2, 4)
+    w = np.array([1.0, 0.0, 2.0, 0.5], np.float32)
+    mixed = [data[0], (*data[1], w)]
+    ones = [(*data[0], np.ones(4, np.float32)), (*data[1], w)]
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    want = ot.fit_generator(model, ones, validation_generator=ones, verbose=0)
+    model2 = mlp()
+    model2.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    hist = ot.fit_generator(model2, mixed, validation_generator=mixed, verbose=0)   # missing weights are ones
+    assert hist.history["loss"] == want.history["loss"] and hist.history["val_loss"] == want.history["val_loss"]
+    for a, b in zip(model2.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    model3 = mlp()
+    model3.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    assert model3.fit(mixed, validation_data=mixed, verbose=0).history["val_loss"] == want.history["val_loss"]
+
+
 def test_one_shot_iterator_running_dry_later_warns_and_stops():
     model = mlp()
     model.compile(optimizer="adam", loss="mse")
@@ -580,10 +601,14 @@ def test_weights_in_a_later_batch_only_are_refused():
     (x, y), = batches(1, 4)
     model = mlp()
     model.compile(optimizer="adam", loss="mse")
+    def one_at_a_time():   # read a batch at a time: the first one decides (a list is read whole first)
+        yield x, y
+        yield x, y, np.ones(4)
+
     with pytest.raises(ot.OrtrainError, match=r"epoch 0, step 1 .*sample_weight: this batch carries loss weights but "
                                               r"the first batch did not, .*pass loss_mask=1 to fit_generator"):
-        ot.fit_generator(model, [(x, y), (x, y, np.ones(4))], verbose=0)
-    ot.fit_generator(model, [(x, y), (x, y, np.ones(4))], loss_mask=1, verbose=0)  # the fix it names works
+        ot.fit_generator(model, one_at_a_time(), verbose=0)
+    ot.fit_generator(model, one_at_a_time(), loss_mask=1, verbose=0)  # the fix it names works
     assert model.train_state.n_steps == 3
 
 
