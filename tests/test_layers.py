@@ -140,6 +140,9 @@ def test_keras_channel_axis_acts_on_the_channels_of_images(tmp_path, rng):
     with pytest.raises(ot.ShapeError, match=r"Concatenate\(\) \(axis 1: the channels of images\) needs equal sizes "
                                             r"off the axis, .*; give the axis to join, e.g. Concatenate\(axis=-1\)"):
         L.Concatenate()([up, ot.Input((4, 5, 7))])   # a channels-last port: the message names the axis joined
+    with pytest.raises(ot.ShapeError, match=r"Concatenate\(axis=-4\): axis -4 of inputs of rank 4 is the batch; "
+                                            r"choose a feature axis"):
+        L.Concatenate(axis=-4)([up, up])
     a, c = ot.Input((2, 3)), ot.Input((2, 3))
     assert L.Concatenate()([a, c]).shape == (None, 2, 6)              # other tensors: the last axis
     assert L.Concatenate(axis=-1)([up, up]).shape == (None, 4, 5, 12)  # an axis given is the axis
@@ -158,7 +161,7 @@ def test_a_conv_softmax_saved_before_it_took_the_channels_loads_as_saved(tmp_pat
     with zipfile.ZipFile(tmp_path / "new.ortrain") as z:   # a file from before: no softmax_axis
         parts = {n: z.read(n) for n in z.namelist()}
     record = json.loads(parts["model.json"])
-    del record["layers"][0]["config"]["softmax_axis"]
+    del record["layers"][0]["softmax_axis"]
     with zipfile.ZipFile(tmp_path / "old.ortrain", "w") as z:
         for name, data in {**parts, "model.json": json.dumps(record)}.items():
             z.writestr(name, data)
@@ -167,6 +170,8 @@ def test_a_conv_softmax_saved_before_it_took_the_channels_loads_as_saved(tmp_pat
     k, b = model.get_weights()
     z = np.einsum("oi,nihw->nohw", k[:, :, 0, 0], x) + b[None, :, None, None]
     np.testing.assert_allclose(old.predict(x), softmax(z, axis=-1), rtol=1e-5, atol=1e-6)
+    conv = model.layers[0]
+    assert type(conv)(**conv.get_config()).get_config() == conv.get_config()   # Keras' cls(**get_config())
     old.save(tmp_path / "again.ortrain")   # saved again, it keeps that axis, without a warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -255,6 +255,8 @@ def test_load_model_refuses_a_damaged_optimizer_state_as_load_state_does(tmp_pat
              f"moment 'm' of '{first}' is float32 of shape \\(3, 3, 3\\), where the weight is float32 of shape"),
             (damaged(change_moments=set_moment(0, np.zeros(shape))), f"moment 'm' of '{first}' is float64"),
             (damaged(lambda r: r["train_state"].__setitem__("step", -5)), "its training state's 'step' is -5"),
+            (damaged(lambda r: r["train_state"].__setitem__("step", 2.5)), "its training state's 'step' is 2.5"),
+            (damaged(lambda r: r["train_state"].__setitem__("n_steps", "7")), "its training state's 'n_steps' is '7'"),
             (damaged(lambda r: r["train_state"].__setitem__("lr", float("nan"))), "its learning rate is nan")]:
         with pytest.raises(ot.OrtrainError, match=f"load_model: '.*bad\\d.ortrain' is damaged: {said}"):
             ot.load_model(path)

@@ -188,7 +188,9 @@ def test_schedules():
     with pytest.raises(ot.OrtrainError, match="warmup_steps \\(6\\) must be below total_steps \\(6\\)"):
         s.warmup_cosine(1.0, 6, 6)
     # no warm-up is the plain cosine (as transformers' get_cosine_schedule_with_warmup takes 0)
-    np.testing.assert_allclose([s.warmup_cosine(1.0, 0, 4, 0.2)(t) for t in range(6)], [cos(t) for t in range(6)])
+    np.testing.assert_allclose([s.warmup_cosine(1.0, 0, 4, 0.2)(t) for t in range(-1, 6)],
+                               [cos(t) for t in range(-1, 6)])
+    assert wc(-3) == wc(0) == 0.5   # a step before the first reads the first, as cosine's does
     with pytest.raises(ot.OrtrainError, match="warmup_steps: expected an int >= 0, received -1"):
         s.warmup_cosine(1.0, -1, 4)
     for sched in (s.step(1.0), cos, wc):

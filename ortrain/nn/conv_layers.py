@@ -57,18 +57,13 @@ def _same_pads(n, k, s):
 SOFTMAX_ACTIVATIONS = ("softmax", "log_softmax")
 
 
-def softmax_axis_config(layer) -> dict:
-    """A convolution's softmax axis, in its saved config (files from before it was axis 1 lack it)."""
-    return {"softmax_axis": layer.softmax_axis} if layer.activation in SOFTMAX_ACTIVATIONS else {}
-
-
 class Conv2D(Layer):
     """2-D convolution over ``(batch, channels, height, width)``; kernel ``(filters, in, kh, kw)``.
 
     ``activation="softmax"`` (and ``log_softmax``) normalises over the filters, axis 1: each
     pixel's classes, as Keras' does over its channels-last filters."""
 
-    softmax_axis = 1  # -1 (the width) for a model saved before 0.1.0's last revision: see layer_from_config
+    softmax_axis = 1  # -1 (the width) in a model saved before it was 1: see ortrain.nn.layers.layer_from_config
 
     def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid", activation=None,
                  use_bias: bool = True, name=None, seed=None):
@@ -112,7 +107,7 @@ class Conv2D(Layer):
     def get_config(self):
         return {"name": self.name, "filters": self.filters, "kernel_size": list(self.kernel_size),
                 "strides": list(self.strides), "padding": self.padding, "activation": self.activation,
-                "use_bias": self.use_bias, **softmax_axis_config(self)}
+                "use_bias": self.use_bias}
 
 
 class Conv2DTranspose(Layer):
@@ -202,7 +197,7 @@ class Conv2DTranspose(Layer):
         return {"name": self.name, "filters": self.filters, "kernel_size": list(self.kernel_size),
                 "strides": list(self.strides), "padding": self.padding,
                 "output_padding": None if self.output_padding is None else list(self.output_padding),
-                "activation": self.activation, "use_bias": self.use_bias, **softmax_axis_config(self)}
+                "activation": self.activation, "use_bias": self.use_bias}
 
 
 class UpSampling2D(Layer):

@@ -32,7 +32,7 @@ from ortrain.nn.shape_layers import Add, Concatenate, Flatten, Permute, Reshape
 __all__ = [
     "ACTIVATIONS", "Activation", "Add", "AvgPool2D", "BatchNorm", "Concatenate", "Conv2D", "Conv2DTranspose",
     "Dense", "Dropout", "Embedding", "Flatten", "GlobalAvgPool2D", "Layer", "LayerNorm", "MaxPool2D", "Permute",
-    "Reshape", "UpSampling2D", "layer_from_config",
+    "Reshape", "UpSampling2D", "layer_from_config", "saved_extras",
 ]
 
 _REGISTRY = {cls.__name__: cls for cls in (Dense, Activation, Dropout, BatchNorm, LayerNorm, Embedding, Conv2D,
@@ -40,11 +40,11 @@ _REGISTRY = {cls.__name__: cls for cls in (Dense, Activation, Dropout, BatchNorm
                                            Flatten, Reshape, Permute, Add, Concatenate)}
 
 
-def layer_from_config(kind: str, config: dict) -> Layer:
+def layer_from_config(kind: str, config: dict, softmax_axis: int | None = None) -> Layer:
+    """The layer a saved model recorded. ``softmax_axis``: the axis a convolution's softmax
+    normalised, as the model recorded it (see :func:`saved_extras`); None in a file from before."""
     if kind not in _REGISTRY:
         raise OrtrainError(f"unknown layer type {kind!r} in a saved model")
-    config = dict(config)
-    softmax_axis = config.pop("softmax_axis", None)
     layer = _REGISTRY[kind](**config)
     if isinstance(layer, (Conv2D, Conv2DTranspose)) and layer.activation in SOFTMAX_ACTIVATIONS:
         if softmax_axis is None:  # saved when a convolution's softmax normalised the last axis
@@ -54,3 +54,10 @@ def layer_from_config(kind: str, config: dict) -> Layer:
             softmax_axis = -1
         layer.softmax_axis = int(softmax_axis)
     return layer
+
+
+def saved_extras(layer: Layer) -> dict:
+    """What a saved model records of ``layer`` beside its config: a convolution's softmax axis."""
+    if isinstance(layer, (Conv2D, Conv2DTranspose)) and layer.activation in SOFTMAX_ACTIVATIONS:
+        return {"softmax_axis": layer.softmax_axis}
+    return {}

@@ -53,6 +53,7 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     """(record, weights, optimizer arrays) describing ``model`` completely; the weights are copies
     (``None`` without ``with_weights``)."""
     from ortrain.nn.graph_model import GraphModel
+    from ortrain.nn.layers import saved_extras
     record = {"format": FORMAT, "ortrain": __version__, "name": model.name,
               "frozen": sorted(model._frozen), "frozen_stats": sorted(model._frozen_stats),
               "layer_frozen_stats": sorted(model._layer_frozen_stats)}
@@ -64,7 +65,7 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     else:
         layer_index = {id(lyr): i for i, lyr in enumerate(model.layers)}
         record["kind"] = "layers"
-        record["layers"] = [{"class": type(lyr).__name__, "config": lyr.get_config(),
+        record["layers"] = [{"class": type(lyr).__name__, "config": lyr.get_config(), **saved_extras(lyr),
                              **({} if lyr.trainable else {"trainable": False})} for lyr in model.layers]
         record["inputs"] = [{"name": t.name, "shape": list(t.shape[1:]), "dtype": t.dtype.name}
                             for t in model._inputs]
@@ -104,7 +105,7 @@ def model_from_record(record: dict, weights: dict, aux: dict):
         model = GraphModel(ForwardGraph(proto, params, {p.name: weights[p.name] for p in params}),
                            name=record["name"])
     else:
-        layers = [layer_from_config(d["class"], d["config"]) for d in record["layers"]]
+        layers = [layer_from_config(d["class"], d["config"], d.get("softmax_axis")) for d in record["layers"]]
         for lyr, d in zip(layers, record["layers"]):
             lyr.trainable = bool(d.get("trainable", True))
         inputs = [Input(tuple(d["shape"]), dtype=d["dtype"], name=d["name"]) for d in record["inputs"]]
@@ -145,9 +146,8 @@ def model_from_record(record: dict, weights: dict, aux: dict):
     ts = record.get("train_state")
     if ts:
         moments = {k: tuple(aux["opt"][f"{k}\x00{i}"] for i in range(n)) for k, n in ts["moments"].items()}
-        draws = ts.get("draws")
-        model.train_state = TrainState(int(ts["step"]), float(ts["lr"]), moments, int(ts.get("n_steps", 0)),
-                                       None if draws is None else int(draws))
+        # as recorded: a count that is not an int is refused by load_model (_train_state_problem), not cut
+        model.train_state = TrainState(ts["step"], float(ts["lr"]), moments, ts.get("n_steps", 0), ts.get("draws"))
     model._changed()
     return model
 

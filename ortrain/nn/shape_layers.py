@@ -149,7 +149,9 @@ class Concatenate(Layer):
         if not -rank <= given < rank:
             raise ShapeError(f"{said}: inputs of rank {rank} have axes {-rank} to {rank - 1}")
         axis = given % rank
-        if axis == 0 or any(len(s) != rank for s in input_shapes):
+        if axis == 0:
+            raise ShapeError(f"{said}: axis {given} of inputs of rank {rank} is the batch; choose a feature axis")
+        if any(len(s) != rank for s in input_shapes):
             raise ShapeError(f"{said} cannot join {', '.join(describe_shape(s) for s in input_shapes)}")
         for d in range(1, rank):
             if d != axis and len({s[d] for s in input_shapes}) > 1:

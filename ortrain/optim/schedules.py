@@ -73,7 +73,7 @@ def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_
     decay = cosine(initial_lr, total_steps - warmup_steps, final_lr)
 
     def schedule(t):
-        t = _step_number(t)
+        t = max(_step_number(t), 0)  # as cosine reads a step before the first
         if t < warmup_steps:
             return initial_lr * (t + 1) / warmup_steps
         return decay(t - warmup_steps)
