@@ -342,14 +342,32 @@ def row_slices(n: int, batch_size, argument: str = "batch_size") -> list[slice]:
 def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, batch_size) -> list[np.ndarray]:
     """Every output of ``runner`` over the rows of ``xs``, ``batch_size`` rows per run, joined.
 
-    ``extra_feeds`` (weights kept outside the graph) go to every run whole.
+    ``extra_feeds`` (weights kept outside the graph) go to every run whole. Outputs are joined on
+    their first axis, so with more than one run every output must have the batch as its first axis;
+    one that has not (a transpose, a reduction over the batch) is refused rather than joined wrong.
     """
+    slices = row_slices(xs[0].shape[0], batch_size)
+    if len(slices) > 1:
+        for name, shape in runner.declared_without_batch([s.name for s in specs]).items():
+            raise _batchless(name, f"the graph declares its shape {shape}", batch_size)
     chunks = []
-    for sl in row_slices(xs[0].shape[0], batch_size):
+    for sl in slices:
         feeds = {s.name: a[sl] for s, a in zip(specs, xs)}
         if extra_feeds:
             feeds.update(extra_feeds)
-        chunks.append(runner.run(feeds))
+        outs = runner.run(feeds)
+        rows = len(xs[0][sl])
+        for name, out in zip(runner.output_names, outs):
+            if len(slices) > 1 and (out.ndim == 0 or out.shape[0] != rows):
+                raise _batchless(name, f"it gave shape {out.shape} for a chunk of {rows} rows", batch_size)
+        chunks.append(outs)
     if len(chunks) == 1:
         return list(chunks[0])
     return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+
+
+def _batchless(name: str, seen: str, batch_size) -> OrtrainError:
+    return OrtrainError(
+        f"batch_size: expected every output to have the batch as its first axis, to join the "
+        f"predictions of chunks of {batch_size} rows, but output {name!r} has not ({seen}); fix: pass "
+        f"batch_size=None to run all rows at once")

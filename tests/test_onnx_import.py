@@ -528,3 +528,31 @@ def test_an_output_sized_by_the_batch_takes_its_labels(rng):
     x = rng.standard_normal((3, 4)).astype(np.float32)
     m.fit(x, np.zeros((3, 3), np.float32), batch_size=3, verbose=0)
     np.testing.assert_allclose(m.predict(x), x @ m.get_weights()[0] @ x.T, rtol=1e-5, atol=1e-5)
+
+
+def test_predict_in_chunks_refuses_outputs_without_a_batch_axis(tmp_path, rng):
+    # Predictions in chunks are joined on the first axis: an output whose first axis is not the
+    # batch (a transpose, a reduction, a flattening of the batch) cannot be joined, and is refused
+    # with the fix; all rows at once still gives every output. Reference: numpy.
+    w = _f32(rng, 3, 2)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Transpose", ["y"], ["yt"]),
+             helper.make_node("ReduceSum", ["y"], ["s"], keepdims=0),
+             helper.make_node("Reshape", ["y", "flat"], ["f"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+    for outputs, name, seen in (([_vi("y", [None, 2]), _vi("yt", [2, None])], "yt", "declares its shape \\(2,"),
+                                ([_vi("y", [None, 2]), _vi("s", [])], "s", "declares its shape \\(\\)"),
+                                ([_vi("f", [None]), _vi("y", [None, 2])], "f", "gave shape \\(8,\\) for a chunk of 4 rows")):
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(_model(nodes, [_vi("x", [None, 3])], outputs, inits), path)
+        model = ot.from_onnx(str(path))
+        x = rng.standard_normal((10, 3)).astype(np.float32)
+        with pytest.raises(ot.OrtrainError, match=f"batch_size: expected every output to have the batch as its "
+                                                  f"first axis.*output '{name}' has not \\(.*{seen}.*batch_size=None"):
+            model.predict(x, batch_size=4)
+        y = x @ w
+        want = {"y": y, "yt": y.T, "s": y.sum(), "f": y.reshape(-1)}
+        for out, got in zip(outputs, model.predict(x)):
+            np.testing.assert_allclose(got, want[out.name], rtol=1e-5, atol=1e-6)
+        for out, got in zip(outputs, model.predict(x, batch_size=10)):  # one chunk: nothing to join
+            np.testing.assert_allclose(got, want[out.name], rtol=1e-5, atol=1e-6)

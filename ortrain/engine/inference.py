@@ -32,6 +32,19 @@ class InferenceRunner:
         self.input_names = [i.name for i in self._sess.get_inputs()]
         self.output_names = [o.name for o in self._sess.get_outputs()]
 
+    def declared_without_batch(self, data_inputs: list[str]) -> dict[str, tuple]:
+        """Outputs whose declared shape has no batch axis first, by name, with that shape: a scalar, or
+        a fixed first size where the first size of every input in ``data_inputs`` is free. Undeclared
+        shapes are not listed."""
+        free_batch = all(isinstance(i.shape, list) and i.shape and not isinstance(i.shape[0], int)
+                         for i in self._sess.get_inputs() if i.name in data_inputs)
+        found = {}
+        for o in self._sess.get_outputs():
+            shape = o.shape if isinstance(o.shape, list) else None
+            if shape is not None and (not shape or (free_batch and isinstance(shape[0], int))):
+                found[o.name] = tuple(shape)
+        return found
+
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         if self._sess is None:
             raise FreedError("this inference session was freed")
