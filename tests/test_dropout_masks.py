@@ -47,6 +47,30 @@ def _masks(model, n: int, rate: float, steps: int) -> np.ndarray:
     return np.array(out)
 
 
+def test_a_seeded_sequential_seeds_its_dropout_too():
+    # Sequential(seed=...) makes a run reproducible without ot.set_seed, dropout masks included;
+    # another seed draws other masks, and a Dropout's own seed still wins.
+    ot.set_seed(None)
+    n, rate, steps = 8, 0.5, 40
+
+    def model(seed, own=None):
+        stack = ot.Sequential([L.Dense(n), L.Dropout(rate, seed=own), L.Dense(n)], input_shape=(n,), seed=seed)
+        stack.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+        stack.set_weights([np.eye(n, dtype=np.float32), np.zeros(n, np.float32)] * 2)
+        return stack
+
+    first, again, other = model(5), model(5), model(6)
+    assert first.layers[1].graph_seed == again.layers[1].graph_seed != other.layers[1].graph_seed
+    masks = _masks(first, n, rate, steps)
+    np.testing.assert_array_equal(masks, _masks(again, n, rate, steps))
+    assert np.mean(masks != _masks(other, n, rate, steps)) > 0.3
+    seed = first.layers[1].graph_seed
+    np.testing.assert_array_equal(masks, [reference_mask(seed, 0, k, (1, n), rate)[0] > 0 for k in range(steps)])
+    np.testing.assert_array_equal(_masks(model(5, own=3), n, rate, steps),
+                                  [reference_mask(3, 0, k, (1, n), rate)[0] > 0 for k in range(steps)])
+    assert model(None).layers[1].graph_seed is None  # unseeded: no seed in the graph, as before
+
+
 def test_masks_are_independent_from_step_to_step():
     n, rate, steps = 16, 0.5, 400
     masks = _masks(_mask_model(n, rate, seed=3), n, rate, steps)

@@ -192,20 +192,26 @@ class Layer:
         self.built_for: tuple | None = None
 
     # -- building --------------------------------------------------------------------
-    def build(self, input_shapes: list[tuple], rng: np.random.Generator | None = None) -> None:
-        """Create the weights for these input shapes (once; a later call must agree)."""
+    def build(self, input_shapes: list[tuple], rng: np.random.Generator | None = None,
+              stack_seed: int | None = None) -> None:
+        """Create the weights for these input shapes (once; a later call must agree). ``stack_seed``
+        (a seeded Sequential's, for this layer) seeds what the layer draws at run time (dropout masks)
+        when the layer has no seed of its own."""
         key = tuple(tuple(s[1:]) for s in input_shapes)
         if self.built_for is not None:
             if key != self.built_for:
                 raise ShapeError(f"layer {self.name or type(self).__name__!r} was built for inputs {self.built_for} and is now called on "
                                  f"{key}; a layer used twice must see the same shapes")
             return
+        self._stack_seed = stack_seed
         try:
             self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
             self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
         except BaseException:
             self.unbuild()
             raise
+        finally:
+            del self._stack_seed
         self.built_for = key
 
     def unbuild(self) -> None:

@@ -108,9 +108,10 @@ class Dropout(Layer):
         self.rate = float(rate)
 
     def _build(self, input_shapes, rng):
-        # A seeded run (ot.set_seed or seed=) gets reproducible masks; otherwise the graph carries no
-        # seed, so models that differ only in weights share cached artifacts.
+        # A seeded run (the layer's seed=, a seeded Sequential's, ot.set_seed) gets reproducible masks;
+        # otherwise the graph carries no seed, so models that differ only in weights share cached artifacts.
         self.graph_seed = self.seed if self.seed is not None else \
+            self._stack_seed if self._stack_seed is not None else \
             (_random.draw_seed() if _random.is_seeded() else None)
 
     def emit(self, ctx, inputs):

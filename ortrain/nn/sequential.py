@@ -59,11 +59,13 @@ class Sequential(Model):
         first, input_shape, input_dtype, name = self._pending
         dtype = input_dtype or layers[0].input_dtype
         x = inp = first if first is not None else Input(input_shape, dtype=dtype)
-        for lyr in layers:
+        for position, lyr in enumerate(layers):
             if not lyr.built_for and lyr.seed is None:
                 # where a seeded stack stood before this layer drew: pop() puts it back there
                 self.__dict__.setdefault("_drawn_before", {})[id(lyr)] = self._rng.bit_generator.state
-                lyr.build([x.shape], self._rng)
+                stack_seed = None if self._seed is None else \
+                    int(np.random.SeedSequence([self._seed, position]).generate_state(1)[0] >> 1)
+                lyr.build([x.shape], self._rng, stack_seed)  # seed= makes its dropout reproducible too
             x = lyr(x)
         Model.__init__(self, inp, x, name=name or getattr(self, "name", None) or "sequential")
         self._pending = (inp, None, None, self.name)
