@@ -26,7 +26,7 @@ from ortrain._arrays import is_real
 from ortrain.ag.calls import Capture, TracedCall
 from ortrain.ag.tensor import Buffer, Param
 from ortrain.ag.tracer import example_inputs, trace
-from ortrain.errors import NonFiniteError, OrtrainError, describe_shape
+from ortrain.errors import FreedError, NonFiniteError, OrtrainError, describe_shape
 from ortrain.graph import spec_of
 from ortrain.graph.repairs import read_as_scalars
 from ortrain.optim import SGD, Adam, Optimizer
@@ -183,13 +183,14 @@ class CaptureStep(TracedCall):
         if self._freed:
             return
         self._freed = True
-        session, self._session = self._session, None
+        session = self._session
         if session is None:
             return
         opt = self._opt
-        if opt._state_source is self._source:
+        if opt._state_source is self._source:  # hand the moments over before the session goes
             opt._moments = self._moments_of(session)
             opt._state_source = None
+        self._session = None
         for p in self._params:
             p._detach(self)
         self._views = {}
@@ -316,7 +317,13 @@ class CaptureStep(TracedCall):
 
     def _read_moments(self) -> dict:
         """``opt.state()`` reads the live moments through this while the step is alive."""
-        return self._moments_of(self._session)
+        session = self._session
+        if session is not None:
+            try:
+                return self._moments_of(session)
+            except FreedError:
+                pass
+        return self._opt._moments  # freed meanwhile, by another thread: free() handed them over first
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else ("not yet traced" if self._session is None else f"step={self._step}")

@@ -410,6 +410,40 @@ def test_freed_capture_raises_and_keeps_trained_values():
         fwd(x=X)
 
 
+def _mse_of(W):
+    return lambda x, y: ag.mse_loss(W @ x, y)
+
+
+def test_optimizer_state_read_while_another_thread_frees_the_capture():
+    # opt.state() from one thread while another frees the captured step reads the moments either
+    # live or as handed over by free(), never a half-freed session (it raised AttributeError).
+    import threading
+    failures = []
+    for _ in range(25):
+        W = ag.param(_w0(), name="W")
+        opt = ot.optim.Adam([W], lr=0.1)
+        train = ot.capture_step(_mse_of(W), optimizer=opt)
+        train(x=X, y=Y)
+        want = opt.state()["moments"]["W"]["v"]
+        stop = threading.Event()
+
+        def read(opt=opt, want=want, stop=stop):
+            while not stop.is_set():
+                try:
+                    np.testing.assert_array_equal(opt.state()["moments"]["W"]["v"], want)
+                except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                    failures.append(repr(exc))
+                    return
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        train.free()
+        stop.set()
+        reader.join()
+        np.testing.assert_array_equal(opt.state()["moments"]["W"]["v"], want)
+    assert failures == []
+
+
 def test_set_max_grad_norm_without_retracing():
     W = ag.param(_w0() * 50, name="W")
     traced = []

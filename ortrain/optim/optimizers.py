@@ -141,7 +141,8 @@ class Optimizer:
 
     def state(self) -> dict:
         """A plain dict: ``step``, ``lr``, ``name``, ``hyperparameters`` and ``moments`` by param name."""
-        moments = self._state_source() if self._state_source is not None else self._moments
+        source = self._state_source  # read once: a captured step freed meanwhile clears it
+        moments = source() if source is not None else self._moments
         names = ("m", "v")
         return {
             "name": self.name,
