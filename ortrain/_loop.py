@@ -178,6 +178,7 @@ class Loop:
         if self._model is not None:
             self._model.history = self.history  # as Keras sets it
             self._model._live_state = self._live_state
+            self._model._live_updates = self._live_updates
             self._model._live_seen = self._seen_now
             self._arm(self._model.optimizer)
         try:
@@ -314,6 +315,10 @@ class Loop:
         """The model's ``train_state`` while this fit runs: the trainer's once it has stepped."""
         return self.trainer.export_state() if self.stepped else None
 
+    def _live_updates(self):
+        """The model's optimizer step count while this fit runs: the trainer's once it has stepped."""
+        return self.trainer.n_updates if self.stepped else None
+
     def _live_lr(self) -> float:
         return self.trainer.lr
 
@@ -341,6 +346,7 @@ class Loop:
         if self._model is not None:
             self._model._live_state = None
             self._model._live_seen = None
+            self._model._live_updates = None
             self._disarm()
         while self._model is not None:
             # Weights and optimizer state go back together: a Ctrl-C in between would leave the model

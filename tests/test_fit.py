@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 from conftest import torch_or_skip
-from helpers import NumpyAdam, softmax
+from helpers import NumpyAdam, dense_model, linear_mse_grads, softmax
 
 import ortrain as ot
 from ortrain.fit import train
@@ -1253,6 +1253,63 @@ def test_accuracy_on_one_output_unit_thresholds_whatever_the_loss():
         assert model.evaluate(x, y)["accuracy"] == pytest.approx(np.mean((p > 0.5) == (y > 0.5)))
         # every weight 0: Keras divides with divide_no_nan and reports 0
         assert model.evaluate(x, y, sample_weight=np.zeros(200))["accuracy"] == 0.0
+
+
+def test_a_compiled_models_optimizer_shows_and_restores_the_models_state(rng):
+    # As Keras' model.optimizer.iterations counts a fit's updates: opt.step and opt.state() read the
+    # model's optimizer state (live in callbacks), and opt.load_state restores it for the next fit.
+    # Reference: Adam written out in numpy.
+    x, y = rng.standard_normal((32, 4)).astype(np.float32), rng.standard_normal((32, 2)).astype(np.float32)
+    opt = ot.optim.Adam(lr=0.01)
+    model = dense_model(4, 2, optimizer=opt)
+    assert (opt.step, opt.state()["step"], opt.state()["moments"]) == (0, 0, {})
+    ref = NumpyAdam(model.get_weights(), lr=0.01)
+    counts = []
+
+    class Count(ot.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            counts.append(self.model.optimizer.step)
+
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[Count()])
+    for _ in range(2):
+        for i in range(0, 32, 8):
+            ref.step(linear_mse_grads(x[i:i + 8], y[i:i + 8], *ref.p))
+    assert counts == list(range(1, 9)) and opt.step == 8
+    state = opt.state()
+    assert state["step"] == 8 and sorted(state["moments"]) == ["dense_0.bias", "dense_0.kernel"]
+    for name, i in (("dense_0.kernel", 0), ("dense_0.bias", 1)):
+        np.testing.assert_allclose(state["moments"][name]["m"], ref.m[i], rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(state["moments"][name]["v"], ref.v[i], rtol=1e-4, atol=1e-9)
+    after = model.get_weights()
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    continued = model.get_weights()
+    assert opt.step == 12
+    # refused, changing nothing: a count written alone, moments of other weights or shapes
+    with pytest.raises(ot.OrtrainError, match="opt.step: this optimizer is compiled into model"):
+        opt.step = 3
+    with pytest.raises(ot.OrtrainError, match="moments of 'nope', which this optimizer does not hold"):
+        opt.load_state({**state, "moments": {"nope": {"m": np.zeros(2), "v": np.zeros(2)}}})
+    with pytest.raises(ot.OrtrainError, match="moments of 'dense_0.kernel' expected shape \\(4, 2\\)"):
+        opt.load_state({**state, "moments": {"dense_0.kernel": {"m": np.zeros(3), "v": np.zeros(3)}}})
+    assert opt.step == 12
+    # restored: the next fit continues exactly as the uninterrupted one did
+    model.set_weights(after)
+    opt.load_state(state)
+    assert opt.step == 8
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for got, want in zip(model.get_weights(), continued):
+        np.testing.assert_array_equal(got, want)
+    # a fit's trainer holds the state while it runs: loading then is refused
+    refused = []
+
+    class Load(ot.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            with pytest.raises(ot.OrtrainError, match="load_state: this model is fitting"):
+                self.model.optimizer.load_state(state)
+            refused.append(batch)
+
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[Load()])
+    assert refused == [0, 1, 2, 3] and opt.step == 16
 
 
 def test_a_rate_restored_by_load_state_between_fits_is_the_next_fits():

@@ -55,6 +55,7 @@ class TrainingMixin:
         self.metrics: list[str] = []
         self.history = None  # the History of the last fit, as Keras keeps it
         self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
+        self._live_updates = None  # set by a running fit: returns its update count once it has stepped
         self._live_seen = None  # set by a running fit: what it last took of optimizer.lr
         self.train_state = None  # optimizer state carried between fit() calls
         self._runners: dict = {}  # prediction and evaluation sessions, by kind and weights
@@ -68,7 +69,7 @@ class TrainingMixin:
         # history's values, and whether the optimizer's rate was written since the last fit.
         state = dict(self.__dict__)
         state["_runners"] = {}
-        state["_live_state"] = state["_live_seen"] = None
+        state["_live_state"] = state["_live_seen"] = state["_live_updates"] = None
         state["_train_state"] = self.train_state
         if self.history is not None:
             detached = History()
@@ -87,8 +88,42 @@ class TrainingMixin:
         seen = self._lr_seen
         if seen is not None and seen[0] == "this optimizer":
             self._lr_seen = (id(self.optimizer), seen[1])
+        self.__dict__.setdefault("_live_updates", None)  # pickled before fits counted updates live
         if self.optimizer is not None:
             self.optimizer._lr_now = ShownRate(self, self.optimizer)
+            self.optimizer._model = weakref.ref(self)
+
+    # -- the compiled optimizer's view: opt.step, opt.state(), opt.load_state() ---------------------
+    def _optimizer_step(self) -> int:
+        """Updates taken: a running fit's once it has stepped, else those the next fit starts from."""
+        live = self._live_updates() if self._live_updates is not None else None
+        if live is not None:
+            return live
+        state = self._train_state
+        return state.step if state is not None else 0
+
+    def _optimizer_weights(self) -> list[str]:
+        """The weights that can carry optimizer moments: those that train when not frozen."""
+        return [p.name for p in self._base_params() if p.role == "trainable"]
+
+    def _load_optimizer_state(self, step: int, lr: float, moments: dict) -> None:
+        """``optimizer.load_state`` on this model's optimizer: the next fit (or Trainer) starts from
+        it. Refused during a fit (its trainer holds the state) and for moments of other shapes."""
+        if self._live_state is not None:
+            raise OrtrainError("load_state: this model is fitting, and its trainer holds the optimizer state; "
+                               "load it before fit or after it returns (nothing was changed)")
+        shapes = {p.name: tuple(p.shape) for p in self._base_params()}
+        for name, ms in moments.items():
+            bad = next((m for m in ms if tuple(m.shape) != shapes[name]), None)
+            if bad is not None:
+                raise OrtrainError(f"load_state: moments of {name!r} expected shape {shapes[name]} (the weight's), "
+                                   f"received {tuple(bad.shape)}; nothing was changed")
+        width = len(next(iter(moments.values()))) if moments else 0  # SGD keeps none
+        # a weight without moments starts from zero, as one that starts training does
+        moments = {n: moments.get(n) or tuple(np.zeros(shapes[n], np.float32) for _ in range(width))
+                   for n in self._optimizer_weights()} if width else {}
+        from ortrain.nn.saving import TrainState
+        self.train_state = TrainState(step, lr, moments, n_steps=step)
 
     # -- the optimizer's rate and state between fits ---------------------------------------------
     def _lr_written(self) -> bool:
@@ -165,6 +200,8 @@ class TrainingMixin:
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.train_state = None
         new_optimizer._lr_now = ShownRate(self, new_optimizer)
+        if not new_optimizer.params:  # a captured step's optimizer keeps its own state
+            new_optimizer._model = weakref.ref(self)
         self._runners.clear()  # evaluate's graph holds the loss
         return self
 

@@ -88,7 +88,8 @@ class Optimizer:
         self.params = _checked_params(params, type(self).__name__)
         lr = one_of_two_names(type(self).__name__, "lr", lr, self.default_lr, "learning_rate", learning_rate)
         self._lr = check_lr(lr, "lr" if learning_rate is None else "learning_rate")
-        self.step = 0
+        self._step = 0
+        self._model = None  # for a compiled model's optimizer: a weak reference to the model
         self._moments: dict[str, tuple[np.ndarray, ...]] = {}
         self._state_source = None  # set by a live capture: returns {param name: moments}
         self._state_version = 0
@@ -104,15 +105,49 @@ class Optimizer:
         now = self._lr_now
         return self._lr if now is None else now()
 
+    @property
+    def step(self) -> int:
+        """Updates taken (as Keras' ``iterations``): a captured step's count, or for a compiled model's
+        optimizer the model's (a running fit's included), which ``load_state`` restores."""
+        model = self._compiled_model()
+        return self._step if model is None else model._optimizer_step()
+
+    @step.setter
+    def step(self, value) -> None:
+        if self._compiled_model() is not None:
+            raise OrtrainError(f"opt.step: this optimizer is compiled into model {self._compiled_model().name!r}, "
+                               f"whose training counts its updates; received {value!r}, nothing changed. Restore "
+                               "a saved count with its moments: opt.load_state(state)")
+        self._step = value
+
+    def _compiled_model(self):
+        """The model this optimizer is compiled into (the last to compile or fit with it), or None."""
+        ref = self._model
+        model = ref() if ref is not None else None
+        return model if model is not None and model.optimizer is self else None
+
     def __getstate__(self) -> dict:
         # A copy or a pickle holds the optimizer's values, not links to a running fit or capture.
         state = dict(self.__dict__)
+        model = self._compiled_model()
+        if model is not None:  # what the model's optimizer state holds now
+            train = model.train_state
+            state["_step"] = train.step if train is not None else 0
+            state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms)
+                                 for p, ms in (train.moments if train is not None else {}).items()}
+        state["_model"] = None
         state["_lr_now"] = None
         if self._state_source is not None:
             state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms)
                                  for p, ms in self._state_source().items()}
             state["_state_source"] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        if "step" in state:  # pickled when the count was a plain attribute
+            state["_step"] = state.pop("step")
+        state.setdefault("_model", None)
+        self.__dict__.update(state)
 
     @lr.setter
     def lr(self, value) -> None:
@@ -141,12 +176,17 @@ class Optimizer:
 
     def state(self) -> dict:
         """A plain dict: ``step``, ``lr``, ``name``, ``hyperparameters`` and ``moments`` by param name."""
-        source = self._state_source  # read once: a captured step freed meanwhile clears it
-        moments = source() if source is not None else self._moments
+        model = self._compiled_model()
+        if model is not None:  # a compiled model's: its fit's (live while it runs) or its trainer's
+            train = model.train_state
+            step, moments = (train.step, train.moments) if train is not None else (0, {})
+        else:
+            source = self._state_source  # read once: a captured step freed meanwhile clears it
+            step, moments = self._step, (source() if source is not None else self._moments)
         names = ("m", "v")
         return {
             "name": self.name,
-            "step": int(self.step),
+            "step": int(step),
             "lr": self._lr,
             "hyperparameters": dict(self.hyperparameters),
             "moments": {p: {names[i]: np.array(m, copy=True) for i, m in enumerate(ms)}
@@ -155,7 +195,8 @@ class Optimizer:
 
     def load_state(self, state: dict) -> None:
         """Restore what :meth:`state` returned (moments, step, lr and the hyperparameters: betas, eps,
-        weight decay); a capture over the same params then continues exactly."""
+        weight decay); a capture over the same params then continues exactly, and so does the next
+        fit (or Trainer) of the model this optimizer is compiled into."""
         if not isinstance(state, dict) or "step" not in state or "moments" not in state:
             raise OrtrainError("load_state: expected the dict returned by Optimizer.state() "
                                "(keys 'step', 'lr', 'moments'), received "
@@ -169,20 +210,27 @@ class Optimizer:
         if not isinstance(state["moments"], dict):
             raise OrtrainError("load_state: 'moments' expected a dict {param name: {'m': array, 'v': array}}, "
                                f"received {type(state['moments']).__name__}")
-        held = [p.name for p in self.params]
-        unknown = [str(n) for n in state["moments"] if held and n not in held]
+        model = self._compiled_model()
+        held = [p.name for p in self.params] if model is None else model._optimizer_weights()
+        unknown = [str(n) for n in state["moments"] if (held or model is not None) and n not in held]
         if unknown:
+            whose = "its params" if model is None else f"the weights model {model.name!r} trains"
             raise OrtrainError(f"load_state: moments of {', '.join(map(repr, unknown))}, which this optimizer "
-                               f"does not hold (its params: {', '.join(map(repr, held))}); load the state of an "
-                               "optimizer over the same params")
+                               f"does not hold ({whose}: {', '.join(map(repr, held)) or 'none'}); load the state of "
+                               "an optimizer over the same params")
         moments = {pname: self._checked_moments(pname, ms) for pname, ms in state["moments"].items()}
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         hyper = self._checked_hyperparameters(state.get("hyperparameters"))
-        self._moments, self.step, self._lr = moments, int(step), lr
+        if model is not None:  # checked against the weights and a running fit before anything is set
+            model._load_optimizer_state(int(step), lr, moments)
+        else:
+            self._moments, self._step = moments, int(step)
+        self._lr = lr
         for key, value in hyper.items():
             setattr(self, key, value)
         self.lr_writes += 1
-        self._lr_now = None
+        if model is None:
+            self._lr_now = None
         # A live capture reads the loaded moments at its next call, instead of its own.
         self._state_source = None
         self._state_version += 1
