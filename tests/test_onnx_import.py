@@ -556,3 +556,37 @@ def test_predict_in_chunks_refuses_outputs_without_a_batch_axis(tmp_path, rng):
             np.testing.assert_allclose(got, want[out.name], rtol=1e-5, atol=1e-6)
         for out, got in zip(outputs, model.predict(x, batch_size=10)):  # one chunk: nothing to join
             np.testing.assert_allclose(got, want[out.name], rtol=1e-5, atol=1e-6)
+
+
+def test_running_statistics_named_in_frozen_stay_fixed_as_model_freeze_keeps_them(tmp_path, rng):
+    # from_onnx(frozen=...) names a batch norm's statistics as model.freeze does: those named (by a
+    # pattern or exactly) keep their values and training normalises with them, so both ways train
+    # alike; trainable= speaks of weights only, and statistics it leaves out still track.
+    src = ot.Sequential([ot.layers.Dense(4, seed=1), ot.layers.BatchNorm(), ot.layers.Dense(2, seed=2)],
+                        input_shape=(3,))
+    path = str(tmp_path / "bn.onnx")
+    src.export_onnx(path)
+    x, y = rng.random((16, 3)).astype(np.float32), rng.random((16, 2)).astype(np.float32)
+
+    def trained(model):
+        model.compile(optimizer="adam", loss="mse")
+        before = dict(zip(model.weight_names(), model.get_weights()))
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        after = dict(zip(model.weight_names(), model.get_weights()))
+        return before, after
+
+    stats = ["batch_norm_0.running_mean", "batch_norm_0.running_var"]
+    before, imported = trained(ot.from_onnx(path, frozen=["batch_norm_0.*"]))
+    frozen_later = ot.from_onnx(path)
+    frozen_later.freeze(["batch_norm_0.*"])
+    for name, value in trained(frozen_later)[1].items():
+        np.testing.assert_array_equal(imported[name], value)
+    for name in stats + ["batch_norm_0.gamma", "batch_norm_0.beta"]:
+        np.testing.assert_array_equal(imported[name], before[name])
+    before, exact = trained(ot.from_onnx(path, frozen=stats[:1]))
+    for name in stats:
+        np.testing.assert_array_equal(exact[name], before[name])
+    assert not np.array_equal(exact["batch_norm_0.gamma"], before["batch_norm_0.gamma"])
+    before, tracked = trained(ot.from_onnx(path, trainable=["dense_*"]))
+    assert not np.array_equal(tracked[stats[0]], before[stats[0]])
+    np.testing.assert_array_equal(tracked["batch_norm_0.gamma"], before["batch_norm_0.gamma"])

@@ -638,4 +638,11 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
         stem = os.path.splitext(os.path.basename(os.fspath(model)))[0] if isinstance(model, (str, os.PathLike)) \
             else ""
         name = stem or proto.graph.name or "onnx_model"
-    return GraphModel(fg, name=name)
+    imported = GraphModel(fg, name=name)
+    # A batch norm's running statistics named in frozen= stay as they are, as model.freeze keeps them
+    # (trainable= speaks of weights only: statistics it leaves out still track, as in PyTorch's train mode).
+    patterns = _patterns(frozen, "frozen")
+    stats = [p.name for p in fg.params if p.role == "buffer" and patterns and _matches(p.name, patterns)]
+    if stats:
+        imported.freeze(stats)
+    return imported
