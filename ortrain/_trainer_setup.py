@@ -6,6 +6,7 @@ they set and read its attributes.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -183,6 +184,8 @@ class TrainerSetup:
             artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]}
         if self._architecture():
             props[artifacts_mod.CHECKPOINT_ARCHITECTURE] = self._architecture()
+            # what the artifacts' key is made of, so a refused resume can say what differs
+            props[_PROP + "key_parts"] = json.dumps(self._art.key_parts(self._architecture()), sort_keys=True)
         self._session.save_checkpoint(path, props)
         return str(path)
 
@@ -216,13 +219,19 @@ class TrainerSetup:
         tr._freed = True
         tr._any_loss = bool(_weights_any_loss)
 
-        def accept(key: str) -> None:  # before the artifacts are written: a refusal leaves no cache entry
-            if props[_PROP + "key"] != key:
-                raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
-                                   "optimizer than this model (or to training graphs another ortrain version "
-                                   "built, or to the same ONNX file imported by an earlier ortrain, which listed "
-                                   "a dynamo export's weights in another order); resume with the model, settings "
-                                   "and version that wrote it, or with a model saved by model.save back then")
+        def accept(key: str, parts) -> None:  # before the artifacts are written: a refusal leaves no cache entry
+            if props[_PROP + "key"] == key:
+                return
+            saved = _saved_key_parts(props)
+            if saved is not None:
+                raise OrtrainError(f"{os.fspath(path)!r} does not fit this model: "
+                                   f"{artifacts_mod.key_difference(saved, parts())}")
+            raise OrtrainError(f"{os.fspath(path)!r} belongs to another architecture, loss, weighting or "
+                               "optimizer than this model (or to training graphs another ortrain version "
+                               "built, or to the same ONNX file imported by an earlier ortrain, which listed "
+                               "a dynamo export's weights in another order, or to a model whose dropout had "
+                               "other seeds); resume with the model, settings and version that wrote it, or "
+                               "with a model saved by model.save back then")
 
         art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
                                   refresh_checkpoint=False, _accept_key=accept)
@@ -354,3 +363,12 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
+
+
+def _saved_key_parts(props: dict) -> dict | None:
+    """The key parts a checkpoint recorded (None for one written before they were)."""
+    try:
+        parts = json.loads(props.get(_PROP + "key_parts", "null"))
+    except (TypeError, ValueError):
+        return None
+    return parts if isinstance(parts, dict) else None

@@ -29,6 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
@@ -128,6 +129,15 @@ class Artifacts:
     def optimizer(self) -> optim.Optimizer:
         return optim.get(self.manifest["optimizer"])
 
+    def key_parts(self, architecture: str | None = None) -> dict:
+        """:func:`key_parts` of the settings these artifacts were built for (``architecture``: their
+        :attr:`architecture`, when the caller has it)."""
+        return json.loads(json.dumps({
+            "architecture": architecture or self.architecture, "loss": loss_text(self.loss),
+            "optimizer": {k: v for k, v in self.manifest["optimizer"].items() if k != "lr"},
+            "weighting": self.weighting, "versions": self.manifest["versions"],
+            "weights": [[p.name, list(p.shape), np.dtype(p.dtype).name, p.role] for p in self.params]}))
+
     @property
     def prediction(self) -> str:
         return self.manifest["prediction"]
@@ -210,6 +220,33 @@ def _key(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: s
     return h.hexdigest()
 
 
+def key_parts(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: str | None) -> dict:
+    """What the key of artifacts for these settings is made of, as JSON values, with the graph's
+    digest left without its seeds: a checkpoint records them, so a resume refused for another key
+    can say what differs (:func:`key_difference`)."""
+    return json.loads(json.dumps({
+        "architecture": architecture_digest(fg.proto), "loss": loss_text(loss), "optimizer": _opt_config(opt),
+        "weighting": weighting, "versions": versions(),
+        "weights": [[p.name, list(p.shape), np.dtype(p.dtype).name, p.role] for p in fg.params]}))
+
+
+_KEY_PARTS = {"architecture": "its layers", "weights": "its weights or which of them train (freezing)",
+              "loss": "the loss", "optimizer": "the optimizer's settings",
+              "weighting": "the sample weighting (loss_mask, sample weights)",
+              "versions": "the versions of ortrain, onnx and onnxruntime-training"}
+
+
+def key_difference(saved: dict, now: dict) -> str:
+    """What differs between the :func:`key_parts` a checkpoint recorded and a model's, in words."""
+    differ = [words for part, words in _KEY_PARTS.items() if saved.get(part) != now.get(part)]
+    if not differ:
+        return ("this model differs from the one that wrote it only in the seeds of its dropout (or other "
+                "random ops): build the model with that run's seeds (the same ot.set_seed(...) before building it, "
+                "or seed= on the Sequential or the Dropout), or load the model saved then with ot.load_model")
+    return (f"this model differs from the one that wrote it in {', '.join(differ)}; resume with the model and "
+            "settings that wrote it, or with a model saved by model.save back then")
+
+
 def _opt_config(opt: optim.Optimizer) -> dict:
     # The learning rate is set on the session before every update; it does not shape the graph.
     return {k: v for k, v in opt.config().items() if k != "lr"}
@@ -239,7 +276,8 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     build (a ``Trainer`` of a model takes the model's rate in any case).
     ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
     model's weights into its session anyway). ``_accept_key`` (internal) is called with the key
-    before anything is written, and may refuse it by raising.
+    and a function returning its :func:`key_parts` before anything is written, and may refuse it
+    by raising.
     """
     _check_weighting(weighting)
     if out_dir is not None and (not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir)):
@@ -251,7 +289,7 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     opt = optim.get(optimizer)
     key = _key(fg, loss, opt, weighting)
     if _accept_key is not None:
-        _accept_key(key)
+        _accept_key(key, lambda: key_parts(fg, loss, opt, weighting))
     # through symbolic links: publishing renames a new folder into place, which would replace a link
     target = Path(os.path.realpath(out_dir)) if out_dir is not None else cache_dir() / key[:24]
 

@@ -236,7 +236,8 @@ def test_checkpoint_resume_is_bit_exact(tmp_path, rng):
             np.testing.assert_array_equal(a, b)
     other = dense_model(4, 2)
     cached = sorted(p.name for p in ot.artifacts.cache_dir().iterdir())
-    with pytest.raises(ot.OrtrainError, match="belongs to another architecture"):
+    with pytest.raises(ot.OrtrainError, match="does not fit this model: this model differs from the one that wrote "
+                                              "it in its layers, its weights"):
         ot.Trainer.from_checkpoint(other, tmp_path / "ck", batch_size=16)
     assert sorted(p.name for p in ot.artifacts.cache_dir().iterdir()) == cached  # refused before writing
     with pytest.raises(ot.OrtrainError, match="directory .* does not exist"):
@@ -475,6 +476,34 @@ def test_step_and_eval_check_labels_once_with_the_shared_rules(rng):
             np.testing.assert_array_equal(a, b)
         assert tr.n_steps == before[1]
         assert tr.eval(x, np.array([0, 1, 2, 1])) == tr.eval(x, np.array([[0], [1], [2], [1]], np.float64))
+
+
+def test_a_refused_resume_says_what_differs_from_the_model_that_wrote_the_checkpoint(tmp_path):
+    # A checkpoint records what its artifacts' key is made of: a model rebuilt with other dropout
+    # seeds, other frozen weights or another loss is told which, with the fix.
+    def model(seed=7, freeze=False, loss="mse"):
+        m = ot.Sequential([ot.layers.Dense(4, seed=1), ot.layers.Dropout(0.3, seed=seed), ot.layers.Dense(2, seed=2)],
+                          input_shape=(6,))
+        if freeze:
+            m.freeze(["dense_0.*"])
+        m.compile(optimizer="adam", loss=loss)
+        return m
+
+    with ot.Trainer(model(), batch_size=4) as tr:
+        tr.step(np.ones((4, 6)), np.zeros((4, 2)))
+        tr.save_checkpoint(tmp_path / "ck")
+        weights = tr.model().get_weights()
+    for kwargs, says in (({"seed": 8}, "only in the seeds of its dropout .* ot.set_seed"),
+                         ({"freeze": True}, "in its weights or which of them train \\(freezing\\);"),
+                         ({"loss": "mae"}, "in the loss;"),
+                         ({"seed": 8, "loss": "mae", "freeze": True}, "in its weights or which of them train "
+                                                                      "\\(freezing\\), the loss;")):
+        with pytest.raises(ot.OrtrainError, match="'.*ck' does not fit this model: this model differs from the "
+                                                  f"one that wrote it {says}"):
+            ot.Trainer.from_checkpoint(model(**kwargs), tmp_path / "ck", batch_size=4)
+    with ot.Trainer.from_checkpoint(model(), tmp_path / "ck", batch_size=4) as tr:
+        for got, want in zip(tr.model().get_weights(), weights):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_from_checkpoint_checks_loss_mask_before_building_anything(tmp_path):
