@@ -96,7 +96,7 @@ class CaptureStep(TracedCall):
                 try:
                     session._train_step_into(feeds)
                 except Exception as exc:
-                    raise self._failed(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") \
+                    raise OrtrainError(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") \
                         from exc
                 if self._ranges:
                     self._check_ranges(outs[len(self._keys):])

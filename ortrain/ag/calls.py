@@ -121,15 +121,6 @@ class TracedCall(Releasable):
                 raise ShapeError(f"{self._where}: the {what} for {op} ({sources}) must lie in [0, {rows - 1}], "
                                  f"received values from {low} to {high}; nothing was updated. {_mend(sources)}")
 
-    def _failed(self, message: str) -> OrtrainError:
-        """The error for a failed run. onnxruntime's Gather refuses an index past its table in its
-        own words; when fn computes indices, that is a ShapeError saying where they came from."""
-        if not self._ranges or "out of data bounds" not in message:
-            return OrtrainError(message)
-        sources = ", ".join(dict.fromkeys(f"{op} {sources}" for _, op, sources in self._ranges))
-        return ShapeError(f"{message}; an index computed inside fn ({sources}) is out of range and nothing was "
-                          f"updated. {_mend(sources)}")
-
     def _missing(self, kwargs):
         want = [s[0] for s in self._specs]
         missing = [n for n in want if n not in kwargs]
@@ -189,7 +180,7 @@ class Capture(TracedCall):
         try:
             outs = self._runner.run(named)
         except OrtrainError as exc:
-            raise self._failed(str(exc)) from exc
+            raise OrtrainError(str(exc)) from exc
         if self._ranges:
             self._check_ranges(outs[len(self._keys):])
         if not self._dict:

@@ -135,9 +135,15 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
             # The gradient builder defines one gradient name per input: a tensor that is two inputs
             # of one op (W * W, concat([W, W])) would be defined twice, so its repeats get an Identity.
             args = [gb.op("Identity", [a]) if a in args[:k] else a for k, a in enumerate(args)]
+            idx = t.inputs[1] if t.op in _INDEXING and t.inputs[1].dtype == INT else None
+            if idx is not None and not isinstance(idx, (Input, Const)):
+                # An index computed inside fn is checked after the run (its range is an output), but
+                # Gather refuses one past the table before that output exists: it reads the index
+                # clipped to the table, and the check refuses the step before any update.
+                rows = t.inputs[0].shape[0] if t.op == "get_rows" else t.inputs[0].shape[-1]
+                args[1] = gb.op("Clip", [args[1], gb.const(0, np.int64), gb.const(rows - 1, np.int64)])
             names[id(t)] = t._emit(gb, args)
-            if t.op in _INDEXING and t.inputs[1].dtype == INT:
-                idx = t.inputs[1]
+            if idx is not None:
                 rows = t.inputs[0].shape[0] if t.op == "get_rows" else t.inputs[0].shape[-1]
                 if isinstance(idx, Input):
                     checks.append((idx.name, rows, t.op))
