@@ -29,6 +29,8 @@ model, the validation split, validation data as arrays or a generator.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from ortrain import _random
@@ -198,6 +200,7 @@ def as_source(data, argument: str = "generator"):
                            f"received an array of shape {data.shape}; for arrays call model.fit(x, y, "
                            "batch_size=...)")
     if callable(data):
+        _check_no_arguments(data, argument)
         return CallableSource(data)
     if isinstance(data, (str, bytes, dict)):
         raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
@@ -207,6 +210,23 @@ def as_source(data, argument: str = "generator"):
     except TypeError:
         raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
                            f"received {describe_value(data)}") from None
+
+
+def _check_no_arguments(fn, argument: str) -> None:
+    """A batch callable is called with no arguments: one that requires some is refused up front."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: called as it is
+        return
+    try:
+        signature.bind()
+    except TypeError:
+        required = [p.name for p in signature.parameters.values()
+                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        raise OrtrainError(f"{argument}: expected a callable of no arguments returning a batch (None at the end "
+                           f"of an epoch), received {getattr(fn, '__name__', type(fn).__name__)!r}, which requires "
+                           f"{', '.join(map(repr, required))}; wrap it (lambda: make_batch(...)) or pass an "
+                           "iterable of batches") from None
 
 
 _NOTHING = object()  # no batch pulled ahead (None is a pulled end of epoch)

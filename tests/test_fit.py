@@ -1255,6 +1255,23 @@ def test_accuracy_on_one_output_unit_thresholds_whatever_the_loss():
         assert model.evaluate(x, y, sample_weight=np.zeros(200))["accuracy"] == 0.0
 
 
+def test_a_batch_callable_that_requires_arguments_is_refused_before_anything(rng):
+    x, y = rng.random((8, 4)).astype(np.float32), rng.random((8, 2)).astype(np.float32)
+    model = dense_model(4, 2, optimizer="adam")
+    before = model.get_weights()
+    with pytest.raises(ot.OrtrainError, match="generator: expected a callable of no arguments returning a batch .*"
+                                              "requires 'i'; wrap it"):
+        ot.fit_generator(model, lambda i: (x, y), steps_per_epoch=1, verbose=0)
+    with pytest.raises(ot.OrtrainError, match="validation_data: expected a callable of no arguments .*requires 'k'"):
+        model.fit(x, y, validation_data=lambda k: (x, y), verbose=0)
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+    assert model.optimizer.step == 0
+    for batches in (lambda i=0: (x, y), lambda *args: (x, y)):  # callable with no arguments all the same
+        ot.fit_generator(model, batches, steps_per_epoch=1, verbose=0)
+    assert model.optimizer.step == 2
+
+
 def test_a_compiled_models_optimizer_shows_and_restores_the_models_state(rng):
     # As Keras' model.optimizer.iterations counts a fit's updates: opt.step and opt.state() read the
     # model's optimizer state (live in callbacks), and opt.load_state restores it for the next fit.
