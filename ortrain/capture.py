@@ -78,7 +78,8 @@ class CaptureStep(TracedCall):
         """Run one step on the named input arrays; returns the loss, or a dict of outputs."""
         feeds = self._arrive(args, kwargs, self._session is not None)
         opt = self._opt
-        if opt._state_source is not self._source or opt._state_version != self._version or opt.step != self._step:
+        # opt._step is opt.step for an optimizer with params (only a compiled model's reads another count)
+        if opt._state_source is not self._source or opt._state_version != self._version or opt._step != self._step:
             self._resync()
         if _world[0] != self._world_seen:
             self._sync_params()
@@ -128,7 +129,7 @@ class CaptureStep(TracedCall):
     def _advance(self) -> None:
         """Count an update: the step, the optimizer's, and for other live captured steps a change."""
         self._step += 1
-        self._opt.step = self._step
+        self._opt._step = self._step
         if _live_steps[0] > 1:
             _world[0] += 1
             self._world_seen = _world[0]

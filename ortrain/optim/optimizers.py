@@ -109,12 +109,14 @@ class Optimizer:
     def step(self) -> int:
         """Updates taken (as Keras' ``iterations``): a captured step's count, or for a compiled model's
         optimizer the model's (a running fit's included), which ``load_state`` restores."""
+        if self._model is None:  # a captured step's optimizer, read at every call: no more than this
+            return self._step
         model = self._compiled_model()
         return self._step if model is None else model._optimizer_step()
 
     @step.setter
     def step(self, value) -> None:
-        if self._compiled_model() is not None:
+        if self._model is not None and self._compiled_model() is not None:
             raise OrtrainError(f"opt.step: this optimizer is compiled into model {self._compiled_model().name!r}, "
                                f"whose training counts its updates; received {value!r}, nothing changed. Restore "
                                "a saved count with its moments: opt.load_state(state)")
