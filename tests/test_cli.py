@@ -709,3 +709,38 @@ def test_predict_refuses_a_directory_or_a_missing_folder_as_output(workdir, caps
     err = capsys.readouterr().err
     assert "-o: cannot write 'missing/p.npy': the directory 'missing' does not exist; create it first" in err
     assert "Errno" not in err and not (workdir / "missing").exists()
+
+
+TRAIN_ART = ["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",
+             "--verbose", "0"]
+
+
+@pytest.mark.parametrize("args,flag", [
+    # `--out ""` trained into the current folder; the other paths were refused or taken in ways that named no
+    # empty path
+    (TRAIN_ART + ["--out", ""], "--out"),
+    (["train", "--artifacts", "", "--data", "train.npz", "--epochs", "1", "--batch-size", "8"], "--artifacts"),
+    (["train", "--model", "", "--data", "train.npz", "--epochs", "1", "--batch-size", "8"], "--model"),
+    (["train", "--artifacts", "art", "--data", "", "--epochs", "1", "--batch-size", "8"], "--data"),
+    (TRAIN_ART + ["--val-data", "test.npz", ""], "--val-data"),
+    (["train", ""], "CONFIG"),
+    (["train", "empty_out.toml"], "CONFIG: key 'out'"),
+    (["demo", "--out", "", "--epochs", "1", "--verbose", "0"], "--out"),
+    (["artifacts", "", "-o", "a2", "--loss", "mse"], "MODEL"),
+    (["artifacts", "mlp.onnx", "-o", "", "--loss", "mse"], "-o"),
+    (["eval", "--run", "", "--data", "test.npz"], "--run"),
+    (["eval", "--artifacts", "art", "--checkpoint", "", "--data", "test.npz"], "--checkpoint"),
+    (["predict", "--model", "", "--data", "x.npy"], "--model"),
+    (["predict", "--artifacts", "art", "--data", "x.npy", "-o", ""], "-o"),
+    (["export", "--artifacts", "art", "-o", ""], "-o"),
+])
+def test_an_empty_path_is_refused_as_a_usage_error(workdir, capsys, args, flag):
+    make_artifacts(capsys)
+    (workdir / "empty_out.toml").write_text("artifacts = 'art'\ndata = ['train.npz']\nbatch_size = 8\nepochs = 1\n"
+                                            "out = ''\n")
+    before = sorted(p.name for p in workdir.iterdir())
+    assert cli(*args) == 2
+    err = capsys.readouterr().err
+    assert f": error: {flag}" in err and "a path, received an empty string; give a file or folder name" in err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in workdir.iterdir()) == before

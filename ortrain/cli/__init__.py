@@ -186,6 +186,9 @@ def _refuse_misplaced(path: str) -> None:
                          f"as {option} {path}")
 
 
+_PATH_KEYS = ("model", "artifacts", "out", "data", "val_data")
+
+
 def _read_toml(path: str) -> dict:
     from pathlib import Path
 
@@ -228,6 +231,9 @@ def _read_toml(path: str) -> dict:
             except argparse.ArgumentTypeError as exc:
                 expected = str(exc).split(", received")[0]
                 raise UsageError(f"CONFIG: key {key!r} {expected}, received {value!r}") from None
+        if key in _PATH_KEYS and _empty_path(value):
+            raise UsageError(f"CONFIG: key {key!r} expects a path, received an empty string; give a file or "
+                             "folder name ('.' for the config file's folder)")
         if key in ("model", "artifacts", "out"):
             value = str(base / value)
         elif key in ("data", "val_data"):
@@ -258,8 +264,28 @@ def _info(opts) -> dict:
             "cache": str(root), "cache_entries": entries, "cache_bytes": size}
 
 
+# The options that name a file or a folder, by argparse dest, as messages name them.
+_PATH_FLAGS = {"config": "CONFIG", "model": "--model", "artifacts": "--artifacts", "data": "--data",
+               "val_data": "--val-data", "out": "--out", "output": "-o", "run": "--run", "checkpoint": "--checkpoint"}
+
+
+def _empty_path(value) -> bool:
+    """An empty path names the current folder by accident (``--out ""`` trained into it)."""
+    return value == "" or (isinstance(value, list) and "" in value)
+
+
+def _refuse_empty_paths(opts) -> None:
+    from ortrain.cli._common import UsageError
+    for dest, flag in _PATH_FLAGS.items():
+        if _empty_path(getattr(opts, dest, None)):
+            flag = "MODEL" if (opts.command, dest) == ("artifacts", "model") else flag
+            raise UsageError(f"{flag}: expected a path, received an empty string; give a file or folder name "
+                             "('.' for the current folder)")
+
+
 def _dispatch(opts) -> dict:
     from ortrain.cli import model_commands, runs
+    _refuse_empty_paths(opts)
     if opts.command == "demo":
         from ortrain.cli import demo
         return demo.run(opts.out, epochs=opts.epochs, seed=opts.seed, verbose=opts.verbose,
