@@ -744,3 +744,51 @@ def test_an_empty_path_is_refused_as_a_usage_error(workdir, capsys, args, flag):
     assert f": error: {flag}" in err and "a path, received an empty string; give a file or folder name" in err
     assert len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in workdir.iterdir()) == before
+
+
+def _files_under(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_run_record_of_the_wrong_structure_is_damaged_not_a_traceback(workdir, capsys):
+    # Valid JSON of another shape gave KeyError/TypeError tracebacks, and an empty state.json made
+    # --resume start over from epoch 0, dropping the epochs done.
+    make_artifacts(capsys)
+    assert cli(*TRAIN_ART, "--epochs", "2", "--out", "run") == 0
+    run_json, state_json = json.loads(Path("run/run.json").read_text()), json.loads(Path("run/state.json").read_text())
+    no_history = {k: v for k, v in state_json.items() if k != "history"}
+    cases = [("run.json", value, said) for value, said in (
+        ({}, "it lacks 'artifacts'"), (None, "expected a JSON object of the run's settings, received None"),
+        ("x", "received 'x'"), ({"settings": 5}, "it lacks 'artifacts'"), ({"artifacts": 3}, "'artifacts' expected a "
+                                                                           "path, received 3"),
+        ({**run_json, "settings": 5}, "'settings' expected an object, received 5"),
+        ({**run_json, "batch_size": "32"}, "'batch_size' expected a positive integer, received '32'"),
+        ({**run_json, "settings": {**run_json["settings"], "data": 5}}, "setting 'data' expected list, received 5"))]
+    cases += [("state.json", value, said) for value, said in (
+        ({}, "it lacks 'epoch'"), (None, "expected a JSON object of the epochs done, received None"),
+        ("x", "received 'x'"), ({"checkpoint": 5}, "it lacks 'epoch'"),
+        ({**state_json, "checkpoint": 5}, "'checkpoint' expected a path, received 5"),
+        (no_history, "it lacks 'history'"),
+        ({**state_json, "history": {"loss": [1.0]}}, "history 'loss' expected 2 numbers (one per epoch)"))]
+    commands = (["eval", "--run", "run", "--data", "test.npz"], ["predict", "--run", "run", "--data", "x.npy"],
+                ["export", "--run", "run", "-o", "m.onnx"],
+                ["train", "--out", "run", "--resume", "--epochs", "3", "--verbose", "0"], ["train", "--out", "run",
+                                                                                          "--resume"])
+    good = {"run.json": Path("run/run.json").read_text(), "state.json": Path("run/state.json").read_text()}
+    for name, value, said in cases:
+        Path("run", name).write_text(json.dumps(value))
+        before, listing = _files_under(workdir / "run"), sorted(os.listdir(workdir))
+        for command in commands:
+            assert cli(*command) == 1, (name, value, command)
+            err = capsys.readouterr().err
+            what = "run settings" if name == "run.json" else "run state"
+            assert f"{what} 'run/{name}' is damaged: " in err and said in err, (err, command)
+            assert "restore it from a copy" in err and len(err.strip().splitlines()) == 1
+            assert _files_under(workdir / "run") == before and sorted(os.listdir(workdir)) == listing
+        Path("run", name).write_text(good[name])
+    # a JSON syntax error reads the same, with the same fix
+    Path("run/state.json").write_text('{"epoch": 2,')
+    assert cli("train", "--out", "run", "--resume", "--epochs", "3", "--verbose", "0") == 1
+    err = capsys.readouterr().err
+    assert "run state 'run/state.json' is damaged: " in err and "restore it from a copy, or start the run again" in err
+

@@ -149,13 +149,14 @@ def check_out_dir(out: Path, what: str, option: str = "--out") -> None:
         raise UsageError(f"{option}: {str(out)!r} {why}; {what} needs a directory, choose another path")
 
 
-def read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str, fix: str = ""):
+    """The JSON value in ``path``; ``what`` names the file in errors, ``fix`` says what to do about a damaged one."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise OrtrainError(f"{what} {str(path)!r} does not exist") from None
     except ValueError as exc:
-        raise OrtrainError(f"{what} {str(path)!r} is damaged: {exc}") from exc
+        raise OrtrainError(f"{what} {str(path)!r} is damaged: {exc}" + (f"; {fix}" if fix else "")) from exc
 
 
 def model_file(path: str, argument: str) -> None:

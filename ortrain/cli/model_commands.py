@@ -24,7 +24,7 @@ from ortrain.cli._common import (
     model_file,
     read_json,
 )
-from ortrain.cli.run_dir import _artifacts_of
+from ortrain.cli.run_dir import _artifacts_of, read_run, read_state
 from ortrain.errors import OrtrainError
 
 
@@ -40,10 +40,10 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
     if run:
         if not Path(run, "run.json").is_file():
             raise UsageError(f"--run: {run!r} is not a run directory (no run.json)")
-        settings = read_json(Path(run) / "run.json", "run settings")
-        art = ot.artifacts.load(_artifacts_of(Path(run), settings))
-        if checkpoint is None and (Path(run) / "state.json").exists():
-            checkpoint = str(Path(run) / read_json(Path(run) / "state.json", "run state")["checkpoint"])
+        art = ot.artifacts.load(_artifacts_of(Path(run), read_run(Path(run))))
+        state = read_state(Path(run))
+        if checkpoint is None and state is not None:
+            checkpoint = str(Path(run) / state["checkpoint"])
     else:
         if not os.path.isdir(artifacts):
             raise UsageError(f"--artifacts: no such directory {artifacts!r}")
@@ -82,8 +82,8 @@ def _output_file(opts, example: str) -> None:
     as a usage error."""
     source = opts.artifacts
     if opts.run and Path(opts.run, "run.json").is_file():
-        with contextlib.suppress(OrtrainError, KeyError, TypeError):  # model_from names a damaged run
-            source = str(_artifacts_of(Path(opts.run), read_json(Path(opts.run) / "run.json", "run settings")))
+        with contextlib.suppress(OrtrainError):  # model_from names a damaged run
+            source = str(_artifacts_of(Path(opts.run), read_run(Path(opts.run))))
     written = Path(os.path.abspath(opts.output)).resolve()
     if source and os.path.isdir(source) and Path(source).resolve() in (written, *written.parents):
         raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from ortrain._files import CAN_LOCK, lock_file
 from ortrain.callbacks.base import Callback
+from ortrain.cli import TRAIN_KEYS
 from ortrain.cli._common import UsageError, read_json, write_json, write_text
+from ortrain.errors import OrtrainError
 
 KEEP_CHECKPOINTS = 2
 
@@ -79,6 +81,97 @@ def _epoch_of(checkpoint: Path) -> int:
     return int(_CHECKPOINT.fullmatch(checkpoint.name).group(1))
 
 
+# -- reading the run's records ---------------------------------------------------------------------
+# Both files are read back as train writes them; a valid JSON file of another shape ({}, null, a
+# number where the settings go) is damaged too, as a syntax error is: it gave KeyError tracebacks,
+# and an empty state.json restarted the run from its first epoch, dropping the epochs it had done.
+_RUN_FIX = "restore it from a copy, or start a new run in another --out directory"
+_STATE_FIX = ("restore it from a copy, or start the run again in another --out directory (eval, predict and export "
+              "still read its checkpoints/ with --checkpoint)")
+
+
+def read_run(out: Path) -> dict:
+    """``run.json``: the checkpoint-independent settings of the run in ``out``."""
+    path = out / "run.json"
+    run = read_json(path, "run settings", _RUN_FIX)
+    problem = _run_problem(run)
+    if problem:
+        raise OrtrainError(f"run settings {str(path)!r} is damaged: {problem}; {_RUN_FIX}")
+    return run
+
+
+def read_state(out: Path) -> dict | None:
+    """``state.json``: the epochs done, their history and the checkpoint to go on from; None before
+    the first epoch has completed."""
+    path = out / "state.json"
+    if not path.exists():
+        return None
+    state = read_json(path, "run state", _STATE_FIX)
+    problem = _state_problem(state)
+    if problem:
+        raise OrtrainError(f"run state {str(path)!r} is damaged: {problem}; {_STATE_FIX}")
+    return state
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _run_problem(run) -> str | None:
+    if not isinstance(run, dict):
+        return f"expected a JSON object of the run's settings, received {_shown(run)}"
+    for key, fits, expected in (("artifacts", lambda v: isinstance(v, str) and v != "", "a path"),
+                                ("seed", lambda v: _is_int(v, 0), "an integer >= 0"),
+                                ("batch_size", lambda v: _is_int(v, 1), "a positive integer"),
+                                ("settings", lambda v: isinstance(v, dict), "an object")):
+        if key not in run:
+            return f"it lacks {key!r}"
+        if not fits(run[key]):
+            return f"{key!r} expected {expected}, received {_shown(run[key])}"
+    for key, kind in (*TRAIN_KEYS.items(), ("shuffle", bool)):
+        value = run["settings"].get(key)
+        if value is not None and not _of_kind(value, kind):
+            return f"setting {key!r} expected {kind.__name__}, received {_shown(value)}"
+    return None
+
+
+def _of_kind(value, kind: type) -> bool:
+    """Whether a value of ``run.json`` has the type ``TRAIN_KEYS`` gives its option."""
+    if kind is list:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _state_problem(state) -> str | None:
+    if not isinstance(state, dict):
+        return f"expected a JSON object of the epochs done, received {_shown(state)}"
+    for key in ("epoch", "checkpoint", "epochs", "history"):
+        if key not in state:
+            return f"it lacks {key!r}"
+    if not _is_int(state["epoch"], 1):
+        return f"'epoch' expected a positive integer, received {_shown(state['epoch'])}"
+    if not isinstance(state["checkpoint"], str) or not state["checkpoint"]:
+        return f"'checkpoint' expected a path, received {_shown(state['checkpoint'])}"
+    epochs = state["epochs"]
+    if not isinstance(epochs, list) or not all(_is_int(e, 0) for e in epochs):
+        return f"'epochs' expected a list of epoch numbers, received {_shown(epochs)}"
+    history = state["history"]
+    if not isinstance(history, dict):
+        return f"'history' expected an object of lists, received {_shown(history)}"
+    for key, column in history.items():
+        if not isinstance(column, list) or len(column) != len(epochs) or \
+                not all(v is None or _of_kind(v, float) for v in column):
+            return f"history {key!r} expected {len(epochs)} numbers (one per epoch), received {_shown(column)}"
+    return None
+
+
 # What decides which rows make each batch and in which order: a resumed run must keep them to
 # continue bit for bit, so they cannot be changed on --resume.
 FIXED_BY_RUN = {"batch_size": "--batch-size", "seed": "--seed"}
@@ -97,7 +190,7 @@ def resume_settings(cfg: dict) -> dict:
     out = Path(cfg["out"])
     if not (out / "run.json").is_file():
         raise UsageError(f"train --resume: {str(out)!r} holds no run to resume; drop --resume to start one there")
-    run = read_json(out / "run.json", "run settings")
+    run = read_run(out)
     for key, flag in FIXED_BY_RUN.items():
         if cfg.get(key) is not None and cfg[key] != run[key]:
             raise UsageError(f"train --resume: {flag} {cfg[key]} differs from the run's {run[key]}; the batch size "

@@ -22,7 +22,6 @@ from ortrain.cli._common import (
     load_data,
     loss_of,
     model_file,
-    read_json,
     write_json,
 )
 from ortrain.cli.run_dir import (
@@ -31,6 +30,8 @@ from ortrain.cli.run_dir import (
     _artifacts_of,
     _discarder,
     _run_lock,
+    read_run,
+    read_state,
     resume_settings,
     sweep_temporaries,
 )
@@ -84,7 +85,7 @@ def train(cfg: dict) -> dict:
     weighted = [f for f, v in (("--data", w), ("--val-data", val[2] if val and len(val) == 3 else None))
                 if v is not None]
     cfg["has_sample_weight"] = bool(weighted)
-    given = _artifacts_of(out, read_json(out / "run.json", "run settings")) if cfg.get("resume") else \
+    given = _artifacts_of(out, read_run(out)) if cfg.get("resume") else \
         cfg.get("artifacts")
     if weighted and given and ot.artifacts.load(given).sample_weight is None:
         raise UsageError(f"{weighted[0]}: the data holds sample_weight, which the artifacts in {str(given)!r} do "
@@ -141,9 +142,8 @@ def _start(cfg: dict, out: Path, data, discard) -> dict:
 
 
 def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
-    run = read_json(out / "run.json", "run settings")
+    run, state = read_run(out), read_state(out)  # both checked before anything in the run changes
     sweep_temporaries(out)
-    state = read_json(out / "state.json", "run state") if (out / "state.json").exists() else None
     art_dir = _artifacts_of(out, run)
     checkpoint = out / state["checkpoint"] if state else None
     if checkpoint is not None and checkpoint.is_file() and not written_for(checkpoint, ot.artifacts.load(art_dir)):
