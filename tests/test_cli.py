@@ -792,3 +792,46 @@ def test_a_run_record_of_the_wrong_structure_is_damaged_not_a_traceback(workdir,
     err = capsys.readouterr().err
     assert "run state 'run/state.json' is damaged: " in err and "restore it from a copy, or start the run again" in err
 
+
+def test_eval_predict_export_refuse_a_run_without_trained_weights(workdir, capsys, monkeypatch):
+    # A run stopped in its first epoch holds no state.json: its untrained initial weights were used
+    # without a word. A checkpoint missing from a run was reported as "--checkpoint: no such file".
+    make_artifacts(capsys)
+    from ortrain import fit as fit_mod
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fit_mod, "train", interrupted)
+    assert cli(*TRAIN_ART, "--out", "run") == 130
+    capsys.readouterr()
+    monkeypatch.undo()
+    monkeypatch.chdir(workdir)
+    assert (workdir / "run" / "run.json").is_file() and not (workdir / "run" / "state.json").exists()
+    commands = (["eval", "--run", "run", "--data", "test.npz"], ["predict", "--run", "run", "--data", "x.npy"],
+                ["export", "--run", "run", "-o", "m.onnx"])
+    listing = sorted(os.listdir(workdir))
+    for command in commands:
+        assert cli(*command) == 1
+        err = capsys.readouterr().err
+        assert "--run: no epoch of the run in 'run' has completed yet (it has no state.json), so it holds no trained " \
+               "weights; train it first with `ortrain train --out run --resume`" in err
+        assert len(err.strip().splitlines()) == 1 and sorted(os.listdir(workdir)) == listing
+    assert cli("eval", "--run", "run", "--checkpoint", "art/checkpoint", "--data", "test.npz") == 0  # weights given
+
+
+def test_a_checkpoint_missing_from_a_run_is_named_as_the_runs_file(workdir, capsys):
+    # It was reported as "--checkpoint: no such file", an option the command was not given.
+    make_artifacts(capsys)
+    assert cli(*TRAIN_ART, "--epochs", "2", "--out", "run") == 0
+    capsys.readouterr()
+    commands = (["eval", "--run", "run", "--data", "test.npz"], ["predict", "--run", "run", "--data", "x.npy"],
+                ["export", "--run", "run", "-o", "m.onnx"])
+    (workdir / "run" / "checkpoints" / "epoch-0002.ckpt").unlink()
+    before = _files_under(workdir / "run")
+    for command in (*commands, ["train", "--out", "run", "--resume", "--epochs", "3", "--verbose", "0"]):
+        assert cli(*command) == 1
+        err = capsys.readouterr().err
+        assert "run state 'run/state.json' names the checkpoint 'run/checkpoints/epoch-0002.ckpt', which does not " \
+               "exist; the run is damaged: restore the file, or " in err and "--checkpoint: no such file" not in err
+        assert len(err.strip().splitlines()) == 1 and _files_under(workdir / "run") == before
+    assert cli("eval", "--run", "run", "--checkpoint", "run/checkpoints/epoch-0001.ckpt", "--data", "test.npz") == 0

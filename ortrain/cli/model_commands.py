@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from ortrain.cli._common import (
     model_file,
     read_json,
 )
-from ortrain.cli.run_dir import _artifacts_of, read_run, read_state
+from ortrain.cli.run_dir import _artifacts_of, read_run, read_state, run_checkpoint
 from ortrain.errors import OrtrainError
 
 
@@ -41,9 +42,8 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
         if not Path(run, "run.json").is_file():
             raise UsageError(f"--run: {run!r} is not a run directory (no run.json)")
         art = ot.artifacts.load(_artifacts_of(Path(run), read_run(Path(run))))
-        state = read_state(Path(run))
-        if checkpoint is None and state is not None:
-            checkpoint = str(Path(run) / state["checkpoint"])
+        if checkpoint is None:
+            checkpoint = str(_last_checkpoint(Path(run)))
     else:
         if not os.path.isdir(artifacts):
             raise UsageError(f"--artifacts: no such directory {artifacts!r}")
@@ -51,6 +51,17 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
     if checkpoint is not None and not os.path.isfile(checkpoint):
         raise UsageError(f"--checkpoint: no such file {checkpoint!r}")
     return art.model(checkpoint, metrics=metrics)
+
+
+def _last_checkpoint(run: Path) -> Path:
+    """The checkpoint of the run's last completed epoch; before one has completed the run holds
+    only the untrained weights it started from, which are refused, not used."""
+    state = read_state(run)
+    if state is None:
+        raise OrtrainError(f"--run: no epoch of the run in {str(run)!r} has completed yet (it has no state.json), so "
+                           "it holds no trained weights; train it first with `ortrain train --out "
+                           f"{shlex.quote(str(run))} --resume`, or give weights with --checkpoint")
+    return run_checkpoint(run, state, "give another checkpoint of the run (checkpoints/) with --checkpoint")
 
 
 def evaluate(opts) -> dict:

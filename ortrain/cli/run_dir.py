@@ -113,6 +113,15 @@ def read_state(out: Path) -> dict | None:
     return state
 
 
+def run_checkpoint(out: Path, state: dict, fix: str) -> Path:
+    """The checkpoint ``state.json`` names, which must exist: the run's weights are in it."""
+    path = out / state["checkpoint"]
+    if not path.is_file():
+        raise OrtrainError(f"run state {str(out / 'state.json')!r} names the checkpoint {str(path)!r}, which does "
+                           f"not exist; the run is damaged: restore the file, or {fix}")
+    return path
+
+
 def _shown(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

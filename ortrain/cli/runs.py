@@ -33,6 +33,7 @@ from ortrain.cli.run_dir import (
     read_run,
     read_state,
     resume_settings,
+    run_checkpoint,
     sweep_temporaries,
 )
 from ortrain.data import split_arrays
@@ -143,10 +144,10 @@ def _start(cfg: dict, out: Path, data, discard) -> dict:
 
 def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     run, state = read_run(out), read_state(out)  # both checked before anything in the run changes
+    checkpoint = run_checkpoint(out, state, "start the run again in another --out directory") if state else None
     sweep_temporaries(out)
     art_dir = _artifacts_of(out, run)
-    checkpoint = out / state["checkpoint"] if state else None
-    if checkpoint is not None and checkpoint.is_file() and not written_for(checkpoint, ot.artifacts.load(art_dir)):
+    if checkpoint is not None and not written_for(checkpoint, ot.artifacts.load(art_dir)):
         raise UsageError(f"--resume: the artifacts in {str(art_dir)!r} were rebuilt for another model, loss or "
                          f"optimizer after the run {str(out)!r} started, and its checkpoint does not fit them; "
                          "rebuild them as the run had them, or start a new run with another --out")
