@@ -835,3 +835,56 @@ def test_a_checkpoint_missing_from_a_run_is_named_as_the_runs_file(workdir, caps
                "exist; the run is damaged: restore the file, or " in err and "--checkpoint: no such file" not in err
         assert len(err.strip().splitlines()) == 1 and _files_under(workdir / "run") == before
     assert cli("eval", "--run", "run", "--checkpoint", "run/checkpoints/epoch-0001.ckpt", "--data", "test.npz") == 0
+
+
+def test_a_resume_on_other_data_is_continued_on_that_data(workdir, capsys, monkeypatch):
+    # A resume that changed the data, the validation data or the metrics and was then interrupted
+    # went back, on the plain --resume its message advises, to those the run started with.
+    from ortrain.cli.run_dir import RunRecorder
+    make_artifacts(capsys)
+    x, y = load_digits()
+    np.savez("b.npz", x=x[600:1200], y=y[600:1200])
+    np.savez("vb.npz", x=x[1200:1500], y=y[1200:1500])
+    for out in ("straight", "stopped", "killed"):
+        assert cli("train", "--artifacts", "art", "--data", "train.npz", "--val-data", "test.npz", "--batch-size",
+                   "32", "--seed", "4", "--epochs", "1", "--out", out, "--verbose", "0") == 0
+    changed = ["--data", "b.npz", "--val-data", "vb.npz", "--metrics", "accuracy", "--verbose", "0"]
+    # a refused resume records nothing
+    np.savez("wrong.npz", x=np.zeros((20, 5)), y=np.zeros(20, np.int64))
+    record = (workdir / "killed" / "run.json").read_bytes()
+    assert cli("train", "--out", "killed", "--resume", *changed[2:], "--data", "wrong.npz", "--epochs", "4") == 1
+    assert (workdir / "killed" / "run.json").read_bytes() == record
+    capsys.readouterr()
+    assert cli("train", "--out", "straight", "--resume", *changed, "--epochs", "4") == 0
+    assert cli("train", "--out", "stopped", "--resume", *changed, "--epochs", "2") == 0
+    assert cli("train", "--out", "stopped", "--resume", "--epochs", "4", "--verbose", "0") == 0
+    real = RunRecorder.on_epoch_end
+
+    def stop_after_the_third(self, epoch, logs=None):
+        real(self, epoch, logs)
+        if epoch == 2:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(RunRecorder, "on_epoch_end", stop_after_the_third)
+    assert cli("train", "--out", "killed", "--resume", *changed, "--epochs", "4") == 130
+    assert "continue it with --resume" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.chdir(workdir)
+    assert cli("train", "--out", "killed", "--resume", "--verbose", "0") == 0   # as the message advises
+    straight = weights("straight/model.onnx")
+    history = json.loads((workdir / "straight" / "history.json").read_text())
+    assert history["epoch"] == [0, 1, 2, 3] and history["history"]["accuracy"][0] is None
+    for out in ("stopped", "killed"):
+        assert {n: w.tobytes() for n, w in weights(f"{out}/model.onnx").items()} == \
+            {n: w.tobytes() for n, w in straight.items()}, out
+        assert json.loads((workdir / out / "history.json").read_text()) == history, out
+    settings = json.loads((workdir / "killed" / "run.json").read_text())["settings"]
+    assert settings["data"] == [str(workdir / "b.npz")] and settings["val_data"] == [str(workdir / "vb.npz")]
+    assert settings["metrics"] == ["accuracy"] and settings["epochs"] == 4
+    # a resume's --val-split replaces the run's --val-data (it was ignored beside it)
+    assert cli("train", "--out", "killed", "--resume", "--val-split", "0.5", "--epochs", "5", "--verbose", "0") == 0
+    settings = json.loads((workdir / "killed" / "run.json").read_text())["settings"]
+    assert settings["val_split"] == 0.5 and "val_data" not in settings
+    val_loss = json.loads((workdir / "killed" / "history.json").read_text())["history"]["val_loss"]
+    trained = ot.from_onnx(workdir / "killed" / "model.onnx")
+    trained.compile(loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert val_loss[-1] == pytest.approx(trained.evaluate(x[900:1200], y[900:1200])["loss"], rel=1e-5)

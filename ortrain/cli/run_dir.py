@@ -2,7 +2,8 @@
 
 A run directory holds::
 
-    run.json            the run's settings (written once, when it starts)
+    run.json            the run's settings (written when it starts; a resume that changes what
+                        it trains on rewrites them as it starts training)
     state.json          the commit point: epochs done, the checkpoint to resume from, the history
     artifacts/          training artifacts, when the run started from --model
     checkpoints/        epoch-NNNN.ckpt (the two newest are kept)
@@ -36,11 +37,17 @@ KEEP_CHECKPOINTS = 2
 class RunRecorder(Callback):
     """Writes checkpoint, log and history after every epoch, then commits ``state.json``."""
 
-    def __init__(self, out: Path, history: dict[str, list], epochs_done: list[int], stale: tuple[str, ...] = ()):
+    def __init__(self, out: Path, history: dict[str, list], epochs_done: list[int], stale: tuple[str, ...] = (),
+                 run: dict | None = None):
         self.out = out
         self.history = {k: list(v) for k, v in history.items()}
         self.epochs = list(epochs_done)
         self.stale = stale  # files of an earlier end, out of date once an epoch commits
+        self.run = run  # run.json as a resume changes it, written once the fit has checked the data
+
+    def on_train_begin(self, logs=None):
+        if self.run is not None:
+            write_json(self.out / "run.json", self.run)
 
     def on_epoch_end(self, epoch, logs=None):
         ckdir = self.out / "checkpoints"
@@ -193,7 +200,8 @@ TRAINED_BY_RUN = ("model", "artifacts", "loss", "optimizer", "from_logits", "tra
 
 def resume_settings(cfg: dict) -> dict:
     """A resumed run keeps the settings it started with; options given now override the data, the
-    epochs, the learning rate, the metrics and the output, while the batch size, the seed and the
+    epochs, the learning rate, the metrics and the output (``--val-data`` or ``--val-split`` given
+    now replaces the run's validation of either kind), while the batch size, the seed and the
     shuffling, and what the run trains (``TRAINED_BY_RUN``), are fixed by the run: another value
     is refused."""
     out = Path(cfg["out"])
@@ -224,11 +232,27 @@ def resume_settings(cfg: dict) -> dict:
             raise UsageError(f"train --resume: {flag} {cfg[key]!r} differs from {had}; what a run trains (its model "
                              f"or artifacts, loss, optimizer and trained weights) is fixed when it starts. Drop "
                              f"{flag}, or start a new run in another --out directory")
+    if cfg.get("val_data") or cfg.get("val_split"):  # a resume's validation replaces the run's, either kind
+        started = {k: v for k, v in started.items() if k not in ("val_data", "val_split")}
     merged = {**started, **cfg}
     for key in ("data", "epochs"):
         if merged.get(key) is None:
             raise UsageError(f"train --resume: --{key} is required")
     return merged
+
+
+# What a resume may change and a later plain --resume goes on with: the run's record keeps the
+# latest (the learning rate goes on in the checkpoint).
+CHANGED_BY_RESUME = ("data", "val_data", "val_split", "metrics", "epochs")
+
+
+def resumed_run(run: dict, cfg: dict) -> dict | None:
+    """``run.json`` as the resume with settings ``cfg`` (``resume_settings``) leaves it, so that a
+    later plain ``--resume`` trains on the same data, validation and metrics, to the same epoch;
+    None when the resume changes none of them."""
+    settings = {k: v for k, v in run["settings"].items() if k not in CHANGED_BY_RESUME}
+    settings.update({k: v for k, v in _absolute(cfg).items() if k in CHANGED_BY_RESUME and v is not None})
+    return None if settings == run["settings"] else {**run, "settings": settings}
 
 
 PATH_KEYS = ("model", "artifacts", "data", "val_data")

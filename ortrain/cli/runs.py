@@ -33,6 +33,7 @@ from ortrain.cli.run_dir import (
     read_run,
     read_state,
     resume_settings,
+    resumed_run,
     run_checkpoint,
     sweep_temporaries,
 )
@@ -153,7 +154,7 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
                          "rebuild them as the run had them, or start a new run with another --out")
     initial_epoch = state["epoch"] if state else 0
     recorder = RunRecorder(out, *((state["history"], state["epochs"]) if state else ({}, [])),
-                           stale=("model.onnx", "loss.png"))
+                           stale=("model.onnx", "loss.png"), run=resumed_run(run, cfg))
     if cfg["epochs"] <= initial_epoch:
         summary = {"out": str(out), "epochs": initial_epoch, "note": f"the run already completed {initial_epoch} "
                    f"epochs; pass --epochs above {initial_epoch} to train further"}
