@@ -888,3 +888,35 @@ def test_a_resume_on_other_data_is_continued_on_that_data(workdir, capsys, monke
     trained = ot.from_onnx(workdir / "killed" / "model.onnx")
     trained.compile(loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
     assert val_loss[-1] == pytest.approx(trained.evaluate(x[900:1200], y[900:1200])["loss"], rel=1e-5)
+
+
+def test_a_resume_of_a_completed_run_writes_its_missing_plot(workdir, capsys, monkeypatch):
+    # Stopped after model.onnx and before loss.png, the run answered "already completed" and never
+    # wrote the plot.
+    pytest.importorskip("matplotlib")
+    from ortrain.cli import runs
+    make_artifacts(capsys)
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runs, "_plot", stop)
+    assert cli(*TRAIN_ART, "--epochs", "2", "--out", "run") == 130
+    monkeypatch.undo()
+    monkeypatch.chdir(workdir)
+    run = workdir / "run"
+    assert (run / "model.onnx").is_file() and not (run / "loss.png").exists()
+    model = (run / "model.onnx").read_bytes()
+    capsys.readouterr()
+    assert cli("--json", "train", "--out", "run", "--resume", "--verbose", "0") == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["note"] == "the run already completed 2 epochs; pass --epochs above 2 to train further; wrote its " \
+                             "missing loss.png"
+    assert result["plot"] == str(Path("run") / "loss.png") and (run / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert (run / "model.onnx").read_bytes() == model
+    assert cli("--json", "train", "--out", "run", "--resume", "--verbose", "0") == 0   # nothing missing now
+    assert json.loads(capsys.readouterr().out)["note"].endswith("to train further")
+    (run / "model.onnx").unlink()
+    (run / "loss.png").unlink()
+    assert cli("--json", "train", "--out", "run", "--resume", "--verbose", "0") == 0
+    assert json.loads(capsys.readouterr().out)["note"].endswith("; wrote its missing model.onnx and loss.png")
+    assert (run / "model.onnx").read_bytes() == model and (run / "loss.png").is_file()

@@ -5,6 +5,7 @@ bookkeeping are in :mod:`ortrain.cli.run_dir`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -156,15 +157,28 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     recorder = RunRecorder(out, *((state["history"], state["epochs"]) if state else ({}, [])),
                            stale=("model.onnx", "loss.png"), run=resumed_run(run, cfg))
     if cfg["epochs"] <= initial_epoch:
-        summary = {"out": str(out), "epochs": initial_epoch, "note": f"the run already completed {initial_epoch} "
-                   f"epochs; pass --epochs above {initial_epoch} to train further"}
-        if not (out / "model.onnx").exists():  # stopped after its last epoch, before the export
-            with ot.Trainer.from_artifacts(art_dir, batch_size=run["batch_size"], checkpoint=checkpoint) as tr:
-                summary.update(_finish(out, tr.model(), recorder))
-        return summary
+        return _completed(out, art_dir, run["batch_size"], checkpoint, recorder, initial_epoch)
     # Without a checkpoint yet, the run's own --lr still applies; after one, the checkpoint's.
     lr = lr_now if lr_now is not None or checkpoint is not None else cfg.get("lr")
     return _fit(cfg, out, data, art_dir, run["seed"], run["batch_size"], checkpoint, initial_epoch, recorder, lr)
+
+
+def _completed(out: Path, art_dir: Path, batch_size: int, checkpoint: Path, recorder: RunRecorder, done: int) -> dict:
+    """A resume of a run that has done its epochs: it writes the final outputs that a stop after
+    the last epoch left unwritten (model.onnx, loss.png) and says so."""
+    summary = {"out": str(out), "epochs": done,
+               "note": f"the run already completed {done} epochs; pass --epochs above {done} to train further"}
+    missing = [name for name in ("model.onnx", "loss.png") if not (out / name).exists()]
+    if "loss.png" in missing and importlib.util.find_spec("matplotlib") is None:
+        missing.remove("loss.png")  # never written without matplotlib
+    if "model.onnx" in missing:
+        with ot.Trainer.from_artifacts(art_dir, batch_size=batch_size, checkpoint=checkpoint) as tr:
+            summary.update(_finish(out, tr.model(), recorder))
+    elif missing:
+        summary["plot"] = _plot(recorder, out)
+    if missing:
+        summary["note"] += f"; wrote its missing {' and '.join(missing)}"
+    return summary
 
 
 def _fit(cfg: dict, out: Path, data, art_dir: Path, seed: int, batch_size: int, checkpoint, initial_epoch: int,
