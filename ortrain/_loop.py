@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ortrain import metrics as metrics_mod
@@ -332,6 +334,8 @@ class Loop:
         self._armed = opt
         if opt is not None:
             opt._lr_now = self._live_lr
+            if self._model is not None and not opt.params:  # opt.step and state() follow this fit's model
+                opt._model = weakref.ref(self._model)
 
     def _disarm(self) -> None:
         """After the fit ``model.optimizer.lr`` reads the rate the model's next fit starts at."""

@@ -1329,6 +1329,52 @@ def test_a_compiled_models_optimizer_shows_and_restores_the_models_state(rng):
     assert refused == [0, 1, 2, 3] and opt.step == 16
 
 
+def test_a_compiled_optimizers_state_round_trip_is_exact_and_follows_the_model_that_fits(rng):
+    # state() carries the model's rate (a schedule's), its steps and dropout draws: load_state(state())
+    # changes nothing, with gradient accumulation and seeded dropout too; an optimizer shared by two
+    # models follows the one that fits; a pickled model holds its moments once.
+    import pickle
+    x, y = rng.random((64, 8)).astype(np.float32), rng.random((64, 2)).astype(np.float32)
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)]
+
+    def model(seed=0):
+        m = ot.Sequential([ot.layers.Dense(16), ot.layers.Dropout(0.5, seed=3), ot.layers.Dense(2)],
+                          input_shape=(8,), seed=seed)
+        m.compile(optimizer=ot.optim.Adam(lr=1e-2), loss="mse")
+        return m
+
+    runs = []
+    for round_trip in (False, True):
+        m = model()
+        ot.fit_generator(m, batches, epochs=1, verbose=0, nbatch_logical=32,
+                         callbacks=[ot.callbacks.LearningRateScheduler(lambda epoch, lr: 1e-3)])
+        state = m.optimizer.state()
+        assert (state["step"], state["n_steps"], state["draws"], state["lr"]) == (2, 8, 8, 1e-3)
+        if round_trip:
+            m.optimizer.load_state(state)
+        ot.fit_generator(m, batches, epochs=1, verbose=0, nbatch_logical=32)
+        runs.append(m.get_weights())
+    for got, want in zip(*runs):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ot.OrtrainError, match="load_state: 'draws' expected an int >= 0"):
+        m.optimizer.load_state({**state, "draws": -1})
+
+    shared = ot.optim.Adam(lr=1e-2)
+    first, second = model(0), model(1)
+    first.compile(optimizer=shared, loss="mse")
+    second.compile(optimizer=shared, loss="mse")
+    first.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert shared.step == first.train_state.step == 8 and shared.state()["step"] == 8
+
+    copied = pickle.loads(pickle.dumps(first))
+    assert copied.optimizer.step == 8 and copied.optimizer.state()["n_steps"] == 8
+    big = ot.Sequential([ot.layers.Dense(256)], input_shape=(256,), seed=0)
+    big.compile(optimizer="adam", loss="mse")
+    big.fit(np.ones((4, 256), np.float32), np.ones((4, 256), np.float32), verbose=0)
+    weights = sum(w.nbytes for w in big.get_weights())
+    assert len(pickle.dumps(big)) < 3.2 * weights  # the weights, then m and v once each
+
+
 def test_a_rate_restored_by_load_state_between_fits_is_the_next_fits():
     x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
     model = mlp()

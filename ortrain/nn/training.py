@@ -91,7 +91,8 @@ class TrainingMixin:
         self.__dict__.setdefault("_live_updates", None)  # pickled before fits counted updates live
         if self.optimizer is not None:
             self.optimizer._lr_now = ShownRate(self, self.optimizer)
-            self.optimizer._model = weakref.ref(self)
+            if not self.optimizer.params:  # as compile links it: a captured step's optimizer keeps its own state
+                self.optimizer._model = weakref.ref(self)
 
     # -- the compiled optimizer's view: opt.step, opt.state(), opt.load_state() ---------------------
     def _optimizer_step(self) -> int:
@@ -106,7 +107,7 @@ class TrainingMixin:
         """The weights that can carry optimizer moments: those that train when not frozen."""
         return [p.name for p in self._base_params() if p.role == "trainable"]
 
-    def _load_optimizer_state(self, step: int, lr: float, moments: dict) -> None:
+    def _load_optimizer_state(self, step: int, lr: float, moments: dict, n_steps: int, draws: int | None) -> None:
         """``optimizer.load_state`` on this model's optimizer: the next fit (or Trainer) starts from
         it. Refused during a fit (its trainer holds the state) and for moments of other shapes."""
         if self._live_state is not None:
@@ -123,7 +124,7 @@ class TrainingMixin:
         moments = {n: moments.get(n) or tuple(np.zeros(shapes[n], np.float32) for _ in range(width))
                    for n in self._optimizer_weights()} if width else {}
         from ortrain.nn.saving import TrainState
-        self.train_state = TrainState(step, lr, moments, n_steps=step)
+        self.train_state = TrainState(step, lr, moments, n_steps=n_steps, draws=draws)
 
     # -- the optimizer's rate and state between fits ---------------------------------------------
     def _lr_written(self) -> bool:

@@ -135,8 +135,8 @@ class Optimizer:
         if model is not None:  # what the model's optimizer state holds now
             train = model.train_state
             state["_step"] = train.step if train is not None else 0
-            state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms)
-                                 for p, ms in (train.moments if train is not None else {}).items()}
+            # the model's own arrays, not copies: pickled with the model, they are written once
+            state["_moments"] = dict(train.moments) if train is not None else {}
         state["_model"] = None
         state["_lr_now"] = None
         if self._state_source is not None:
@@ -177,11 +177,16 @@ class Optimizer:
         raise NotImplementedError
 
     def state(self) -> dict:
-        """A plain dict: ``step``, ``lr``, ``name``, ``hyperparameters`` and ``moments`` by param name."""
+        """A plain dict: ``step``, ``lr``, ``name``, ``hyperparameters`` and ``moments`` by param name;
+        for a compiled model's optimizer also ``n_steps`` and ``draws`` (the steps its training ran, and
+        the training-graph runs seeded dropout goes on from), so ``load_state`` resumes it exactly."""
         model = self._compiled_model()
+        extra = {}
         if model is not None:  # a compiled model's: its fit's (live while it runs) or its trainer's
             train = model.train_state
             step, moments = (train.step, train.moments) if train is not None else (0, {})
+            extra = {"n_steps": train.n_steps if train is not None else 0,
+                     "draws": train.draws if train is not None else None}
         else:
             source = self._state_source  # read once: a captured step freed meanwhile clears it
             step, moments = self._step, (source() if source is not None else self._moments)
@@ -189,10 +194,11 @@ class Optimizer:
         return {
             "name": self.name,
             "step": int(step),
-            "lr": self._lr,
+            "lr": self.lr,
             "hyperparameters": dict(self.hyperparameters),
             "moments": {p: {names[i]: np.array(m, copy=True) for i, m in enumerate(ms)}
                         for p, ms in moments.items()},
+            **extra,
         }
 
     def load_state(self, state: dict) -> None:
@@ -224,7 +230,12 @@ class Optimizer:
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         hyper = self._checked_hyperparameters(state.get("hyperparameters"))
         if model is not None:  # checked against the weights and a running fit before anything is set
-            model._load_optimizer_state(int(step), lr, moments)
+            n_steps, draws = state.get("n_steps", step), state.get("draws")
+            for key, value in (("n_steps", n_steps), ("draws", draws)):
+                if not (is_step(value) or (key == "draws" and value is None)):
+                    raise OrtrainError(f"load_state: {key!r} expected an int >= 0 (as state() returns it), "
+                                       f"received {value!r}; nothing was changed")
+            model._load_optimizer_state(int(step), lr, moments, int(n_steps), None if draws is None else int(draws))
         else:
             self._moments, self._step = moments, int(step)
         self._lr = lr
