@@ -33,15 +33,17 @@ class InferenceRunner:
         self.output_names = [o.name for o in self._sess.get_outputs()]
 
     def declared_without_batch(self, data_inputs: list[str]) -> dict[str, tuple]:
-        """Outputs whose declared shape has no batch axis first, by name, with that shape: a scalar, or
-        a fixed first size where the first size of every input in ``data_inputs`` is free. Undeclared
-        shapes are not listed."""
-        free_batch = all(isinstance(i.shape, list) and i.shape and not isinstance(i.shape[0], int)
-                         for i in self._sess.get_inputs() if i.name in data_inputs)
+        """Outputs whose declared shape says the batch is not their first axis, by name, with that
+        shape: a scalar, or a fixed first size with the batch's name on a later axis (a transpose).
+        A fixed first size alone is no proof (an export may leave a stale one), so the sizes a run
+        gives are what :func:`~ortrain._arrays.run_chunks` checks then."""
+        batch_names = {i.shape[0] for i in self._sess.get_inputs()
+                       if i.name in data_inputs and isinstance(i.shape, list) and i.shape and
+                       isinstance(i.shape[0], str)}
         found = {}
         for o in self._sess.get_outputs():
             shape = o.shape if isinstance(o.shape, list) else None
-            if shape is not None and (not shape or (free_batch and isinstance(shape[0], int))):
+            if shape is not None and (not shape or (isinstance(shape[0], int) and batch_names & set(shape[1:]))):
                 found[o.name] = tuple(shape)
         return found
 
