@@ -136,6 +136,7 @@ class Artifacts:
             "architecture": architecture or self.architecture, "loss": loss_text(self.loss),
             "optimizer": {k: v for k, v in self.manifest["optimizer"].items() if k != "lr"},
             "weighting": self.weighting, "versions": self.manifest["versions"],
+            "builder": [FORMAT, BUILDER_REVISION],  # this code's (the one that built them, but for from_artifacts)
             "weights": [[p.name, list(p.shape), np.dtype(p.dtype).name, p.role] for p in self.params]}))
 
     @property
@@ -226,14 +227,15 @@ def key_parts(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighti
     can say what differs (:func:`key_difference`)."""
     return json.loads(json.dumps({
         "architecture": architecture_digest(fg.proto), "loss": loss_text(loss), "optimizer": _opt_config(opt),
-        "weighting": weighting, "versions": versions(),
+        "weighting": weighting, "versions": versions(), "builder": [FORMAT, BUILDER_REVISION],
         "weights": [[p.name, list(p.shape), np.dtype(p.dtype).name, p.role] for p in fg.params]}))
 
 
 _KEY_PARTS = {"architecture": "its layers", "weights": "its weights or which of them train (freezing)",
               "loss": "the loss", "optimizer": "the optimizer's settings",
               "weighting": "the sample weighting (loss_mask, sample weights)",
-              "versions": "the versions of ortrain, onnx and onnxruntime-training"}
+              "versions": "the versions of ortrain, onnx and onnxruntime-training",
+              "builder": "the revision of ortrain's graph builder that made its training graphs"}
 
 
 def key_difference(saved: dict, now: dict) -> str:

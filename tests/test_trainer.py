@@ -478,7 +478,7 @@ def test_step_and_eval_check_labels_once_with_the_shared_rules(rng):
         assert tr.eval(x, np.array([0, 1, 2, 1])) == tr.eval(x, np.array([[0], [1], [2], [1]], np.float64))
 
 
-def test_a_refused_resume_says_what_differs_from_the_model_that_wrote_the_checkpoint(tmp_path):
+def test_a_refused_resume_says_what_differs_from_the_model_that_wrote_the_checkpoint(tmp_path, monkeypatch):
     # A checkpoint records what its artifacts' key is made of: a model rebuilt with other dropout
     # seeds, other frozen weights or another loss is told which, with the fix.
     def model(seed=7, freeze=False, loss="mse"):
@@ -504,6 +504,14 @@ def test_a_refused_resume_says_what_differs_from_the_model_that_wrote_the_checkp
     with ot.Trainer.from_checkpoint(model(), tmp_path / "ck", batch_size=4) as tr:
         for got, want in zip(tr.model().get_weights(), weights):
             np.testing.assert_array_equal(got, want)
+    # written by an ortrain whose graph builder made other training graphs: said so, not the seeds
+    monkeypatch.setattr(ot.artifacts, "BUILDER_REVISION", ot.artifacts.BUILDER_REVISION - 1)
+    with ot.Trainer(model(), batch_size=4) as tr:
+        tr.save_checkpoint(tmp_path / "old")
+    monkeypatch.undo()
+    with pytest.raises(ot.OrtrainError, match="differs from the one that wrote it in the revision of ortrain's graph "
+                                              "builder"):
+        ot.Trainer.from_checkpoint(model(), tmp_path / "old", batch_size=4)
 
 
 def test_from_checkpoint_checks_loss_mask_before_building_anything(tmp_path):
