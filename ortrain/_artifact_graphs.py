@@ -122,11 +122,12 @@ def _forward_graph(model, trainable, frozen) -> ForwardGraph:
             return reassign_roles(model, trainable, frozen)
         return model
     if hasattr(model, "forward_graph"):
-        fg = model.forward_graph()
         if trainable is not None or frozen is not None:
-            from ortrain.nn.onnx_import import reassign_roles
-            fg = reassign_roles(fg, trainable, frozen)
-        return fg
+            from ortrain.nn.onnx_import import freeze_named_statistics, reassign_roles
+            # running statistics named in frozen= stay fixed, as from_onnx(frozen=) and freeze keep them
+            return reassign_roles(freeze_named_statistics(model, frozen, copy=True).forward_graph(), trainable,
+                                  frozen)
+        return model.forward_graph()
     if isinstance(model, (onnx.ModelProto, str, os.PathLike)):
         from ortrain.nn.onnx_import import from_onnx
         return from_onnx(model, trainable=trainable, frozen=frozen).forward_graph()

@@ -595,3 +595,14 @@ def test_running_statistics_named_in_frozen_stay_fixed_as_model_freeze_keeps_the
     before, tracked = trained(ot.from_onnx(path, trainable=["dense_*"]))
     assert not np.array_equal(tracked[stats[0]], before[stats[0]])
     np.testing.assert_array_equal(tracked["batch_norm_0.gamma"], before["batch_norm_0.gamma"])
+    # artifacts built from the file or from a model with frozen= are the same artifacts
+    from_file = ot.artifacts.build(path, loss="mse", frozen=["batch_norm_0.*"], out_dir=tmp_path / "file")
+    from_model = ot.artifacts.build(ot.from_onnx(path), loss="mse", frozen=["batch_norm_0.*"],
+                                    out_dir=tmp_path / "model")
+    assert from_file.key == from_model.key
+    with ot.Trainer.from_artifacts(from_model.directory, batch_size=8) as tr:
+        start = dict(zip(tr.model().weight_names(), tr.model().get_weights()))
+        tr.step(x[:8], y[:8])
+        for name, value in zip(tr.model().weight_names(), tr.model().get_weights()):
+            if name in stats:
+                np.testing.assert_array_equal(value, start[name])

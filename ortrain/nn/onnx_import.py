@@ -638,11 +638,17 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
         stem = os.path.splitext(os.path.basename(os.fspath(model)))[0] if isinstance(model, (str, os.PathLike)) \
             else ""
         name = stem or proto.graph.name or "onnx_model"
-    imported = GraphModel(fg, name=name)
-    # A batch norm's running statistics named in frozen= stay as they are, as model.freeze keeps them
-    # (trainable= speaks of weights only: statistics it leaves out still track, as in PyTorch's train mode).
+    return freeze_named_statistics(GraphModel(fg, name=name), frozen)
+
+
+def freeze_named_statistics(model, frozen, copy: bool = False):
+    """``model`` with the batch-norm running statistics that ``frozen`` names (by name or pattern)
+    kept as they are, as ``model.freeze`` keeps them (a copy with ``copy``, when any is named).
+    ``trainable=`` speaks of weights only: statistics it leaves out still track, as in PyTorch's
+    train mode."""
     patterns = _patterns(frozen, "frozen")
-    stats = [p.name for p in fg.params if p.role == "buffer" and patterns and _matches(p.name, patterns)]
+    stats = [p.name for p in model._base_params() if p.role == "buffer" and patterns and _matches(p.name, patterns)]
     if stats:
-        imported.freeze(stats)
-    return imported
+        model = model.copy() if copy else model
+        model.freeze(stats)
+    return model
