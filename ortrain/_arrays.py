@@ -13,12 +13,33 @@ from ortrain.errors import NonFiniteError, OrtrainError, ShapeError, describe_sh
 
 
 def read_array(value, argument: str) -> np.ndarray:
-    """``value`` as numpy reads it, uncast; what numpy cannot read (a ragged nested list) is refused."""
+    """``value`` as numpy reads it, uncast; what numpy cannot read (a ragged nested list) is refused.
+    A torch tensor that requires grad is read detached (its values), and pandas' nullable columns
+    (``Float64``, ``Int64``) as floats with NaN where a value is missing."""
+    if isinstance(value, np.ndarray):
+        return value
+    if getattr(value, "requires_grad", False) and callable(getattr(value, "detach", None)):
+        value = value.detach()  # torch refuses to give the values of a tensor in a graph otherwise
+    elif type(value).__module__.startswith("pandas") and callable(getattr(value, "to_numpy", None)):
+        value = _pandas_values(value)
     try:
-        return value if isinstance(value, np.ndarray) else np.asarray(value)
+        return np.asarray(value)
     except (TypeError, ValueError) as exc:  # ragged nested lists, objects numpy cannot read
         raise ShapeError(f"{argument}: expected an array (nested lists need rows of equal length), received a "
                          f"{type(value).__name__} numpy cannot make one from ({str(exc).split('.')[0]})") from None
+
+
+def _pandas_values(frame):
+    """A pandas frame's or series' values; nullable numeric columns (which numpy reads as objects)
+    as float64 with NaN for a missing value, which the checks for non-finite data then name."""
+    dtypes = frame.dtypes if hasattr(frame, "columns") else [frame.dtype]
+    nullable = [d for d in dtypes if type(d).__module__.startswith("pandas") and getattr(d, "kind", "O") in "iufb"]
+    if not nullable:
+        return frame
+    try:
+        return frame.to_numpy(dtype=np.float64, na_value=np.nan)
+    except (TypeError, ValueError):
+        return frame
 
 
 def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
@@ -101,6 +122,13 @@ def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: s
 
 
 # -- counts ----------------------------------------------------------------------------------------
+def as_float32(value) -> float:
+    """A real number as the runtime holds it (float32): what a setting checked in float64 becomes
+    there (inf beyond 3.4e38, 0 below 1.4e-45, 1.0 for 0.99999999)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(value))
+
+
 def is_real(value) -> bool:
     """A real number, Python's or numpy's (``np.float32(0.5)`` included), not a bool."""
     if isinstance(value, np.ndarray):

@@ -26,7 +26,7 @@ from ortrain._arrays import is_real
 from ortrain.ag.calls import Capture, TracedCall
 from ortrain.ag.tensor import Buffer, Param
 from ortrain.ag.tracer import example_inputs, trace
-from ortrain.errors import FreedError, NonFiniteError, OrtrainError, describe_shape
+from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph import spec_of
 from ortrain.graph.repairs import read_as_scalars
 from ortrain.optim import SGD, Adam, Optimizer
@@ -202,6 +202,11 @@ class CaptureStep(TracedCall):
     # -- building ---------------------------------------------------------------------------------
     def _build(self, kwargs) -> None:
         arrays = example_inputs(kwargs, self._where)
+        empty = next((name for name, a in arrays.items() if a.size == 0), None)
+        if empty is not None:  # the gradient of a mean over nothing divides by zero in the runtime
+            raise ShapeError(f"{self._where}: input {empty!r} has shape {describe_shape(arrays[empty].shape)}, with no "
+                             "elements; a training step needs data along every axis (the first call fixes the "
+                             "shapes): pass at least one element")
         traced = trace(self._fn, arrays, training=True, where=self._where)
         held = {id(p) for p in self._opt.params}
         frozen_by_list = {id(p) for p in self._extra}

@@ -25,6 +25,7 @@ import numpy as np
 from ortrain import engine
 from ortrain._arrays import (
     as_array,
+    as_float32,
     is_real,
     label_positions,
     prepare_labels,
@@ -174,8 +175,9 @@ class Huber(Loss):
     name = "huber"
 
     def __init__(self, delta: float = 1.0):
-        if not (is_real(delta) and delta > 0 and np.isfinite(delta)):
-            raise OrtrainError(f"Huber(delta=...): expected a positive finite number, received {delta!r}")
+        if not (is_real(delta) and delta > 0 and np.isfinite(delta) and 0 < as_float32(delta) < np.inf):
+            raise OrtrainError(f"Huber(delta=...): expected a positive finite number that float32 (the runtime's "
+                               f"precision) holds, received {delta!r}")
         self.delta = float(delta)
 
     def config(self):

@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import torch_or_skip
 from onnx import TensorProto, helper, numpy_helper
 
 import ortrain as ot
@@ -278,3 +279,67 @@ def test_float64_values_beyond_float32_are_refused_not_made_infinite():
         np.testing.assert_array_equal(a, b)
     x[1, 2] = np.inf  # an infinity stays an infinity: predict runs it, training refuses it
     assert np.isnan(model.predict(x)).any() or np.isinf(model.predict(x)).any()
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: ot.optim.Adam(betas=(0.9, 0.99999999)), "betas: expected two numbers below 1 in float32.*0.99999999 becomes 1.0"),
+    (lambda: ot.optim.AdamW(betas=(0.99999999, 0.999)), "betas: .*0.99999999 becomes 1.0"),
+    (lambda: ot.optim.Adam(eps=1e-46), "eps: expected a positive number float32 holds.*becomes 0.0"),
+    (lambda: ot.optim.SGD(lr=1e39), "lr: expected a number float32 holds"),
+    (lambda: ot.losses.Huber(delta=1e39), "Huber\\(delta=...\\): expected a positive finite number that float32"),
+    (lambda: ot.layers.BatchNorm(epsilon=1e-50), "BatchNorm\\(epsilon=...\\): expected a positive finite number that float32"),
+    (lambda: ot.layers.BatchNorm(epsilon=1e39), "BatchNorm\\(epsilon=...\\)"),
+    (lambda: ot.layers.LayerNorm(epsilon=1e-50), "LayerNorm\\(epsilon=...\\)"),
+    (lambda: ot.layers.Dropout(0.99999999), "Dropout\\(rate=...\\): expected a number in \\[0, 1\\) that stays below 1 in float32"),
+])
+def test_settings_the_runtime_would_round_to_a_degenerate_float32_are_refused(make, says):
+    # Checked in float64 they passed, then became 1.0, 0 or inf in the runtime's float32: a bias
+    # correction of 1 - 1.0 = 0, a zero epsilon, an infinite delta or rate gave NaN weights silently.
+    assert np.float32(0.99999999) == 1.0 and np.float32(1e-46) == 0 and np.isinf(np.float32(1e39))
+    with pytest.raises(ot.OrtrainError, match=says):
+        make()
+
+
+def test_the_largest_settings_float32_holds_train_finitely(rng):
+    x, y = rng.random((16, 4)).astype(np.float32), rng.random((16, 2)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(4), ot.layers.Dropout(0.9999999), ot.layers.Dense(2)],
+                          input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(betas=(0.9999999, 0.9999999)), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    opt = ot.optim.Adam(lr=0.1)
+    with pytest.raises(ot.OrtrainError, match="lr: expected a number float32 holds"):
+        opt.lr = 1e39
+    assert opt.lr == 0.1
+
+
+def test_torch_tensors_that_require_grad_and_pandas_nullable_columns_are_read_as_values(rng):
+    torch = torch_or_skip()
+    pd = pytest.importorskip("pandas")
+    x = rng.random((8, 4)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    net = torch.nn.Linear(4, 2)
+    model.set_weights([net.weight.T, net.bias])  # parameters straight from a module
+    want = net(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(model.predict(torch.from_numpy(x).requires_grad_()), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict(pd.DataFrame(x).astype("Float64")), want, rtol=1e-5, atol=1e-6)
+    model.compile(optimizer="adam", loss="mse")
+    frame = pd.DataFrame(x).astype("Float64")
+    frame.iloc[3, 1] = pd.NA
+    before = model.get_weights()
+    with pytest.raises(ot.NonFiniteError, match="x: holds nan in row 3"):
+        model.fit(frame, want, verbose=0)
+    for got, was in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, was)
+
+
+def test_a_captured_step_refuses_an_input_with_no_elements():
+    from ortrain import ag
+    W = ag.param(np.ones((2, 3), np.float32), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    step = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x), y), optimizer=opt)
+    with pytest.raises(ot.ShapeError, match="capture_step: input 'x' has shape \\(3, 0\\), with no elements"):
+        step(x=np.ones((3, 0), np.float32), y=np.zeros((2, 0), np.float32))
+    assert float(step(x=np.ones((3, 4), np.float32), y=np.zeros((2, 4), np.float32))) == pytest.approx(9.0)
+    assert opt.step == 1
+    step.free()

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import is_real
+from ortrain._arrays import as_float32, is_real
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
 
@@ -16,8 +16,9 @@ __all__ = ["Activation", "BatchNorm", "Dense", "Dropout", "Embedding", "LayerNor
 
 
 def _epsilon(value, owner: str) -> float:
-    if not is_real(value) or not math.isfinite(value) or not value > 0:
-        raise OrtrainError(f"{owner}(epsilon=...): expected a positive finite number, received {value!r}")
+    if not is_real(value) or not math.isfinite(value) or not value > 0 or not 0 < as_float32(value) < math.inf:
+        raise OrtrainError(f"{owner}(epsilon=...): expected a positive finite number that float32 (the runtime's "
+                           f"precision) holds, about 1e-45 to 3.4e38, received {value!r}")
     return float(value)
 
 
@@ -103,8 +104,9 @@ class Dropout(Layer):
 
     def __init__(self, rate: float, name=None, seed=None):
         super().__init__(name, seed)
-        if not is_real(rate) or not 0.0 <= rate < 1.0:
-            raise OrtrainError(f"Dropout(rate=...): expected a number in [0, 1), received {rate!r}")
+        if not is_real(rate) or not 0.0 <= rate < 1.0 or as_float32(rate) >= 1.0:
+            raise OrtrainError(f"Dropout(rate=...): expected a number in [0, 1) that stays below 1 in float32 (the "
+                               f"runtime's precision; at most 0.9999999), received {rate!r}")
         self.rate = float(rate)
 
     def _build(self, input_shapes, rng):

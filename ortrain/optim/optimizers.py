@@ -13,7 +13,7 @@ import math
 import numpy as np
 import onnx
 
-from ortrain._arrays import is_real, one_of_two_names
+from ortrain._arrays import as_float32, is_real, one_of_two_names
 from ortrain.errors import OrtrainError
 from ortrain.optim.graphs import adamw_graph, sgd_graph
 
@@ -33,6 +33,9 @@ def check_lr(value, where: str = "lr") -> float:
     if not math.isfinite(value) or value < 0:
         raise OrtrainError(f"{where}: expected a finite number >= 0, received {value!r}; "
                            f"the learning rate is left unchanged")
+    if not math.isfinite(as_float32(value)):
+        raise OrtrainError(f"{where}: expected a number float32 holds (below 3.4e38; the runtime trains in "
+                           f"float32), received {value!r}; the learning rate is left unchanged")
     return value
 
 
@@ -314,8 +317,15 @@ class Adam(Optimizer):
             raise OrtrainError(f"betas: expected two numbers in [0, 1), received {betas!r}; e.g. betas=(0.9, 0.999), "
                                "the default")
         b1, b2 = float(b1), float(b2)
+        rounded = next((b for b in (b1, b2) if as_float32(b) >= 1.0), None)
+        if rounded is not None:  # bias correction would divide by 1 - 1.0 = 0
+            raise OrtrainError(f"betas: expected two numbers below 1 in float32, the runtime's precision, received "
+                               f"{betas!r}, where {rounded!r} becomes 1.0; use at most 0.9999999")
         if not (is_real(eps) and eps > 0):
             raise OrtrainError(f"eps: expected a positive number, received {eps!r}")
+        if not 0 < as_float32(eps) < math.inf:
+            raise OrtrainError(f"eps: expected a positive number float32 holds (about 1e-45 to 3.4e38; the runtime "
+                               f"computes in float32), received {eps!r}, which becomes {as_float32(eps)!r} there")
         self.betas = (b1, b2)
         self.eps = float(eps)
         wd = self.default_weight_decay if weight_decay is None else weight_decay
