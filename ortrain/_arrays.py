@@ -85,8 +85,9 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
             beyond = ~np.isfinite(out) & np.isfinite(a)
             if beyond.any():
                 info = np.finfo(dtype)
-                raise ShapeError(f"{argument}: holds {a[beyond].flat[0]:g}, beyond the range of {dtype.name} "
-                                 f"[{info.min:g}, {info.max:g}]; scale the data to a usual range")
+                # repr, not :g: a value just past the largest float32 prints as the bound at 6 digits
+                raise ShapeError(f"{argument}: holds {float(a[beyond].flat[0])!r}, beyond the range of {dtype.name} "
+                                 f"[{float(info.min)!r}, {float(info.max)!r}]; scale the data to a usual range")
         return out
     return np.asarray(a, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
 
