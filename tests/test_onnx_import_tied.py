@@ -352,3 +352,46 @@ def test_a_named_scalar_trains_saves_and_exports(rng, tmp_path):
     onnx.checker.check_model(onnx.load(path), full_check=True)
     out = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("form", ["clone", "slice"])
+def test_a_dynamo_exports_identity_of_a_parameter_is_that_parameter(form):
+    # p.clone() and a full-length slice (pos[:, :T], named alias) are written as Identity(param) by
+    # the dynamo exporter: the same parameter, which trains once and keeps its PyTorch name (each
+    # Identity output trained as a weight of its own, named 'clone' or 'alias').
+    torch = torch_or_skip()
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Parameter(torch.randn(1, 4, 3))
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            read = self.pos.clone() if form == "clone" else self.pos[:, :x.shape[1]]
+            return self.fc(x + read) + (x * self.pos).sum(-1, keepdim=True)
+
+    torch.manual_seed(0)
+    net = Net()
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.zeros(2, 4, 3),), f, dynamo=True, optimize=False,
+                          dynamic_shapes=({0: torch.export.Dim("b")},))
+    proto = onnx.load_from_string(f.getvalue())
+    assert any(n.op_type == "Identity" and n.input[0] == "pos" for n in proto.graph.node)
+    model = ot.from_onnx(proto)
+    assert model.weight_names() == ["pos", "fc.weight", "fc.bias"]
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((8, 4, 3)).astype(np.float32), rng.standard_normal((8, 4, 2)).astype(np.float32))
+               for _ in range(3)]
+    with ot.Trainer(model, batch_size=8) as tr:
+        got = [tr.step(x, y) for x, y in batches]
+        trained = tr.model().get_weights()
+    want = torch_steps(torch, net, torch.optim.SGD(net.parameters(), lr=0.1), nn.functional.mse_loss, batches)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for w, p in zip(trained, net.parameters()):
+        np.testing.assert_allclose(w, p.detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -47,7 +47,7 @@ from ortrain.graph.forward import ForwardGraph, ParamSpec
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.opsets import upgrade_opset
-from ortrain.graph.passes import attribute, node_inputs
+from ortrain.graph.passes import attribute, node_inputs, subgraphs
 from ortrain.graph.repairs import batchnorm_inference_form, read_as_scalars, repair
 
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
@@ -124,10 +124,21 @@ def torch_buffers(model: onnx.ModelProto) -> set[str]:
     """Initializers the dynamo exporter records as PyTorch buffers (``register_buffer``: a
     positional-encoding table, a BatchNorm's running statistics), which PyTorch does not train.
     The TorchScript exporter keeps no such record: there, nothing is known."""
+    return _recorded_as(model, ("BUFFER",))
+
+
+def torch_tensors(model: onnx.ModelProto) -> set[str]:
+    """Initializers the dynamo exporter records as a PyTorch parameter or buffer: an ``Identity``
+    of one (``p.clone()``, a full-length slice ``pos[:, :T]`` named ``alias``) reads that very
+    tensor, as PyTorch's gradient does. The TorchScript exporter keeps no such record."""
+    return _recorded_as(model, ("PARAMETER", "BUFFER"))
+
+
+def _recorded_as(model: onnx.ModelProto, kinds) -> set[str]:
     g = model.graph
     inits = {t.name for t in g.initializer}
     return {vi.name for vi in [*g.input, *g.value_info] if vi.name in inits
-            and any(p.key == _INPUT_KIND and p.value == "BUFFER" for p in vi.metadata_props)}
+            and any(p.key == _INPUT_KIND and p.value in kinds for p in vi.metadata_props)}
 
 
 def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None) -> ForwardGraph:
@@ -175,9 +186,12 @@ def _to_array(t: onnx.TensorProto) -> np.ndarray:
         raise OrtrainError(f"from_onnx: initializer {t.name!r} cannot be read ({exc}); the file is damaged") from exc
 
 
-def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> dict[str, str]:
+def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray],
+                      tensors_of_torch: set[str] = frozenset()) -> dict[str, str]:
     """Give every ``Identity(initializer)`` output an initializer of its own (in place); returns the new
-    names, each with the tensor it copies.
+    names, each with the tensor it copies. An ``Identity`` of a tensor the dynamo exporter records
+    as a PyTorch parameter or buffer (``tensors_of_torch``: ``p.clone()``, the alias of a full-length
+    slice) is that tensor: its readers read the tensor itself, which keeps its PyTorch name.
 
     torch's TorchScript exporter writes ``Identity(kept)`` for a *distinct* parameter or buffer
     whose tensor it merged into ``kept`` (``DeduplicateInitializers``: equal values in an eval
@@ -201,11 +215,16 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> d
     copies: dict[str, str] = {}
     # folded transposed weights are read by MatMul; a layer's own weight (Gemm, Conv) is never a tie
     matmul_reads = {i for n in g.node if n.op_type == "MatMul" for i in n.input}
+    aliases: dict[str, str] = {}
     for node in g.node:
         src = node.input[0] if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input else ""
+        src = aliases.get(src, src)
         out = node.output[0] if node.output else ""
         if not out or out in graph_outputs or (src not in tensors and src not in stash):
             kept.append(node)
+            continue
+        if src in tensors_of_torch:
+            aliases[out] = src
             continue
         if src in tensors:
             tensors[out] = copy.deepcopy(tensors[src])
@@ -223,13 +242,26 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray]) -> d
         warn(f"from_onnx: the file merges equal weights through Identity ({pairs}); each trains as a weight of "
              "its own, as the layers PyTorch clones do. If they are one weight shared in the model, export "
              "with do_constant_folding=False so the file keeps the sharing", UserWarning)
-    if copies:
+    if copies or aliases:
         del g.node[:]
         g.node.extend(kept)
-        info = [vi for vi in g.value_info if vi.name not in set(copies)]
+        info = [vi for vi in g.value_info if vi.name not in set(copies) | set(aliases)]
         del g.value_info[:]
         g.value_info.extend(info)
+    if aliases:
+        for node in all_nodes(g):
+            for i, name in enumerate(node.input):
+                if name in aliases:
+                    node.input[i] = aliases[name]
     return copies
+
+
+def all_nodes(graph: onnx.GraphProto):
+    """The nodes of ``graph`` and of the subgraphs they hold, depth first."""
+    for node in graph.node:
+        yield node
+        for inner in subgraphs(node):
+            yield from all_nodes(inner)
 
 
 def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
@@ -274,7 +306,8 @@ def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set
 
 def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                       stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None,
-                      folded: set[str] = frozenset(), buffers: set[str] = frozenset()) -> ForwardGraph:
+                      folded: set[str] = frozenset(), buffers: set[str] = frozenset(),
+                      tensors_of_torch: set[str] = frozenset()) -> ForwardGraph:
     """Classify initializers and move the weights to graph inputs.
 
     First every ``Identity(initializer)`` output becomes an initializer of its own, a copy
@@ -298,12 +331,13 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     and each module's weights together (:func:`_by_module`). ``folded``: initializers that stay
     constants whatever reaches them (:func:`folded_constants`). ``buffers``: PyTorch buffers
     (:func:`torch_buffers`), frozen unless ``trainable=`` names them (running statistics stay
-    buffers).
+    buffers). ``tensors_of_torch``: PyTorch's parameters and buffers (:func:`torch_tensors`), which an
+    ``Identity`` reads as they are.
     """
     model = copy.deepcopy(model)
     stash = dict(stash or {})
     first = list(order) if order else [t.name for t in model.graph.initializer] + list(stash)
-    copies = _untie_identities(model, stash)
+    copies = _untie_identities(model, stash, tensors_of_torch)
     used, differentiable, bn_stats = _uses(model)
     inits = [t.name for t in model.graph.initializer]
     # IR 3 files list initializers among the graph inputs too.
@@ -619,7 +653,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     from ortrain.nn.graph_model import GraphModel
     proto = load_untrusted(model)
     folded = folded_constants(proto)
-    buffers = torch_buffers(proto)
+    buffers, tensors_of_torch = torch_buffers(proto), torch_tensors(proto)
     stash, order = _stash_weights(proto)
     proto, _ = batchnorm_inference_form(proto)  # first: onnx's opset converter cannot take its training form
     proto = upgrade_opset(proto)
@@ -631,7 +665,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
     _check_runtime_kernels(proto)
-    fg = canonical_forward(proto, trainable, frozen, stash, order, folded, buffers)
+    fg = canonical_forward(proto, trainable, frozen, stash, order, folded, buffers, tensors_of_torch)
     _check_shapes(fg)
     _check_gradients(fg)
     if name is None:
