@@ -292,7 +292,12 @@ def get(spec) -> Loss:
         return spec
     if isinstance(spec, dict):
         cfg = dict(spec)
-        name = cfg.pop("name", None)
+        if "name" not in cfg:  # Keras' {output name: loss}: one loss per output
+            raise OrtrainError(f"loss: a dict is read as a loss config with its 'name' (e.g. {{'name': 'huber', "
+                               f"'delta': 2.0}}), received {spec!r}; ortrain computes one loss, on the model's "
+                               "first output, so losses per output (Keras' dict) are not taken: pass one loss, and "
+                               "put the output it trains first")
+        name = cfg.pop("name")
         if name not in _BY_NAME:
             raise OrtrainError(f"loss: unknown name {name!r} in {spec!r}")
         try:

@@ -190,3 +190,13 @@ def test_loss_objects_are_callable_as_keras_losses_and_match_pytorch(data):
     with pytest.raises(ot.ShapeError, match=r"sparse_categorical_crossentropy expected predictions of shape "
                                             r"\(batch, classes\)"):
         L.SparseCategoricalCrossentropy()(labels, probs[0])
+
+
+def test_a_dict_of_losses_per_output_is_refused_saying_what_a_dict_means():
+    x = ot.Input((4,), name="x")
+    model = ot.Model(x, [ot.layers.Dense(3, name="cls")(x), ot.layers.Dense(1, name="reg")(x)])
+    with pytest.raises(ot.OrtrainError, match="loss: a dict is read as a loss config with its 'name'.*one loss, "
+                                              "on the model's first output"):
+        model.compile(optimizer="adam", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"})
+    assert not model.compiled
+    assert ot.losses.get({"name": "huber", "delta": 2.0}).delta == 2.0
