@@ -275,7 +275,7 @@ def test_layer_argument_errors():
         L.Conv2D(2, 3, padding="full")
     with pytest.raises(ot.ShapeError, match="Conv2D expects \\(batch, channels, height, width\\)"):
         ot.Sequential([L.Conv2D(2, 3)], input_shape=(5,))
-    with pytest.raises(ot.ShapeError, match="Add needs inputs of one shape"):
+    with pytest.raises(ot.ShapeError, match="Add needs inputs whose sizes agree or are 1"):
         a, b = ot.Input((3,)), ot.Input((4,))
         L.Add()([a, b])
     with pytest.raises(ot.OrtrainError, match="takes int64 inputs.*dtype='int64'"):
@@ -306,7 +306,7 @@ def test_reshape_with_a_free_size_runs_on_zero_rows(tmp_path, rng):
 def test_a_refused_layer_call_leaves_the_layer_as_it_was():
     add = L.Add()
     a, b = ot.Input((3,)), ot.Input((4,))
-    with pytest.raises(ot.ShapeError, match="Add needs inputs of one shape"):
+    with pytest.raises(ot.ShapeError, match="Add needs inputs whose sizes agree or are 1"):
         add([a, b])
     assert add([a, ot.Input((3,))]).shape == (None, 3)  # it was left built for the refused shapes
     conv = L.Conv2D(2, 6)
@@ -507,3 +507,35 @@ def test_more_keras_activations_train_and_export_as_pytorch_computes_them(rng, t
     np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x})[0], model.predict(x),
                                rtol=1e-5, atol=1e-6)
 
+
+
+def test_add_broadcasts_sizes_of_one_as_keras_merge_layers_do(rng, tmp_path):
+    # A dueling network's value (batch, 1) plus its advantages (batch, 3); training matches PyTorch.
+    torch = torch_or_skip()
+    i = ot.Input((4,))
+    h = ot.layers.Dense(8, activation="relu", seed=1)(i)
+    model = ot.Model(i, ot.layers.Add()([ot.layers.Dense(1, seed=2)(h), ot.layers.Dense(3, seed=3)(h)]))
+    assert model.output_shape == (None, 3)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x, y = rng.random((16, 4)).astype(np.float32), rng.random((16, 3)).astype(np.float32)
+    w = [torch.tensor(a, requires_grad=True) for a in model.get_weights()]
+
+    def net(t):
+        hidden = torch.relu(t @ w[0] + w[1])
+        return (hidden @ w[2] + w[3]) + (hidden @ w[4] + w[5])
+
+    np.testing.assert_allclose(model.predict(x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    opt = torch.optim.SGD(w, lr=0.1)
+    with ot.Trainer(model, batch_size=16) as tr:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y))
+            loss.backward()
+            opt.step()
+            assert tr.step(x, y) == pytest.approx(float(loss), rel=1e-5)
+        for got, want in zip(tr.model().get_weights(), w):
+            np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ot.ShapeError, match="Add needs inputs whose sizes agree or are 1"):
+        ot.layers.Add()([ot.layers.Dense(2)(h), ot.layers.Dense(3)(h)])
+    with pytest.raises(ot.ShapeError, match="Add needs inputs of one rank"):
+        ot.layers.Add()([h, ot.layers.Reshape((2, 4))(h)])

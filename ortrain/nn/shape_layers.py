@@ -68,17 +68,26 @@ class Reshape(Layer):
 
 
 class Add(Layer):
-    """Elementwise sum of two or more tensors of the same shape."""
+    """Elementwise sum of two or more tensors of one rank, whose sizes agree or are 1 (broadcast, as
+    Keras' merge layers do: a dueling network's value ``(batch, 1)`` plus advantages ``(batch, n)``)."""
 
     n_inputs = None
 
     def output_shape(self, input_shapes):
-        first = tuple(input_shapes[0][1:])
+        out = list(input_shapes[0][1:])
         for s in input_shapes[1:]:
-            if tuple(s[1:]) != first:
-                raise ShapeError(f"Add needs inputs of one shape, received "
+            if len(s) - 1 != len(out):
+                raise ShapeError(f"Add needs inputs of one rank, received "
                                  f"{', '.join(describe_shape(s) for s in input_shapes)}")
-        return input_shapes[0]
+            for k, (a, b) in enumerate(zip(out, s[1:])):
+                if a == b or b == 1:
+                    continue
+                if a == 1 or a is None or b is None:
+                    out[k] = None if a is None or b is None else b
+                    continue
+                raise ShapeError(f"Add needs inputs whose sizes agree or are 1 (broadcast), received "
+                                 f"{', '.join(describe_shape(s) for s in input_shapes)}")
+        return (input_shapes[0][0], *out)
 
     def emit(self, ctx, inputs):
         out = inputs[0]
