@@ -1648,3 +1648,18 @@ def test_metrics_are_logged_and_monitored_by_the_names_given(rng):
     with pytest.raises(ot.OrtrainError, match="metrics: 'mean_absolute_error' compares the output with labels of "
                                               "its own shape, and loss 'sparse_categorical_crossentropy'"):
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["mean_absolute_error"])
+
+
+def test_a_model_read_while_its_fit_ends_in_another_thread_gives_the_state_it_holds(rng):
+    # Another thread's fit may end between the check that it runs and the read of its live state:
+    # its trainer is freed by then, after handing its state to the model, which is what a read gives.
+    x, y = rng.random((8, 4)).astype(np.float32), rng.random((8, 2)).astype(np.float32)
+    model = dense_model(4, 2, optimizer="adam")
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    held = model.train_state
+
+    def ended():
+        raise ot.FreedError("this training session was freed")
+
+    model._live_state, model._live_updates = ended, ended  # as a fit that ended meanwhile leaves them
+    assert model.train_state is held and model.optimizer.step == 2 and model.optimizer.state()["step"] == 2

@@ -15,7 +15,7 @@ from ortrain import metrics as metrics_mod
 from ortrain._arrays import checked_flag, positive_int, prepare_inputs, row_slices, run_chunks
 from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, loss_model
 from ortrain.data import prepare_arrays, refuse_non_finite_weights
-from ortrain.errors import OrtrainError
+from ortrain.errors import FreedError, OrtrainError
 from ortrain.graph import TensorSpec
 from ortrain.graph.forward import to_inference, with_weights
 from ortrain.graph.shapes import output_shape_at
@@ -43,6 +43,17 @@ class ShownRate:
             return opt._lr if opt is not None else float("nan")
         state = model._train_state  # the state the next fit starts from, not a running fit's
         return state.lr if state is not None and not model._lr_written() else opt._lr
+
+
+def _live_or_none(read):
+    """What a running fit's ``read`` gives, or None when there is no fit or it ended meanwhile (in
+    another thread: its trainer freed after it handed its state to the model, which then holds it)."""
+    if read is None:
+        return None
+    try:
+        return read()
+    except FreedError:
+        return None
 
 
 class TrainingMixin:
@@ -97,7 +108,7 @@ class TrainingMixin:
     # -- the compiled optimizer's view: opt.step, opt.state(), opt.load_state() ---------------------
     def _optimizer_step(self) -> int:
         """Updates taken: a running fit's once it has stepped, else those the next fit starts from."""
-        live = self._live_updates() if self._live_updates is not None else None
+        live = _live_or_none(self._live_updates)
         if live is not None:
             return live
         state = self._train_state
@@ -144,7 +155,7 @@ class TrainingMixin:
         moments. While a fit runs it is that fit's live state once it has taken a step, so a callback
         that saves or copies ``self.model`` saves the state that goes with its weights, as in Keras
         (each read then copies the moments out of the runtime: read it once per save)."""
-        live = self._live_state() if self._live_state is not None else None
+        live = _live_or_none(self._live_state)
         return live if live is not None else self._train_state
 
     @train_state.setter
