@@ -245,8 +245,10 @@ def key_difference(saved: dict, now: dict) -> str:
         return ("this model differs from the one that wrote it only in the seeds of its dropout (or other "
                 "random ops): build the model with that run's seeds (the same ot.set_seed(...) before building it, "
                 "or seed= on the Sequential or the Dropout), or load the model saved then with ot.load_model")
+    hint = ("; to train on with another loss_mask, hand the trainer's state over instead: m = tr.model(); "
+            "m.train_state = tr.export_state(); ot.Trainer(m, loss_mask=...)") if differ == [_KEY_PARTS["weighting"]] else ""
     return (f"this model differs from the one that wrote it in {', '.join(differ)}; resume with the model and "
-            "settings that wrote it, or with a model saved by model.save back then")
+            f"settings that wrote it, or with a model saved by model.save back then{hint}")
 
 
 def _opt_config(opt: optim.Optimizer) -> dict:

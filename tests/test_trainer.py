@@ -496,11 +496,13 @@ def test_a_refused_resume_says_what_differs_from_the_model_that_wrote_the_checkp
     for kwargs, says in (({"seed": 8}, "only in the seeds of its dropout .* ot.set_seed"),
                          ({"freeze": True}, "in its weights or which of them train \\(freezing\\);"),
                          ({"loss": "mae"}, "in the loss;"),
+                         ({"loss_mask": 2}, "in the sample weighting .* hand the trainer's state over instead"),
                          ({"seed": 8, "loss": "mae", "freeze": True}, "in its weights or which of them train "
                                                                       "\\(freezing\\), the loss;")):
+        mask = {"loss_mask": kwargs.pop("loss_mask")} if "loss_mask" in kwargs else {}
         with pytest.raises(ot.OrtrainError, match="'.*ck' does not fit this model: this model differs from the "
                                                   f"one that wrote it {says}"):
-            ot.Trainer.from_checkpoint(model(**kwargs), tmp_path / "ck", batch_size=4)
+            ot.Trainer.from_checkpoint(model(**kwargs), tmp_path / "ck", batch_size=4, **mask)
     with ot.Trainer.from_checkpoint(model(), tmp_path / "ck", batch_size=4) as tr:
         for got, want in zip(tr.model().get_weights(), weights):
             np.testing.assert_array_equal(got, want)
