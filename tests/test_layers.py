@@ -532,7 +532,7 @@ def test_add_broadcasts_sizes_of_one_as_keras_merge_layers_do(rng, tmp_path):
             loss = torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y))
             loss.backward()
             opt.step()
-            assert tr.step(x, y) == pytest.approx(float(loss), rel=1e-5)
+            assert tr.step(x, y) == pytest.approx(float(loss.detach()), rel=1e-5)
         for got, want in zip(tr.model().get_weights(), w):
             np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ot.ShapeError, match="Add needs inputs whose sizes agree or are 1"):
