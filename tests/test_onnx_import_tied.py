@@ -355,11 +355,12 @@ def test_a_named_scalar_trains_saves_and_exports(rng, tmp_path):
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("form", ["clone", "slice"])
+@pytest.mark.parametrize("form", ["clone", "slice", "detach"])
 def test_a_dynamo_exports_identity_of_a_parameter_is_that_parameter(form):
     # p.clone() and a full-length slice (pos[:, :T], named alias) are written as Identity(param) by
     # the dynamo exporter: the same parameter, which trains once and keeps its PyTorch name (each
-    # Identity output trained as a weight of its own, named 'clone' or 'alias').
+    # Identity output trained as a weight of its own, named 'clone' or 'alias'). p.detach() is the
+    # same Identity but stops the gradient, which the runtime cannot: it stays a copy of its own.
     torch = torch_or_skip()
     nn = torch.nn
 
@@ -370,7 +371,7 @@ def test_a_dynamo_exports_identity_of_a_parameter_is_that_parameter(form):
             self.fc = nn.Linear(3, 2)
 
         def forward(self, x):
-            read = self.pos.clone() if form == "clone" else self.pos[:, :x.shape[1]]
+            read = {"clone": self.pos.clone, "detach": self.pos.detach}.get(form, lambda: self.pos[:, :x.shape[1]])()
             return self.fc(x + read) + (x * self.pos).sum(-1, keepdim=True)
 
     torch.manual_seed(0)
@@ -383,6 +384,9 @@ def test_a_dynamo_exports_identity_of_a_parameter_is_that_parameter(form):
     proto = onnx.load_from_string(f.getvalue())
     assert any(n.op_type == "Identity" and n.input[0] == "pos" for n in proto.graph.node)
     model = ot.from_onnx(proto)
+    if form == "detach":
+        assert model.weight_names() == ["pos", "detach", "fc.weight", "fc.bias"]
+        return
     assert model.weight_names() == ["pos", "fc.weight", "fc.bias"]
     model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
     rng = np.random.default_rng(0)

@@ -189,9 +189,9 @@ def _to_array(t: onnx.TensorProto) -> np.ndarray:
 def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray],
                       tensors_of_torch: set[str] = frozenset()) -> dict[str, str]:
     """Give every ``Identity(initializer)`` output an initializer of its own (in place); returns the new
-    names, each with the tensor it copies. An ``Identity`` of a tensor the dynamo exporter records
-    as a PyTorch parameter or buffer (``tensors_of_torch``: ``p.clone()``, the alias of a full-length
-    slice) is that tensor: its readers read the tensor itself, which keeps its PyTorch name.
+    names, each with the tensor it copies. An ``Identity`` the dynamo exporter records as ``clone``
+    or ``alias`` (a full-length slice) of a PyTorch parameter or buffer (``tensors_of_torch``) is
+    that tensor: its readers read the tensor itself, which keeps its PyTorch name.
 
     torch's TorchScript exporter writes ``Identity(kept)`` for a *distinct* parameter or buffer
     whose tensor it merged into ``kept`` (``DeduplicateInitializers``: equal values in an eval
@@ -223,7 +223,7 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray],
         if not out or out in graph_outputs or (src not in tensors and src not in stash):
             kept.append(node)
             continue
-        if src in tensors_of_torch:
+        if src in tensors_of_torch and _same_tensor_in_torch(node):
             aliases[out] = src
             continue
         if src in tensors:
@@ -254,6 +254,19 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray],
                 if name in aliases:
                     node.input[i] = aliases[name]
     return copies
+
+
+# The dynamo exporter's record of the PyTorch op a node comes from (``namespace``: "...: aten.clone.default").
+_TORCH_OP = "namespace"
+_SAME_TENSOR_OPS = ("aten.clone.default", "aten.alias.default")  # the gradient flows to the tensor itself
+
+
+def _same_tensor_in_torch(node: onnx.NodeProto) -> bool:
+    """Whether the dynamo exporter records ``node`` (an ``Identity``) as ``clone`` or ``alias``, which
+    PyTorch differentiates into the tensor itself; ``detach`` (the same ``Identity``) stops the
+    gradient, which the runtime cannot, so it keeps a copy of its own as before."""
+    op = next((p.value for p in node.metadata_props if p.key == _TORCH_OP), "")
+    return op.endswith(_SAME_TENSOR_OPS)
 
 
 def all_nodes(graph: onnx.GraphProto):
