@@ -31,13 +31,15 @@ def read_array(value, argument: str) -> np.ndarray:
 
 def _pandas_values(frame):
     """A pandas frame's or series' values; nullable numeric columns (which numpy reads as objects)
-    as float64 with NaN for a missing value, which the checks for non-finite data then name."""
-    dtypes = frame.dtypes if hasattr(frame, "columns") else [frame.dtype]
-    nullable = [d for d in dtypes if type(d).__module__.startswith("pandas") and getattr(d, "kind", "O") in "iufb"]
-    if not nullable:
+    in their numpy type, or, where a value is missing, as float64 with NaN there, which the checks
+    for non-finite data then name."""
+    dtypes = list(frame.dtypes) if hasattr(frame, "columns") else [frame.dtype]
+    if not any(type(d).__module__.startswith("pandas") and getattr(d, "kind", "O") in "iufb" for d in dtypes):
         return frame
     try:
-        return frame.to_numpy(dtype=np.float64, na_value=np.nan)
+        if frame.isna().to_numpy().any():
+            return frame.to_numpy(dtype=np.float64, na_value=np.nan)
+        return frame.to_numpy(dtype=np.result_type(*[getattr(d, "numpy_dtype", d) for d in dtypes]))
     except (TypeError, ValueError):
         return frame
 

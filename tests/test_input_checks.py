@@ -332,6 +332,11 @@ def test_torch_tensors_that_require_grad_and_pandas_nullable_columns_are_read_as
         model.fit(frame, want, verbose=0)
     for got, was in zip(model.get_weights(), before):
         np.testing.assert_array_equal(got, was)
+    # without a missing value, a nullable column keeps its numpy type: int64 ids stay exact
+    from ortrain._arrays import as_array, read_array
+    ids = pd.DataFrame({"ids": pd.Series([2**53 + 1, 3], dtype="Int64")})
+    assert as_array(read_array(ids, "x"), np.int64, "x").ravel().tolist() == [2**53 + 1, 3]
+    assert read_array(pd.Series([True, False], dtype="boolean"), "y").dtype == np.bool_
 
 
 def test_a_captured_step_refuses_an_input_with_no_elements():
