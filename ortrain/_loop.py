@@ -347,26 +347,30 @@ class Loop:
     def _finish(self) -> None:
         tr = self.trainer
         interrupt = None
-        if self._model is not None:
-            self._model._live_state = None
-            self._model._live_seen = None
-            self._model._live_updates = None
-            self._disarm()
-        while self._model is not None:
-            # Weights and optimizer state go back together: a Ctrl-C in between would leave the model
-            # trained with the state of before, so it waits until both are written (a second one not).
-            try:
-                _ = self.model  # brings the weights over (a callback may have set some)
-                # A fit that took no step leaves the optimizer state as it was, and a rate written on
-                # model.optimizer still to be taken up by the next fit.
-                if self.stepped:
-                    self._model.train_state = tr.export_state()
-                    self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
-                break
-            except KeyboardInterrupt as exc:
-                if interrupt is not None:
-                    raise
-                interrupt = exc
+        try:
+            while self._model is not None:
+                # Weights and optimizer state go back together: a Ctrl-C in between would leave the
+                # model trained with the state of before, so it waits until both are written (a second
+                # one not).
+                try:
+                    _ = self.model  # brings the weights over (a callback may have set some)
+                    # A fit that took no step leaves the optimizer state as it was, and a rate written
+                    # on model.optimizer still to be taken up by the next fit.
+                    if self.stepped:
+                        self._model.train_state = tr.export_state()
+                        self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
+                    break
+                except KeyboardInterrupt as exc:
+                    if interrupt is not None:
+                        raise
+                    interrupt = exc
+        finally:
+            # only now: another thread reading the model meanwhile still read this fit's live state
+            if self._model is not None:
+                self._model._live_state = None
+                self._model._live_seen = None
+                self._model._live_updates = None
+                self._disarm()
         if interrupt is not None:
             raise interrupt
         if tr._accum and tr.nbatch_logical > tr.batch_size:  # last: an "error" filter cannot lose the state

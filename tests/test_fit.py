@@ -1663,3 +1663,23 @@ def test_a_model_read_while_its_fit_ends_in_another_thread_gives_the_state_it_ho
 
     model._live_state, model._live_updates = ended, ended  # as a fit that ended meanwhile leaves them
     assert model.train_state is held and model.optimizer.step == 2 and model.optimizer.state()["step"] == 2
+
+
+def test_the_models_state_is_handed_over_before_a_fit_stops_showing_its_live_state(rng, monkeypatch):
+    # A read from another thread while a fit ends (here: while it brings the weights over) gives
+    # the fit's state, never the state from before the fit.
+    from ortrain._loop import Loop
+    x, y = rng.random((8, 4)).astype(np.float32), rng.random((8, 2)).astype(np.float32)
+    model = dense_model(4, 2, optimizer="adam")
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    seen = []
+    bring = Loop.model.fget
+
+    def reading(loop):
+        if loop.trainer is not None and loop.stepped:
+            seen.append((model.optimizer.step, model.train_state.step))
+        return bring(loop)
+
+    monkeypatch.setattr(Loop, "model", property(reading))
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert seen and set(seen) <= {(s, s) for s in (3, 4, 5, 6)} and seen[-1] == (6, 6)
