@@ -245,8 +245,11 @@ def key_difference(saved: dict, now: dict) -> str:
         return ("this model differs from the one that wrote it only in the seeds of its dropout (or other "
                 "random ops): build the model with that run's seeds (the same ot.set_seed(...) before building it, "
                 "or seed= on the Sequential or the Dropout), or load the model saved then with ot.load_model")
-    hint = ("; to train on with another loss_mask, hand the trainer's state over instead: m = tr.model(); "
-            "m.train_state = tr.export_state(); ot.Trainer(m, loss_mask=...)") if differ == [_KEY_PARTS["weighting"]] else ""
+    written = {None: "None", "sample": "1 (one weight per sample)", "element": "n (one weight per output)"}
+    hint = (f"; it was written with loss_mask={written.get(saved.get('weighting'), '?')}: to train on with "
+            "another, resume with that one and hand the state over, tr = ot.Trainer.from_checkpoint(model, "
+            "path, batch_size, loss_mask=<as written>); m = tr.model(); m.train_state = tr.export_state(); "
+            "ot.Trainer(m, loss_mask=...)") if differ == [_KEY_PARTS["weighting"]] else ""
     return (f"this model differs from the one that wrote it in {', '.join(differ)}; resume with the model and "
             f"settings that wrote it, or with a model saved by model.save back then{hint}")
 

@@ -496,7 +496,8 @@ def test_a_refused_resume_says_what_differs_from_the_model_that_wrote_the_checkp
     for kwargs, says in (({"seed": 8}, "only in the seeds of its dropout .* ot.set_seed"),
                          ({"freeze": True}, "in its weights or which of them train \\(freezing\\);"),
                          ({"loss": "mae"}, "in the loss;"),
-                         ({"loss_mask": 2}, "in the sample weighting .* hand the trainer's state over instead"),
+                         ({"loss_mask": 2}, "in the sample weighting .* written with loss_mask=None: to train on with another, "
+                                          "resume with that one and hand the state over"),
                          ({"seed": 8, "loss": "mae", "freeze": True}, "in its weights or which of them train "
                                                                       "\\(freezing\\), the loss;")):
         mask = {"loss_mask": kwargs.pop("loss_mask")} if "loss_mask" in kwargs else {}
