@@ -763,7 +763,9 @@ def test_a_run_record_of_the_wrong_structure_is_damaged_not_a_traceback(workdir,
                                                                            "path, received 3"),
         ({**run_json, "settings": 5}, "'settings' expected an object, received 5"),
         ({**run_json, "batch_size": "32"}, "'batch_size' expected a positive integer, received '32'"),
-        ({**run_json, "settings": {**run_json["settings"], "data": 5}}, "setting 'data' expected list, received 5"))]
+        ({**run_json, "settings": {**run_json["settings"], "data": 5}}, "setting 'data' expected list, received 5"),
+        ({**run_json, "settings": {**run_json["settings"], "data": [""]}},
+         "setting 'data' expected paths, received an empty one"))]
     cases += [("state.json", value, said) for value, said in (
         ({}, "it lacks 'epoch'"), (None, "expected a JSON object of the epochs done, received None"),
         ("x", "received 'x'"), ({"checkpoint": 5}, "it lacks 'epoch'"),

@@ -153,7 +153,12 @@ def _run_problem(run) -> str | None:
         value = run["settings"].get(key)
         if value is not None and not _of_kind(value, kind):
             return f"setting {key!r} expected {kind.__name__}, received {_shown(value)}"
+        if key in _PATHS and value is not None and ("" in value if isinstance(value, list) else value == ""):
+            return f"setting {key!r} expected paths, received an empty one in {_shown(value)}"
     return None
+
+
+_PATHS = ("model", "artifacts", "data", "val_data", "out")  # settings that name files or folders
 
 
 def _of_kind(value, kind: type) -> bool:
