@@ -508,8 +508,7 @@ def test_more_keras_activations_train_and_export_as_pytorch_computes_them(rng, t
                                rtol=1e-5, atol=1e-6)
 
 
-
-def test_add_broadcasts_sizes_of_one_as_keras_merge_layers_do(rng, tmp_path):
+def test_add_broadcasts_sizes_of_one_as_keras_merge_layers_do(rng):
     # A dueling network's value (batch, 1) plus its advantages (batch, 3); training matches PyTorch.
     torch = torch_or_skip()
     i = ot.Input((4,))
