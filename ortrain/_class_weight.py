@@ -7,7 +7,8 @@ cross-entropy, and for binary cross-entropy on one output unit 1 above 0.5 and 0
 ``class_weight.get(c, 1.0)``). The weight multiplies the sample's ``sample_weight`` when both
 are given, so a class weight is a sample weight in every respect: the loss is
 ``sum(w * loss) / batch`` (not renormalised by the weights, as Keras' default reduction) and
-the training metrics are weighted too. Validation never is.
+the training's ``weighted_metrics`` are weighted too (``metrics`` count every sample alike, as in
+Keras). Validation never is.
 
 >>> import numpy as np, ortrain as ot
 >>> model = ot.Sequential([ot.layers.Dense(3, activation="softmax")], input_shape=(2,), seed=0)

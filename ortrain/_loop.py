@@ -56,8 +56,8 @@ class Loop:
         self._steps_at_start = trainer.n_steps
         base = trainer._model
         self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
-        self.metrics = metrics_mod.resolve(base.metrics, base.loss)
-        self.val_metrics = metrics_mod.resolve(base.metrics, base.loss)
+        self.metrics = metrics_mod.resolve(base.metrics, base.loss, base.weighted_metrics)
+        self.val_metrics = metrics_mod.resolve(base.metrics, base.loss, base.weighted_metrics)
         source = iterator.source
         steps = iterator.steps
         size = source.batches_per_epoch if isinstance(source, ArraySource) else getattr(source, "size", None)

@@ -169,7 +169,7 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
     new_opt = optim.get(optimizer) if optimizer is not None else (model.optimizer or optim.get("adam"))
     staged = model.copy()
     shown = model.optimizer._lr_now if model.optimizer is not None else None
-    staged.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics)
+    staged.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics, weighted_metrics=model.weighted_metrics)
     if new_opt is model.optimizer:  # the caller's optimizer keeps reading the caller's model
         new_opt._lr_now = shown
         staged._lr_seen = model._seen()  # and its rate is taken over only if written since the last fit
@@ -182,12 +182,13 @@ def _commit(model: Model, staged: Model):
     returns the function that puts back what it had, for a fit that fails before its first step."""
     if staged is model:
         return lambda: None
-    before = (model.optimizer, model.loss, model.metrics, model.train_state, model._lr_seen)
-    model.compile(optimizer=staged.optimizer, loss=staged.loss, metrics=staged.metrics)
+    before = (model.optimizer, model.loss, model.metrics, model.weighted_metrics, model.train_state, model._lr_seen)
+    model.compile(optimizer=staged.optimizer, loss=staged.loss, metrics=staged.metrics,
+                  weighted_metrics=staged.weighted_metrics)
     model.train_state = staged.train_state
 
     def undo() -> None:
-        model.optimizer, model.loss, model.metrics, model.train_state, model._lr_seen = before
+        model.optimizer, model.loss, model.metrics, model.weighted_metrics, model.train_state, model._lr_seen = before
         model._runners.clear()  # evaluate's graph holds the loss
     return undo
 
@@ -334,7 +335,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     ``shuffle`` the order is redrawn every epoch, reproducibly from ``ot.set_seed``.
     ``validation_split`` holds out the last fraction of rows (before shuffling);
     ``validation_data`` (arrays or a generator) takes precedence over it, as in Keras.
-    ``sample_weight`` weights each sample's loss (and metrics), for every loss; for an output
+    ``sample_weight`` weights each sample's loss (and ``weighted_metrics``; ``metrics`` count every
+    sample alike, as in Keras), for every loss; for an output
     with positions between the batch and the last axis (``(batch, time, classes)``), it may hold
     one weight per position instead, shaped as the labels' positions (``(batch, time)``: a
     padding mask).
@@ -348,8 +350,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     binary cross-entropy on one output unit (class 1 for a label above 0.5, as Keras rounds).
     Each training sample's loss weight is its class's weight (1.0 for a class the dict leaves
     out, as in Keras 3), times its ``sample_weight`` when given: a class weight is a sample
-    weight in every respect (the loss is ``sum(w * loss) / batch``, the training metrics are
-    weighted alike). Validation is not weighted by class (held-out rows of ``validation_split``
+    weight in every respect (the loss is ``sum(w * loss) / batch``, the training's
+    ``weighted_metrics`` are weighted alike). Validation is not weighted by class (held-out rows of ``validation_split``
     keep only their sample weights). A model with several outputs, another loss, a key that is
     not one of the output's classes or a bad weight is refused before anything changes.
 

@@ -13,13 +13,14 @@ import numpy as np
 
 from ortrain.errors import OrtrainError
 
-__all__ = ["Metric", "resolve"]
+__all__ = ["Metric", "logged_names", "resolve"]
 
 
 class Metric:
     def __init__(self, name: str, fn):
         self.name = name  # how it is logged: the name compile was given
         self.kind = name  # what it computes ("accuracy" for "acc")
+        self.weighted = False  # compile's weighted_metrics: sample and class weights count, as in Keras
         self._fn = fn
         self.reset()
 
@@ -30,9 +31,10 @@ class Metric:
     def update(self, pred: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None) -> None:
         """Add a batch, as Keras' mean metrics do: a value per sample, or per position for a
         prediction with positions (time steps), each weighted by its sample's or position's weight
-        (weights over output elements are averaged per sample first)."""
+        (weights over output elements are averaged per sample first). Only a weighted metric
+        (compile's ``weighted_metrics``) reads ``weight``; the others count every sample alike."""
         values = np.asarray(self._fn(pred, y), np.float64)
-        if weight is None:
+        if weight is None or not self.weighted:
             self.total += float(values.sum())
             self.count += values.size
             return
@@ -129,14 +131,35 @@ def fitting(names, loss) -> tuple[list[str], list[str], list[str]]:
 
 
 
-def resolve(names, loss) -> list[Metric]:
-    """Metric objects for names given to ``compile``, checked against the labels ``loss`` takes."""
+def resolve(names, loss, weighted=()) -> list[Metric]:
+    """Metric objects for the names given to ``compile`` as ``metrics`` (which count every sample
+    alike) and as ``weighted_metrics`` (which weigh them by their sample and class weights), checked
+    against the labels ``loss`` takes. As in Keras, a weighted metric also given unweighted is logged
+    as ``weighted_<name>``."""
+    plain = _resolve(names, loss, "metrics")
+    both = _resolve(weighted, loss, "weighted_metrics")
+    taken = {m.name for m in plain}
+    for m in both:
+        m.weighted = True
+        if m.name in taken:
+            m.name = f"weighted_{m.name}"
+    return plain + both
+
+
+def logged_names(names, weighted=()) -> list[str]:
+    """The names :func:`resolve` gives its metrics, without checking them."""
+    plain = list(names or ())
+    return plain + [f"weighted_{n}" if n in plain else n for n in weighted or ()]
+
+
+def _resolve(names, loss, argument: str) -> list[Metric]:
     out = []
     for name in names or ():
         if not isinstance(name, str):
-            raise OrtrainError(f"metrics: expected names such as 'accuracy' or 'mae', received {name!r}")
+            raise OrtrainError(f"{argument}: expected names such as 'accuracy' or 'mae', received {name!r}")
         if any(m.name == name for m in out):
-            raise OrtrainError(f"metrics: {name!r} is given twice; give each metric once (it is logged by its name)")
+            raise OrtrainError(f"{argument}: {name!r} is given twice; give each metric once (it is logged by its "
+                               "name)")
         key = name.lower()
         if key in ("accuracy", "acc"):
             lname = getattr(loss, "name", "")
@@ -158,7 +181,7 @@ def resolve(names, loss) -> list[Metric]:
         elif key in ("mse", "mean_squared_error"):
             out.append(Metric("mse", _mse))
         else:
-            raise OrtrainError(f"metrics: unknown metric {name!r}; known: accuracy, sparse_categorical_accuracy, "
+            raise OrtrainError(f"{argument}: unknown metric {name!r}; known: accuracy, sparse_categorical_accuracy, "
                                "categorical_accuracy, binary_accuracy, mae, mse")
         _check_labels(out[-1].kind, loss, name)
         out[-1].name = name  # as Keras: logged and monitored by the name given ("acc", "val_acc")

@@ -317,3 +317,33 @@ def test_a_model_whose_number_of_classes_is_free_takes_any_class_index():
             a.fit(x, labels, batch_size=7, class_weight=big, verbose=0)
         with pytest.raises(ot.ShapeError, match=r"class labels must lie in \[0, 2\]"):
             a.evaluate(x, labels)
+
+
+def test_metrics_count_every_sample_and_weighted_metrics_weigh_them_as_keras(tmp_path):
+    # Keras 3: compile's metrics ignore sample and class weights; weighted_metrics apply them (and a
+    # metric in both lists is logged as weighted_<name>). The lr is 0, so predictions never move.
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 3)).astype(np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64)
+    model = ot.Sequential([ot.layers.Dense(2, activation="softmax")], input_shape=(3,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  weighted_metrics=["accuracy", "sparse_categorical_accuracy"])
+    assert model.metrics_names == ["loss", "accuracy", "weighted_accuracy", "sparse_categorical_accuracy"]
+    correct = model.predict(x).argmax(axis=1) == y
+    w = np.where(y == 1, 5.0, 1.0)
+    plain, weighted = correct.mean(), np.sum(correct * w) / w.sum()
+    assert not np.isclose(plain, weighted)
+    h = model.fit(x, y, class_weight={0: 1.0, 1: 5.0}, batch_size=16, epochs=1, verbose=0, shuffle=False,
+                  validation_data=(x, y, w))
+    for prefix in ("", "val_"):
+        assert h.history[f"{prefix}accuracy"][0] == pytest.approx(plain, rel=1e-12)
+        assert h.history[f"{prefix}weighted_accuracy"][0] == pytest.approx(weighted, rel=1e-12)
+        assert h.history[f"{prefix}sparse_categorical_accuracy"][0] == pytest.approx(weighted, rel=1e-12)
+    got = model.evaluate(x, y, sample_weight=w)
+    assert (got["accuracy"], got["weighted_accuracy"]) == (pytest.approx(plain), pytest.approx(weighted))
+    model.save(tmp_path / "m.ortrain")
+    loaded = ot.load_model(tmp_path / "m.ortrain")
+    assert (loaded.metrics, loaded.weighted_metrics) == (["accuracy"], ["accuracy", "sparse_categorical_accuracy"])
+    with pytest.raises(ot.OrtrainError, match="weighted_metrics: unknown metric 'f1'"):
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", weighted_metrics=["f1"])
+    assert model.weighted_metrics == ["accuracy", "sparse_categorical_accuracy"]  # a refused compile changes nothing

@@ -1248,11 +1248,13 @@ def test_accuracy_on_one_output_unit_thresholds_whatever_the_loss():
     y = (rng.random((200, 1)) > 0.5).astype(np.float32)
     for loss in ("mse", "mae", ot.losses.Huber()):
         model = ot.Sequential([ot.layers.Dense(1, activation="sigmoid")], input_shape=(4,), seed=0)
-        model.compile(optimizer="sgd", loss=loss, metrics=["accuracy"])
+        model.compile(optimizer="sgd", loss=loss, metrics=["accuracy"], weighted_metrics=["accuracy"])
         p = model.predict(x)
         assert model.evaluate(x, y)["accuracy"] == pytest.approx(np.mean((p > 0.5) == (y > 0.5)))
-        # every weight 0: Keras divides with divide_no_nan and reports 0
-        assert model.evaluate(x, y, sample_weight=np.zeros(200))["accuracy"] == 0.0
+        # every weight 0: Keras divides with divide_no_nan and reports 0 for the weighted metric
+        zero = model.evaluate(x, y, sample_weight=np.zeros(200))
+        assert zero["weighted_accuracy"] == 0.0
+        assert zero["accuracy"] == pytest.approx(np.mean((p > 0.5) == (y > 0.5)))  # metrics count every sample
 
 
 def test_a_batch_callable_that_requires_arguments_is_refused_before_anything(rng):

@@ -108,7 +108,7 @@ def _token_model(vocab=7, dim=3):
     ids = ot.Input((T,), dtype="int64")
     model = ot.Model(ids, L.Dense(vocab)(L.Embedding(vocab, dim)(ids)))
     model.compile(optimizer=ot.optim.SGD(lr=0.5), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+                  metrics=["accuracy"], weighted_metrics=["accuracy"])
     return model
 
 
@@ -124,7 +124,8 @@ def test_evaluate_weighs_loss_and_accuracy_per_token(rng):
     got = model.evaluate(x, y, sample_weight=w)
     np.testing.assert_allclose(got["loss"], np.sum(w * per) / (B * T), rtol=2e-6)
     w64 = w.astype(np.float64)
-    np.testing.assert_allclose(got["accuracy"], np.sum(w64 * correct) / np.sum(w64), rtol=1e-12)
+    np.testing.assert_allclose(got["weighted_accuracy"], np.sum(w64 * correct) / np.sum(w64), rtol=1e-12)
+    np.testing.assert_allclose(got["accuracy"], np.mean(correct), rtol=1e-12)  # metrics count every position
 
 
 def test_fit_and_fit_generator_train_alike_with_token_weights(rng):
@@ -141,11 +142,14 @@ def test_fit_and_fit_generator_train_alike_with_token_weights(rng):
     np.testing.assert_allclose(ha.history["loss"], hb.history["loss"], rtol=1e-6)
 
 
-def test_metrics_weigh_positions_as_keras_does(rng):
+def test_weighted_metrics_weigh_positions_as_keras_does(rng):
     pred = rng.standard_normal((B, T, K))
     y = rng.integers(0, K, (B, T))
     correct = np.argmax(pred, axis=-1) == y
-    acc = resolve(["sparse_categorical_accuracy"], None)[0]
+    plain = resolve(["sparse_categorical_accuracy"], None)[0]
+    plain.update(pred, y, _mask(rng)[..., None])  # compile's metrics: every position counts alike
+    assert plain.result() == pytest.approx(np.mean(correct), rel=1e-12)
+    acc = resolve([], None, ["sparse_categorical_accuracy"])[0]
     w = _mask(rng)
     acc.update(pred, y, w[..., None])
     assert acc.result() == pytest.approx(np.sum(w * correct) / np.sum(w), rel=1e-12)
@@ -154,7 +158,7 @@ def test_metrics_weigh_positions_as_keras_does(rng):
     acc.update(pred, y, per_sample)
     want = np.sum(per_sample[:, 0, 0] * correct.mean(axis=1)) / per_sample.sum()
     assert acc.result() == pytest.approx(want, rel=1e-12)
-    mae = resolve(["mae"], None)[0]  # a dense metric on a [batch, outputs] prediction, one weight per element
+    mae = resolve([], None, ["mae"])[0]  # a dense metric on a [batch, outputs] prediction, one weight per element
     p2, y2, w2 = rng.standard_normal((B, K)), rng.standard_normal((B, K)), rng.uniform(0, 2, (B, K))
     mae.update(p2, y2, w2)  # Keras averages such weights per sample
     want = np.sum(w2.mean(axis=1) * np.abs(p2 - y2).mean(axis=1)) / w2.mean(axis=1).sum()

@@ -25,6 +25,7 @@ from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name, to_inference, with_weights
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats, name_free_dimensions
 from ortrain.graph.repairs import activations_as_arithmetic
+from ortrain.metrics import logged_names as metrics_logged_names
 from ortrain.nn.base_layer import EmitContext, Layer
 from ortrain.nn.core_layers import Embedding
 from ortrain.nn.saving import model_from_record, model_record, save_model
@@ -466,7 +467,7 @@ class Model(TrainingMixin):
     @property
     def metrics_names(self) -> list[str]:
         """What ``evaluate`` reports once compiled: ``loss``, then the metrics by their given names."""
-        return ["loss", *self.metrics] if self.compiled else []
+        return ["loss", *metrics_logged_names(self.metrics, self.weighted_metrics)] if self.compiled else []
 
     # -- export and persistence --------------------------------------------------------------
     def export_onnx(self, path) -> str:

@@ -73,7 +73,8 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
                            for n in model._nodes]
         record["outputs"] = [_tensor_ref(model, t) for t in model._outputs]
     record["compile"] = None if not model.compiled else {
-        "loss": model.loss.config(), "optimizer": model.optimizer.config(), "metrics": list(model.metrics)}
+        "loss": model.loss.config(), "optimizer": model.optimizer.config(), "metrics": list(model.metrics),
+        "weighted_metrics": list(model.weighted_metrics)}
     opt_arrays = {}
     ts = model.train_state
     if ts is not None:
@@ -135,14 +136,17 @@ def model_from_record(record: dict, weights: dict, aux: dict):
     comp = record.get("compile")
     if comp:
         loss = losses.get(comp["loss"])
-        metrics, misfit, unknown = metrics_mod.fitting(comp["metrics"], loss)
-        if misfit:
-            warn(f"load_model: metrics {misfit} do not read the labels of loss {loss.name!r} (their values were "
-                 "wrong); the model is compiled without them")
-        if unknown:
-            warn(f"load_model: metrics {unknown} are not known to this ortrain {__version__}; the model is "
-                 "compiled without them")
-        model.compile(optimizer=optim.get(comp["optimizer"]), loss=loss, metrics=metrics)
+        kept = []
+        for key in ("metrics", "weighted_metrics"):
+            names, misfit, unknown = metrics_mod.fitting(comp.get(key, []), loss)
+            if misfit:
+                warn(f"load_model: {key} {misfit} do not read the labels of loss {loss.name!r} (their values were "
+                     "wrong); the model is compiled without them")
+            if unknown:
+                warn(f"load_model: {key} {unknown} are not known to this ortrain {__version__}; the model is "
+                     "compiled without them")
+            kept.append(names)
+        model.compile(optimizer=optim.get(comp["optimizer"]), loss=loss, metrics=kept[0], weighted_metrics=kept[1])
     ts = record.get("train_state")
     if ts:
         moments = {k: tuple(aux["opt"][f"{k}\x00{i}"] for i in range(n)) for k, n in ts["moments"].items()}

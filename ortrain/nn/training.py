@@ -64,6 +64,7 @@ class TrainingMixin:
         self.loss: losses.Loss | None = None
         self.optimizer: optim.Optimizer | None = None
         self.metrics: list[str] = []
+        self.weighted_metrics: list[str] = []  # compile's: weighed by sample and class weights
         self.history = None  # the History of the last fit, as Keras keeps it
         self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
         self._live_updates = None  # set by a running fit: returns its update count once it has stepped
@@ -100,6 +101,7 @@ class TrainingMixin:
         if seen is not None and seen[0] == "this optimizer":
             self._lr_seen = (id(self.optimizer), seen[1])
         self.__dict__.setdefault("_live_updates", None)  # pickled before fits counted updates live
+        self.__dict__.setdefault("weighted_metrics", [])  # pickled before compile took them
         if self.optimizer is not None:
             self.optimizer._lr_now = ShownRate(self, self.optimizer)
             if not self.optimizer.params:  # as compile links it: a captured step's optimizer keeps its own state
@@ -187,17 +189,22 @@ class TrainingMixin:
             EDITS[0] += 1
 
     # -- compile / fit --------------------------------------------------------------------
-    def compile(self, optimizer="adam", loss="mse", metrics=None) -> Model:
+    def compile(self, optimizer="adam", loss="mse", metrics=None, weighted_metrics=None) -> Model:
         """Choose the optimizer, loss and metrics. A new compile starts optimizer state afresh.
 
-        All three are checked before any is set: a refused compile leaves the model as it was.
+        As in Keras, ``metrics`` count every sample alike and ``weighted_metrics`` weigh each by its
+        ``sample_weight`` and ``class_weight`` (as the loss does). All are checked before any is set:
+        a refused compile leaves the model as it was.
         """
         new_optimizer = optim.get(optimizer)
         new_loss = losses.get(loss)
-        if metrics is not None and not isinstance(metrics, (str, list, tuple)):
-            raise OrtrainError(f"metrics: expected a list of names such as ['accuracy'], received {metrics!r}")
-        new_metrics = [metrics] if isinstance(metrics, str) else list(metrics or [])
-        metrics_mod.resolve(new_metrics, new_loss)  # validate names now
+        given = []
+        for argument, names in (("metrics", metrics), ("weighted_metrics", weighted_metrics)):
+            if names is not None and not isinstance(names, (str, list, tuple)):
+                raise OrtrainError(f"{argument}: expected a list of names such as ['accuracy'], received {names!r}")
+            given.append([names] if isinstance(names, str) else list(names or []))
+        new_metrics, new_weighted = given
+        metrics_mod.resolve(new_metrics, new_loss, new_weighted)  # validate names now
         first = self.output_specs[0]
         if np.dtype(first.dtype) != np.float32:
             names = ", ".join(f"{s.name!r} ({np.dtype(s.dtype).name})" for s in self.output_specs)
@@ -210,6 +217,7 @@ class TrainingMixin:
                                "input row. Keep the batch axis in the model (e.g. keepdims=1, or reduce over the "
                                "other axes only)")
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
+        self.weighted_metrics = new_weighted
         self.train_state = None
         new_optimizer._lr_now = ShownRate(self, new_optimizer)
         if not new_optimizer.params:  # a captured step's optimizer keeps its own state
@@ -299,7 +307,8 @@ class TrainingMixin:
         return outs[0] if len(outs) == 1 else outs
 
     def evaluate(self, x, y, batch_size=None, sample_weight=None, verbose=0, return_dict: bool = True):
-        """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode.
+        """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode;
+        ``sample_weight`` weighs the loss and the weighted metrics.
 
         Everything is checked before the first run: shapes, and class labels against the number
         of classes for sparse cross-entropy. ``verbose`` is accepted for Keras code and shows nothing.
@@ -313,7 +322,7 @@ class TrainingMixin:
         n = xs[0].shape[0]
         runner = self._runner("evaluate", None if w is None else "sample")
         specs = self.input_specs
-        ms = metrics_mod.resolve(self.metrics, self.loss)
+        ms = metrics_mod.resolve(self.metrics, self.loss, self.weighted_metrics)
         total = 0.0
         for sl in row_slices(n, batch_size):
             feeds = {s.name: a[sl] for s, a in zip(specs, xs)}
