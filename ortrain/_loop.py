@@ -278,8 +278,15 @@ class Loop:
 
     def _check_short(self, epoch: int, taken: int) -> None:
         it = self.iterator
-        if it.ended_early and not it.source.exhausted and not self._warned_short:
-            self._warned_short = True
+        if not it.ended_early or self._warned_short:
+            return
+        self._warned_short = True
+        if it.source.exhausted:  # a one-shot iterator used up, as Keras' "Your input ran out of data"
+            if epoch + 1 >= self.epochs:  # with epochs to go, the loop says it as it stops (_warn_dry)
+                warn(f"epoch {epoch}: the generator ran out of data after {taken} of steps_per_epoch="
+                     f"{it.steps} batches. A one-shot iterator gives its batches once: pass a list or another "
+                     "re-iterable, a callable, or steps_per_epoch * epochs batches", RuntimeWarning)
+        else:
             warn(f"epoch {epoch}: the generator ended the epoch after {taken} of steps_per_epoch="
                  f"{it.steps} batches; epochs stay this short (warned once)", RuntimeWarning)
 

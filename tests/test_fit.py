@@ -1685,3 +1685,16 @@ def test_the_models_state_is_handed_over_before_a_fit_stops_showing_its_live_sta
     monkeypatch.setattr(Loop, "model", property(reading))
     model.fit(x, y, batch_size=4, epochs=2, verbose=0)
     assert seen and set(seen) <= {(s, s) for s in (3, 4, 5, 6)} and seen[-1] == (6, 6)
+
+
+def test_a_one_shot_generator_shorter_than_steps_per_epoch_is_said(rng):
+    # As Keras' "Your input ran out of data": 4 batches for steps_per_epoch=10 train 4 steps, with a
+    # warning that says so (the fit took them silently before).
+    def four():
+        for _ in range(4):
+            yield np.ones((8, 3), np.float32), np.ones((8, 1), np.float32)
+
+    model = dense_model(3, 1, optimizer="sgd")
+    with pytest.warns(RuntimeWarning, match="epoch 0: the generator ran out of data after 4 of steps_per_epoch=10"):
+        model.fit(four(), steps_per_epoch=10, epochs=1, verbose=0)
+    assert model.optimizer.step == 4
