@@ -1,5 +1,7 @@
 """Layers: forward values against numpy, training steps against PyTorch."""
 
+import warnings
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -538,3 +540,15 @@ def test_add_broadcasts_sizes_of_one_as_keras_merge_layers_do(rng):
         ot.layers.Add()([ot.layers.Dense(2)(h), ot.layers.Dense(3)(h)])
     with pytest.raises(ot.ShapeError, match="Add needs inputs of one rank"):
         ot.layers.Add()([h, ot.layers.Reshape((2, 4))(h)])
+
+
+def test_concatenate_on_the_last_axis_of_images_says_it_joins_their_width():
+    # Keras' Concatenate(axis=-1) joins channels-last images' channels; here it is the width.
+    a, b = ot.Input((3, 4, 4)), ot.Input((3, 4, 4))
+    with pytest.warns(UserWarning, match="Concatenate\\(axis=-1\\) joins the width of images.*Concatenate\\(\\)"):
+        joined = ot.layers.Concatenate(axis=-1)([a, b])
+    assert joined.shape[1:] == (3, 4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ot.layers.Concatenate()([a, b]).shape[1:] == (6, 4, 4)
+        assert ot.layers.Concatenate(axis=-1)([ot.Input((3,)), ot.Input((2,))]).shape[1:] == (5,)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortrain._arrays import is_integer
+from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer
 
@@ -143,6 +144,13 @@ class Concatenate(Layer):
         if axis == 0:
             raise OrtrainError("Concatenate(axis=0) would join along the batch; choose a feature axis")
         self.axis = None if axis is None else int(axis)
+
+    def _build(self, input_shapes, rng) -> None:
+        if len(input_shapes[0]) == 4 and self.axis in (-1, 3):
+            # Keras code ported as written: its axis=-1 (or 3) is the channels of channels-last images
+            warn(f"Concatenate(axis={self.axis}) joins the width of images, which ortrain lays out as (batch, "
+                 "channels, height, width); Keras' axis=-1 joins the channels of its channels-last images. For "
+                 "the channels write Concatenate() or Concatenate(axis=1)", UserWarning)
 
     def _axis(self, rank: int) -> int:
         """The axis joined, for inputs of ``rank``."""
