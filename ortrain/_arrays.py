@@ -107,6 +107,9 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                 all(e is None or e == n for e, n in zip(exp[1:], a.shape[1:])):
             hint = (f"; the model takes batches of exactly {exp[0]} rows: give that many, or re-export it with "
                     "a dynamic batch axis")
+        elif a.ndim == len(exp) == 4 and all(e is None or e == n for e, n in zip(exp[1:], np.take(a.shape, (3, 1, 2)))):
+            hint = (f"; {argument} looks channels last (batch, height, width, channels), as Keras lays images out: "
+                    f"ortrain's are channels first, so pass {argument}.transpose(0, 3, 1, 2)")
         else:
             hint = f"; reshape {argument} to that, or build the model for this shape"
         raise ShapeError(f"{argument}: expected shape {describe_shape(exp)}, received "
@@ -262,6 +265,18 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
             raise ShapeError(f"{exc}. For a class per pixel of a (batch, channels, height, width) prediction, "
                              "put the classes last with ot.layers.Permute((2, 3, 1)) and give labels (batch, "
                              "height, width)") from None
+        given = read_array(y, argument) if not isinstance(y, (dict, list, tuple)) else None
+        said = str(exc).split("; reshape ")[0]  # the fix below, not the generic one
+        if given is not None and given.dtype.kind in "iu" and spec.dtype.kind == "f" and \
+                given.ndim == len(spec.shape) - 1 and (spec.shape[-1] or 0) > 1:
+            raise ShapeError(f"{said}: {argument} holds class indices, which this loss takes one-hot (rows of "
+                             f"{spec.shape[-1]}): use loss='sparse_categorical_crossentropy', or one-hot encode "
+                             f"them, np.eye({spec.shape[-1]})[{argument}]") from None
+        if given is not None and spec.dtype.kind in "iu" and given.ndim == len(spec.shape) + 1 and \
+                given.shape[-1] > 1:
+            raise ShapeError(f"{said}: {argument} looks one-hot (rows of {given.shape[-1]}), and this loss takes class "
+                             f"indices: use loss='categorical_crossentropy', or pass {argument}.argmax(axis=-1)") \
+                from None
         raise
     if not check_classes or not a.size:
         return a

@@ -349,3 +349,20 @@ def test_a_captured_step_refuses_an_input_with_no_elements():
     assert float(step(x=np.ones((3, 4), np.float32), y=np.zeros((2, 4), np.float32))) == pytest.approx(9.0)
     assert opt.step == 1
     step.free()
+
+
+def test_shape_errors_name_the_fix_for_keras_layouts_and_labels():
+    L = ot.layers
+    images = ot.Sequential([L.Input((3, 8, 8)), L.Conv2D(2, 3)])
+    with pytest.raises(ot.ShapeError, match=r"x: expected shape \(N, 3, 8, 8\), received \(4, 8, 8, 3\); x looks "
+                                            r"channels last .* pass x.transpose\(0, 3, 1, 2\)"):
+        images.predict(np.zeros((4, 8, 8, 3), np.float32))
+    clf = ot.Sequential([L.Input((4,)), L.Dense(3, activation="softmax")])
+    clf.compile(loss="categorical_crossentropy")
+    with pytest.raises(ot.ShapeError, match=r"y holds class indices, which this loss takes one-hot \(rows of 3\): use "
+                                            r"loss='sparse_categorical_crossentropy', or one-hot encode them"):
+        clf.evaluate(np.zeros((5, 4), np.float32), np.arange(5) % 3)
+    clf.compile(loss="sparse_categorical_crossentropy")
+    with pytest.raises(ot.ShapeError, match=r"y looks one-hot \(rows of 3\), and this loss takes class indices: use "
+                                            r"loss='categorical_crossentropy', or pass y.argmax\(axis=-1\)"):
+        clf.evaluate(np.zeros((5, 4), np.float32), np.eye(3)[np.arange(5) % 3])
