@@ -860,3 +860,25 @@ def test_metric_names_as_given_keep_their_checks(tmp_path):
     assert loaded.metrics == []
     for monitor in ("val_Acc", "val_ACCURACY", "val_acc"):   # accuracy improves upwards, whatever its case
         assert ot.callbacks.EarlyStopping(monitor=monitor).monitor.mode == "max"
+
+
+def test_evaluate_takes_a_generator_of_batches_as_keras_does(rng):
+    x, y = rng.random((20, 4)).astype(np.float32), rng.random((20, 2)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, 20).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"], weighted_metrics=["mae"])
+    batches = [(x[i:i + 8], y[i:i + 8], w[i:i + 8]) for i in range(0, 20, 8)]
+    want = model.evaluate(x, y, sample_weight=w)
+    for got in (model.evaluate(batches), model.evaluate(iter(batches)), model.evaluate(lambda: batches[0], steps=1)):
+        assert got.keys() == want.keys()
+    got = model.evaluate(batches)
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-6)
+    pred = x @ model.get_weights()[0] + model.get_weights()[1]
+    assert got["loss"] == pytest.approx(np.sum(w * ((pred - y) ** 2).mean(axis=1)) / 20, rel=1e-5)
+    two = model.evaluate(iter(batches), steps=2)
+    assert two["mae"] == pytest.approx(np.abs(pred[:16] - y[:16]).mean(), rel=1e-5)
+    with pytest.raises(ot.OrtrainError, match="evaluate: y is required with array inputs"):
+        model.evaluate(x)
+    with pytest.raises(ot.ShapeError, match="evaluate, batch 1 \\(counted from 0\\): y: expected shape"):
+        model.evaluate([batches[0], (x[:4], y[:3])])

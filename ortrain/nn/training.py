@@ -306,23 +306,55 @@ class TrainingMixin:
         outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
-    def evaluate(self, x, y, batch_size=None, sample_weight=None, verbose=0, return_dict: bool = True):
+    def evaluate(self, x, y=None, batch_size=None, sample_weight=None, verbose=0, return_dict: bool = True,
+                 steps=None):
         """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode;
         ``sample_weight`` weighs the loss and the weighted metrics.
 
-        Everything is checked before the first run: shapes, and class labels against the number
-        of classes for sparse cross-entropy. ``verbose`` is accepted for Keras code and shows nothing.
+        ``x`` and ``y`` are arrays, or, as in Keras, ``x`` alone is a generator of batches in any
+        form :func:`ortrain.fit_generator` takes (a callable, an iterable; ``(x, y)`` or ``(x, y,
+        sample_weight)``), read for one pass or ``steps`` batches. Arrays are checked whole before
+        the first run: shapes, and class labels against the number of classes for sparse
+        cross-entropy. ``verbose`` is accepted for Keras code and shows nothing.
         ``return_dict=False`` gives what Keras' default gives: the loss alone without metrics, else
         the list ``[loss, *metrics]``.
         """
         checked_flag(return_dict, "evaluate(return_dict=...)")
         positive_int(batch_size, "batch_size", allow_none=True)
+        positive_int(steps, "steps", allow_none=True)
+        ms = metrics_mod.resolve(self.metrics, self.loss, self.weighted_metrics)
+        total, n = 0.0, 0
+        if y is None and sample_weight is None and not _arrays_like(x):
+            from ortrain.data import EpochIterator, as_source, parse_batch
+            for step, batch in EpochIterator(as_source(x, "x"), steps).epoch(0):
+                try:
+                    bx, by, bw = parse_batch(batch)
+                    loss, rows = self._evaluate_arrays(bx, by, bw, None, ms)
+                except OrtrainError as exc:
+                    raise type(exc)(f"evaluate, batch {step} (counted from 0): {exc}") from None
+                total += loss
+                n += rows
+            if n == 0:
+                raise OrtrainError("evaluate: the generator gave no batch; give it batches of (x, y) or "
+                                   "(x, y, sample_weight)")
+        else:
+            if y is None:
+                raise OrtrainError("evaluate: y is required with array inputs (the labels); a generator of "
+                                   "(x, y) batches goes alone in x")
+            if steps is not None:
+                raise OrtrainError("evaluate(steps=...): counts the batches of a generator given as x; with "
+                                   "arrays, give batch_size")
+            total, n = self._evaluate_arrays(x, y, sample_weight, batch_size, ms)
+        return _results({"loss": total / n, **{m.name: m.result() for m in ms}}, return_dict)
+
+    def _evaluate_arrays(self, x, y, sample_weight, batch_size, ms) -> tuple[float, int]:
+        """The summed loss (a batch's mean times its rows) and the rows of arrays ``x``, ``y``,
+        updating the metrics ``ms``; everything is checked before the first run."""
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
         n = xs[0].shape[0]
         runner = self._runner("evaluate", None if w is None else "sample")
         specs = self.input_specs
-        ms = metrics_mod.resolve(self.metrics, self.loss, self.weighted_metrics)
         total = 0.0
         for sl in row_slices(n, batch_size):
             feeds = {s.name: a[sl] for s, a in zip(specs, xs)}
@@ -334,7 +366,7 @@ class TrainingMixin:
             total += float(loss) * pred.shape[0]
             for m in ms:
                 m.update(pred, yl[sl], None if w is None else w[sl])
-        return _results({"loss": total / n, **{m.name: m.result() for m in ms}}, return_dict)
+        return total, n
 
     def _n_classes(self, input_shapes=None) -> int | None:
         """How many classes an integer label of the loss indexes (None: labels are no class indices,
@@ -390,3 +422,8 @@ def _results(logs: dict, as_dict: bool):
         return logs
     return logs["loss"] if len(logs) == 1 else list(logs.values())
 
+
+def _arrays_like(x) -> bool:
+    """Whether ``x``, given without labels, is an array (numpy's, torch's, pandas') rather than a
+    generator of batches (a callable, or an iterable such as a list of ``(x, y)`` tuples)."""
+    return isinstance(x, np.ndarray) or hasattr(x, "shape")
