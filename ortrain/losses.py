@@ -307,4 +307,9 @@ def get(spec) -> Loss:
     if isinstance(spec, str) and spec.lower() in _BY_NAME:
         return _BY_NAME[spec.lower()]()
     names = ", ".join(sorted(set(_BY_NAME) - {"mean_squared_error", "mean_absolute_error"}))
+    if callable(spec) and not isinstance(spec, type):
+        raise OrtrainError(f"loss: expected one of {names} or an ot.losses object, received the function "
+                           f"{getattr(spec, '__name__', spec)!r}; a compiled loss is built into the training graphs "
+                           "ahead of time, so a Python loss function cannot be one: write the whole step with "
+                           "ot.capture_step and the ortrain.ag losses and ops, or pick a built-in loss")
     raise OrtrainError(f"loss: expected one of {names} or an ot.losses object, received {spec!r}")

@@ -882,3 +882,22 @@ def test_evaluate_takes_a_generator_of_batches_as_keras_does(rng):
         model.evaluate(x)
     with pytest.raises(ot.ShapeError, match="evaluate, batch 1 \\(counted from 0\\): y: expected shape"):
         model.evaluate([batches[0], (x[:4], y[:3])])
+
+
+def test_load_model_without_compiling_and_a_python_loss_function_is_told_the_way(tmp_path):
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    model.save(tmp_path / "m.ortrain")
+    bare = ot.load_model(tmp_path / "m.ortrain", compile=False)  # Keras' load_model(path, compile=False)
+    assert not bare.compiled and bare.metrics_names == [] and bare.train_state is None
+    np.testing.assert_array_equal(bare.predict(np.ones((2, 3))), model.predict(np.ones((2, 3))))
+    with pytest.raises(ot.OrtrainError, match="load_model\\(compile=...\\): expected True or False"):
+        ot.load_model(tmp_path / "m.ortrain", compile="no")
+
+    def my_loss(y_true, y_pred):
+        return ((y_true - y_pred) ** 2).mean()
+
+    with pytest.raises(ot.OrtrainError, match="received the function 'my_loss'.*ot.capture_step"):
+        bare.compile(optimizer="adam", loss=my_loss)
+    assert not bare.compiled

@@ -269,3 +269,14 @@ def test_load_state_refuses_bad_hyperparameters_and_changes_nothing(rng):
     assert sgd.weight_decay == 0.0
     with pytest.raises(ot.OrtrainError, match=r"keys among \['weight_decay'\], as SGD.state\(\)"):
         sgd.load_state({**sgd.state(), "hyperparameters": {"betas": [0.9, 0.99]}})
+
+
+def test_keras_names_of_adams_settings_are_taken():
+    opt = ot.optim.Adam(learning_rate=0.01, beta_1=0.8, epsilon=1e-7)
+    assert (opt.lr, opt.betas, opt.eps) == (0.01, (0.8, 0.999), 1e-7)
+    assert ot.optim.AdamW(beta_2=0.99).betas == (0.9, 0.99)
+    with pytest.raises(ot.OrtrainError, match="Adam: betas=\\(0.5, 0.9\\) and beta_1/beta_2=\\(0.8, 0.9\\) name one "
+                                              "setting"):
+        ot.optim.Adam(betas=(0.5, 0.9), beta_1=0.8)
+    with pytest.raises(ot.OrtrainError, match="Adam: eps=1e-06 and epsilon=1e-07 name one setting"):
+        ot.optim.Adam(eps=1e-6, epsilon=1e-7)

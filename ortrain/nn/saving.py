@@ -179,10 +179,14 @@ def save_model(model, path) -> str:
     return os.fspath(path)
 
 
-def load_model(path):
-    """Load a model written by ``Model.save``."""
+def load_model(path, compile: bool = True):
+    """Load a model written by ``Model.save``: architecture, weights, and with ``compile`` (as in
+    Keras) its loss, optimizer, metrics and optimizer state; ``compile=False`` gives the model
+    uncompiled, for inference or another ``compile``."""
     if not isinstance(path, (str, os.PathLike)):
         raise OrtrainError(f"load_model(path): expected a file path (str or os.PathLike), received {path!r}")
+    if not isinstance(compile, (bool, np.bool_)):
+        raise OrtrainError(f"load_model(compile=...): expected True or False, received {compile!r}")
     path = os.fspath(path)
     try:
         with zipfile.ZipFile(path) as z:
@@ -219,6 +223,9 @@ def load_model(path):
     if problem:
         raise OrtrainError(f"load_model: {path!r} is damaged: {problem}; save the model again")
     _warn_non_finite_moments(model, path)
+    if not compile:
+        model.optimizer, model.loss, model.metrics, model.weighted_metrics = None, None, [], []
+        model.train_state = None
     return model
 
 

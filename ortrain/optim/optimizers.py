@@ -297,7 +297,8 @@ class Optimizer:
 
 
 class Adam(Optimizer):
-    """Adam as ``torch.optim.Adam`` (bias-corrected moments); defaults ``lr=1e-3, betas=(0.9, 0.999), eps=1e-8``.
+    """Adam as ``torch.optim.Adam`` (bias-corrected moments); defaults ``lr=1e-3, betas=(0.9, 0.999), eps=1e-8``
+    (Keras' names ``learning_rate``, ``beta_1``, ``beta_2`` and ``epsilon`` are taken too).
 
     A ``weight_decay`` given here is decoupled, as in ``torch.optim.AdamW`` (not added to the
     gradient as ``torch.optim.Adam`` does); :class:`AdamW` defaults it to 0.01."""
@@ -307,8 +308,15 @@ class Adam(Optimizer):
     default_weight_decay = 0.0
 
     def __init__(self, params=None, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float | None = None, *, learning_rate: float | None = None):
+                 weight_decay: float | None = None, *, learning_rate: float | None = None,
+                 beta_1: float | None = None, beta_2: float | None = None, epsilon: float | None = None):
         super().__init__(params, lr, learning_rate)
+        where = type(self).__name__
+        if beta_1 is not None or beta_2 is not None:  # Keras' names, one beta each
+            keras = (betas[0] if beta_1 is None and isinstance(betas, (tuple, list)) and len(betas) == 2 else beta_1,
+                     betas[1] if beta_2 is None and isinstance(betas, (tuple, list)) and len(betas) == 2 else beta_2)
+            betas = one_of_two_names(where, "betas", betas, (0.9, 0.999), "beta_1/beta_2", keras)
+        eps = one_of_two_names(where, "eps", eps, 1e-8, "epsilon", epsilon)
         try:
             b1, b2 = betas
         except (TypeError, ValueError):
