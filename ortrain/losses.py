@@ -32,6 +32,7 @@ from ortrain._arrays import (
     prepare_sample_weight,
     sample_weight_shape,
 )
+from ortrain._keywords import name_unknown_arguments
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import GraphBuilder, TensorSpec
 
@@ -51,6 +52,10 @@ EPSILON = 1e-7  # probabilities are clipped to [EPSILON, 1 - EPSILON] before log
 
 class Loss:
     """Base class: subclasses implement :meth:`elementwise`."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name_unknown_arguments(cls)  # Keras' arguments ported as written get an OrtrainError with the fix
 
     name = "loss"
     label_dtype = np.dtype(np.float32)
@@ -302,7 +307,7 @@ def get(spec) -> Loss:
             raise OrtrainError(f"loss: unknown name {name!r} in {spec!r}")
         try:
             return _BY_NAME[name](**cfg)
-        except TypeError as exc:  # an unknown or misspelt key
+        except (TypeError, OrtrainError) as exc:  # an unknown or misspelt key, a bad value
             raise OrtrainError(f"{name}: cannot build it from {spec!r}: {exc}") from None
     if isinstance(spec, str) and spec.lower() in _BY_NAME:
         return _BY_NAME[spec.lower()]()

@@ -127,3 +127,21 @@ def test_misplaced_optimizer_and_bad_configs_get_clear_errors():
     assert ot.optim.get({"name": "adamw", "betas": [0.8, 0.9]}).betas == (0.8, 0.9)  # a JSON list
     with pytest.raises(ot.OrtrainError, match="Reshape\\(target_shape=...\\): expected a tuple of ints"):
         ot.layers.Reshape(("a", 2))
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: ot.layers.Conv2D(4, 3, data_format="channels_last"),
+     "Conv2D\\(data_format=...\\): Conv2D takes no argument 'data_format' \\(it takes filters, kernel_size.*"
+     "channels first.*x.transpose\\(0, 3, 1, 2\\)"),
+    (lambda: ot.layers.Dense(4, kernel_initializer="he_normal"),
+     "Dense\\(kernel_initializer=...\\): .*Glorot-uniform.*set_weights"),
+    (lambda: ot.losses.CategoricalCrossentropy(label_smoothing=0.1), "label_smoothing.*y \\* \\(1 - a\\) \\+ a / classes"),
+    (lambda: ot.optim.Adam(amsgrad=True), "Adam\\(amsgrad=...\\): Adam takes no argument 'amsgrad'"),
+    (lambda: ot.layers.BatchNorm(axis=1), "BatchNorm\\(axis=...\\): BatchNorm takes no argument 'axis' \\(it takes "
+                                          "momentum, epsilon, name\\)"),
+    (lambda: ot.layers.Dense(), "Dense: missing a required argument: 'units'"),
+])
+def test_keras_arguments_without_a_counterpart_are_named_with_the_fix(make, says):
+    # Python's own TypeError named neither what the class takes nor what to do instead.
+    with pytest.raises(ot.OrtrainError, match=says):
+        make()

@@ -10,6 +10,7 @@ import numpy as np
 
 from ortrain import _random
 from ortrain._arrays import as_array, checked_flag, checked_int, read_array
+from ortrain._keywords import name_unknown_arguments
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 from ortrain.nn.symbolic import SymbolicTensor
@@ -166,6 +167,10 @@ def _weights_of(layer: Layer, items: dict) -> Weights:
 
 class Layer:
     """Base class. Subclasses set ``weight_roles`` and implement ``_build``, ``output_shape``, ``emit``."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name_unknown_arguments(cls)  # Keras' arguments ported as written get an OrtrainError with the fix
 
     n_inputs: int | None = 1  # None: any number >= 2
     input_dtype = np.dtype(np.float32)

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 
 from ortrain._arrays import as_float32, is_real, one_of_two_names
+from ortrain._keywords import name_unknown_arguments
 from ortrain.errors import OrtrainError
 from ortrain.optim.graphs import adamw_graph, sgd_graph
 
@@ -81,6 +82,10 @@ class Optimizer:
     """The base of ``Adam``, ``AdamW`` and ``SGD``: ``lr`` (settable; ``learning_rate`` is the same,
     by Keras' name, in the constructors too), ``step`` (updates taken), ``state()``/``load_state()``;
     ``params`` only for ``capture_step``."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name_unknown_arguments(cls)  # Keras' arguments ported as written get an OrtrainError with the fix
 
     name = "optimizer"
     has_moments = False
@@ -400,7 +405,7 @@ def get(spec) -> Optimizer:
             raise OrtrainError(f"optimizer: unknown name {name!r} in {spec!r}")
         try:
             return _BY_NAME[name](**cfg)
-        except TypeError as exc:  # an unknown or misspelt key
+        except (TypeError, OrtrainError) as exc:  # an unknown or misspelt key, a bad value
             raise OrtrainError(f"{name}: cannot build it from {spec!r}: {exc}") from None
     if isinstance(spec, str) and spec.lower() in _BY_NAME:
         return _BY_NAME[spec.lower()]()
