@@ -550,5 +550,7 @@ def test_concatenate_on_the_last_axis_of_images_says_it_joins_their_width():
     assert joined.shape[1:] == (3, 4, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        ot.Model([a, b], joined).copy()  # said once, not again when a copy or a loaded model rebuilds it
+        assert ot.layers.Concatenate(axis=3)([a, b]).shape[1:] == (3, 4, 8)  # the width, named as such
         assert ot.layers.Concatenate()([a, b]).shape[1:] == (6, 4, 4)
         assert ot.layers.Concatenate(axis=-1)([ot.Input((3,)), ot.Input((2,))]).shape[1:] == (5,)

@@ -109,6 +109,7 @@ def model_from_record(record: dict, weights: dict, aux: dict):
         layers = [layer_from_config(d["class"], d["config"], d.get("softmax_axis")) for d in record["layers"]]
         for lyr, d in zip(layers, record["layers"]):
             lyr.trainable = bool(d.get("trainable", True))
+            lyr.rebuilt = True  # what a layer says when first built was said when the user built it
         inputs = [Input(tuple(d["shape"]), dtype=d["dtype"], name=d["name"]) for d in record["inputs"]]
         tensors = []
 

@@ -146,11 +146,13 @@ class Concatenate(Layer):
         self.axis = None if axis is None else int(axis)
 
     def _build(self, input_shapes, rng) -> None:
-        if len(input_shapes[0]) == 4 and self.axis in (-1, 3):
-            # Keras code ported as written: its axis=-1 (or 3) is the channels of channels-last images
-            warn(f"Concatenate(axis={self.axis}) joins the width of images, which ortrain lays out as (batch, "
-                 "channels, height, width); Keras' axis=-1 joins the channels of its channels-last images. For "
-                 "the channels write Concatenate() or Concatenate(axis=1)", UserWarning)
+        if len(input_shapes[0]) == 4 and self.axis == -1 and not self.__dict__.get("rebuilt"):
+            # Keras code ported as written: its axis=-1 is the channels of channels-last images (said
+            # once, when the layer is first built, not when a copy or a loaded model rebuilds it;
+            # axis=3 names the width without a word)
+            warn("Concatenate(axis=-1) joins the width of images, which ortrain lays out as (batch, channels, "
+                 "height, width); Keras' axis=-1 joins the channels of its channels-last images. For the "
+                 "channels write Concatenate() or Concatenate(axis=1); for the width, axis=3", UserWarning)
 
     def _axis(self, rank: int) -> int:
         """The axis joined, for inputs of ``rank``."""
