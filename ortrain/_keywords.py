@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from ortrain.errors import OrtrainError
+from ortrain.errors import ArgumentError
 
 # What a Keras argument that has no counterpart here turns into.
 _INSTEAD = {
@@ -26,7 +26,8 @@ _INSTEAD = {
 
 def name_unknown_arguments(cls) -> None:
     """Wrap ``cls.__init__`` (its own, when it takes no ``**kwargs``) so a call it cannot bind
-    raises :class:`OrtrainError` naming the argument, what the class takes and the fix."""
+    raises :class:`~ortrain.errors.ArgumentError` (an ``OrtrainError`` and a ``TypeError``) naming the
+    argument, what the class takes and the fix."""
     init = cls.__dict__.get("__init__")
     if init is None or getattr(init, "_names_unknown", False):
         return
@@ -40,7 +41,7 @@ def name_unknown_arguments(cls) -> None:
         try:
             signature.bind(self, *args, **kwargs)
         except TypeError as exc:
-            raise OrtrainError(_message(cls.__name__, params, args, kwargs, exc)) from None
+            raise ArgumentError(_message(type(self).__name__, params, args, kwargs, exc)) from None
         init(self, *args, **kwargs)
 
     __init__._names_unknown = True

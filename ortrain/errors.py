@@ -6,7 +6,7 @@ where there is one, the fix.
 
 from __future__ import annotations
 
-__all__ = ["OrtrainError", "ShapeError", "FreedError", "NonFiniteError", "UnsupportedOpError"]
+__all__ = ["OrtrainError", "ShapeError", "FreedError", "NonFiniteError", "UnsupportedOpError", "ArgumentError"]
 
 
 class OrtrainError(Exception):
@@ -27,6 +27,10 @@ class NonFiniteError(OrtrainError, FloatingPointError):
 
 class UnsupportedOpError(OrtrainError, NotImplementedError):
     """A graph uses an operator ortrain cannot train through."""
+
+
+class ArgumentError(OrtrainError, TypeError):
+    """A constructor was given an argument it does not take (a ``TypeError`` too, as Python's own)."""
 
 
 def describe_shape(shape) -> str:

@@ -145,3 +145,15 @@ def test_keras_arguments_without_a_counterpart_are_named_with_the_fix(make, says
     # Python's own TypeError named neither what the class takes nor what to do instead.
     with pytest.raises(ot.OrtrainError, match=says):
         make()
+
+
+def test_an_argument_a_class_does_not_take_is_a_type_error_too_named_by_the_class_built():
+    # code that catches Python's TypeError around construction keeps working
+    with pytest.raises(TypeError, match="Dense\\(kernel_initializer=...\\)"):
+        ot.layers.Dense(3, kernel_initializer="he")
+
+    class MyDense(ot.layers.Dense):
+        pass
+
+    with pytest.raises(ot.OrtrainError, match="MyDense\\(foo=...\\): MyDense takes no argument 'foo'"):
+        MyDense(3, foo=1)
