@@ -236,7 +236,8 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
 
 
 def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
-                   n_classes: int | None = None, rows_of: str | None = None, check_classes: bool = True) -> np.ndarray:
+                   n_classes: int | None = None, rows_of: str | None = None, check_classes: bool = True,
+                   one_hot: bool = False) -> np.ndarray:
     """Labels for the loss's label input ``spec``, cast, shaped and checked.
 
     As Keras does, ``(n, 1)`` integer labels stand for ``(n,)`` class indices and ``(n,)``
@@ -244,7 +245,8 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
     cross-entropy): every one must lie in ``[0, n_classes - 1]``, or be >= 0 where the number
     of classes is free; the graph's GatherElements would wrap a negative index into a wrong
     loss and fail on a large one only inside onnxruntime. ``check_classes=False``: the labels
-    were checked already (a batch of arrays checked whole).
+    were checked already (a batch of arrays checked whole). ``one_hot``: the loss takes one-hot
+    rows (categorical cross-entropy), so class indices given instead are named as such.
     """
     try:
         a = as_array(y, spec.dtype, argument)
@@ -265,15 +267,19 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
             raise ShapeError(f"{exc}. For a class per pixel of a (batch, channels, height, width) prediction, "
                              "put the classes last with ot.layers.Permute((2, 3, 1)) and give labels (batch, "
                              "height, width)") from None
-        given = read_array(y, argument) if not isinstance(y, (dict, list, tuple)) else None
+        try:
+            given = None if isinstance(y, dict) else read_array(y, argument)
+        except ShapeError:
+            given = None
         said = str(exc).split("; reshape ")[0]  # the fix below, not the generic one
-        if given is not None and given.dtype.kind in "iu" and spec.dtype.kind == "f" and \
-                given.ndim == len(spec.shape) - 1 and (spec.shape[-1] or 0) > 1:
+        positions = given is not None and given.ndim >= 1 and (rows is None or given.shape[0] == rows)
+        if one_hot and positions and given.dtype.kind in "iu" and given.shape[1:] == tuple(spec.shape[1:-1]) \
+                and (spec.shape[-1] or 0) > 1:
             raise ShapeError(f"{said}: {argument} holds class indices, which this loss takes one-hot (rows of "
                              f"{spec.shape[-1]}): use loss='sparse_categorical_crossentropy', or one-hot encode "
                              f"them, np.eye({spec.shape[-1]})[{argument}]") from None
-        if given is not None and spec.dtype.kind in "iu" and given.ndim == len(spec.shape) + 1 and \
-                given.shape[-1] > 1:
+        if positions and spec.dtype.kind in "iu" and given.ndim == len(spec.shape) + 1 and given.shape[-1] > 1 \
+                and given.shape[1:-1] == tuple(spec.shape[1:]):
             raise ShapeError(f"{said}: {argument} looks one-hot (rows of {given.shape[-1]}), and this loss takes class "
                              f"indices: use loss='categorical_crossentropy', or pass {argument}.argmax(axis=-1)") \
                 from None

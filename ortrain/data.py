@@ -313,7 +313,8 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")
     pred_shape = model.output_specs[0].shape
     shapes = [a.shape for a in xs]
-    ys = prepare_labels(model._label_spec_for(shapes), y, ya, n, model._n_classes(shapes), rows_of=xa)
+    ys = prepare_labels(model._label_spec_for(shapes), y, ya, n, model._n_classes(shapes), rows_of=xa,
+                        one_hot=getattr(model.loss, "name", "") == "categorical_crossentropy")
     if weight_shape is None:
         weight_shape = sample_weight_shape(pred_shape)
     ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n, label_positions(ys, weight_shape))

@@ -115,7 +115,8 @@ class Trainer(TrainerSetup, Releasable):
         if self._classes_of is not None and not checked:
             n_classes = self._classes_of([a.shape for a in xs])
         spec = self._label if not self._free_labels else self._label_at(xs)
-        labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked)
+        labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked,
+                                one_hot=self._one_hot_labels)
         feeds = xs + [labels]
         if self._weight_spec is not None:
             w = self._sample_weight(sample_weight, rows, labels)

@@ -362,6 +362,15 @@ def test_shape_errors_name_the_fix_for_keras_layouts_and_labels():
     with pytest.raises(ot.ShapeError, match=r"y holds class indices, which this loss takes one-hot \(rows of 3\): use "
                                             r"loss='sparse_categorical_crossentropy', or one-hot encode them"):
         clf.evaluate(np.zeros((5, 4), np.float32), np.arange(5) % 3)
+    with pytest.raises(ot.ShapeError, match=r"y holds class indices"):  # a list of ints too
+        clf.evaluate(np.zeros((5, 4), np.float32), [0, 1, 2, 0, 1])
+    with pytest.raises(ot.ShapeError, match=r"y: expected shape \(5, 3\), received \(4,\)") as refused:
+        clf.evaluate(np.zeros((5, 4), np.float32), np.arange(4) % 3)  # the rows are wrong as well
+    assert "class indices" not in str(refused.value)
+    clf.compile(loss="mse")  # integers are targets here, not classes: no one-hot advice
+    with pytest.raises(ot.ShapeError) as refused:
+        clf.evaluate(np.zeros((5, 4), np.float32), np.arange(5) % 3)
+    assert "class indices" not in str(refused.value)
     clf.compile(loss="sparse_categorical_crossentropy")
     with pytest.raises(ot.ShapeError, match=r"y looks one-hot \(rows of 3\), and this loss takes class indices: use "
                                             r"loss='categorical_crossentropy', or pass y.argmax\(axis=-1\)"):
