@@ -255,13 +255,15 @@ class TrainerSetup:
 
     @classmethod
     def from_artifacts(cls, directory, batch_size: int = 32, nbatch_logical=None, weight_decay=None,
-                       device: str = "cpu", threads=None, checkpoint=None, metrics=None) -> Trainer:
+                       device: str = "cpu", threads=None, checkpoint=None, metrics=None,
+                       weighted_metrics=None) -> Trainer:
         """Train from pre-built artifacts alone (``ot.artifacts.build`` or ``ortrain artifacts``).
 
         ``directory``: an artifacts directory, or the record ``ot.artifacts.build`` returned (whose
         learning rate is the one that build was asked for). ``checkpoint`` (written by
         ``save_checkpoint`` for these artifacts) resumes from it instead of starting from the
-        artifacts' own weights.
+        artifacts' own weights. ``metrics`` and ``weighted_metrics`` (as ``compile`` takes them) go
+        to the model a fit of the trainer reports on.
         """
         art = _artifacts(directory)
         ckpt = art.checkpoint if checkpoint is None else Path(checkpoint)
@@ -272,7 +274,7 @@ class TrainerSetup:
                                f"{os.fspath(directory)!r} (they were built for another model, loss or optimizer, "
                                "or rebuilt since); resume with the artifacts that wrote it, or start from the "
                                "artifacts' own weights without checkpoint=")
-        model = art.model(data, metrics=metrics)
+        model = art.model(data, metrics=metrics, weighted_metrics=weighted_metrics)
         loss_mask = None
         if art.weighting == "sample":
             loss_mask = 1

@@ -149,9 +149,10 @@ class Artifacts:
         that differ only in seed (dropout masks) fit the same artifacts."""
         return architecture_digest(onnx.load(self.forward))
 
-    def model(self, checkpoint=None, metrics=None):
+    def model(self, checkpoint=None, metrics=None, weighted_metrics=None):
         """A compiled model over these artifacts' forward graph, with the weights of ``checkpoint``
-        (a path or parsed checkpoint data; default the artifacts' own checkpoint)."""
+        (a path or parsed checkpoint data; default the artifacts' own checkpoint), ``metrics`` and
+        ``weighted_metrics`` (as ``compile`` takes them)."""
         from ortrain.nn.graph_model import GraphModel
         data = checkpoint if isinstance(checkpoint, engine.CheckpointData) else \
             engine.read_checkpoint(self.checkpoint if checkpoint is None else checkpoint)
@@ -186,7 +187,7 @@ class Artifacts:
             raise OrtrainError(f"the artifacts in {str(self.directory)!r} changed while being read (rebuilt by another "
                                "process?); load them again") from None
         model = GraphModel(ForwardGraph(forward, tuple(self.params), weights), name=self.directory.name or "artifacts")
-        model.compile(optimizer=self.optimizer, loss=self.loss, metrics=metrics)
+        model.compile(optimizer=self.optimizer, loss=self.loss, metrics=metrics, weighted_metrics=weighted_metrics)
         return model
 
 

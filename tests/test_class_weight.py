@@ -347,3 +347,20 @@ def test_metrics_count_every_sample_and_weighted_metrics_weigh_them_as_keras(tmp
     with pytest.raises(ot.OrtrainError, match="weighted_metrics: unknown metric 'f1'"):
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", weighted_metrics=["f1"])
     assert model.weighted_metrics == ["accuracy", "sparse_categorical_accuracy"]  # a refused compile changes nothing
+
+
+def test_a_trainer_from_artifacts_reports_weighted_metrics_too(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    w = np.where(y == 1, 4.0, 1.0).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(2, activation="softmax")], input_shape=(3,), seed=0)
+    art = ot.artifacts.build(model, loss="sparse_categorical_crossentropy", optimizer=ot.optim.SGD(lr=0.0),
+                             weighting="sample", out_dir=tmp_path / "art")
+    with ot.Trainer.from_artifacts(art.directory, batch_size=32, metrics=["accuracy"],
+                                   weighted_metrics=["accuracy"]) as tr:
+        trained = tr.model()
+        correct = trained.predict(x).argmax(axis=1) == y
+        got = trained.evaluate(x, y, sample_weight=w)
+    assert got["accuracy"] == pytest.approx(correct.mean())
+    assert got["weighted_accuracy"] == pytest.approx(np.sum(correct * w) / w.sum())
