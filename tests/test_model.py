@@ -878,8 +878,14 @@ def test_evaluate_takes_a_generator_of_batches_as_keras_does(rng):
     assert got["loss"] == pytest.approx(np.sum(w * ((pred - y) ** 2).mean(axis=1)) / 20, rel=1e-5)
     two = model.evaluate(iter(batches), steps=2)
     assert two["mae"] == pytest.approx(np.abs(pred[:16] - y[:16]).mean(), rel=1e-5)
-    with pytest.raises(ot.OrtrainError, match="evaluate: y is required with array inputs"):
-        model.evaluate(x)
+    for labels_forgotten in (x, [x], x.tolist()):
+        with pytest.raises(ot.OrtrainError, match="evaluate: y is required with array inputs"):
+            model.evaluate(labels_forgotten)
+    with pytest.raises(ot.OrtrainError, match="evaluate\\(sample_weight=...\\): a generator's weights go inside its "
+                                              "batches"):
+        model.evaluate(batches, sample_weight=w)
+    with pytest.warns(RuntimeWarning, match="evaluate: the generator ran out after 3 of steps=5 batches"):
+        model.evaluate(iter(batches), steps=5)
     with pytest.raises(ot.ShapeError, match="evaluate, batch 1 \\(counted from 0\\): y: expected shape"):
         model.evaluate([batches[0], (x[:4], y[:3])])
 

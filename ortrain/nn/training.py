@@ -14,6 +14,7 @@ from ortrain import engine, losses, optim
 from ortrain import metrics as metrics_mod
 from ortrain._arrays import checked_flag, positive_int, prepare_inputs, row_slices, run_chunks
 from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, loss_model
+from ortrain._warnings import warn
 from ortrain.data import prepare_arrays, refuse_non_finite_weights
 from ortrain.errors import FreedError, OrtrainError
 from ortrain.graph import TensorSpec
@@ -324,9 +325,13 @@ class TrainingMixin:
         positive_int(steps, "steps", allow_none=True)
         ms = metrics_mod.resolve(self.metrics, self.loss, self.weighted_metrics)
         total, n = 0.0, 0
-        if y is None and sample_weight is None and not _arrays_like(x):
+        if y is None and not _arrays_like(x):
             from ortrain.data import EpochIterator, as_source, parse_batch
-            for step, batch in EpochIterator(as_source(x, "x"), steps).epoch(0):
+            if sample_weight is not None:
+                raise OrtrainError("evaluate(sample_weight=...): a generator's weights go inside its batches, as "
+                                   "(x, y, sample_weight)")
+            batches = EpochIterator(as_source(x, "x"), steps)
+            for step, batch in batches.epoch(0):
                 try:
                     bx, by, bw = parse_batch(batch)
                     loss, rows = self._evaluate_arrays(bx, by, bw, None, ms)
@@ -337,6 +342,9 @@ class TrainingMixin:
             if n == 0:
                 raise OrtrainError("evaluate: the generator gave no batch; give it batches of (x, y) or "
                                    "(x, y, sample_weight)")
+            if batches.ended_early:
+                warn(f"evaluate: the generator ran out after {batches.taken} of steps={steps} batches; the "
+                     "results are over those", RuntimeWarning)
         else:
             if y is None:
                 raise OrtrainError("evaluate: y is required with array inputs (the labels); a generator of "
@@ -424,6 +432,13 @@ def _results(logs: dict, as_dict: bool):
 
 
 def _arrays_like(x) -> bool:
-    """Whether ``x``, given without labels, is an array (numpy's, torch's, pandas') rather than a
-    generator of batches (a callable, or an iterable such as a list of ``(x, y)`` tuples)."""
-    return isinstance(x, np.ndarray) or hasattr(x, "shape")
+    """Whether ``x``, given without labels, is input arrays (numpy's, torch's, pandas'; several as a
+    list of them or a dict by input name; nested lists of numbers) rather than a generator of
+    batches (a callable, an iterator, a list of ``(x, y)`` tuples)."""
+    if isinstance(x, np.ndarray) or hasattr(x, "shape"):
+        return True
+    if isinstance(x, dict):
+        return "labels" not in x
+    if isinstance(x, list):
+        return bool(x) and all(hasattr(v, "shape") or isinstance(v, (list, int, float, np.number)) for v in x)
+    return False
