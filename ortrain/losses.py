@@ -313,6 +313,9 @@ def get(spec) -> Loss:
     if isinstance(spec, str) and spec.lower() in _BY_NAME:
         return _BY_NAME[spec.lower()]()
     names = ", ".join(sorted(set(_BY_NAME) - {"mean_squared_error", "mean_absolute_error"}))
+    if isinstance(spec, type) and issubclass(spec, Loss):
+        raise OrtrainError(f"loss: expected a loss object, received the class {spec.__name__}; make one: "
+                           f"ot.losses.{spec.__name__}()")
     if callable(spec) and not isinstance(spec, type):
         raise OrtrainError(f"loss: expected one of {names} or an ot.losses object, received the function "
                            f"{getattr(spec, '__name__', spec)!r}; a compiled loss is built into the training graphs "

@@ -90,7 +90,7 @@ _LABELS = {"sparse_categorical_accuracy": "class", "categorical_accuracy": "dens
            "mae": "dense", "mse": "dense"}
 
 
-def _check_labels(metric: str, loss, given: str | None = None) -> None:
+def _check_labels(metric: str, loss, given: str | None = None, argument: str = "metrics") -> None:
     """Refuse a metric whose labels are not the loss's: it would compare class indices with rows
     of scores (a wrong value, or a broadcasting error after the first step had trained).
     ``metric`` is the canonical name, ``given`` the one the caller used (for the message)."""
@@ -101,11 +101,11 @@ def _check_labels(metric: str, loss, given: str | None = None) -> None:
     name = getattr(loss, "name", type(loss).__name__)
     metric = given or metric
     if takes == "dense" and classes:
-        raise OrtrainError(f"metrics: {metric!r} compares the output with labels of its own shape, and loss "
+        raise OrtrainError(f"{argument}: {metric!r} compares the output with labels of its own shape, and loss "
                            f"{name!r} takes class indices; use 'accuracy' (or 'sparse_categorical_accuracy') "
                            "with it, or a loss on one-hot labels")
     if takes == "class" and not classes:
-        raise OrtrainError(f"metrics: {metric!r} takes class-index labels, and loss {name!r} takes labels shaped "
+        raise OrtrainError(f"{argument}: {metric!r} takes class-index labels, and loss {name!r} takes labels shaped "
                            "like the output; use 'accuracy' (or 'categorical_accuracy' for one-hot labels)")
 
 
@@ -183,6 +183,6 @@ def _resolve(names, loss, argument: str) -> list[Metric]:
         else:
             raise OrtrainError(f"{argument}: unknown metric {name!r}; known: accuracy, sparse_categorical_accuracy, "
                                "categorical_accuracy, binary_accuracy, mae, mse")
-        _check_labels(out[-1].kind, loss, name)
+        _check_labels(out[-1].kind, loss, name, argument)
         out[-1].name = name  # as Keras: logged and monitored by the name given ("acc", "val_acc")
     return out

@@ -200,3 +200,13 @@ def test_a_dict_of_losses_per_output_is_refused_saying_what_a_dict_means():
         model.compile(optimizer="adam", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"})
     assert not model.compiled
     assert ot.losses.get({"name": "huber", "delta": 2.0}).delta == 2.0
+
+
+def test_a_loss_class_and_a_misfit_weighted_metric_are_named_so():
+    model = ot.Sequential([ot.layers.Dense(3)], input_shape=(2,))
+    with pytest.raises(ot.OrtrainError, match="received the class MeanSquaredError; make one: "
+                                              "ot.losses.MeanSquaredError\\(\\)"):
+        model.compile(loss=ot.losses.MeanSquaredError)
+    with pytest.raises(ot.OrtrainError, match="weighted_metrics: 'categorical_accuracy' compares the output"):
+        model.compile(loss="sparse_categorical_crossentropy", weighted_metrics=["categorical_accuracy"])
+    assert not model.compiled
