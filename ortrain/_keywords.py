@@ -19,6 +19,16 @@ _INSTEAD = {
     "dilation_rate": "convolutions here are not dilated; a model with dilated ones trains through ot.from_onnx",
     "label_smoothing": "smooth the labels before the loss: y * (1 - a) + a / classes",
     "amsgrad": "Adam here is plain Adam (as torch.optim.Adam's default)",
+    "run_eagerly": "ortrain runs training graphs built ahead of time; there is no eager mode to choose",
+    "jit_compile": "ortrain runs training graphs built ahead of time; there is nothing to compile",
+    "steps_per_execution": "each step is one run of the training graphs",
+    "loss_weights": "one loss is computed, on the model's first output",
+    "workers": "batches are read in the calling thread: prepare them in a generator or a DataLoader",
+    "use_multiprocessing": "batches are read in the calling thread: prepare them in a generator or a DataLoader",
+    "max_queue_size": "batches are read in the calling thread: prepare them in a generator or a DataLoader",
+    "custom_objects": "a saved model holds no Python objects to look up",
+    "overwrite": "the file is replaced (written to a temporary path and renamed)",
+    "batch_size": "the batch axis is free here; a Trainer fixes its own, Trainer(model, batch_size=...)",
     "momentum": "onnxruntime-training's SGD keeps no velocity: use Adam",
     "nesterov": "onnxruntime-training's SGD keeps no velocity: use Adam",
 }
@@ -29,9 +39,16 @@ def name_unknown_arguments(cls) -> None:
     raises :class:`~ortrain.errors.ArgumentError` (an ``OrtrainError`` and a ``TypeError``) naming the
     argument, what the class takes and the fix."""
     init = cls.__dict__.get("__init__")
-    if init is None or getattr(init, "_names_unknown", False):
+    if init is None:  # inherited: a wrapped parent names type(self) already; an unwrapped one is wrapped here
+        init = cls.__init__
+        if getattr(init, "_names_unknown", False):
+            return
+    elif getattr(init, "_names_unknown", False):
         return
-    signature = inspect.signature(init)
+    if init is object.__init__:  # takes no arguments (a loss without settings)
+        signature = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)])
+    else:
+        signature = inspect.signature(init)
     params = list(signature.parameters.values())[1:]
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return
@@ -49,7 +66,8 @@ def name_unknown_arguments(cls) -> None:
 
 
 def _message(name: str, params, args, kwargs, exc: TypeError) -> str:
-    taken = ", ".join(p.name for p in params if p.kind is not p.VAR_POSITIONAL)
+    taken = ", ".join(p.name for p in params if p.kind is not p.VAR_POSITIONAL and not p.name.startswith("_")) \
+        or "no arguments"
     unknown = [k for k in kwargs if k not in {p.name for p in params}]
     if unknown:
         key = unknown[0]
@@ -57,3 +75,22 @@ def _message(name: str, params, args, kwargs, exc: TypeError) -> str:
         return (f"{name}({key}=...): {name} takes no argument {key!r} (it takes {taken})"
                 + (f"; {instead}" if instead else ""))
     return f"{name}: {exc} (it takes {taken})"
+
+
+def names_unknown_arguments_of(fn):
+    """``fn`` (a public function or method) raising :class:`~ortrain.errors.ArgumentError` for a call
+    it cannot bind, naming the argument, what it takes and the fix, instead of Python's TypeError."""
+    signature = inspect.signature(fn)
+    params = [p for p in signature.parameters.values() if p.name != "self"]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ArgumentError(_message(fn.__name__, params, args, kwargs, exc)) from None
+        return fn(*args, **kwargs)
+
+    return call

@@ -39,6 +39,7 @@ from ortrain import losses as losses_mod
 from ortrain import optim
 from ortrain._arrays import checked_flag, checked_int, is_integer, is_real, prepare_inputs
 from ortrain._class_weight import class_weights
+from ortrain._keywords import names_unknown_arguments_of
 from ortrain._loop import Loop, located, validates_after
 from ortrain._trainer_setup import _weighting
 from ortrain._warnings import warn
@@ -193,6 +194,7 @@ def _commit(model: Model, staged: Model):
     return undo
 
 
+@names_unknown_arguments_of
 def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initial_epoch=0,
                   validation_generator=None, validation_steps=None, loss=None, optimizer=None,
                   nbatch_logical=None, callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0) -> History:

@@ -27,6 +27,7 @@ from ortrain._arrays import (
     refuse_non_finite,
     run_chunks,
 )
+from ortrain._keywords import name_unknown_arguments
 from ortrain._lifetime import Releasable
 from ortrain._snapshot import Snapshot
 from ortrain._trainer_setup import TrainerSetup
@@ -396,3 +397,6 @@ class Trainer(TrainerSetup, Releasable):
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"n_steps={self._n_steps}, lr={self._lr:g}"
         return f"<Trainer batch_size={getattr(self, 'batch_size', '?')} {state}>"
+
+
+name_unknown_arguments(Trainer)  # Trainer(model, batchsize=32) names the argument and what it takes

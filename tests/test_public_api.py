@@ -3,6 +3,7 @@
 import inspect
 import re
 
+import numpy as np
 import pytest
 
 import ortrain as ot
@@ -157,3 +158,29 @@ def test_an_argument_a_class_does_not_take_is_a_type_error_too_named_by_the_clas
 
     with pytest.raises(ot.OrtrainError, match="MyDense\\(foo=...\\): MyDense takes no argument 'foo'"):
         MyDense(3, foo=1)
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda m: m.compile(optimizer="adam", loss="mse", run_eagerly=True),
+     "compile\\(run_eagerly=...\\): compile takes no argument 'run_eagerly' \\(it takes optimizer, loss, metrics, "
+     "weighted_metrics\\); .*no eager mode"),
+    (lambda m: m.fit(np.ones((4, 3)), np.ones((4, 2)), workers=2, verbose=0), "fit\\(workers=...\\): .*generator"),
+    (lambda m: m.save("unused.ortrain", overwrite=True), "save\\(overwrite=...\\)"),
+    (lambda m: ot.Trainer(m, batchsize=3), "Trainer\\(batchsize=...\\): Trainer takes no argument 'batchsize' \\(it "
+                                            "takes model, batch_size, nbatch_logical, loss_mask, weight_decay, "
+                                            "device, threads\\)$"),
+    (lambda m: ot.fit_generator(m, [], epoch=3), "fit_generator\\(epoch=...\\)"),
+    (lambda m: ot.Input((4,), batch_size=8), "Input\\(batch_size=...\\): .*Trainer\\(model, batch_size=...\\)"),
+    (lambda m: ot.load_model("unused.ortrain", custom_objects={}), "load_model\\(custom_objects=...\\)"),
+    (lambda m: ot.layers.Flatten(data_format="channels_last"), "Flatten\\(data_format=...\\): Flatten takes no "
+                                                                "argument 'data_format' \\(it takes name, seed\\)"),
+    (lambda m: ot.losses.MeanSquaredError(reduction="sum"), "MeanSquaredError takes no argument 'reduction' \\(it "
+                                                            "takes no arguments\\)"),
+])
+def test_public_calls_name_an_argument_they_do_not_take(call, says):
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ot.OrtrainError, match=says) as refused:
+        call(model)
+    assert isinstance(refused.value, TypeError)
+    assert model.optimizer.step == 0 and not model.history  # nothing ran

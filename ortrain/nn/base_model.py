@@ -19,6 +19,7 @@ import onnx
 
 from ortrain._arrays import as_array, checked_flag, is_integer
 from ortrain._files import atomic_path, checked_target
+from ortrain._keywords import names_unknown_arguments_of
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
@@ -470,6 +471,7 @@ class Model(TrainingMixin):
         return ["loss", *metrics_logged_names(self.metrics, self.weighted_metrics)] if self.compiled else []
 
     # -- export and persistence --------------------------------------------------------------
+    @names_unknown_arguments_of
     def export_onnx(self, path) -> str:
         """Write an inference graph (no loss, no dropout, running batch-norm statistics, free batch size)."""
         path = checked_target(path, "export_onnx(path)")
@@ -483,10 +485,12 @@ class Model(TrainingMixin):
             onnx.save(proto, tmp)
         return str(path)
 
+    @names_unknown_arguments_of
     def save(self, path) -> str:
         """Architecture, weights, compile settings and optimizer state in one zip file (no pickle)."""
         return save_model(self, path)
 
+    @names_unknown_arguments_of
     def save_weights(self, path) -> str:
         """The weights alone, by name, in one ``.npz`` file (the name is kept as given), which
         :meth:`load_weights` (or ``np.load``) reads back."""
@@ -496,6 +500,7 @@ class Model(TrainingMixin):
             np.savez(f, **{n: table[n] for n in self.weight_names()})
         return str(path)
 
+    @names_unknown_arguments_of
     def load_weights(self, path) -> None:
         """Weights from :meth:`save_weights`' file, by name, all checked before any changes (as
         ``set_weights`` with a dict: a file may hold some of the weights)."""

@@ -39,6 +39,7 @@ import onnx
 from onnx import numpy_helper
 
 from ortrain import _random
+from ortrain._keywords import names_unknown_arguments_of
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
@@ -645,6 +646,7 @@ def _check_shapes(fg) -> None:
                 d.dim_value = k.dim_value
 
 
+@names_unknown_arguments_of
 def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | None = None):
     """Turn an ONNX model (a path, its bytes or an ``onnx.ModelProto``) into a trainable model.
 

@@ -20,6 +20,7 @@ import onnx
 from ortrain import losses, optim
 from ortrain import metrics as metrics_mod
 from ortrain._files import atomic_path
+from ortrain._keywords import names_unknown_arguments_of
 from ortrain._version import __version__
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
@@ -180,6 +181,7 @@ def save_model(model, path) -> str:
     return os.fspath(path)
 
 
+@names_unknown_arguments_of
 def load_model(path, compile: bool = True):
     """Load a model written by ``Model.save``: architecture, weights, and with ``compile`` (as in
     Keras) its loss, optimizer, metrics and optimizer state; ``compile=False`` gives the model

@@ -9,6 +9,7 @@ import numpy as np
 
 from ortrain._arrays import is_integer
 from ortrain._dag import post_order
+from ortrain._keywords import names_unknown_arguments_of
 from ortrain.errors import OrtrainError, describe_shape
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class SymbolicTensor:
         return f"SymbolicTensor(shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
 
 
+@names_unknown_arguments_of
 def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  # noqa: N802 - Keras' name
     """A model input of per-sample ``shape`` (the batch dimension is added in front)."""
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):

@@ -14,6 +14,7 @@ from ortrain import engine, losses, optim
 from ortrain import metrics as metrics_mod
 from ortrain._arrays import checked_flag, positive_int, prepare_inputs, row_slices, run_chunks
 from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, loss_model
+from ortrain._keywords import names_unknown_arguments_of
 from ortrain._warnings import warn
 from ortrain.data import prepare_arrays, refuse_non_finite_weights
 from ortrain.errors import FreedError, OrtrainError
@@ -190,6 +191,7 @@ class TrainingMixin:
             EDITS[0] += 1
 
     # -- compile / fit --------------------------------------------------------------------
+    @names_unknown_arguments_of
     def compile(self, optimizer="adam", loss="mse", metrics=None, weighted_metrics=None) -> Model:
         """Choose the optimizer, loss and metrics. A new compile starts optimizer state afresh.
 
@@ -230,6 +232,7 @@ class TrainingMixin:
     def compiled(self) -> bool:
         return self.loss is not None and self.optimizer is not None
 
+    @names_unknown_arguments_of
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose=1, callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0, steps_per_epoch=None,
             validation_steps=None, class_weight=None, validation_freq=1):
@@ -252,6 +255,7 @@ class TrainingMixin:
                          steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                          class_weight=class_weight, validation_freq=validation_freq)
 
+    @names_unknown_arguments_of
     def train_on_batch(self, x, y, sample_weight=None, class_weight=None, return_dict: bool = False):
         """One training step on one batch, as Keras' ``train_on_batch``: returns the batch's loss
         (from before the update), or ``[loss, *metrics]`` when the model has metrics (a dict with
@@ -273,6 +277,7 @@ class TrainingMixin:
             self.history = history
         return _results({k: v[0] for k, v in hist.history.items() if k != "lr"}, return_dict)
 
+    @names_unknown_arguments_of
     def test_on_batch(self, x, y, sample_weight=None, return_dict: bool = False):
         """Keras' ``test_on_batch``: :meth:`evaluate` on one batch, the loss or ``[loss, *metrics]``
         (a dict with ``return_dict=True``)."""
@@ -295,6 +300,7 @@ class TrainingMixin:
             self._runners = {key: runner, **{k: v for k, v in self._runners.items() if k[2] == key[2]}}
         return runner
 
+    @names_unknown_arguments_of
     def predict(self, x, batch_size=None, verbose=0) -> np.ndarray | list[np.ndarray]:
         """Outputs for any number of rows, in inference mode (no dropout, running batch-norm statistics).
 
@@ -307,6 +313,7 @@ class TrainingMixin:
         outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
+    @names_unknown_arguments_of
     def evaluate(self, x, y=None, batch_size=None, sample_weight=None, verbose=0, return_dict: bool = True,
                  steps=None):
         """Mean loss and metrics over all rows (``{"loss": ..., "accuracy": ...}``), in inference mode;
