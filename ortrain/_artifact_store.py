@@ -33,6 +33,14 @@ def set_cache_dir(path) -> None:
     global _cache_root
     if path is not None and (not isinstance(path, (str, os.PathLike)) or not os.fspath(path)):
         raise OrtrainError(f"set_cache_dir(path=...): expected a folder path or None, received {path!r}")
+    if path is not None:
+        above = Path(os.path.abspath(path))
+        while not above.exists() and above.parent != above:  # the folder is made when first used
+            above = above.parent
+        if above.exists() and not above.is_dir():
+            raise OrtrainError(f"set_cache_dir(path=...): {os.fspath(path)!r} "
+                               f"{'is' if above == Path(os.path.abspath(path)) else 'lies under'} the file "
+                               f"{str(above)!r}, not a folder; give a folder path (the cache is unchanged)")
     _cache_root = Path(os.path.abspath(path)) if path is not None else None
 
 

@@ -364,7 +364,7 @@ class Loop:
                     # A fit that took no step leaves the optimizer state as it was, and a rate written
                     # on model.optimizer still to be taken up by the next fit.
                     if self.stepped:
-                        self._model.train_state = tr.export_state()
+                        self._model._train_state = tr.export_state()  # not the setter, which refuses it mid-fit
                         self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
                     break
                 except KeyboardInterrupt as exc:

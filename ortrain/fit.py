@@ -32,6 +32,7 @@ epochs=5`` runs epochs 2, 3 and 4; the number only matters to callbacks and sche
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import numpy as np
 
@@ -173,9 +174,19 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
     staged.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics, weighted_metrics=model.weighted_metrics)
     if new_opt is model.optimizer:  # the caller's optimizer keeps reading the caller's model
         new_opt._lr_now = shown
+        new_opt._model = weakref.ref(model) if not new_opt.params else None  # (its step and state too)
         staged._lr_seen = model._seen()  # and its rate is taken over only if written since the last fit
     staged.train_state = model.train_state if optimizer is None else None
     return staged
+
+
+def _not_fitting(model, call: str) -> None:
+    """A fit of a model already fitting (from one of its callbacks) would train beside the running
+    fit, whose end then writes its own weights and state over it: refused."""
+    if getattr(model, "_live_state", None) is not None:
+        raise OrtrainError(f"{call}: this model is fitting already (called from a callback?); its running fit "
+                           "would write its own weights and optimizer state over this one when it ends. Train "
+                           "after that fit returns, or on a copy: model.copy()")
 
 
 def _commit(model: Model, staged: Model):
@@ -248,6 +259,7 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     >>> hist.epoch, model.train_state.n_steps
     ([1, 2], 6)
     """
+    _not_fitting(model, "fit_generator")
     return _fit_generator(model, generator, steps_per_epoch=steps_per_epoch, epochs=epochs,
                           initial_epoch=initial_epoch, validation_generator=validation_generator,
                           validation_steps=validation_steps, loss=loss, optimizer=optimizer,
@@ -366,6 +378,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     patience counts validated epochs, as in Keras). Without validation data it is checked and
     has no effect.
     """
+    _not_fitting(model, "fit")
     if not model.compiled:
         raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) before fit")
     if y is None:

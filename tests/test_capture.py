@@ -329,7 +329,7 @@ def test_load_state_refuses_mismatched_moments_and_changes_nothing():
                              ({"Q": {"m": z, "v": z}}, "moments of 'Q', which this optimizer does not hold "
                                                        r"\(its params: 'W'\)"),
                              ([z, z], r"'moments' expected a dict \{param name: "),
-                             ({"W": {"m": "m", "v": "v"}}, "moments of 'W' expected float arrays, received str")):
+                             ({"W": {"m": "m", "v": "v"}}, "moment 'm' of 'W': expected a numeric array castable to float32, received dtype <U")):
         with pytest.raises(ot.OrtrainError, match=message):
             opt.load_state({"step": 1, "moments": moments})
     assert opt.step == 0 and opt.lr == 0.05 and opt.state()["moments"] == {}

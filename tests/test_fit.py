@@ -1698,3 +1698,57 @@ def test_a_one_shot_generator_shorter_than_steps_per_epoch_is_said(rng):
     with pytest.warns(RuntimeWarning, match="epoch 0: the generator ran out of data after 4 of steps_per_epoch=10"):
         model.fit(four(), steps_per_epoch=10, epochs=1, verbose=0)
     assert model.optimizer.step == 4
+
+
+def test_refusals_around_a_models_fit_change_nothing(rng, tmp_path):
+    x, y = rng.random((32, 4)).astype(np.float32), np.zeros((32, 2), np.float32)
+
+    def fitted():
+        m = dense_model(4, 2, optimizer="adam")
+        m.fit(x, y, batch_size=16, verbose=0, shuffle=False)
+        return m
+
+    # a fit_generator(loss=...) refused at its first batch leaves the optimizer the model's
+    model = fitted()
+    with pytest.raises(ot.ShapeError):
+        ot.fit_generator(model, [(np.ones((16, 5), np.float32), y[:16])], loss="mae", verbose=0)
+    assert model.optimizer.step == 2 and sorted(model.optimizer.state()["moments"]) == ["dense_0.bias",
+                                                                                          "dense_0.kernel"]
+    # train_state takes a trainer's state for this model, or None
+    held = model.train_state
+    other = dense_model(4, 3, optimizer="adam")
+    other.fit(x, np.zeros((32, 3), np.float32), verbose=0)
+    for value, says in ((42, "expected a trainer's export_state\\(\\)"),
+                        (other.train_state, "it holds moments of 'dense_0.bias', which model .* has not with that shape")):
+        with pytest.raises(ot.OrtrainError, match=f"train_state: {says}"):
+            model.train_state = value
+    assert model.train_state is held
+    # a fit from a callback of a running fit, and train_state set then, are refused
+    refused = []
+
+    class Nested(ot.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            for act in (lambda: self.model.fit(x, y, batch_size=16, verbose=0),
+                        lambda: setattr(self.model, "train_state", None)):
+                with pytest.raises(ot.OrtrainError, match="fitting") as exc:
+                    act()
+                refused.append(str(exc.value)[:20])
+
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[Nested()])
+    assert len(refused) == 4 and model.optimizer.step == 6
+    twin = fitted()
+    twin.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    for a, b in zip(model.get_weights(), twin.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # load_state takes real numbers only
+    state = model.optimizer.state()
+    state["moments"]["dense_0.bias"] = {"m": np.zeros(2, np.complex64), "v": np.zeros(2)}
+    with pytest.raises(ot.OrtrainError, match="load_state: moment 'm' of 'dense_0.bias': expected a numeric array"):
+        model.optimizer.load_state(state)
+    assert model.optimizer.step == 6
+    # a cache folder that is a file is refused when it is set
+    (tmp_path / "afile").write_text("x")
+    before = ot.artifacts.cache_dir()
+    with pytest.raises(ot.OrtrainError, match="set_cache_dir\\(path=...\\): .* lies under the file"):
+        ot.artifacts.set_cache_dir(tmp_path / "afile" / "sub")
+    assert ot.artifacts.cache_dir() == before

@@ -153,7 +153,7 @@ def model_from_record(record: dict, weights: dict, aux: dict):
     if ts:
         moments = {k: tuple(aux["opt"][f"{k}\x00{i}"] for i in range(n)) for k, n in ts["moments"].items()}
         # as recorded: a count that is not an int is refused by load_model (_train_state_problem), not cut
-        model.train_state = TrainState(ts["step"], float(ts["lr"]), moments, ts.get("n_steps", 0), ts.get("draws"))
+        model._train_state = TrainState(ts["step"], float(ts["lr"]), moments, ts.get("n_steps", 0), ts.get("draws"))
     model._changed()
     return model
 

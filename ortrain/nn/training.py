@@ -71,7 +71,7 @@ class TrainingMixin:
         self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
         self._live_updates = None  # set by a running fit: returns its update count once it has stepped
         self._live_seen = None  # set by a running fit: what it last took of optimizer.lr
-        self.train_state = None  # optimizer state carried between fit() calls
+        self._train_state = None  # optimizer state carried between fit() calls
         self._runners: dict = {}  # prediction and evaluation sessions, by kind and weights
         self._edits_seen = None  # base_layer.EDITS when the edits were last taken
         self._lr_seen = None  # (optimizer id, its lr_writes) when the last fit ended
@@ -164,6 +164,23 @@ class TrainingMixin:
 
     @train_state.setter
     def train_state(self, value) -> None:
+        """A state to continue from (``trainer.export_state()``, or None for fresh moments): checked
+        against the model's weights, and refused while a fit runs (its trainer holds the state)."""
+        from ortrain.nn.saving import TrainState
+        if self._live_state is not None:
+            raise OrtrainError("train_state: this model is fitting, and its trainer holds the optimizer state; set "
+                               "it before fit or after it returns (nothing was changed)")
+        if value is not None and not isinstance(value, TrainState):
+            raise OrtrainError(f"train_state: expected a trainer's export_state() (or None for fresh moments), "
+                               f"received {type(value).__name__}")
+        if value is not None:
+            shapes = {p.name: tuple(p.shape) for p in self._base_params()}
+            bad = next((n for n, ms in value.moments.items()
+                        if n not in shapes or any(tuple(np.shape(m)) != shapes[n] for m in ms)), None)
+            if bad is not None:
+                raise OrtrainError(f"train_state: it holds moments of {bad!r}, which model {self.name!r} has not "
+                                   f"{'with that shape' if bad in shapes else 'at all'}: it is the state of "
+                                   "another model; nothing was changed")
         self._train_state = value
 
     # -- the edit log: weights set since a running fit last took them ------------------------------
@@ -221,7 +238,7 @@ class TrainingMixin:
                                "other axes only)")
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.weighted_metrics = new_weighted
-        self.train_state = None
+        self._train_state = None  # (a compile inside a fit too: the fit keeps its own state)
         new_optimizer._lr_now = ShownRate(self, new_optimizer)
         if not new_optimizer.params:  # a captured step's optimizer keeps its own state
             new_optimizer._model = weakref.ref(self)

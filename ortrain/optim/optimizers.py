@@ -13,7 +13,7 @@ import math
 import numpy as np
 import onnx
 
-from ortrain._arrays import as_float32, is_real, one_of_two_names
+from ortrain._arrays import as_array, as_float32, is_real, one_of_two_names
 from ortrain._keywords import name_unknown_arguments
 from ortrain.errors import OrtrainError
 from ortrain.optim.graphs import adamw_graph, sgd_graph
@@ -279,11 +279,9 @@ class Optimizer:
         if not isinstance(ms, dict) or any(k not in ms for k in keys):
             raise OrtrainError(f"load_state: moments of {pname!r} expected a dict with keys {list(keys)}, "
                                f"received {ms!r:.80}")
-        try:
-            arrays = tuple(np.array(ms[k], dtype=np.float32, copy=True) for k in keys)
-        except (TypeError, ValueError) as exc:
-            raise OrtrainError(f"load_state: moments of {pname!r} expected float arrays, received "
-                               f"{', '.join(type(ms[k]).__name__ for k in keys)} ({exc})") from None
+        # as every array ortrain takes: real numbers only (strings, objects and complex values refused)
+        arrays = tuple(np.array(as_array(ms[k], np.float32, f"load_state: moment {k!r} of {pname!r}"), copy=True)
+                       for k in keys)
         shape = next((tuple(p.shape) for p in self.params if getattr(p, "name", None) == pname), None)
         for k, a in zip(keys, arrays, strict=True):
             if shape is not None and a.shape != shape:
