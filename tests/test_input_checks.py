@@ -291,6 +291,8 @@ def test_float64_values_beyond_float32_are_refused_not_made_infinite():
     (lambda: ot.layers.BatchNorm(epsilon=1e39), "BatchNorm\\(epsilon=...\\)"),
     (lambda: ot.layers.LayerNorm(epsilon=1e-50), "LayerNorm\\(epsilon=...\\)"),
     (lambda: ot.layers.Dropout(0.99999999), "Dropout\\(rate=...\\): expected a number in \\[0, 1\\) that stays below 1 in float32"),
+    (lambda: ot.layers.BatchNorm(momentum=0.99999999), "BatchNorm\\(momentum=...\\): expected a number in \\[0, 1\\) that "
+                                                       "stays below 1 in float32"),
 ])
 def test_settings_the_runtime_would_round_to_a_degenerate_float32_are_refused(make, says):
     # Checked in float64 they passed, then became 1.0, 0 or inf in the runtime's float32: a bias

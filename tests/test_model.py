@@ -872,6 +872,8 @@ def test_evaluate_takes_a_generator_of_batches_as_keras_does(rng):
     for got in (model.evaluate(batches), model.evaluate(iter(batches)), model.evaluate(lambda: batches[0], steps=1)):
         assert got.keys() == want.keys()
     got = model.evaluate(batches)
+    as_lists = model.evaluate([list(b) for b in batches])  # batches written as lists, as fit takes them
+    assert as_lists == got
     for k in want:
         assert got[k] == pytest.approx(want[k], rel=1e-6)
     pred = x @ model.get_weights()[0] + model.get_weights()[1]

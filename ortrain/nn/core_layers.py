@@ -141,8 +141,10 @@ class BatchNorm(Layer):
 
     def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3, name=None):
         super().__init__(name)
-        if not is_real(momentum) or not 0.0 <= momentum < 1.0:
-            raise OrtrainError(f"BatchNorm(momentum=...): expected a number in [0, 1), received {momentum!r}")
+        if not is_real(momentum) or not 0.0 <= momentum < 1.0 or as_float32(momentum) >= 1.0:
+            raise OrtrainError(f"BatchNorm(momentum=...): expected a number in [0, 1) that stays below 1 in float32 "
+                               f"(the runtime's precision; at most 0.9999999: at 1 the statistics never move), "
+                               f"received {momentum!r}")
         self.momentum = float(momentum)
         self.epsilon = _epsilon(epsilon, type(self).__name__)
 

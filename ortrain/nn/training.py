@@ -463,6 +463,7 @@ def _arrays_like(x) -> bool:
         return True
     if isinstance(x, dict):
         return "labels" not in x
-    if isinstance(x, list):
-        return bool(x) and all(hasattr(v, "shape") or isinstance(v, (list, int, float, np.number)) for v in x)
+    if isinstance(x, list):  # input arrays, or rows of numbers; a list of [x, y] lists is batches
+        return bool(x) and all(hasattr(v, "shape") or isinstance(v, (int, float, np.number)) or
+                               (isinstance(v, list) and not any(hasattr(e, "shape") for e in v)) for v in x)
     return False
