@@ -400,8 +400,25 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
     """
     slices = row_slices(xs[0].shape[0], batch_size)
     if len(slices) > 1:
-        for name, shape in runner.declared_without_batch([s.name for s in specs]).items():
+        data = [s.name for s in specs]
+        for name, shape in runner.declared_without_batch(data).items():
             raise _batchless(name, f"the graph declares its shape {shape}", batch_size)
+        rows = {len(xs[0][sl]) for sl in slices}
+        unnamed = runner.batch_unnamed(data)
+        if unnamed and len(rows) == 1 and min(rows) > 1:
+            # every chunk has the same rows: an output of a fixed first size equal to them would pass
+            # the check below, so one run on a row fewer tells whether that axis follows the batch
+            fewer = slice(0, min(rows) - 1)
+            feeds = {s.name: a[fewer] for s, a in zip(specs, xs)}
+            feeds.update(extra_feeds or {})
+            try:
+                outs = runner.run(feeds)
+            except OrtrainError as exc:  # a graph for certain row counts only: no telling
+                raise _batchless(unnamed[0], f"a run on {fewer.stop} rows, to tell, failed: "
+                                 f"{str(exc).splitlines()[0][:160]}", batch_size) from None
+            for name, out in zip(runner.output_names, outs):
+                if name in unnamed and (out.ndim == 0 or out.shape[0] != fewer.stop):
+                    raise _batchless(name, f"it gave shape {out.shape} for {fewer.stop} rows", batch_size)
     chunks = []
     for sl in slices:
         feeds = {s.name: a[sl] for s, a in zip(specs, xs)}

@@ -556,6 +556,15 @@ def test_predict_in_chunks_refuses_outputs_without_a_batch_axis(tmp_path, rng):
             np.testing.assert_allclose(got, want[out.name], rtol=1e-5, atol=1e-6)
         for out, got in zip(outputs, model.predict(x, batch_size=10)):  # one chunk: nothing to join
             np.testing.assert_allclose(got, want[out.name], rtol=1e-5, atol=1e-6)
+    # a fixed first size equal to the chunks' rows: one run on a row fewer tells it from the batch
+    path = tmp_path / "two.onnx"
+    two = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Reshape", ["y", "rows2"], ["r"])]
+    onnx.save(_model(two, [_vi("x", ["N", 3])], [_vi("r", [2, None])],
+                     inits[:1] + [numpy_helper.from_array(np.array([2, -1], np.int64), "rows2")]), path)
+    x8 = rng.standard_normal((8, 3)).astype(np.float32)
+    with pytest.raises(ot.OrtrainError, match="output 'r' has not \\(it gave shape \\(2, 1\\) for 1 rows\\)"):
+        ot.from_onnx(str(path)).predict(x8, batch_size=2)
+    np.testing.assert_allclose(ot.from_onnx(str(path)).predict(x8), (x8 @ w).reshape(2, -1), rtol=1e-5, atol=1e-6)
     # a fixed first size left in an export's declaration is no proof: the sizes the runs give decide
     path = tmp_path / "stale.onnx"
     onnx.save(_model(nodes[:1], [_vi("x", ["N", 3])], [_vi("y", [1, 2])], inits[:1]), path)

@@ -47,6 +47,14 @@ class InferenceRunner:
                 found[o.name] = tuple(shape)
         return found
 
+    def batch_unnamed(self, data_inputs: list[str]) -> list[str]:
+        """Outputs whose declared first size is not named as an input's batch is: their first axis
+        follows the batch only if a run says so (:func:`~ortrain._arrays.run_chunks` asks one)."""
+        names = {i.shape[0] for i in self._sess.get_inputs() if i.name in data_inputs and
+                 isinstance(i.shape, list) and i.shape and isinstance(i.shape[0], str)}
+        return [o.name for o in self._sess.get_outputs()
+                if not (isinstance(o.shape, list) and o.shape and o.shape[0] in names)]
+
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         if self._sess is None:
             raise FreedError("this inference session was freed")
