@@ -53,16 +53,22 @@ def name_unknown_arguments(cls) -> None:
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return
 
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        try:
-            signature.bind(self, *args, **kwargs)
-        except TypeError as exc:
-            raise ArgumentError(_message(type(self).__name__, params, args, kwargs, exc)) from None
-        init(self, *args, **kwargs)
+    cls.__init__ = _bound_first(init, signature, params, lambda args: type(args[0]).__name__)
 
-    __init__._names_unknown = True
-    cls.__init__ = __init__
+
+def _bound_first(fn, signature, params, name_of):
+    """``fn`` binding its arguments to ``signature`` before it runs: a call that does not bind
+    raises :class:`ArgumentError`, named by ``name_of(args)``."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ArgumentError(_message(name_of(args), params, args, kwargs, exc)) from None
+        return fn(*args, **kwargs)
+
+    call._names_unknown = True
+    return call
 
 
 def _message(name: str, params, args, kwargs, exc: TypeError) -> str:
@@ -85,12 +91,4 @@ def names_unknown_arguments_of(fn):
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return fn
 
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        try:
-            signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise ArgumentError(_message(fn.__name__, params, args, kwargs, exc)) from None
-        return fn(*args, **kwargs)
-
-    return call
+    return _bound_first(fn, signature, params, lambda args: fn.__name__)

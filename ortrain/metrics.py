@@ -138,11 +138,8 @@ def resolve(names, loss, weighted=()) -> list[Metric]:
     as ``weighted_<name>``."""
     plain = _resolve(names, loss, "metrics")
     both = _resolve(weighted, loss, "weighted_metrics")
-    taken = {m.name for m in plain}
-    for m in both:
-        m.weighted = True
-        if m.name in taken:
-            m.name = f"weighted_{m.name}"
+    for m, name in zip(both, logged_names(names, weighted)[len(plain):]):
+        m.weighted, m.name = True, name
     return plain + both
 
 

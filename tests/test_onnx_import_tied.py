@@ -225,6 +225,17 @@ def test_merged_weights_keep_the_state_dict_order_whatever_the_module_order():
         np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-5)
 
 
+def _dynamo_export(torch, module, example, batch_free: bool = False) -> onnx.ModelProto:
+    """``module`` through torch's dynamo exporter, unoptimized (as the README advises), its
+    warnings silenced; ``batch_free`` frees axis 0 of the example."""
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (example,), f, dynamo=True, optimize=False,
+                          **({"dynamic_shapes": ({0: torch.export.Dim("b")},)} if batch_free else {}))
+    return onnx.load_from_string(f.getvalue())
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_a_dynamo_export_lists_the_weights_in_state_dict_order(mode):
@@ -235,12 +246,7 @@ def test_a_dynamo_export_lists_the_weights_in_state_dict_order(mode):
     torch.manual_seed(0)
     module = getattr(nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.ReLU(), nn.Linear(3, 3),
                                    nn.BatchNorm1d(3)), mode)()
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.zeros(2, 4),), f, dynamo=True, optimize=False,
-                          dynamic_shapes=({0: torch.export.Dim("b")},))
-    proto = onnx.load_from_string(f.getvalue())
+    proto = _dynamo_export(torch, module, torch.zeros(2, 4), batch_free=True)
     state = [k for k, v in module.state_dict().items() if v.is_floating_point()]
     assert [t.name for t in proto.graph.initializer][-1] == "4.running_var"   # the file's own order
     model = ot.from_onnx(proto)
@@ -281,11 +287,8 @@ def test_a_dynamo_exports_buffers_stay_frozen_and_in_state_dict_order(rng):
 
     torch.manual_seed(0)
     net = Net()
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.zeros(4, 5, 3),), f, dynamo=True, optimize=False)
-    model = ot.from_onnx(onnx.load_from_string(f.getvalue()))
+    proto = _dynamo_export(torch, net, torch.zeros(4, 5, 3))
+    model = ot.from_onnx(proto)
     assert model.weight_names() == list(net.state_dict())
     assert {p.name for p in model.params() if p.role != "trainable"} == {"shift", "pos.pe"}
     model.compile(optimizer=ot.optim.Adam(lr=0.1), loss="mse")
@@ -300,7 +303,7 @@ def test_a_dynamo_exports_buffers_stay_frozen_and_in_state_dict_order(rng):
     with pytest.warns(UserWarning, match=r"unfreeze: 'pos.pe' stay frozen: they were frozen when the model was "
                                          r"imported \(.*a PyTorch buffer\); import it again with trainable= naming"):
         model.unfreeze("pos.pe")
-    named = ot.from_onnx(onnx.load_from_string(f.getvalue()), trainable=["pos.pe", "out.*"])   # trains where named
+    named = ot.from_onnx(proto, trainable=["pos.pe", "out.*"])   # trains where named
     assert {p.name for p in named.params() if p.role == "trainable"} == {"pos.pe", "out.weight", "out.bias"}
 
 
@@ -376,12 +379,7 @@ def test_a_dynamo_exports_identity_of_a_parameter_is_that_parameter(form):
 
     torch.manual_seed(0)
     net = Net()
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.zeros(2, 4, 3),), f, dynamo=True, optimize=False,
-                          dynamic_shapes=({0: torch.export.Dim("b")},))
-    proto = onnx.load_from_string(f.getvalue())
+    proto = _dynamo_export(torch, net, torch.zeros(2, 4, 3), batch_free=True)
     assert any(n.op_type == "Identity" and n.input[0] == "pos" for n in proto.graph.node)
     model = ot.from_onnx(proto)
     if form == "detach":

@@ -125,21 +125,37 @@ class TrainingMixin:
     def _load_optimizer_state(self, step: int, lr: float, moments: dict, n_steps: int, draws: int | None) -> None:
         """``optimizer.load_state`` on this model's optimizer: the next fit (or Trainer) starts from
         it. Refused during a fit (its trainer holds the state) and for moments of other shapes."""
-        if self._live_state is not None:
-            raise OrtrainError("load_state: this model is fitting, and its trainer holds the optimizer state; "
-                               "load it before fit or after it returns (nothing was changed)")
-        shapes = {p.name: tuple(p.shape) for p in self._base_params()}
-        for name, ms in moments.items():
-            bad = next((m for m in ms if tuple(m.shape) != shapes[name]), None)
-            if bad is not None:
-                raise OrtrainError(f"load_state: moments of {name!r} expected shape {shapes[name]} (the weight's), "
-                                   f"received {tuple(bad.shape)}; nothing was changed")
+        self._refuse_while_fitting("load_state", "load")
+        shapes = self._weight_shapes()
+        misfit = self._misfit_moment(moments)  # the names were checked by load_state: a shape differs
+        if misfit is not None:
+            name, shape = misfit
+            raise OrtrainError(f"load_state: moments of {name!r} expected shape {shapes[name]} (the weight's), "
+                               f"received {shape}; nothing was changed")
         width = len(next(iter(moments.values()))) if moments else 0  # SGD keeps none
         # a weight without moments starts from zero, as one that starts training does
         moments = {n: moments.get(n) or tuple(np.zeros(shapes[n], np.float32) for _ in range(width))
                    for n in self._optimizer_weights()} if width else {}
         from ortrain.nn.saving import TrainState
-        self.train_state = TrainState(step, lr, moments, n_steps=n_steps, draws=draws)
+        self._train_state = TrainState(step, lr, moments, n_steps=n_steps, draws=draws)
+
+    def _weight_shapes(self) -> dict[str, tuple]:
+        return {p.name: tuple(p.shape) for p in self._base_params()}
+
+    def _misfit_moment(self, moments: dict) -> tuple[str, tuple] | None:
+        """(name, shape) of the first moment that is not shaped as a weight of this model (of that
+        name, or of any), or None."""
+        shapes = self._weight_shapes()
+        for name, ms in moments.items():
+            for m in ms:
+                if tuple(np.shape(m)) != shapes.get(name):
+                    return name, tuple(np.shape(m))
+        return None
+
+    def _refuse_while_fitting(self, argument: str, verb: str) -> None:
+        if self._live_state is not None:
+            raise OrtrainError(f"{argument}: this model is fitting, and its trainer holds the optimizer state; "
+                               f"{verb} it before fit or after it returns (nothing was changed)")
 
     # -- the optimizer's rate and state between fits ---------------------------------------------
     def _lr_written(self) -> bool:
@@ -167,20 +183,16 @@ class TrainingMixin:
         """A state to continue from (``trainer.export_state()``, or None for fresh moments): checked
         against the model's weights, and refused while a fit runs (its trainer holds the state)."""
         from ortrain.nn.saving import TrainState
-        if self._live_state is not None:
-            raise OrtrainError("train_state: this model is fitting, and its trainer holds the optimizer state; set "
-                               "it before fit or after it returns (nothing was changed)")
+        self._refuse_while_fitting("train_state", "set")
         if value is not None and not isinstance(value, TrainState):
             raise OrtrainError(f"train_state: expected a trainer's export_state() (or None for fresh moments), "
                                f"received {type(value).__name__}")
-        if value is not None:
-            shapes = {p.name: tuple(p.shape) for p in self._base_params()}
-            bad = next((n for n, ms in value.moments.items()
-                        if n not in shapes or any(tuple(np.shape(m)) != shapes[n] for m in ms)), None)
-            if bad is not None:
-                raise OrtrainError(f"train_state: it holds moments of {bad!r}, which model {self.name!r} has not "
-                                   f"{'with that shape' if bad in shapes else 'at all'}: it is the state of "
-                                   "another model; nothing was changed")
+        misfit = self._misfit_moment(value.moments) if value is not None else None
+        if misfit is not None:
+            known = misfit[0] in self._weight_shapes()
+            raise OrtrainError(f"train_state: it holds moments of {misfit[0]!r}, which model {self.name!r} has not "
+                               f"{'with that shape' if known else 'at all'}: it is the state of another model; "
+                               "nothing was changed")
         self._train_state = value
 
     # -- the edit log: weights set since a running fit last took them ------------------------------
