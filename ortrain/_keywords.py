@@ -29,8 +29,6 @@ _INSTEAD = {
     "custom_objects": "a saved model holds no Python objects to look up",
     "overwrite": "the file is replaced (written to a temporary path and renamed)",
     "batch_size": "the batch axis is free here; a Trainer fixes its own, Trainer(model, batch_size=...)",
-    "momentum": "onnxruntime-training's SGD keeps no velocity: use Adam",
-    "nesterov": "onnxruntime-training's SGD keeps no velocity: use Adam",
 }
 
 

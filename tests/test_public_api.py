@@ -138,6 +138,10 @@ def test_misplaced_optimizer_and_bad_configs_get_clear_errors():
      "Dense\\(kernel_initializer=...\\): .*Glorot-uniform.*set_weights"),
     (lambda: ot.losses.CategoricalCrossentropy(label_smoothing=0.1), "label_smoothing.*y \\* \\(1 - a\\) \\+ a / classes"),
     (lambda: ot.optim.Adam(amsgrad=True), "Adam\\(amsgrad=...\\): Adam takes no argument 'amsgrad'"),
+    # an Adam given an SGD's momentum is not told to use Adam
+    (lambda: ot.optim.Adam(momentum=0.9), "Adam\\(momentum=...\\): Adam takes no argument 'momentum' \\(it takes "
+                                          "params, lr, betas, eps, weight_decay, learning_rate, beta_1, beta_2, "
+                                          "epsilon\\)$"),
     (lambda: ot.layers.BatchNorm(axis=1), "BatchNorm\\(axis=...\\): BatchNorm takes no argument 'axis' \\(it takes "
                                           "momentum, epsilon, name\\)"),
     (lambda: ot.layers.Dense(), "Dense: missing a required argument: 'units'"),
