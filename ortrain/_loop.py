@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -15,6 +17,7 @@ from ortrain.callbacks.progress import progress
 from ortrain.data import ArraySource, EpochIterator, parse_batch
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
+from ortrain.nn.base_layer import LIVE_SYNC
 from ortrain.nn.model import Model
 from ortrain.nn.training import ShownRate
 from ortrain.trainer import Trainer
@@ -53,6 +56,9 @@ class Loop:
         self.epochs, self.initial_epoch = epochs, initial_epoch
         self._model = model
         self._synced_at = None
+        self._own_reads = False  # the loop's own reads of the model, which bring nothing over
+        self._sync_fn = self._sync
+        self._thread = threading.get_ident()
         self._steps_at_start = trainer.n_steps
         base = trainer._model
         self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
@@ -138,14 +144,42 @@ class Loop:
         writes = self.trainer._session.writes
         m = self._model
         if m is not None and self._synced_at != writes:
-            # Edits a hook made and the loop has not taken over yet stay the model's, to be taken
-            # when the hook returns; every other weight comes from the trainer.
-            pending = m._take_edits()
-            m.set_weights({n: w for n, w in zip(self._names(), self.get_weights()) if n not in pending})
-            m._take_edits()  # the trainer's own weights, no edit
-            m._keep_edits(pending)
-            self._synced_at = writes
+            with self._reading():
+                # Edits a hook made and the loop has not taken over yet stay the model's, to be taken
+                # when the hook returns; every other weight comes from the trainer.
+                pending = m._take_edits()
+                m.set_weights({n: w for n, w in zip(self._names(), self.get_weights()) if n not in pending})
+                m._take_edits()  # the trainer's own weights, no edit
+                m._keep_edits(pending)
+                self._synced_at = writes
         return m
+
+    @contextmanager
+    def _reading(self):
+        """The loop's own reads and writes of the model: they bring nothing over from the trainer."""
+        outer, self._own_reads = self._own_reads, True
+        try:
+            yield
+        finally:
+            self._own_reads = outer
+
+    def _sync(self) -> None:
+        """While this fit runs, the model (or one of its layers) is read on the fit's thread (by a
+        callback holding it, a generator predicting with it): it gets the trained weights first,
+        as ``callback.model`` does. Another thread reads what the model held last."""
+        if not self._own_reads and threading.get_ident() == self._thread:
+            _ = self.model
+
+    def _link(self) -> None:
+        m = self._model
+        for obj in (m, *getattr(m, "layers", ())):
+            LIVE_SYNC[id(obj)] = self._sync_fn
+
+    def _unlink(self) -> None:
+        m = self._model
+        for obj in (m, *getattr(m, "layers", ())):
+            if LIVE_SYNC.get(id(obj)) == self._sync_fn:
+                del LIVE_SYNC[id(obj)]
 
     def _take_model_edits(self) -> None:
         """After each callback's hook: the weights it set on ``model`` (those names only: the
@@ -154,6 +188,10 @@ class Loop:
         m = self._model
         if m is None:
             return
+        with self._reading():
+            self._take_edits_of(m)
+
+    def _take_edits_of(self, m: Model) -> None:
         edits = m._take_edits()
         if edits:
             table, session = m._weight_table(), self.trainer._session
@@ -183,6 +221,8 @@ class Loop:
             self._model._live_updates = self._live_updates
             self._model._live_seen = self._seen_now
             self._arm(self._model.optimizer)
+            self._thread = threading.get_ident()
+            self._link()
         try:
             cbs.on_train_begin({})
             for epoch in range(self.initial_epoch, self.epochs):
@@ -374,6 +414,7 @@ class Loop:
         finally:
             # only now: another thread reading the model meanwhile still read this fit's live state
             if self._model is not None:
+                self._unlink()
                 self._model._live_state = None
                 self._model._live_seen = None
                 self._model._live_updates = None

@@ -330,7 +330,7 @@ def test_early_stopping_baseline_follows_the_keras_rule(values, patience, baseli
     hist = ot.fit_generator(sgd_model(), batches(1, 4), epochs=len(values), verbose=0,
                             callbacks=[Inject("score", values), stop])
     want = keras_stop_epoch(values, patience, baseline, mode)
-    assert stop.stopped_epoch == want
+    assert stop.stopped_epoch == (0 if want is None else want)  # Keras' 0 when it did not stop (it was None)
     assert hist.epoch == list(range(len(values) if want is None else want + 1))
 
 
@@ -493,7 +493,8 @@ def test_terminate_on_nan_stops_after_the_bad_step(capsys):
     hist = ot.fit_generator(model, data, epochs=3, callbacks=[cb], verbose=0)
     assert cb.stopped_at == (0, 2)
     assert model.train_state.n_steps == 3 and hist.epoch == [0] and not math.isfinite(hist.history["loss"][0])
-    assert "Epoch 1, step 2: the loss is inf; terminating training" in capsys.readouterr().out
+    # counted from 1, as the epoch is (it said "step 2" of the third step)
+    assert "Epoch 1, step 3: the loss is inf; terminating training" in capsys.readouterr().out
     # NaN in the data itself never reaches a step: it is refused before it can touch the weights
     data[2] = (np.full((4, 4), np.nan, np.float32), data[2][1])
     model = sgd_model()
@@ -962,3 +963,81 @@ def test_lambda_callback_calls_the_functions_given_as_keras_does():
     with pytest.raises(ot.OrtrainError, match="on_batch_end and on_train_batch_end .* are one hook"):
         ot.callbacks.LambdaCallback(on_batch_end=print, on_train_batch_end=print)
 
+
+
+def _numpy_sgd_run(data, epochs, lr, after_step=None):
+    """Weights after each step of plain SGD on ``data`` (one pass per epoch), in float64."""
+    ws, seen = [np.asarray(a, np.float64) for a in mlp().get_weights()], []
+    for _ in range(epochs):
+        for x, y in data:
+            ws = sgd(ws, mse_grads(ws, x, y)[1], lr)
+            if after_step is not None:
+                ws = after_step(ws)
+            seen.append(ws)
+    return seen
+
+
+def test_the_model_a_closure_holds_is_the_one_being_trained_as_in_keras(tmp_path):
+    """A LambdaCallback has no self.model: Keras code reaches the model through the variable it
+    holds. Reads of it (get_weights, evaluate, predict, a layer's weights, save, a deep copy) gave
+    the weights of before the fit, and a file saved so paired them with the live optimizer state."""
+    import copy
+
+    data = batches(2, 4)
+    model = sgd_model(lr=0.1)
+    got = []
+
+    def epoch_end(epoch, logs):
+        x, y = data[0]
+        got.append((model.get_weights(), model.evaluate(x, y)["loss"], model.predict(x),
+                    model.layers[0].get_weights(), copy.deepcopy(model).get_weights()))
+        model.save(tmp_path / f"e{epoch}.ortrain")
+
+    ot.fit_generator(model, data, epochs=3, verbose=0, callbacks=[ot.callbacks.LambdaCallback(on_epoch_end=epoch_end)])
+    want = _numpy_sgd_run(data, 3, 0.1)[1::2]  # after each epoch's last step
+    for epoch, ((weights, loss, pred, layer0, copied), ref) in enumerate(zip(got, want)):
+        for g, w in zip(weights, ref):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+        x, y = data[0]
+        np.testing.assert_allclose(loss, mse_grads(ref, x, y)[0], rtol=2e-5)
+        np.testing.assert_allclose(pred, np.maximum(x @ ref[0] + ref[1], 0) @ ref[2] + ref[3], rtol=2e-5, atol=2e-6)
+        for g, w in zip(layer0 + copied, ref[:2] + weights):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+        saved = ot.load_model(tmp_path / f"e{epoch}.ortrain")
+        for g, w in zip(saved.get_weights(), weights):
+            np.testing.assert_array_equal(g, w)
+        assert saved.train_state.n_steps == 2 * (epoch + 1)
+    from ortrain.nn.base_layer import LIVE_SYNC
+    assert not LIVE_SYNC  # the fit let go of the model
+
+
+def test_a_closure_clipping_the_held_models_weights_each_batch_clips_the_trained_ones():
+    # It wrote the clipped weights of before the fit back at every batch: training was undone.
+    data = batches(2, 4)
+    model = sgd_model(lr=0.5)
+
+    def clip(step, logs):
+        model.set_weights([np.clip(w, -0.3, 0.3) for w in model.get_weights()])
+
+    ot.fit_generator(model, data, epochs=2, verbose=0, callbacks=[ot.callbacks.LambdaCallback(on_batch_end=clip)])
+    want = _numpy_sgd_run(data, 2, 0.5, after_step=lambda ws: [np.clip(w, -0.3, 0.3) for w in ws])[-1]
+    for g, w in zip(model.get_weights(), want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
+
+
+def test_a_generator_predicting_with_the_model_it_trains_sees_each_steps_weights():
+    # The rollout case: a callable source that acts with the model being trained (it predicted with
+    # the weights of before the fit at every batch).
+    data = batches(3, 4)
+    model = sgd_model(lr=0.1)
+    probe = data[0][0][:2]
+    seen, source = [], iter(data)
+
+    def rollout():
+        seen.append(model.predict(probe))
+        return next(source)
+
+    ot.fit_generator(model, rollout, steps_per_epoch=3, epochs=1, verbose=0)
+    refs = [[np.asarray(a, np.float64) for a in mlp().get_weights()], *_numpy_sgd_run(data, 1, 0.1)[:2]]
+    for got, ref in zip(seen, refs):
+        np.testing.assert_allclose(got, np.maximum(probe @ ref[0] + ref[1], 0) @ ref[2] + ref[3], rtol=2e-5, atol=2e-6)

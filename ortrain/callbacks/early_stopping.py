@@ -20,6 +20,8 @@ class EarlyStopping(Callback):
     (also when training ran to the end), as Keras does. ``start_from_epoch``: epochs before it
     are not monitored (warm-up). An epoch without the value (with ``validation_freq``, one that
     is not validated) is skipped and counts nothing: ``patience`` counts the epochs that log it.
+    ``stopped_epoch`` is the epoch it stopped training after (counted from 0), 0 when it did not
+    stop, as in Keras (it never stops in epoch 0).
     """
 
     def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0,
@@ -36,7 +38,7 @@ class EarlyStopping(Callback):
     def on_train_begin(self, logs=None):
         self.monitor.reset()
         self.wait = 0
-        self.stopped_epoch = None
+        self.stopped_epoch = 0
         self.best_epoch = None
         self.best_weights = None
 
@@ -64,7 +66,7 @@ class EarlyStopping(Callback):
             self.loop.stop_training = True
 
     def on_train_end(self, logs=None):
-        if self.stopped_epoch is not None and self.verbose:
+        if self.stopped_epoch > 0 and self.verbose:
             print(f"Epoch {self.stopped_epoch + 1}: early stopping")
         if self.restore_best_weights and self.best_weights is not None:
             if self.verbose:

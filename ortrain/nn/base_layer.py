@@ -101,6 +101,18 @@ class EmitContext:
 
 EDITS = [0]  # weights set on any layer so far: a running fit looks at its layers only when it moved
 
+# The models a fit is training, and their layers, by id -> the fit's sync: reading their weights
+# (get_weights, predict, evaluate, save...) on the fit's thread first brings the trained values
+# over, as the model a Keras user holds is the one being trained.
+LIVE_SYNC: dict = {}
+
+
+def sync_live(obj) -> None:
+    """Bring ``obj`` (a model or a layer) up to date with the fit training it, if one is."""
+    sync = LIVE_SYNC.get(id(obj))
+    if sync is not None:
+        sync()
+
 
 class Weights(dict):
     """A layer's weights by suffix: read-only arrays. Setting one (``layer.weights["kernel"] = a``,
@@ -241,7 +253,9 @@ class Layer:
     # artifacts' digest until its weights change, which it learns only through set_weights (an
     # in-place edit went unseen by predict and by the artifact cache).
     def get_weights(self) -> list[np.ndarray]:
-        """Copies of this layer's weights, in ``weights`` order, as Keras' ``layer.get_weights()``."""
+        """Copies of this layer's weights, in ``weights`` order, as Keras' ``layer.get_weights()``
+        (during a fit of its model, the trained values)."""
+        sync_live(self)
         return [a.copy() for a in self.weights.values()]
 
     @property
@@ -256,6 +270,7 @@ class Layer:
         return self._weights_that_train(False)
 
     def _weights_that_train(self, train: bool) -> list[np.ndarray]:
+        sync_live(self)
         return [a.copy() for k, a in self.weights.items()
                 if (self.trainable and self.roles.get(k) == "trainable") == train]
 

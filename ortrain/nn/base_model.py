@@ -27,7 +27,7 @@ from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name, 
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats, name_free_dimensions
 from ortrain.graph.repairs import activations_as_arithmetic
 from ortrain.metrics import logged_names as metrics_logged_names
-from ortrain.nn.base_layer import EmitContext, Layer
+from ortrain.nn.base_layer import EmitContext, Layer, sync_live
 from ortrain.nn.core_layers import Embedding
 from ortrain.nn.saving import model_from_record, model_record, save_model
 from ortrain.nn.symbolic import SymbolicTensor, _topological
@@ -120,6 +120,7 @@ class Model(TrainingMixin):
                 for lyr in self.layers for s, a in lyr.weights.items()]
 
     def _weight_table(self) -> dict[str, np.ndarray]:
+        sync_live(self)
         return {f"{lyr.name}.{s}": a for lyr in self.layers for s, a in lyr.weights.items()}
 
     def _store_weight(self, name: str, value: np.ndarray) -> None:
@@ -242,6 +243,7 @@ class Model(TrainingMixin):
 
     def _weights_stamp(self) -> tuple:
         """Changes whenever the weights do, also through another model that shares a layer."""
+        sync_live(self)
         return (self._version, *(getattr(lyr, "_stored", 0) for lyr in getattr(self, "layers", ())))
 
     def weights_digest(self) -> str:

@@ -9,6 +9,7 @@ from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec, spec_of
 from ortrain.graph.forward import ForwardGraph, ParamSpec
 from ortrain.graph.shapes import output_shape_at
+from ortrain.nn.base_layer import sync_live
 from ortrain.nn.base_model import Model, check_print_fn
 
 
@@ -37,6 +38,7 @@ class GraphModel(Model):
         return list(self._params)
 
     def _weight_table(self) -> dict[str, np.ndarray]:
+        sync_live(self)
         return dict(self._weights)
 
     def _store_weight(self, name: str, value: np.ndarray) -> None:

@@ -22,7 +22,7 @@ from ortrain.graph import TensorSpec
 from ortrain.graph.forward import to_inference, with_weights
 from ortrain.graph.shapes import output_shape_at
 from ortrain.history import History
-from ortrain.nn.base_layer import EDITS
+from ortrain.nn.base_layer import EDITS, sync_live
 
 if TYPE_CHECKING:
     from ortrain.nn.base_model import Model
@@ -81,6 +81,7 @@ class TrainingMixin:
         # A deep copy or a pickle holds the model, not its prediction sessions (a cache, rebuilt on
         # use) nor links to a running or finished fit: the optimizer state as it is now, the
         # history's values, and whether the optimizer's rate was written since the last fit.
+        sync_live(self)  # a copy taken during a fit holds its trained weights
         state = dict(self.__dict__)
         state["_runners"] = {}
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = None
