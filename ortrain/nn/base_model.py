@@ -9,7 +9,6 @@ the forward graph in a plain ``InferenceSession``.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import zipfile
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ import onnx
 from ortrain._arrays import as_array, checked_flag, is_integer
 from ortrain._files import atomic_path, checked_target
 from ortrain._keywords import names_unknown_arguments_of
+from ortrain._names import picked
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
@@ -328,7 +328,7 @@ class Model(TrainingMixin):
             elif isinstance(item, str) and item in layer_names:
                 out += [f"{item}.{s}" for s in layer_names[item].weights]
             elif isinstance(item, str):
-                hits = [n for n in names if fnmatch.fnmatchcase(n, item)]
+                hits = picked(names, item)
                 if not hits:
                     raise OrtrainError(f"{verb}: {item!r} matches no layer or weight; weights are "
                                        f"{', '.join(names)}")

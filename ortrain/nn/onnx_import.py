@@ -30,7 +30,6 @@ from __future__ import annotations
 import ast
 import collections
 import copy
-import fnmatch
 import os
 import re
 
@@ -40,11 +39,12 @@ from onnx import numpy_helper
 
 from ortrain import _random
 from ortrain._keywords import names_unknown_arguments_of
+from ortrain._names import picked
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
 from ortrain.graph.batch_dimension import free_batch_dimension, free_output_dimensions
-from ortrain.graph.forward import ForwardGraph, ParamSpec
+from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.opsets import upgrade_opset
@@ -54,8 +54,9 @@ from ortrain.graph.repairs import batchnorm_inference_form, read_as_scalars, rep
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
 
 
-def _matches(name: str, patterns) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+def _matches(name: str, patterns, names) -> bool:
+    """Whether one of ``patterns`` picks ``name`` of ``names`` (see :func:`picked`)."""
+    return any(name in picked(names, p) for p in patterns)
 
 
 def _patterns(value, argument: str) -> list[str] | None:
@@ -155,24 +156,32 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None
     unreached = unreached or {}
     for pats, arg in ((t, "trainable"), (f, "frozen")):
         for pat in pats or ():
-            constant = next((n for n in unreached if fnmatch.fnmatchcase(n, pat)), None)
-            if arg == "trainable" and constant is not None and not any(fnmatch.fnmatchcase(n, pat) for n in names):
+            constant = next(iter(picked(unreached, pat)), None)
+            if arg == "trainable" and constant is not None and not picked(names, pat):
                 raise OrtrainError(f"trainable: {constant!r} is a constant, not a weight: {unreached[constant]}; "
                                    "remove it from trainable=")
             if arg == "frozen" and constant is not None:
                 continue  # a constant is frozen already
-            if not any(fnmatch.fnmatchcase(n, pat) for n in names):
+            if not picked(names, pat):
                 shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-                raise OrtrainError(f"{arg}: {pat!r} matches no weight; weights are {shown}")
+                shown = f"weights are {shown}" if names else "the model has no weights"
+                constants = [o for n in fg.proto.graph.node if n.op_type == "Constant" for o in n.output]
+                if picked(constants, pat):
+                    raise OrtrainError(
+                        f"{arg}: {picked(constants, pat)[0]!r} is the output of a Constant node, which stays a constant "
+                        f"({shown}); to train it, write its value as an initializer of the model "
+                        "(graph.initializer) and remove the Constant node")
+                raise OrtrainError(f"{arg}: {pat!r} matches no weight; {shown}")
     params = []
     for p in fg.params:
         role = p.role
         if role != "buffer":
             # a PyTorch buffer (frozen on import) trains only where trainable= names it
-            role = "frozen" if role == "frozen" and not (t is not None and _matches(p.name, t)) else "trainable"
-            if t is not None and not _matches(p.name, t):
+            role = "frozen" if role == "frozen" and not (t is not None and _matches(p.name, t, names)) \
+                else "trainable"
+            if t is not None and not _matches(p.name, t, names):
                 role = "frozen"
-            if f is not None and _matches(p.name, f):
+            if f is not None and _matches(p.name, f, names):
                 role = "frozen"
         params.append(ParamSpec(p.name, p.shape, p.dtype, role))
     return ForwardGraph(fg.proto, tuple(params), fg.weights)
@@ -489,6 +498,27 @@ def _by_module(model: onnx.ModelProto, order: list[str], buffers: set[str] = fro
     return [name for names in groups.values() for name in names]
 
 
+# Float inputs whose gradient onnxruntime-training leaves out, where PyTorch (a tensor bound of
+# ``clamp``, an exponent) would compute one: Clip's bounds, Pad's value, Pow's exponent.
+_UNDIFFERENTIATED_VALUES = {"Clip": (1, 2), "Pad": (2,), "Pow": (1,)}
+
+
+def _warn_partial_gradients(fg: ForwardGraph) -> None:
+    """Warn of trainable weights also read into an input whose gradient the runtime leaves out
+    (a learned clipping bound that also scales, PACT's): their gradient counts their other uses
+    only. Read only there, a weight is no weight at all (a constant, see canonical_forward)."""
+    targets = {n.input[i] for n in fg.proto.graph.node for i in _UNDIFFERENTIATED_VALUES.get(n.op_type, ())
+               if i < len(n.input) and n.input[i]}
+    if not targets:
+        return
+    partial = sorted(set(fg.names("trainable")) & gradient_reach(fg.proto, targets))
+    if partial:
+        warn(f"from_onnx: {', '.join(map(repr, partial))} {'is' if len(partial) == 1 else 'are'} also read into "
+             "Clip's bounds, Pad's value or Pow's exponent, where onnxruntime-training computes no gradient: "
+             "the gradient counts the other uses only (PyTorch's would count these too). Freeze "
+             f"{'it' if len(partial) == 1 else 'them'} (frozen=[...]) or make the bound a constant", UserWarning)
+
+
 def _exponent_sources(model: onnx.ModelProto) -> set[str]:
     """The values a ``Pow`` exponent is computed from, itself included: ``base ** (x @ W)`` reads
     ``W`` into the exponent."""
@@ -568,6 +598,13 @@ def _check_data_inputs(model: onnx.ModelProto, data: list[str]) -> None:
             if not vi.type.HasField("tensor_type"):
                 raise OrtrainError(f"from_onnx: input {vi.name!r} is not a tensor; ortrain feeds tensors only")
             spec_of(vi)  # raises for element types ortrain cannot feed
+            shape = vi.type.tensor_type
+            if shape.HasField("shape") and not shape.shape.dim:
+                raise ShapeError(
+                    f"from_onnx: input {vi.name!r} is a scalar (rank 0); ortrain feeds inputs batch first, one row "
+                    f"per sample, so every input needs a batch axis. Make it a constant: an initializer of the model "
+                    f"holding its value (onnx.numpy_helper.from_array(value, {vi.name!r}) in graph.initializer, "
+                    f"the input removed)")
 
 
 # -- the whole import -------------------------------------------------------------------------
@@ -626,10 +663,16 @@ def _check_shapes(fg) -> None:
     Output dimensions after the batch that the file leaves free but the weights fix (a classifier
     declared ``(N, C)`` whose last layer has 3 columns) are written into the graph's outputs, so
     the loss knows the number of classes: a class label of 3 or more is then refused, where the
-    fused loss would read past the row."""
+    fused loss would read past the row. Annotations the inputs and weights contradict are
+    corrected as onnxruntime reads past them: an output declared with a fixed size where the
+    inputs give it another or a free one (a batch of 1 in the file, of the input's batch when
+    run), and ``value_info`` of intermediate tensors whose shapes disagree (which onnxruntime's
+    training build refuses to load)."""
     probe = onnx.ModelProto()
     probe.CopyFrom(fg.proto)
     del probe.graph.value_info[:]  # annotations of intermediate tensors may be stale; the runtime ignores them
+    for out in probe.graph.output:  # so may the outputs' sizes: inferred from the inputs and weights alone
+        out.type.tensor_type.ClearField("shape")
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True)
     except onnx.shape_inference.InferenceError as exc:
@@ -637,13 +680,86 @@ def _check_shapes(fg) -> None:
         raise ShapeError(f"the model's shapes or types do not fit together: {reason}; fix the model or its "
                          "export") from None
     found = {o.name: o.type.tensor_type.shape.dim for o in inferred.graph.output}
+    free = {d.dim_param for vi in fg.proto.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
     for out in fg.proto.graph.output:
         dims, known = out.type.tensor_type.shape.dim, found.get(out.name)
         if known is None or len(known) != len(dims):
             continue
-        for d, k in list(zip(dims, known))[1:]:
-            if not d.HasField("dim_value") and k.HasField("dim_value"):
+        for i, (d, k) in enumerate(zip(dims, known)):
+            if d.HasField("dim_value") and _differs(d, k, free):  # a fixed size the inputs contradict
+                d.CopyFrom(k)
+            elif i > 0 and not d.HasField("dim_value") and k.HasField("dim_value"):
                 d.dim_value = k.dim_value
+    found = {vi.name: vi.type.tensor_type for vi in inferred.graph.value_info}
+    kept = [vi for vi in fg.proto.graph.value_info if not _stale(vi.type.tensor_type, found.get(vi.name), free)]
+    if len(kept) != len(fg.proto.graph.value_info):
+        del fg.proto.graph.value_info[:]
+        fg.proto.graph.value_info.extend(kept)
+
+
+def _differs(declared, inferred, free: set[str]) -> bool:
+    """Whether a declared dimension of fixed size and an inferred one disagree: another size, or a
+    size an input leaves free (its batch; not a size inference could not tell)."""
+    return (inferred.HasField("dim_value") and inferred.dim_value != declared.dim_value) or \
+        inferred.dim_param in free
+
+
+def _stale(declared, inferred, free: set[str]) -> bool:
+    """Whether a ``value_info`` annotation disagrees with what the inputs and weights give."""
+    if inferred is None:
+        return False
+    if declared.elem_type and inferred.elem_type and declared.elem_type != inferred.elem_type:
+        return True
+    if not declared.HasField("shape") or not inferred.HasField("shape"):
+        return False
+    dims, known = declared.shape.dim, inferred.shape.dim
+    return len(dims) != len(known) or any(d.HasField("dim_value") and _differs(d, k, free) for d, k in zip(dims, known))
+
+
+def _rename_reserved(fg: ForwardGraph) -> None:
+    """Values named as onnxruntime-training names the gradients and their buffers (``W_grad``,
+    ``W_grad.accumulation.buffer``) or as ortrain names its loss inputs (``ortrain.label``) clash
+    in the training graph. Intermediate ones get other names (in place: nobody reads them from
+    outside); a weight or an output that clashes with a weight's gradient is refused."""
+    g = fg.proto.graph
+    weights = [p.name for p in fg.params]
+
+    def clash(name: str) -> bool:
+        return name.startswith("ortrain.") or name == "lazy_reset_grad" or \
+            any(name == f"{w}_grad" or name.startswith(f"{w}_grad.") for w in weights)
+
+    for kind, names in (("a weight", weights), ("an output", [o.name for o in g.output])):
+        bad = next((n for n in names if clash(n)), None)
+        if bad is not None:
+            raise OrtrainError(
+                f"from_onnx: {kind} of the model is named {bad!r}, a name onnxruntime-training gives a weight's "
+                f"gradient (or ortrain its loss inputs); rename it in the model (with onnx, or in PyTorch before "
+                f"the export)")
+    outputs = {o.name for o in g.output}
+    taken = {n for node in g.node for n in [*node.input, *node.output]} | set(weights) | \
+        {vi.name for vi in g.input} | {t.name for t in g.initializer}
+    renamed = {}
+    for node in g.node:
+        for name in node.output:
+            if name and name not in outputs and (clash(name) or reserved_input_name(name)):
+                new = name.replace("_grad", "_gradient").replace("ortrain.", "ortrain_")
+                while new in taken:
+                    new += "_"
+                taken.add(new)
+                renamed[name] = new
+    if renamed:
+        _rename_reads(g, renamed)
+        for vi in g.value_info:
+            vi.name = renamed.get(vi.name, vi.name)
+
+
+def _rename_reads(g: onnx.GraphProto, renamed: dict[str, str]) -> None:
+    """Rename values written and read in ``g`` and read in its nodes' subgraphs."""
+    for node in g.node:
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+        node.output[:] = [renamed.get(o, o) for o in node.output]
+        for sub in subgraphs(node):
+            _rename_reads(sub, renamed)
 
 
 @names_unknown_arguments_of
@@ -681,8 +797,10 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     check_model(proto, "imported model")
     _check_runtime_kernels(proto)
     fg = canonical_forward(proto, trainable, frozen, stash, order, folded, buffers, tensors_of_torch)
+    _rename_reserved(fg)
     _check_shapes(fg)
     _check_gradients(fg)
+    _warn_partial_gradients(fg)
     if name is None:
         stem = os.path.splitext(os.path.basename(os.fspath(model)))[0] if isinstance(model, (str, os.PathLike)) \
             else ""
@@ -696,7 +814,9 @@ def freeze_named_statistics(model, frozen, copy: bool = False):
     ``trainable=`` speaks of weights only: statistics it leaves out still track, as in PyTorch's
     train mode."""
     patterns = _patterns(frozen, "frozen")
-    stats = [p.name for p in model._base_params() if p.role == "buffer" and patterns and _matches(p.name, patterns)]
+    names = model.weight_names()
+    stats = [p.name for p in model._base_params() if p.role == "buffer" and patterns and
+             _matches(p.name, patterns, names)]
     if stats:
         model = model.copy() if copy else model
         model.freeze(stats)

@@ -1,0 +1,123 @@
+"""from_onnx on hand-written files: names that clash with the runtime's or hold glob characters,
+annotations the graph contradicts, scalar inputs and weights whose gradient the runtime leaves
+partly out."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from _onnx_helpers import model, vi
+from onnx import helper, numpy_helper
+
+import ortrain as ot
+
+N = helper.make_node
+
+
+def _init(name, a):
+    return numpy_helper.from_array(np.asarray(a, np.float32), name)
+
+
+def _sgd_step(m, x, y, lr=0.5):
+    m.compile(optimizer=ot.optim.SGD(lr=lr), loss="mse")
+    m.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    return m
+
+
+@pytest.mark.parametrize("name", ["W_grad", "W_grad.accumulation.buffer", "ortrain.label", "lazy_reset_grad"])
+def test_intermediate_values_named_as_the_runtimes_train(rng, name):
+    # onnxruntime-training names W's gradient W_grad: a value so named in the file made it refuse the
+    # graph ("Duplicate definition"), ortrain.label clashed with the loss's label input.
+    w, x, y = rng.standard_normal((3, 4)), rng.standard_normal((5, 3)), rng.standard_normal((5, 4))
+    proto = model([N("MatMul", ["x", "W"], [name]), N("Tanh", [name], ["y"])], [vi("x", ["N", 3])],
+                  [vi("y", ["N", 4])], [_init("W", w)])
+    m = _sgd_step(ot.from_onnx(proto), x, y)
+    h = np.tanh(x @ w)
+    grad = x.T @ (2 * (h - y) / h.size * (1 - h ** 2))
+    np.testing.assert_allclose(m.get_weights()[0], w - 0.5 * grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["output", "weight"])
+def test_an_output_or_weight_named_as_a_gradient_is_refused_with_the_fix(rng, where):
+    if where == "output":
+        proto = model([N("MatMul", ["x", "W"], ["W_grad"])], [vi("x", ["N", 3])], [vi("W_grad", ["N", 4])],
+                      [_init("W", np.ones((3, 4)))])
+    else:
+        proto = model([N("MatMul", ["x", "W"], ["h"]), N("Add", ["h", "W_grad"], ["y"])], [vi("x", ["N", 3])],
+                      [vi("y", ["N", 4])], [_init("W", np.ones((3, 4))), _init("W_grad", np.ones(4))])
+    with pytest.raises(ot.OrtrainError, match=f"an? {where} of the model is named 'W_grad'.*rename it"):
+        ot.from_onnx(proto)
+
+
+def test_a_name_with_glob_characters_names_itself(rng):
+    # PyTorch's names hold [ ]: read as a glob, 'layers[0].weight' matched nothing ("matches no
+    # weight; weights are layers[0].weight").
+    proto = model([N("MatMul", ["x", "layers[0].weight"], ["h"]), N("MatMul", ["h", "layers0.weight"], ["y"])],
+                  [vi("x", ["N", 3])], [vi("y", ["N", 2])],
+                  [_init("layers[0].weight", np.ones((3, 4))), _init("layers0.weight", np.ones((4, 2)))])
+    roles = {p.name: p.role for p in ot.from_onnx(proto, frozen=["layers[0].weight"]).params()}
+    assert roles == {"layers[0].weight": "frozen", "layers0.weight": "trainable"}
+    roles = {p.name: p.role for p in ot.from_onnx(proto, trainable="layers[0].weight").params()}
+    assert roles == {"layers[0].weight": "trainable", "layers0.weight": "frozen"}
+    m = ot.from_onnx(proto)
+    m.freeze("layers[0].weight")
+    assert m.trainable_weight_names == ["layers0.weight"]
+    # still a pattern where no name is exactly so
+    assert {p.name for p in ot.from_onnx(proto, frozen="layers[0]*").params() if p.role == "frozen"} == \
+        {"layers0.weight"}
+
+
+def test_a_constant_node_named_in_trainable_says_it_stays_a_constant():
+    proto = model([N("Constant", [], ["W"], value=numpy_helper.from_array(np.ones((3, 4), np.float32))),
+                   N("MatMul", ["x", "W"], ["y"])], [vi("x", ["N", 3])], [vi("y", ["N", 4])])
+    with pytest.raises(ot.OrtrainError, match="'W' is the output of a Constant node.*the model has no weights.*"
+                                              "initializer"):
+        ot.from_onnx(proto, trainable=["W"])
+
+
+def test_stale_annotations_of_the_file_are_corrected_as_onnxruntime_reads_past_them(rng):
+    import onnxruntime as ort
+    w, b, x = rng.standard_normal((3, 4)), rng.standard_normal(4), rng.standard_normal((6, 3)).astype(np.float32)
+    # value_info of an intermediate tensor with a wrong width: stock onnxruntime runs the file,
+    # ortrain's predict failed to load it ("Incompatible dimensions")
+    proto = model([N("MatMul", ["x", "W"], ["h"]), N("Relu", ["h"], ["r"]), N("Add", ["r", "b"], ["y"])],
+                  [vi("x", ["N", 3])], [vi("y", ["N", 4])], [_init("W", w), _init("b", b)])
+    proto.graph.value_info.append(vi("h", ["N", 5]))
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ot.from_onnx(proto).predict(x), want, rtol=1e-6)
+    # an output declared with a batch of 1 under a free input batch: predict ran, fit refused the
+    # labels of the real batch against the declared 1 (naming ortrain.label)
+    proto = model([N("MatMul", ["x", "W"], ["y"])], [vi("x", ["N", 3])], [vi("y", [1, 4])], [_init("W", w)])
+    y = rng.standard_normal((6, 4))
+    m = _sgd_step(ot.from_onnx(proto), x, y)
+    np.testing.assert_allclose(m.get_weights()[0], w - 0.5 * x.T @ (2 * (x @ w - y) / y.size), rtol=1e-5, atol=1e-6)
+
+
+def test_a_scalar_input_is_refused_with_the_fix():
+    # it crashed predict and fit with a raw IndexError
+    proto = model([N("MatMul", ["x", "W"], ["h"]), N("Clip", ["h", "", "hi"], ["y"])],
+                  [vi("x", ["N", 3]), vi("hi", [])], [vi("y", ["N", 4])], [_init("W", np.ones((3, 4)))])
+    with pytest.raises(ot.ShapeError, match="input 'hi' is a scalar.*batch axis.*initializer"):
+        ot.from_onnx(proto)
+
+
+def test_a_weight_also_read_as_a_clip_bound_is_named_in_a_warning(rng):
+    # PACT: a learned bound that also scales. The runtime leaves out the gradient through Clip's
+    # bound, so the step follows only the scale's use; PyTorch's counts both.
+    torch = pytest.importorskip("torch")
+    w, x, y = rng.standard_normal((3, 4)), rng.standard_normal((6, 3)), rng.standard_normal((6, 4))
+    proto = model([N("MatMul", ["x", "W"], ["h"]), N("Mul", ["h", "s"], ["hs"]), N("Clip", ["hs", "", "s"], ["y"])],
+                  [vi("x", ["N", 3])], [vi("y", ["N", 4])], [_init("W", w), _init("s", 0.8)])
+    with pytest.warns(UserWarning, match="'s' is also read into Clip's bounds.*counts the other uses only"):
+        m = ot.from_onnx(proto, trainable=["W", "s"])
+    _sgd_step(m, x, y, lr=1.0)
+    s = torch.tensor(0.8, dtype=torch.float64, requires_grad=True)
+    h = torch.tensor(x @ w)
+    ((torch.clamp(h * s, max=s.detach()) - torch.tensor(y)) ** 2).mean().backward()  # the bound detached
+    np.testing.assert_allclose(m.get_weights()[1].ravel()[0], 0.8 - s.grad.item(), rtol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ot.from_onnx(proto, trainable=["W"])  # s a constant: nothing to warn of
+
