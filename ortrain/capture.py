@@ -256,6 +256,9 @@ class CaptureStep(TracedCall):
             mine = {n: moments.get(n) or (np.zeros_like(a), np.zeros_like(a)) for n, a in trainable.items()}
             state = engine.OptimizerState(int(step), float(self._opt.lr), mine)
         self._carried = {n: m for n, m in moments.items() if n not in trainable}
+        # Until this session updates, the moments it started without stay absent from opt.state() (a
+        # refused first call left zero moments there, which no update had made).
+        self._opened = (int(step), {n for n in trainable if n in moments})
         with artifacts.scratch_dir() as d:
             paths = [d / "training.onnx", d / "eval.onnx", d / "optimizer.onnx"]
             for path, data in zip(paths, self._models, strict=True):
@@ -318,7 +321,9 @@ class CaptureStep(TracedCall):
 
     def _moments_of(self, session) -> dict:
         shapes = {p.name: p.shape for p in self._params}  # a 0-d param's moments come back as shape (1,)
-        live = {n: tuple(m.reshape(shapes[n]) for m in ms) for n, ms in session.optimizer_moments().items()}
+        step, given = self._opened
+        live = {n: tuple(m.reshape(shapes[n]) for m in ms) for n, ms in session.optimizer_moments().items()
+                if self._step != step or n in given}
         return {**self._carried, **live}
 
     def _read_moments(self) -> dict:

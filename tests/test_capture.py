@@ -179,6 +179,26 @@ def test_inf_input_refused_before_update_then_training_continues_like_pytorch(rn
     assert opt.step == 5
 
 
+def test_a_refused_first_call_leaves_the_optimizer_state_as_it_was(rng):
+    # The first call opens the session, with zero moments; a refused update then showed those in
+    # opt.state() (an empty dict before), though no update made them.
+    W = ag.param(_w0(5), name="W")
+    opt = ot.optim.Adam([W], lr=1e-2)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y), optimizer=opt)
+    before = _snapshot(opt, W)
+    assert before[2] == {}
+    x, y = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 4)).astype(np.float32)
+    with pytest.raises(ot.NonFiniteError):
+        train(x=np.full_like(x, np.inf), y=y)
+    assert _snapshot(opt, W) == before
+    train(x=x, y=y)
+    assert opt.step == 1 and set(opt.state()["moments"]) == {"W"}
+    g = 2 * ((_w0(5) @ x - y) / y.size) @ x.T  # Adam's first step: m = 0.1 g, v = 0.001 g^2
+    np.testing.assert_allclose(opt.state()["moments"]["W"]["m"], 0.1 * g, rtol=1e-5, atol=1e-8)
+    train.free()
+    assert set(opt.state()["moments"]) == {"W"}
+
+
 # -- tables, frozen weights, outputs -----------------------------------------------------------------
 def test_embedding_rows_and_frozen_weight_match_pytorch(rng):
     torch = torch_or_skip()
@@ -484,7 +504,7 @@ def test_refusals_are_clear():
     with pytest.raises(ot.ShapeError, match=r"the loss must be a float32 tensor holding one number, received "
                                             r"shape \(2, 4\)"):
         ot.capture_step(lambda x: W @ x, optimizer=ot.optim.Adam([W]))(x=X)
-    with pytest.raises(ot.OrtrainError, match="has no value while a step is traced"):
+    with pytest.raises(ot.OrtrainError, match="has no value: ag ops record a graph.*Inside fn, return the tensor"):
         ot.capture_step(lambda x, y: ag.mse_loss(W @ x, y) if W @ x else None,
                         optimizer=ot.optim.Adam([W]))(x=X, y=Y)
     with pytest.raises(ot.OrtrainError, match="capture: fn expected a callable, received int"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortrain._arrays import as_array, is_integer, read_array
+from ortrain._arrays import as_array, is_integer, one_of_two_names, read_array
 from ortrain.ag.tensor import FLOAT, INT, Const, Input, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
@@ -64,6 +64,12 @@ def _ints(where: str, argument: str, value, expected: str) -> tuple[int, ...]:
     if items is None or not all(is_integer(i) for i in items):
         raise _not_ints(where, argument, value, expected)
     return tuple(int(i) for i in items)
+
+
+def _either(where: str, axis, dim, default: int):
+    """An axis given as numpy's ``axis`` or PyTorch's ``dim`` (both left None: ``default``); both
+    given with different values are refused, whichever equals the default."""
+    return default if axis is None and dim is None else one_of_two_names(where, "axis", axis, None, "dim", dim)
 
 
 def _axis(where: str, axis, ndim: int) -> int:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ortrain._arrays import is_real, one_of_two_names, read_array
 from ortrain._random import draw_seed
-from ortrain.ag._checks import _axis, _float, _node, as_tensor, broadcast
+from ortrain.ag._checks import _axis, _either, _float, _node, as_tensor, broadcast
 from ortrain.ag.tensor import Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import MS_DOMAIN
@@ -193,19 +193,19 @@ def _power_of(where: str, base, x: Tensor) -> Tensor:
     return _unary(where, "Exp", _binary(where, "Mul", x, np.log(b.astype(np.float64))))
 
 
-def softmax(x, axis: int = -1, *, dim: int | None = None) -> Tensor:
+def softmax(x, axis: int | None = None, *, dim: int | None = None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``axis`` (the last by default; ``dim`` is PyTorch's name)."""
     x = as_tensor(x, "softmax")
     _float("softmax", x)
-    a = _axis("softmax", one_of_two_names("softmax", "axis", axis, -1, "dim", dim), x.ndim)
+    a = _axis("softmax", _either("softmax", axis, dim, -1), x.ndim)
     return Tensor(x.shape, x.dtype, "softmax", (x,), _node("Softmax", axis=a))
 
 
-def log_softmax(x, axis: int = -1, *, dim: int | None = None) -> Tensor:
-    """``log(softmax(x))`` along ``axis`` (``dim`` in PyTorch), computed stably."""
+def log_softmax(x, axis: int | None = None, *, dim: int | None = None) -> Tensor:
+    """``log(softmax(x))`` along ``axis`` (the last by default; ``dim`` in PyTorch), computed stably."""
     x = as_tensor(x, "log_softmax")
     _float("log_softmax", x)
-    a = _axis("log_softmax", one_of_two_names("log_softmax", "axis", axis, -1, "dim", dim), x.ndim)
+    a = _axis("log_softmax", _either("log_softmax", axis, dim, -1), x.ndim)
     return Tensor(x.shape, x.dtype, "log_softmax", (x,), _node("LogSoftmax", axis=a))
 
 

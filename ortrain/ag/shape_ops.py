@@ -6,7 +6,7 @@ import numpy as np
 
 from ortrain._arrays import one_of_two_names, read_array
 from ortrain._warnings import warn
-from ortrain.ag._checks import _axis, _float, _ints, _node, _shapes, as_tensor
+from ortrain.ag._checks import _axis, _either, _float, _ints, _node, _shapes, as_tensor
 from ortrain.ag.elementwise import add, div
 from ortrain.ag.tensor import FLOAT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
@@ -175,7 +175,7 @@ def transpose(x, *dims, perm=None) -> Tensor:
     return Tensor(tuple(x.shape[i] for i in p), x.dtype, "transpose", (x,), _node("Transpose", perm=p))
 
 
-def concat(tensors, axis: int = 0, *, dim: int | None = None) -> Tensor:
+def concat(tensors, axis: int | None = None, *, dim: int | None = None) -> Tensor:
     """Join tensors along ``axis`` (0 by default, as numpy; ``dim`` is PyTorch's name); other
     dimensions must agree."""
     if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:
@@ -184,7 +184,7 @@ def concat(tensors, axis: int = 0, *, dim: int | None = None) -> Tensor:
     first = next((t for t in tensors if isinstance(t, Tensor)), None)
     first = as_tensor(tensors[0], "concat") if first is None else first
     ts = [as_tensor(t, "concat", like=first) for t in tensors]
-    a = _axis("concat", one_of_two_names("concat", "axis", axis, 0, "dim", dim), first.ndim)
+    a = _axis("concat", _either("concat", axis, dim, 0), first.ndim)
     for t in ts:
         if t.dtype != first.dtype or t.ndim != first.ndim or \
                 any(d != e for i, (d, e) in enumerate(zip(t.shape, first.shape, strict=True)) if i != a):

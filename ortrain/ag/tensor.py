@@ -57,9 +57,9 @@ class Tensor:
         return self.shape[0]
 
     def _no_value(self, *_):
-        raise OrtrainError(f"{self!r} has no value while a step is traced: ag ops record a graph and values "
-                           "exist only when the captured step runs. Return the tensor from fn (as the loss or "
-                           "an entry of the returned dict) to read it")
+        raise OrtrainError(f"{self!r} has no value: ag ops record a graph, and values exist only when the "
+                           "captured function runs. Inside fn, return the tensor (as the loss or an entry of the "
+                           "returned dict) to read it; outside a capture, compute on param.numpy() with numpy")
 
     __bool__ = __float__ = __int__ = __index__ = __array__ = _no_value
     __iter__ = _no_value
