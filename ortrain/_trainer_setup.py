@@ -7,6 +7,7 @@ they set and read its attributes.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -206,10 +207,11 @@ class TrainerSetup:
                         _weights_any_loss: bool = False) -> Trainer:
         """A trainer for ``model`` that continues bit-exactly from ``save_checkpoint(path)`` (with the
         exceptions listed there). ``weight_decay=None`` takes the one the checkpoint was written with."""
-        data = engine.read_checkpoint(path)
+        data = engine.read_checkpoint(path, verify=True)
         props = data.properties
         if _PROP + "key" not in props:
             raise OrtrainError(f"{os.fspath(path)!r} was not written by Trainer.save_checkpoint")
+        _check_counters(props, path)
         if weight_decay is None and _PROP + "weight_decay" in props:
             weight_decay = float(props[_PROP + "weight_decay"])
         _check_model(model)
@@ -267,7 +269,7 @@ class TrainerSetup:
         """
         art = _artifacts(directory)
         ckpt = art.checkpoint if checkpoint is None else Path(checkpoint)
-        data = engine.read_checkpoint(ckpt)
+        data = engine.read_checkpoint(ckpt, verify=True)
         own = checkpoint is not None and Path(checkpoint).resolve() == Path(art.checkpoint).resolve()
         if checkpoint is not None and not own and data.properties.get(_PROP + "key") != art.key:
             raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} was not written for the artifacts in "
@@ -288,6 +290,7 @@ class TrainerSetup:
         tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
                   checkpoint=ckpt, art=art, draws=_draws_in(data.properties))
         if _PROP + "key" in data.properties:
+            _check_counters(data.properties, ckpt)
             tr._restore_counters(data.properties, data)
         if _republished(art):
             tr.free()
@@ -327,6 +330,22 @@ def _draws_of(state) -> int:
     if state is None:
         return 0
     return state.n_steps if state.draws is None else state.draws
+
+
+def _check_counters(props: dict, path) -> None:
+    """The counters a trainer's checkpoint holds are there and readable, before anything is built:
+    a changed byte in a property's name or value is a damaged file, not a raw KeyError later."""
+    try:
+        for key in ("n_steps", "updates"):
+            int(props[_PROP + key])
+        if not math.isfinite(float(props[_PROP + "lr"])):
+            raise ValueError("the learning rate is not finite")
+        _draws_in(props)
+        if _PROP + "weight_decay" in props:
+            float(props[_PROP + "weight_decay"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise OrtrainError(f"checkpoint {os.fspath(path)!r} is damaged: its trainer counters cannot be read "
+                           f"({type(exc).__name__}: {exc}); use another checkpoint or a copy of this one") from None
 
 
 def _draws_in(props: dict) -> int:

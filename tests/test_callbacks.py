@@ -934,6 +934,34 @@ def test_a_fit_refused_or_failed_before_its_first_step_keeps_logs_and_a_written_
     assert model.fit(x, y, batch_size=8, verbose=0).history["lr"] == [0.5]   # the written rate still applies
 
 
+def test_a_csv_logger_that_cannot_write_names_the_file_and_changes_nothing(tmp_path, monkeypatch):
+    # A read-only folder raised the system's PermissionError from inside the loop; a full disk its OSError.
+    import errno
+
+    from ortrain.callbacks import csv_logger
+    x = np.random.default_rng(0).random((8, 4)).astype(np.float32)
+    y = np.random.default_rng(1).random((8, 2)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.01), loss="mse")
+    before = model.get_weights()
+    monkeypatch.setattr(csv_logger.os, "access", lambda path, mode: False)  # as a user without write access
+    with pytest.raises(ot.OrtrainError, match=r"CSVLogger: cannot write .*log.csv'.*read-only.*Choose a folder you "
+                                              r"can write to"):
+        model.fit(x, y, verbose=0, callbacks=[ot.callbacks.CSVLogger(tmp_path / "log.csv")])
+    monkeypatch.undo()
+    assert model.train_state is None and not (tmp_path / "log.csv").exists()
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+    class FullDisk(io.StringIO):
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv_logger, "open", lambda *a, **k: FullDisk(), raising=False)
+    with pytest.raises(ot.OrtrainError, match=r"CSVLogger: cannot write .*: No space left on device; Free space"):
+        model.fit(x, y, verbose=0, callbacks=[ot.callbacks.CSVLogger(tmp_path / "log.csv")])
+
+
 def test_lambda_callback_calls_the_functions_given_as_keras_does():
     calls = []
     cb = ot.callbacks.LambdaCallback(

@@ -909,3 +909,48 @@ def test_load_model_without_compiling_and_a_python_loss_function_is_told_the_way
     with pytest.raises(ot.OrtrainError, match="received the function 'my_loss'.*ot.capture_step"):
         bare.compile(optimizer="adam", loss=my_loss)
     assert not bare.compiled
+
+
+def test_a_changed_byte_in_a_saved_model_or_trainer_checkpoint_is_refused_or_harmless(tmp_path):
+    """One bit flipped in turn across the files: a load either refuses with OrtrainError or gives
+    exactly the saved state. A model file raised zlib.error or NotImplementedError; a trainer
+    checkpoint raised KeyError or IndexError, or loaded other weights silently (it holds no
+    checksum of its own, so ortrain adds one)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 2)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(6, activation="relu"), ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=8, verbose=0)
+    model.save(tmp_path / "m.ortrain")
+    with ot.Trainer(model, batch_size=8) as tr:
+        tr.step(x, y)
+        tr.save_checkpoint(tmp_path / "m.ckpt")
+    with ot.Trainer.from_checkpoint(model, tmp_path / "m.ckpt", batch_size=8) as tr:
+        want = ([w.copy() for w in tr.model().get_weights()], tr.n_steps, tr.lr, tr.step(x, y))
+
+    def load_model(path):
+        got = ot.load_model(path)
+        return [w.copy() for w in got.get_weights()], got.train_state.step, got.optimizer.lr
+
+    def from_checkpoint(path):
+        with ot.Trainer.from_checkpoint(model, path, batch_size=8) as tr:
+            return [w.copy() for w in tr.model().get_weights()], tr.n_steps, tr.lr, tr.step(x, y)
+
+    for name, load, every in (("m.ortrain", load_model, 5), ("m.ckpt", from_checkpoint, 11)):
+        data = (tmp_path / name).read_bytes()
+        saved = load(tmp_path / name)
+        refused = 0
+        for i in range(0, len(data), every):
+            bad = bytearray(data)
+            bad[i] ^= 0x10
+            (tmp_path / "bad").write_bytes(bytes(bad))
+            try:
+                got = load(tmp_path / "bad")
+            except ot.OrtrainError:
+                refused += 1
+                continue
+            for a, b in zip(got[0], saved[0]):
+                np.testing.assert_array_equal(a, b, err_msg=f"{name}: byte {i} changed, loaded silently")
+            assert got[1:] == saved[1:], f"{name}: byte {i} changed, loaded silently"
+        assert refused > len(data) // every // 2
+    assert from_checkpoint(tmp_path / "m.ckpt")[1:] == want[1:]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import errno
 import math
 import numbers
 import os
 
 import numpy as np
 
+from ortrain._files import write_advice
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 
@@ -61,6 +63,10 @@ class CSVLogger(Callback):
         if os.path.isdir(self.filename):
             raise OrtrainError(f"CSVLogger: filename {self.filename!r} is a directory; give a file path such as "
                                "'log.csv'")
+        target = self.filename if os.path.exists(self.filename) else directory
+        if not os.access(target, os.W_OK):
+            raise OrtrainError(f"CSVLogger: cannot write {self.filename!r}: {target!r} is read-only (permission "
+                               f"denied); {write_advice(errno.EACCES)}")
 
     def on_train_begin(self, logs=None):
         has_rows = self.append and os.path.isfile(self.filename) and os.path.getsize(self.filename) > 0
@@ -69,7 +75,10 @@ class CSVLogger(Callback):
             with open(self.filename, newline="") as f:
                 header = next(csv.reader(f, delimiter=self.separator), None)
             self.keys = header[1:] if header and header[0] == "epoch" else None
-        self._file = open(self.filename, "a" if self.append else "w", newline="")
+        try:
+            self._file = open(self.filename, "a" if self.append else "w", newline="")
+        except OSError as exc:
+            raise self._write_error(exc) from exc
         self._writer = csv.writer(self._file, delimiter=self.separator)
         self._header_written = has_rows and self.keys is not None
 
@@ -80,8 +89,15 @@ class CSVLogger(Callback):
         if not self._header_written:
             self._writer.writerow(["epoch", *self.keys])
             self._header_written = True
-        self._writer.writerow([epoch, *(csv_cell(logs.get(k)) for k in self.keys)])
-        self._file.flush()
+        try:
+            self._writer.writerow([epoch, *(csv_cell(logs.get(k)) for k in self.keys)])
+            self._file.flush()
+        except OSError as exc:  # a full disk, a size limit
+            raise self._write_error(exc) from exc
+
+    def _write_error(self, exc: OSError) -> OrtrainError:
+        return OrtrainError(f"CSVLogger: cannot write {self.filename!r}: {exc.strerror or exc}; "
+                            f"{write_advice(exc.errno)}")
 
     def on_train_end(self, logs=None):
         if self._file is not None:

@@ -11,6 +11,7 @@ return the moments, ``opt.load_state()`` restore them in a new session, and
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass, field
 
 import flatbuffers
@@ -29,6 +30,9 @@ CHECKPOINT_VERSION = 2  # what onnxruntime-training 1.19.2 writes and reads
 _IDENTIFIER = b"ODTC"
 GROUP_NAME = "group0"
 MOMENT_NAMES = ("momentum0", "momentum1")
+# A property of a trainer's checkpoint: the crc32 of everything else it holds, so that a changed
+# byte in a weight, a moment or a counter is told apart from training (the format has no checksum).
+CHECKSUM = "ortrain.crc32"
 
 
 @dataclass
@@ -48,6 +52,26 @@ class CheckpointData:
     properties: dict[str, int | float | str] = field(default_factory=dict)
 
 
+def content_crc(data: CheckpointData) -> int:
+    """crc32 of a checkpoint's tensors (names, types, shapes, values), optimizer step and properties
+    but :data:`CHECKSUM`."""
+    crc = 0
+    tables = [data.trainable, data.frozen]
+    if data.optimizer is not None:
+        crc = zlib.crc32(f"step={data.optimizer.step} lr={data.optimizer.initial_lr!r}".encode(), crc)
+        tables += [{f"{n}/{i}": m for n, ms in data.optimizer.moments.items() for i, m in enumerate(ms)}]
+    for table in tables:
+        for name in sorted(table):
+            a = np.ascontiguousarray(table[name])
+            crc = zlib.crc32(f"{name}:{a.dtype.str}:{a.shape}".encode(), crc)
+            crc = zlib.crc32(a.data, crc)
+        crc = zlib.crc32(b"|", crc)
+    for key in sorted(data.properties):
+        if key != CHECKSUM:
+            crc = zlib.crc32(f"{key}={data.properties[key]!r}".encode(), crc)
+    return crc
+
+
 def _read_tensor(t) -> tuple[str, np.ndarray]:
     name = t.Name().decode()
     dims = tuple(int(t.Dims(i)) for i in range(t.DimsLength()))
@@ -59,8 +83,9 @@ def _read_tensor(t) -> tuple[str, np.ndarray]:
     return name, np.frombuffer(raw.tobytes(), dtype=dtype).reshape(dims).copy()
 
 
-def read_checkpoint(path: str | os.PathLike) -> CheckpointData:
-    """Parse a checkpoint written by onnxruntime-training (or by :func:`write_checkpoint`)."""
+def read_checkpoint(path: str | os.PathLike, verify: bool = False) -> CheckpointData:
+    """Parse a checkpoint written by onnxruntime-training (or by :func:`write_checkpoint`);
+    ``verify``: one that holds :data:`CHECKSUM` (a trainer's) must match it."""
     if not isinstance(path, (str, os.PathLike)):
         raise OrtrainError(f"checkpoint: expected a file path, received {path!r}")
     try:
@@ -77,12 +102,17 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointData:
         raise OrtrainError(f"{os.fspath(path)!r} is not an onnxruntime-training checkpoint "
                            f"(missing the 'ODTC' file identifier){hint}")
     try:
-        return _parse(buf)
+        data = _parse(buf)
     except OrtrainError:  # an intact file ortrain cannot use: its own reason
         raise
     except Exception as exc:  # a truncated or corrupted flatbuffer raises anything from struct to IndexError
         raise OrtrainError(f"checkpoint {os.fspath(path)!r} cannot be read: {exc}; it is damaged, or was not "
                            "written by onnxruntime-training 1.19.2 or ortrain") from exc
+    if verify and CHECKSUM in data.properties and data.properties[CHECKSUM] != content_crc(data):
+        raise OrtrainError(f"checkpoint {os.fspath(path)!r} is damaged: its contents do not match the checksum "
+                           "written with them (changed after it was written); use another checkpoint or a copy of "
+                           "this one")
+    return data
 
 
 def _parse(buf: bytes) -> CheckpointData:

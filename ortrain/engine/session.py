@@ -21,7 +21,7 @@ from ortrain._files import atomic_path, write_advice
 from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine._runtime import C, OrtValue
-from ortrain.engine.checkpoint import read_checkpoint
+from ortrain.engine.checkpoint import CHECKSUM, content_crc, read_checkpoint
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
@@ -177,7 +177,7 @@ class TrainingSession:
         dev = self.device.ort_device()
         try:
             self._state = C.load_checkpoint(os.fspath(checkpoint_path))
-        except RuntimeError as exc:
+        except (RuntimeError, IndexError, KeyError, ValueError) as exc:  # a changed byte: any of these
             raise OrtrainError(f"checkpoint {os.fspath(checkpoint_path)!r} cannot be read: {_reason(exc).rstrip('.')}; it is "
                                "damaged (cut short or changed after it was written): use another checkpoint or a "
                                "copy of this one") from exc
@@ -188,6 +188,10 @@ class TrainingSession:
                                if optimizer_path is not None else None)
         except RuntimeError as exc:
             raise _open_failure(exc, self.device) from exc
+        except (IndexError, KeyError) as exc:  # a weight the graphs name is not in the checkpoint's table
+            raise OrtrainError(f"checkpoint {os.fspath(checkpoint_path)!r} does not hold the weights the training "
+                               f"graphs name ({_reason(exc)}): it is damaged, or belongs to other artifacts; use "
+                               "another checkpoint or a copy of this one") from exc
         # Training steps run, counting those of earlier sessions: each draws one mask per dropout.
         self.draws = int(draws)
         training = onnx.load(os.fspath(training_path), load_external_data=False)
@@ -391,12 +395,18 @@ class TrainingSession:
     # -- checkpoints and export -------------------------------------------------------
     @exclusive
     def save_checkpoint(self, path, properties: dict | None = None, include_optimizer: bool = True) -> None:
+        """Write the state with ``properties`` and, with them, :data:`CHECKSUM` of what it holds
+        (the runtime writes the file: it is written once, read back for the checksum, and written
+        again with it)."""
         self._live()
         for key, value in (properties or {}).items():
             self._state.add_property(key, value)
         with atomic_path(path) as tmp:
             try:
                 C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
+                if properties:
+                    self._state.add_property(CHECKSUM, content_crc(read_checkpoint(tmp)))
+                    C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
             except RuntimeError as exc:  # a full disk, a file-size limit: the reason ends the message
                 reason, advice = write_failure(exc) or (_reason(exc), write_advice(None))
                 raise OrtrainError(f"save_checkpoint: cannot write {os.fspath(path)!r}: {reason}; a file already "

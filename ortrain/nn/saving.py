@@ -12,6 +12,7 @@ import io
 import json
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -191,8 +192,10 @@ def load_model(path, compile: bool = True):
     if not isinstance(compile, (bool, np.bool_)):
         raise OrtrainError(f"load_model(compile=...): expected True or False, received {compile!r}")
     path = os.fspath(path)
+    ours = False  # a zip listing model.json: an error reading it means the file is damaged
     try:
         with zipfile.ZipFile(path) as z:
+            ours = "model.json" in z.namelist()
             record = json.loads(z.read("model.json"))
             if not isinstance(record, dict):
                 raise ValueError(f"model.json holds a {type(record).__name__}, not an object")
@@ -205,7 +208,11 @@ def load_model(path, compile: bool = True):
             extra = {name: z.read(name) for name in record.get("_extra", [])}
     except FileNotFoundError:
         raise OrtrainError(f"load_model: no such file {path!r}") from None
-    except (zipfile.BadZipFile, KeyError, TypeError, ValueError, OSError) as exc:
+    except (zipfile.BadZipFile, KeyError, TypeError, ValueError, OSError, EOFError, NotImplementedError,
+            zlib.error) as exc:
+        if ours:  # a flipped bit: zlib's error, a bad CRC, an unknown compression method
+            raise OrtrainError(f"load_model: {path!r} is damaged: it cannot be read ({type(exc).__name__}: {exc}); "
+                               "use another copy, or save the model again") from exc
         if isinstance(exc, zipfile.BadZipFile) and _is_trainer_checkpoint(path):
             raise OrtrainError(f"load_model: {path!r} is a trainer checkpoint (Trainer.save_checkpoint, or "
                                "ModelCheckpoint(save_model=False)), which holds weights and optimizer state but not "
