@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -92,6 +93,13 @@ def fresh_dir(parent: Path, prefix: str) -> Path:
             continue
 
 
+def atomic_temporaries(name: str, suffix: str) -> str:
+    """A regular expression of the temporary names ``atomic_path`` gives a file whose name matches
+    ``name`` (itself a regular expression) and ends in ``suffix``: ``.<name>.<12 hex>.tmp<suffix>``,
+    what a kill during the write leaves beside it."""
+    return rf"\.{name}\.[0-9a-f]{{12}}\.tmp{re.escape(suffix)}"
+
+
 @contextlib.contextmanager
 def atomic_path(path, what: str | None = None):
     """Yield a fresh temporary path beside ``path``; on success it is renamed onto ``path``, on
@@ -101,7 +109,8 @@ def atomic_path(path, what: str | None = None):
     ``what`` (the argument) and ``path``."""
     path = checked_target(path, what or "path")
     while True:
-        # the same suffix: writers such as onnx.save choose the format by it
+        # the same suffix: writers such as onnx.save choose the format by it (atomic_temporaries reads
+        # this name)
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}"
         try:
             os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))

@@ -252,6 +252,40 @@ def test_a_run_resumes_from_anywhere_and_finishes_what_a_kill_left(workdir, caps
     assert cli("eval", "--run", "run", "--data", "test.npz") == 0
 
 
+def test_a_resume_removes_the_temporary_of_every_file_a_run_writes(workdir, capsys, monkeypatch):
+    # every temporary a run renames into place (its atomic writes and its artifacts' folder) is
+    # what a kill during that write leaves: recorded as the run writes them, then left as if killed
+    renamed = []
+    real_replace, real_rename = os.replace, os.rename
+
+    def replace(src, dst, *args, **kwargs):
+        renamed.append(Path(os.path.abspath(src)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    def rename(src, dst, *args, **kwargs):
+        renamed.append(Path(os.path.abspath(src)))
+        return real_rename(src, dst, *args, **kwargs)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "rename", rename)
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--data", "train.npz", "--epochs", "1", "--batch-size", "32", "--seed", "2", "--out", "run",
+               "--verbose", "0") == 0
+    monkeypatch.undo()
+    monkeypatch.chdir(workdir)
+    run = workdir / "run"
+    temporaries = sorted({p for p in renamed if p.parent in (run, run / "checkpoints")})
+    written = {p.name.split(".")[1] for p in temporaries}
+    assert {"run", "state", "history", "log", "model", "loss", "epoch-0001", "artifacts"} <= written
+    for p in [*temporaries, run / ".artifacts.old-a_b1c2d3"]:
+        if p.name.startswith(".artifacts."):
+            (p / "stale").mkdir(parents=True)
+        else:
+            p.write_bytes(b"half")
+    assert cli("train", "--out", "run", "--resume", "--epochs", "1", "--verbose", "0") == 0
+    left = [p.name for p in temporaries if p.exists()]
+    assert left == [] and not (run / ".artifacts.old-a_b1c2d3").exists()
+
+
 def test_a_moved_run_keeps_its_own_artifacts(workdir, capsys):
     import shutil
     assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",

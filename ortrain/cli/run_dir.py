@@ -25,7 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ortrain._files import CAN_LOCK, lock_file
+from ortrain._files import CAN_LOCK, atomic_temporaries, lock_file
 from ortrain.callbacks.base import Callback
 from ortrain.cli import TRAIN_KEYS
 from ortrain.cli._common import UsageError, read_json, write_json, write_text
@@ -283,7 +283,7 @@ def sweep_temporaries(out: Path) -> list[str]:
         if not folder.is_dir():
             continue
         for p in folder.iterdir():
-            if not pattern.match(p.name) or p.is_symlink():
+            if not pattern.fullmatch(p.name) or p.is_symlink():
                 continue
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
@@ -293,11 +293,13 @@ def sweep_temporaries(out: Path) -> list[str]:
     return removed
 
 
-# _files.atomic_path names a temporary ".<name>.<12 hex>.tmp<suffix>"; artifacts._publish uses
-# ".artifacts.tmp-<12 hex>" and ".artifacts.old-<8 chars>" folders.
-_TEMP_IN_RUN = re.compile(r"^\.((state|run|history)\.json\.[0-9a-f]{12}\.tmp\.json|log\.csv\.[0-9a-f]{12}\.tmp\.csv"
-                          r"|model\.onnx\.[0-9a-f]{12}\.tmp\.onnx|artifacts\.tmp-[0-9a-f]{12}|artifacts\.old-\w{8})$")
-_TEMP_IN_CHECKPOINTS = re.compile(r"^\.epoch-\d{4,}\.ckpt\.[0-9a-f]{12}\.tmp\.ckpt$")
+# What a run writes by atomic_path (_files.atomic_temporaries names their temporaries), in its
+# directory and in checkpoints/; artifacts._publish builds its artifacts in ".artifacts.tmp-<12 hex>"
+# and moves replaced ones to ".artifacts.old-<8 chars>" folders.
+_WRITTEN_IN_RUN = ("run.json", "state.json", "history.json", "log.csv", "model.onnx", "loss.png")
+_TEMP_IN_RUN = re.compile("|".join([*(atomic_temporaries(re.escape(name), Path(name).suffix) for name in _WRITTEN_IN_RUN),
+                                    r"\.artifacts\.tmp-[0-9a-f]{12}", r"\.artifacts\.old-\w{8}"]))
+_TEMP_IN_CHECKPOINTS = re.compile(atomic_temporaries(_CHECKPOINT.pattern, ".ckpt"))
 
 
 @contextlib.contextmanager
