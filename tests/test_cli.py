@@ -523,6 +523,52 @@ def test_a_run_that_fails_before_its_first_epoch_leaves_nothing_and_can_be_rerun
     assert "optimizer" not in settings and "loss" not in settings
 
 
+def test_a_run_killed_before_it_wrote_run_json_starts_again_with_the_same_command(workdir, capsys):
+    # killed (SIGKILL) once its artifacts are published, as it writes run.json
+    (workdir / "kill.py").write_text(
+        "import os, signal, sys\n"
+        "real = os.open\n"
+        "def killing(path, *args, **kwargs):\n"
+        "    if '.run.json.' in os.fspath(path):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(path, *args, **kwargs)\n"
+        "os.open = killing\n"
+        "from ortrain.cli import main\n"
+        "sys.exit(main())\n")
+    def command(out):
+        return ["train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+                "--data", "train.npz", "--epochs", "1", "--batch-size", "16", "--out", out, "--verbose", "0"]
+    args = command("R")
+    killed = subprocess.run([sys.executable, "kill.py", *args], capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (workdir / "R" / "artifacts" / "manifest.json").is_file() and not (workdir / "R" / "run.json").exists()
+    assert cli("train", "--out", "R", "--resume", "--epochs", "1", "--verbose", "0") == 2
+    assert "train --resume: 'R' holds no run to resume: the run started there was stopped before it wrote run.json " \
+        "(its artifacts are left); run the command that started it again, without --resume" in capsys.readouterr().err
+    assert cli(*args) == 0
+    assert json.loads((workdir / "R" / "state.json").read_text())["epoch"] == 1
+    # the same state written by hand, with the temporary of run.json and artifacts of another loss: replaced
+    assert cli("artifacts", "mlp.onnx", "-o", "S/artifacts", "--loss", "mse") == 0
+    other = ot.artifacts.load("S/artifacts").key
+    for name in (".lock", ".run.json.0123456789ab.tmp.json"):
+        (workdir / "S" / name).write_text("")
+    assert cli(*command("S")) == 0
+    assert ot.artifacts.load("S/artifacts").key != other and (workdir / "S" / "run.json").is_file()
+    assert sorted(p.name for p in (workdir / "S").iterdir()) == \
+        ["artifacts", "checkpoints", "history.json", "log.csv", "loss.png", "model.onnx", "run.json", "state.json"]
+    # artifacts beside anything else, or holding anything else, may be the user's: refused, untouched
+    for folder, extra in (("T", "notes.txt"), ("U", "artifacts/notes.txt")):
+        assert cli("artifacts", "mlp.onnx", "-o", f"{folder}/artifacts", "--loss", "mse") == 0
+        (workdir / folder / extra).write_text("mine")
+        before = _files_under(workdir / folder)
+        assert cli(*command(folder)) == 2
+        assert f"--out: '{folder}' holds artifacts, which a run writes, and no run; choose a new or empty " \
+            "directory" in capsys.readouterr().err
+        assert _files_under(workdir / folder) == before
+        assert cli("train", "--out", folder, "--resume", "--epochs", "1") == 2
+        assert "holds no run to resume; drop --resume to start one there" in capsys.readouterr().err
+
+
 def test_artifacts_says_when_it_replaces_other_artifacts(workdir, capsys):
     make_artifacts(capsys)
     assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "sparse_categorical_crossentropy",

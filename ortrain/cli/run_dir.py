@@ -26,6 +26,7 @@ import shutil
 from pathlib import Path
 
 from ortrain._files import CAN_LOCK, atomic_temporaries, lock_file
+from ortrain._manifest import FILES as ARTIFACT_FILES
 from ortrain.callbacks.base import Callback
 from ortrain.cli import TRAIN_KEYS
 from ortrain.cli._common import UsageError, read_json, write_json, write_text
@@ -211,6 +212,10 @@ def resume_settings(cfg: dict) -> dict:
     is refused."""
     out = Path(cfg["out"])
     if not (out / "run.json").is_file():
+        if left_by_a_start(out):
+            raise UsageError(f"train --resume: {str(out)!r} holds no run to resume: the run started there was stopped "
+                             "before it wrote run.json (its artifacts are left); run the command that started it "
+                             "again, without --resume")
         raise UsageError(f"train --resume: {str(out)!r} holds no run to resume; drop --resume to start one there")
     run = read_run(out)
     for key, flag in FIXED_BY_RUN.items():
@@ -300,6 +305,25 @@ _WRITTEN_IN_RUN = ("run.json", "state.json", "history.json", "log.csv", "model.o
 _TEMP_IN_RUN = re.compile("|".join([*(atomic_temporaries(re.escape(name), Path(name).suffix) for name in _WRITTEN_IN_RUN),
                                     r"\.artifacts\.tmp-[0-9a-f]{12}", r"\.artifacts\.old-\w{8}"]))
 _TEMP_IN_CHECKPOINTS = re.compile(atomic_temporaries(_CHECKPOINT.pattern, ".ckpt"))
+# _run_lock's file, and _artifact_store._publish_lock's for the run's artifacts/
+_LOCKS = (".lock", ".artifacts.lock")
+
+
+def left_by_a_start(out: Path) -> bool:
+    """Whether ``out`` holds ``artifacts/`` and nothing but what a run of ours leaves before it
+    writes ``run.json``: the artifacts it built, its locks and the temporaries of its writes. A
+    kill cut that start short (an error or Ctrl-C would have removed them), so the directory is
+    the run's to start again, replacing those artifacts."""
+    art = out / "artifacts"
+    if art.is_symlink() or not art.is_dir():
+        return False
+    try:
+        inside = [p.name for p in art.iterdir()]
+        beside = [p for p in out.iterdir() if p.name != "artifacts"]
+    except OSError:
+        return False
+    return all(name in (*ARTIFACT_FILES, "manifest.json") for name in inside) and \
+        all((p.name in _LOCKS and p.is_file()) or _TEMP_IN_RUN.fullmatch(p.name) for p in beside)
 
 
 @contextlib.contextmanager
@@ -309,7 +333,7 @@ def _run_lock(out: Path):
     if not CAN_LOCK:  # not on POSIX: no guard
         yield
         return
-    lock = out / ".lock"
+    lock = out / _LOCKS[0]
     handle = lock_file(lock, wait=False)
     if handle is None:
         raise UsageError(f"--out: another ortrain process is training the run in {str(out)!r}; wait for it "
@@ -330,11 +354,12 @@ def _artifacts_of(out: Path, run: dict) -> Path:
     return out / path if not path.is_absolute() and (out / path).is_dir() else path
 
 
-def _discarder(out: Path):
+def _discarder(out: Path, artifacts_ours: bool = False):
     """What removes a new run that fails before its first epoch ends: its settings, the artifacts
     it built, and the directories the run created (parents that stay empty included: another
-    run may have started beside it meanwhile). Nothing that was there before is touched."""
-    had_artifacts = (out / "artifacts").exists()
+    run may have started beside it meanwhile). Nothing that was there before is touched, but
+    for artifacts a start cut short left (``artifacts_ours``, see ``left_by_a_start``)."""
+    had_artifacts = (out / "artifacts").exists() and not artifacts_ours
     created = []  # the directories this run creates, innermost first
     for d in (out, *out.parents):
         if d.exists():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from ortrain.cli.run_dir import (
     _artifacts_of,
     _discarder,
     _run_lock,
+    left_by_a_start,
     read_run,
     read_state,
     resume_settings,
@@ -101,13 +103,16 @@ def train(cfg: dict) -> dict:
     if (out / "state.json").exists() or (out / "run.json").exists():
         raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
                          "another directory")
-    _refuse_clashes(out, building=not cfg.get("artifacts"))
-    discard = _discarder(out)
+    cut_short = _refuse_clashes(out, building=not cfg.get("artifacts"))
+    discard = _discarder(out, artifacts_ours=cut_short)
     out.mkdir(parents=True, exist_ok=True)
     with _run_lock(out):
         if (out / "run.json").exists():  # another process started a run here meanwhile
             raise UsageError(f"--out: {str(out)!r} already holds a run; continue it with --resume or choose "
                              "another directory")
+        sweep_temporaries(out)  # what a start cut short by a kill left half-written
+        if cut_short:  # its artifacts: this run builds its own
+            shutil.rmtree(out / "artifacts", ignore_errors=True)
         try:
             return _start(cfg, out, data, discard)
         except BaseException as exc:
@@ -123,13 +128,18 @@ def train(cfg: dict) -> dict:
 _RUN_FILES = ("state.json", "log.csv", "history.json", "model.onnx", "loss.png", "checkpoints")
 
 
-def _refuse_clashes(out: Path, building: bool) -> None:
-    """A new run goes into a new or empty directory, or one whose files it would not overwrite."""
+def _refuse_clashes(out: Path, building: bool) -> bool:
+    """A new run goes into a new or empty directory, or one whose files it would not overwrite, or
+    one that holds nothing but what a run started there left before it wrote run.json (killed;
+    ``left_by_a_start``): True then, as the run replaces those artifacts."""
     names = _RUN_FILES + (("artifacts",) if building else ())
     clash = [n for n in names if (out / n).exists()]
+    if clash == ["artifacts"] and left_by_a_start(out):
+        return True
     if clash:
         raise UsageError(f"--out: {str(out)!r} holds {', '.join(clash)}, which a run writes, and no run; choose a "
                          "new or empty directory")
+    return False
 
 
 def _start(cfg: dict, out: Path, data, discard) -> dict:
