@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -44,6 +45,28 @@ def set_cache_dir(path) -> None:
     _cache_root = Path(os.path.abspath(path)) if path is not None else None
 
 
+def publish_leftovers(name: str) -> str:
+    """A regular expression of the folders ``artifacts._publish`` makes beside a directory whose
+    name matches ``name`` (itself a regular expression): the new directory it fills,
+    ``.<name>.tmp-<12 hex>`` (``fresh_dir``), and the one it moves the directory it replaces into,
+    ``.<name>.old-<8 chars>`` (``tempfile.mkdtemp``). A build killed midway leaves them."""
+    return rf"\.{name}\.(tmp-[0-9a-f]{{12}}|old-[a-z0-9_]{{8}})"
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Remove what builds of ``target`` killed midway left beside it (``publish_leftovers``): with
+    the lock held, no build of it runs. A kill between ``_publish``'s two renames left the previous
+    directory only in ``.<name>.old-*``: it is replaced by the build in any case."""
+    ours = re.compile(publish_leftovers(re.escape(target.name)))
+    try:
+        beside = list(target.parent.iterdir())
+    except OSError:  # a folder that can be written but not listed: they stay
+        return
+    for path in beside:
+        if ours.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def _publish_lock(target: Path):
     """An exclusive lock per artifact directory, so concurrent builders of one key take turns.
@@ -51,7 +74,9 @@ def _publish_lock(target: Path):
     The lock file is removed by its holder before it lets go, so builds leave none behind (and a
     build that fails before anything is published also removes the folders it made). A builder
     that was waiting on a removed file sees that it is gone (another inode, or none, at the
-    path) and takes the lock afresh, so two builders never work on one directory at once.
+    path) and takes the lock afresh, so two builders never work on one directory at once. Once
+    it holds the lock, it removes the folders builds killed midway left (without the lock, on
+    systems other than POSIX, they stay: a build running elsewhere could not be told from them).
     """
     why = not_a_folder(target)
     if why is not None:
@@ -73,6 +98,7 @@ def _publish_lock(target: Path):
             raise _unwritable(target, exc) from None
     failed = False
     try:
+        _remove_leftovers(target)
         yield
     except BaseException:
         failed = True

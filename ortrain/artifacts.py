@@ -350,7 +350,8 @@ def _publish(target: Path, fill) -> Artifacts:
     """Write a complete directory beside ``target`` with ``fill(tmp)``, then rename it into place
     (moving a stale ``target`` aside just before, and removing it after), so a reader sees the
     old directory, the new one, or for the moment between two renames none; an error or an
-    interrupt at any point leaves the old one or the new one in place."""
+    interrupt at any point leaves the old one or the new one in place; a kill leaves its folders,
+    named as ``_artifact_store.publish_leftovers`` says, which the next build removes."""
     _refuse_working_directory(target)
     tmp = fresh_dir(target.parent, f".{target.name}.tmp-")
     old = None

@@ -317,6 +317,53 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     assert len(hist["loss"]) == 2 and hist["loss"][1] < hist["loss"][0]
 
 
+def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(workdir, capsys, monkeypatch):
+    import threading
+
+    from ortrain import _artifact_store
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0
+    # killed between its two renames: the old copy moved aside, the new one complete but not in place
+    (workdir / ".art.old-a1b2c3_d").mkdir()
+    (workdir / "art").rename(workdir / ".art.old-a1b2c3_d" / "stale")
+    (workdir / ".art.tmp-0123456789ab").mkdir()
+    (workdir / ".art.tmp-0123456789ab" / "training.onnx").write_bytes(b"half")
+    lookalikes = [workdir / ".art.tmp-mine", workdir / ".art.old-notes", workdir / ".art2.tmp-0123456789ab"]
+    for p in lookalikes:
+        p.mkdir()
+    capsys.readouterr()
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mae") == 0
+    captured = capsys.readouterr()
+    assert "note:" not in captured.out and captured.err == ""   # nothing was wrong: art is written anew
+    assert ot.artifacts.load("art").manifest["loss"]["name"] == "mae"
+    assert sorted(p.name for p in workdir.iterdir() if p.name.startswith(".art")) == \
+        sorted(p.name for p in lookalikes)
+    # a build of art running in another process holds its lock: its folder is not taken for a leftover
+    target = Path(os.path.realpath("art"))
+    building, waiting, seen = threading.Event(), threading.Event(), []
+
+    def other_build():
+        with _artifact_store._publish_lock(target):
+            in_flight = workdir / ".art.tmp-fedcba987654"
+            in_flight.mkdir()
+            building.set()
+            waiting.wait(60)
+            time.sleep(0.5)   # the command waits on the lock meanwhile
+            seen.append(in_flight.exists())
+            in_flight.rmdir()
+    thread = threading.Thread(target=other_build)
+    thread.start()
+    assert building.wait(60)
+    real_lock = _artifact_store.lock_file
+
+    def lock_file(*args, **kwargs):
+        waiting.set()
+        return real_lock(*args, **kwargs)
+    monkeypatch.setattr(_artifact_store, "lock_file", lock_file)
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0
+    thread.join(60)
+    assert seen == [True]
+
+
 @pytest.mark.parametrize("args,code,message", [
     (["train", "--artifacts", "art", "--data", "missing.npz", "--epochs", "1", "--batch-size", "8"], 2,
      "--data: no such file 'missing.npz'"),

@@ -25,6 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
+from ortrain._artifact_store import publish_leftovers
 from ortrain._files import CAN_LOCK, atomic_temporaries, lock_file
 from ortrain._manifest import FILES as ARTIFACT_FILES
 from ortrain.callbacks.base import Callback
@@ -299,11 +300,10 @@ def sweep_temporaries(out: Path) -> list[str]:
 
 
 # What a run writes by atomic_path (_files.atomic_temporaries names their temporaries), in its
-# directory and in checkpoints/; artifacts._publish builds its artifacts in ".artifacts.tmp-<12 hex>"
-# and moves replaced ones to ".artifacts.old-<8 chars>" folders.
+# directory and in checkpoints/, and the folders of its artifacts' build (publish_leftovers).
 _WRITTEN_IN_RUN = ("run.json", "state.json", "history.json", "log.csv", "model.onnx", "loss.png")
 _TEMP_IN_RUN = re.compile("|".join([*(atomic_temporaries(re.escape(name), Path(name).suffix) for name in _WRITTEN_IN_RUN),
-                                    r"\.artifacts\.tmp-[0-9a-f]{12}", r"\.artifacts\.old-\w{8}"]))
+                                    publish_leftovers("artifacts")]))
 _TEMP_IN_CHECKPOINTS = re.compile(atomic_temporaries(_CHECKPOINT.pattern, ".ckpt"))
 # _run_lock's file, and _artifact_store._publish_lock's for the run's artifacts/
 _LOCKS = (".lock", ".artifacts.lock")
