@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from ortrain._artifact_graphs import WEIGHTINGS as WEIGHTINGS
 from ortrain._artifact_graphs import loss_model as loss_model
 from ortrain._artifact_store import _publish_lock, _refuse_working_directory, cache_dir, set_cache_dir
 from ortrain._artifact_store import scratch_dir as scratch_dir
-from ortrain._files import atomic_path, fresh_dir
+from ortrain._files import atomic_path, atomic_temporaries, fresh_dir
 from ortrain._manifest import FILES, FORMAT, finish, sha256, versions
 from ortrain._manifest import read as read_manifest
 from ortrain.engine.session import write_failure
@@ -379,12 +380,17 @@ def _publish(target: Path, fill) -> Artifacts:
     return load(target)
 
 
+# what a kill while a build rewrote the manifest (a new learning rate) leaves in the directory
+_MANIFEST_TEMPORARY = re.compile(atomic_temporaries(re.escape("manifest.json"), ".json"))
+
+
 def _existing(target: Path, key: str, owned: bool = False) -> Artifacts | None:
     """The valid artifacts of ``key`` in ``target``, or None where they must be (re)built. A folder
     holding anything else is the user's and refused, unless ``owned`` (a cache entry)."""
     manifest = target / "manifest.json"
     if not owned and target.is_dir():  # only artifacts are replaced: anything else in the folder is the user's
-        others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json"))
+        others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json") and
+                        not _MANIFEST_TEMPORARY.fullmatch(p.name))
         if others or (not manifest.exists() and any(target.iterdir())):
             raise OrtrainError(f"out_dir {str(target)!r} exists and is not an ortrain artifacts directory"
                                + (f" (it holds {', '.join(others[:4])})" if others else "")

@@ -362,6 +362,11 @@ def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(
     assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0
     thread.join(60)
     assert seen == [True]
+    # killed while a build rewrote the manifest (another learning rate): the directory was refused as
+    # "not an ortrain artifacts directory" ever after
+    (workdir / "art" / ".manifest.json.0123456789ab.tmp.json").write_text("{")
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse", "--lr", "0.02") == 0
+    assert ot.artifacts.load("art").manifest["optimizer"]["lr"] == 0.02
 
 
 @pytest.mark.parametrize("args,code,message", [
@@ -603,10 +608,13 @@ def test_a_run_killed_before_it_wrote_run_json_starts_again_with_the_same_comman
     assert ot.artifacts.load("S/artifacts").key != other and (workdir / "S" / "run.json").is_file()
     assert sorted(p.name for p in (workdir / "S").iterdir()) == \
         ["artifacts", "checkpoints", "history.json", "log.csv", "loss.png", "model.onnx", "run.json", "state.json"]
-    # artifacts beside anything else, or holding anything else, may be the user's: refused, untouched
-    for folder, extra in (("T", "notes.txt"), ("U", "artifacts/notes.txt")):
+    # artifacts beside anything else, holding anything else, or alone without the run's lock (built
+    # with ortrain artifacts -o) may be the user's: refused, untouched
+    for folder, extra in (("T", "notes.txt"), ("U", "artifacts/notes.txt"), ("V", None)):
         assert cli("artifacts", "mlp.onnx", "-o", f"{folder}/artifacts", "--loss", "mse") == 0
-        (workdir / folder / extra).write_text("mine")
+        if extra is not None:
+            (workdir / folder / ".lock").write_text("")
+            (workdir / folder / extra).write_text("mine")
         before = _files_under(workdir / folder)
         assert cli(*command(folder)) == 2
         assert f"--out: '{folder}' holds artifacts, which a run writes, and no run; choose a new or empty " \

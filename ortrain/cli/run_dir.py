@@ -313,9 +313,10 @@ def left_by_a_start(out: Path) -> bool:
     """Whether ``out`` holds ``artifacts/`` and nothing but what a run of ours leaves before it
     writes ``run.json``: the artifacts it built, its locks and the temporaries of its writes. A
     kill cut that start short (an error or Ctrl-C would have removed them), so the directory is
-    the run's to start again, replacing those artifacts."""
+    the run's to start again, replacing those artifacts. Where runs lock their directory, its
+    lock file must be there too: artifacts alone may be the user's (``ortrain artifacts -o``)."""
     art = out / "artifacts"
-    if art.is_symlink() or not art.is_dir():
+    if art.is_symlink() or not art.is_dir() or (CAN_LOCK and not (out / _LOCKS[0]).is_file()):
         return False
     try:
         inside = [p.name for p in art.iterdir()]
