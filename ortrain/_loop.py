@@ -171,15 +171,22 @@ class Loop:
             _ = self.model
 
     def _link(self) -> None:
+        """Register the model and its layers (a layer another model shares too: that model's reads
+        of it see this fit's weights), keeping what a fit running around this one registered."""
         m = self._model
-        for obj in (m, *getattr(m, "layers", ())):
-            LIVE_SYNC[id(obj)] = self._sync_fn
+        self._linked = {id(obj): LIVE_SYNC.get(id(obj)) for obj in (m, *getattr(m, "layers", ()))}
+        for key in self._linked:
+            LIVE_SYNC[key] = self._sync_fn
 
     def _unlink(self) -> None:
-        m = self._model
-        for obj in (m, *getattr(m, "layers", ())):
-            if LIVE_SYNC.get(id(obj)) == self._sync_fn:
-                del LIVE_SYNC[id(obj)]
+        """Undo :meth:`_link` for what it registered (layers added or removed since included)."""
+        for key, before in getattr(self, "_linked", {}).items():
+            if LIVE_SYNC.get(key) == self._sync_fn:
+                if before is None:
+                    del LIVE_SYNC[key]
+                else:
+                    LIVE_SYNC[key] = before
+        self._linked = {}
 
     def _take_model_edits(self) -> None:
         """After each callback's hook: the weights it set on ``model`` (those names only: the
@@ -274,6 +281,7 @@ class Loop:
         # Batches hold at most batch_size rows (the first batch's, for a generator): a shorter one
         # (an array fit's last, a DataLoader's without drop_last) is a step on its own rows.
         checked = isinstance(self.iterator.source, ArraySource)  # whole arrays were checked up front
+        model = self._model
         total = 0.0
         seen = 0
         step = -1
@@ -290,6 +298,8 @@ class Loop:
                         raise OrtrainError("sample_weight: this batch carries loss weights but the first batch did "
                                            "not, so training started without them; pass loss_mask=1 to "
                                            "fit_generator, or give every batch weights (ones where none apply)")
+                if model is not None and model._edits_pending():  # weights a generator set: this step's
+                    self._take_model_edits()
                 fetches, labels, weights = tr._step(x, y, w, None, checked, self.class_weight, most=bs)
                 lr = tr.lr  # the rate this step took, before a batch hook writes the next one
                 loss = float(fetches[1].numpy())

@@ -397,6 +397,9 @@ NOT_INTS = r"give Python or numpy ints \(floats and bools are not read as intege
     (lambda: ag.concat([A, A], axis=0, dim=1), r"concat: axis=0 and dim=1 name one setting; pass one of them"),
     (lambda: ag.softmax(A, -1, dim=0), r"softmax: axis=-1 and dim=0 name one setting; pass one of them"),
     (lambda: ag.log_softmax(A, axis=-1, dim=0), r"log_softmax: axis=-1 and dim=0 name one setting"),
+    # numpy's concatenate(axis=None) flattens: None is no default axis
+    (lambda: ag.concat([A, A], axis=None), r"concat: axis expected an int, received None"),
+    (lambda: ag.softmax(A, axis=None), r"softmax: axis expected an int, received None"),
     (lambda: ag.mean(A, keepdims=True, keepdim=False), r"mean: keepdims=True and keepdim=False name one setting"),
     (lambda: ag.dropout(A, 0.3, p=0.2), r"dropout: rate=0.3 and p=0.2 name one setting"),
     (lambda: ag.dropout(A, p=1.0), r"dropout: p expected a number in \[0, 1\), received 1.0"),

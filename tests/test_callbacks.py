@@ -1069,3 +1069,69 @@ def test_a_generator_predicting_with_the_model_it_trains_sees_each_steps_weights
     refs = [[np.asarray(a, np.float64) for a in mlp().get_weights()], *_numpy_sgd_run(data, 1, 0.1)[:2]]
     for got, ref in zip(seen, refs):
         np.testing.assert_allclose(got, np.maximum(probe @ ref[0] + ref[1], 0) @ ref[2] + ref[3], rtol=2e-5, atol=2e-6)
+
+
+def test_a_model_sharing_layers_with_the_one_being_trained_reads_its_trained_weights():
+    # Keras' encoder of an autoencoder: a second model over the first's layers. It read the weights of
+    # before the fit (until something else happened to bring the shared layers over).
+    from ortrain.nn.base_layer import LIVE_SYNC
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 1)).astype(np.float32)
+    inp = ot.Input((4,))
+    hidden = ot.layers.Dense(3)
+    full = ot.Model(inp, ot.layers.Dense(1)(hidden(inp)))
+    encoder = ot.Model(inp, hidden(inp))
+    full.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    w = [a.astype(np.float64) for a in full.get_weights()]
+    seen = []
+
+    def epoch_end(epoch, logs):
+        seen.append((encoder.predict(x[:2]), hidden.weights["kernel"].copy()))
+
+    full.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+             callbacks=[ot.callbacks.LambdaCallback(on_epoch_end=epoch_end)])
+    for enc, kernel in seen:  # numpy SGD on mean((x W1 + b1) W2 + b2 - y)^2
+        h = x @ w[0] + w[1]
+        d = 2 * (h @ w[2] + w[3] - y) / y.size
+        dh = d @ w[2].T
+        w = [w[0] - 0.1 * x.T @ dh, w[1] - 0.1 * dh.sum(0), w[2] - 0.1 * h.T @ d, w[3] - 0.1 * d.sum(0)]
+        np.testing.assert_allclose(enc, x[:2] @ w[0] + w[1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(kernel, w[0], rtol=1e-5, atol=1e-6)
+    # a fit of the encoder from a callback of the full model's: the shared layer stays linked to the
+    # outer fit once the inner one ends (it was dropped, and read stale after)
+    encoder.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    after = []
+
+    def nested(epoch, logs):
+        if epoch == 0:
+            encoder.fit(x, np.zeros((8, 3), np.float32), batch_size=8, verbose=0)
+        else:
+            after.append(hidden.get_weights()[0])
+
+    full.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[ot.callbacks.LambdaCallback(on_epoch_end=nested)])
+    np.testing.assert_array_equal(after[-1], hidden.get_weights()[0])
+    assert not LIVE_SYNC
+
+
+def test_weights_a_generator_sets_take_effect_at_the_next_step():
+    # They were taken at the next callback hook only (the epoch's end without batch hooks): steps
+    # in between trained without them, and the edit then overwrote what they had trained.
+    data = batches(4, 4)
+    model = sgd_model(lr=0.1)
+    calls, source = [0], iter(data)
+    bias = np.full(3, 0.5, np.float32)
+
+    def gen():
+        calls[0] += 1
+        if calls[0] == 2:
+            model.layers[1].weights["bias"] = bias
+        return next(source)
+
+    ot.fit_generator(model, gen, steps_per_epoch=4, epochs=1, verbose=0)
+    ws = [np.asarray(a, np.float64) for a in mlp().get_weights()]
+    for i, (x, y) in enumerate(data):
+        if i == 1:
+            ws[3] = bias.astype(np.float64)
+        ws = sgd(ws, mse_grads(ws, x, y)[1], 0.1)
+    for got, want in zip(model.get_weights(), ws):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)

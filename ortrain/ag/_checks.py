@@ -66,10 +66,22 @@ def _ints(where: str, argument: str, value, expected: str) -> tuple[int, ...]:
     return tuple(int(i) for i in items)
 
 
+class _Unset:
+    """An argument left out, told apart from every value given (None included)."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET = _Unset()
+
+
 def _either(where: str, axis, dim, default: int):
-    """An axis given as numpy's ``axis`` or PyTorch's ``dim`` (both left None: ``default``); both
-    given with different values are refused, whichever equals the default."""
-    return default if axis is None and dim is None else one_of_two_names(where, "axis", axis, None, "dim", dim)
+    """An axis given as numpy's ``axis`` or PyTorch's ``dim`` (neither: ``default``); both given
+    with different values are refused, whichever equals the default."""
+    if axis is UNSET:
+        return default if dim is None else dim
+    return one_of_two_names(where, "axis", axis, UNSET, "dim", dim)
 
 
 def _axis(where: str, axis, ndim: int) -> int:

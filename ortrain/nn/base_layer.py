@@ -239,7 +239,9 @@ class Layer:
     # -- weights ---------------------------------------------------------------------
     @property
     def weights(self) -> Weights:
-        """The weights by suffix (``kernel``, ``bias``...): read-only arrays, see :class:`Weights`."""
+        """The weights by suffix (``kernel``, ``bias``...): read-only arrays, see :class:`Weights`;
+        during a fit of a model holding the layer, the trained values (read on the fit's thread)."""
+        sync_live(self)
         return self._weights
 
     @weights.setter
@@ -255,7 +257,6 @@ class Layer:
     def get_weights(self) -> list[np.ndarray]:
         """Copies of this layer's weights, in ``weights`` order, as Keras' ``layer.get_weights()``
         (during a fit of its model, the trained values)."""
-        sync_live(self)
         return [a.copy() for a in self.weights.values()]
 
     @property
@@ -270,7 +271,6 @@ class Layer:
         return self._weights_that_train(False)
 
     def _weights_that_train(self, train: bool) -> list[np.ndarray]:
-        sync_live(self)
         return [a.copy() for k, a in self.weights.items()
                 if (self.trainable and self.roles.get(k) == "trainable") == train]
 

@@ -242,8 +242,11 @@ class Model(TrainingMixin):
         self._runners.clear()
 
     def _weights_stamp(self) -> tuple:
-        """Changes whenever the weights do, also through another model that shares a layer."""
+        """Changes whenever the weights do, also through another model that shares a layer (one
+        in a fit: its layers' weights are brought over first)."""
         sync_live(self)
+        for lyr in getattr(self, "layers", ()):
+            sync_live(lyr)
         return (self._version, *(getattr(lyr, "_stored", 0) for lyr in getattr(self, "layers", ())))
 
     def weights_digest(self) -> str:

@@ -54,6 +54,9 @@ class GraphModel(Model):
     def _keep_edits(self, names: set[str]) -> None:
         self._edits |= names
 
+    def _edits_pending(self) -> bool:
+        return bool(self._edits)
+
     def _base_proto(self):
         return self._proto
 

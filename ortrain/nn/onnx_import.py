@@ -54,9 +54,9 @@ from ortrain.graph.repairs import batchnorm_inference_form, read_as_scalars, rep
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
 
 
-def _matches(name: str, patterns, names) -> bool:
-    """Whether one of ``patterns`` picks ``name`` of ``names`` (see :func:`picked`)."""
-    return any(name in picked(names, p) for p in patterns)
+def _picked_by(patterns, names) -> set[str]:
+    """The ``names`` one of ``patterns`` picks (see :func:`picked`)."""
+    return {n for p in patterns for n in picked(names, p)}
 
 
 def _patterns(value, argument: str) -> list[str] | None:
@@ -173,15 +173,14 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None
                         "(graph.initializer) and remove the Constant node")
                 raise OrtrainError(f"{arg}: {pat!r} matches no weight; {shown}")
     params = []
+    in_t = _picked_by(t, names) if t is not None else None
+    in_f = _picked_by(f, names) if f is not None else set()
     for p in fg.params:
         role = p.role
         if role != "buffer":
             # a PyTorch buffer (frozen on import) trains only where trainable= names it
-            role = "frozen" if role == "frozen" and not (t is not None and _matches(p.name, t, names)) \
-                else "trainable"
-            if t is not None and not _matches(p.name, t, names):
-                role = "frozen"
-            if f is not None and _matches(p.name, f, names):
+            role = "frozen" if role == "frozen" and not (in_t is not None and p.name in in_t) else "trainable"
+            if (in_t is not None and p.name not in in_t) or p.name in in_f:
                 role = "frozen"
         params.append(ParamSpec(p.name, p.shape, p.dtype, role))
     return ForwardGraph(fg.proto, tuple(params), fg.weights)
@@ -723,13 +722,19 @@ def _rename_reserved(fg: ForwardGraph) -> None:
     outside); a weight or an output that clashes with a weight's gradient is refused."""
     g = fg.proto.graph
     weights = [p.name for p in fg.params]
+    values = {n for node in g.node for n in [*node.input, *node.output]} | set(weights) | {vi.name for vi in g.input}
 
-    def clash(name: str) -> bool:
-        return name.startswith("ortrain.") or name == "lazy_reset_grad" or \
-            any(name == f"{w}_grad" or name.startswith(f"{w}_grad.") for w in weights)
+    def clash(name: str, of) -> bool:
+        """Whether ``name`` is the runtime's name for the gradient of one of ``of`` (or its buffers)."""
+        if name.startswith("ortrain.") or name == "lazy_reset_grad":
+            return True
+        # 'v_grad' and 'v_grad.<buffer>' for a value v; any '_grad' may end v ('a_grad_grad' is a_grad's)
+        return any(name[:m.start()] in of for m in re.finditer(r"_grad(?=$|\.)", name))
 
-    for kind, names in (("a weight", weights), ("an output", [o.name for o in g.output])):
-        bad = next((n for n in names if clash(n)), None)
+    # the runtime names the gradient of every value it differentiates so: an output may clash with
+    # any value, a weight with another weight
+    for kind, names, of in (("a weight", weights, set(weights)), ("an output", [o.name for o in g.output], values)):
+        bad = next((n for n in names if clash(n, of)), None)
         if bad is not None:
             raise OrtrainError(
                 f"from_onnx: {kind} of the model is named {bad!r}, a name onnxruntime-training gives a weight's "
@@ -741,7 +746,7 @@ def _rename_reserved(fg: ForwardGraph) -> None:
     renamed = {}
     for node in g.node:
         for name in node.output:
-            if name and name not in outputs and (clash(name) or reserved_input_name(name)):
+            if name and name not in outputs and reserved_input_name(name):
                 new = name.replace("_grad", "_gradient").replace("ortrain.", "ortrain_")
                 while new in taken:
                     new += "_"
@@ -814,9 +819,8 @@ def freeze_named_statistics(model, frozen, copy: bool = False):
     ``trainable=`` speaks of weights only: statistics it leaves out still track, as in PyTorch's
     train mode."""
     patterns = _patterns(frozen, "frozen")
-    names = model.weight_names()
-    stats = [p.name for p in model._base_params() if p.role == "buffer" and patterns and
-             _matches(p.name, patterns, names)]
+    named = _picked_by(patterns or (), model.weight_names())
+    stats = [p.name for p in model._base_params() if p.role == "buffer" and p.name in named]
     if stats:
         model = model.copy() if copy else model
         model.freeze(stats)

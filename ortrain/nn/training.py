@@ -211,6 +211,10 @@ class TrainingMixin:
                 lyr.weights.changed.clear()
         return names
 
+    def _edits_pending(self) -> bool:
+        """Whether a weight may have been set since the edits were last taken (cheap: no scan)."""
+        return EDITS[0] != self._edits_seen
+
     def _keep_edits(self, names: set[str]) -> None:
         """Put back edits taken but not yet acted on."""
         layers = {lyr.name: lyr for lyr in self.layers}
