@@ -331,7 +331,11 @@ class Loop:
         if not it.ended_early or self._warned_short:
             return
         self._warned_short = True
-        if it.source.exhausted:  # a one-shot iterator used up, as Keras' "Your input ran out of data"
+        if getattr(it.source, "continues", False):  # arrays read in passes across epochs (Keras 3)
+            warn(f"epoch {epoch}: the pass over the arrays ended after {taken} of steps_per_epoch={it.steps} "
+                 f"batches ({it.source.rows} rows make {it.source.batches_per_epoch} batches of "
+                 f"{it.source.batch_size}); the next epoch starts a new pass (warned once)", RuntimeWarning)
+        elif it.source.exhausted:  # a one-shot iterator used up, as Keras' "Your input ran out of data"
             if epoch + 1 >= self.epochs:  # with epochs to go, the loop says it as it stops (_warn_dry)
                 warn(f"epoch {epoch}: the generator ran out of data after {taken} of steps_per_epoch="
                      f"{it.steps} batches. A one-shot iterator gives its batches once: pass a list or another "

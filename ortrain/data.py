@@ -151,14 +151,19 @@ class ArraySource:
     Every epoch is one pass over the rows. With ``shuffle`` the order of epoch ``e`` is a
     permutation drawn from ``(seed, e)``: with ``ot.set_seed`` the seed is ortrain's, so
     epoch ``e`` sees the same order whether it runs in one ``fit`` or in a resumed one.
+    ``continues`` (a fit with ``steps_per_epoch``, as Keras 3 reads arrays): an epoch that stopped
+    short of the pass leaves the rest to the next epochs, and the pass that ends within an epoch
+    ends it; a new pass (its order drawn from the epoch it starts in) begins at the next.
     """
 
     one_shot = False
     exhausted = False
 
     def __init__(self, xs: list[np.ndarray], y: np.ndarray, w: np.ndarray | None, batch_size: int,
-                 shuffle: bool = False, seed: int | None = None):
+                 shuffle: bool = False, seed: int | None = None, continues: bool = False):
         self._xs, self._y, self._w = xs, y, w
+        self.continues = continues
+        self._started = False
         self.rows = y.shape[0]
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -173,6 +178,9 @@ class ArraySource:
         return -(-self.rows // self.batch_size)
 
     def start_epoch(self, epoch: int) -> None:
+        if self.continues and self._started and self._pos < self.rows:
+            return  # the pass an earlier epoch stopped in goes on
+        self._started = True
         self._pos = 0
         if self.shuffle:
             self._order = np.random.default_rng([self._seed, epoch]).permutation(self.rows)

@@ -354,8 +354,9 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     with positions between the batch and the last axis (``(batch, time, classes)``), it may hold
     one weight per position instead, shaped as the labels' positions (``(batch, time)``: a
     padding mask).
-    ``steps_per_epoch`` with arrays: every epoch starts a new pass and trains its first
-    ``steps_per_epoch`` batches. A validation generator's first batch is read before training,
+    ``steps_per_epoch`` with arrays, as in Keras 3: an epoch trains the next ``steps_per_epoch``
+    batches of the pass the epoch before stopped in (the first epoch of a fit starts a pass), and
+    ends where the pass ends; the next epoch starts a new pass (reshuffled). A validation generator's first batch is read before training,
     to learn whether validation carries weights; the first validation uses it.
 
     ``class_weight``, as in Keras: a dict ``{class index: weight}`` (weights finite and >= 0) for a
@@ -414,7 +415,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch)
     weighted = ws is not None or val_weighted
     with Trainer(model, batch_size=bs, loss_mask=1 if weighted else None, _weights_any_loss=weighted) as tr:
-        source = ArraySource(xs, ys, ws, bs, shuffle=shuffle)
+        source = ArraySource(xs, ys, ws, bs, shuffle=shuffle, continues=steps_per_epoch is not None)
         loop = Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
                      validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),
                      validation_freq=validation_freq)

@@ -1752,3 +1752,40 @@ def test_refusals_around_a_models_fit_change_nothing(rng, tmp_path):
     with pytest.raises(ot.OrtrainError, match="set_cache_dir\\(path=...\\): .* lies under the file"):
         ot.artifacts.set_cache_dir(tmp_path / "afile" / "sub")
     assert ot.artifacts.cache_dir() == before
+
+
+def test_steps_per_epoch_with_arrays_goes_on_through_the_pass_as_keras_3_does():
+    # Every epoch started a new pass: with shuffle=False the rows past steps_per_epoch * batch_size
+    # were never trained.
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((40, 4)).astype(np.float32), rng.standard_normal((40, 3)).astype(np.float32)
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    samples = []
+
+    class Count(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            samples.append(self.loop.epoch_samples)
+
+    with pytest.warns(RuntimeWarning, match="epoch 2: the pass over the arrays ended after 1 of steps_per_epoch=2 "
+                                            r"batches \(40 rows make 5 batches of 8\); the next epoch starts a new pass"):
+        hist = model.fit(x, y, batch_size=8, epochs=4, steps_per_epoch=2, shuffle=False, verbose=0,
+                         callbacks=[Count()])
+    assert samples == [16, 16, 8, 16]
+    ws = [np.asarray(a, np.float64) for a in mlp().get_weights()]
+    losses = []
+    for epoch_batches in ([0, 1], [2, 3], [4], [0, 1]):
+        total = 0.0
+        for b in epoch_batches:
+            xb, yb = x[8 * b:8 * b + 8], y[8 * b:8 * b + 8]
+            loss, grads = mse_grads(ws, xb, yb)
+            total += loss * len(xb)
+            ws = sgd(ws, grads, 0.1)
+        losses.append(total / (8 * len(epoch_batches)))
+    assert_weights(model, ws)
+    np.testing.assert_allclose(hist.history["loss"], losses, rtol=1e-5)
+    # shuffled: the first pass still takes every row once, over three epochs
+    samples.clear()
+    with pytest.warns(RuntimeWarning, match="the pass over the arrays ended"):
+        model.fit(x, y, batch_size=8, epochs=3, steps_per_epoch=2, verbose=0, callbacks=[Count()])
+    assert samples == [16, 16, 8]
