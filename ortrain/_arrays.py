@@ -30,11 +30,14 @@ def read_array(value, argument: str) -> np.ndarray:
 
 
 def _pandas_values(frame):
-    """A pandas frame's or series' values; nullable numeric columns (which numpy reads as objects)
-    in their numpy type, or, where a value is missing, as float64 with NaN there, which the checks
-    for non-finite data then name."""
+    """A pandas frame's or series' values; nullable numeric columns (which numpy reads as objects),
+    and numeric columns of several types with a boolean one (pandas joins them as objects), in the
+    type numpy joins them to, or, where a value is missing, as float64 with NaN there, which the
+    checks for non-finite data then name."""
     dtypes = list(frame.dtypes) if hasattr(frame, "columns") else [frame.dtype]
-    if not any(type(d).__module__.startswith("pandas") and getattr(d, "kind", "O") in "iufb" for d in dtypes):
+    numeric = [getattr(d, "kind", "O") in "iufb" for d in dtypes]
+    nullable = any(type(d).__module__.startswith("pandas") and n for d, n in zip(dtypes, numeric))
+    if not nullable and not (all(numeric) and len(set(dtypes)) > 1):
         return frame
     try:
         if frame.isna().to_numpy().any():
@@ -197,8 +200,9 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
                    bounds: dict[str, tuple[int, int, str]] | None = None) -> list[np.ndarray]:
     """The arrays for the graph inputs ``specs``, cast and checked; ``rows`` pins the batch size.
 
-    One input takes ``x`` itself; several take a list or tuple of arrays in ``specs`` order, or
-    (as Keras does) a dict keyed by input name. ``bounds`` (``Model.index_bounds()``) gives the
+    One input takes ``x`` itself (or, as Keras does, a list holding it: one array, tensor or frame
+    of the input's rank; a list of rows stays rows); several take a list or tuple of arrays in
+    ``specs`` order, or (as Keras does) a dict keyed by input name. ``bounds`` (``Model.index_bounds()``) gives the
     range of inputs that index a table's rows.
     """
     if isinstance(x, dict):
@@ -210,6 +214,9 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
                              + "; ".join(([f"missing {missing}"] if missing else [])
                                          + ([f"unexpected {extra}"] if extra else [])))
         x = [x[n] for n in names] if len(specs) > 1 else x[names[0]]
+    if len(specs) == 1 and isinstance(x, (list, tuple)) and len(x) == 1 and hasattr(x[0], "shape") and \
+            len(getattr(x[0], "shape", ())) == len(specs[0].shape):
+        x = x[0]  # [x] for a model of one input
     xs = list(x) if isinstance(x, (list, tuple)) and len(specs) > 1 else [x]
     if len(xs) != len(specs):
         raise ShapeError(f"{argument}: the model has {len(specs)} inputs ({', '.join(s.name for s in specs)}), "

@@ -3,8 +3,10 @@
 A metric accumulates ``(total, count)`` over batches; its value is ``total / count``
 (0 when every weight was 0, as Keras divides). ``"accuracy"`` resolves as in Keras:
 sparse labels compare the arg-max with the label, binary cross-entropy thresholds at
-0.5 (at 0 for logits), any other loss on a one-unit output thresholds at 0.5, and
-one-hot (or probability) labels compare arg-maxes.
+0.5, any other loss on a one-unit output thresholds at 0.5, and one-hot (or probability)
+labels compare arg-maxes. Where the model outputs logits (``BinaryCrossentropy(from_logits=True)``)
+``"accuracy"`` and ``"binary_accuracy"`` threshold them at 0, the logit of 0.5 (Keras thresholds
+the raw logit at 0.5, a probability of 0.62).
 """
 
 from __future__ import annotations
@@ -158,12 +160,13 @@ def _resolve(names, loss, argument: str) -> list[Metric]:
             raise OrtrainError(f"{argument}: {name!r} is given twice; give each metric once (it is logged by its "
                                "name)")
         key = name.lower()
+        lname = getattr(loss, "name", "")
+        logits = lname == "binary_crossentropy" and getattr(loss, "from_logits", False)
         if key in ("accuracy", "acc"):
-            lname = getattr(loss, "name", "")
             if lname == "sparse_categorical_crossentropy":
                 fn = _sparse_acc
             elif lname == "binary_crossentropy":
-                fn = _binary_acc(0.0 if getattr(loss, "from_logits", False) else 0.5)
+                fn = _binary_acc(0.0 if logits else 0.5)
             else:
                 fn = _accuracy_by_shape
             out.append(Metric("accuracy", fn))
@@ -172,7 +175,7 @@ def _resolve(names, loss, argument: str) -> list[Metric]:
         elif key == "categorical_accuracy":
             out.append(Metric(key, _categorical_acc))
         elif key == "binary_accuracy":
-            out.append(Metric(key, _binary_acc(0.5)))
+            out.append(Metric(key, _binary_acc(0.0 if logits else 0.5)))
         elif key in ("mae", "mean_absolute_error"):
             out.append(Metric("mae", _mae))
         elif key in ("mse", "mean_squared_error"):

@@ -1257,6 +1257,21 @@ def test_accuracy_on_one_output_unit_thresholds_whatever_the_loss():
         assert zero["accuracy"] == pytest.approx(np.mean((p > 0.5) == (y > 0.5)))  # metrics count every sample
 
 
+def test_binary_accuracy_thresholds_logits_at_zero_as_accuracy_does():
+    # binary_accuracy thresholded logits at 0.5 while accuracy took 0, in the same run
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((200, 4)).astype(np.float32)
+    y = (rng.random((200, 1)) > 0.5).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(1)], input_shape=(4,), seed=0)
+    model.compile(optimizer="sgd", loss=ot.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=["accuracy", "binary_accuracy"])
+    z = model.predict(x)
+    got = model.evaluate(x, y)
+    want = np.mean((z > 0) == (y > 0.5))
+    assert want != np.mean((z > 0.5) == (y > 0.5))
+    assert got["accuracy"] == got["binary_accuracy"] == pytest.approx(want)
+
+
 def test_a_batch_callable_that_requires_arguments_is_refused_before_anything(rng):
     x, y = rng.random((8, 4)).astype(np.float32), rng.random((8, 2)).astype(np.float32)
     model = dense_model(4, 2, optimizer="adam")

@@ -341,6 +341,21 @@ def test_torch_tensors_that_require_grad_and_pandas_nullable_columns_are_read_as
     assert read_array(pd.Series([True, False], dtype="boolean"), "y").dtype == np.bool_
 
 
+def test_a_frame_of_numeric_and_boolean_columns_and_a_one_input_list_are_read(rng):
+    # pandas joins a float and a bool column as objects: refused as "strings, objects..."; a list
+    # holding the one input's array (Keras takes it) was read as a batch of one 3-D sample
+    pd = pytest.importorskip("pandas")
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    frame = pd.DataFrame({"a": rng.random(6), "b": [True, False] * 3, "c": np.arange(6, dtype=np.int32)})
+    values = np.stack([frame["a"], frame["b"], frame["c"]], axis=1).astype(np.float32)
+    w, b = model.get_weights()
+    np.testing.assert_allclose(model.predict(frame), values @ w + b, rtol=1e-6)
+    np.testing.assert_array_equal(model.predict([values]), model.predict(values))
+    assert model.predict([[1.0, 2.0, 3.0]]).shape == (1, 2)  # a list of rows stays rows
+    with pytest.raises(ot.ShapeError, match=r"received dtype object \(strings"):
+        model.predict(pd.DataFrame({"a": [1.0, 2.0], "b": ["x", "y"], "c": [1, 2]}))
+
+
 def test_a_captured_step_refuses_an_input_with_no_elements():
     from ortrain import ag
     W = ag.param(np.ones((2, 3), np.float32), name="W")

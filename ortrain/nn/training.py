@@ -274,7 +274,8 @@ class TrainingMixin:
         :func:`ortrain.fit_generator`), as Keras' ``fit``: ``batch_size`` (32 by default) rows a
         step, a shorter last batch included; ``validation_split`` holds out the last rows, before
         shuffling; ``validation_data`` arrays or a generator; ``sample_weight`` weights each
-        sample's loss and metrics; ``shuffle`` redraws the order every epoch (reproducibly after
+        sample's loss and the ``weighted_metrics`` (``metrics`` count every sample alike, as in Keras);
+        ``shuffle`` redraws the order every epoch (reproducibly after
         ``ot.set_seed``); ``initial_epoch``/``epochs`` run epochs ``initial_epoch .. epochs-1``;
         ``class_weight`` (``{class index: weight}``, for cross-entropy losses) multiplies each
         training sample's weight by its class's, validation left unweighted; ``validation_freq``
