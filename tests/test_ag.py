@@ -110,6 +110,24 @@ def test_op_value_and_gradient_match_pytorch(name):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_sigmoid_is_exact_in_both_tails_with_the_gradient_s_times_one_minus_s():
+    # onnxruntime's Sigmoid kernel was 0 from -18 (its gradient too) and 47% off at -16.
+    torch = torch_or_skip()
+    x = np.concatenate([np.linspace(-100, 100, 401), [-np.inf, -1e30, 1e30, np.inf]]).astype(np.float32)
+    W = ag.param(x, name="W")
+    opt = gradient_probe([W])
+    train = ot.capture_step(lambda: ag.sum(ag.sigmoid(W)), optimizer=opt)
+    train()
+    grad = probed_grads(opt)[0]
+    train.free()
+    t = torch.from_numpy(x).double()
+    value = ot.capture(lambda: ag.sigmoid(ag.param(x, name="V", trainable=False)))()
+    np.testing.assert_allclose(value, torch.sigmoid(t).numpy(), rtol=1e-6, atol=1e-40)
+    # s(x) s(-x), not autograd's float64 s (1 - s), which rounds to 0 above 37
+    np.testing.assert_allclose(grad, (torch.sigmoid(t) * torch.sigmoid(-t)).numpy(), rtol=1e-6, atol=1e-40)
+    assert grad[200] == 0.25 and x[200] == 0
+
+
 def _labels():
     return R.integers(0, 4, 5)
 

@@ -510,6 +510,54 @@ def test_more_keras_activations_train_and_export_as_pytorch_computes_them(rng, t
                                rtol=1e-5, atol=1e-6)
 
 
+# 0 and both tails: onnxruntime's Sigmoid kernel was 47% off at -16 and 0 from -18 (2e-9 at -20)
+SIGMOID_GRID = np.concatenate([np.linspace(-100, 100, 401), [-1e30, 1e30]]).astype(np.float32)
+
+
+def _one_step_on_the_grid(torch, name, fn, tmp_path):
+    """Predictions of ``name`` on SIGMOID_GRID and its bias after one SGD step (lr 1) on
+    ``mean |act(x) - 2|``, in ortrain and in PyTorch float64. A Dense holding the identity feeds the
+    grid through unrounded; the step moves its zero bias to ``act'(x) / n``, each element's own."""
+    x, n = SIGMOID_GRID[None], SIGMOID_GRID.size
+    model = ot.Sequential([L.Dense(n, activation=name)], input_shape=(n,))
+    model.set_weights([np.eye(n), np.zeros(n)])
+    model.compile(optimizer=ot.optim.SGD(lr=1.0), loss="mae")
+    predicted = model.predict(x)
+    session = ort.InferenceSession(model.export_onnx(tmp_path / "m.onnx"))  # stock onnxruntime runs the export
+    np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: x})[0], predicted)
+    model.fit(x, np.full_like(x, 2.0), batch_size=1, epochs=1, verbose=0)
+    bias = torch.zeros(n, dtype=torch.float64, requires_grad=True)
+    out = fn(torch.from_numpy(x).double() + bias)
+    torch.nn.functional.l1_loss(out, torch.full_like(out, 2.0)).backward()
+    torch.optim.SGD([bias], lr=1.0).step()
+    return predicted, model.get_weights()[1], out.detach().numpy(), bias.detach().numpy()
+
+
+@pytest.mark.torch
+def test_sigmoid_is_exact_in_both_tails_as_pytorch_in_float64(tmp_path):
+    torch = torch_or_skip()
+    predicted, bias, want, want_bias = _one_step_on_the_grid(torch, "sigmoid", torch.sigmoid, tmp_path)
+    np.testing.assert_allclose(predicted, want, rtol=1e-6, atol=1e-40)  # denormals below -87 included
+    # PyTorch's float64 s (1 - s) is off by up to 1.1e-16 where s rounds to 1: from 0 up, the
+    # derivative is checked as the even function it is (the grid's line is symmetric)
+    below, line = SIGMOID_GRID <= 0, bias[:-2]
+    np.testing.assert_allclose(bias[below], want_bias[below], rtol=1e-6, atol=1e-44)
+    np.testing.assert_allclose(line, line[::-1], rtol=1e-6, atol=1e-44)
+    extremes = np.array([[-np.inf, -1e30, -1e-30, 0.0, 1e-30, 1e30, np.inf]], np.float32)
+    model = ot.Sequential([L.Activation("sigmoid")], input_shape=(7,))
+    np.testing.assert_array_equal(model.predict(extremes), [[0.0, 0.0, 0.5, 0.5, 0.5, 1.0, 1.0]])
+
+
+@pytest.mark.torch
+def test_silu_keeps_the_sigmoid_kernel_within_its_bound(tmp_path):
+    # README: times x, the kernel's error stays within 2e-7 of max(1, |x|), value and derivative.
+    torch = torch_or_skip()
+    predicted, bias, want, want_bias = _one_step_on_the_grid(torch, "silu", torch.nn.functional.silu, tmp_path)
+    scale = np.maximum(1.0, np.abs(SIGMOID_GRID))
+    assert np.all(np.abs(predicted - want) <= 2e-7 * scale)
+    assert np.all(np.abs(bias - want_bias) <= 2e-7 * scale / SIGMOID_GRID.size)
+
+
 def test_add_broadcasts_sizes_of_one_as_keras_merge_layers_do(rng):
     # A dueling network's value (batch, 1) plus its advantages (batch, 3); training matches PyTorch.
     torch = torch_or_skip()

@@ -12,6 +12,7 @@ from ortrain.ag._checks import UNSET, _axis, _either, _float, _node, as_tensor, 
 from ortrain.ag.tensor import Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import MS_DOMAIN
+from ortrain.graph.activations import sigmoid as graph_sigmoid
 
 __all__ = [
     "abs", "add", "div", "dropout", "exp", "gelu", "log", "log_softmax", "mul", "neg", "pow", "relu", "scale",
@@ -82,8 +83,11 @@ def relu(x) -> Tensor:
 
 
 def sigmoid(x) -> Tensor:
-    """``1 / (1 + exp(-x))`` elementwise."""
-    return _unary("sigmoid", "Sigmoid", x)
+    """``1 / (1 + exp(-x))`` elementwise, exact to float32 rounding in both tails (written in ``Exp``:
+    onnxruntime's ``Sigmoid`` kernel is 0 from about -18)."""
+    x = as_tensor(x, "sigmoid")
+    _float("sigmoid", x)
+    return Tensor(x.shape, x.dtype, "sigmoid", (x,), lambda gb, names: graph_sigmoid(gb, names[0]))
 
 
 def tanh(x) -> Tensor:
