@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ortrain._label_hints import label_hint
 from ortrain._warnings import warn
 from ortrain.errors import NonFiniteError, OrtrainError, ShapeError, describe_shape
 
@@ -279,17 +280,10 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
         except ShapeError:
             given = None
         said = str(exc).split("; reshape ")[0]  # the fix below, not the generic one
-        positions = given is not None and given.ndim >= 1 and (rows is None or given.shape[0] == rows)
-        if one_hot and positions and given.dtype.kind in "iu" and given.shape[1:] == tuple(spec.shape[1:-1]) \
-                and (spec.shape[-1] or 0) > 1:
-            raise ShapeError(f"{said}: {argument} holds class indices, which this loss takes one-hot (rows of "
-                             f"{spec.shape[-1]}): use loss='sparse_categorical_crossentropy', or one-hot encode "
-                             f"them, np.eye({spec.shape[-1]})[{argument}]") from None
-        if positions and spec.dtype.kind in "iu" and given.ndim == len(spec.shape) + 1 and given.shape[-1] > 1 \
-                and given.shape[1:-1] == tuple(spec.shape[1:]):
-            raise ShapeError(f"{said}: {argument} looks one-hot (rows of {given.shape[-1]}), and this loss takes class "
-                             f"indices: use loss='categorical_crossentropy', or pass {argument}.argmax(axis=-1)") \
-                from None
+        if given is not None and given.ndim >= 1 and (rows is None or given.shape[0] == rows):
+            hint = label_hint(said, argument, given, spec, n_classes, one_hot)
+            if hint is not None:
+                raise ShapeError(hint) from None
         raise
     if not check_classes or not a.size:
         return a

@@ -120,7 +120,7 @@ class Loss:
                 shape = pred.shape if elements else sample_weight_shape(pred.shape)
                 weight = prepare_sample_weight(w, shape, "sample_weight", rows, label_positions(labels, shape))
         except ShapeError as exc:  # fit's checks, whose fixes speak of a model: here y_pred sets the shapes
-            message = str(exc).split("; for one weight per output unit")[0]
+            message = str(exc).split("; for one weight per output unit")[0].replace("the model's output", "y_pred")
             raise ShapeError(message.replace(", or build the model for this shape", " (y_pred's shape sets it)")
                              + ("; for mean squared error, weights shaped as y_pred weigh each element"
                                 if self.element_weights and "sample_weight" in message else "")) from None

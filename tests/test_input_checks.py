@@ -392,3 +392,44 @@ def test_shape_errors_name_the_fix_for_keras_layouts_and_labels():
     with pytest.raises(ot.ShapeError, match=r"y looks one-hot \(rows of 3\), and this loss takes class indices: use "
                                             r"loss='categorical_crossentropy', or pass y.argmax\(axis=-1\)"):
         clf.evaluate(np.zeros((5, 4), np.float32), np.eye(3)[np.arange(5) % 3])
+
+
+@pytest.mark.torch
+def test_labels_with_an_axis_more_than_class_indices_are_told_what_fits():
+    # Integer labels (6, 7) of 4 classes for an output (N, 4) were said to look one-hot.
+    torch = torch_or_skip()
+    rng = np.random.default_rng(0)
+    sparse = ot.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = ot.Sequential([L.Dense(4)], input_shape=(5,))
+    model.compile(optimizer="adam", loss=sparse)
+    x, y = np.zeros((6, 5), np.float32), rng.integers(0, 4, (6, 7))
+    with pytest.raises(ot.ShapeError, match=re.escape(
+            "y: expected shape (6,), received (6, 7): this loss takes class indices of shape (N,) for the model's "
+            "output (N, 4), and y's rows of 7 are not one-hot (values from 0 to 3). Labels of shape (N, 7), a class "
+            "per position (a time step, say), need the model's output to have that axis, (N, 7, 4)")):
+        model.evaluate(x, y)
+    # What it says fits: an output with that axis takes them, and computes PyTorch's loss.
+    per_step = ot.Sequential([L.Dense(4)], input_shape=(7, 5), seed=0)
+    per_step.compile(optimizer="adam", loss=sparse)
+    steps = rng.standard_normal((6, 7, 5)).astype(np.float32)
+    k, b = per_step.get_weights()
+    want = torch.nn.functional.cross_entropy(torch.from_numpy(steps.astype(np.float64) @ k + b).reshape(-1, 4),
+                                             torch.from_numpy(y).reshape(-1))
+    assert per_step.evaluate(steps, y, verbose=0)["loss"] == pytest.approx(float(want), rel=1e-5)
+    # Rows that look like something else are named so, for the model and for the loss called alone.
+    for labels, message in [
+            (np.eye(7)[rng.integers(0, 7, 6)], r"y looks one-hot over 7 classes, where the model's output has 4: "
+                                               r"give the model 7 output units, then pass y.argmax\(axis=-1\)"),
+            (np.array([[1, 1, 0, 0], [0, 1, 0, 1]] * 3), r"y's rows of 4 hold 0s and 1s but not one 1 each "
+                                                        r"\(several classes a sample\?\).*loss='binary_crossentropy'"),
+            (np.full((6, 4), 0.25, np.float32), r"y holds probability rows \(rows of 4 that sum to 1\), and this loss "
+                                                r"takes class indices: use loss='categorical_crossentropy'")]:
+        with pytest.raises(ot.ShapeError, match=message):
+            model.evaluate(x, labels)
+    with pytest.raises(ot.ShapeError, match=re.escape("y_true's rows of 7 are not one-hot (values from 0 to 3). "
+                                                      "Labels of shape (6, 7), a class per position (a time step, "
+                                                      "say), need y_pred to have that axis, (6, 7, 4)")):
+        sparse(y, np.zeros((6, 4), np.float32))
+    # Fractional values are no class indices of any shape: the plain refusal, without a hint.
+    with pytest.raises(ot.ShapeError, match=r"received floats with a fractional part or non-finite values$"):
+        model.evaluate(x, rng.standard_normal((6, 4)).astype(np.float32))
