@@ -26,6 +26,7 @@ from ortrain._arrays import is_real
 from ortrain.ag.calls import Capture, TracedCall
 from ortrain.ag.tensor import Buffer, Param
 from ortrain.ag.tracer import example_inputs, trace
+from ortrain.engine import denormals
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph import spec_of
 from ortrain.graph.repairs import read_as_scalars
@@ -93,6 +94,7 @@ class CaptureStep(TracedCall):
         norm = None
         drawn = session.draws
         with session._lock:  # once for the whole step (the session's own calls would take it three times)
+            flush = denormals.enter()  # subnormals flushed, once for the step's calls
             try:
                 try:
                     session._train_step_into(feeds)
@@ -116,6 +118,8 @@ class CaptureStep(TracedCall):
                 else:  # a refused step: the next call draws its dropout masks again
                     session.draws = drawn
                 raise
+            finally:
+                denormals.leave(flush)
         self._advance()
         if not self._dict and norm is None:
             return loss

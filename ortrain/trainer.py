@@ -33,6 +33,7 @@ from ortrain._snapshot import Snapshot
 from ortrain._trainer_setup import TrainerSetup
 from ortrain._warnings import warn
 from ortrain.data import refuse_non_finite_weights
+from ortrain.engine import denormals
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError
 from ortrain.graph.forward import to_inference
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
@@ -161,28 +162,36 @@ class Trainer(TrainerSetup, Releasable):
         feeds.append(self._scale)
         session = self._session
         with session._lock:  # once for the step's calls
+            flush = denormals.enter()  # subnormals flushed, once for the step's calls
             try:
-                fetches = session._train_step(feeds, check=False)
-            except BaseException as exc:
-                if not isinstance(exc, Exception):
-                    self._drop_period()
-                raise
-            if self._accum + 1 < self._k:
-                self._accum += 1
+                fetches = self._run_step(session, feeds)
+            finally:
+                denormals.leave(flush)
+        return fetches
+
+    def _run_step(self, session, feeds):
+        try:
+            fetches = session._train_step(feeds, check=False)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._drop_period()
+            raise
+        if self._accum + 1 < self._k:
+            self._accum += 1
+            self._n_steps += 1
+            return fetches
+        try:
+            if session.lr != self._lr:
+                session._set_lr(self._lr)
+            session._optimizer_step()
+            session._zero_grad()
+            self._accum = 0
+        except BaseException as exc:
+            self._accum = 0
+            if session.abandon_step(exc, self._updates):
+                self._updates += 1  # the update ran before the interrupt arrived
                 self._n_steps += 1
-                return fetches
-            try:
-                if session.lr != self._lr:
-                    session._set_lr(self._lr)
-                session._optimizer_step()
-                session._zero_grad()
-                self._accum = 0
-            except BaseException as exc:
-                self._accum = 0
-                if session.abandon_step(exc, self._updates):
-                    self._updates += 1  # the update ran before the interrupt arrived
-                    self._n_steps += 1
-                raise
+            raise
         self._updates += 1
         self._n_steps += 1
         return fetches

@@ -14,6 +14,13 @@ def rng():
     return np.random.default_rng(0)
 
 
+def flushed(a) -> np.ndarray:
+    """``a`` as ortrain computes it: values below float32's smallest normal number are 0 (the
+    runtime flushes subnormals while ortrain runs it, see ortrain.engine.denormals)."""
+    a = np.asarray(a)
+    return np.where(np.abs(a) < np.finfo(np.float32).tiny, np.zeros((), a.dtype), a)
+
+
 def torch_or_skip():
     """Import torch, or skip the calling test when it is not installed."""
     if importlib.util.find_spec("torch") is None:

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from ortrain._arrays import positive_int
+from ortrain.engine import denormals
 from ortrain.engine._runtime import C, get_ort_device_type
 from ortrain.errors import OrtrainError
 
@@ -99,6 +100,7 @@ def session_options(threads: int | None = None):
     Only fatal messages are logged: a run the runtime fails is raised as an exception that carries
     the runtime's reason, which its error log would only repeat."""
     so = C.SessionOptions()
+    so.add_session_config_entry(*denormals.CONFIG)  # create sessions in denormals.kept()
     so.log_severity_level = 4
     so.intra_op_num_threads = thread_count(threads, "threads") or get_num_threads()
     so.inter_op_num_threads = 1

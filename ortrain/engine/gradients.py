@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ortrain.engine import denormals
 from ortrain.engine._runtime import C, training_graph_utils
 from ortrain.engine.device import session_options
 from ortrain.engine.inference import run_model
@@ -50,7 +51,8 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     so = session_options(threads=1)
     try:
         unnamed = unnamed_broadcast_dims(model)
-        optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads, so))
+        with denormals.kept():  # the optimizer opens a session, which sets the flush on the first thread
+            optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads, so))
         builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads, outputs[0], so)
         builder.build()
     except Exception as exc:  # the builder reports everything as RuntimeError / Fail

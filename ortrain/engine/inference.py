@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ortrain.engine import denormals
 from ortrain.engine._runtime import ort
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.engine.session import runtime_failure
@@ -26,7 +27,8 @@ class InferenceRunner:
             [(self.device.provider, {"device_id": self.device.index}), "CPUExecutionProvider"]
         data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
         try:
-            self._sess = ort.InferenceSession(data, sess_options=session_options(threads), providers=providers)
+            with denormals.kept():  # the runtime sets the flush on the thread that creates the first session
+                self._sess = ort.InferenceSession(data, sess_options=session_options(threads), providers=providers)
         except Exception as exc:
             raise OrtrainError(f"onnxruntime could not load the forward graph: {str(exc).splitlines()[0]}") from exc
         self.input_names = [i.name for i in self._sess.get_inputs()]
@@ -58,10 +60,13 @@ class InferenceRunner:
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         if self._sess is None:
             raise FreedError("this inference session was freed")
+        flush = denormals.enter()
         try:
             return self._sess.run(outputs or self.output_names, feeds)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "forward graph") from exc
+        finally:
+            denormals.leave(flush)
 
     def free(self) -> None:
         self._sess = None

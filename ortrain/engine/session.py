@@ -20,6 +20,7 @@ import onnx
 from ortrain._files import atomic_path, write_advice
 from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
+from ortrain.engine import denormals
 from ortrain.engine._runtime import C, OrtValue
 from ortrain.engine.checkpoint import CHECKSUM, content_crc, read_checkpoint
 from ortrain.engine.device import Device, parse_device, session_options
@@ -175,23 +176,8 @@ class TrainingSession:
         self.device = parse_device(device)
         so = session_options(threads)
         dev = self.device.ort_device()
-        try:
-            self._state = C.load_checkpoint(os.fspath(checkpoint_path))
-        except (RuntimeError, IndexError, KeyError, ValueError) as exc:  # a changed byte: any of these
-            raise OrtrainError(f"checkpoint {os.fspath(checkpoint_path)!r} cannot be read: {_reason(exc).rstrip('.')}; it is "
-                               "damaged (cut short or changed after it was written): use another checkpoint or a "
-                               "copy of this one") from exc
-        try:
-            with dropout_advanced(training_path, draws) as advanced:
-                self._module = C.Module(os.fspath(advanced), self._state, os.fspath(eval_path), dev, so)
-            self._optimizer = (C.Optimizer(os.fspath(optimizer_path), self._state, dev, so)
-                               if optimizer_path is not None else None)
-        except RuntimeError as exc:
-            raise _open_failure(exc, self.device) from exc
-        except (IndexError, KeyError) as exc:  # a weight the graphs name is not in the checkpoint's table
-            raise OrtrainError(f"checkpoint {os.fspath(checkpoint_path)!r} does not hold the weights the training "
-                               f"graphs name ({_reason(exc)}): it is damaged, or belongs to other artifacts; use "
-                               "another checkpoint or a copy of this one") from exc
+        with denormals.kept():  # the runtime sets the flush on the thread that creates the first session
+            self._open(checkpoint_path, training_path, eval_path, optimizer_path, draws, dev, so)
         # Training steps run, counting those of earlier sessions: each draws one mask per dropout.
         self.draws = int(draws)
         training = onnx.load(os.fspath(training_path), load_external_data=False)
@@ -240,6 +226,25 @@ class TrainingSession:
     def freed(self) -> bool:
         return self._freed
 
+    def _open(self, checkpoint_path, training_path, eval_path, optimizer_path, draws, dev, so) -> None:
+        try:
+            self._state = C.load_checkpoint(os.fspath(checkpoint_path))
+        except (RuntimeError, IndexError, KeyError, ValueError) as exc:  # a changed byte: any of these
+            raise OrtrainError(f"checkpoint {os.fspath(checkpoint_path)!r} cannot be read: {_reason(exc).rstrip('.')}; it is "
+                               "damaged (cut short or changed after it was written): use another checkpoint or a "
+                               "copy of this one") from exc
+        try:
+            with dropout_advanced(training_path, draws) as advanced:
+                self._module = C.Module(os.fspath(advanced), self._state, os.fspath(eval_path), dev, so)
+            self._optimizer = (C.Optimizer(os.fspath(optimizer_path), self._state, dev, so)
+                               if optimizer_path is not None else None)
+        except RuntimeError as exc:
+            raise _open_failure(exc, self.device) from exc
+        except (IndexError, KeyError) as exc:  # a weight the graphs name is not in the checkpoint's table
+            raise OrtrainError(f"checkpoint {os.fspath(checkpoint_path)!r} does not hold the weights the training "
+                               f"graphs name ({_reason(exc)}): it is damaged, or belongs to other artifacts; use "
+                               "another checkpoint or a copy of this one") from exc
+
     # -- steps ------------------------------------------------------------------------
     # Each step method has a form that takes the lock and one that does not (``_train_step``...):
     # a caller making several calls for one step takes the lock once around them (``with
@@ -263,7 +268,7 @@ class TrainingSession:
         self.draws += 1
         return fetches
 
-    train_step = exclusive(_train_step)
+    train_step = exclusive(denormals.flushing(_train_step))
 
     @exclusive
     def bind_train_outputs(self, arrays: list[np.ndarray]) -> None:
@@ -302,9 +307,10 @@ class TrainingSession:
                 for i, a in enumerate(arrays):
                     a[...] = vec[i].numpy()
 
-    train_step_into = exclusive(_train_step_into)
+    train_step_into = exclusive(denormals.flushing(_train_step_into))
 
     @exclusive
+    @denormals.flushing
     def eval_step(self, feeds, check: bool = True):
         """Forward with the loss, without backward and without dropout."""
         self._live()
@@ -327,7 +333,7 @@ class TrainingSession:
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "optimizer step") from exc
 
-    optimizer_step = exclusive(_optimizer_step)
+    optimizer_step = exclusive(denormals.flushing(_optimizer_step))
 
     def _zero_grad(self) -> None:
         """The next train step overwrites the gradient buffers instead of adding to them."""
