@@ -208,6 +208,11 @@ def as_source(data, argument: str = "generator"):
                            f"received an array of shape {data.shape}; for arrays call model.fit(x, y, "
                            "batch_size=...)")
     if callable(data):
+        if inspect.isgeneratorfunction(data):  # its calls return generators, not batches
+            name = getattr(data, "__name__", "it")
+            raise OrtrainError(f"{argument}: {name!r} is a generator function (it yields batches, and a call returns "
+                               f"a generator, not a batch); pass {name}() for one pass (with steps_per_epoch for "
+                               f"several epochs), a list of batches, or a callable returning one batch per call")
         _check_no_arguments(data, argument)
         return CallableSource(data)
     if isinstance(data, (str, bytes, dict)):

@@ -771,11 +771,14 @@ def test_model_optimizer_lr_reads_the_rate_the_fit_trains_at_as_in_keras(tmp_pat
         ot.fit_generator(model, data, verbose=0, callbacks=[Write(), Fail()])
     assert model.optimizer.lr == 0.5
     assert ot.fit_generator(model, data, verbose=0).history["lr"] == [0.5]
-    # recompiled with another optimizer in a hook: the rest of the fit and the next one take its rate
+    # a compile in a hook is refused (it was half applied: the fit kept its loss and optimizer);
+    # the rate is set on model.optimizer
     class Recompile(ot.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if epoch == 0:
-                self.model.compile(optimizer=ot.optim.SGD(lr=0.3), loss="mse")
+                with pytest.raises(ot.OrtrainError, match="compile: this model is fitting.*set model.optimizer.lr"):
+                    self.model.compile(optimizer=ot.optim.SGD(lr=0.3), loss="mse")
+                self.model.optimizer.lr = 0.3
 
     fresh = sgd_model(lr=0.1)
     assert ot.fit_generator(fresh, data, epochs=2, verbose=0, callbacks=[Recompile()]).history["lr"] == [0.1, 0.3]
@@ -1135,3 +1138,52 @@ def test_weights_a_generator_sets_take_effect_at_the_next_step():
         ws = sgd(ws, mse_grads(ws, x, y)[1], 0.1)
     for got, want in zip(model.get_weights(), ws):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_nested_fit_of_a_model_sharing_layers_hands_its_training_to_the_outer_fit():
+    # The outer fit's next step started from its own copy of the shared layer: what the inner fit
+    # trained into it was lost (its edit marks were taken by the inner fit's model).
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    inp = ot.Input((4,))
+    enc = ot.layers.Dense(5)
+    outer = ot.Model(inp, ot.layers.Dense(2)(enc(inp)))
+    inner = ot.Model(inp, ot.layers.Dense(3)(enc(inp)))
+    outer.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")  # the outer fit moves nothing itself
+    inner.compile(optimizer=ot.optim.SGD(lr=0.5), loss="mse")
+    seen = []
+
+    def hook(step, logs):
+        if step == 0:
+            inner.fit(x[:4], np.ones((4, 3), np.float32), batch_size=4, verbose=0)
+            seen.append(enc.get_weights()[0])
+
+    before = enc.get_weights()[0]
+    outer.fit(x, np.zeros((8, 2), np.float32), batch_size=4, shuffle=False, verbose=0,
+              callbacks=[ot.callbacks.LambdaCallback(on_batch_end=hook)])
+    assert not np.array_equal(seen[0], before)
+    np.testing.assert_array_equal(enc.get_weights()[0], seen[0])
+
+
+def test_compile_add_and_pop_during_a_fit_are_refused_and_change_nothing():
+    # compile was half applied (the fit kept its loss and optimizer, took the new rate, and the
+    # next fit failed on a "damaged checkpoint"); add and pop failed with unrelated errors
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
+    model = ot.Sequential([ot.layers.Dense(2, name="a")], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    calls = {"compile": lambda: model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mae"),
+             "add": lambda: model.add(ot.layers.Dense(2, name="c")), "pop": model.pop}
+    for name, call in calls.items():
+        errors = []
+
+        def hook(step, logs, call=call, errors=errors):
+            try:
+                call()
+            except ot.OrtrainError as exc:
+                errors.append(str(exc))
+
+        optimizer, loss = model.optimizer, model.loss
+        model.fit(x, y, batch_size=4, verbose=0, callbacks=[ot.callbacks.LambdaCallback(on_batch_end=hook)])
+        assert errors and all("this model is fitting" in e and "nothing was changed" in e for e in errors), name
+        assert model.optimizer is optimizer and model.loss is loss and len(model.layers) == 1
+    model.fit(x, y, batch_size=4, verbose=0)  # and the next fit runs

@@ -1804,3 +1804,22 @@ def test_steps_per_epoch_with_arrays_goes_on_through_the_pass_as_keras_3_does():
     with pytest.warns(RuntimeWarning, match="the pass over the arrays ended"):
         model.fit(x, y, batch_size=8, epochs=3, steps_per_epoch=2, verbose=0, callbacks=[Count()])
     assert samples == [16, 16, 8]
+
+
+def test_a_generator_function_passed_uncalled_is_refused_with_the_fix():
+    # each call returned a generator, refused at the first step as "received a generator" with no fix
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    before = model.get_weights()
+
+    def batches():
+        yield x, y
+
+    says = r"'batches' is a generator function .*pass batches\(\) for one pass"
+    for call in (lambda: ot.fit_generator(model, batches, verbose=0), lambda: model.fit(batches, verbose=0),
+                 lambda: model.evaluate(batches)):
+        with pytest.raises(ot.OrtrainError, match=says):
+            call()
+    assert_weights(model, before, rtol=0, atol=0)
+    assert ot.fit_generator(model, batches(), verbose=0).epoch == [0]

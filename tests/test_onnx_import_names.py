@@ -39,7 +39,7 @@ def test_intermediate_values_named_as_the_runtimes_train(rng, name):
     np.testing.assert_allclose(m.get_weights()[0], w - 0.5 * grad, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("where", ["output", "output of a value", "weight"])
+@pytest.mark.parametrize("where", ["output", "output of a value", "weight", "weight of a value"])
 def test_an_output_or_weight_named_as_a_gradient_is_refused_with_the_fix(rng, where):
     if where == "output":
         proto = model([N("MatMul", ["x", "W"], ["W_grad"])], [vi("x", ["N", 3])], [vi("W_grad", ["N", 4])],
@@ -48,6 +48,10 @@ def test_an_output_or_weight_named_as_a_gradient_is_refused_with_the_fix(rng, wh
         proto = model([N("MatMul", ["x", "W"], ["z"]), N("Relu", ["z"], ["z_grad"])], [vi("x", ["N", 3])],
                       [vi("z_grad", ["N", 4])], [_init("W", np.ones((3, 4)))])
         where = "output"
+    elif where == "weight of a value":  # a weight named as the gradient of an intermediate value
+        proto = model([N("MatMul", ["x", "z_grad"], ["z"]), N("Relu", ["z"], ["y"])], [vi("x", ["N", 3])],
+                      [vi("y", ["N", 4])], [_init("z_grad", np.ones((3, 4)))])
+        where = "weight"
     else:
         proto = model([N("MatMul", ["x", "W"], ["h"]), N("Add", ["h", "W_grad"], ["y"])], [vi("x", ["N", 3])],
                       [vi("y", ["N", 4])], [_init("W", np.ones((3, 4))), _init("W_grad", np.ones(4))])

@@ -128,7 +128,9 @@ class Weights(dict):
     def __init__(self, layer: Layer):
         super().__init__()
         self._layer = layer
-        self.changed: set[str] = set()  # keys set since a running fit last looked (it takes them over)
+        # when each key was last set (EDITS' count then): each model holding the layer takes the
+        # keys set since it last looked (a running fit takes them over), whatever another model took
+        self.set_at: dict[str, int] = {}
 
     def __setitem__(self, key: str, value) -> None:
         where = f"{self._layer.name or type(self._layer).__name__}.{key}"
@@ -148,8 +150,8 @@ class Weights(dict):
         """Store ``value``, checked and owned by ortrain already (no copy), as a change."""
         super().__setitem__(key, read_only(value))
         self._layer._stored = getattr(self._layer, "_stored", 0) + 1
-        self.changed.add(key)
         EDITS[0] += 1
+        self.set_at[key] = EDITS[0]
 
     def update(self, *args, **kwargs) -> None:
         for key, value in dict(*args, **kwargs).items():

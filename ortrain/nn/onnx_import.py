@@ -731,9 +731,9 @@ def _rename_reserved(fg: ForwardGraph) -> None:
         # 'v_grad' and 'v_grad.<buffer>' for a value v; any '_grad' may end v ('a_grad_grad' is a_grad's)
         return any(name[:m.start()] in of for m in re.finditer(r"_grad(?=$|\.)", name))
 
-    # the runtime names the gradient of every value it differentiates so: an output may clash with
-    # any value, a weight with another weight
-    for kind, names, of in (("a weight", weights, set(weights)), ("an output", [o.name for o in g.output], values)):
+    # the runtime names the gradient of every value it differentiates so: an output or a weight may
+    # clash with any value
+    for kind, names, of in (("a weight", weights, values), ("an output", [o.name for o in g.output], values)):
         bad = next((n for n in names if clash(n, of)), None)
         if bad is not None:
             raise OrtrainError(

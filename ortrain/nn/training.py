@@ -85,6 +85,7 @@ class TrainingMixin:
         state = dict(self.__dict__)
         state["_runners"] = {}
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = None
+        state["_edits_seen"] = None  # EDITS counts this process's sets: a copy starts over
         state["_train_state"] = self.train_state
         if self.history is not None:
             detached = History()
@@ -153,10 +154,11 @@ class TrainingMixin:
                     return name, tuple(np.shape(m))
         return None
 
-    def _refuse_while_fitting(self, argument: str, verb: str) -> None:
+    def _refuse_while_fitting(self, argument: str, verb: str, holds: str = "the optimizer state",
+                              instead: str = "") -> None:
         if self._live_state is not None:
-            raise OrtrainError(f"{argument}: this model is fitting, and its trainer holds the optimizer state; "
-                               f"{verb} it before fit or after it returns (nothing was changed)")
+            raise OrtrainError(f"{argument}: this model is fitting, and its trainer holds {holds}; "
+                               f"{verb} it before fit or after it returns (nothing was changed){instead}")
 
     # -- the optimizer's rate and state between fits ---------------------------------------------
     def _lr_written(self) -> bool:
@@ -198,31 +200,28 @@ class TrainingMixin:
 
     # -- the edit log: weights set since a running fit last took them ------------------------------
     def _take_edits(self) -> set[str]:
-        """The names of the weights set since the last take (``set_weights``, a layer's own, or
-        through another model sharing the layer; :class:`~ortrain.nn.base_layer.Weights` records them),
-        forgotten once taken. No scan of the layers when no weight was set anywhere since."""
-        if EDITS[0] == self._edits_seen:
+        """The names of the weights set since this model last took them (``set_weights``, a layer's
+        own, or through another model sharing the layer, a fit of it included; :class:`~ortrain.nn.
+        base_layer.Weights` stamps them). No scan of the layers when no weight was set anywhere since."""
+        since = self._edits_seen
+        if EDITS[0] == since:
             return set()
         self._edits_seen = EDITS[0]
-        names = set()
-        for lyr in self.layers:
-            if lyr.weights.changed:
-                names.update(f"{lyr.name}.{k}" for k in lyr.weights.changed)
-                lyr.weights.changed.clear()
-        return names
+        since = -1 if since is None else since
+        return {f"{lyr.name}.{k}" for lyr in self.layers for k, at in lyr.weights.set_at.items() if at > since}
 
     def _edits_pending(self) -> bool:
         """Whether a weight may have been set since the edits were last taken (cheap: no scan)."""
         return EDITS[0] != self._edits_seen
 
     def _keep_edits(self, names: set[str]) -> None:
-        """Put back edits taken but not yet acted on."""
+        """Put back edits taken but not yet acted on: stamped anew, so the next take has them."""
         layers = {lyr.name: lyr for lyr in self.layers}
-        for name in names:
-            layer_name, key = name.rsplit(".", 1)
-            layers[layer_name].weights.changed.add(key)
         if names:
             EDITS[0] += 1
+        for name in names:
+            layer_name, key = name.rsplit(".", 1)
+            layers[layer_name].weights.set_at[key] = EDITS[0]
 
     # -- compile / fit --------------------------------------------------------------------
     @names_unknown_arguments_of
@@ -231,8 +230,11 @@ class TrainingMixin:
 
         As in Keras, ``metrics`` count every sample alike and ``weighted_metrics`` weigh each by its
         ``sample_weight`` and ``class_weight`` (as the loss does). All are checked before any is set:
-        a refused compile leaves the model as it was.
+        a refused compile leaves the model as it was, and so does one during a fit of the model
+        (a callback's: its trainer keeps the loss and optimizer it started with).
         """
+        self._refuse_while_fitting("compile", "compile", "the loss and optimizer it started with",
+                                   "; to change the rate during the fit, set model.optimizer.lr")
         new_optimizer = optim.get(optimizer)
         new_loss = losses.get(loss)
         given = []
