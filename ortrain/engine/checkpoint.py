@@ -33,6 +33,7 @@ MOMENT_NAMES = ("momentum0", "momentum1")
 # A property of a trainer's checkpoint: the crc32 of everything else it holds, so that a changed
 # byte in a weight, a moment or a counter is told apart from training (the format has no checksum).
 CHECKSUM = "ortrain.crc32"
+CHECKSUM_PLACEHOLDER = -1  # written first, then replaced in place (0 would not be written at all)
 
 
 @dataclass
@@ -52,24 +53,58 @@ class CheckpointData:
     properties: dict[str, int | float | str] = field(default_factory=dict)
 
 
-def content_crc(data: CheckpointData) -> int:
-    """crc32 of a checkpoint's tensors (names, types, shapes, values), optimizer step and properties
-    but :data:`CHECKSUM`."""
-    crc = 0
-    tables = [data.trainable, data.frozen]
-    if data.optimizer is not None:
-        crc = zlib.crc32(f"step={data.optimizer.step} lr={data.optimizer.initial_lr!r}".encode(), crc)
-        tables += [{f"{n}/{i}": m for n, ms in data.optimizer.moments.items() for i, m in enumerate(ms)}]
-    for table in tables:
-        for name in sorted(table):
-            a = np.ascontiguousarray(table[name])
-            crc = zlib.crc32(f"{name}:{a.dtype.str}:{a.shape}".encode(), crc)
-            crc = zlib.crc32(a.data, crc)
+def _tensor_crc(t, crc: int) -> int:
+    """``crc`` over a tensor: its name, type, shape and bytes, read in place."""
+    dims = ",".join(str(t.Dims(i)) for i in range(t.DimsLength()))
+    crc = zlib.crc32(t.Name() + f":{t.DataType()}:{dims}:".encode(), crc)
+    return zlib.crc32(t.RawDataAsNumpy() if t.RawDataLength() else b"", crc)
+
+
+def content_crc(buf) -> tuple[int, int | None]:
+    """(crc32 of everything a checkpoint file's bytes ``buf`` hold but :data:`CHECKSUM`'s value: tensors
+    (names, types, shapes, values), the optimizer's step and rate, properties; the byte offset of
+    that value, None without it). The tensors' bytes are read where they lie, not copied."""
+    ck = Checkpoint.Checkpoint.GetRootAs(buf, 0)
+    crc, at = 0, None
+    ms = ck.ModuleState()
+    if ms is not None:
+        for i in range(ms.RequiresGradParamsLength()):
+            crc = _tensor_crc(ms.RequiresGradParams(i), crc)
         crc = zlib.crc32(b"|", crc)
-    for key in sorted(data.properties):
-        if key != CHECKSUM:
-            crc = zlib.crc32(f"{key}={data.properties[key]!r}".encode(), crc)
-    return crc
+        for i in range(ms.FrozenParamsLength()):
+            crc = _tensor_crc(ms.FrozenParams(i), crc)
+    for g in range(ck.OptimizerGroupsLength()):
+        group = ck.OptimizerGroups(g)
+        crc = zlib.crc32(f"|{group.GroupName()!r}:{group.Step()}:{group.InitialLearningRate()!r}".encode(), crc)
+        for i in range(group.OptimizerStatesLength()):
+            ps = group.OptimizerStates(i)
+            crc = zlib.crc32(ps.ParamName(), crc)
+            for j in range(ps.MomentumsLength()):
+                crc = _tensor_crc(ps.Momentums(j), crc)
+    bag = ck.PropertyBag()
+    if bag is not None:
+        for kind, count, get in (("i", bag.IntsLength(), bag.Ints), ("f", bag.FloatsLength(), bag.Floats),
+                                 ("s", bag.StringsLength(), bag.Strings)):
+            for i in range(count):
+                p = get(i)
+                if kind == "i" and p.Name().decode() == CHECKSUM:
+                    offset = p._tab.Offset(6)  # IntProperty.value
+                    at = p._tab.Pos + offset if offset else None
+                    continue
+                crc = zlib.crc32(f"|{kind}:{p.Name()!r}={p.Value()!r}".encode(), crc)
+    return crc, at
+
+
+def write_checksum(path) -> None:
+    """Write :data:`CHECKSUM`'s value in the checkpoint file at ``path`` (in place: the file must hold
+    the property already, with a value other than 0, which flatbuffers would leave out)."""
+    with open(path, "r+b") as f:
+        buf = f.read()
+        crc, at = content_crc(buf)
+        if at is None:
+            raise OrtrainError(f"checkpoint {os.fspath(path)!r}: no {CHECKSUM} property to write")
+        f.seek(at)
+        f.write(int(crc).to_bytes(8, "little", signed=True))
 
 
 def _read_tensor(t) -> tuple[str, np.ndarray]:
@@ -108,7 +143,7 @@ def read_checkpoint(path: str | os.PathLike, verify: bool = False) -> Checkpoint
     except Exception as exc:  # a truncated or corrupted flatbuffer raises anything from struct to IndexError
         raise OrtrainError(f"checkpoint {os.fspath(path)!r} cannot be read: {exc}; it is damaged, or was not "
                            "written by onnxruntime-training 1.19.2 or ortrain") from exc
-    if verify and CHECKSUM in data.properties and data.properties[CHECKSUM] != content_crc(data):
+    if verify and CHECKSUM in data.properties and data.properties[CHECKSUM] != content_crc(buf)[0]:
         raise OrtrainError(f"checkpoint {os.fspath(path)!r} is damaged: its contents do not match the checksum "
                            "written with them (changed after it was written); use another checkpoint or a copy of "
                            "this one")

@@ -22,7 +22,7 @@ from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine import denormals
 from ortrain.engine._runtime import C, OrtValue
-from ortrain.engine.checkpoint import CHECKSUM, content_crc, read_checkpoint
+from ortrain.engine.checkpoint import CHECKSUM, CHECKSUM_PLACEHOLDER, read_checkpoint, write_checksum
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
@@ -402,18 +402,18 @@ class TrainingSession:
     @exclusive
     def save_checkpoint(self, path, properties: dict | None = None, include_optimizer: bool = True) -> None:
         """Write the state with ``properties`` and, with them, :data:`CHECKSUM` of what it holds
-        (the runtime writes the file: it is written once, read back for the checksum, and written
-        again with it)."""
+        (the runtime writes the file with a placeholder, whose bytes the checksum then replaces)."""
         self._live()
         for key, value in (properties or {}).items():
             self._state.add_property(key, value)
+        if properties:
+            self._state.add_property(CHECKSUM, CHECKSUM_PLACEHOLDER)
         with atomic_path(path) as tmp:
             try:
                 C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
                 if properties:
-                    self._state.add_property(CHECKSUM, content_crc(read_checkpoint(tmp)))
-                    C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
-            except RuntimeError as exc:  # a full disk, a file-size limit: the reason ends the message
+                    write_checksum(tmp)
+            except (RuntimeError, OSError) as exc:  # a full disk, a file-size limit: the reason ends the message
                 reason, advice = write_failure(exc) or (_reason(exc), write_advice(None))
                 raise OrtrainError(f"save_checkpoint: cannot write {os.fspath(path)!r}: {reason}; a file already "
                                    f"there is left as it was. {advice}") from exc
