@@ -36,10 +36,10 @@ def _pandas_values(frame):
     type numpy joins them to, or, where a value is missing, as float64 with NaN there, which the
     checks for non-finite data then name."""
     dtypes = list(frame.dtypes) if hasattr(frame, "columns") else [frame.dtype]
-    numeric = [getattr(d, "kind", "O") in "iufb" for d in dtypes]
-    nullable = any(type(d).__module__.startswith("pandas") and n for d, n in zip(dtypes, numeric))
-    if not nullable and not (all(numeric) and len(set(dtypes)) > 1):
-        return frame
+    kinds = [getattr(d, "kind", "O") for d in dtypes]
+    nullable = any(type(d).__module__.startswith("pandas") and k in "iufb" for d, k in zip(dtypes, kinds))
+    if not nullable and not ("b" in kinds and len(set(kinds)) > 1 and all(k in "iufb" for k in kinds)):
+        return frame  # numpy reads it (numbers of several types join in the widest)
     try:
         if frame.isna().to_numpy().any():
             return frame.to_numpy(dtype=np.float64, na_value=np.nan)

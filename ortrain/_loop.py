@@ -179,10 +179,13 @@ class Loop:
             LIVE_SYNC[key] = self._sync_fn
 
     def _unlink(self) -> None:
-        """Undo :meth:`_link` for what it registered (layers added or removed since included)."""
+        """Undo :meth:`_link` for what it registered (layers added or removed since included): an
+        entry this fit replaced comes back if its fit still runs (fits in two threads sharing a
+        layer need not end in the reverse order they began)."""
+        self._ended = True
         for key, before in getattr(self, "_linked", {}).items():
             if LIVE_SYNC.get(key) == self._sync_fn:
-                if before is None:
+                if before is None or getattr(before.__self__, "_ended", False):
                     del LIVE_SYNC[key]
                 else:
                     LIVE_SYNC[key] = before

@@ -94,8 +94,8 @@ class CaptureStep(TracedCall):
         norm = None
         drawn = session.draws
         with session._lock:  # once for the whole step (the session's own calls would take it three times)
-            flush = denormals.enter()  # subnormals flushed, once for the step's calls
             try:
+                denormals.enter()  # subnormals flushed, once for the step's calls
                 try:
                     session._train_step_into(feeds)
                 except Exception as exc:
@@ -119,7 +119,7 @@ class CaptureStep(TracedCall):
                     session.draws = drawn
                 raise
             finally:
-                denormals.leave(flush)
+                denormals.leave()
         self._advance()
         if not self._dict and norm is None:
             return loss
@@ -146,7 +146,9 @@ class CaptureStep(TracedCall):
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is retried in float64 below
             for g in grads:
                 total += float(np.dot(g, g))
-        if not math.isfinite(total):  # float32 squares overflow above ~1.8e19; NaN and inf stay so
+        # float32 squares overflow above ~1.8e19 (NaN and inf stay so) and underflow below ~1e-19
+        # (flushed to 0 here, see engine.denormals): both are summed again in float64
+        if not math.isfinite(total) or total < 1e-30:
             total = sum(float(np.dot(g64, g64)) for g64 in (g.astype(np.float64) for g in grads))
         norm = math.sqrt(total)
         if not math.isfinite(norm):

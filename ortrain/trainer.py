@@ -162,11 +162,11 @@ class Trainer(TrainerSetup, Releasable):
         feeds.append(self._scale)
         session = self._session
         with session._lock:  # once for the step's calls
-            flush = denormals.enter()  # subnormals flushed, once for the step's calls
             try:
+                denormals.enter()  # subnormals flushed, once for the step's calls
                 fetches = self._run_step(session, feeds)
             finally:
-                denormals.leave(flush)
+                denormals.leave()
         return fetches
 
     def _run_step(self, session, feeds):

@@ -1089,7 +1089,12 @@ def test_a_model_sharing_layers_with_the_one_being_trained_reads_its_trained_wei
     seen = []
 
     def epoch_end(epoch, logs):
+        import copy
+        # Keras' layer.kernel, and a copy of the layer, read the trained values too, first thing
+        copied = (copy.deepcopy(hidden).weights["kernel"], hidden.kernel.copy())
         seen.append((encoder.predict(x[:2]), hidden.weights["kernel"].copy()))
+        for kernel in copied:
+            np.testing.assert_array_equal(kernel, seen[-1][1])
 
     full.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
              callbacks=[ot.callbacks.LambdaCallback(on_epoch_end=epoch_end)])
@@ -1187,3 +1192,36 @@ def test_compile_add_and_pop_during_a_fit_are_refused_and_change_nothing():
         assert errors and all("this model is fitting" in e and "nothing was changed" in e for e in errors), name
         assert model.optimizer is optimizer and model.loss is loss and len(model.layers) == 1
     model.fit(x, y, batch_size=4, verbose=0)  # and the next fit runs
+
+
+def test_fits_in_two_threads_sharing_a_layer_let_go_of_it_in_any_order():
+    # the fit that began second restored the first one's link when it ended after it: the first
+    # fit's loop (its data, callbacks) stayed registered for the life of the process
+    import threading
+
+    from ortrain.nn.base_layer import LIVE_SYNC
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    inp = ot.Input((4,))
+    enc = ot.layers.Dense(5)
+    first, second = ot.Model(inp, ot.layers.Dense(2)(enc(inp))), ot.Model(inp, ot.layers.Dense(3)(enc(inp)))
+    for m in (first, second):
+        m.compile(optimizer=ot.optim.SGD(lr=0.01), loss="mse")
+    started, first_done = threading.Event(), threading.Event()
+
+    class Wait(ot.callbacks.Callback):
+        def on_batch_begin(self, step, logs=None):
+            started.set()
+            first_done.wait(60)
+
+    thread = threading.Thread(target=lambda: second.fit(x, np.zeros((8, 3), np.float32), batch_size=8, verbose=0,
+                                                         callbacks=[Wait()]))
+
+    class Begin(ot.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            thread.start()
+            started.wait(60)  # the second fit has linked the shared layer
+
+    first.fit(x, np.zeros((8, 2), np.float32), batch_size=8, verbose=0, callbacks=[Begin()])
+    first_done.set()
+    thread.join(60)
+    assert not LIVE_SYNC

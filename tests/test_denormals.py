@@ -88,3 +88,38 @@ def test_subnormal_adam_moments_do_not_slow_a_step():
                 times[id(tr)].append(time.perf_counter() - start)
     ratio = np.median(times[id(subnormal)]) / np.median(times[id(normal)])
     assert ratio < 1.6, f"a step with subnormal moments took {ratio:.2f} times as long"
+
+
+def test_a_gradient_norm_of_underflowing_squares_is_summed_in_float64():
+    # gradients near 1e-20: their float32 squares (1e-40) flush to 0, and grad_norm read 0
+    from ortrain import ag
+    W = ag.param(np.zeros((1, 4), np.float32), name="W")
+    x = np.full((4, 1), 1e-20, np.float32)
+    step = ot.capture_step(lambda x: ag.sum(W @ x), optimizer=ot.optim.Adam([W]), max_grad_norm=1.0)
+    norm = float(step(x=x)["grad_norm"])
+    assert norm == pytest.approx(2e-20, rel=1e-6, abs=0)  # the gradient is x: sqrt(4 * 1e-40)
+
+
+@needs_flush
+def test_an_interrupt_right_after_the_flush_is_set_still_puts_the_callers_environment_back(monkeypatch):
+    # enter() ran outside the try: a Ctrl-C landing just after it set the flush left the caller's
+    # thread flushing for good (and every later call "restored" that)
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    x = np.ones((2, 3), np.float32)
+    want = model.predict(x)
+    real_set = denormals._set
+    calls = []
+
+    def interrupted_set(env):
+        real_set(env)
+        calls.append(1)
+        if len(calls) == 1:  # the flush is set: Python's signal check raises here
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(denormals, "_set", interrupted_set)
+    with pytest.raises(KeyboardInterrupt):
+        model.predict(x)
+    monkeypatch.undo()
+    assert _keeps_subnormals()
+    np.testing.assert_array_equal(model.predict(x), want)
+    assert _keeps_subnormals() and denormals._local.state[0] == 0

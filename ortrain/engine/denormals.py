@@ -74,50 +74,53 @@ _local = threading.local()
 
 
 def _thread_state() -> list:
-    """The thread's own: whether it flushes now, the environment to put back, the flushing one
-    (the rest of the environment as at the thread's first call: only its flush word is written
-    after), and views of the two flush words."""
+    """The thread's own: how many :func:`enter` calls are open, the environment to put back, the
+    flushing one (the rest of the environment as at the thread's first call: only its flush word
+    is written after), and views of the two flush words."""
     saved, flushed = ctypes.create_string_buffer(_SIZE), ctypes.create_string_buffer(_SIZE)
     _get(saved)
     ctypes.memmove(flushed, saved, _SIZE)
-    state = _local.state = [False, saved, flushed, ctypes.c_uint32.from_buffer(saved, _OFFSET),
+    state = _local.state = [0, saved, flushed, ctypes.c_uint32.from_buffer(saved, _OFFSET),
                             ctypes.c_uint32.from_buffer(flushed, _OFFSET)]
     return state
 
 
-def enter():
-    """Flush subnormals on the calling thread until :func:`leave` with what this returns (None
-    where the thread flushes already: inside another :func:`enter`)."""
+def enter() -> None:
+    """Flush subnormals on the calling thread until the matching :func:`leave` (calls nest: the
+    outermost pair switches). Call it inside the ``try`` whose ``finally`` calls :func:`leave`,
+    so that an interrupt (Ctrl-C) arriving anywhere in between still puts the environment back."""
     if _get is None:
-        return None
+        return
     try:
         state = _local.state
     except AttributeError:
         state = _thread_state()
-    if state[0]:
-        return None
-    _get(state[1])
-    state[4].value = state[3].value | _BITS
-    _set(state[2])
-    state[0] = True
-    return state
+    state[0] += 1
+    if state[0] == 1:
+        _get(state[1])
+        state[4].value = state[3].value | _BITS
+        _set(state[2])
 
 
-def leave(state) -> None:
-    if state is not None:
+def leave() -> None:
+    """Close the innermost :func:`enter`: the outermost puts the caller's environment back."""
+    state = getattr(_local, "state", None)
+    if state is None or state[0] <= 0:  # an enter interrupted before it counted
+        return
+    state[0] -= 1
+    if state[0] == 0:
         _set(state[1])
-        state[0] = False
 
 
 def flushing(fn):
     """``fn`` run between :func:`enter` and :func:`leave`: a call into the runtime."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        env = enter()
         try:
+            enter()
             return fn(*args, **kwargs)
         finally:
-            leave(env)
+            leave()
     return call
 
 

@@ -100,7 +100,8 @@ def session_options(threads: int | None = None):
     Only fatal messages are logged: a run the runtime fails is raised as an exception that carries
     the runtime's reason, which its error log would only repeat."""
     so = C.SessionOptions()
-    so.add_session_config_entry(*denormals.CONFIG)  # create sessions in denormals.kept()
+    if denormals.available():  # create sessions in denormals.kept(): the runtime sets it on the creating thread
+        so.add_session_config_entry(*denormals.CONFIG)
     so.log_severity_level = 4
     so.intra_op_num_threads = thread_count(threads, "threads") or get_num_threads()
     so.inter_op_num_threads = 1

@@ -60,13 +60,13 @@ class InferenceRunner:
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         if self._sess is None:
             raise FreedError("this inference session was freed")
-        flush = denormals.enter()
         try:
+            denormals.enter()
             return self._sess.run(outputs or self.output_names, feeds)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "forward graph") from exc
         finally:
-            denormals.leave(flush)
+            denormals.leave()
 
     def free(self) -> None:
         self._sess = None

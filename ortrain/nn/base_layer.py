@@ -173,6 +173,7 @@ class Weights(dict):
     __delitem__ = pop = popitem = clear = _removal
 
     def __reduce__(self):  # a copy (deepcopy, pickle) belongs to the copied layer, its arrays read-only
+        sync_live(self._layer)  # taken during a fit of a model holding the layer: the trained values
         return _weights_of, (self._layer, dict(self))
 
 
@@ -284,6 +285,7 @@ class Layer:
         # Keras' layer.kernel, layer.bias, layer.gamma...: a weight by its suffix (read-only array)
         weights = self.__dict__.get("_weights")
         if weights is not None and not name.startswith("_") and name in weights:
+            sync_live(self)  # during a fit of a model holding it, the trained value
             return weights[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
