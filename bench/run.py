@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-WORKLOADS = ("capture_step", "trainer_step", "mlp", "cnn", "fit_overhead", "first_step")
+WORKLOADS = ("capture_step", "trainer_step", "mlp", "long_run", "cnn", "fit_overhead", "first_step")
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
 
@@ -101,6 +101,16 @@ def rows(results: dict) -> list[tuple]:
         out.append(("(g) peak memory of (c)", "ortrain RSS / PyTorch RSS", "-" if ratio is None else f"{ratio:.2f}",
                     "<= 1.0", _met(None if ratio is None else ratio <= 1.0),
                     ", ".join(f"{n} {v:.0f} MB" for n, v in rss.items())))
+    r = results.get("long_run")
+    if r:
+        ms = r["ms_per_step"]
+        grew = r["last_over_first"]
+        name = f"(c) MLP, batch 32, {r['steps']:,} steps"
+        out.append((name, "last 100 steps' time / first 100's", " / ".join(f"{n} {v:.2f}x" for n, v in grew.items()),
+                    "-", "-", ", ".join(f"{n} {m['first']:.2f} -> {m['last']:.2f} ms" for n, m in ms.items())))
+        if "torch_over_ortrain_at_end" in r:
+            out.append((name, "PyTorch eager time / ortrain, last 100 steps", f"{r['torch_over_ortrain_at_end']:.2f}x",
+                        "-", "-", "subnormal Adam moments: ortrain flushes them"))
     r = results.get("cnn")
     if r:
         sps = r["samples_per_s"]

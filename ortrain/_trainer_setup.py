@@ -233,8 +233,9 @@ class TrainerSetup:
                                "optimizer than this model (or to training graphs another ortrain version "
                                "built, or to the same ONNX file imported by an earlier ortrain, which listed "
                                "a dynamo export's weights in another order, or to a model whose dropout had "
-                               "other seeds); resume with the model, settings and version that wrote it, or "
-                               "with a model saved by model.save back then")
+                               "other seeds); resume with the model, settings and version that wrote it, or go on "
+                               "from a model.save file of that run: ot.load_model(path) holds its weights and "
+                               "optimizer state, and fit continues from them")
 
         art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
                                   refresh_checkpoint=False, _accept_key=accept)

@@ -233,7 +233,9 @@ def key_parts(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighti
         "weights": [[p.name, list(p.shape), np.dtype(p.dtype).name, p.role] for p in fg.params]}))
 
 
-_KEY_PARTS = {"architecture": "its layers", "weights": "its weights or which of them train (freezing)",
+_KEY_PARTS = {"architecture": "its layers' training graphs (the layers, or how this version of ortrain writes them: "
+                              "a checkpoint of a sigmoid activation written before the activation was computed "
+                              "exactly does not fit)", "weights": "its weights or which of them train (freezing)",
               "loss": "the loss", "optimizer": "the optimizer's settings",
               "weighting": "the sample weighting (loss_mask, sample weights)",
               "versions": "the versions of ortrain, onnx and onnxruntime-training",
@@ -253,7 +255,8 @@ def key_difference(saved: dict, now: dict) -> str:
             "path, batch_size, loss_mask=<as written>); m = tr.model(); m.train_state = tr.export_state(); "
             "ot.Trainer(m, loss_mask=...)") if differ == [_KEY_PARTS["weighting"]] else ""
     return (f"this model differs from the one that wrote it in {', '.join(differ)}; resume with the model and "
-            f"settings that wrote it, or with a model saved by model.save back then{hint}")
+            f"settings that wrote it, or go on from a model.save file of that run: ot.load_model(path) holds its "
+            f"weights and optimizer state, and fit continues from them{hint}")
 
 
 def _opt_config(opt: optim.Optimizer) -> dict:
