@@ -43,7 +43,7 @@ def _libm():
         get, set_ = lib.fegetenv, lib.fesetenv
     except (OSError, AttributeError):
         return None
-    get.restype = set_.restype = ctypes.c_int  # called with ctypes buffers only: passed as pointers
+    get.restype = set_.restype = None  # called with byref() of ctypes buffers only (the quickest call)
     return get, set_, layout
 
 
@@ -74,14 +74,15 @@ _local = threading.local()
 
 
 def _thread_state() -> list:
-    """The thread's own: how many :func:`enter` calls are open, the environment to put back, the
-    flushing one (the rest of the environment as at the thread's first call: only its flush word
-    is written after), and views of the two flush words."""
+    """The thread's own: how many :func:`enter` calls are open, the environment to put back and the
+    flushing one (as ``byref``s: the rest of the environment as at the thread's first call, only
+    its flush word is written after), views of the two flush words, and the buffers themselves."""
     saved, flushed = ctypes.create_string_buffer(_SIZE), ctypes.create_string_buffer(_SIZE)
     _get(saved)
     ctypes.memmove(flushed, saved, _SIZE)
-    state = _local.state = [0, saved, flushed, ctypes.c_uint32.from_buffer(saved, _OFFSET),
-                            ctypes.c_uint32.from_buffer(flushed, _OFFSET)]
+    state = _local.state = [0, ctypes.byref(saved), ctypes.byref(flushed),
+                            ctypes.c_uint32.from_buffer(saved, _OFFSET), ctypes.c_uint32.from_buffer(flushed, _OFFSET),
+                            saved, flushed]
     return state
 
 
