@@ -3,7 +3,7 @@
 A weight whose gradient stops (a dead ReLU unit's) decays its Adam moments step by step into the
 subnormal range (below 1.2e-38), where x86 and ARM cores compute many times slower: a
 784-512-512-10 MLP at batch 32 went from 1.7 ms to 14 ms a step after about 1,000 steps, and a
-fit on the bundled digits took 2.5 times as long. TensorFlow flushes subnormals to zero for the
+fit on the bundled digits took 2.2 times as long. TensorFlow flushes subnormals to zero for the
 same reason; onnxruntime does when asked (``session.set_denormal_as_zero``), on its own threads,
 and on the thread that creates the first session of the process, for good.
 
