@@ -57,8 +57,7 @@ class Loop:
         self._model = model
         self._synced_at = None
         self._own_reads = False  # the loop's own reads of the model, which bring nothing over
-        self._sync_fn = self._sync
-        self._thread = threading.get_ident()
+        self._thread = None  # the thread the fit runs on (run sets it)
         self._steps_at_start = trainer.n_steps
         base = trainer._model
         self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
@@ -176,7 +175,7 @@ class Loop:
         m = self._model
         self._linked = {id(obj): LIVE_SYNC.get(id(obj)) for obj in (m, *getattr(m, "layers", ()))}
         for key in self._linked:
-            LIVE_SYNC[key] = self._sync_fn
+            LIVE_SYNC[key] = self._sync
 
     def _unlink(self) -> None:
         """Undo :meth:`_link` for what it registered (layers added or removed since included): an
@@ -184,7 +183,7 @@ class Loop:
         layer need not end in the reverse order they began)."""
         self._ended = True
         for key, before in getattr(self, "_linked", {}).items():
-            if LIVE_SYNC.get(key) == self._sync_fn:
+            if LIVE_SYNC.get(key) == self._sync:  # bound methods compare by their object
                 if before is None or getattr(before.__self__, "_ended", False):
                     del LIVE_SYNC[key]
                 else:

@@ -92,8 +92,7 @@ class Sequential(Model):
     def add(self, layer) -> None:
         """Append a layer (or, first, an ``ot.Input``), as Keras' ``Sequential.add``. The layers
         already there keep their weights; an error leaves the model as it was."""
-        if self.__dict__.get("_live_state") is not None:
-            self._refuse_while_fitting("Sequential.add", "change", "the graphs of its layers")
+        self._refuse_while_fitting("Sequential.add", "change", "the graphs of its layers")
         built = self.__dict__.get("_built", True)
         if built:
             self._adopt()
@@ -122,8 +121,7 @@ class Sequential(Model):
 
     def pop(self) -> Layer:
         """Remove the last layer (as Keras' ``Sequential.pop``) and return it."""
-        if self.__dict__.get("_live_state") is not None:
-            self._refuse_while_fitting("Sequential.pop", "change", "the graphs of its layers")
+        self._refuse_while_fitting("Sequential.pop", "change", "the graphs of its layers")
         if not self.__dict__.get("_built", True):
             raise OrtrainError("Sequential.pop: the model has no layer to remove")
         self._adopt()

@@ -156,7 +156,7 @@ class TrainingMixin:
 
     def _refuse_while_fitting(self, argument: str, verb: str, holds: str = "the optimizer state",
                               instead: str = "") -> None:
-        if self._live_state is not None:
+        if self.__dict__.get("_live_state") is not None:  # (a Sequential being emptied has none)
             raise OrtrainError(f"{argument}: this model is fitting, and its trainer holds {holds}; "
                                f"{verb} it before fit or after it returns (nothing was changed){instead}")
 
