@@ -719,30 +719,27 @@ def _rename_reserved(fg: ForwardGraph) -> None:
     """Values named as onnxruntime-training names the gradients and their buffers (``W_grad``,
     ``W_grad.accumulation.buffer``) or as ortrain names its loss inputs (``ortrain.label``) clash
     in the training graph. Intermediate ones get other names (in place: nobody reads them from
-    outside); a weight or an output that clashes with a weight's gradient is refused."""
+    outside); a weight or an output named as the gradient of any value is refused."""
     g = fg.proto.graph
     weights = [p.name for p in fg.params]
     values = {n for node in g.node for n in [*node.input, *node.output]} | set(weights) | {vi.name for vi in g.input}
 
-    def clash(name: str, of) -> bool:
-        """Whether ``name`` is the runtime's name for the gradient of one of ``of`` (or its buffers)."""
+    def clash(name: str) -> bool:
+        """Whether ``name`` is the runtime's name for the gradient of a value (or its buffers)."""
         if name.startswith("ortrain.") or name == "lazy_reset_grad":
             return True
         # 'v_grad' and 'v_grad.<buffer>' for a value v; any '_grad' may end v ('a_grad_grad' is a_grad's)
-        return any(name[:m.start()] in of for m in re.finditer(r"_grad(?=$|\.)", name))
+        return any(name[:m.start()] in values for m in re.finditer(r"_grad(?=$|\.)", name))
 
-    # the runtime names the gradient of every value it differentiates so: an output or a weight may
-    # clash with any value
-    for kind, names, of in (("a weight", weights, values), ("an output", [o.name for o in g.output], values)):
-        bad = next((n for n in names if clash(n, of)), None)
+    for kind, names in (("a weight", weights), ("an output", [o.name for o in g.output])):
+        bad = next((n for n in names if clash(n)), None)
         if bad is not None:
             raise OrtrainError(
                 f"from_onnx: {kind} of the model is named {bad!r}, a name onnxruntime-training gives a weight's "
                 f"gradient (or ortrain its loss inputs); rename it in the model (with onnx, or in PyTorch before "
                 f"the export)")
     outputs = {o.name for o in g.output}
-    taken = {n for node in g.node for n in [*node.input, *node.output]} | set(weights) | \
-        {vi.name for vi in g.input} | {t.name for t in g.initializer}
+    taken = values | {t.name for t in g.initializer}
     renamed = {}
     for node in g.node:
         for name in node.output:
