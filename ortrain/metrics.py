@@ -1,10 +1,12 @@
 """Metrics computed from predictions the training or eval graph already returns.
 
 A metric accumulates ``(total, count)`` over batches; its value is ``total / count``
-(0 when every weight was 0, as Keras divides). ``"accuracy"`` resolves as in Keras:
+(0 when every weight was 0, as Keras divides). ``"accuracy"`` resolves as in tf.keras 2:
 sparse labels compare the arg-max with the label, binary cross-entropy thresholds at
-0.5, any other loss on a one-unit output thresholds at 0.5, and one-hot (or probability)
-labels compare arg-maxes. Where the model outputs logits (``BinaryCrossentropy(from_logits=True)``)
+0.5 on every output unit (Keras 3 takes categorical accuracy for several units, a multi-label
+output), any other loss on a one-unit output thresholds at 0.5, and one-hot (or probability)
+labels compare arg-maxes. Binary accuracy counts a label above 0.5 as 1 (Keras 3 compares labels
+as they are, so a soft label never matches there). Where the model outputs logits (``BinaryCrossentropy(from_logits=True)``)
 ``"accuracy"`` and ``"binary_accuracy"`` threshold them at 0, the logit of 0.5 (Keras thresholds
 the raw logit at 0.5, a probability of 0.62).
 """

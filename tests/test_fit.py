@@ -1823,3 +1823,19 @@ def test_a_generator_function_passed_uncalled_is_refused_with_the_fix():
             call()
     assert_weights(model, before, rtol=0, atol=0)
     assert ot.fit_generator(model, batches(), verbose=0).epoch == [0]
+
+
+def test_binary_accuracy_scores_soft_labels_and_multi_label_outputs_per_unit():
+    # as documented: a label above 0.5 counts as 1 (Keras 3 would never match 0.7), and
+    # accuracy with a binary cross-entropy over several units is per unit (tf.keras 2's choice)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((60, 3)).astype(np.float32)
+    y = rng.random((60, 3)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(3, activation="sigmoid")], input_shape=(3,), seed=0)
+    model.compile(optimizer="sgd", loss="binary_crossentropy",
+                  metrics=["accuracy", "binary_accuracy", "categorical_accuracy"])
+    p = model.predict(x)
+    got = model.evaluate(x, y)
+    want = np.mean((p > 0.5) == (y > 0.5))
+    assert got["accuracy"] == got["binary_accuracy"] == pytest.approx(want)
+    assert got["categorical_accuracy"] == pytest.approx(np.mean(p.argmax(-1) == y.argmax(-1)))
