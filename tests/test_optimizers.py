@@ -188,9 +188,9 @@ def test_schedules():
     with pytest.raises(ot.OrtrainError, match="warmup_steps \\(6\\) must be below total_steps \\(6\\)"):
         s.warmup_cosine(1.0, 6, 6)
     # no warm-up is the plain cosine (as transformers' get_cosine_schedule_with_warmup takes 0)
-    np.testing.assert_allclose([s.warmup_cosine(1.0, 0, 4, 0.2)(t) for t in range(-1, 6)],
-                               [cos(t) for t in range(-1, 6)])
-    assert wc(-3) == wc(0) == 0.5   # a step before the first reads the first, as cosine's does
+    np.testing.assert_allclose([s.warmup_cosine(1.0, 0, 4, 0.2)(t) for t in range(6)],
+                               [cos(t) for t in range(6)])
+    assert wc(0) == 0.5
     with pytest.raises(ot.OrtrainError, match="warmup_steps: expected an int >= 0, received -1"):
         s.warmup_cosine(1.0, -1, 4)
     for sched in (s.step(1.0), cos, wc):
@@ -280,3 +280,61 @@ def test_keras_names_of_adams_settings_are_taken():
         ot.optim.Adam(betas=(0.5, 0.9), beta_1=0.8)
     with pytest.raises(ot.OrtrainError, match="Adam: eps=1e-06 and epsilon=1e-07 name one setting"):
         ot.optim.Adam(eps=1e-6, epsilon=1e-7)
+
+
+@pytest.mark.parametrize("eps, b1", [(1e-40, 0.9), (1e-37, 0.9), (5e-46, 0.9), (1e-38, 0.0), (1e-36, 0.99)])
+def test_an_eps_the_first_update_flushes_to_zero_is_refused(eps, b1):
+    # 1e-40 was accepted and turned a zero gradient's weight into NaN: the runtime divides by
+    # (1 - beta_1) * (sqrt(v) + eps), below 1.2e-38 flushed to 0
+    for make in (ot.optim.Adam, ot.optim.AdamW):
+        with pytest.raises(ot.OrtrainError, match=r"eps: expected at least .* with beta_1=.*NaN"):
+            make(eps=eps, betas=(b1, 0.999))
+    with pytest.raises(ot.OrtrainError, match=r"'hyperparameters': eps: expected at least"):
+        ot.optim.Adam().load_state({"step": 0, "lr": 1e-3, "moments": {}, "hyperparameters": {"eps": 1e-40}})
+
+
+def _least_eps(b1):
+    first = np.float32(1) - np.float32(b1)
+    return float(np.nextafter(np.float32(np.finfo(np.float32).tiny / first), np.float32(np.inf)))
+
+
+@pytest.mark.parametrize("b1", [0.0, 0.9, 0.99])
+def test_an_adam_with_the_smallest_eps_it_takes_keeps_a_dead_units_weights(b1):
+    eps = _least_eps(b1)
+    m = ot.Sequential([ot.layers.Dense(4, activation="relu"), ot.layers.Dense(1)], input_shape=(2,), seed=0)
+    w = m.get_weights()
+    w[1][0] = -100.0  # a dead unit: its gradients are exactly 0
+    m.set_weights(w)
+    m.compile(optimizer=ot.optim.Adam(eps=eps, betas=(b1, 0.999)), loss="mse")
+    with ot.Trainer(m, batch_size=8) as tr:
+        losses = [tr.step(np.ones((8, 2), np.float32), np.zeros((8, 1), np.float32)) for _ in range(3)]
+        after = tr.model().get_weights()
+    assert np.all(np.isfinite(losses))
+    np.testing.assert_array_equal(after[0][:, 0], w[0][:, 0])  # the dead unit's weights did not move
+
+
+@pytest.mark.parametrize("bad", [2.5, None, True, -1, 2 ** 62, "3", np.float32(2)])
+def test_setting_a_capture_optimizers_step_to_a_non_count_is_refused_at_once(bad):
+    W = ag.param(np.ones((3, 2), np.float32), name="W")
+    opt = ot.optim.Adam([W], lr=0.01)
+    train = ot.capture_step(lambda x: ag.mean(ag.matmul(x, W)), optimizer=opt)
+    train(x=np.ones((4, 3), np.float32))
+    before = (W.numpy(), opt.state())
+    with pytest.raises(ot.OrtrainError, match=r"opt\.step: expected .* an int from 0 to 2\*\*62 - 1.*nothing changed"):
+        opt.step = bad
+    assert opt.step == 1 and opt.state()["step"] == 1
+    opt.step = np.int64(1)  # a numpy int is a count
+    assert type(opt.step) is int
+    train(x=np.ones((4, 3), np.float32))
+    assert opt.state()["step"] == 2 and not np.array_equal(W.numpy(), before[0])
+
+
+@pytest.mark.parametrize("make", [lambda: ot.optim.schedules.step(0.1, drop=0.5, every=2),
+                                  lambda: ot.optim.schedules.cosine(0.1, total_steps=10),
+                                  lambda: ot.optim.schedules.warmup_cosine(0.1, 2, 10)])
+def test_schedules_take_step_numbers_from_zero_only(make):
+    s = make()
+    for bad in (-1, 2.5, float("nan"), "3", True):
+        with pytest.raises(ot.OrtrainError, match=r"schedule: expected the step .* an int >= 0"):
+            s(bad)
+    assert s(3.0) == s(3) == s(np.int64(3))

@@ -21,6 +21,9 @@ from ortrain.optim.graphs import adamw_graph, sgd_graph
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "get", "check_lr", "check_weight_decay"]
 
 
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32: below it the sessions flush to 0
+
+
 def is_step(value) -> bool:
     """An optimizer's update count: an int >= 0 that int64 holds with room to count on."""
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and 0 <= value < 2 ** 62
@@ -128,7 +131,10 @@ class Optimizer:
             raise OrtrainError(f"opt.step: this optimizer is compiled into model {self._compiled_model().name!r}, "
                                f"whose training counts its updates; received {value!r}, nothing changed. Restore "
                                "a saved count with its moments: opt.load_state(state)")
-        self._step = value
+        if not is_step(value):
+            raise OrtrainError(f"opt.step: expected the number of updates taken, an int from 0 to 2**62 - 1, "
+                               f"received {value!r}; nothing changed (it stays {self._step})")
+        self._step = int(value)
 
     def _compiled_model(self):
         """The model this optimizer is compiled into (the last to compile or fit with it), or None."""
@@ -222,7 +228,7 @@ class Optimizer:
                                f"{self.name!r}")
         step = state["step"]
         if not is_step(step):
-            raise OrtrainError(f"load_state: 'step' must be an int >= 0, received {step!r}")
+            raise OrtrainError(f"load_state: 'step' must be an int from 0 to 2**62 - 1, received {step!r}")
         if not isinstance(state["moments"], dict):
             raise OrtrainError("load_state: 'moments' expected a dict {param name: {'m': array, 'v': array}}, "
                                f"received {type(state['moments']).__name__}")
@@ -334,9 +340,19 @@ class Adam(Optimizer):
                                f"{betas!r}, where {rounded!r} becomes 1.0; use at most 0.9999999")
         if not (is_real(eps) and eps > 0):
             raise OrtrainError(f"eps: expected a positive number, received {eps!r}")
-        if not 0 < as_float32(eps) < math.inf:
-            raise OrtrainError(f"eps: expected a positive number float32 holds (about 1e-45 to 3.4e38; the runtime "
-                               f"computes in float32), received {eps!r}, which becomes {as_float32(eps)!r} there")
+        if not as_float32(eps) < math.inf:
+            raise OrtrainError(f"eps: expected a positive number float32 holds (the runtime computes in float32), "
+                               f"received {eps!r}, which becomes inf there; the default is 1e-8")
+        # The first update divides by (1 - beta_1) * (sqrt(v) + eps) in float32 (onnxruntime's AdamW), and
+        # the sessions flush values below the smallest normal float32 to 0: a weight whose gradient is 0
+        # would get 0 / 0.
+        first = np.float32(1.0) - np.float32(b1)
+        if not first * np.float32(eps) >= _FLOAT32_TINY:
+            least = float(np.nextafter(np.float32(_FLOAT32_TINY / first), np.float32(np.inf)))
+            raise OrtrainError(f"eps: expected at least {least:.3g} with beta_1={b1!r}, received {eps!r}: the "
+                               f"runtime divides the first update by (1 - beta_1) * (sqrt(v) + eps) in float32 and "
+                               f"flushes values below 1.2e-38 to 0, so a weight whose gradient is 0 would become "
+                               f"NaN; the default is 1e-8")
         self.betas = (b1, b2)
         self.eps = float(eps)
         wd = self.default_weight_decay if weight_decay is None else weight_decay

@@ -25,9 +25,10 @@ def _rate(value, name: str) -> float:
 
 
 def _step_number(t) -> int:
-    # a schedule is read with a step or epoch count; a NaN or an infinity is a caller's mistake
-    if not is_real(t) or not math.isfinite(t):
-        raise OrtrainError(f"schedule: expected the step (or epoch) number, a finite number, received {t!r}")
+    # a schedule is read with a step or epoch count, from 0 (3.0 is read as 3)
+    if not is_real(t) or not math.isfinite(t) or t < 0 or t != int(t):
+        raise OrtrainError(f"schedule: expected the step (or epoch) number, an int >= 0 (the first is 0), "
+                           f"received {t!r}")
     return int(t)
 
 
@@ -46,7 +47,7 @@ def cosine(initial_lr: float, total_steps: int, final_lr: float = 0.0):
     total_steps = positive_int(total_steps, "total_steps")
 
     def schedule(t):
-        frac = min(max(_step_number(t), 0), total_steps) / total_steps
+        frac = min(_step_number(t), total_steps) / total_steps
         return final_lr + 0.5 * (initial_lr - final_lr) * (1.0 + math.cos(math.pi * frac))
     return schedule
 
@@ -73,7 +74,7 @@ def warmup_cosine(initial_lr: float, warmup_steps: int, total_steps: int, final_
     decay = cosine(initial_lr, total_steps - warmup_steps, final_lr)
 
     def schedule(t):
-        t = max(_step_number(t), 0)  # as cosine reads a step before the first
+        t = _step_number(t)
         if t < warmup_steps:
             return initial_lr * (t + 1) / warmup_steps
         return decay(t - warmup_steps)
