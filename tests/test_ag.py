@@ -249,8 +249,6 @@ A = ag.param(np.zeros((2, 3), np.float32), name="A", trainable=False)
     (lambda: ag.softmax_cross_entropy_loss(A, np.array([0, 1, 2])),
      r"integer class labels expected shape \(2,\) for input \(2, 3\), received \(3,\)"),
     (lambda: ag.linear(A, np.zeros((4, 2), np.float32)), r"linear: x of shape \(2, 3\) does not match weight"),
-    (lambda: A + ag.get_rows(ag.buffer(np.arange(6).reshape(2, 3)), [0, 1]),
-     r"add: operands have dtypes float32 and int64"),
     (lambda: ag.dropout(A, 1.0), r"dropout: rate expected a number in \[0, 1\)"),
 ])
 def test_shape_errors_name_the_op_and_shapes(call, message):
@@ -490,9 +488,9 @@ def test_concat_casts_int_constants_as_the_binary_ops_do():
     np.testing.assert_array_equal(out["first"], np.concatenate([[[5, 6, 7, 8]], W0, 0 * W0]))
     assert out["c"].dtype == out["first"].dtype == out["a"].dtype == np.float32
     ints = ag.buffer(np.arange(6).reshape(3, 2))
-    for op in (lambda c: ag.concat([ints, c], axis=1), lambda c: ag.add(ints, c)):
-        with pytest.raises(ot.ShapeError, match="has a fractional part but the other operand is int64"):
-            op(np.full((3, 1), 0.5))
+    with pytest.raises(ot.ShapeError, match="has a fractional part but the other operand is int64"):
+        ag.concat([ints, np.full((3, 1), 0.5)], axis=1)
+    assert ag.add(ints, np.full((3, 1), 0.5)).dtype == np.float32  # arithmetic promotes, as PyTorch's
 
 
 def test_get_rows_takes_negative_constant_indices_as_numpy_does():
@@ -516,3 +514,27 @@ def test_get_rows_takes_negative_constant_indices_as_numpy_does():
         ag.get_rows(T, np.array([True, False, True]))
     with pytest.raises(ot.ShapeError, match="received booleans"):
         ag.get_rows(T, True)
+
+
+@pytest.mark.torch
+def test_int64_operands_meeting_floats_are_computed_in_float32_as_pytorch_does():
+    # int64 beside a float32 tensor, with a fractional constant, or divided were refused; PyTorch
+    # promotes them to float32. Two int64 operands and whole-number constants stay int64.
+    torch = torch_or_skip()
+    k = np.array([1, 2, 3])
+    w0 = np.array([0.5, -1.0, 2.0], np.float32)
+    cases = [lambda W, k: W * k, lambda W, k: W * (k / 2), lambda W, k: W * (k * 0.5),
+             lambda W, k: (k + 1) * W - 0.5 * k, lambda W, k: W / k, lambda W, k: 3 / k * W,
+             lambda W, k: W - (k - 2.25)]
+    for fn in cases:
+        W = ag.param(w0.copy(), name="W")
+        opt = gradient_probe([W])
+        out = ot.capture_step(lambda k, fn=fn: {"loss": ag.sum(fn(W, k))}, optimizer=opt)(k=k)
+        Wt = torch.tensor(w0, requires_grad=True)
+        want = fn(Wt, torch.tensor(k)).sum()
+        want.backward()
+        np.testing.assert_allclose(out["loss"], want.item(), rtol=1e-6)
+        np.testing.assert_allclose(opt.state()["moments"]["W"]["m"], Wt.grad.numpy(), rtol=1e-6)
+    ints = ag.buffer(np.arange(3))
+    assert (ints + 1).dtype == (ints * 2.0).dtype == (ints - ints).dtype == np.int64
+    assert (ints / 1).dtype == (ints * 0.5).dtype == (ints + ag.param(w0)).dtype == np.float32

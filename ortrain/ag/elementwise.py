@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from onnx import TensorProto
 
 from ortrain._arrays import is_real, one_of_two_names, read_array
 from ortrain._random import draw_seed
 from ortrain.ag._checks import UNSET, _axis, _either, _float, _node, as_tensor, broadcast
-from ortrain.ag.tensor import Tensor
+from ortrain.ag.tensor import FLOAT, INT, Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import MS_DOMAIN
 from ortrain.graph.activations import sigmoid as graph_sigmoid
@@ -21,16 +22,35 @@ __all__ = [
 
 
 # -- elementwise ----------------------------------------------------------------------------------
-def _binary(where: str, op_type: str, a, b) -> Tensor:
+def _fractional(value, where: str) -> bool:
+    """A float constant with a fractional part, or not finite (an int tensor's constant would
+    round it)."""
+    if isinstance(value, Tensor):
+        return False
+    a = read_array(value, where)
+    return a.dtype.kind == "f" and bool(np.any(~np.isfinite(a) | (a != np.round(a))))
+
+
+def _to_float(t: Tensor) -> Tensor:
+    return t if t.dtype == FLOAT else Tensor(t.shape, FLOAT, "cast", (t,), _node("Cast", to=TensorProto.FLOAT))
+
+
+def _binary(where: str, op_type: str, a, b, promote: bool = False) -> Tensor:
+    """``a op b``. As in PyTorch, an int64 operand meeting a float32 tensor or a float constant
+    with a fractional part (``k * 0.5``) is computed in float32 (``promote``: always, for
+    ``div``'s true division); two int64 operands or an int64 and a whole number stay int64."""
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         a = as_tensor(a, where)
+    tensor = a if isinstance(a, Tensor) else b
+    if tensor.dtype == INT and (promote or _fractional(a, where) or _fractional(b, where)):
+        a, b = (_to_float(v) if isinstance(v, Tensor) else v for v in (a, b))
     a = as_tensor(a, where, like=b if isinstance(b, Tensor) else None)
     b = as_tensor(b, where, like=a)
-    if a.dtype != b.dtype:
-        raise ShapeError(f"{where}: operands have dtypes {a.dtype.name} and {b.dtype.name}; both must have the "
-                         "same dtype")
-    if a.dtype.kind not in "fi":
-        raise ShapeError(f"{where}: expected float32 or int64 operands, received {a.dtype.name}")
+    if a.dtype != b.dtype and {a.dtype, b.dtype} == {FLOAT, INT}:
+        a, b = _to_float(a), _to_float(b)
+    if a.dtype != b.dtype or a.dtype.kind not in "fi":
+        raise ShapeError(f"{where}: expected float32 or int64 operands, received {a.dtype.name} and "
+                         f"{b.dtype.name}")
     return Tensor(broadcast(where, a, b), a.dtype, where, (a, b), _node(op_type))
 
 
@@ -50,10 +70,11 @@ def mul(a, b) -> Tensor:
 
 
 def div(a, b) -> Tensor:
-    """Elementwise ``a / b`` with numpy broadcasting (float32)."""
-    out = _binary("div", "Div", a, b)
-    _float("div", out)
-    return out
+    """Elementwise true division ``a / b`` with numpy broadcasting, in float32 (int64 operands too,
+    as PyTorch's ``/``)."""
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        a = as_tensor(a, "div")
+    return _binary("div", "Div", a, b, promote=True)
 
 
 def scale(x, s: float) -> Tensor:
