@@ -529,7 +529,7 @@ def test_int64_operands_meeting_floats_are_computed_in_float32_as_pytorch_does()
     for fn in cases:
         W = ag.param(w0.copy(), name="W")
         opt = gradient_probe([W])
-        out = ot.capture_step(lambda k, fn=fn: {"loss": ag.sum(fn(W, k))}, optimizer=opt)(k=k)
+        out = ot.capture_step(lambda k, fn=fn, W=W: {"loss": ag.sum(fn(W, k))}, optimizer=opt)(k=k)
         Wt = torch.tensor(w0, requires_grad=True)
         want = fn(Wt, torch.tensor(k)).sum()
         want.backward()
