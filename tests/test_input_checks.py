@@ -290,6 +290,10 @@ def test_float64_values_beyond_float32_are_refused_not_made_infinite():
     (lambda: ot.layers.BatchNorm(epsilon=1e-50), "BatchNorm\\(epsilon=...\\): expected a positive finite number that float32"),
     (lambda: ot.layers.BatchNorm(epsilon=1e39), "BatchNorm\\(epsilon=...\\)"),
     (lambda: ot.layers.LayerNorm(epsilon=1e-50), "LayerNorm\\(epsilon=...\\)"),
+    # subnormal: the sessions flush it to 0 (a constant feature gave NaN; a Huber delta no gradient)
+    (lambda: ot.layers.BatchNorm(epsilon=1e-40), "BatchNorm\\(epsilon=...\\): .* normal number, about 1.2e-38"),
+    (lambda: ot.layers.LayerNorm(epsilon=1e-40), "LayerNorm\\(epsilon=...\\): .* normal number"),
+    (lambda: ot.losses.Huber(delta=1e-40), "Huber\\(delta=...\\): .* normal number"),
     (lambda: ot.layers.Dropout(0.99999999), "Dropout\\(rate=...\\): expected a number in \\[0, 1\\) that stays below 1 in float32"),
     (lambda: ot.layers.BatchNorm(momentum=0.99999999), "BatchNorm\\(momentum=...\\): expected a number in \\[0, 1\\) that "
                                                        "stays below 1 in float32"),

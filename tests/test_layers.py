@@ -603,3 +603,16 @@ def test_concatenate_on_the_last_axis_of_images_says_it_joins_their_width():
         assert ot.layers.Concatenate(axis=3)([a, b]).shape[1:] == (3, 4, 8)  # the width, named as such
         assert ot.layers.Concatenate()([a, b]).shape[1:] == (6, 4, 4)
         assert ot.layers.Concatenate(axis=-1)([ot.Input((3,)), ot.Input((2,))]).shape[1:] == (5,)
+
+
+@pytest.mark.parametrize("layer", ["BatchNorm", "LayerNorm"])
+def test_the_smallest_normalisation_epsilon_taken_keeps_a_constant_feature_finite(layer):
+    # an epsilon below 1.2e-38 was taken, flushed to 0 in the sessions, and a constant feature gave NaN
+    x = np.ones((8, 3), np.float32)
+    x[:, 1] = np.arange(8)
+    m = ot.Sequential([getattr(ot.layers, layer)(epsilon=float(np.finfo(np.float32).tiny)), ot.layers.Dense(1)],
+                      input_shape=(3,), seed=0)
+    m.compile(optimizer="adam", loss="mse")
+    with ot.Trainer(m, batch_size=8) as tr:
+        assert np.isfinite(tr.step(x, np.zeros((8, 1), np.float32)))
+        assert np.all(np.isfinite(tr.predict(x)))
