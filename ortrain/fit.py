@@ -31,7 +31,9 @@ epochs=5`` runs epochs 2, 3 and 4; the number only matters to callbacks and sche
 
 from __future__ import annotations
 
+import functools
 import itertools
+import threading
 import weakref
 
 import numpy as np
@@ -180,13 +182,44 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
     return staged
 
 
-def _not_fitting(model, call: str) -> None:
-    """A fit of a model already fitting (from one of its callbacks) would train beside the running
-    fit, whose end then writes its own weights and state over it: refused."""
-    if getattr(model, "_live_state", None) is not None:
-        raise OrtrainError(f"{call}: this model is fitting already (called from a callback?); its running fit "
-                           "would write its own weights and optimizer state over this one when it ends. Train "
-                           "after that fit returns, or on a copy: model.copy()")
+_FIT_CLAIMS = threading.Lock()
+
+
+def _one_fit_at_a_time(call: str):
+    """``fn`` (``fit_generator`` or ``fit_model``, the model first) run while it holds its model.
+
+    A fit of a model already fitting, from one of its callbacks or from another thread, would
+    train beside the running fit, whose end then writes its own weights and state over it (two
+    threads also interleave their steps and counts): refused, before anything changes. The model
+    is held from the call's first line (a fit's set-up, building artifacts, takes a while before
+    its first step) to its return."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            model = args[0] if args else kwargs.get("model")
+            held = isinstance(model, Model)
+            if held:
+                _hold(model, call)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if held:
+                    model.__dict__.pop("_fit_thread", None)
+        return run
+    return wrap
+
+
+def _hold(model: Model, call: str) -> None:
+    me = threading.get_ident()
+    with _FIT_CLAIMS:
+        owner = model.__dict__.get("_fit_thread")
+        if owner is None and model.__dict__.get("_live_state") is None:
+            model.__dict__["_fit_thread"] = me
+            return
+    where = "called from a callback?" if owner in (None, me) else "in another thread"
+    raise OrtrainError(f"{call}: this model is fitting already ({where}); its running fit would write its own "
+                       "weights and optimizer state over this one when it ends. Train after that fit returns, "
+                       "or on a copy: model.copy()")
 
 
 def _commit(model: Model, staged: Model):
@@ -206,6 +239,7 @@ def _commit(model: Model, staged: Model):
 
 
 @names_unknown_arguments_of
+@_one_fit_at_a_time("fit_generator")
 def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initial_epoch=0,
                   validation_generator=None, validation_steps=None, loss=None, optimizer=None,
                   nbatch_logical=None, callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0) -> History:
@@ -259,7 +293,6 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     >>> hist.epoch, model.train_state.n_steps
     ([1, 2], 6)
     """
-    _not_fitting(model, "fit_generator")
     return _fit_generator(model, generator, steps_per_epoch=steps_per_epoch, epochs=epochs,
                           initial_epoch=initial_epoch, validation_generator=validation_generator,
                           validation_steps=validation_steps, loss=loss, optimizer=optimizer,
@@ -339,6 +372,7 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
             raise
 
 
+@_one_fit_at_a_time("fit")
 def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbose=1, callbacks=None,
               validation_split=0.0, validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0,
               steps_per_epoch=None, validation_steps=None, class_weight=None, validation_freq=1) -> History:
@@ -379,7 +413,6 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     patience counts validated epochs, as in Keras). Without validation data it is checked and
     has no effect.
     """
-    _not_fitting(model, "fit")
     if not model.compiled:
         raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) before fit")
     if y is None:

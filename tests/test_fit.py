@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -1839,3 +1840,50 @@ def test_binary_accuracy_scores_soft_labels_and_multi_label_outputs_per_unit():
     want = np.mean((p > 0.5) == (y > 0.5))
     assert got["accuracy"] == got["binary_accuracy"] == pytest.approx(want)
     assert got["categorical_accuracy"] == pytest.approx(np.mean(p.argmax(-1) == y.argmax(-1)))
+
+
+@pytest.mark.parametrize("second", ["fit", "fit_generator", "train_on_batch"])
+def test_a_fit_from_another_thread_while_one_sets_up_is_refused_and_changes_nothing(second):
+    # the running fit was marked only at its first step: a second thread's fit started during the
+    # first's set-up passed the check, and the two interleaved their steps and counts
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 4), np.float32), rng.random((64, 2), np.float32)
+
+    def fresh():
+        m = ot.Sequential([ot.layers.Dense(8, activation="tanh"), ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m.compile(optimizer="adam", loss="mse")
+        return m
+
+    model, started, go_on, errors = fresh(), threading.Event(), threading.Event(), []
+
+    def slow_batches():  # the first fit holds the model while its generator is read for the first time
+        started.set()
+        go_on.wait(30)
+        for i in range(0, 64, 8):
+            yield x[i:i + 8], y[i:i + 8]
+
+    first = threading.Thread(target=lambda: model.fit(slow_batches(), epochs=1, verbose=0))
+    first.start()
+    assert started.wait(30)
+    calls = {"fit": lambda: model.fit(x, y, batch_size=8, verbose=0),
+             "fit_generator": lambda: ot.fit_generator(model, [(x[:8], y[:8])], verbose=0),
+             "train_on_batch": lambda: model.train_on_batch(x[:8], y[:8])}
+
+    def other():
+        try:
+            calls[second]()
+        except ot.OrtrainError as exc:
+            errors.append(str(exc))
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(30)
+    go_on.set()
+    first.join(60)
+    assert len(errors) == 1 and "fitting already (in another thread)" in errors[0]
+    twin = fresh()
+    twin.fit((b for b in [(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)]), epochs=1, verbose=0)
+    assert model.optimizer.step == twin.optimizer.step == 8
+    for a, b in zip(model.get_weights(), twin.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    model.fit(x, y, batch_size=8, verbose=0)  # the model is free again
+    assert model.optimizer.step == 16

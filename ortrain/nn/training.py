@@ -85,6 +85,7 @@ class TrainingMixin:
         state = dict(self.__dict__)
         state["_runners"] = {}
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = None
+        state.pop("_fit_thread", None)  # a copy is not fitting
         state["_edits_seen"] = None  # EDITS counts this process's sets: a copy starts over
         state["_train_state"] = self.train_state
         if self.history is not None:
