@@ -170,11 +170,13 @@ class Trainer(TrainerSetup, Releasable):
         return fetches
 
     def _run_step(self, session, feeds):
+        drawn = session.draws  # a step not counted draws its dropout masks again at the next call
         try:
             fetches = session._train_step(feeds, check=False)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self._drop_period()
+                session.draws = drawn
             raise
         if self._accum + 1 < self._k:
             self._accum += 1
@@ -191,6 +193,8 @@ class Trainer(TrainerSetup, Releasable):
             if session.abandon_step(exc, self._updates):
                 self._updates += 1  # the update ran before the interrupt arrived
                 self._n_steps += 1
+            else:
+                session.draws = drawn
             raise
         self._updates += 1
         self._n_steps += 1

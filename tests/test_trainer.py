@@ -780,3 +780,37 @@ def test_a_fork_while_another_thread_steps_leaves_the_child_a_usable_trainer(tmp
         """))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "hung 0", (run.returncode, run.stdout, run.stderr[-2000:])
+
+
+@pytest.mark.parametrize("where, runs", [("train_step", True), ("optimizer_step", False), ("optimizer_step", True)])
+def test_an_interrupted_step_not_counted_draws_its_dropout_masks_again(monkeypatch, where, runs):
+    # the step was dropped but its masks were drawn: every later step took the next step's masks
+    rng = np.random.default_rng(0)
+    x, y = rng.random((32, 6), np.float32), rng.random((32, 2), np.float32)
+
+    def model():
+        m = ot.Sequential([ot.layers.Dense(16, activation="tanh"), ot.layers.Dropout(0.5), ot.layers.Dense(2)],
+                          input_shape=(6,), seed=0)
+        m.compile(optimizer="adam", loss="mse")
+        return m
+
+    with ot.Trainer(model(), batch_size=32) as good, ot.Trainer(model(), batch_size=32) as tr:
+        good.step(x, y)
+        tr.step(x, y)
+        real = getattr(tr._session, "_" + where)
+
+        def interrupted(*args, **kwargs):
+            if runs:
+                real(*args, **kwargs)
+            raise KeyboardInterrupt
+        monkeypatch.setattr(tr._session, "_" + where, interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            tr.step(x, y)
+        monkeypatch.undo()
+        if where == "optimizer_step" and runs:  # the update ran: it counts, masks and all
+            good.step(x, y)
+        for _ in range(2):
+            assert tr.step(x, y) == good.step(x, y)
+        assert (tr.n_steps, tr.n_updates) == (good.n_steps, good.n_updates)
+        for a, b in zip(tr.model().get_weights(), good.model().get_weights()):
+            np.testing.assert_array_equal(a, b)
