@@ -109,8 +109,10 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                     f"; every batch must hold exactly {rows} rows (pad the last one or drop it)")
         elif a.ndim == len(exp) and exp and exp[0] is not None and a.shape[0] != exp[0] and \
                 all(e is None or e == n for e, n in zip(exp[1:], a.shape[1:])):
-            hint = (f"; the model takes batches of exactly {exp[0]} rows: give that many, or re-export it with "
-                    "a dynamic batch axis")
+            hint = (f"; the model's graph fixes its batch at {exp[0]} rows (an export without a dynamic "
+                    f"batch axis, e.g. torch.onnx.export without dynamic_axes={{'x': {{0: 'batch'}}}}), and a "
+                    f"call on arrays takes them whole: re-export it with a dynamic batch axis, or feed "
+                    f"batches of exactly {exp[0]} rows (a generator to fit, or Trainer.step)")
         elif a.ndim == len(exp) == 4 and all(e is None or e == n for e, n in zip(exp[1:], np.take(a.shape, (3, 1, 2)))):
             hint = (f"; {argument} looks channels last (batch, height, width, channels), as Keras lays images out: "
                     f"ortrain's are channels first, so pass {argument}.transpose(0, 3, 1, 2)")

@@ -42,6 +42,9 @@ def checked_target(path, what: str = "path") -> Path:
     if path.is_dir():
         raise OrtrainError(f"{what}: cannot write {str(path)!r}: it is a directory; give the path of a file, "
                            f"e.g. {str(path / 'model')!r}")
+    if path.is_file() and not os.access(path, os.W_OK):  # the rename would replace it all the same
+        raise OrtrainError(f"{what}: cannot write {str(path)!r}: the file is read-only (as onnx.save and "
+                           "torch.save refuse it); make it writable (chmod u+w) or give another path")
     if not path.parent.is_dir():
         if path.parent.exists():
             raise OrtrainError(f"{what}: cannot write {str(path)!r}: {str(path.parent)!r} is a file, not a "

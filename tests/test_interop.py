@@ -131,3 +131,20 @@ def test_an_unreachable_registry_skips_instead_of_failing(tmp_path, monkeypatch)
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     with pytest.raises(pytest.skip.Exception, match="the package registry is unreachable"):
         _interop_python()
+
+
+def test_a_model_over_the_protobuf_limit_is_refused_clearly_and_writes_nothing(tmp_path, monkeypatch):
+    # a 2.09 GiB embedding model raised protobuf's EncodeError from predict and export_onnx; the
+    # limit is lowered here to a small model's size (the real one needs 2 GiB of weights)
+    from ortrain.graph import forward
+    model = ot.Sequential([ot.layers.Embedding(50, 8), ot.layers.Flatten(), ot.layers.Dense(2)], input_shape=(1,),
+                          seed=0)
+    monkeypatch.setattr(forward, "_PROTOBUF_LIMIT", 1000)
+    for call in (lambda: model.predict(np.zeros((2, 1), np.int64)),
+                 lambda: model.export_onnx(tmp_path / "m.onnx")):
+        with pytest.raises(ot.OrtrainError, match=r"take 0\.00 GiB; .* at most 2 GiB.*models over 2 GiB cannot be "
+                                                  r"trained, run or exported here"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    assert model.predict(np.zeros((2, 1), np.int64)).shape == (2, 2)

@@ -124,3 +124,22 @@ def test_a_loop_of_links_is_refused_and_kept(tmp_path):
     with pytest.raises(ot.OrtrainError, match=r"save\(path\): cannot write '.*x': Too many levels of symbolic links"):
         _model().save(tmp_path / "x")
     assert (tmp_path / "x").is_symlink() and (tmp_path / "y").is_symlink()
+
+
+def test_a_read_only_file_is_not_replaced(tmp_path, monkeypatch):
+    # the atomic rename replaced a read-only file (0444) as if it were writable; onnx.save and
+    # torch.save refuse it. (os.access is stubbed: the tests may run as root, who writes anyway.)
+    import ortrain._files as files
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="sgd", loss="mse")
+    targets = {"export_onnx": lambda p: model.export_onnx(p), "save": lambda p: model.save(p),
+               "save_weights": lambda p: model.save_weights(p)}
+    real = os.access
+    monkeypatch.setattr(files.os, "access", lambda p, mode: False if str(p).endswith(".ro") else real(p, mode))
+    for name, write in targets.items():
+        target = tmp_path / f"{name}.ro"
+        target.write_text("old")
+        with pytest.raises(ot.OrtrainError, match=r"cannot write .*: the file is read-only .*chmod u\+w"):
+            write(target)
+        assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.ro" for n in targets)

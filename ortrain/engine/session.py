@@ -408,7 +408,7 @@ class TrainingSession:
             self._state.add_property(key, value)
         if properties:
             self._state.add_property(CHECKSUM, CHECKSUM_PLACEHOLDER)
-        with atomic_path(path) as tmp:
+        with atomic_path(path, "save_checkpoint(path)") as tmp:
             try:
                 C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
                 if properties:

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ortrain.errors import OrtrainError
 from ortrain.graph.builder import GraphBuilder, TensorSpec, check_model, spec_of
 from ortrain.graph.passes import node_inputs
 from ortrain.graph.tensor_forms import matmul_vectors_as_matrices
@@ -90,8 +91,18 @@ def forward_from_builder(gb: GraphBuilder, params: list[ParamSpec], weights: dic
     return ForwardGraph(proto, tuple(params), dict(weights))
 
 
+_PROTOBUF_LIMIT = 2**31  # bytes: protobuf refuses to serialize a message of 2 GiB or more
+
+
 def with_weights(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     """Turn parameter graph inputs into initializers holding ``weights`` (a new model)."""
+    size = proto.ByteSize() + sum(int(np.asarray(a).nbytes) + 64 + len(n) for n, a in weights.items())
+    if size >= _PROTOBUF_LIMIT:
+        raise OrtrainError(f"the model and its weights take {size / 2**30:.2f} GiB; onnxruntime's sessions and "
+                           f"ONNX files without external data are one protobuf message, which holds at most 2 GiB, "
+                           f"and ortrain builds its sessions and exports from one: models over 2 GiB cannot be "
+                           f"trained, run or exported here (model.save still writes them). Make the model smaller, "
+                           f"e.g. a smaller embedding table")
     model = copy.deepcopy(proto)
     keep = [vi for vi in model.graph.input if vi.name not in weights]
     del model.graph.input[:]
