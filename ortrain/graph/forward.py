@@ -100,9 +100,9 @@ def with_weights(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx
     if size >= _PROTOBUF_LIMIT:
         raise OrtrainError(f"the model and its weights take {size / 2**30:.2f} GiB; onnxruntime's sessions and "
                            f"ONNX files without external data are one protobuf message, which holds at most 2 GiB, "
-                           f"and ortrain builds its sessions and exports from one: models over 2 GiB cannot be "
-                           f"trained, run or exported here (model.save still writes them). Make the model smaller, "
-                           f"e.g. a smaller embedding table")
+                           f"and ortrain builds its prediction sessions and exports from one: models over 2 GiB "
+                           f"cannot be run or exported here (model.save still writes them). Make the model "
+                           f"smaller, e.g. a smaller embedding table")
     model = copy.deepcopy(proto)
     keep = [vi for vi in model.graph.input if vi.name not in weights]
     del model.graph.input[:]
