@@ -110,9 +110,10 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
         elif a.ndim == len(exp) and exp and exp[0] is not None and a.shape[0] != exp[0] and \
                 all(e is None or e == n for e, n in zip(exp[1:], a.shape[1:])):
             hint = (f"; the model's graph fixes its batch at {exp[0]} rows (an export without a dynamic "
-                    f"batch axis, e.g. torch.onnx.export without dynamic_axes={{'x': {{0: 'batch'}}}}), and a "
-                    f"call on arrays takes them whole: re-export it with a dynamic batch axis, or feed "
-                    f"batches of exactly {exp[0]} rows (a generator to fit, or Trainer.step)")
+                    f"batch axis, e.g. torch.onnx.export without dynamic_axes={{'x': {{0: 'batch'}}}} or, with "
+                    f"dynamo, dynamic_shapes), and a call on arrays takes them whole: re-export it with a "
+                    f"dynamic batch axis, or feed batches of exactly {exp[0]} rows (slices of {exp[0]} to "
+                    f"predict or evaluate, a generator of them to fit, Trainer.step)")
         elif a.ndim == len(exp) == 4 and all(e is None or e == n for e, n in zip(exp[1:], np.take(a.shape, (3, 1, 2)))):
             hint = (f"; {argument} looks channels last (batch, height, width, channels), as Keras lays images out: "
                     f"ortrain's are channels first, so pass {argument}.transpose(0, 3, 1, 2)")

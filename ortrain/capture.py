@@ -116,7 +116,7 @@ class CaptureStep(TracedCall):
                 if session.abandon_step(exc, self._step):
                     self._advance()
                 else:  # a refused step: the next call draws its dropout masks again
-                    session.draws = drawn
+                    session.undraw(drawn)
                 raise
             finally:
                 denormals.leave()

@@ -197,26 +197,25 @@ def _one_fit_at_a_time(call: str):
         @functools.wraps(fn)
         def run(*args, **kwargs):
             model = args[0] if args else kwargs.get("model")
-            held = isinstance(model, Model)
-            if held:
-                _hold(model, call)
+            claim = (threading.get_ident(), object())  # this call's own: an interrupt anywhere leaves none
             try:
+                if isinstance(model, Model):
+                    _hold(model, call, claim)
                 return fn(*args, **kwargs)
             finally:
-                if held:
-                    model.__dict__.pop("_fit_thread", None)
+                if isinstance(model, Model) and model.__dict__.get("_fit_thread") is claim:
+                    del model.__dict__["_fit_thread"]
         return run
     return wrap
 
 
-def _hold(model: Model, call: str) -> None:
-    me = threading.get_ident()
+def _hold(model: Model, call: str, claim: tuple) -> None:
     with _FIT_CLAIMS:
         owner = model.__dict__.get("_fit_thread")
         if owner is None and model.__dict__.get("_live_state") is None:
-            model.__dict__["_fit_thread"] = me
+            model.__dict__["_fit_thread"] = claim
             return
-    where = "called from a callback?" if owner in (None, me) else "in another thread"
+    where = "called from a callback?" if owner is None or owner[0] == claim[0] else "in another thread"
     raise OrtrainError(f"{call}: this model is fitting already ({where}); its running fit would write its own "
                        "weights and optimizer state over this one when it ends. Train after that fit returns, "
                        "or on a copy: model.copy()")

@@ -176,7 +176,7 @@ class Trainer(TrainerSetup, Releasable):
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self._drop_period()
-                session.draws = drawn
+                session.undraw(drawn)
             raise
         if self._accum + 1 < self._k:
             self._accum += 1
@@ -194,7 +194,7 @@ class Trainer(TrainerSetup, Releasable):
                 self._updates += 1  # the update ran before the interrupt arrived
                 self._n_steps += 1
             else:
-                session.draws = drawn
+                session.undraw(drawn)
             raise
         self._updates += 1
         self._n_steps += 1

@@ -186,6 +186,9 @@ class TrainingSession:
             warn(kernel_warning(masks.kept))
         self.train_inputs = input_specs(training, masks.data_names)
         self._masks = masks if masks else None  # ortrain draws the dropout masks (graph.dropout_masks)
+        # a step that ran used up its kernel-drawn masks: the count follows the kernel even for a step
+        # not counted (a dropped step draws ortrain's masks again, see undraw)
+        self._kernel_dropout = bool(masks.kept)
         self.eval_inputs = read_input_specs(eval_path, list(self._module.input_names(False)))
         self.train_outputs = list(self._module.output_names(True))
         self.eval_outputs = list(self._module.output_names(False))
@@ -247,6 +250,13 @@ class TrainingSession:
 
     # -- steps ------------------------------------------------------------------------
     # Each step method has a form that takes the lock and one that does not (``_train_step``...):
+    def undraw(self, draws: int) -> None:
+        """Put the mask count back to ``draws`` after a step that is not counted (dropped or
+        refused), so the next one draws that step's masks again; not where onnxruntime's kernel
+        draws masks, whose generator the step has advanced."""
+        if not self._kernel_dropout:
+            self.draws = draws
+
     # a caller making several calls for one step takes the lock once around them (``with
     # session._lock``), which saves a microsecond or two a step.
     def _train_step(self, feeds, check: bool = True):
