@@ -6,6 +6,8 @@ loop, so that every entry point accepts and refuses the same things with the sam
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ortrain._label_hints import label_hint
@@ -111,9 +113,8 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                 all(e is None or e == n for e, n in zip(exp[1:], a.shape[1:])):
             hint = (f"; the model's graph fixes its batch at {exp[0]} rows (an export without a dynamic "
                     f"batch axis, e.g. torch.onnx.export without dynamic_axes={{'x': {{0: 'batch'}}}} or, with "
-                    f"dynamo, dynamic_shapes), and a call on arrays takes them whole: re-export it with a "
-                    f"dynamic batch axis, or feed batches of exactly {exp[0]} rows (slices of {exp[0]} to "
-                    f"predict or evaluate, a generator of them to fit, Trainer.step)")
+                    f"dynamo, dynamic_shapes), so every batch must hold {exp[0]} rows (predict, evaluate and "
+                    f"fit cut arrays into such batches); or re-export it with a dynamic batch axis")
         elif a.ndim == len(exp) == 4 and all(e is None or e == n for e, n in zip(exp[1:], np.take(a.shape, (3, 1, 2)))):
             hint = (f"; {argument} looks channels last (batch, height, width, channels), as Keras lays images out: "
                     f"ortrain's are channels first, so pass {argument}.transpose(0, 3, 1, 2)")
@@ -395,13 +396,53 @@ def row_slices(n: int, batch_size, argument: str = "batch_size") -> list[slice]:
     return [slice(start, start + step) for start in range(0, max(n, 1), step)]
 
 
+def fixed_batch(specs) -> int | None:
+    """The rows every input of a graph takes when its graph fixes them (an export without a
+    dynamic batch axis), else None."""
+    firsts = {s.shape[0] if s.shape else None for s in specs}
+    first = firsts.pop() if len(firsts) == 1 else None
+    return first if isinstance(first, int) else None
+
+
+def rows_free(specs) -> list:
+    """``specs`` with their batch free: the specs of whole arrays, which calls then cut into batches
+    (of the graph's fixed batch, where it has one)."""
+    return [dataclasses.replace(s, shape=(None, *s.shape[1:])) if s.shape else s for s in specs]
+
+
+def check_fixed_rows(specs, n: int, argument: str, batch_size, split: bool = False) -> int | None:
+    """For a graph with a fixed batch, ``batch_size`` must be it (or None) and ``n`` rows a multiple
+    of it, since each run takes exactly that many: returns the batch (None for a free batch).
+    ``split``: the rows are a part ``validation_split`` made."""
+    batch = fixed_batch(specs)
+    if batch is None:
+        return None
+    fix = "or re-export the model with a dynamic batch axis"
+    if batch_size is not None and batch_size != batch:
+        raise ShapeError(f"batch_size: the model's graph fixes its batch at {batch} rows (an export without a "
+                         f"dynamic batch axis), received batch_size={batch_size}; leave batch_size out (it "
+                         f"takes {batch}), {fix}")
+    if n % batch:
+        drop = (f"choose a validation_split that leaves multiples of {batch} rows on both sides" if split else
+                f"drop the last {n % batch} rows" + (f" ({argument}[:{n - n % batch}])" if argument.isidentifier() else ""))
+        raise ShapeError(f"{argument}: holds {n} rows, not a multiple of the {batch} rows the model's graph "
+                         f"fixes for every batch (an export without a dynamic batch axis): the last batch "
+                         f"would hold {n % batch}; {drop}, {fix}")
+    return batch
+
+
 def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, batch_size) -> list[np.ndarray]:
     """Every output of ``runner`` over the rows of ``xs``, ``batch_size`` rows per run, joined.
 
     ``extra_feeds`` (weights kept outside the graph) go to every run whole. Outputs are joined on
     their first axis, so with more than one run every output must have the batch as its first axis;
     one that has not (a transpose, a reduction over the batch) is refused rather than joined wrong.
+    A graph whose ``specs`` fix the batch runs that many rows at a time (``batch_size`` aside), the
+    last run padded with copies of its last row, whose outputs are dropped.
     """
+    batch = fixed_batch(specs)
+    if batch is not None:
+        return _run_fixed(runner, specs, xs, extra_feeds, batch)
     slices = row_slices(xs[0].shape[0], batch_size)
     if len(slices) > 1:
         data = [s.name for s in specs]
@@ -434,6 +475,32 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
             if len(slices) > 1 and (out.ndim == 0 or out.shape[0] != rows):
                 raise _batchless(name, f"it gave shape {out.shape} for a chunk of {rows} rows", batch_size)
         chunks.append(outs)
+    if len(chunks) == 1:
+        return list(chunks[0])
+    return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+
+
+def _run_fixed(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, batch: int) -> list[np.ndarray]:
+    n = xs[0].shape[0]
+    if n == 0:
+        raise ShapeError("x: holds no rows; give at least one")
+    chunks = []
+    for start in range(0, n, batch):
+        part = [a[start:start + batch] for a in xs]
+        rows = part[0].shape[0]
+        if rows < batch:  # outputs of the copies are dropped: rows do not mix in inference
+            part = [np.concatenate([p, np.repeat(p[-1:], batch - rows, axis=0)]) for p in part]
+        feeds = {s.name: p for s, p in zip(specs, part)}
+        if extra_feeds:
+            feeds.update(extra_feeds)
+        outs = runner.run(feeds)
+        if n != batch:
+            for name, out in zip(runner.output_names, outs):
+                if out.ndim == 0 or out.shape[0] != batch:
+                    raise OrtrainError(f"x: {n} rows need several runs of the {batch} rows the model's graph "
+                                       f"fixes, joined on the outputs' first axis, but output {name!r} has shape "
+                                       f"{out.shape} for {batch} rows; give exactly {batch} rows")
+        chunks.append([o[:rows] for o in outs])
     if len(chunks) == 1:
         return list(chunks[0])
     return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]

@@ -8,7 +8,7 @@ import copy
 import numpy as np
 
 from ortrain import engine
-from ortrain._arrays import positive_int, prepare_inputs, run_chunks
+from ortrain._arrays import positive_int, prepare_inputs, rows_free, run_chunks
 from ortrain._lifetime import Releasable, exclusive, new_lock
 from ortrain.errors import FreedError
 
@@ -71,7 +71,7 @@ class Snapshot(Releasable):
         """Outputs for any number of rows: one array, or a list in output order for several outputs."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
+        xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds)
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._forward, device=self._device, threads=self._threads)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)

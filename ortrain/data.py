@@ -35,12 +35,14 @@ import numpy as np
 
 from ortrain import _random
 from ortrain._arrays import (
+    check_fixed_rows,
     is_real,
     label_positions,
     prepare_inputs,
     prepare_labels,
     prepare_sample_weight,
     refuse_non_finite,
+    rows_free,
     sample_weight_shape,
 )
 from ortrain.errors import OrtrainError, ShapeError
@@ -320,7 +322,8 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     ``weight_shape`` is the weight input's shape (batch first); by default one weight per sample
     (or per position, for a prediction with positions: :func:`ortrain._arrays.sample_weight_shape`).
     """
-    xs = prepare_inputs(model.input_specs, x, xa, bounds=model.index_bounds())
+    # whole arrays: their rows are cut into batches after (of the graph's fixed batch, where it has one)
+    xs = prepare_inputs(rows_free(model.input_specs), x, xa, bounds=model.index_bounds())
     n = xs[0].shape[0]
     if n == 0:
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")
@@ -390,6 +393,7 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
         xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None, xa, ya, wa,
                                     weight_shape)
         refuse_non_finite_weights(ws, wa, "nothing was trained")
+        batch_size = check_fixed_rows(model.input_specs, xs[0].shape[0], xa, None) or batch_size
         return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], np.ndarray):
         items = ", ".join(describe_value(v) for v in data)

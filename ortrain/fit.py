@@ -40,7 +40,7 @@ import numpy as np
 
 from ortrain import losses as losses_mod
 from ortrain import optim
-from ortrain._arrays import checked_flag, checked_int, is_integer, is_real, prepare_inputs
+from ortrain._arrays import check_fixed_rows, checked_flag, checked_int, is_integer, is_real, prepare_inputs
 from ortrain._class_weight import class_weights
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain._loop import Loop, located, validates_after
@@ -144,6 +144,7 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
         if sample_weight is not None and trainer._weight_spec is None:
             raise OrtrainError(f"{wa}: this trainer has no loss weights; {trainer._how_to_weigh()}")
         xs, ys, ws = prepare_arrays(base, data, y, sample_weight, xa, ya, wa, weight_shape)
+        check_fixed_rows(base.input_specs, len(ys), xa, trainer.batch_size)
         refuse_non_finite_arrays(base, xs, ys, ws, (xa, ya, wa))
         source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=checked_flag(shuffle, "shuffle")), len(ys)
     vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size,
@@ -420,7 +421,9 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
                                           validation_data=validation_data, initial_epoch=initial_epoch,
                                           steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                                           class_weight=class_weight, validation_freq=validation_freq)
-    bs = _count(batch_size, "batch_size") or DEFAULT_BATCH_SIZE
+    bs = _count(batch_size, "batch_size")
+    fixed = check_fixed_rows(model.input_specs, 0, "x", bs)  # a graph's fixed batch is the batch size
+    bs = fixed or bs or DEFAULT_BATCH_SIZE
     epochs, initial_epoch = _epochs(epochs, initial_epoch)
     steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
     validation_steps = _count(validation_steps, "validation_steps")
@@ -437,10 +440,17 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
         xs, ys, ws = arrays
     else:
         (xs, ys, ws), held = split_arrays(arrays, validation_split)
+        if fixed and held is not None:
+            check_fixed_rows(model.input_specs, len(held[1]), "x (the rows validation_split holds out)", bs,
+                             split=True)
         if held is not None:
             refuse_non_finite_weights(held[2], "sample_weight (rows held out by validation_split)",
                                       "nothing was trained")
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
+    if fixed:
+        split = vit is not None and validation_data is None
+        check_fixed_rows(model.input_specs, len(ys), "x (the rows validation_split leaves for training)" if split
+                         else "x", bs, split=split)
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports

@@ -25,6 +25,7 @@ from ortrain._arrays import (
     prepare_labels,
     prepare_sample_weight,
     refuse_non_finite,
+    rows_free,
     run_chunks,
 )
 from ortrain._keywords import name_unknown_arguments
@@ -285,7 +286,7 @@ class Trainer(TrainerSetup, Releasable):
         one array, or a list in output order for a model with several outputs."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self._inputs, x, "x", bounds=self._bounds)
+        xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds)
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device, threads=self._threads)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights_now(), batch_size)

@@ -1057,3 +1057,22 @@ def test_a_resume_of_a_completed_run_writes_its_missing_plot(workdir, capsys, mo
     assert cli("--json", "train", "--out", "run", "--resume", "--verbose", "0") == 0
     assert json.loads(capsys.readouterr().out)["note"].endswith("; wrote its missing model.onnx and loss.png")
     assert (run / "model.onnx").read_bytes() == model and (run / "loss.png").is_file()
+
+
+def test_train_refuses_rows_a_fixed_batch_cannot_take_before_the_run_starts(tmp_path, monkeypatch, capsys):
+    # the run trained four steps, then failed on the short last batch
+    from onnx import TensorProto, helper, numpy_helper
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("MatMul", ["r", "W"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])],
+                          [numpy_helper.from_array(np.array([4, 6], np.int64), "s"),
+                           numpy_helper.from_array(np.ones((6, 2), np.float32), "W")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "pin.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.random((18, 2, 3), np.float32), y=rng.random((18, 2), np.float32))
+    monkeypatch.chdir(tmp_path)
+    assert cli("train", "--model", "pin.onnx", "--loss", "mse", "--data", "d.npz", "--epochs", "1",
+               "--batch-size", "4", "--out", "run") == 1
+    err = capsys.readouterr().err
+    assert "holds 18 rows, not a multiple of the 4 rows the model's graph fixes" in err
+    assert "drop the last 2 rows" in err and not (tmp_path / "run").exists()

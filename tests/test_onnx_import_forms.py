@@ -178,8 +178,12 @@ def test_a_recurrent_layer_exported_with_a_fixed_batch_keeps_it(rng):
     assert model.input_specs[0].shape == (4, 5, 3)
     with pytest.raises(ot.ShapeError, match="fixed batch of 4 rows"):
         ot.Trainer(model.compile(optimizer="sgd", loss="mse"), batch_size=6)
-    with pytest.raises(ot.ShapeError, match="the model.s graph fixes its batch at 4 rows .*re-export it with a dynamic batch axis, or feed batches of exactly 4 rows"):
-        model.predict(f32(rng, 10, 5, 3))
+    x10 = f32(rng, 10, 5, 3)  # arrays of any rows run 4 at a time, the last run padded
+    with torch.no_grad():
+        want = net(torch.from_numpy(x10)).numpy()
+    np.testing.assert_allclose(model.predict(x10), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ot.ShapeError, match="x: holds 10 rows, not a multiple of the 4 rows the model's graph fixes"):
+        model.compile(optimizer="sgd", loss="mse").fit(x10, f32(rng, 10, 5, 2), verbose=0)
     _train_side_by_side(torch, net, model, [(f32(rng, 4, 5, 3), f32(rng, 4, 5, 2)) for _ in range(3)], lr=0.1)
 
 
@@ -445,3 +449,57 @@ def test_an_output_as_wide_as_a_free_input_dimension_checks_class_labels_at_each
         np.testing.assert_allclose(tr.step(wide, labels), -logp[np.arange(6), labels].mean(), rtol=1e-5)
     np.testing.assert_array_equal(model.get_weights()[0], [1.0])
     assert model.train_state is None
+
+
+def _pinned_reshape_model():
+    # x.view(4, -1) @ W: what torch.onnx.export writes for view(x.shape[0], -1) without dynamic axes
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(6, 2)
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("MatMul", ["r", "W"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])],
+                          [numpy_helper.from_array(np.array([4, 6], np.int64), "s"), numpy_helper.from_array(w, "W")])
+    model = ot.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    return model.compile(optimizer="sgd", loss="mse"), w.astype(np.float64)
+
+
+def test_arrays_for_a_graph_with_a_fixed_batch_run_in_batches_of_it():
+    # predict, evaluate and fit took arrays whole and refused more rows than the fixed batch
+    rng = np.random.default_rng(0)
+    x, y = rng.random((18, 2, 3), np.float32), rng.random((18, 2), np.float32)
+    model, w = _pinned_reshape_model()
+    want = x.reshape(18, 6) @ w
+    np.testing.assert_allclose(model.predict(x), want, rtol=1e-6)
+    np.testing.assert_allclose(model.predict(x[:3], batch_size=2), want[:3], rtol=1e-6)  # padded to 4 rows
+    with ot.Trainer(model, batch_size=4) as tr:
+        np.testing.assert_allclose(tr.predict(x), want, rtol=1e-6)
+        np.testing.assert_allclose(tr.snapshot().predict(x[:5]), want[:5], rtol=1e-6)
+    got = model.evaluate(x[:16], y[:16])["loss"]
+    assert got == pytest.approx(np.mean((want[:16] - y[:16]) ** 2), rel=1e-6)
+    model.fit(x[:16], y[:16], epochs=2, shuffle=False, verbose=0)  # batch_size is the graph's, 4
+    for _ in range(2):
+        for i in range(0, 16, 4):
+            xb = x[i:i + 4].reshape(4, 6).astype(np.float64)
+            w -= 0.01 * xb.T @ (xb @ w - y[i:i + 4]) / 4
+    np.testing.assert_allclose(model.get_weights()[0], w, rtol=1e-5, atol=1e-7)
+    assert model.optimizer.step == 8
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda m, x, y: m.fit(x, y, verbose=0), r"x: holds 18 rows, not a multiple of the 4 rows .*drop the last 2 rows "
+                                              r"\(x\[:16\]\)"),
+    (lambda m, x, y: m.fit(x[:16], y[:16], batch_size=8, verbose=0), r"batch_size: the model's graph fixes its batch "
+                                                                      r"at 4 rows .*received batch_size=8"),
+    (lambda m, x, y: m.fit(x[:16], y[:16], validation_split=0.3, verbose=0), r"validation_split holds out\): holds 5 "
+                                                                              r"rows.*choose a validation_split"),
+    (lambda m, x, y: m.fit(x[:16], y[:16], validation_data=(x[:6], y[:6]), verbose=0), r"validation_data\[0\]: holds 6"),
+    (lambda m, x, y: m.evaluate(x, y), r"x: holds 18 rows, not a multiple of the 4"),
+])
+def test_rows_a_fixed_batch_cannot_take_are_refused_before_anything(call, says):
+    rng = np.random.default_rng(1)
+    x, y = rng.random((18, 2, 3), np.float32), rng.random((18, 2), np.float32)
+    model, _ = _pinned_reshape_model()
+    before = model.get_weights()
+    with pytest.raises(ot.ShapeError, match=says):
+        call(model, x, y)
+    np.testing.assert_array_equal(model.get_weights()[0], before[0])
+    assert model.optimizer.step == 0

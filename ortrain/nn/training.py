@@ -12,7 +12,15 @@ import numpy as np
 
 from ortrain import engine, losses, optim
 from ortrain import metrics as metrics_mod
-from ortrain._arrays import checked_flag, positive_int, prepare_inputs, row_slices, run_chunks
+from ortrain._arrays import (
+    check_fixed_rows,
+    checked_flag,
+    positive_int,
+    prepare_inputs,
+    row_slices,
+    rows_free,
+    run_chunks,
+)
 from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, loss_model
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain._warnings import warn
@@ -347,7 +355,7 @@ class TrainingMixin:
         accepted for Keras code and shows nothing.
         """
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(self.input_specs, x, "x", bounds=self.index_bounds())
+        xs = prepare_inputs(rows_free(self.input_specs), x, "x", bounds=self.index_bounds())
         outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
@@ -406,6 +414,7 @@ class TrainingMixin:
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
         n = xs[0].shape[0]
+        batch_size = check_fixed_rows(self.input_specs, n, "x", batch_size) or batch_size
         runner = self._runner("evaluate", None if w is None else "sample")
         specs = self.input_specs
         total = 0.0
