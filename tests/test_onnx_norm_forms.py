@@ -215,6 +215,63 @@ def test_a_folded_constant_the_exporter_merged_with_a_parameter_stays_a_weight()
     assert shared <= set(model.weight_names())
 
 
+
+@pytest.mark.torch
+@pytest.mark.parametrize("form", ["ramp", "gru"])
+def test_tensors_the_dynamo_exporter_folds_from_torch_ops_alone_stay_constants(rng, tmp_path, form):
+    """A ramp built from a shape (``torch.arange(T)[:, None] / 10``) and a GRU's zero initial state
+    are initializers whose ``folded_from`` record names torch ops (``arange``, ``div``, ``zeros``):
+    they trained as weights, where PyTorch has no parameter. A weight folded with them (the GRU's,
+    reshaped) names its parameter and stays a weight."""
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+
+    class Ramp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(x @ (torch.ones(4, 4) + torch.arange(x.shape[1]).float()[:, None] / 10))
+
+    class Gru(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.r, self.h = torch.nn.GRU(6, 4, batch_first=True), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.h(self.r(x)[0][:, -1])
+
+    net, shape = (Ramp(), (4,)) if form == "ramp" else (Gru(), (5, 6))
+    if form == "ramp":
+        proto = _export(torch, net, np.zeros((2, *shape), np.float32), "dynamo")
+    else:  # exported for batches of 4: the initial state is folded for that batch
+        f = io.BytesIO()
+        torch.onnx.export(net, (torch.zeros(4, *shape),), f, dynamo=True, input_names=["x"])
+        proto = onnx.load_from_string(f.getvalue())
+    model = ot.from_onnx(proto)
+    # the GRU's two biases are folded into one weight (its other weights reshaped), the state not
+    assert len(model.weight_names()) == (2 if form == "ramp" else 5)
+    x, y = _data(rng, (4, *shape), net, torch)
+    if form == "ramp":
+        _trains_as_pytorch(torch, net, proto, x, y, tmp_path, lr=0.5)
+        return
+    # the GRU's folded weights hold its parameters reordered: compared by losses and predictions
+    with ot.Trainer(model.compile(optimizer=ot.optim.SGD(lr=0.5), loss="mse"), batch_size=4) as tr:
+        got = [tr.step(x, y) for _ in range(3)]
+        pred = tr.predict(x)
+    opt, want = torch.optim.SGD(net.parameters(), lr=0.5), []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    with torch.no_grad():
+        np.testing.assert_allclose(pred, net(torch.from_numpy(x)).numpy(), rtol=RTOL, atol=ATOL)
+
+
 def _steps_as_in_torch(model, x, y, want: list[float], tw: dict):
     """``len(want)`` Trainer steps on one batch: the losses ``want`` and the weights of ``tw`` (torch
     tensors by weight name) after them, as PyTorch's steps gave; returns the trained model."""

@@ -83,6 +83,15 @@ FOLDED = ("PyTorch's dynamo exporter folded it from shapes and constants, none o
 _FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 _INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 _TEMPORARY = re.compile(r"val_\d+")  # the names onnxscript gives the values it creates
+# torch ops that make or reshape a tensor, as torch.export names their results (``arange``, ``div_1``,
+# ``scalar_tensor_default``): a value folded from these and temporaries alone holds no parameter
+_TORCH_OPS = frozenset("""
+    _to_copy abs add alias arange bmm cat clamp clone cos cumsum detach div empty eq exp expand eye fill
+    flatten flip full full_like ge gt index index_select le lift_fresh_copy linspace log lt masked_fill
+    matmul maximum mean minimum mm mul ne neg new_full new_ones new_zeros ones ones_like permute pow
+    reciprocal repeat reshape rsqrt scalar_tensor select sin slice sqrt squeeze stack sub sum t transpose
+    tril triu unsqueeze view where zeros zeros_like""".split())
+_TORCH_OP_RESULT = re.compile(r"(?P<op>[a-z_][a-z0-9_]*?)(?:_(?:default|Tensor|Scalar|int|dim|self))?(?:_\d+)?")
 
 
 def folded_constants(model: onnx.ModelProto) -> set[str]:
@@ -92,7 +101,9 @@ def folded_constants(model: onnx.ModelProto) -> set[str]:
     writes ``Constant`` nodes. They are constants in PyTorch; as weights they would train.
 
     A folded initializer counts when every value its ``folded_from`` record names is one the graph
-    computes, a user input, or a temporary of the exporter's (``val_<n>``), never a parameter (a
+    computes, a user input, a temporary of the exporter's (``val_<n>``) or a torch op's result
+    (``arange``, ``zeros``: a ramp built from a shape, a recurrent layer's zero initial state), never
+    a parameter (a
     parameter folded away, ``2.weight`` into its ``(C, 1, 1)`` form ``val_29``, is no longer in the
     graph and keeps the initializer a weight), and when one node alone reads it: the exporter
     merges equal initializers and keeps the first one's record, so ones read by a norm and also by
@@ -117,9 +128,17 @@ def folded_constants(model: onnx.ModelProto) -> set[str]:
         except (ValueError, SyntaxError):
             continue
         if isinstance(sources, list) and \
-                all(isinstance(n, str) and (n in computed or _TEMPORARY.fullmatch(n)) for n in sources):
+                all(isinstance(n, str) and (n in computed or _TEMPORARY.fullmatch(n) or _torch_op_result(n))
+                    for n in sources):
             out.add(t.name)
     return out
+
+
+def _torch_op_result(name: str) -> bool:
+    """Whether ``name`` is how torch.export names a tensor op's result (``zeros``, ``div_2``), which
+    no parameter is named by (a parameter folded in keeps its state_dict name in the record)."""
+    match = _TORCH_OP_RESULT.fullmatch(name)
+    return match is not None and match.group("op") in _TORCH_OPS
 
 
 def torch_buffers(model: onnx.ModelProto) -> set[str]:
