@@ -6,6 +6,7 @@ loop, so that every entry point accepts and refuses the same things with the sam
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 
 import numpy as np
@@ -21,15 +22,38 @@ def read_array(value, argument: str) -> np.ndarray:
     (``Float64``, ``Int64``) as floats with NaN where a value is missing."""
     if isinstance(value, np.ndarray):
         return value
+    if batch_source_like(value):
+        raise ShapeError(f"{argument}: expected an array, received a {type(value).__name__}, which gives batches "
+                         f"one at a time: a source of (x, y) batches goes alone to fit or evaluate (fit(batches), "
+                         f"without y; its batches carry the labels), and predict takes arrays (predict each "
+                         f"batch's x)")
     if getattr(value, "requires_grad", False) and callable(getattr(value, "detach", None)):
         value = value.detach()  # torch refuses to give the values of a tensor in a graph otherwise
     elif type(value).__module__.startswith("pandas") and callable(getattr(value, "to_numpy", None)):
         value = _pandas_values(value)
+    if str(getattr(value, "dtype", "")) == "torch.bfloat16" and callable(getattr(value, "float", None)):
+        value = value.float()  # numpy has no bfloat16: float32 holds every bfloat16 exactly
     try:
         return np.asarray(value)
     except (TypeError, ValueError) as exc:  # ragged nested lists, objects numpy cannot read
+        batches = isinstance(value, (list, tuple)) and value and isinstance(value[0], tuple) and \
+            len(value[0]) in (2, 3) and all(hasattr(v, "shape") for v in value[0])
+        hint = ("; it looks like a list of (x, y) batches, which goes alone to fit or evaluate (fit(batches), "
+                "without y)") if batches else ""
         raise ShapeError(f"{argument}: expected an array (nested lists need rows of equal length), received a "
-                         f"{type(value).__name__} numpy cannot make one from ({str(exc).split('.')[0]})") from None
+                         f"{type(value).__name__} numpy cannot make one from ({str(exc).split('.')[0]}){hint}") \
+            from None
+
+
+def batch_source_like(value) -> bool:
+    """A generator, an iterator, a callable or another iterable that is no container of values (a
+    torch DataLoader): what gives batches one at a time, as opposed to arrays, lists, tuples, dicts
+    and objects numpy reads (tensors, frames)."""
+    if isinstance(value, (np.ndarray, list, tuple, dict, str, bytes)) or hasattr(value, "__array__") or \
+            hasattr(value, "__array_interface__") or hasattr(value, "shape"):
+        return False
+    return isinstance(value, collections.abc.Iterator) or callable(value) or \
+        isinstance(value, collections.abc.Iterable) and not isinstance(value, collections.abc.Sequence)
 
 
 def _pandas_values(frame):
@@ -79,6 +103,8 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
         wider = kind == "f" or (kind in "iu" and (np.iinfo(a.dtype).max > info.max or np.iinfo(a.dtype).min < info.min))
         if a.size and wider:
             hi, lo = a.max(), a.min()
+            if kind == "f":  # compared as Python floats: float16 cannot hold the bounds
+                hi, lo = float(hi), float(lo)
             if (hi >= top if kind == "f" else hi > info.max) or lo < info.min:
                 raise ShapeError(f"{argument}: holds {hi if lo >= info.min else lo}, beyond the range of "
                                  f"{dtype.name} [{info.min}, {info.max}]")

@@ -2,6 +2,7 @@
 refused with the argument, what it allows and what it received, and nothing changes."""
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -437,3 +438,52 @@ def test_labels_with_an_axis_more_than_class_indices_are_told_what_fits():
     # Fractional values are no class indices of any shape: the plain refusal, without a hint.
     with pytest.raises(ot.ShapeError, match=r"received floats with a fractional part or non-finite values$"):
         model.evaluate(x, rng.standard_normal((6, 4)).astype(np.float32))
+
+
+def test_a_source_of_batches_where_arrays_go_is_refused_naming_what_it_is():
+    # iterators, callables and a list of batches given with y (or to predict) were read as arrays:
+    # "dtype object" or "nested lists need rows of equal length", with no word of batches
+    m = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    m.compile(optimizer="adam", loss="mse")
+    x, y = np.random.rand(8, 4), np.random.rand(8, 3)
+    batches = [(x[:4], y[:4]), (x[4:], y[4:])]
+    before = m.get_weights()
+    for call, received in ((lambda: m.fit(iter(batches), y, verbose=0), "list_iterator"),
+                           (lambda: m.fit(lambda: None, y, verbose=0), "function"),
+                           (lambda: m.evaluate((b for b in batches), y), "generator"),
+                           (lambda: m.predict(iter([x[:4], x[4:]])), "list_iterator")):
+        with pytest.raises(ot.ShapeError, match=f"x: expected an array, received a {received}, which gives batches "
+                                                r"one at a time: .*fit\(batches\), without y"):
+            call()
+    with pytest.raises(ot.ShapeError, match=r"looks like a list of \(x, y\) batches, which goes alone"):
+        m.fit(batches, y, verbose=0)
+    for a, b in zip(m.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    assert m.predict(list(x)).shape == (8, 3)  # a list of rows is an array
+
+
+def test_float16_class_labels_are_read_without_a_numpy_warning():
+    # comparing a float16 maximum with int64's bounds overflowed in numpy (a RuntimeWarning, an
+    # error under -W error)
+    m = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    m.compile(optimizer="sgd", loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    twin = m.copy()
+    x = np.random.default_rng(0).random((8, 4), np.float32)
+    labels = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.fit(x, labels.astype(np.float16), verbose=0, shuffle=False)
+    twin.fit(x, labels, verbose=0, shuffle=False)
+    for a, b in zip(m.get_weights(), twin.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.torch
+def test_a_bfloat16_tensor_is_read_as_the_float32_it_holds():
+    torch = torch_or_skip()
+    m = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    xb = torch.from_numpy(np.random.default_rng(0).random((8, 4), np.float32)).bfloat16()
+    np.testing.assert_array_equal(m.predict(xb), m.predict(xb.float().numpy()))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xb.float(), xb.float()[:, :3]), batch_size=4)
+    with pytest.raises(ot.ShapeError, match="received a DataLoader, which gives batches one at a time"):
+        m.predict(loader)
