@@ -467,6 +467,14 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
     last run padded with copies of its last row, whose outputs are dropped.
     """
     batch = fixed_batch(specs)
+    if xs and xs[0].shape[0] == 0:
+        # onnxruntime's recurrent kernels abort the process on an empty batch: one row of zeros (or
+        # the fixed batch) runs instead, and the outputs keep none of its rows
+        rows = batch or 1
+        dummy = [np.zeros((rows, *a.shape[1:]), a.dtype) for a in xs]
+        feeds = {s.name: a for s, a in zip(specs, dummy)}
+        feeds.update(extra_feeds or {})
+        return [o[:0] if o.ndim and o.shape[0] == rows else o for o in runner.run(feeds)]
     if batch is not None:
         return _run_fixed(runner, specs, xs, extra_feeds, batch)
     slices = row_slices(xs[0].shape[0], batch_size)
@@ -508,8 +516,6 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
 
 def _run_fixed(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, batch: int) -> list[np.ndarray]:
     n = xs[0].shape[0]
-    if n == 0:
-        raise ShapeError("x: holds no rows; give at least one")
     chunks = []
     for start in range(0, n, batch):
         part = [a[start:start + batch] for a in xs]

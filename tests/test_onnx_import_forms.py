@@ -503,3 +503,52 @@ def test_rows_a_fixed_batch_cannot_take_are_refused_before_anything(call, says):
         call(model, x, y)
     np.testing.assert_array_equal(model.get_weights()[0], before[0])
     assert model.optimizer.step == 0
+
+
+@pytest.mark.torch
+def test_a_batch_fixed_by_an_expanded_token_is_kept_fixed():
+    # torch.cat([tok.expand(x.shape[0], -1), x]) exported without dynamic axes writes the expand's
+    # shape as a Where of constants: the batch was freed, predict on 7 rows failed inside the
+    # runtime and fit trained two steps before failing on the short last batch
+    torch = torch_or_skip()
+
+    class Tok(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.lin = torch.nn.Parameter(torch.randn(1, 4)), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(torch.cat([self.tok.expand(x.shape[0], -1)[:, None], x[:, None]], dim=1).mean(1))
+
+    torch.manual_seed(0)
+    net = Tok()
+    f = io.BytesIO()
+    torch.onnx.export(net, (torch.zeros(4, 4),), f, dynamo=False, input_names=["x"])
+    model = ot.from_onnx(onnx.load_from_string(f.getvalue()))
+    assert model.input_specs[0].shape == (4, 4)
+    x = np.random.default_rng(0).standard_normal((7, 4)).astype(np.float32)
+    with torch.no_grad():  # run 4 rows at a time, the last run padded
+        np.testing.assert_allclose(model.predict(x), net(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.ShapeError, match="x: holds 10 rows, not a multiple of the 4 rows"):
+        model.fit(np.zeros((10, 4), np.float32), np.zeros((10, 3), np.float32), batch_size=4, verbose=0)
+    assert model.optimizer.step == 0
+
+
+@pytest.mark.torch
+def test_predicting_no_rows_with_a_recurrent_layer_returns_an_empty_array():
+    # onnxruntime's GRU kernel aborts the process on an empty batch
+    torch = torch_or_skip()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.r, self.h = torch.nn.GRU(4, 6, batch_first=True), torch.nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.h(self.r(x)[0][:, -1])
+
+    model = ot.from_onnx(_export(torch, Net(), (2, 5, 4), dynamic_axes={"x": {0: "batch"}}))
+    assert model.predict(np.zeros((0, 5, 4), np.float32)).shape == (0, 3)
+    with ot.Trainer(model.compile(optimizer="sgd", loss="mse"), batch_size=2) as tr:
+        assert tr.predict(np.zeros((0, 5, 4), np.float32)).shape == (0, 3)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from ortrain.graph.passes import attribute, int64_constants
+from ortrain.graph.shapes import folded_value
 
 __all__ = ["free_batch_dimension", "free_output_dimensions"]
 
@@ -54,13 +57,14 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
     probe = copy.deepcopy(cand)
     for vi in probe.graph.output:
         vi.type.tensor_type.ClearField("shape")
+    consts = int64_constants(model)
+    _fold_shapes(probe, model, consts)
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
     except Exception as exc:
         return model, [f"shape inference with a free batch ({str(exc).splitlines()[0]})"]
     dims = {vi.name: _dim0(vi) for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
             + list(inferred.graph.output)}
-    consts = int64_constants(model)
     blockers = []
     for node in model.graph.node:
         if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in consts:
@@ -79,6 +83,7 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
                 if state and x_batch == BATCH and (shapes.get(state) or [None, None])[axis] == batch:
                     blockers.append(f"{node.op_type} {node.name or node.output[0]!r}'s initial state {state!r} "
                                     f"has a fixed batch of {batch}")
+    blockers += _mixed_with_batch(model, shapes, batch)
     for vi in inferred.graph.output:
         if dims.get(vi.name) == batch:
             blockers.append(f"output {vi.name!r} keeps a first dimension of {batch}")
@@ -88,6 +93,57 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
         if _dim0(vi) == batch:
             _set_dim0(vi, BATCH)
     return cand, []
+
+
+# Elementwise ops whose inputs broadcast against each other: a first dimension other than 1 must match.
+_ALIGNED = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less", "Greater",
+            "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "PRelu", "Mod", "BitShift"}
+
+
+def _fold_shapes(probe: onnx.ModelProto, model: onnx.ModelProto, consts: dict) -> None:
+    """The shapes ``Reshape``, ``Expand`` and ``ConstantOfShape`` take where the graph computes them
+    from constants alone (torch writes ``p.expand(x.shape[0], -1)`` of a fixed batch as a ``Where``
+    of constants): added to ``consts``, and fed to ``probe``'s nodes as initializers, so that shape
+    inference sees the sizes they make."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for node in probe.graph.node:
+        at = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0}.get(node.op_type)
+        if at is None or len(node.input) <= at or not node.input[at] or node.input[at] in initializers:
+            continue
+        name = node.input[at]
+        if name not in consts:
+            value = folded_value(model, name, initializers, producers)
+            if value is None or value.dtype != np.int64:
+                continue
+            consts[name] = value
+        folded = f"{name}/ortrain.folded"
+        if folded not in {t.name for t in probe.graph.initializer}:
+            probe.graph.initializer.append(numpy_helper.from_array(np.asarray(consts[name], np.int64), folded))
+        node.input[at] = folded
+
+
+def _mixed_with_batch(model: onnx.ModelProto, shapes: dict, batch: int) -> list[str]:
+    """Nodes that meet the free batch and a tensor made for the fixed one on the same axis (with the
+    inputs' shapes of the graph whose batch is free): a ``Concat`` beside the batch of a learned token
+    expanded to ``x.shape[0]`` rows, an elementwise op between the batch and a tensor of ``batch``
+    rows (a size of 1 broadcasts). The graph would fail on any other batch."""
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "Concat":
+            rank = len(shapes.get(node.output[0]) or shapes.get(node.input[0]) or [])
+            if rank and attribute(node, "axis", 0) % rank == 0:
+                continue
+        elif node.op_type not in _ALIGNED or batch == 1:
+            continue
+        ins = [shapes.get(i) for i in node.input if i]
+        ranks = {len(sh) for sh in ins if sh}
+        firsts = {sh[0] for sh in ins if sh}
+        if len(ranks) == 1 and BATCH in firsts and batch in firsts:
+            made = next(i for i, sh in zip((i for i in node.input if i), ins) if sh and sh[0] == batch)
+            found.append(f"{node.op_type} {node.name or node.output[0]!r} meets the batch with {made!r}, made for "
+                         f"{batch} rows")
+    return found
 
 
 def free_output_dimensions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

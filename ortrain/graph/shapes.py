@@ -107,38 +107,8 @@ class _Graph:
         self.model = model
 
     def constant(self, name: str):
-        """The value of ``name`` where the graph fixes it: an initializer, a ``Constant`` node, or
-        a few nodes computing it from those alone (torch exports a resize's scales unfolded as a
-        ``Concat`` of constants), by onnx's reference evaluator. None otherwise."""
-        g = self.model.graph
-        initializers = {t.name: t for t in g.initializer}
-        producers = {o: n for n in g.node for o in n.output}
-        needed, stack = [], [name]
-        while stack:
-            value = stack.pop()
-            if not value or value in initializers or value in {n.output[0] for n in needed}:
-                continue
-            node = producers.get(value)
-            if node is None or node.op_type in _UNFOLDED or len(needed) >= 32 or node.domain not in ("", "ai.onnx"):
-                return None
-            needed.append(node)
-            stack.extend(node_inputs(node))
-        if name in initializers:
-            return numpy_helper.to_array(initializers[name])
-        if len(needed) == 1 and needed[0].op_type == "Constant":
-            a = needed[0].attribute[0]
-            value = helper.get_attribute_value(a)
-            return numpy_helper.to_array(value) if a.name == "value" else np.asarray(value)
-        from onnx.reference import ReferenceEvaluator
-
-        reads = {i for n in needed for i in node_inputs(n)}
-        sub = helper.make_graph(list(reversed(needed)), "fold", [], [helper.make_value_info(name, onnx.TypeProto())],
-                                [initializers[i] for i in reads if i in initializers])
-        try:
-            probe = helper.make_model(sub, opset_imports=list(self.model.opset_import))
-            return np.asarray(ReferenceEvaluator(probe).run(None, {})[0])
-        except Exception:  # what the reference evaluator cannot fold is not a constant here
-            return None
+        """The value of ``name`` where the graph fixes it: see :func:`folded_value`."""
+        return folded_value(self.model, name)
 
     def propagated_shape(self, name: str) -> list | None:
         """``name``'s shape, with the dimensions onnx's inference finds once it also propagates
@@ -174,6 +144,48 @@ class _Graph:
 # ops whose value is not fixed by the graph's constants alone
 _UNFOLDED = frozenset({"Shape", "Size", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                        "Bernoulli", "Multinomial", "Dropout", "Loop", "If", "Scan"})
+
+
+def folded_value(model: onnx.ModelProto, name: str, initializers: dict | None = None,
+                 producers: dict | None = None):
+    """The value of ``name`` where ``model`` fixes it: an initializer, a ``Constant`` node, or a few
+    nodes computing it from those alone (torch exports a resize's scales unfolded as a ``Concat`` of
+    constants, an ``expand(n, -1)``'s shape as a ``Where`` of constants), by onnx's reference
+    evaluator. None otherwise. ``initializers`` and ``producers`` (by name) save rebuilding them."""
+    g = model.graph
+    if initializers is None:
+        initializers = {t.name: t for t in g.initializer}
+    if producers is None:
+        producers = {o: n for n in g.node for o in n.output}
+
+    needed, stack = [], [name]
+    while stack:
+        value = stack.pop()
+        if not value or value in initializers or value in {n.output[0] for n in needed}:
+            continue
+        node = producers.get(value)
+        if node is None or node.op_type in _UNFOLDED or len(needed) >= 32 or node.domain not in ("", "ai.onnx"):
+            return None
+        needed.append(node)
+        stack.extend(node_inputs(node))
+    if name in initializers:
+        return numpy_helper.to_array(initializers[name])
+    if len(needed) == 1 and needed[0].op_type == "Constant":
+        a = needed[0].attribute[0]
+        value = helper.get_attribute_value(a)
+        return numpy_helper.to_array(value) if a.name == "value" else np.asarray(value)
+    from onnx.reference import ReferenceEvaluator
+
+    reads = {i for n in needed for i in node_inputs(n)}
+    position = {id(n): i for i, n in enumerate(g.node)}  # the graph's order is a topological one
+    needed.sort(key=lambda n: position[id(n)])
+    sub = helper.make_graph(needed, "fold", [], [helper.make_value_info(name, onnx.TypeProto())],
+                            [initializers[i] for i in reads if i in initializers])
+    try:
+        probe = helper.make_model(sub, opset_imports=list(model.opset_import))
+        return np.asarray(ReferenceEvaluator(probe).run(None, {})[0])
+    except Exception:  # what the reference evaluator cannot fold is not a constant here
+        return None
 
 
 def _where(node, i: int) -> str:
