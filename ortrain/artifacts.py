@@ -429,6 +429,9 @@ def load(directory) -> Artifacts:
         raise OrtrainError(f"directory: expected the path of an artifacts directory, received {directory!r}")
     d = Path(directory)
     mpath = d / "manifest.json"
+    if not d.exists():
+        raise OrtrainError(f"{str(d)!r} does not exist (moved or deleted?): give the path of an artifacts "
+                           "directory, or build one with ot.artifacts.build or `ortrain artifacts`")
     if not mpath.is_file():
         raise OrtrainError(f"{str(d)!r} is not an ortrain artifacts directory (no manifest.json); "
                            "create one with ot.artifacts.build or `ortrain artifacts`")

@@ -422,7 +422,8 @@ def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(
     (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--from-logits"],
      2, "--from-logits: the loss"),
     (["train", "loss.toml"], 2, "CONFIG: key 'loss' expected one of mse, mae"),
-    (["train", "val.toml", "--val-split", "0.5"], 2, "give --val-data or --val-split, not both"),
+    (["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8", "--val-data",
+      "test.npz", "--val-split", "0.5"], 2, "argument --val-split: not allowed with argument --val-data"),
     (["train", "--artifacts", "art", "--data", "truncated.npz", "--epochs", "1", "--batch-size", "8"], 2,
      "--data: cannot read 'truncated.npz' as numpy arrays"),
     (["train", "--artifacts", "art", "--data", "single.npz", "--epochs", "1", "--batch-size", "8"], 2,
@@ -1076,3 +1077,35 @@ def test_train_refuses_rows_a_fixed_batch_cannot_take_before_the_run_starts(tmp_
     err = capsys.readouterr().err
     assert "holds 18 rows, not a multiple of the 4 rows the model's graph fixes" in err
     assert "drop the last 2 rows" in err and not (tmp_path / "run").exists()
+
+
+
+def test_an_option_on_the_command_line_replaces_the_choice_a_config_made_the_other_way(workdir, capsys):
+    # val_data in the file and --val-split on the command line were refused as "both"; the command
+    # line replaces the file's values everywhere else
+    make_artifacts(capsys)
+    (workdir / "val.toml").write_text("artifacts = 'art'\ndata = ['train.npz']\nbatch_size = 8\nepochs = 1\n"
+                                      "val_data = ['test.npz']\n")
+    assert cli("train", "val.toml", "--val-split", "0.5", "--out", "r", "--json") == 0
+    run = json.loads((workdir / "r" / "run.json").read_text())
+    assert run["settings"].get("val_split") == 0.5 and not run["settings"].get("val_data"), run
+
+
+@pytest.mark.parametrize("args, says", [
+    (["artifacts", "mlp.onnx", "-o", "A", "--loss", "mse", "--trainable", "zz*"], "ortrain artifacts: --trainable: 'zz*' "
+                                                                                  "matches no weight"),
+    (["artifacts", "mlp.onnx", "-o", "A", "--loss", "mse", "--frozen", "*"], "unfreeze some weights (--trainable, "
+                                                                             "--frozen)"),
+    (["predict", "--model", "junk.onnx", "--data", "x.npy"], "ortrain predict: --model: 'junk.onnx' is not an ONNX "
+                                                             "model"),
+    (["artifacts", "mlp.onnx", "-o", "other", "--loss", "mse"], "ortrain artifacts: -o '"),
+])
+def test_messages_name_the_command_lines_options_not_the_python_api(workdir, capsys, args, says):
+    (workdir / "junk.onnx").write_text("junk")
+    (workdir / "other").mkdir()
+    (workdir / "other" / "notes.txt").write_text("mine")
+    assert cli(*args) == 1
+    err = capsys.readouterr().err
+    assert says in err
+    for python in ("from_onnx", "out_dir", "model.unfreeze", "ot.artifacts.build", "export_onnx"):
+        assert python not in err

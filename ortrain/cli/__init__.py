@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import signal
 import sys
 import threading
@@ -136,15 +137,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options of which a run takes one: given on the command line, one replaces the other from a config.
+_ONE_OF = (("val_data", "val_split"), ("model", "artifacts"))
+
+
 def _train_config(opts) -> dict:
     from ortrain.cli._common import UsageError, loss_of
     cfg: dict = {}
     if opts.config:
         cfg.update(_read_toml(opts.config))
-    for key in TRAIN_KEYS:
-        value = getattr(opts, key, None)
-        if value is not None:
-            cfg[key] = value
+    given = {key: getattr(opts, key) for key in TRAIN_KEYS if getattr(opts, key, None) is not None}
+    for key, value in given.items():  # the command line's options replace the file's
+        cfg[key] = value
+        for pair in _ONE_OF:  # and a choice the file made the other way
+            if key in pair:
+                other = pair[1 - pair.index(key)]
+                if other not in given:
+                    cfg.pop(other, None)
     cfg.setdefault("out", "runs/run")
     if not cfg.get("resume"):
         if bool(cfg.get("model")) == bool(cfg.get("artifacts")):
@@ -162,7 +171,7 @@ def _train_config(opts) -> dict:
             cfg.setdefault("optimizer", "adam")
             loss_of(cfg["loss"], cfg.get("from_logits"))  # refused now, before the run starts
     if cfg.get("val_data") and cfg.get("val_split"):
-        raise UsageError("give --val-data or --val-split, not both (one may come from the config file)")
+        raise UsageError("CONFIG: give val_data or val_split, not both")
     return cfg
 
 
@@ -358,6 +367,24 @@ def _os_error(opts, exc: OSError) -> str:
     return f"cannot use {os.fspath(name)!r}: {why}"
 
 
+# The Python API's names in messages, as the command line's options say them.
+_AS_OPTIONS = (
+    (re.compile(r"^from_onnx: "), "--model: "),
+    (re.compile(r"^out_dir '"), "-o '"),
+    (re.compile(r"^(trainable|frozen|metrics): "), r"--\1: "),
+    (re.compile(r"^export_onnx\(path\): "), "-o: "),
+    (re.compile(r"\(model\.unfreeze\(\.\.\.\), or layer\.trainable = True for layers set trainable=False\)"),
+     "(--trainable, --frozen)"),
+    (re.compile(r"(create|build) one with ot\.artifacts\.build or `ortrain artifacts`"), r"\1 one with `ortrain artifacts`"),
+)
+
+
+def _for_command_line(text: str) -> str:
+    for pattern, replacement in _AS_OPTIONS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     try:
@@ -393,7 +420,7 @@ def main(argv=None) -> int:
         print(f"ortrain {opts.command}: interrupted{_kept(opts)}", file=sys.stderr)
         return 130
     except (OrtrainError, OSError) as exc:
-        said = _os_error(opts, exc) if isinstance(exc, OSError) else str(exc)
+        said = _os_error(opts, exc) if isinstance(exc, OSError) else _for_command_line(str(exc))
         print(f"ortrain {opts.command}: {' '.join(said.split())}", file=sys.stderr)
         return 1
     finally:
