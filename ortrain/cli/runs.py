@@ -214,6 +214,8 @@ def _names(cfg: dict) -> dict:
         held = array_names(cfg["val_data"], "--val-data")
     else:
         held = tuple(f"{name} (the rows --val-split holds out)" for name in (xa, ya, wa))
+        if cfg.get("val_split"):  # the shapes a message gives are those of the rows left for training
+            xa, ya, wa = (f"{name} (the rows --val-split leaves for training)" for name in (xa, ya, wa))
     return {"x": xa, "y": ya, "sample_weight": wa, "validation_data": held}
 
 
