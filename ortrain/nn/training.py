@@ -351,8 +351,10 @@ class TrainingMixin:
         """Outputs for any number of rows, in inference mode (no dropout, running batch-norm statistics).
 
         One array for a single-output model, a list in output order otherwise. ``batch_size``
-        (a positive int) bounds the rows per run; ``None`` runs all rows at once. ``verbose`` is
-        accepted for Keras code and shows nothing.
+        (a positive int) bounds the rows per run; ``None`` runs all rows at once. An imported graph
+        whose batch is fixed runs that many rows at a time whatever ``batch_size`` says, its last
+        run padded with copies of the last row (their outputs dropped). ``verbose`` is accepted for
+        Keras code and shows nothing.
         """
         positive_int(batch_size, "batch_size", allow_none=True)
         xs = prepare_inputs(rows_free(self.input_specs), x, "x", bounds=self.index_bounds())
