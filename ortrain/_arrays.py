@@ -516,26 +516,55 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
 
 def _run_fixed(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, batch: int) -> list[np.ndarray]:
     n = xs[0].shape[0]
+
+    def run(part):
+        feeds = {s.name: p for s, p in zip(specs, part)}
+        feeds.update(extra_feeds or {})
+        return runner.run(feeds)
+
     chunks = []
     for start in range(0, n, batch):
         part = [a[start:start + batch] for a in xs]
         rows = part[0].shape[0]
-        if rows < batch:  # outputs of the copies are dropped: rows do not mix in inference
+        if rows < batch:  # copies of the last row, whose outputs are dropped
             part = [np.concatenate([p, np.repeat(p[-1:], batch - rows, axis=0)]) for p in part]
-        feeds = {s.name: p for s, p in zip(specs, part)}
-        if extra_feeds:
-            feeds.update(extra_feeds)
-        outs = runner.run(feeds)
+        outs = run(part)
         if n != batch:
             for name, out in zip(runner.output_names, outs):
                 if out.ndim == 0 or out.shape[0] != batch:
                     raise OrtrainError(f"x: {n} rows need several runs of the {batch} rows the model's graph "
                                        f"fixes, joined on the outputs' first axis, but output {name!r} has shape "
                                        f"{out.shape} for {batch} rows; give exactly {batch} rows")
+            if start == 0 and batch > 1:
+                _refuse_mixed_rows(run, part, outs, n, batch)
         chunks.append([o[:rows] for o in outs])
     if len(chunks) == 1:
         return list(chunks[0])
     return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+
+
+def _refuse_mixed_rows(run, part: list[np.ndarray], outs: list[np.ndarray], n: int, batch: int) -> None:
+    """Runs of ``batch`` rows give each row's own outputs only where the graph keeps rows apart and
+    reads no row's position (a softmax or a mean over the batch mixes rows; ``torch.arange(n)``
+    numbers them). Two more runs tell: one with the last row changed, where no other row's outputs
+    may move, and one of copies of the first row, whose outputs must all be alike."""
+    changed = []
+    for p in part:
+        q = p.copy()
+        q[-1] = 1 if not np.any(q[-1] == 1) else 0
+        changed.append(q)
+    again = run(changed)
+    mixed = any(not np.array_equal(a[:-1], b[:-1], equal_nan=a.dtype.kind == "f") for a, b in zip(outs, again))
+    if not mixed:
+        alike = run([np.repeat(p[:1], batch, axis=0) for p in part])
+        mixed = any(not np.array_equal(a, np.repeat(a[:1], batch, axis=0), equal_nan=a.dtype.kind == "f")
+                    for a in alike)
+    if mixed:
+        raise OrtrainError(f"x: the model's graph fixes its batch at {batch} rows and mixes the rows of a batch or "
+                           f"reads their positions (a softmax or a mean over the batch axis, torch.arange over the "
+                           f"rows): run on {n} rows, in batches of {batch} and the last padded, its outputs would "
+                           f"depend on how the rows are cut; give exactly {batch} rows, or re-export the model "
+                           f"with a dynamic batch axis")
 
 
 def _batchless(name: str, seen: str, batch_size) -> OrtrainError:

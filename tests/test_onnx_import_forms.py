@@ -552,3 +552,61 @@ def test_predicting_no_rows_with_a_recurrent_layer_returns_an_empty_array():
     assert model.predict(np.zeros((0, 5, 4), np.float32)).shape == (0, 3)
     with ot.Trainer(model.compile(optimizer="sgd", loss="mse"), batch_size=2) as tr:
         assert tr.predict(np.zeros((0, 5, 4), np.float32)).shape == (0, 3)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("form", ["softmax over the batch", "batch mean", "arange over the rows"])
+def test_a_fixed_batch_graph_that_mixes_or_numbers_rows_predicts_only_its_batch(form):
+    # the last run was padded and the rows' outputs came back changed (softmax over dim 0: 0.25
+    # where PyTorch gives 1), or numbered from 0 again in every run of 4 (arange)
+    torch = torch_or_skip()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            h = self.lin(x.view(x.shape[0], -1))
+            if form == "softmax over the batch":
+                return torch.softmax(h, dim=0)
+            if form == "batch mean":
+                return h - h.mean(0)
+            return h * torch.arange(x.size(0)).float().unsqueeze(1)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    model = ot.from_onnx(_export(torch, net, (4, 3)))
+    assert model.input_specs[0].shape == (4, 3)
+    x = np.random.default_rng(0).random((6, 3), np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(model.predict(x[:4]), net(torch.from_numpy(x[:4])).numpy(), rtol=1e-5, atol=1e-6)
+    for rows in (1, 6, 8):
+        with pytest.raises(ot.OrtrainError, match="fixes its batch at 4 rows and mixes the rows of a batch or reads "
+                                                  "their positions"):
+            model.predict(np.concatenate([x, x])[:rows])
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("how", ["expand", "repeat"])
+def test_a_batch_fixed_in_a_shape_computed_without_constant_folding_is_kept_fixed(how):
+    # torch.onnx.export(do_constant_folding=False) reads the expand's shape through Shape of a
+    # constant: the batch was freed, and 5 rows failed inside the runtime
+    torch = torch_or_skip()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.tok = torch.nn.Linear(3, 6), torch.nn.Parameter(torch.randn(1, 6))
+
+        def forward(self, x):
+            t = self.tok.expand(x.shape[0], -1) if how == "expand" else self.tok.repeat(x.shape[0], 1)
+            return self.lin(x) * t
+
+    torch.manual_seed(0)
+    net = Net()
+    model = ot.from_onnx(_export(torch, net, (4, 3), do_constant_folding=False))
+    assert model.input_specs[0].shape == (4, 3)
+    x = np.random.default_rng(1).random((5, 3), np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(model.predict(x), net(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)

@@ -107,20 +107,28 @@ def _fold_shapes(probe: onnx.ModelProto, model: onnx.ModelProto, consts: dict) -
     inference sees the sizes they make."""
     initializers = {t.name: t for t in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
+    found: dict[str, np.ndarray | None] = {}
     for node in probe.graph.node:
-        at = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0}.get(node.op_type)
-        if at is None or len(node.input) <= at or not node.input[at] or node.input[at] in initializers:
-            continue
-        name = node.input[at]
-        if name not in consts:
-            value = folded_value(model, name, initializers, producers)
-            if value is None or value.dtype != np.int64:
+        at = {"Reshape": [1], "Expand": [1], "ConstantOfShape": [0]}.get(node.op_type)
+        if at is None and (node.op_type == "Concat" or node.op_type in _ALIGNED):
+            at = range(len(node.input))  # a tensor made from constants alone (torch.arange(n)) has fixed sizes
+        for k in at or ():
+            name = node.input[k]
+            if not name or name in initializers:
                 continue
-            consts[name] = value
-        folded = f"{name}/ortrain.folded"
-        if folded not in {t.name for t in probe.graph.initializer}:
-            probe.graph.initializer.append(numpy_helper.from_array(np.asarray(consts[name], np.int64), folded))
-        node.input[at] = folded
+            if name not in found:
+                value = consts.get(name)
+                found[name] = value if value is not None else folded_value(model, name, initializers, producers)
+            value = found[name]
+            if value is None or value.size > 1 << 16 or (k and node.op_type in ("Reshape", "Expand")
+                                                          and value.dtype != np.int64):
+                continue
+            if node.op_type in ("Reshape", "Expand", "ConstantOfShape"):
+                consts[name] = value
+            folded = f"{name}/ortrain.folded"
+            if folded not in {t.name for t in probe.graph.initializer}:
+                probe.graph.initializer.append(numpy_helper.from_array(np.asarray(value), folded))
+            node.input[k] = folded
 
 
 def _mixed_with_batch(model: onnx.ModelProto, shapes: dict, batch: int) -> list[str]:

@@ -142,7 +142,9 @@ class _Graph:
 
 
 # ops whose value is not fixed by the graph's constants alone
-_UNFOLDED = frozenset({"Shape", "Size", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+# A Shape or Size is folded where what it reads is (a weight's, or a constant's: a TorchScript export
+# without constant folding reads them); of a graph input it is not, as the walk ends there.
+_UNFOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                        "Bernoulli", "Multinomial", "Dropout", "Loop", "If", "Scan"})
 
 
