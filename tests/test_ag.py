@@ -538,3 +538,16 @@ def test_int64_operands_meeting_floats_are_computed_in_float32_as_pytorch_does()
     ints = ag.buffer(np.arange(3))
     assert (ints + 1).dtype == (ints * 2.0).dtype == (ints - ints).dtype == np.int64
     assert (ints / 1).dtype == (ints * 0.5).dtype == (ints + ag.param(w0)).dtype == np.float32
+
+
+def test_comparisons_and_integer_division_on_tensors_are_refused():
+    # Python's == compared the objects: W * (k == 0) was W * False, zeros without a word
+    W = ag.param(np.ones((2, 2), np.float32), name="W")
+    k = np.array([[0, 1], [1, 0]])
+    for fn, op in ((lambda k: W * (k == 0), "=="), (lambda k: W * (0 != k), "!="), (lambda k: W * (k < 1), "<"),
+                   (lambda k: W * (k >= 1), ">="), (lambda k: W * (k // 2), "//"), (lambda k: W * (k % 2), "%")):
+        with pytest.raises(ot.OrtrainError, match=f"{op} on an ag tensor: ag records no comparisons"):
+            ot.capture(fn)(k=k)
+    mask = (k == 0).astype(np.float32)  # the way: the mask as an input
+    np.testing.assert_array_equal(ot.capture(lambda m: W * m)(m=mask), mask)
+    assert len({W, ag.param(np.ones(1, np.float32))}) == 2  # tensors stay hashable by identity

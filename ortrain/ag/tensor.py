@@ -64,11 +64,33 @@ class Tensor:
     __bool__ = __float__ = __int__ = __index__ = __array__ = _no_value
     __iter__ = _no_value
 
+    # identity stays the hash: tensors are keys by object, never by value (comparisons are refused below)
+    __hash__ = object.__hash__
+
     def numpy(self) -> np.ndarray:
         self._no_value()
 
     def __repr__(self) -> str:
         return f"Tensor({self.op}, shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
+
+
+
+def _refusing(op: str):
+    """An operator ag does not record: Python's own (``==`` compares the objects, so ``W * (k == 0)``
+    was ``W * False``) would give a wrong value without a word."""
+    def refuse(*_):
+        raise OrtrainError(f"{op} on an ag tensor: ag records no comparisons or integer division (Python's {op} "
+                           f"would compare the objects or fail, not compute on their values); make the mask or the "
+                           f"quotient from the arrays before the call and pass it as an input "
+                           f"(mask=(k == 0).astype(np.float32)), or write it with ag ops")
+    return refuse
+
+
+for _op, _dunders in (("==", ("__eq__",)), ("!=", ("__ne__",)), ("<", ("__lt__",)), ("<=", ("__le__",)),
+                      (">", ("__gt__",)), (">=", ("__ge__",)), ("//", ("__floordiv__", "__rfloordiv__")),
+                      ("%", ("__mod__", "__rmod__"))):
+    for _dunder in _dunders:
+        setattr(Tensor, _dunder, _refusing(_op))
 
 
 class Input(Tensor):
