@@ -409,3 +409,23 @@ def test_activations_without_a_gradient_train_as_in_pytorch_at_their_kinks_too(r
     trained = _steps_as_in_torch(model, x, y, want, tw)
     served = ort.InferenceSession(trained.export_onnx(tmp_path / "act.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(trained.predict(x), served.run(None, {"x": x})[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.torch
+def test_a_norms_subnormal_epsilon_is_raised_to_the_smallest_normal_float_with_a_warning(rng):
+    # BatchNorm1d(eps=1e-40) trained to NaN on a constant feature: the sessions flush the epsilon to 0
+    torch = torch_or_skip()
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4, eps=1e-40), torch.nn.Linear(4, 2))
+    with torch.no_grad():
+        net[0].weight[0], net[0].bias[0] = 0.0, 0.5  # the first feature is constant, its mean exact
+    proto = _export(torch, net, np.zeros((2, 3), np.float32), "torchscript")
+    with pytest.warns(UserWarning, match=r"epsilon of .*\(1e-40\) lies below the smallest normal float32.*raised to "
+                                         r"1\.18e-38"):
+        model = ot.from_onnx(proto)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = rng.standard_normal((8, 3)).astype(np.float32), np.zeros((8, 2), np.float32)
+    with ot.Trainer(model, batch_size=8) as tr:
+        got = tr.step(x, y)
+    net.train()
+    want = torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y)).item()
+    assert np.isfinite(got) and got == pytest.approx(want, rel=1e-5)

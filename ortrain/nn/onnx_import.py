@@ -521,6 +521,27 @@ def _by_module(model: onnx.ModelProto, order: list[str], buffers: set[str] = fro
 _UNDIFFERENTIATED_VALUES = {"Clip": (1, 2), "Pad": (2,), "Pow": (1,)}
 
 
+_NORMS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
+
+
+def _normal_epsilons(proto: onnx.ModelProto) -> None:
+    """A normalization's ``epsilon`` between 0 and the smallest normal float32 (``eps=1e-40``) is
+    flushed to 0 in ortrain's sessions, where a constant feature then divides 0 by 0 (NaN) and
+    PyTorch's subnormal arithmetic stays finite: it is raised to the smallest normal float32,
+    1.18e-38, which changes no output that is not NaN, with a warning."""
+    tiny = float(np.finfo(np.float32).tiny)
+    raised = []
+    for node in proto.graph.node:
+        if node.op_type in _NORMS and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.name == "epsilon" and 0 < a.f < tiny:
+                    raised.append(f"{node.name or node.output[0]!r} ({a.f:.3g})")
+                    a.f = tiny
+    if raised:
+        warn(f"the epsilon of {', '.join(raised)} lies below the smallest normal float32, which ortrain's "
+             "sessions flush to 0 (a constant feature would give NaN): it is raised to 1.18e-38")
+
+
 def _warn_partial_gradients(fg: ForwardGraph) -> None:
     """Warn of trainable weights also read into an input whose gradient the runtime leaves out
     (a learned clipping bound that also scales, PACT's): their gradient counts their other uses
@@ -813,6 +834,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _check_data_inputs(proto, data)
     proto, _ = repair(proto)
     _seed_random_ops(proto)
+    _normal_epsilons(proto)
     proto, _ = free_batch_dimension(proto, data)
     proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
