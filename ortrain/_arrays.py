@@ -141,6 +141,10 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                     f"batch axis, e.g. torch.onnx.export without dynamic_axes={{'x': {{0: 'batch'}}}} or, with "
                     f"dynamo, dynamic_shapes), so every batch must hold {exp[0]} rows (predict, evaluate and "
                     f"fit cut arrays into such batches); or re-export it with a dynamic batch axis")
+        elif a.ndim == len(exp) - 1 and all(e is None or e == n for e, n in zip(exp[1:], a.shape)):
+            hint = (f"; it is one sample without the batch axis: a dataset indexed one sample at a time (a "
+                    f"torch Dataset) goes through a loader that batches it (DataLoader(dataset, batch_size=...)), "
+                    f"and one row is {argument}[None]")
         elif a.ndim == len(exp) == 4 and all(e is None or e == n for e, n in zip(exp[1:], np.take(a.shape, (3, 1, 2)))):
             hint = (f"; {argument} looks channels last (batch, height, width, channels), as Keras lays images out: "
                     f"ortrain's are channels first, so pass {argument}.transpose(0, 3, 1, 2)")
@@ -450,6 +454,7 @@ def check_fixed_rows(specs, n: int, argument: str, batch_size, split: bool = Fal
                          f"takes {batch}), {fix}")
     if n % batch:
         drop = (f"choose a validation_split that leaves multiples of {batch} rows on both sides" if split else
+                f"give at least {batch} rows" if n < batch else
                 f"drop the last {n % batch} rows" + (f" ({argument}[:{n - n % batch}])" if argument.isidentifier() else ""))
         raise ShapeError(f"{argument}: holds {n} rows, not a multiple of the {batch} rows the model's graph "
                          f"fixes for every batch (an export without a dynamic batch axis): the last batch "

@@ -209,6 +209,11 @@ def as_source(data, argument: str = "generator"):
         raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
                            f"received an array of shape {data.shape}; for arrays call model.fit(x, y, "
                            "batch_size=...)")
+    if isinstance(data, tuple) and len(data) in (2, 3) and all(isinstance(a, np.ndarray) for a in data) and \
+            data[0].ndim >= 2 and len({len(a) for a in data}) == 1:
+        raise OrtrainError(f"{argument}: expected a callable returning batches or an iterable of batches, "
+                           f"received a tuple of arrays of {len(data[0])} rows (x, y); for arrays call "
+                           "model.fit(x, y, batch_size=...), or pass [(x, y)] for one batch")
     if callable(data):
         if inspect.isgeneratorfunction(data):  # its calls return generators, not batches
             name = getattr(data, "__name__", "it")

@@ -150,7 +150,8 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
     vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size,
                               names=names.get("validation_data"), validations=epochs - initial_epoch,
                               weight_shape=weight_shape)
-    if trainer._weight_spec is None and epochs > initial_epoch and _validation_weighted(vit, initial_epoch):
+    val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, base)
+    if trainer._weight_spec is None and val_weighted:
         wa = (names.get("validation_data") or ("", "", "validation_data (its sample weights)"))[2]
         raise OrtrainError(f"{wa}: this trainer has no loss weights; {trainer._how_to_weigh()}")
     loop = Loop(trainer, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
@@ -345,7 +346,7 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
                              "of at least one sample (a generator ends its epoch by returning None or stopping)")
     except (OrtrainError, ValueError, TypeError) as exc:
         raise located(exc, where) from exc
-    val_weighted = _validation_weighted(vit, initial_epoch)
+    val_weighted = _validation_weighted(vit, initial_epoch, staged)
     # batches in a list: a later one's weights count as the first's do
     weights_given = w is not None or bool(_any_weighted(source)) or val_weighted or cw is not None
     one = isinstance(loss_mask, (int, np.integer)) and not isinstance(loss_mask, bool) and loss_mask == 1
@@ -454,7 +455,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
-    val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch)
+    val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)
     weighted = ws is not None or val_weighted
     with Trainer(model, batch_size=bs, loss_mask=1 if weighted else None, _weights_any_loss=weighted) as tr:
         source = ArraySource(xs, ys, ws, bs, shuffle=shuffle, continues=steps_per_epoch is not None)
@@ -480,9 +481,10 @@ def _weighted_batch(batch) -> bool:
         return False  # a malformed batch is refused at its step, which the error then names
 
 
-def _validation_weighted(vit: EpochIterator | None, epoch: int) -> bool:
+def _validation_weighted(vit: EpochIterator | None, epoch: int, model: Model | None = None) -> bool:
     """Whether the validation batches carry loss weights, which the trainer needs an input for.
-    Arrays say so; from another source the first batch is read now (and validated first)."""
+    Arrays say so; from another source the first batch is read now and checked against ``model``
+    (its form, inputs and labels), so a source that cannot validate stops the fit before it trains."""
     if vit is None:
         return False
     if isinstance(vit.source, ArraySource):
@@ -492,7 +494,12 @@ def _validation_weighted(vit: EpochIterator | None, epoch: int) -> bool:
         return listed
     first = vit.peek(epoch)
     try:
-        return first is not None and parse_batch(first)[2] is not None
+        if first is None:
+            return False
+        x, y, w = parse_batch(first)
+        if model is not None:
+            prepare_arrays(model, x, y, None)
+        return w is not None
     except (OrtrainError, ValueError, TypeError) as exc:
         raise located(exc, f"validation after epoch {epoch}, step 0 (counted from 0)") from exc
 

@@ -1077,6 +1077,10 @@ def test_train_refuses_rows_a_fixed_batch_cannot_take_before_the_run_starts(tmp_
     err = capsys.readouterr().err
     assert "holds 18 rows, not a multiple of the 4 rows the model's graph fixes" in err
     assert "drop the last 2 rows" in err and not (tmp_path / "run").exists()
+    assert cli("train", "--model", "pin.onnx", "--loss", "mse", "--data", "d.npz", "--epochs", "1",
+               "--batch-size", "8", "--out", "run") == 1
+    err = capsys.readouterr().err
+    assert "ortrain train: --batch-size 8: " in err and "use --batch-size 4" in err and "batch_size=" not in err
 
 
 

@@ -1890,3 +1890,43 @@ def test_a_fit_from_another_thread_while_one_sets_up_is_refused_and_changes_noth
         np.testing.assert_array_equal(a, b)
     model.fit(x, y, batch_size=8, verbose=0)  # the model is free again
     assert model.optimizer.step == 16
+
+
+def test_a_validation_source_that_cannot_validate_stops_the_fit_before_it_trains():
+    # a dataset of single samples, or a generator of x alone, as validation_data was refused only
+    # after a whole epoch had trained
+    class Samples:  # indexed one sample at a time, as a torch Dataset is
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((16, 4), np.float32), rng.random((16, 3), np.float32)
+    model = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    before = model.get_weights()
+    for source, says in ((Samples(x, y), r"validation after epoch 0, step 0 .*received \(4,\); it is one sample "
+                                         r"without the batch axis: .*DataLoader"),
+                         ((b for b in [x[:4]]), r"validation after epoch 0, step 0 .*expected \(x, y\)")):
+        with pytest.raises(ot.OrtrainError, match=says):
+            model.fit(x, y, validation_data=source, epochs=1, verbose=0)
+    with pytest.raises(ot.OrtrainError, match=r"epoch 0, step 0 .*it is one sample without the batch axis"):
+        model.fit(Samples(x, y), verbose=0)
+    assert model.optimizer.step == 0
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fit_generator_given_arrays_as_a_tuple_names_the_fix():
+    model = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.zeros((16, 4), np.float32), np.zeros((16, 3), np.float32)
+    with pytest.raises(ot.OrtrainError, match=r"received a tuple of arrays of 16 rows \(x, y\); for arrays call "
+                                              r"model.fit\(x, y, batch_size=...\), or pass \[\(x, y\)\]"):
+        ot.fit_generator(model, (x, y), verbose=0)
+    assert model.optimizer.step == 0

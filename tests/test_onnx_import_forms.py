@@ -610,3 +610,10 @@ def test_a_batch_fixed_in_a_shape_computed_without_constant_folding_is_kept_fixe
     x = np.random.default_rng(1).random((5, 3), np.float32)
     with torch.no_grad():
         np.testing.assert_allclose(model.predict(x), net(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fewer_rows_than_a_fixed_batch_are_told_how_many_are_needed():
+    model, _ = _pinned_reshape_model()
+    x, y = np.zeros((3, 2, 3), np.float32), np.zeros((3, 2), np.float32)
+    with pytest.raises(ot.ShapeError, match=r"x: holds 3 rows, not a multiple of the 4 rows .*give at least 4 rows"):
+        model.evaluate(x, y)
