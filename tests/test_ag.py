@@ -551,3 +551,14 @@ def test_comparisons_and_integer_division_on_tensors_are_refused():
     mask = (k == 0).astype(np.float32)  # the way: the mask as an input
     np.testing.assert_array_equal(ot.capture(lambda m: W * m)(m=mask), mask)
     assert len({W, ag.param(np.ones(1, np.float32))}) == 2  # tensors stay hashable by identity
+
+
+def test_negation_and_abs_of_int64_stay_int64_as_in_pytorch():
+    # -k and abs(k) of int64 inputs were refused ("pass k= as float32")
+    T = ag.param(np.arange(12, dtype=np.float32).reshape(6, 2), name="T")
+    k = np.array([-1, 2, -3])
+    out = ot.capture(lambda k: {"n": -k, "a": abs(k), "rows": ag.get_rows(T, abs(k))})(k=k)
+    assert out["n"].dtype == out["a"].dtype == np.int64
+    np.testing.assert_array_equal(out["n"], -k)
+    np.testing.assert_array_equal(out["a"], np.abs(k))
+    np.testing.assert_array_equal(out["rows"], np.arange(12, dtype=np.float32).reshape(6, 2)[np.abs(k)])

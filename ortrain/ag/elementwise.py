@@ -86,16 +86,18 @@ def scale(x, s: float) -> Tensor:
     return mul(x, float(s))
 
 
-def _unary(where: str, op_type: str, x, domain: str = "") -> Tensor:
+def _unary(where: str, op_type: str, x, domain: str = "", ints: bool = False) -> Tensor:
+    """``ints``: int64 tensors too (``-k``, ``abs(k)`` stay int64, as in PyTorch)."""
     x = as_tensor(x, where)
-    _float(where, x)
+    if not (ints and x.dtype == INT):
+        _float(where, x)
     emit = (lambda gb, names: gb.op(op_type, names, domain=domain)) if domain else _node(op_type)
     return Tensor(x.shape, x.dtype, where, (x,), emit)
 
 
 def neg(x) -> Tensor:
-    """``-x``."""
-    return _unary("neg", "Neg", x)
+    """``-x`` (int64 stays int64)."""
+    return _unary("neg", "Neg", x, ints=True)
 
 
 def relu(x) -> Tensor:
@@ -137,8 +139,9 @@ def sqrt(x) -> Tensor:
 
 
 def abs(x) -> Tensor:  # noqa: A001 - the ag op is called abs
-    """``|x|`` elementwise; also ``abs(x)``. Its gradient is ``sign(x)``: 0 at 0, as PyTorch's."""
-    return _unary("abs", "Abs", x)
+    """``|x|`` elementwise; also ``abs(x)`` (int64 stays int64). Its gradient is ``sign(x)``: 0 at 0, as
+    PyTorch's."""
+    return _unary("abs", "Abs", x, ints=True)
 
 
 # -- powers ---------------------------------------------------------------------------------------
