@@ -437,7 +437,8 @@ def fixed_batch(specs) -> int | None:
 def rows_free(specs) -> list:
     """``specs`` with their batch free: the specs of whole arrays, which calls then cut into batches
     (of the graph's fixed batch, where it has one)."""
-    return [dataclasses.replace(s, shape=(None, *s.shape[1:])) if s.shape else s for s in specs]
+    return [dataclasses.replace(s, shape=(None, *s.shape[1:])) if s.shape and s.shape[0] is not None else s
+            for s in specs]
 
 
 def check_fixed_rows(specs, n: int, argument: str, batch_size, split: bool = False) -> int | None:
