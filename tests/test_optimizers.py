@@ -338,3 +338,10 @@ def test_schedules_take_step_numbers_from_zero_only(make):
         with pytest.raises(ot.OrtrainError, match=r"schedule: expected the step .* an int >= 0"):
             s(bad)
     assert s(3.0) == s(3) == s(np.int64(3))
+
+
+def test_eps_refusals_use_the_name_given():
+    with pytest.raises(ot.OrtrainError, match=r"^epsilon: expected at least"):
+        ot.optim.Adam(epsilon=1e-40)  # Keras' name
+    with pytest.raises(ot.OrtrainError, match=r"^eps: expected a positive number"):
+        ot.optim.AdamW(eps=-1.0)

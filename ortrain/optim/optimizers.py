@@ -325,6 +325,7 @@ class Adam(Optimizer):
             keras = (betas[0] if beta_1 is None and isinstance(betas, (tuple, list)) and len(betas) == 2 else beta_1,
                      betas[1] if beta_2 is None and isinstance(betas, (tuple, list)) and len(betas) == 2 else beta_2)
             betas = one_of_two_names(where, "betas", betas, (0.9, 0.999), "beta_1/beta_2", keras)
+        eps_name = "epsilon" if epsilon is not None else "eps"  # messages use the name given (Keras')
         eps = one_of_two_names(where, "eps", eps, 1e-8, "epsilon", epsilon)
         try:
             b1, b2 = betas
@@ -339,9 +340,9 @@ class Adam(Optimizer):
             raise OrtrainError(f"betas: expected two numbers below 1 in float32, the runtime's precision, received "
                                f"{betas!r}, where {rounded!r} becomes 1.0; use at most 0.9999999")
         if not (is_real(eps) and eps > 0):
-            raise OrtrainError(f"eps: expected a positive number, received {eps!r}")
+            raise OrtrainError(f"{eps_name}: expected a positive number, received {eps!r}")
         if not as_float32(eps) < math.inf:
-            raise OrtrainError(f"eps: expected a positive number float32 holds (the runtime computes in float32), "
+            raise OrtrainError(f"{eps_name}: expected a positive number float32 holds (the runtime computes in float32), "
                                f"received {eps!r}, which becomes inf there; the default is 1e-8")
         # The first update divides by (1 - beta_1) * (sqrt(v) + eps) in float32 (onnxruntime's AdamW), and
         # the sessions flush values below the smallest normal float32 to 0: a weight whose gradient is 0
@@ -349,7 +350,7 @@ class Adam(Optimizer):
         first = np.float32(1.0) - np.float32(b1)
         if not first * np.float32(eps) >= _FLOAT32_TINY:
             least = float(np.nextafter(np.float32(_FLOAT32_TINY / first), np.float32(np.inf)))
-            raise OrtrainError(f"eps: expected at least {least:.3g} with beta_1={b1!r}, received {eps!r}: the "
+            raise OrtrainError(f"{eps_name}: expected at least {least:.3g} with beta_1={b1!r}, received {eps!r}: the "
                                f"runtime divides the first update by (1 - beta_1) * (sqrt(v) + eps) in float32 and "
                                f"flushes values below 1.2e-38 to 0, so a weight whose gradient is 0 would become "
                                f"NaN; the default is 1e-8")
