@@ -814,3 +814,17 @@ def test_an_interrupted_step_not_counted_draws_its_dropout_masks_again(monkeypat
         assert (tr.n_steps, tr.n_updates) == (good.n_steps, good.n_updates)
         for a, b in zip(tr.model().get_weights(), good.model().get_weights()):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_truncated_checkpoint_says_it_ends_early(tmp_path):
+    # the message gave struct's "unpack_from requires a buffer of at least ... bytes"
+    model = seed_model()
+    with ot.Trainer(model, batch_size=16) as tr:
+        x, y = seed_data()
+        tr.step(x[:16], y[:16])
+        tr.save_checkpoint(tmp_path / "ck")
+    (tmp_path / "cut").write_bytes((tmp_path / "ck").read_bytes()[:100])
+    with pytest.raises(ot.OrtrainError, match=r"cannot be read: the file ends early \(100 bytes; a copy or a write "
+                                              r"cut short\?\).*use another checkpoint") as exc:
+        ot.Trainer.from_checkpoint(model, tmp_path / "cut", batch_size=16)
+    assert "unpack_from" not in str(exc.value)

@@ -11,6 +11,7 @@ return the moments, ``opt.load_state()`` restore them in a new session, and
 from __future__ import annotations
 
 import os
+import struct
 import zlib
 from dataclasses import dataclass, field
 
@@ -141,8 +142,12 @@ def read_checkpoint(path: str | os.PathLike, verify: bool = False) -> Checkpoint
     except OrtrainError:  # an intact file ortrain cannot use: its own reason
         raise
     except Exception as exc:  # a truncated or corrupted flatbuffer raises anything from struct to IndexError
-        raise OrtrainError(f"checkpoint {os.fspath(path)!r} cannot be read: {exc}; it is damaged, or was not "
-                           "written by onnxruntime-training 1.19.2 or ortrain") from exc
+        if isinstance(exc, struct.error) and "actual buffer size" in str(exc):
+            reason = f"the file ends early ({len(buf)} bytes; a copy or a write cut short?)"
+        else:
+            reason = f"its contents do not parse ({type(exc).__name__}: {exc})"
+        raise OrtrainError(f"checkpoint {os.fspath(path)!r} cannot be read: {reason}; it is damaged, or was not "
+                           "written by onnxruntime-training 1.19.2 or ortrain: use another checkpoint") from exc
     if verify and CHECKSUM in data.properties and data.properties[CHECKSUM] != content_crc(buf)[0]:
         raise OrtrainError(f"checkpoint {os.fspath(path)!r} is damaged: its contents do not match the checksum "
                            "written with them (changed after it was written); use another checkpoint or a copy of "
