@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import torch_or_skip
 from helpers import softmax
 
 import ortrain as ot
@@ -954,3 +955,36 @@ def test_a_changed_byte_in_a_saved_model_or_trainer_checkpoint_is_refused_or_har
             assert got[1:] == saved[1:], f"{name}: byte {i} changed, loaded silently"
         assert refused > len(data) // every // 2
     assert from_checkpoint(tmp_path / "m.ckpt")[1:] == want[1:]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("order", ["i h dense(h)", "shared"])
+def test_a_dense_block_concatenating_three_ways_trains_as_in_pytorch(order):
+    # concatenate([i, h, Dense(h)]) failed to open its training session: onnxruntime's
+    # GemmSumFusion asserted on the Dense gradient fed by the concatenation's third split output
+    torch = torch_or_skip()
+    L = ot.layers
+    i = ot.Input((4,))
+    first = L.Dense(4)
+    h = first(i)
+    last = first if order == "shared" else L.Dense(4)
+    model = ot.Model(i, L.Concatenate()([i, h, last(h)]))
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    w = model.get_weights()
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 12)).astype(np.float32)
+    tw = [torch.tensor(a, requires_grad=True) for a in w]
+
+    def forward(x):
+        h = x @ tw[0] + tw[1]
+        g = h @ tw[0] + tw[1] if order == "shared" else h @ tw[2] + tw[3]
+        return torch.cat([x, h, g], dim=1)
+
+    opt = torch.optim.SGD(tw, lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(forward(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+    model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), tw):
+        np.testing.assert_allclose(a, b.detach().numpy(), rtol=1e-5, atol=1e-6)

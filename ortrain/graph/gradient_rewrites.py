@@ -43,7 +43,26 @@ def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.Mode
     """Rewrites of a training graph as onnxruntime-training's gradient builder wrote it from
     ``forward`` (standard ONNX, whose value types and shapes the rewrites may need)."""
     model = max_pool_grad_as_scatter(model, forward)
-    return bias_grad_as_matmul(relu_grad_as_mask(model, float32_values(forward)))
+    return sum_after_gemm_as_add(bias_grad_as_matmul(relu_grad_as_mask(model, float32_values(forward))))
+
+
+def sum_after_gemm_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A two-input ``Sum`` of a ``Gemm`` that reads the third or a later output of a node (a
+    concatenation's gradient, split three ways, feeding a dense layer's) written as ``Add``:
+    onnxruntime 1.19.2's ``GemmSumFusion`` asserts on such a ``Gemm`` (``src_arg_index < 2``) and
+    the training session fails to open. ``Add`` computes the same sum; the fusion leaves it."""
+    producer = {o: (n, k) for n in model.graph.node for k, o in enumerate(n.output)}
+
+    def late_gemm(value: str) -> bool:
+        node = producer.get(value, (None, 0))[0]
+        return node is not None and node.op_type == "Gemm" and \
+            any(producer.get(i, (None, 0))[1] >= 2 for i in node.input if i)
+
+    for node in model.graph.node:
+        if node.op_type == "Sum" and node.domain in ("", "ai.onnx") and len(node.input) == 2 and \
+                any(late_gemm(i) for i in node.input):
+            node.op_type = "Add"
+    return model
 
 
 def max_pool_grad_as_scatter(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
