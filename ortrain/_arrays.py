@@ -166,6 +166,11 @@ def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: s
 
 
 # -- counts ----------------------------------------------------------------------------------------
+# The smallest normal float32: ortrain's sessions flush smaller values to 0 (engine.denormals), so a
+# setting below it (an epsilon, a Huber delta) is 0 there.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+
 def as_float32(value) -> float:
     """A real number as the runtime holds it (float32): what a setting checked in float64 becomes
     there (inf beyond 3.4e38, 0 below 1.4e-45, 1.0 for 0.99999999)."""
@@ -515,6 +520,11 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
             if len(slices) > 1 and (out.ndim == 0 or out.shape[0] != rows):
                 raise _batchless(name, f"it gave shape {out.shape} for a chunk of {rows} rows", batch_size)
         chunks.append(outs)
+    return _joined(chunks)
+
+
+def _joined(chunks: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """The outputs of several runs joined on their first axis (one run's as they are)."""
     if len(chunks) == 1:
         return list(chunks[0])
     return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
@@ -544,9 +554,7 @@ def _run_fixed(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
             if start == 0 and batch > 1:
                 _refuse_mixed_rows(run, part, outs, n, batch)
         chunks.append([o[:rows] for o in outs])
-    if len(chunks) == 1:
-        return list(chunks[0])
-    return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+    return _joined(chunks)
 
 
 def _refuse_mixed_rows(run, part: list[np.ndarray], outs: list[np.ndarray], n: int, batch: int) -> None:

@@ -434,6 +434,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     CallbackList(callbacks or ())  # checks the objects before anything runs
     cw = class_weights(class_weight, model)
     arrays = prepare_arrays(model, x, y, sample_weight, "x", "y", "sample_weight")
+    held = None
     if validation_data is not None:
         check_split(validation_split)  # then ignored, as in Keras
         vit = validation_iterator(model, validation_data, validation_steps, bs,
@@ -449,9 +450,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
                                       "nothing was trained")
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
     if fixed:
-        split = vit is not None and validation_data is None
-        check_fixed_rows(model.input_specs, len(ys), "x (the rows validation_split leaves for training)" if split
-                         else "x", bs, split=split)
+        check_fixed_rows(model.input_specs, len(ys), "x" if held is None else
+                         "x (the rows validation_split leaves for training)", bs, split=held is not None)
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports

@@ -24,6 +24,7 @@ import numpy as np
 
 from ortrain import engine
 from ortrain._arrays import (
+    FLOAT32_TINY,
     as_array,
     as_float32,
     is_real,
@@ -181,8 +182,8 @@ class Huber(Loss):
     name = "huber"
 
     def __init__(self, delta: float = 1.0):
-        tiny = np.finfo(np.float32).tiny  # smaller values are flushed to 0 in the sessions: no gradient at all
-        if not (is_real(delta) and delta > 0 and np.isfinite(delta) and tiny <= as_float32(delta) < np.inf):
+        # smaller values are 0 in the sessions: no gradient at all
+        if not (is_real(delta) and delta > 0 and np.isfinite(delta) and FLOAT32_TINY <= as_float32(delta) < np.inf):
             raise OrtrainError(f"Huber(delta=...): expected a positive finite number that float32 (the runtime's "
                                f"precision) holds as a normal number, about 1.2e-38 to 3.4e38, received {delta!r}")
         self.delta = float(delta)

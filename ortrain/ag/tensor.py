@@ -74,7 +74,6 @@ class Tensor:
         return f"Tensor({self.op}, shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
 
 
-
 def _refusing(op: str):
     """An operator ag does not record: Python's own (``==`` compares the objects, so ``W * (k == 0)``
     was ``W * False``) would give a wrong value without a word."""

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ortrain.graph.passes import attribute, int64_constants
+from ortrain.graph.passes import BROADCASTING, attribute, int64_constants
 from ortrain.graph.shapes import folded_value
 
 __all__ = ["free_batch_dimension", "free_output_dimensions"]
@@ -95,22 +95,19 @@ def free_batch_dimension(model: onnx.ModelProto, data_inputs: list[str]) -> tupl
     return cand, []
 
 
-# Elementwise ops whose inputs broadcast against each other: a first dimension other than 1 must match.
-_ALIGNED = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less", "Greater",
-            "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "PRelu", "Mod", "BitShift"}
-
-
 def _fold_shapes(probe: onnx.ModelProto, model: onnx.ModelProto, consts: dict) -> None:
-    """The shapes ``Reshape``, ``Expand`` and ``ConstantOfShape`` take where the graph computes them
-    from constants alone (torch writes ``p.expand(x.shape[0], -1)`` of a fixed batch as a ``Where``
-    of constants): added to ``consts``, and fed to ``probe``'s nodes as initializers, so that shape
-    inference sees the sizes they make."""
+    """Values the graph computes from constants alone, fed to ``probe``'s nodes as initializers so
+    that shape inference sees the sizes they make: the shapes ``Reshape``, ``Expand`` and
+    ``ConstantOfShape`` take (torch writes ``p.expand(x.shape[0], -1)`` of a fixed batch as a
+    ``Where`` of constants), also added to ``consts``; and the operands of ``Concat`` and of the
+    broadcasting ops (``torch.arange(n)`` beside the batch)."""
     initializers = {t.name: t for t in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
     found: dict[str, np.ndarray | None] = {}
+    fed = set()
     for node in probe.graph.node:
         at = {"Reshape": [1], "Expand": [1], "ConstantOfShape": [0]}.get(node.op_type)
-        if at is None and (node.op_type == "Concat" or node.op_type in _ALIGNED):
+        if at is None and (node.op_type == "Concat" or node.op_type in BROADCASTING):
             at = range(len(node.input))  # a tensor made from constants alone (torch.arange(n)) has fixed sizes
         for k in at or ():
             name = node.input[k]
@@ -126,7 +123,8 @@ def _fold_shapes(probe: onnx.ModelProto, model: onnx.ModelProto, consts: dict) -
             if node.op_type in ("Reshape", "Expand", "ConstantOfShape"):
                 consts[name] = value
             folded = f"{name}/ortrain.folded"
-            if folded not in {t.name for t in probe.graph.initializer}:
+            if folded not in fed:
+                fed.add(folded)
                 probe.graph.initializer.append(numpy_helper.from_array(np.asarray(value), folded))
             node.input[k] = folded
 
@@ -142,7 +140,7 @@ def _mixed_with_batch(model: onnx.ModelProto, shapes: dict, batch: int) -> list[
             rank = len(shapes.get(node.output[0]) or shapes.get(node.input[0]) or [])
             if rank and attribute(node, "axis", 0) % rank == 0:
                 continue
-        elif node.op_type not in _ALIGNED or batch == 1:
+        elif node.op_type not in BROADCASTING or batch == 1:  # a size of 1 broadcasts
             continue
         ins = [shapes.get(i) for i in node.input if i]
         ranks = {len(sh) for sh in ins if sh}

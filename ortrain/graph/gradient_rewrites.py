@@ -26,6 +26,7 @@ from onnx import helper, numpy_helper
 from ortrain.errors import UnsupportedOpError
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import (
+    BROADCASTING,
     attribute,
     bias_grad_as_matmul,
     float32_values,
@@ -112,11 +113,6 @@ def max_pool_grad_as_scatter(model: onnx.ModelProto, forward: onnx.ModelProto) -
                                                   numpy_helper.from_array(np.array([-1], np.int64), _FLAT)])
 
 
-# Elementwise ops whose inputs broadcast against each other.
-_BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where", "PRelu",
-                 "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "BitShift"}
-
-
 def unnamed_broadcast_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` (before the gradient builder reads it) with the names taken off the free dimensions
     that meet another name or a size other than 1 in a broadcast; ``model`` itself when none do.
@@ -147,7 +143,7 @@ def unnamed_broadcast_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     ambiguous = set()
     for node in g.node:
         shapes = [dims.get(i) for i in node.input if i]
-        if node.op_type not in _BROADCASTING or len(shapes) < 2 or any(s is None for s in shapes):
+        if node.op_type not in BROADCASTING or len(shapes) < 2 or any(s is None for s in shapes):
             continue
         for k in range(1, max(len(s) for s in shapes) + 1):
             column = [s[-k] for s in shapes if len(s) >= k]

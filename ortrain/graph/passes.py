@@ -139,6 +139,12 @@ def same_pads(auto: str, sizes: list[int], kernel: list[int], strides: list[int]
     return begins + ends
 
 
+# Elementwise ops whose inputs broadcast against each other (numpy's rules).
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where", "PRelu",
+                          "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
+                          "BitShift"})
+
+
 def replace_nodes(model: onnx.ModelProto, match, expand, constants=()) -> onnx.ModelProto:
     """A copy of ``model`` in which every node ``match(node)`` picks is replaced by the nodes
     ``expand(i, node)`` returns with the initializers they need (``(nodes, initializers)``);

@@ -8,19 +8,16 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import as_float32, is_real
+from ortrain._arrays import FLOAT32_TINY, as_float32, is_real
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
 
 __all__ = ["Activation", "BatchNorm", "Dense", "Dropout", "Embedding", "LayerNorm"]
 
-_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
-
-
 def _epsilon(value, owner: str) -> float:
     # below the smallest normal float32 the sessions flush it to 0: a constant feature divides by 0
     if not is_real(value) or not math.isfinite(value) or not value > 0 or \
-            not _FLOAT32_TINY <= as_float32(value) < math.inf:
+            not FLOAT32_TINY <= as_float32(value) < math.inf:
         raise OrtrainError(f"{owner}(epsilon=...): expected a positive finite number that float32 (the runtime's "
                            f"precision) holds as a normal number, about 1.2e-38 to 3.4e38 (smaller values are "
                            f"flushed to 0 and a constant feature would divide by 0), received {value!r}")

@@ -38,6 +38,7 @@ import onnx
 from onnx import numpy_helper
 
 from ortrain import _random
+from ortrain._arrays import FLOAT32_TINY
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain._names import picked
 from ortrain._warnings import warn
@@ -102,10 +103,9 @@ def folded_constants(model: onnx.ModelProto) -> set[str]:
 
     A folded initializer counts when every value its ``folded_from`` record names is one the graph
     computes, a user input, a temporary of the exporter's (``val_<n>``) or a torch op's result
-    (``arange``, ``zeros``: a ramp built from a shape, a recurrent layer's zero initial state), never
-    a parameter (a
-    parameter folded away, ``2.weight`` into its ``(C, 1, 1)`` form ``val_29``, is no longer in the
-    graph and keeps the initializer a weight), and when one node alone reads it: the exporter
+    (``arange``, ``zeros``: a ramp built from a shape, a recurrent layer's zero initial state), never a
+    parameter (a parameter folded away, ``2.weight`` into its ``(C, 1, 1)`` form ``val_29``, is no
+    longer in the graph and keeps the initializer a weight), and when one node alone reads it: the exporter
     merges equal initializers and keeps the first one's record, so ones read by a norm and also by
     a parameter's folded copy (``g[:, None]`` of a ``g`` made of ones) would freeze the parameter.
     Files without these records give nothing."""
@@ -529,14 +529,13 @@ def _normal_epsilons(proto: onnx.ModelProto) -> None:
     flushed to 0 in ortrain's sessions, where a constant feature then divides 0 by 0 (NaN) and
     PyTorch's subnormal arithmetic stays finite: it is raised to the smallest normal float32,
     1.18e-38, which changes no output that is not NaN, with a warning."""
-    tiny = float(np.finfo(np.float32).tiny)
     raised = []
     for node in proto.graph.node:
         if node.op_type in _NORMS and node.domain in ("", "ai.onnx"):
             for a in node.attribute:
-                if a.name == "epsilon" and 0 < a.f < tiny:
+                if a.name == "epsilon" and 0 < a.f < FLOAT32_TINY:
                     raised.append(f"{node.name or node.output[0]!r} ({a.f:.3g})")
-                    a.f = tiny
+                    a.f = FLOAT32_TINY
     if raised:
         warn(f"the epsilon of {', '.join(raised)} lies below the smallest normal float32, which ortrain's "
              "sessions flush to 0 (a constant feature would give NaN): it is raised to 1.18e-38")

@@ -13,15 +13,12 @@ import math
 import numpy as np
 import onnx
 
-from ortrain._arrays import as_array, as_float32, is_real, one_of_two_names
+from ortrain._arrays import FLOAT32_TINY, as_array, as_float32, is_real, one_of_two_names
 from ortrain._keywords import name_unknown_arguments
 from ortrain.errors import OrtrainError
 from ortrain.optim.graphs import adamw_graph, sgd_graph
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "get", "check_lr", "check_weight_decay"]
-
-
-_FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32: below it the sessions flush to 0
 
 
 def is_step(value) -> bool:
@@ -348,8 +345,8 @@ class Adam(Optimizer):
         # the sessions flush values below the smallest normal float32 to 0: a weight whose gradient is 0
         # would get 0 / 0.
         first = np.float32(1.0) - np.float32(b1)
-        if not first * np.float32(eps) >= _FLOAT32_TINY:
-            least = float(np.nextafter(np.float32(_FLOAT32_TINY / first), np.float32(np.inf)))
+        if not first * np.float32(eps) >= FLOAT32_TINY:
+            least = float(np.nextafter(np.float32(FLOAT32_TINY / first), np.float32(np.inf)))
             raise OrtrainError(f"{eps_name}: expected at least {least:.3g} with beta_1={b1!r}, received {eps!r}: the "
                                f"runtime divides the first update by (1 - beta_1) * (sqrt(v) + eps) in float32 and "
                                f"flushes values below 1.2e-38 to 0, so a weight whose gradient is 0 would become "
