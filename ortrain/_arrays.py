@@ -461,7 +461,8 @@ def check_fixed_rows(specs, n: int, argument: str, batch_size, split: bool = Fal
     if n % batch:
         drop = (f"choose a validation_split that leaves multiples of {batch} rows on both sides" if split else
                 f"give at least {batch} rows" if n < batch else
-                f"drop the last {n % batch} rows" + (f" ({argument}[:{n - n % batch}])" if argument.isidentifier() else ""))
+                f"drop the last {n % batch} rows"
+                + (f" ({argument}[:{n - n % batch}])" if argument.isidentifier() else ""))
         raise ShapeError(f"{argument}: holds {n} rows, not a multiple of the {batch} rows the model's graph "
                          f"fixes for every batch (an export without a dynamic batch axis): the last batch "
                          f"would hold {n % batch}; {drop}, {fix}")

@@ -312,8 +312,9 @@ class CaptureStep(TracedCall):
         opt = self._opt
         step = opt.step
         if not is_step(step):
-            raise OrtrainError(f"opt.step: expected the number of updates taken, an int from 0 to 2**62 - 1, received {step!r}; "
-                               "nothing was run (set it to an int, or restore a state with opt.load_state)")
+            raise OrtrainError(f"opt.step: expected the number of updates taken, an int from 0 to 2**62 - 1, "
+                               f"received {step!r}; nothing was run (set it to an int, or restore a state with "
+                               "opt.load_state)")
         if opt._state_source is self._source:
             moments = self._read_moments()
         else:

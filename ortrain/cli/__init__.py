@@ -378,7 +378,8 @@ _AS_OPTIONS = (
     (re.compile(r"^batch_size=(\d+): (.*); use batch_size=(\d+)"), r"--batch-size \1: \2; use --batch-size \3"),
     (re.compile(r"\(model\.unfreeze\(\.\.\.\), or layer\.trainable = True for layers set trainable=False\)"),
      "(--trainable, --frozen)"),
-    (re.compile(r"(create|build) one with ot\.artifacts\.build or `ortrain artifacts`"), r"\1 one with `ortrain artifacts`"),
+    (re.compile(r"(create|build) one with ot\.artifacts\.build or `ortrain artifacts`"),
+     r"\1 one with `ortrain artifacts`"),
 )
 
 

@@ -159,7 +159,6 @@ def folded_value(model: onnx.ModelProto, name: str, initializers: dict | None = 
         initializers = {t.name: t for t in g.initializer}
     if producers is None:
         producers = {o: n for n in g.node for o in n.output}
-
     needed, stack = [], [name]
     while stack:
         value = stack.pop()
