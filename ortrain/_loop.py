@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-import weakref
 from contextlib import contextmanager
 
 import numpy as np
@@ -82,6 +81,7 @@ class Loop:
         self.callbacks.set_loop(self)
         self.callbacks._after = self._take_model_edits
         self._warned_short = False
+        self._warned_short_validation = False
         # What a callback changes through ``model`` reaches the training, as in Keras: weights it
         # sets, a learning rate it writes to ``model.optimizer.lr``, ``model.stop_training``.
         # fit and fit_generator build their trainer from the model's weights, so what was set on
@@ -369,6 +369,11 @@ class Loop:
             warn(f"validation after epoch {epoch} yielded no batch; no val_ values are logged",
                  RuntimeWarning)
             return {}
+        it = self.validation
+        if it.ended_early and not self._warned_short_validation:  # as evaluate(steps=) warns
+            self._warned_short_validation = True
+            warn(f"validation after epoch {epoch}: the generator ran out after {it.taken} of validation_steps="
+                 f"{it.steps} batches; the val_ values are over those (warned once)", RuntimeWarning)
         return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
 
     def _seen_now(self):
@@ -398,7 +403,7 @@ class Loop:
         if opt is not None:
             opt._lr_now = self._live_lr
             if self._model is not None and not opt.params:  # opt.step and state() follow this fit's model
-                opt._model = weakref.ref(self._model)
+                opt._link(self._model)
 
     def _disarm(self) -> None:
         """After the fit ``model.optimizer.lr`` reads the rate the model's next fit starts at."""

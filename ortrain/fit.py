@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-import weakref
 
 import numpy as np
 
@@ -178,7 +177,8 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
     staged.compile(optimizer=new_opt, loss=new_loss, metrics=model.metrics, weighted_metrics=model.weighted_metrics)
     if new_opt is model.optimizer:  # the caller's optimizer keeps reading the caller's model
         new_opt._lr_now = shown
-        new_opt._model = weakref.ref(model) if not new_opt.params else None  # (its step and state too)
+        if not new_opt.params:  # (its step and state too)
+            new_opt._link(model)
         staged._lr_seen = model._seen()  # and its rate is taken over only if written since the last fit
     staged.train_state = model.train_state if optimizer is None else None
     return staged

@@ -279,6 +279,24 @@ def test_steps_per_epoch_calls_an_infinite_callable_exactly():
     assert model.train_state.n_steps == 15
 
 
+def test_a_validation_source_shorter_than_validation_steps_warns_once():
+    """As ``evaluate(generator, steps=)`` and the training side warn: the val_ values are over the
+    batches the source gave, and the user hears that it ran out."""
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    val_batches = batches(2, 4, seed=9)
+    gen, state = resetting_callable(val_batches)
+    with pytest.warns(RuntimeWarning, match=r"validation after epoch 0: the generator ran out after 2 of "
+                                            r"validation_steps=3 batches") as caught:
+        hist = ot.fit_generator(model, batches(3, 4), epochs=2, validation_generator=gen, validation_steps=3,
+                                verbose=0)
+    assert sum("validation after" in str(w.message) for w in caught) == 1
+    assert len(hist.history["val_loss"]) == 2
+    x = np.concatenate([b[0] for b in val_batches])
+    y = np.concatenate([b[1] for b in val_batches])
+    np.testing.assert_allclose(hist.history["val_loss"][-1], np.mean((model.predict(x) - y) ** 2), rtol=1e-5)
+
+
 def resetting_callable(data):
     """The generator contract's finite callable over ``data``: a batch a call, then None once it
     has reset itself; ``state["calls"]`` counts the calls."""
@@ -1391,6 +1409,52 @@ def test_a_compiled_optimizers_state_round_trip_is_exact_and_follows_the_model_t
     big.fit(np.ones((4, 256), np.float32), np.ones((4, 256), np.float32), verbose=0)
     weights = sum(w.nbytes for w in big.get_weights())
     assert len(pickle.dumps(big)) < 3.2 * weights  # the weights, then m and v once each
+
+
+@pytest.mark.parametrize("collected", ["at once", "by the cycle collector"])
+def test_an_optimizer_kept_after_its_model_keeps_the_models_state(tmp_path, collected):
+    """``ot.load_model(path).optimizer`` (the model dropped at once) or a model collected as part of a
+    reference cycle: its optimizer keeps the step, moments, counts and rate it showed, as a Keras
+    optimizer keeps its variables, and loading that state into a fresh model resumes exactly."""
+    import gc
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 4)).astype(np.float32), rng.random((64, 2)).astype(np.float32)
+
+    def model():
+        m = ot.Sequential([ot.layers.Dense(8, activation="relu"), ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+        return m
+
+    trained = model()
+    trained.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False,
+                callbacks=[ot.callbacks.LearningRateScheduler(lambda epoch, lr: 0.01 / (epoch + 1))])
+    trained.save(tmp_path / "m.ortrain")
+    want = trained.optimizer.state()
+
+    def orphan():
+        loaded = ot.load_model(tmp_path / "m.ortrain")
+        if collected != "at once":
+            loaded.me = loaded  # freed only by the cycle collector, which clears weak references first
+        return loaded.optimizer
+
+    opt = orphan()
+    gc.collect()
+    got = opt.state()
+    assert (opt.step, got["step"], got["n_steps"], got["draws"], got["lr"]) == (8, 8, 8, want["draws"], 0.005)
+    assert sorted(got["moments"]) == sorted(want["moments"])
+    for name, moments in want["moments"].items():
+        for key in ("m", "v"):
+            np.testing.assert_array_equal(got["moments"][name][key], moments[key])
+
+    resumed = model()
+    resumed.set_weights(trained.get_weights())
+    resumed.optimizer.load_state(got)
+    for m in (trained, resumed):
+        m.fit(x, y, batch_size=16, epochs=3, initial_epoch=2, verbose=0, shuffle=False)
+    assert resumed.optimizer.state()["n_steps"] == 12
+    for a, b in zip(resumed.get_weights(), trained.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_rate_restored_by_load_state_between_fits_is_the_next_fits():

@@ -118,7 +118,17 @@ class TrainingMixin:
         if self.optimizer is not None:
             self.optimizer._lr_now = ShownRate(self, self.optimizer)
             if not self.optimizer.params:  # as compile links it: a captured step's optimizer keeps its own state
-                self.optimizer._model = weakref.ref(self)
+                self.optimizer._link(self)
+
+    def __del__(self) -> None:
+        # An optimizer kept after its model (``opt = ot.load_model(path).optimizer``) keeps the state
+        # it showed, instead of falling back to a fresh one.
+        opt = self.__dict__.get("optimizer")
+        if opt is not None:
+            try:
+                opt._outlive(self)
+            except Exception:  # noqa: BLE001 (a finalizer must not raise: at shutdown modules are gone)
+                pass
 
     # -- the compiled optimizer's view: opt.step, opt.state(), opt.load_state() ---------------------
     def _optimizer_step(self) -> int:
@@ -269,7 +279,7 @@ class TrainingMixin:
         self._train_state = None  # (a compile inside a fit too: the fit keeps its own state)
         new_optimizer._lr_now = ShownRate(self, new_optimizer)
         if not new_optimizer.params:  # a captured step's optimizer keeps its own state
-            new_optimizer._model = weakref.ref(self)
+            new_optimizer._link(self)
         self._runners.clear()  # evaluate's graph holds the loss
         return self
 

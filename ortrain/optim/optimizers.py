@@ -9,6 +9,7 @@ call, and of the moments that :meth:`Optimizer.state` returns.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import onnx
@@ -98,6 +99,8 @@ class Optimizer:
         self._lr = check_lr(lr, "lr" if learning_rate is None else "learning_rate")
         self._step = 0
         self._model = None  # for a compiled model's optimizer: a weak reference to the model
+        self._model_id = None  # and that model's id, which its finalizer checks (the reference may be cleared first)
+        self._counts = None  # kept from a model gone: {"n_steps", "draws"} for state()
         self._moments: dict[str, tuple[np.ndarray, ...]] = {}
         self._state_source = None  # set by a live capture: returns {param name: moments}
         self._state_version = 0
@@ -133,6 +136,26 @@ class Optimizer:
                                f"received {value!r}; nothing changed (it stays {self._step})")
         self._step = int(value)
 
+    def _link(self, model) -> None:
+        """Compiled into ``model`` (or a fit of it): ``step``, ``state()`` and ``load_state`` read
+        and write the model's training state, through a weak reference."""
+        self._model, self._model_id, self._counts = weakref.ref(model), id(model), None
+
+    def _outlive(self, model) -> None:
+        """``model``, which this optimizer is compiled into, is being collected: keep what it showed
+        (step, moments, rate and counts), as a Keras optimizer keeps its variables, so that
+        ``opt = ot.load_model(path).optimizer`` still holds the saved state."""
+        if self._model is None or self._model_id != id(model) or model.__dict__.get("optimizer") is not self:
+            return
+        state = model.__dict__.get("_train_state")
+        if state is not None and not model._lr_written():
+            self._lr = state.lr
+        self._step = state.step if state is not None else 0
+        self._moments = dict(state.moments) if state is not None else {}
+        self._counts = {"n_steps": state.n_steps if state is not None else 0,
+                        "draws": state.draws if state is not None else None}
+        self._model = self._model_id = self._lr_now = None
+
     def _compiled_model(self):
         """The model this optimizer is compiled into (the last to compile or fit with it), or None."""
         ref = self._model
@@ -148,7 +171,9 @@ class Optimizer:
             state["_step"] = train.step if train is not None else 0
             # the model's own arrays, not copies: pickled with the model, they are written once
             state["_moments"] = dict(train.moments) if train is not None else {}
-        state["_model"] = None
+            state["_counts"] = {"n_steps": train.n_steps if train is not None else 0,
+                                "draws": train.draws if train is not None else None}
+        state["_model"] = state["_model_id"] = None
         state["_lr_now"] = None
         if self._state_source is not None:
             state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms)
@@ -160,6 +185,8 @@ class Optimizer:
         if "step" in state:  # pickled when the count was a plain attribute
             state["_step"] = state.pop("step")
         state.setdefault("_model", None)
+        state.setdefault("_model_id", None)
+        state.setdefault("_counts", None)
         self.__dict__.update(state)
 
     @lr.setter
@@ -201,6 +228,7 @@ class Optimizer:
         else:
             source = self._state_source  # read once: a captured step freed meanwhile clears it
             step, moments = self._step, (source() if source is not None else self._moments)
+            extra = dict(self._counts or {})  # kept from a model gone
         names = ("m", "v")
         return {
             "name": self.name,
@@ -240,15 +268,17 @@ class Optimizer:
         moments = {pname: self._checked_moments(pname, ms) for pname, ms in state["moments"].items()}
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         hyper = self._checked_hyperparameters(state.get("hyperparameters"))
+        n_steps, draws = state.get("n_steps", step), state.get("draws")
+        for key, value in (("n_steps", n_steps), ("draws", draws)):
+            if not (is_step(value) or (key == "draws" and value is None)):
+                raise OrtrainError(f"load_state: {key!r} expected an int >= 0 (as state() returns it), "
+                                   f"received {value!r}; nothing was changed")
+        n_steps, draws = int(n_steps), None if draws is None else int(draws)
         if model is not None:  # checked against the weights and a running fit before anything is set
-            n_steps, draws = state.get("n_steps", step), state.get("draws")
-            for key, value in (("n_steps", n_steps), ("draws", draws)):
-                if not (is_step(value) or (key == "draws" and value is None)):
-                    raise OrtrainError(f"load_state: {key!r} expected an int >= 0 (as state() returns it), "
-                                       f"received {value!r}; nothing was changed")
-            model._load_optimizer_state(int(step), lr, moments, int(n_steps), None if draws is None else int(draws))
-        else:
+            model._load_optimizer_state(int(step), lr, moments, n_steps, draws)
+        else:  # (the counts kept for the model it is compiled into next, as a state() from a model holds them)
             self._moments, self._step = moments, int(step)
+            self._counts = {"n_steps": n_steps, "draws": draws} if "n_steps" in state or "draws" in state else None
         self._lr = lr
         for key, value in hyper.items():
             setattr(self, key, value)
