@@ -216,6 +216,32 @@ def test_writing_files_checks_the_path_and_keeps_the_usual_permissions(tmp_path,
             ot.load_model("bad.ortrain")
 
 
+def test_a_saved_model_stores_its_arrays_uncompressed_and_files_deflated_before_still_load(tmp_path, rng):
+    # deflating float32 weights saved about 15% of the file for ten times the time of a save
+    import zipfile
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 8)]
+    model = skip_model()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=4, verbose=0)
+    model.save(tmp_path / "m.ortrain")
+    with zipfile.ZipFile(tmp_path / "m.ortrain") as z:
+        kinds = {info.filename: info.compress_type for info in z.infolist()}
+        parts = {n: z.read(n) for n in z.namelist()}
+    assert kinds["weights.npz"] == kinds["optimizer.npz"] == zipfile.ZIP_STORED
+    with zipfile.ZipFile(tmp_path / "old.ortrain", "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, data in parts.items():
+            z.writestr(name, data)
+    for path in ("m.ortrain", "old.ortrain"):
+        loaded = ot.load_model(tmp_path / path)
+        for got, want in zip(loaded.get_weights(), model.get_weights()):
+            np.testing.assert_array_equal(got, want)
+        got, want = loaded.optimizer.state(), model.optimizer.state()
+        assert got["step"] == want["step"] == 2
+        for name, moments in want["moments"].items():
+            np.testing.assert_array_equal(got["moments"][name]["v"], moments["v"])
+
+
 def test_load_model_refuses_a_damaged_optimizer_state_as_load_state_does(tmp_path, rng):
     # it was loaded, and the first fit then turned the weights to NaN or failed inside onnxruntime
     import io
