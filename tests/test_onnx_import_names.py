@@ -129,3 +129,24 @@ def test_a_weight_also_read_as_a_clip_bound_is_named_in_a_warning(rng):
         warnings.simplefilter("error")
         ot.from_onnx(proto, trainable=["W"])  # s a constant: nothing to warn of
 
+
+
+@pytest.mark.parametrize("dims, warned", [(["seq", "batch", 3], True), ([6, "batch_size", 3], True),
+                                          (["N", "T", 3], False), (["batch", "seq", 3], False),
+                                          (["seq", 4, 3], False)])
+def test_an_input_naming_another_axis_than_the_first_the_batch_is_warned(rng, dims, warned):
+    # PyTorch's sequence-first attention exports [seq, batch, ...]: fit and predict(batch_size=) split
+    # the first axis, which cut the sequences (predictions 0.5 off PyTorch's) without a word.
+    w = rng.standard_normal((3, 2))
+    proto = model([N("MatMul", ["x", "W"], ["y"])], [vi("x", dims)], [vi("y", [dims[0], dims[1], 2])],
+                  [_init("W", w)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = ot.from_onnx(proto)
+    said = [str(c.message) for c in caught if "first axis" in str(c.message)]
+    assert len(said) == int(warned)
+    if warned:
+        assert said[0].startswith(f"from_onnx: input 'x' names axis 1 {dims[1]!r} and its first axis {dims[0]!r}")
+        assert "batch_first=True" in said[0] and caught[0].filename == __file__
+    x = rng.standard_normal((6, 4, 3)).astype(np.float32)
+    np.testing.assert_allclose(m.predict(x), x @ w, rtol=1e-5, atol=1e-6)

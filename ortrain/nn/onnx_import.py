@@ -645,6 +645,24 @@ def _check_data_inputs(model: onnx.ModelProto, data: list[str]) -> None:
                     f"the input removed)")
 
 
+_BATCH_NAME = re.compile(r"(?i)batch|^(n|bs|b)$")
+
+
+def _warn_batch_not_first(model: onnx.ModelProto, data: list[str]) -> None:
+    """Warn when an input names another axis than its first as the batch (PyTorch's sequence-first
+    ``nn.MultiheadAttention``/``nn.TransformerEncoderLayer`` export ``[seq, batch, ...]``): ortrain
+    takes samples along the first axis, so ``fit`` and ``predict(batch_size=...)`` would cut it."""
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim if vi.name in data else ()
+        named = [k for k, d in enumerate(dims) if k and d.dim_param and _BATCH_NAME.search(d.dim_param)]
+        if named and not (dims[0].dim_param and _BATCH_NAME.search(dims[0].dim_param)):
+            first = dims[0].dim_param or dims[0].dim_value or "?"
+            warn(f"from_onnx: input {vi.name!r} names axis {named[0]} {dims[named[0]].dim_param!r} and its first "
+                 f"axis {first!r}: ortrain takes samples along the first axis (rows are samples), so fit, evaluate "
+                 f"and predict(batch_size=...) split that axis, which cuts sequences if it is time. Export the model "
+                 f"batch first (batch_first=True, or transpose the input inside the model)")
+
+
 # -- the whole import -------------------------------------------------------------------------
 
 def _check_runtime_kernels(proto: onnx.ModelProto) -> None:
@@ -831,6 +849,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto = upgrade_opset(proto)
     proto, data = _select_inputs(proto, input_names, stash)
     _check_data_inputs(proto, data)
+    _warn_batch_not_first(proto, data)
     proto, _ = repair(proto)
     _seed_random_ops(proto)
     _normal_epsilons(proto)
