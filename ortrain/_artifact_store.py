@@ -79,6 +79,10 @@ def _publish_lock(target: Path):
     systems other than POSIX, they stay: a build running elsewhere could not be told from them).
     """
     why = not_a_folder(target)
+    if why is not None and _in_cache(target):
+        raise OrtrainError(f"the artifact cache {str(cache_dir())!r} cannot hold an entry at {str(target)!r}, which "
+                           f"{why}; remove that file, or choose another cache with ot.artifacts.set_cache_dir(path) "
+                           "or XDG_CACHE_HOME")
     if why is not None:
         raise OrtrainError(f"out_dir: {str(target)!r} {why}; artifacts need a directory, choose another path")
     if not CAN_LOCK:  # not on POSIX: publishing stays atomic, concurrent builders may both build
@@ -113,9 +117,13 @@ def _publish_lock(target: Path):
         handle.close()  # releases the lock
 
 
+def _in_cache(target: Path) -> bool:
+    return cache_dir() in target.parents
+
+
 def _unwritable(target: Path, exc: OSError) -> OrtrainError:
     where = exc.filename or target.parent
-    if target.parent == cache_dir() or cache_dir() in target.parents:
+    if _in_cache(target):
         return OrtrainError(f"the artifact cache {str(cache_dir())!r} cannot be written ({exc.strerror}: {str(where)!r}); "
                             "make it writable, or choose another cache with ot.artifacts.set_cache_dir(path) or "
                             "XDG_CACHE_HOME")

@@ -274,7 +274,7 @@ class TrainerSetup:
         own = checkpoint is not None and Path(checkpoint).resolve() == Path(art.checkpoint).resolve()
         if checkpoint is not None and not own and data.properties.get(_PROP + "key") != art.key:
             raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} was not written for the artifacts in "
-                               f"{os.fspath(directory)!r} (they were built for another model, loss or optimizer, "
+                               f"{os.fspath(art.directory)!r} (they were built for another model, loss or optimizer, "
                                "or rebuilt since); resume with the artifacts that wrote it, or start from the "
                                "artifacts' own weights without checkpoint=")
         model = art.model(data, metrics=metrics, weighted_metrics=weighted_metrics)

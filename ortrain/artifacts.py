@@ -444,7 +444,7 @@ def load(directory) -> Artifacts:
         if sha256(path, remember=True) != expected:
             raise OrtrainError(f"{str(path)!r} does not match the sha256 recorded in manifest.json: "
                                "the file was changed or damaged after it was written; rebuild the artifacts")
-    return Artifacts(d, manifest)
+    return Artifacts(d.absolute(), manifest)  # (a record outlives a change of the working directory)
 
 
 def optimizer_graph_file(opt: optim.Optimizer, weight_decay: float | None, directory: Path,

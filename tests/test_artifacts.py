@@ -438,6 +438,49 @@ def test_the_cache_serves_hits_without_writing_and_names_what_it_cannot_write(tm
     assert again.directory.name.startswith(first.directory.name)
 
 
+def test_a_file_where_a_cache_entry_goes_names_the_cache(tmp_path):
+    # it said "out_dir: ... is a file", an argument the user never passed
+    import shutil
+    model = dense_model(3, 2)
+    entry = ot.artifacts.build(model, loss="mse", optimizer="sgd").directory
+    shutil.rmtree(entry)
+    entry.write_text("")
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.OrtrainError, match=r"the artifact cache '.*' cannot hold an entry at '.*', which is a "
+                                              r"file; remove that file, or choose another cache with "
+                                              r"ot.artifacts.set_cache_dir\(path\) or XDG_CACHE_HOME"):
+        model.fit(np.ones((8, 3), np.float32), np.zeros((8, 2), np.float32), verbose=0)
+    assert entry.is_file() and model.train_state is None
+
+
+def test_a_loaded_record_and_a_build_record_outlive_a_change_of_directory(tmp_path, monkeypatch):
+    # a record of artifacts.load("relative") failed after os.chdir with "does not exist (moved or deleted?)"
+    monkeypatch.chdir(tmp_path)
+    model = dense_model(3, 2)
+    ot.artifacts.build(model, loss="mse", optimizer="sgd", out_dir="art")
+    loaded = ot.artifacts.load("art")
+    assert loaded.directory == tmp_path / "art"
+    monkeypatch.chdir("/")
+    x = np.ones((4, 3), np.float32)
+    with ot.Trainer.from_artifacts(loaded, batch_size=4) as tr:
+        w, b = model.get_weights()
+        np.testing.assert_allclose(tr.predict(x), x @ w + b, rtol=1e-6)
+
+
+def test_a_record_with_a_checkpoint_of_other_artifacts_is_refused_naming_the_directory(tmp_path):
+    # the refusal's message raised TypeError (os.fspath of the record)
+    model = dense_model(4, 3)
+    a = ot.artifacts.build(model, loss="mse", optimizer="adam", out_dir=tmp_path / "a")
+    b = ot.artifacts.build(model, loss="huber", optimizer="adam", out_dir=tmp_path / "b")
+    with ot.Trainer.from_artifacts(a, batch_size=8) as tr:
+        tr.step(np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32))
+        tr.save_checkpoint(tmp_path / "ck.ckpt")
+    for given in (b, b.directory):
+        with pytest.raises(ot.OrtrainError, match=r"checkpoint '.*ck.ckpt' was not written for the artifacts in "
+                                                  r"'.*b' \(they were built for another model"):
+            ot.Trainer.from_artifacts(given, batch_size=8, checkpoint=tmp_path / "ck.ckpt")
+
+
 def test_a_relative_cache_dir_stays_where_it_was_set(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ot.artifacts.set_cache_dir("cache")
