@@ -1457,6 +1457,30 @@ def test_an_optimizer_kept_after_its_model_keeps_the_models_state(tmp_path, coll
         np.testing.assert_array_equal(a, b)
 
 
+def test_compiling_again_with_the_same_optimizer_keeps_its_state_as_keras_does():
+    # a recompile to add a metric reset the Adam moments and step
+    rng = np.random.default_rng(0)
+    x, y = rng.random((32, 4)).astype(np.float32), rng.random((32, 2)).astype(np.float32)
+
+    def model():
+        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+        return m
+
+    straight, recompiled = model(), model()
+    straight.fit(x, y, batch_size=8, epochs=3, verbose=0, shuffle=False)
+    recompiled.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+    opt = recompiled.optimizer
+    recompiled.compile(optimizer=opt, loss="mse", metrics=["mae"])
+    assert opt.step == 8 and recompiled.optimizer.state()["step"] == 8
+    hist = recompiled.fit(x, y, batch_size=8, epochs=3, initial_epoch=2, verbose=0, shuffle=False)
+    assert "mae" in hist.history and opt.step == 12
+    for a, b in zip(recompiled.get_weights(), straight.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    recompiled.compile(optimizer="adam", loss="mse")  # another optimizer starts afresh
+    assert recompiled.optimizer.step == 0 and recompiled.train_state is None
+
+
 def test_a_rate_restored_by_load_state_between_fits_is_the_next_fits():
     x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
     model = mlp()

@@ -245,7 +245,9 @@ class TrainingMixin:
     # -- compile / fit --------------------------------------------------------------------
     @names_unknown_arguments_of
     def compile(self, optimizer="adam", loss="mse", metrics=None, weighted_metrics=None) -> Model:
-        """Choose the optimizer, loss and metrics. A new compile starts optimizer state afresh.
+        """Choose the optimizer, loss and metrics. Compiling again with the optimizer object the
+        model holds (``optimizer=model.optimizer``, say to add a metric) keeps its state (moments and
+        step), as Keras does; another optimizer, or a name such as ``"adam"``, starts afresh.
 
         As in Keras, ``metrics`` count every sample alike and ``weighted_metrics`` weigh each by its
         ``sample_weight`` and ``class_weight`` (as the loss does). All are checked before any is set:
@@ -274,9 +276,10 @@ class TrainingMixin:
                                f"dimension ({first.name!r} has shape ()); ortrain trains outputs with one row per "
                                "input row. Keep the batch axis in the model (e.g. keepdims=1, or reduce over the "
                                "other axes only)")
+        if new_optimizer is not self.optimizer:  # (a compile inside a fit is refused above)
+            self._train_state = None
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.weighted_metrics = new_weighted
-        self._train_state = None  # (a compile inside a fit too: the fit keeps its own state)
         new_optimizer._lr_now = ShownRate(self, new_optimizer)
         if not new_optimizer.params:  # a captured step's optimizer keeps its own state
             new_optimizer._link(self)
