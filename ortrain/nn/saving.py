@@ -95,6 +95,15 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     return record, weights, {"opt": opt_arrays, "extra": extra}
 
 
+class _NoDraws:
+    """What a layer's build draws its initial weights from when the record's replace them: zeros,
+    as ``np.random.Generator.uniform`` gives them (the only draw layers make)."""
+
+    @staticmethod
+    def uniform(low=0.0, high=1.0, size=None):
+        return np.zeros(size if size is not None else (), np.float32)
+
+
 def model_from_record(record: dict, weights: dict, aux: dict):
     from ortrain.nn.graph_model import GraphModel
     from ortrain.nn.layers import layer_from_config
@@ -117,9 +126,10 @@ def model_from_record(record: dict, weights: dict, aux: dict):
 
         def ref(r):
             return inputs[r[1]] if r[0] == "input" else tensors[r[1]]
-        # The weights are set from the record below: build with a private generator so that
-        # copying or loading a model neither consumes nor depends on ortrain's global seed.
-        scratch = np.random.default_rng(0)
+        # The weights are set from the record below: build without drawing any (so copying or
+        # loading a model neither consumes nor depends on ortrain's global seed, nor spends the
+        # time of drawing millions of numbers it throws away).
+        scratch = _NoDraws()
         for node in record["nodes"]:
             args = [ref(r) for r in node["inputs"]]
             lyr = layers[node["layer"]]
