@@ -2018,3 +2018,29 @@ def test_fit_generator_given_arrays_as_a_tuple_names_the_fix():
                                               r"model.fit\(x, y, batch_size=...\), or pass \[\(x, y\)\]"):
         ot.fit_generator(model, (x, y), verbose=0)
     assert model.optimizer.step == 0
+
+
+def test_labels_and_weights_in_keras_per_output_forms_are_taken_for_the_one_output():
+    # fit(x, [y]) was refused as a (1, 8, 2) array, fit(x, {"output": y}) as "dtype object"
+    rng = np.random.default_rng(0)
+    x, y = rng.random((8, 4)).astype(np.float32), rng.random((8, 2)).astype(np.float32)
+    w = rng.random(8).astype(np.float32)
+
+    def trained(labels, weights):
+        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+        m.fit(x, labels, sample_weight=weights, batch_size=8, verbose=0)
+        return m
+
+    name = trained(y, w).output_specs[0].name
+    want = trained(y, w).get_weights()
+    for labels, weights in (([y], [w]), ({name: y}, {name: w}), ((y,), w)):
+        for got, expected in zip(trained(labels, weights).get_weights(), want):
+            np.testing.assert_array_equal(got, expected)
+    m = trained(y, w)
+    before = m.get_weights()
+    with pytest.raises(ot.OrtrainError, match=rf"y: received a dict with keys \['out'\]; ortrain trains the model's "
+                                              rf"first output \('{name}'\) and takes its y as one array"):
+        m.fit(x, {"out": y}, verbose=0)
+    for got, expected in zip(m.get_weights(), before):
+        np.testing.assert_array_equal(got, expected)

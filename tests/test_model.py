@@ -1014,3 +1014,23 @@ def test_a_dense_block_concatenating_three_ways_trains_as_in_pytorch(order):
     model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
     for a, b in zip(model.get_weights(), tw):
         np.testing.assert_allclose(a, b.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_int64_input_passed_through_as_an_output_stays_int64(tmp_path):
+    # it was declared float32: predict failed inside onnxruntime and export_onnx wrote a file
+    # onnxruntime refuses ("Type Error")
+    import onnxruntime as ort
+    t, f = ot.Input((2,), dtype="int64", name="t"), ot.Input((2,), name="f")
+    model = ot.Model([t, f], [ot.layers.Dense(1)(f), t])
+    assert [np.dtype(s.dtype) for s in model.output_specs] == [np.float32, np.int64]
+    ids, xs = np.arange(6).reshape(3, 2), np.ones((3, 2), np.float32)
+    dense, passed = model.predict([ids, xs])
+    assert passed.dtype == np.int64 and np.array_equal(passed, ids)
+    model.export_onnx(tmp_path / "m.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"t": ids, "f": xs})
+    assert got[1].dtype == np.int64 and np.array_equal(got[1], ids)
+    np.testing.assert_array_equal(got[0], dense)
+    with pytest.raises(ot.OrtrainError, match=r"compile: the loss is computed on the model's first output, which "
+                                              r"must be float32; the outputs are 'output_0' \(int64\)"):
+        ot.Model([t, f], [t, ot.layers.Dense(1)(f)]).compile(optimizer="adam", loss="mse")

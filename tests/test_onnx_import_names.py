@@ -150,3 +150,19 @@ def test_an_input_naming_another_axis_than_the_first_the_batch_is_warned(rng, di
         assert "batch_first=True" in said[0] and caught[0].filename == __file__
     x = rng.standard_normal((6, 4, 3)).astype(np.float32)
     np.testing.assert_allclose(m.predict(x), x @ w, rtol=1e-5, atol=1e-6)
+
+
+def test_an_input_with_a_fixed_first_axis_beside_a_free_batch_is_warned(rng):
+    # a mixing matrix fed beside the batch: fit shuffled its rows with the batch's (another function
+    # trained, without a word, when the row counts agreed)
+    w = rng.standard_normal((4, 4))
+    proto = model([N("MatMul", ["x", "W"], ["h"]), N("MatMul", ["h", "mix"], ["y"])],
+                  [vi("x", ["n", 4]), vi("mix", [4, 4])], [vi("y", ["n", 4])], [_init("W", w)])
+    with pytest.warns(UserWarning, match=r"from_onnx: input 'mix' has a fixed first axis of 4 where 'x' has a "
+                                         r"free batch axis: ortrain reads every input batch first"):
+        ot.from_onnx(proto)
+    both_fixed = model([N("MatMul", ["x", "W"], ["h"]), N("MatMul", ["h", "mix"], ["y"])],
+                       [vi("x", [4, 4]), vi("mix", [4, 4])], [vi("y", [4, 4])], [_init("W", w)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a graph whose export fixed the batch of every input: nothing to say
+        ot.from_onnx(both_fixed)

@@ -264,7 +264,7 @@ class Model(TrainingMixin):
 
     @property
     def output_specs(self) -> list[TensorSpec]:
-        return [TensorSpec(self._output_name(i), np.float32, t.shape) for i, t in enumerate(self._outputs)]
+        return [TensorSpec(self._output_name(i), t.dtype, t.shape) for i, t in enumerate(self._outputs)]
 
     def index_bounds(self) -> dict[str, tuple[int, int, str]]:
         """For each input read as row indices of a table: ``(lowest, highest, what)`` it allows.
@@ -302,7 +302,7 @@ class Model(TrainingMixin):
                 values[id(node.output)] = node.layer.emit(ctx, [values[id(t)] for t in node.inputs])
         for i, t in enumerate(self._outputs):
             gb.op("Identity", [values[id(t)]], outputs=[self._output_name(i)])
-            gb.add_output(self._output_name(i), np.float32, t.shape)
+            gb.add_output(self._output_name(i), t.dtype, t.shape)
         return gb.to_model(doc=f"ortrain model {self.name}", check=False)
 
     def forward_graph(self) -> ForwardGraph:

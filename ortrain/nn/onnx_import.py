@@ -649,9 +649,21 @@ _BATCH_NAME = re.compile(r"(?i)batch|^(n|bs|b)$")
 
 
 def _warn_batch_not_first(model: onnx.ModelProto, data: list[str]) -> None:
-    """Warn when an input names another axis than its first as the batch (PyTorch's sequence-first
-    ``nn.MultiheadAttention``/``nn.TransformerEncoderLayer`` export ``[seq, batch, ...]``): ortrain
-    takes samples along the first axis, so ``fit`` and ``predict(batch_size=...)`` would cut it."""
+    """Warn when an input is not batch first as far as the file tells: it names another axis than
+    its first as the batch (PyTorch's sequence-first ``nn.MultiheadAttention`` exports ``[seq, batch,
+    ...]``), or its first axis is fixed where another input's is free (a mixing matrix fed beside
+    the batch). ortrain takes samples along the first axis of every input, so ``fit`` would shuffle
+    and split it, and ``predict(batch_size=...)`` cut it."""
+    firsts = {vi.name: vi.type.tensor_type.shape.dim[0] for vi in model.graph.input
+              if vi.name in data and vi.type.tensor_type.shape.dim}
+    free = [name for name, d in firsts.items() if not d.HasField("dim_value")]
+    for name, d in firsts.items():
+        if free and d.HasField("dim_value"):
+            warn(f"from_onnx: input {name!r} has a fixed first axis of {d.dim_value} where {free[0]!r} has a free "
+                 f"batch axis: ortrain reads every input batch first (rows are samples), so fit shuffles and "
+                 f"splits the rows of {name!r} with those of {free[0]!r}. If it is no batch (a mixing matrix, a "
+                 f"mask), make it a constant of the model (an initializer); if it is, export it with a dynamic "
+                 f"batch axis too")
     for vi in model.graph.input:
         dims = vi.type.tensor_type.shape.dim if vi.name in data else ()
         named = [k for k, d in enumerate(dims) if k and d.dim_param and _BATCH_NAME.search(d.dim_param)]
