@@ -6,6 +6,7 @@ they set and read its attributes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -100,8 +101,11 @@ class TrainerSetup:
         # checkpoint given to resume from holds the whole state.
         self._carried = {n: m for n, m in state.moments.items() if n not in self._trainable} \
             if state and checkpoint is None else {}
-        with artifacts_mod.scratch_dir() as tmp:
-            opt_path = artifacts_mod.optimizer_graph_file(model.optimizer, self.weight_decay, tmp, art)
+        own = artifacts_mod.own_optimizer_graph(model.optimizer, self.weight_decay, art)
+        # a folder only for files to write (creating and removing one costs milliseconds on some disks)
+        written = own is None or not (copy_weights or checkpoint is not None)
+        with artifacts_mod.scratch_dir() if written else contextlib.nullcontext() as tmp:
+            opt_path = own or artifacts_mod.optimizer_graph_file(model.optimizer, self.weight_decay, tmp)
             if copy_weights:
                 checkpoint = art.checkpoint
             elif checkpoint is None:

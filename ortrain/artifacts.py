@@ -447,14 +447,22 @@ def load(directory) -> Artifacts:
     return Artifacts(d.absolute(), manifest)  # (a record outlives a change of the working directory)
 
 
+def own_optimizer_graph(opt: optim.Optimizer, weight_decay: float | None, art: Artifacts) -> Path | None:
+    """``art``'s update graph when it is the one ``opt`` with this weight decay needs, else None."""
+    if weight_decay == getattr(opt, "weight_decay", 0.0):
+        built_for = {k: v for k, v in art.manifest["optimizer"].items() if k != "lr"}
+        if built_for == json.loads(json.dumps(_opt_config(opt))):
+            return art.optimizer_graph
+    return None
+
+
 def optimizer_graph_file(opt: optim.Optimizer, weight_decay: float | None, directory: Path,
                          art: Artifacts | None = None) -> Path:
     """The update graph for ``opt`` with a weight-decay override: ``art``'s own when that is the same
     graph, else one written into ``directory``."""
-    if art is not None and weight_decay == getattr(opt, "weight_decay", 0.0):
-        built_for = {k: v for k, v in art.manifest["optimizer"].items() if k != "lr"}
-        if built_for == json.loads(json.dumps(_opt_config(opt))):
-            return art.optimizer_graph
+    own = own_optimizer_graph(opt, weight_decay, art) if art is not None else None
+    if own is not None:
+        return own
     path = directory / "optimizer.onnx"
     onnx.save(opt.graph(weight_decay), path)
     return path
