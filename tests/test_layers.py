@@ -616,3 +616,13 @@ def test_the_smallest_normalisation_epsilon_taken_keeps_a_constant_feature_finit
     with ot.Trainer(m, batch_size=8) as tr:
         assert np.isfinite(tr.step(x, np.zeros((8, 1), np.float32)))
         assert np.all(np.isfinite(tr.predict(x)))
+
+
+def test_use_bias_takes_true_or_false_only():
+    # Dense(use_bias="False") kept the bias: any truthy value was read as True
+    for make in (lambda b: ot.layers.Dense(3, use_bias=b), lambda b: ot.layers.Conv2D(2, 3, use_bias=b),
+                 lambda b: ot.layers.Conv2DTranspose(2, 3, use_bias=b)):
+        with pytest.raises(ot.OrtrainError, match=r"\(use_bias=...\): expected True or False, received 'False'"):
+            make("False")
+    assert ot.Sequential([ot.layers.Dense(3, use_bias=np.False_)], input_shape=(2,)).weight_names() == \
+        ["dense_0.kernel"]

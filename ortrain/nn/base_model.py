@@ -354,6 +354,7 @@ class Model(TrainingMixin):
         roles = {p.name: p.role for p in self._base_params()}
         pairs = self._bn_stat_pairs()
         means = set(pairs.values())
+        self._warn_one_statistic(resolved, pairs, "freeze")
         for n in resolved:
             if roles[n] == "trainable":
                 self._frozen.add(n)
@@ -369,12 +370,26 @@ class Model(TrainingMixin):
         resolved = self._resolve(names_or_layers, "unfreeze")
         self._warn_held(resolved, "unfreeze")
         pairs = self._bn_stat_pairs()
+        self._warn_one_statistic(resolved, pairs, "unfreeze")
         for n in resolved:
             self._frozen.discard(n)
             for stats in (self._frozen_stats, self._layer_frozen_stats):
                 stats.discard(n)
                 stats.discard(pairs.get(n, ""))
         self._changed()
+
+    @staticmethod
+    def _warn_one_statistic(names, pairs: dict[str, str], verb: str) -> None:
+        """A batch norm's running statistics are fixed together or not at all: say so when ``names``
+        holds one without the other."""
+        given = set(names)
+        for var, mean in pairs.items():
+            if (var in given) != (mean in given):
+                named, other = (var, mean) if var in given else (mean, var)
+                fixed = "fixed too, and the layer normalises by them in training as well (as freeze_bn_stats " \
+                        "does)" if verb == "freeze" else "tracked again too"
+                warn(f"{verb}: {named!r} is one of a batch norm's two running statistics, which are fixed together "
+                     f"or not at all: {other!r} is {fixed}", UserWarning)
 
     def _warn_held(self, names, verb: str) -> None:
         """Name the weights among ``names`` that ``verb`` leaves frozen, and why."""

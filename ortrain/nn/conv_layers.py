@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortrain._arrays import is_integer
+from ortrain._arrays import checked_flag, is_integer
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
 
@@ -71,7 +71,7 @@ class Conv2D(Layer):
         self.filters, self.kernel_size, self.strides, self.padding = _conv_arguments(
             "Conv2D", filters, kernel_size, strides, padding)
         self.activation = check_activation(activation)
-        self.use_bias = bool(use_bias)
+        self.use_bias = checked_flag(use_bias, f"{type(self).__name__}(use_bias=...)")
 
     def _pads(self, shape):
         if self.padding == "valid":
@@ -143,7 +143,7 @@ class Conv2DTranspose(Layer):
                                    f"less one (strides {self.strides}), received {received!r}")
             self.output_padding = tuple(int(v) for v in output_padding)
         self.activation = check_activation(activation)
-        self.use_bias = bool(use_bias)
+        self.use_bias = checked_flag(use_bias, f"{type(self).__name__}(use_bias=...)")
 
     def _geometry(self):
         """``(pads, output_padding)`` as ConvTranspose takes them, ``[top, left, bottom, right]``: the

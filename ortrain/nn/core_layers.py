@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import FLOAT32_TINY, as_float32, is_real
+from ortrain._arrays import FLOAT32_TINY, as_float32, checked_flag, is_real
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
 
@@ -38,7 +38,7 @@ class Dense(Layer):
             raise OrtrainError(f"Dense(units=...): expected a positive int, received {units!r}")
         self.units = int(units)
         self.activation = check_activation(activation)
-        self.use_bias = bool(use_bias)
+        self.use_bias = checked_flag(use_bias, f"{type(self).__name__}(use_bias=...)")
 
     def _build(self, input_shapes, rng):
         shape = input_shapes[0]
