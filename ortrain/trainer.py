@@ -18,6 +18,7 @@ import onnx
 
 from ortrain import engine
 from ortrain._arrays import (
+    as_array,
     is_real,
     label_positions,
     positive_int,
@@ -35,7 +36,7 @@ from ortrain._trainer_setup import TrainerSetup
 from ortrain._warnings import warn
 from ortrain.data import refuse_non_finite_weights
 from ortrain.engine import denormals
-from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError
+from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.forward import to_inference
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
@@ -337,6 +338,57 @@ class Trainer(TrainerSetup, Releasable):
         model = self._model._copy_with({p.name: self._session.get(p.name) for p in self._params})
         model.train_state = None  # the constructor's model's state is not this trainer's
         return model
+
+    def weight_names(self) -> list[str]:
+        """The weights' names, in the model's order (``model.weight_names()``)."""
+        self._live()
+        return [p.name for p in self._params]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Copies of the current weights, in :meth:`weight_names` order."""
+        self._live()
+        return [self._session.get(p.name) for p in self._params]
+
+    def set_weights(self, weights) -> None:
+        """Write weights into the trainer: a list in :meth:`weight_names` order, or a dict keyed by
+        weight name holding any of them. Two trainers over models that share layers (a GAN's
+        discriminator and the combined model that holds it frozen) each train their own copy; after one
+        steps, hand its weights to the other: ``tr_c.set_weights(dict(zip(tr_d.weight_names(),
+        tr_d.get_weights())))`` keeps the names the two share. Optimizer moments, counters and an
+        accumulation period stay as they are. Everything is checked before anything changes."""
+        self._live()
+        names = [p.name for p in self._params]
+        shapes = {p.name: tuple(p.shape) for p in self._params}
+        if isinstance(weights, dict):
+            unknown = sorted(map(str, set(weights) - set(names)))
+            if unknown:
+                raise OrtrainError(f"set_weights: unknown weight names {unknown}; the trainer's weights are "
+                                   f"{names}. Keep only the names the two models share")
+            items = list(weights.items())
+        else:
+            if weights is None or isinstance(weights, (str, bytes, np.ndarray)) or not hasattr(weights, "__iter__"):
+                raise OrtrainError(f"set_weights: expected a list of arrays in weight_names() order or a dict "
+                                   f"keyed by weight name, received {type(weights).__name__}")
+            weights = list(weights)
+            if len(weights) != len(names):
+                raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), received "
+                                   f"{len(weights)}; give a dict to set some of them")
+            items = list(zip(names, weights))
+        staged = []
+        for name, value in items:
+            a = as_array(value, np.float32, f"set_weights[{name!r}]")
+            if a.shape == () and shapes[name] == (1,):  # a trainable scalar is kept with shape (1,)
+                a = a.reshape(1)
+            if a.shape != shapes[name]:
+                raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(shapes[name])}, received "
+                                 f"{describe_shape(a.shape)}; nothing was changed")
+            staged.append((name, np.ascontiguousarray(a)))
+        for name, a in staged:
+            if not np.isfinite(a).all():
+                raise NonFiniteError(f"set_weights[{name!r}]: holds {a[~np.isfinite(a)][0]}; a trainer's weights "
+                                     "must be finite, so nothing was changed")
+        for name, a in staged:
+            self._session.set(name, a)
 
     def export_state(self) -> TrainState:
         """The optimizer state, for a model to carry into its next ``fit``: the moments of the

@@ -2044,3 +2044,27 @@ def test_labels_and_weights_in_keras_per_output_forms_are_taken_for_the_one_outp
         m.fit(x, {"out": y}, verbose=0)
     for got, expected in zip(m.get_weights(), before):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_freezing_from_a_callback_says_it_counts_from_the_next_fit():
+    # accepted and ignored for the rest of the fit, without a word
+    rng = np.random.default_rng(0)
+    x, y = rng.random((16, 4)).astype(np.float32), rng.random((16, 2)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(3, name="base"), ot.layers.Dense(2, name="head")], input_shape=(4,),
+                          seed=0)
+    model.freeze("base")
+    model.compile(optimizer=ot.optim.Adam(lr=0.05), loss="mse")
+    frozen = model.get_weights()[:2]
+
+    class Unfreeze(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                self.model.unfreeze("base")
+
+    with pytest.warns(UserWarning, match=r"unfreeze: this model is fitting, and the running fit's graphs fix which "
+                                         r"weights train; the change takes effect from the next fit"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[Unfreeze()])
+    for got, want in zip(model.get_weights()[:2], frozen):
+        np.testing.assert_array_equal(got, want)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert not np.array_equal(model.get_weights()[0], frozen[0])

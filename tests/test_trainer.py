@@ -858,3 +858,44 @@ def test_a_trainer_that_writes_no_file_makes_no_scratch_folder(monkeypatch):
     with ot.Trainer(model, batch_size=4, weight_decay=0.5) as tr:  # another update graph is written too
         pass
     assert len(made) == 2 and len(w_before) == 2
+
+
+def test_two_trainers_over_shared_layers_stay_in_step_through_set_weights():
+    # a GAN's discriminator and the combined model holding it frozen: each trainer trains its own copy,
+    # so the generator trained against the first discriminator for good; set_weights hands it over
+    rng = np.random.default_rng(0)
+    layers = ot.layers
+    gen = ot.Sequential([layers.Dense(3, name="g0")], input_shape=(2,), seed=1)
+    disc = ot.Sequential([layers.Dense(1, activation="sigmoid", name="d0")], input_shape=(3,), seed=2)
+    disc.compile(optimizer=ot.optim.SGD(lr=0.5), loss="binary_crossentropy")
+    z = ot.Input((2,))
+    combined = ot.Model(z, disc.layers[0](gen.layers[0](z)))
+    combined.freeze(disc.layers)
+    combined.compile(optimizer=ot.optim.SGD(lr=0.5), loss="binary_crossentropy")
+    wg, bg = (w.astype(np.float64) for w in gen.get_weights())
+    wd, bd = (w.astype(np.float64) for w in disc.get_weights())
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    with ot.Trainer(disc, batch_size=8) as tr_d, ot.Trainer(combined, batch_size=4) as tr_c:
+        assert tr_c.weight_names() == ["g0.kernel", "g0.bias", "d0.kernel", "d0.bias"]
+        for _ in range(3):
+            x, y = rng.normal(size=(8, 3)), (np.arange(8) < 4)[:, None] * 1.0
+            tr_d.step(x, y)
+            grad = (sig(x @ wd + bd) - y) / 8  # mean binary cross-entropy through the sigmoid
+            wd, bd = wd - 0.5 * x.T @ grad, bd - 0.5 * grad.sum(0)
+            tr_c.set_weights(dict(zip(tr_d.weight_names(), tr_d.get_weights())))
+            noise = rng.normal(size=(4, 2))
+            tr_c.step(noise, np.ones((4, 1)))
+            h = noise @ wg + bg
+            dh = ((sig(h @ wd + bd) - 1) / 4) @ wd.T
+            wg, bg = wg - 0.5 * noise.T @ dh, bg - 0.5 * dh.sum(0)
+        for got, want in zip(tr_c.get_weights(), (wg, bg, wd, bd)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        before = tr_c.get_weights()
+        for bad, error, message in ((["one"], ot.OrtrainError, r"expected 4 arrays"),
+                                    ({"d0.kernel": np.ones((2, 1))}, ot.ShapeError, r"expected shape \(3, 1\)"),
+                                    ({"d0.bias": [np.nan]}, ot.NonFiniteError, r"holds nan"),
+                                    ({"d1.bias": [0.0]}, ot.OrtrainError, r"unknown weight names \['d1.bias'\]")):
+            with pytest.raises(error, match=message):
+                tr_c.set_weights({"g0.bias": np.zeros(3), **bad} if isinstance(bad, dict) else bad)
+        for got, want in zip(tr_c.get_weights(), before):
+            np.testing.assert_array_equal(got, want)

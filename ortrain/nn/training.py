@@ -324,7 +324,9 @@ class TrainingMixin:
         Each call is a whole ``fit``: it builds a trainer, opens the training session and writes
         the weights and optimizer state back, some 10 ms for a small model and a few tenths of a
         second for millions of weights, tens to hundreds of times a step. A loop of steps (a GAN,
-        reinforcement learning) belongs in an :class:`ortrain.Trainer`, which keeps its session."""
+        reinforcement learning) belongs in an :class:`ortrain.Trainer`, which keeps its session; two
+        trainers over models that share layers each train their own copy, so hand the shared weights
+        across after each step with :meth:`ortrain.Trainer.set_weights`."""
         from ortrain.fit import fit_model
         checked_flag(return_dict, "train_on_batch(return_dict=...)")
         history = self.history
