@@ -154,6 +154,23 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                          f"{describe_shape(a.shape)}{hint}")
 
 
+def of_the_output(outputs: list[str], value, argument: str, rows: int):
+    """Keras' per-output forms of labels or weights, for the first output, the one ortrain trains:
+    a list of one array of ``rows`` rows, or a dict keyed by that output's name, as the array. A dict
+    keyed otherwise is refused, naming what is taken; anything else passes as it is."""
+    if isinstance(value, (list, tuple)):
+        if len(value) == 1 and getattr(value[0], "ndim", 0) >= 1 and len(value[0]) == rows:
+            return value[0]
+    elif isinstance(value, dict):
+        if list(value) == [outputs[0]]:
+            return value[outputs[0]]
+        alone = "" if len(outputs) == 1 else "; the other outputs have no loss"
+        raise OrtrainError(f"{argument}: received a dict with keys {sorted(map(str, value))}; ortrain trains the "
+                           f"model's first output ({outputs[0]!r}) and takes its {argument} alone: give "
+                           f"{argument}=array, or {{{outputs[0]!r}: array}}{alone}")
+    return value
+
+
 def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: str,
                       needs: str = "training needs finite values") -> None:
     """Raise :class:`NonFiniteError` naming the first float array holding a NaN or an infinity,

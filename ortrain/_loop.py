@@ -372,7 +372,7 @@ class Loop:
         it = self.validation
         if it.ended_early and not self._warned_short_validation:  # as evaluate(steps=) warns
             self._warned_short_validation = True
-            warn(f"validation after epoch {epoch}: the generator ran out after {it.taken} of validation_steps="
+            warn(f"validation after epoch {epoch}: the validation data ran out after {it.taken} of validation_steps="
                  f"{it.steps} batches; the val_ values are over those (warned once)", RuntimeWarning)
         return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
 

@@ -137,6 +137,7 @@ class TrainerSetup:
         n = len(self._inputs)
         self._feed_names = ["x" if n == 1 else f"x[{s.name!r}]" for s in self._inputs] + ["y", "sample_weight"]
         self._label = art.label
+        self._outputs = [s.name for s in model.output_specs]
         # Labels of an output with free dimensions after the batch are checked against the prediction
         # at each batch's sizes; other outputs pay nothing per step.
         self._free_labels = any(d is None for d in art.label.shape[1:])

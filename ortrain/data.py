@@ -38,6 +38,7 @@ from ortrain._arrays import (
     check_fixed_rows,
     is_real,
     label_positions,
+    of_the_output,
     prepare_inputs,
     prepare_labels,
     prepare_sample_weight,
@@ -329,8 +330,9 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     """
     # whole arrays: their rows are cut into batches after (of the graph's fixed batch, where it has one)
     xs = prepare_inputs(rows_free(model.input_specs), x, xa, bounds=model.index_bounds())
-    y, w = _of_the_output(model, y, ya), _of_the_output(model, w, wa)
     n = xs[0].shape[0]
+    outputs = [s.name for s in model.output_specs]
+    y, w = of_the_output(outputs, y, ya, n), of_the_output(outputs, w, wa, n)
     if n == 0:
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")
     pred_shape = model.output_specs[0].shape
@@ -341,23 +343,6 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
         weight_shape = sample_weight_shape(pred_shape)
     ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n, label_positions(ys, weight_shape))
     return xs, ys, ws
-
-
-def _of_the_output(model, value, argument: str):
-    """Keras' per-output forms of labels or weights for the one output ortrain trains: a list of one
-    array, or a dict keyed by the output's name, as the array; a dict for a model with several
-    outputs (or keyed otherwise) is refused, naming what is taken."""
-    first = model.output_specs[0].name
-    single = len(model.output_specs) == 1
-    if isinstance(value, (list, tuple)) and len(value) == 1 and single and getattr(value[0], "ndim", 0) >= 1:
-        return value[0]
-    if isinstance(value, dict):
-        if single and list(value) == [first]:
-            return value[first]
-        raise OrtrainError(f"{argument}: received a dict with keys {sorted(map(str, value))}; ortrain trains the "
-                           f"model's first output ({first!r}) and takes its {argument} as one array (or a dict "
-                           f"{{{first!r}: array}}): give {argument}=array")
-    return value
 
 
 def refuse_non_finite_arrays(model, xs, ys, ws, arguments=("x", "y", "sample_weight")) -> None:

@@ -161,7 +161,8 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
 def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
     """The model to train: ``model`` itself, or for ``loss``/``optimizer`` overrides a copy compiled
     with them, so the caller's model changes only once training can start (see :func:`_commit`).
-    A new optimizer starts from fresh moments; a new loss alone keeps them."""
+    Another optimizer starts from fresh moments; the model's own optimizer, or a new loss alone, keeps
+    them (as ``model.compile`` does)."""
     if loss is None and optimizer is None:
         if not model.compiled:
             raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) or pass loss=... "
@@ -180,7 +181,8 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
         if not new_opt.params:  # (its step and state too)
             new_opt._link(model)
         staged._lr_seen = model._seen()  # and its rate is taken over only if written since the last fit
-    staged.train_state = model.train_state if optimizer is None else None
+    # as model.compile: the optimizer the model holds keeps its state, another starts afresh
+    staged.train_state = model.train_state if optimizer is None or new_opt is model.optimizer else None
     return staged
 
 

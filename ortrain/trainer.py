@@ -21,6 +21,7 @@ from ortrain._arrays import (
     as_array,
     is_real,
     label_positions,
+    of_the_output,
     positive_int,
     prepare_inputs,
     prepare_labels,
@@ -119,6 +120,10 @@ class Trainer(TrainerSetup, Releasable):
         if self._classes_of is not None and not checked:
             n_classes = self._classes_of([a.shape for a in xs])
         spec = self._label if not self._free_labels else self._label_at(xs)
+        if isinstance(y, (list, tuple, dict)):  # Keras' per-output forms, [y] or {name: y}
+            y = of_the_output(self._outputs, y, "y", rows)
+        if isinstance(sample_weight, (list, tuple, dict)):
+            sample_weight = of_the_output(self._outputs, sample_weight, "sample_weight", rows)
         labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked,
                                 one_hot=self._one_hot_labels)
         feeds = xs + [labels]

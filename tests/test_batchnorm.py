@@ -50,3 +50,16 @@ def test_freezing_one_running_statistic_fixes_both_and_says_so():
         warnings.simplefilter("error")
         m.freeze(["bn.running_mean", "bn.running_var"])
         m.freeze("bn")
+
+
+def test_naming_one_statistic_warns_only_where_the_other_changes():
+    m = ot.Sequential([ot.layers.Dense(3), ot.layers.BatchNorm(name="bn"), ot.layers.Dense(2)], input_shape=(4,),
+                      seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.unfreeze(["bn.running_var"])  # neither was fixed: nothing to say
+    with pytest.warns(UserWarning, match="freeze: 'bn.running_var' is one of"):
+        m.freeze(["bn.running_var"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.freeze(["bn.running_mean"])  # both fixed already

@@ -831,3 +831,17 @@ def test_dropout_draws_on_across_a_reopened_session(rng):
     alone, alternating = losses(False, 9), losses(True, 5)
     assert len(set(alone)) == 9
     assert alternating == alone[::2]  # the masks of the steps counted, not the first one again
+
+
+def test_a_captured_steps_optimizer_keeps_no_counts_of_a_loaded_model_state():
+    # after load_state of a state carrying n_steps and draws, state() went on reporting them
+    from ortrain import ag
+    w = ag.param(np.ones((2, 3), np.float32), name="W")
+    opt = ot.optim.Adam([w], lr=1e-2)
+    train = ot.capture_step(lambda x: ag.mean(ag.matmul(w, x)), optimizer=opt)
+    train(x=np.ones((3, 4), np.float32))
+    opt.load_state({**opt.state(), "n_steps": 3, "draws": 3})
+    train(x=np.ones((3, 4), np.float32))
+    state = opt.state()
+    assert state["step"] == 2 and "n_steps" not in state and "draws" not in state
+    train.free()

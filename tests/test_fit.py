@@ -286,7 +286,7 @@ def test_a_validation_source_shorter_than_validation_steps_warns_once():
     model.compile(optimizer="adam", loss="mse")
     val_batches = batches(2, 4, seed=9)
     gen, state = resetting_callable(val_batches)
-    with pytest.warns(RuntimeWarning, match=r"validation after epoch 0: the generator ran out after 2 of "
+    with pytest.warns(RuntimeWarning, match=r"validation after epoch 0: the validation data ran out after 2 of "
                                             r"validation_steps=3 batches") as caught:
         hist = ot.fit_generator(model, batches(3, 4), epochs=2, validation_generator=gen, validation_steps=3,
                                 verbose=0)
@@ -2040,7 +2040,7 @@ def test_labels_and_weights_in_keras_per_output_forms_are_taken_for_the_one_outp
     m = trained(y, w)
     before = m.get_weights()
     with pytest.raises(ot.OrtrainError, match=rf"y: received a dict with keys \['out'\]; ortrain trains the model's "
-                                              rf"first output \('{name}'\) and takes its y as one array"):
+                                              rf"first output \('{name}'\) and takes its y alone: give y=array"):
         m.fit(x, {"out": y}, verbose=0)
     for got, expected in zip(m.get_weights(), before):
         np.testing.assert_array_equal(got, expected)
@@ -2068,3 +2068,80 @@ def test_freezing_from_a_callback_says_it_counts_from_the_next_fit():
         np.testing.assert_array_equal(got, want)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert not np.array_equal(model.get_weights()[0], frozen[0])
+
+
+def test_what_a_new_model_trains_at_does_not_depend_on_when_the_collector_runs():
+    # the optimizer took the rate a collected model's schedule ended at, so a model compiled with it
+    # next trained at 0.005 or 0.01 depending on whether gc had run
+    import copy
+    import gc
+    rng = np.random.default_rng(0)
+    x, y = rng.random((16, 4)).astype(np.float32), rng.random((16, 2)).astype(np.float32)
+    rates = []
+    for collect in (False, True):
+        opt = ot.optim.Adam(lr=0.01)
+        a = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        a.compile(optimizer=opt, loss="mse")
+        a.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[ot.callbacks.StepDecay(0.5, 1)])
+        assert opt.lr == 0.005
+        a.me = a  # freed only by the cycle collector
+        del a
+        if collect:
+            gc.collect()
+            assert opt.lr == 0.005 and opt.state()["lr"] == 0.005  # what the model showed, shown on
+        b = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        b.compile(optimizer=opt, loss="mse")
+        rates.append(b.fit(x, y, batch_size=8, epochs=1, verbose=0).history["lr"])
+    assert rates == [[0.01], [0.01]]
+    # a shallow copy shares the optimizer, which keeps showing (and loading into) the original
+    m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    m.compile(optimizer="adam", loss="mse")
+    m.fit(x, y, batch_size=8, verbose=0)
+    shallow = copy.copy(m)
+    assert shallow.optimizer is m.optimizer
+    del shallow
+    gc.collect()
+    state = m.optimizer.state()
+    m.optimizer.load_state({**state, "step": 100})
+    m.fit(x, y, batch_size=8, verbose=0)
+    assert m.optimizer.step == 102
+
+
+def test_fit_generator_with_the_models_own_optimizer_keeps_its_state_as_compile_does():
+    rng = np.random.default_rng(0)
+    x, y = rng.random((16, 4)).astype(np.float32), rng.random((16, 2)).astype(np.float32)
+    batches = [(x[:8], y[:8]), (x[8:], y[8:])]
+    runs = []
+    for override in (False, True):
+        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+        ot.fit_generator(m, batches, epochs=1, verbose=0)
+        ot.fit_generator(m, batches, epochs=1, verbose=0, **({"optimizer": m.optimizer} if override else {}))
+        assert m.optimizer.step == 4
+        runs.append(m.get_weights())
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_per_output_label_forms_reach_generators_and_trainers_too():
+    rng = np.random.default_rng(0)
+    x, y = rng.random((8, 4)).astype(np.float32), rng.random((8, 2)).astype(np.float32)
+
+    def model():
+        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+        return m
+
+    name = model().output_specs[0].name
+    plain, forms = model(), model()
+    ot.fit_generator(plain, [(x, y), (x, y)], verbose=0)
+    ot.fit_generator(forms, [(x, [y]), (x, {name: y})], verbose=0)
+    for a, b in zip(forms.get_weights(), plain.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with ot.Trainer(model(), batch_size=8) as tr:
+        before = tr.eval(x, y)
+        np.testing.assert_allclose(tr.step(x, [y]), before, rtol=1e-6)  # the loss before the update
+        np.testing.assert_allclose(tr.eval(x, {name: y}), tr.eval(x, y), rtol=0)
+        assert tr.eval(x, y) < before
+    one = model()  # one sample whose labels are given as a list of its row: that row, as before
+    np.testing.assert_allclose(one.evaluate(x[:1], [y[0]])["loss"], one.evaluate(x[:1], y[:1])["loss"], rtol=0)

@@ -345,7 +345,7 @@ class Model(TrainingMixin):
         """running_var name -> running_mean name for every batch norm of the graph."""
         return {n.input[4]: n.input[3] for n in batchnorm_nodes(self._base_proto())}
 
-    def freeze(self, names_or_layers) -> None:
+    def freeze(self, names_or_layers, *, _by: str = "freeze") -> None:
         """Stop training these weights (layers, layer names, weight names or glob patterns).
 
         A frozen batch-norm layer also keeps its running statistics fixed (Keras' behaviour).
@@ -355,7 +355,7 @@ class Model(TrainingMixin):
         roles = {p.name: p.role for p in self._base_params()}
         pairs = self._bn_stat_pairs()
         means = set(pairs.values())
-        self._warn_one_statistic(resolved, pairs, "freeze")
+        self._warn_one_statistic(resolved, pairs, _by)
         for n in resolved:
             if roles[n] == "trainable":
                 self._frozen.add(n)
@@ -387,16 +387,16 @@ class Model(TrainingMixin):
                  "takes effect from the next fit (as a Keras model needs compile again). To fine-tune after some "
                  "epochs, fit again with initial_epoch=", UserWarning)
 
-    @staticmethod
-    def _warn_one_statistic(names, pairs: dict[str, str], verb: str) -> None:
+    def _warn_one_statistic(self, names, pairs: dict[str, str], verb: str) -> None:
         """A batch norm's running statistics are fixed together or not at all: say so when ``names``
-        holds one without the other."""
+        holds one without the other and that changes the other's state."""
         given = set(names)
         for var, mean in pairs.items():
-            if (var in given) != (mean in given):
+            changes = (mean in self._frozen_stats) == (verb == "unfreeze")
+            if (var in given) != (mean in given) and changes:
                 named, other = (var, mean) if var in given else (mean, var)
-                fixed = "fixed too, and the layer normalises by them in training as well (as freeze_bn_stats " \
-                        "does)" if verb == "freeze" else "tracked again too"
+                fixed = "tracked again too" if verb == "unfreeze" else "fixed too, and the layer normalises by " \
+                        "them in training as well (as freeze_bn_stats does)"
                 warn(f"{verb}: {named!r} is one of a batch norm's two running statistics, which are fixed together "
                      f"or not at all: {other!r} is {fixed}", UserWarning)
 

@@ -115,10 +115,13 @@ class TrainingMixin:
             self._lr_seen = (id(self.optimizer), seen[1])
         self.__dict__.setdefault("_live_updates", None)  # pickled before fits counted updates live
         self.__dict__.setdefault("weighted_metrics", [])  # pickled before compile took them
-        if self.optimizer is not None:
-            self.optimizer._lr_now = ShownRate(self, self.optimizer)
-            if not self.optimizer.params:  # as compile links it: a captured step's optimizer keeps its own state
-                self.optimizer._link(self)
+        opt = self.optimizer
+        # A pickle or deep copy brings its own optimizer, which shows this model; a shallow copy
+        # (copy.copy) shares the original's, which keeps showing the original.
+        if opt is not None and opt._compiled_model() is None:
+            opt._lr_now = ShownRate(self, opt)
+            if not opt.params:  # as compile links it: a captured step's optimizer keeps its own state
+                opt._link(self)
 
     def __del__(self) -> None:
         # An optimizer kept after its model (``opt = ot.load_model(path).optimizer``) keeps the state

@@ -79,6 +79,16 @@ def _checked_params(params, cls: str) -> list:
     return items
 
 
+class _Shown:
+    """The rate an optimizer shows after the model it was compiled into is gone (until written)."""
+
+    def __init__(self, rate: float):
+        self.rate = rate
+
+    def __call__(self) -> float:
+        return self.rate
+
+
 class Optimizer:
     """The base of ``Adam``, ``AdamW`` and ``SGD``: ``lr`` (settable; ``learning_rate`` is the same,
     by Keras' name, in the constructors too), ``step`` (updates taken), ``state()``/``load_state()``;
@@ -148,13 +158,15 @@ class Optimizer:
         if self._model is None or self._model_id != id(model) or model.__dict__.get("optimizer") is not self:
             return
         state = model.__dict__.get("_train_state")
-        if state is not None and not model._lr_written():
-            self._lr = state.lr
+        # The rate it showed is shown on, and is in state(); ``_lr`` (what a model compiled with it next
+        # starts at, as while the model lived) stays, so no rate depends on when the collector runs.
+        shown = state.lr if state is not None and not model._lr_written() else None
         self._step = state.step if state is not None else 0
         self._moments = dict(state.moments) if state is not None else {}
         self._counts = {"n_steps": state.n_steps if state is not None else 0,
                         "draws": state.draws if state is not None else None}
-        self._model = self._model_id = self._lr_now = None
+        self._model = self._model_id = None
+        self._lr_now = None if shown is None else _Shown(shown)
 
     def _compiled_model(self):
         """The model this optimizer is compiled into (the last to compile or fit with it), or None."""
@@ -174,7 +186,7 @@ class Optimizer:
             state["_counts"] = {"n_steps": train.n_steps if train is not None else 0,
                                 "draws": train.draws if train is not None else None}
         state["_model"] = state["_model_id"] = None
-        state["_lr_now"] = None
+        state["_lr_now"] = self._lr_now if isinstance(self._lr_now, _Shown) else None
         if self._state_source is not None:
             state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms)
                                  for p, ms in self._state_source().items()}
@@ -278,7 +290,8 @@ class Optimizer:
             model._load_optimizer_state(int(step), lr, moments, n_steps, draws)
         else:  # (the counts kept for the model it is compiled into next, as a state() from a model holds them)
             self._moments, self._step = moments, int(step)
-            self._counts = {"n_steps": n_steps, "draws": draws} if "n_steps" in state or "draws" in state else None
+            counted = not self.params and ("n_steps" in state or "draws" in state)  # not a captured step's
+            self._counts = {"n_steps": n_steps, "draws": draws} if counted else None
         self._lr = lr
         for key, value in hyper.items():
             setattr(self, key, value)
