@@ -48,7 +48,7 @@ def shard_batches(shards, batch_size: int, augment: bool, seed: int = 0):
             if start + batch_size <= len(state["y"]):
                 state["pos"] = start + batch_size
                 xb, yb = state["x"][start:start + batch_size], state["y"][start:start + batch_size]
-                if augment:  # new noise and a random one-pixel shift every time a sample is seen
+                if augment:  # new noise for every sample, and a random shift of -1, 0 or 1 pixel for each batch
                     images = xb.reshape(-1, 8, 8)
                     images = np.roll(images, rng.integers(-1, 2), axis=int(rng.integers(1, 3)))
                     xb = np.clip(images.reshape(-1, 64) + rng.normal(0, 0.05, xb.shape), 0, 1)

@@ -8,7 +8,10 @@ captured training step.
 
 # Importing the engine (which every module below does) checks the environment: onnx pinned
 # below 1.18, the training build of onnxruntime; a problem is an OrtrainError naming the fix.
-from ortrain import ag, artifacts, callbacks, datasets, engine, layers, losses, metrics, optim
+from ortrain._cli_start import one_line_for_the_command_line
+
+with one_line_for_the_command_line():
+    from ortrain import ag, artifacts, callbacks, datasets, engine, layers, losses, metrics, optim
 from ortrain._random import set_seed
 from ortrain._version import __version__
 from ortrain.capture import capture, capture_step

@@ -1113,3 +1113,22 @@ def test_messages_name_the_command_lines_options_not_the_python_api(workdir, cap
     assert says in err
     for python in ("from_onnx", "out_dir", "model.unfreeze", "ot.artifacts.build", "export_onnx"):
         assert python not in err
+
+
+def test_an_environment_ortrain_cannot_run_in_is_one_line_from_the_command(tmp_path):
+    # every command ended in a traceback of the package import (an inference-only onnxruntime
+    # installed over the training build), where the README promises a one-line reason
+    fake = tmp_path / "onnxruntime"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "1.19.2"\n')
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    for command in ([sys.executable, "-m", "ortrain", "info"],
+                    [sys.executable, "-c", "import sys; sys.argv = ['ortrain', 'info']; "
+                                           "from ortrain.cli import main; sys.exit(main())"]):
+        out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert out.returncode == 1
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ortrain: ortrain cannot start: - onnxruntime-training")
+    library = subprocess.run([sys.executable, "-c", "import ortrain"], capture_output=True, text=True, env=env,
+                             timeout=120, check=False)
+    assert library.returncode == 1 and "OrtrainError: ortrain cannot start" in library.stderr  # raised

@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_source(p, onnx_model=True)
     p.add_argument("--data", nargs="+", required=True, metavar="FILE")
     p.add_argument("-o", "--output", default="predictions.npy", metavar="OUT.npy",
-                   help="where predictions go; a model with several outputs writes OUT_0.npy, OUT_1.npy, ...")
+                   help="where predictions go (default: predictions.npy, replaced if it exists); a model with several "
+                        "outputs writes OUT_0.npy, OUT_1.npy, ...")
     p.add_argument("--batch-size", type=_positive_int, dest="batch_size")
 
     p = sub.add_parser("export", help="write an inference ONNX model from a run or a checkpoint")

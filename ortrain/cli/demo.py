@@ -1,8 +1,9 @@
 """``ortrain demo``: the main job, end to end on the bundled handwritten-digits set.
 
 Trains a small network with a progress bar, reports test accuracy, exports
-``model.onnx``, reloads it in a plain onnxruntime ``InferenceSession`` and checks
-that its predictions match ortrain's.
+``model.onnx``, reloads it in an onnxruntime ``InferenceSession`` (inference only, as a
+deployment runs it) and in onnx's reference evaluator (an implementation of the ONNX
+operators independent of onnxruntime), and checks that both reproduce ortrain's predictions.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 import ortrain as ot
 from ortrain.cli._common import UsageError, check_out_dir, write_json
@@ -95,11 +97,20 @@ def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int
                               f"{agree:.1%} of the classes agree")
     echo(f"exported {onnx_path}: onnxruntime {onnxruntime.__version__} InferenceSession reproduces the "
          f"predictions (max |diff| {max_diff:.1e}, accuracy {deployed_accuracy:.4f})")
+    from onnx.reference import ReferenceEvaluator
+    reference = ReferenceEvaluator(onnx_path).run(None, {session.get_inputs()[0].name: x_test.astype(np.float32)})[0]
+    reference_diff = float(np.max(np.abs(reference - ours)))
+    if reference_diff > 1e-4 or np.mean(reference.argmax(1) == ours.argmax(1)) < 1.0:
+        raise ot.OrtrainError(f"onnx's reference evaluator disagrees with ortrain on the exported model: max |diff| "
+                              f"{reference_diff:.2e}")
+    echo(f"onnx {onnx.__version__} reference evaluator (independent of onnxruntime) reproduces them too (max |diff| "
+         f"{reference_diff:.1e})")
 
     model.save(out_dir / "model.ortrain")
     history.to_csv(out_dir / "history.csv")
     summary = {"test_loss": result["loss"], "test_accuracy": result["accuracy"],
-               "deployed_accuracy": deployed_accuracy, "max_abs_diff": max_diff, "epochs": epochs,
+               "deployed_accuracy": deployed_accuracy, "max_abs_diff": max_diff,
+               "reference_max_abs_diff": reference_diff, "epochs": epochs,
                "seconds": round(time.perf_counter() - start, 2),
                "files": {"onnx": str(onnx_path), "model": str(out_dir / "model.ortrain"),
                          "history": str(out_dir / "history.csv")}}
