@@ -154,12 +154,14 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                          f"{describe_shape(a.shape)}{hint}")
 
 
-def of_the_output(outputs: list[str], value, argument: str, rows: int):
+def of_the_output(outputs: list[str], value, argument: str, ranks: range | tuple):
     """Keras' per-output forms of labels or weights, for the first output, the one ortrain trains:
-    a list of one array of ``rows`` rows, or a dict keyed by that output's name, as the array. A dict
-    keyed otherwise is refused, naming what is taken; anything else passes as it is."""
+    a list of one array of one of the ``ranks`` the whole array may have (batch axis included), or a
+    dict keyed by that output's name, as the array (a list of one array of a lower rank is one
+    sample's, read as before). A dict keyed otherwise is refused, naming what is taken; anything
+    else passes as it is."""
     if isinstance(value, (list, tuple)):
-        if len(value) == 1 and getattr(value[0], "ndim", 0) >= 1 and len(value[0]) == rows:
+        if len(value) == 1 and getattr(value[0], "ndim", 0) in ranks and getattr(value[0], "ndim", 0) >= 1:
             return value[0]
     elif isinstance(value, dict):
         if list(value) == [outputs[0]]:

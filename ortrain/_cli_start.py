@@ -10,11 +10,22 @@ import sys
 
 
 def _is_the_command() -> bool:
-    """Whether this process is the ``ortrain`` command (its script, or ``python -m ortrain``)."""
-    argv = getattr(sys, "orig_argv", sys.argv)
-    if os.path.splitext(os.path.basename(sys.argv[0] if sys.argv else ""))[0] == "ortrain":
-        return True
-    return "-m" in argv[:-1] and argv[argv.index("-m") + 1] in ("ortrain", "ortrain.cli")
+    """Whether this process is the ``ortrain`` command: the interpreter ran the ``ortrain`` script or
+    ``-m ortrain``, read from its own options (``pytest -m ortrain`` or ``python train.py -m ortrain``
+    are other programs, with an option of their own)."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))[1:]
+    while argv:
+        arg = argv.pop(0)
+        if arg == "-m" or (arg.startswith("-m") and len(arg) > 2):
+            module = arg[2:] or (argv[0] if argv else "")
+            return module in ("ortrain", "ortrain.cli")
+        if arg in ("-c", "-") :
+            return False
+        if arg in ("-W", "-X", "--check-hash-based-pycs"):  # options that take a value
+            argv = argv[1:]
+        elif not arg.startswith("-"):  # the script
+            return os.path.splitext(os.path.basename(arg))[0] == "ortrain"
+    return False
 
 
 @contextlib.contextmanager

@@ -331,16 +331,17 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     # whole arrays: their rows are cut into batches after (of the graph's fixed batch, where it has one)
     xs = prepare_inputs(rows_free(model.input_specs), x, xa, bounds=model.index_bounds())
     n = xs[0].shape[0]
-    outputs = [s.name for s in model.output_specs]
-    y, w = of_the_output(outputs, y, ya, n), of_the_output(outputs, w, wa, n)
     if n == 0:
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")
     pred_shape = model.output_specs[0].shape
     shapes = [a.shape for a in xs]
-    ys = prepare_labels(model._label_spec_for(shapes), y, ya, n, model._n_classes(shapes), rows_of=xa,
-                        one_hot=getattr(model.loss, "name", "") == "categorical_crossentropy")
+    spec, outputs = model._label_spec_for(shapes), [s.name for s in model.output_specs]
     if weight_shape is None:
         weight_shape = sample_weight_shape(pred_shape)
+    y = of_the_output(outputs, y, ya, (len(spec.shape),))
+    w = of_the_output(outputs, w, wa, range(1, len(weight_shape) + 1))  # (batch,) too, or per position
+    ys = prepare_labels(spec, y, ya, n, model._n_classes(shapes), rows_of=xa,
+                        one_hot=getattr(model.loss, "name", "") == "categorical_crossentropy")
     ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n, label_positions(ys, weight_shape))
     return xs, ys, ws
 

@@ -121,9 +121,10 @@ class Trainer(TrainerSetup, Releasable):
             n_classes = self._classes_of([a.shape for a in xs])
         spec = self._label if not self._free_labels else self._label_at(xs)
         if isinstance(y, (list, tuple, dict)):  # Keras' per-output forms, [y] or {name: y}
-            y = of_the_output(self._outputs, y, "y", rows)
-        if isinstance(sample_weight, (list, tuple, dict)):
-            sample_weight = of_the_output(self._outputs, sample_weight, "sample_weight", rows)
+            y = of_the_output(self._outputs, y, "y", (len(spec.shape),))
+        if isinstance(sample_weight, (list, tuple, dict)) and self._weight_spec is not None:
+            sample_weight = of_the_output(self._outputs, sample_weight, "sample_weight",
+                                          range(1, len(self._weight_spec.shape) + 1))
         labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked,
                                 one_hot=self._one_hot_labels)
         feeds = xs + [labels]

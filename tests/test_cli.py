@@ -1122,13 +1122,19 @@ def test_an_environment_ortrain_cannot_run_in_is_one_line_from_the_command(tmp_p
     fake.mkdir()
     (fake / "__init__.py").write_text('__version__ = "1.19.2"\n')
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    for command in ([sys.executable, "-m", "ortrain", "info"],
-                    [sys.executable, "-c", "import sys; sys.argv = ['ortrain', 'info']; "
-                                           "from ortrain.cli import main; sys.exit(main())"]):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "ortrain"  # as pip writes the console script
+    script.write_text("import sys\nfrom ortrain.cli import main\nsys.exit(main())\n")
+    for command in ([sys.executable, "-m", "ortrain", "info"], [sys.executable, "-mortrain", "info"],
+                    [sys.executable, str(script), "info"]):
         out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
         assert out.returncode == 1
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("ortrain: ortrain cannot start: - onnxruntime-training")
-    library = subprocess.run([sys.executable, "-c", "import ortrain"], capture_output=True, text=True, env=env,
-                             timeout=120, check=False)
-    assert library.returncode == 1 and "OrtrainError: ortrain cannot start" in library.stderr  # raised
+    user = tmp_path / "train.py"
+    user.write_text("import ortrain\n")
+    # other programs importing ortrain get the exception, whatever their own options say
+    for command in ([sys.executable, "-c", "import ortrain"], [sys.executable, str(user), "-m", "ortrain"]):
+        out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert out.returncode == 1 and "OrtrainError: ortrain cannot start" in out.stderr  # raised

@@ -2093,18 +2093,32 @@ def test_what_a_new_model_trains_at_does_not_depend_on_when_the_collector_runs()
         b.compile(optimizer=opt, loss="mse")
         rates.append(b.fit(x, y, batch_size=8, epochs=1, verbose=0).history["lr"])
     assert rates == [[0.01], [0.01]]
-    # a shallow copy shares the optimizer, which keeps showing (and loading into) the original
-    m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
-    m.compile(optimizer="adam", loss="mse")
-    m.fit(x, y, batch_size=8, verbose=0)
-    shallow = copy.copy(m)
-    assert shallow.optimizer is m.optimizer
-    del shallow
-    gc.collect()
-    state = m.optimizer.state()
-    m.optimizer.load_state({**state, "step": 100})
-    m.fit(x, y, batch_size=8, verbose=0)
-    assert m.optimizer.step == 102
+    # a shallow copy gets a copy of the optimizer: sharing the object, the two models took it from each
+    # other, and a load_state reached the wrong one (or none, once that one was collected)
+    for dropped in ("copy", "original"):
+        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m.compile(optimizer="adam", loss="mse")
+        m.fit(x, y, batch_size=8, verbose=0)
+        shallow = copy.copy(m)
+        assert shallow.optimizer is not m.optimizer and shallow.optimizer.step == m.optimizer.step == 2
+        kept = m if dropped == "copy" else shallow
+        del shallow, m
+        gc.collect()
+        kept.optimizer.load_state({**kept.optimizer.state(), "step": 100})
+        kept.fit(x, y, batch_size=8, verbose=0)
+        assert kept.optimizer.step == 102
+    # of models pickled together sharing one optimizer, the copy of the one it showed shows it
+    import pickle
+    shared = ot.optim.Adam(lr=0.01)
+    first, last = (ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0) for _ in range(2))
+    for m, epochs in ((first, 1), (last, 2)):
+        m.compile(optimizer=shared, loss="mse")
+        m.fit(x, y, batch_size=8, epochs=epochs, verbose=0)
+    for order in ((first, last), (last, first)):
+        copies = pickle.loads(pickle.dumps(list(order)))
+        shown = copies[order.index(last)]
+        assert copies[0].optimizer is copies[1].optimizer
+        assert shown.optimizer._compiled_model() is shown and shown.optimizer.step == 4
 
 
 def test_fit_generator_with_the_models_own_optimizer_keeps_its_state_as_compile_does():
@@ -2145,3 +2159,9 @@ def test_per_output_label_forms_reach_generators_and_trainers_too():
         assert tr.eval(x, y) < before
     one = model()  # one sample whose labels are given as a list of its row: that row, as before
     np.testing.assert_allclose(one.evaluate(x[:1], [y[0]])["loss"], one.evaluate(x[:1], y[:1])["loss"], rtol=0)
+    seq = ot.Sequential([ot.layers.Reshape((1, 4)), ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    seq.compile(optimizer="sgd", loss="mse")  # an output (batch, 1, 3): [label of one sample] is that sample
+    with ot.Trainer(seq, batch_size=1) as tr:
+        np.testing.assert_allclose(tr.eval(x[:1], [np.zeros((1, 3))]), tr.eval(x[:1], np.zeros((1, 1, 3))), rtol=0)
+    with pytest.raises(ot.ShapeError, match="one row per row of x"):  # rows that disagree, named as such
+        model().fit(x[:3], [y[:5]], verbose=0)

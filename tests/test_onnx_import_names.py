@@ -133,7 +133,8 @@ def test_a_weight_also_read_as_a_clip_bound_is_named_in_a_warning(rng):
 
 @pytest.mark.parametrize("dims, warned", [(["seq", "batch", 3], True), ([6, "batch_size", 3], True),
                                           (["N", "T", 3], False), (["batch", "seq", 3], False),
-                                          (["seq", 4, 3], False), (["unk__12", "N", 3], False)])
+                                          (["seq", 4, 3], False), (["T", "B", 3], True), (["seq", "bs", 3], True),
+                                          (["L", "N", 3], True)])
 def test_an_input_naming_another_axis_than_the_first_the_batch_is_warned(rng, dims, warned):
     # PyTorch's sequence-first attention exports [seq, batch, ...]: fit and predict(batch_size=) split
     # the first axis, which cut the sequences (predictions 0.5 off PyTorch's) without a word.

@@ -645,8 +645,10 @@ def _check_data_inputs(model: onnx.ModelProto, data: list[str]) -> None:
                     f"the input removed)")
 
 
-_BATCH_NAME = re.compile(r"(?i)batch|^(n|bs|b)$")  # a first axis named so is the batch
-_NAMED_BATCH = re.compile(r"(?i)batch")  # a later axis only when it says so (an "N" there may count points)
+# names of a batch axis: "batch", "batch_size", and the letters of shape notations ((L, N, E),
+# (T, B, C)); a later axis so named beside a first one that is not is warned about (a false alarm
+# on an "N" that counts something else costs a warning, a miss a time axis shuffled)
+_BATCH_NAME = re.compile(r"(?i)batch|^(n|bs|b)$")
 
 
 def _warn_batch_not_first(model: onnx.ModelProto, data: list[str]) -> None:
@@ -667,7 +669,7 @@ def _warn_batch_not_first(model: onnx.ModelProto, data: list[str]) -> None:
                  f"batch axis too")
     for vi in model.graph.input:
         dims = vi.type.tensor_type.shape.dim if vi.name in data else ()
-        named = [k for k, d in enumerate(dims) if k and d.dim_param and _NAMED_BATCH.search(d.dim_param)]
+        named = [k for k, d in enumerate(dims) if k and d.dim_param and _BATCH_NAME.search(d.dim_param)]
         if named and not (dims[0].dim_param and _BATCH_NAME.search(dims[0].dim_param)):
             first = dims[0].dim_param or dims[0].dim_value or "?"
             warn(f"from_onnx: input {vi.name!r} names axis {named[0]} {dims[named[0]].dim_param!r} and its first "

@@ -5,6 +5,7 @@ running fit reads, and copies detached from any fit (a mixin of :class:`~ortrain
 
 from __future__ import annotations
 
+import copy
 import weakref
 from typing import TYPE_CHECKING
 
@@ -104,7 +105,21 @@ class TrainingMixin:
         seen, opt = self._seen(), self.optimizer
         state["_lr_seen"] = ("this optimizer", seen[1]) if seen is not None and opt is not None and \
             seen[0] == id(opt) else seen
+        # whether the optimizer shows this model: of models pickled together sharing one, the copy of
+        # the one it showed shows it again
+        state["_opt_shows"] = opt is not None and opt._compiled_model() is self
         return state
+
+    def __copy__(self):
+        # copy.copy: a model of its own, sharing the layers, whose optimizer is a copy of the
+        # original's values; sharing the optimizer object, the two would take it from each other
+        # (a load_state reaching the other one, or none once that is collected)
+        new = type(self).__new__(type(self))
+        state = self.__getstate__()
+        if state.get("optimizer") is not None:
+            state["optimizer"] = copy.copy(state["optimizer"])
+        new.__setstate__(state)
+        return new
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -116,9 +131,10 @@ class TrainingMixin:
         self.__dict__.setdefault("_live_updates", None)  # pickled before fits counted updates live
         self.__dict__.setdefault("weighted_metrics", [])  # pickled before compile took them
         opt = self.optimizer
-        # A pickle or deep copy brings its own optimizer, which shows this model; a shallow copy
-        # (copy.copy) shares the original's, which keeps showing the original.
-        if opt is not None and opt._compiled_model() is None:
+        # A pickle or deep copy brings its own optimizer, which shows this model, or of several
+        # models pickled together sharing one, the one it showed (the first, where none did).
+        shows = self.__dict__.pop("_opt_shows", True)
+        if opt is not None and (shows or opt._compiled_model() is None):
             opt._lr_now = ShownRate(self, opt)
             if not opt.params:  # as compile links it: a captured step's optimizer keeps its own state
                 opt._link(self)
