@@ -154,6 +154,39 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                          f"{describe_shape(a.shape)}{hint}")
 
 
+def staged_weights(weights, like: dict[str, np.ndarray], whose: str) -> list[tuple[str, np.ndarray]]:
+    """``set_weights``' argument as checked ``(name, array)`` pairs, new arrays: a list in the order of
+    ``like`` (the current weights by name), or a dict by name holding any of them, each cast to its
+    weight's dtype and of its shape (a single number for a weight of shape (1,)). Refused, naming the
+    weight, before anything is set; ``whose`` ends the message naming unknown weights."""
+    names = list(like)
+    if isinstance(weights, collections.abc.Mapping):
+        unknown = sorted(map(str, set(weights) - set(names)))
+        if unknown:
+            raise OrtrainError(f"set_weights: unknown weight names {unknown}; {whose}")
+        items = list(weights.items())
+    else:
+        if weights is None or isinstance(weights, (str, bytes, np.ndarray)) or not hasattr(weights, "__iter__"):
+            raise OrtrainError(f"set_weights: expected a list of arrays in weight_names() order or a dict "
+                               f"keyed by weight name, received {type(weights).__name__}")
+        weights = list(weights)
+        if len(weights) != len(names):
+            raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), received "
+                               f"{len(weights)}; give a dict to set some of them")
+        items = list(zip(names, weights))
+    staged = []
+    for name, value in items:
+        old = like[name]
+        a = as_array(value, old.dtype, f"set_weights[{name!r}]")
+        if a.shape == () and old.shape == (1,):  # a trainable scalar is kept with shape (1,)
+            a = a.reshape(1)
+        if a.shape != old.shape:
+            raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(old.shape)}, received "
+                             f"{describe_shape(a.shape)}; nothing was changed")
+        staged.append((name, np.array(a, copy=True, order="C")))
+    return staged
+
+
 def of_the_output(outputs: list[str], value, argument: str, ranks: range | tuple):
     """Keras' per-output forms of labels or weights, for the first output, the one ortrain trains:
     a list of one array of one of the ``ranks`` the whole array may have (batch axis included), or a

@@ -18,7 +18,6 @@ import onnx
 
 from ortrain import engine
 from ortrain._arrays import (
-    as_array,
     is_real,
     label_positions,
     of_the_output,
@@ -29,6 +28,7 @@ from ortrain._arrays import (
     refuse_non_finite,
     rows_free,
     run_chunks,
+    staged_weights,
 )
 from ortrain._keywords import name_unknown_arguments
 from ortrain._lifetime import Releasable
@@ -37,7 +37,7 @@ from ortrain._trainer_setup import TrainerSetup
 from ortrain._warnings import warn
 from ortrain.data import refuse_non_finite_weights
 from ortrain.engine import denormals
-from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
+from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError
 from ortrain.graph.forward import to_inference
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.model import Model
@@ -364,31 +364,9 @@ class Trainer(TrainerSetup, Releasable):
         accumulation period stay as they are. Everything is checked before anything changes."""
         self._live()
         names = [p.name for p in self._params]
-        shapes = {p.name: tuple(p.shape) for p in self._params}
-        if isinstance(weights, dict):
-            unknown = sorted(map(str, set(weights) - set(names)))
-            if unknown:
-                raise OrtrainError(f"set_weights: unknown weight names {unknown}; the trainer's weights are "
-                                   f"{names}. Keep only the names the two models share")
-            items = list(weights.items())
-        else:
-            if weights is None or isinstance(weights, (str, bytes, np.ndarray)) or not hasattr(weights, "__iter__"):
-                raise OrtrainError(f"set_weights: expected a list of arrays in weight_names() order or a dict "
-                                   f"keyed by weight name, received {type(weights).__name__}")
-            weights = list(weights)
-            if len(weights) != len(names):
-                raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), received "
-                                   f"{len(weights)}; give a dict to set some of them")
-            items = list(zip(names, weights))
-        staged = []
-        for name, value in items:
-            a = as_array(value, np.float32, f"set_weights[{name!r}]")
-            if a.shape == () and shapes[name] == (1,):  # a trainable scalar is kept with shape (1,)
-                a = a.reshape(1)
-            if a.shape != shapes[name]:
-                raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(shapes[name])}, received "
-                                 f"{describe_shape(a.shape)}; nothing was changed")
-            staged.append((name, np.ascontiguousarray(a)))
+        like = {p.name: np.empty(tuple(p.shape), np.float32) for p in self._params}
+        staged = staged_weights(weights, like, f"the trainer's weights are {names}. Keep only the names the two "
+                                "models share")
         for name, a in staged:
             if not np.isfinite(a).all():
                 raise NonFiniteError(f"set_weights[{name!r}]: holds {a[~np.isfinite(a)][0]}; a trainer's weights "

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import re
 import zipfile
-from collections.abc import Mapping
 
 import numpy as np
 import onnx
 
-from ortrain._arrays import as_array, checked_flag, is_integer
+from ortrain._arrays import checked_flag, is_integer, staged_weights
 from ortrain._files import atomic_path, checked_target
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain._names import picked
 from ortrain._warnings import warn
-from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.errors import OrtrainError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name, to_inference, with_weights
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats, name_free_dimensions
@@ -210,29 +209,7 @@ class Model(TrainingMixin):
         """
         names = self.weight_names()
         table = self._weight_table()
-        if isinstance(weights, Mapping):
-            unknown = sorted(set(weights) - set(names))
-            if unknown:
-                raise OrtrainError(f"set_weights: unknown weight names {unknown}; the model has {names}")
-            items = [(k, weights[k]) for k in weights]
-        else:
-            if weights is None or isinstance(weights, (str, bytes, np.ndarray)) or not hasattr(weights, "__iter__"):
-                raise OrtrainError(f"set_weights: expected a list of arrays in weight_names() order or a dict "
-                                   f"keyed by weight name, received {type(weights).__name__}")
-            weights = list(weights)
-            if len(weights) != len(names):
-                raise OrtrainError(f"set_weights: expected {len(names)} arrays ({', '.join(names)}), "
-                                   f"received {len(weights)}")
-            items = list(zip(names, weights))
-        staged = []
-        for name, value in items:
-            a = as_array(value, table[name].dtype, f"set_weights[{name!r}]")
-            if a.shape == () and table[name].shape == (1,):  # a trainable scalar is kept with shape (1,)
-                a = a.reshape(1)
-            if a.shape != table[name].shape:
-                raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(table[name].shape)}, "
-                                 f"received {describe_shape(a.shape)}")
-            staged.append((name, a.copy()))
+        staged = staged_weights(weights, {n: table[n] for n in names}, f"the model has {names}")
         for name, a in staged:
             self._store_weight(name, a)  # recorded as an edit, which a fit in progress takes over
         self._changed()
