@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1138,3 +1139,16 @@ def test_an_environment_ortrain_cannot_run_in_is_one_line_from_the_command(tmp_p
     for command in ([sys.executable, "-c", "import ortrain"], [sys.executable, str(user), "-m", "ortrain"]):
         out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
         assert out.returncode == 1 and "OrtrainError: ortrain cannot start" in out.stderr  # raised
+
+
+def test_a_model_file_that_is_no_onnx_is_named_as_the_commands_argument(tmp_path, capsys):
+    # `ortrain artifacts` named "--model", an option it has not, and an empty file went unnamed
+    bad, empty = tmp_path / "g.onnx", tmp_path / "e.onnx"
+    bad.write_bytes(b"not onnx")
+    empty.write_bytes(b"")
+    for path, reason in ((bad, "is not an ONNX model: the protobuf does not parse"),
+                         (empty, r"is not an ONNX model \(no graph, nodes or outputs\)")):
+        assert main(["artifacts", str(path), "-o", str(tmp_path / "a"), "--loss", "mse"]) == 1
+        err = capsys.readouterr().err
+        assert re.search(rf"^ortrain artifacts: MODEL: '{re.escape(str(path))}' {reason}", err), err
+    assert not (tmp_path / "a").exists()

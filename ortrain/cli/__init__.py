@@ -384,7 +384,9 @@ _AS_OPTIONS = (
 )
 
 
-def _for_command_line(text: str) -> str:
+def _for_command_line(text: str, command: str | None = None) -> str:
+    if command == "artifacts":  # the model is its positional MODEL.onnx, not --model
+        text = re.sub(r"^from_onnx: ", "MODEL: ", text)
     for pattern, replacement in _AS_OPTIONS:
         text = pattern.sub(replacement, text)
     return text
@@ -425,7 +427,7 @@ def main(argv=None) -> int:
         print(f"ortrain {opts.command}: interrupted{_kept(opts)}", file=sys.stderr)
         return 130
     except (OrtrainError, OSError) as exc:
-        said = _os_error(opts, exc) if isinstance(exc, OSError) else _for_command_line(str(exc))
+        said = _os_error(opts, exc) if isinstance(exc, OSError) else _for_command_line(str(exc), opts.command)
         print(f"ortrain {opts.command}: {' '.join(said.split())}", file=sys.stderr)
         return 1
     finally:

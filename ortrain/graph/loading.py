@@ -39,16 +39,18 @@ _FIXED_SIZE = {
 def load_untrusted(source, what: str = "from_onnx") -> onnx.ModelProto:
     """A validated copy of ``source`` (a path, bytes or an ``onnx.ModelProto``) with all data inline."""
     if isinstance(source, onnx.ModelProto):
-        model, base = copy.deepcopy(source), None
+        model, base, origin = copy.deepcopy(source), None, "the ModelProto given"
     elif isinstance(source, (bytes, bytearray, memoryview)):
-        model, base = _parse(bytes(source), what, "the bytes given"), None
+        origin = "the bytes given"
+        model, base = _parse(bytes(source), what, origin), None
     elif isinstance(source, (str, os.PathLike)):
         path = Path(os.fspath(source))
-        model, base = _parse(_read_file(path, what), what, repr(str(path))), path.parent
+        origin = repr(str(path))
+        model, base = _parse(_read_file(path, what), what, origin), path.parent
     else:
         raise OrtrainError(f"{what}: expected a path to an .onnx file, its bytes or an onnx.ModelProto, "
                            f"received {type(source).__name__}")
-    _check_structure(model, what)
+    _check_structure(model, what, origin)
     _inline_external_data(model, base, what)
     _check_onnx(model, what)
     return model
@@ -80,11 +82,11 @@ def _parse(data: bytes, what: str, origin: str) -> onnx.ModelProto:
     return model
 
 
-def _check_structure(model: onnx.ModelProto, what: str) -> None:
+def _check_structure(model: onnx.ModelProto, what: str, origin: str) -> None:
     """Cheap sanity checks before anything walks the graph."""
     if not model.HasField("graph") or not model.graph.node or not model.graph.output:
-        raise OrtrainError(f"{what}: not an ONNX model (no graph, nodes or outputs); the file is damaged, "
-                           "truncated or of another format")
+        raise OrtrainError(f"{what}: {origin} is not an ONNX model (no graph, nodes or outputs); the file is "
+                           "damaged, truncated or of another format")
     if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
         raise OrtrainError(f"{what}: the model imports no default ONNX opset (opset_import: "
                            f"{[(o.domain, o.version) for o in model.opset_import]}); it is damaged")
