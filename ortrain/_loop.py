@@ -82,6 +82,7 @@ class Loop:
         self.callbacks._after = self._take_model_edits
         self._warned_short = False
         self._warned_short_validation = False
+        self._trains = None  # the weights this fit trains, until a change of them is said
         # What a callback changes through ``model`` reaches the training, as in Keras: weights it
         # sets, a learning rate it writes to ``model.optimizer.lr``, ``model.stop_training``.
         # fit and fit_generator build their trainer from the model's weights, so what was set on
@@ -232,6 +233,7 @@ class Loop:
             self._arm(self._model.optimizer)
             self._thread = threading.get_ident()
             self._link()
+            self._trains = set(self._model.trainable_weight_names)  # what this fit's graphs train
         try:
             cbs.on_train_begin({})
             for epoch in range(self.initial_epoch, self.epochs):
@@ -244,6 +246,7 @@ class Loop:
                     logs.update(self._validate(epoch))
                 logs["lr"] = self.epoch_lr
                 cbs.on_epoch_end(epoch, logs)
+                self._check_what_trains()
                 if self.stop_training:
                     if self._model is not None:
                         self._model.stop_training = True  # as Keras leaves it
@@ -257,6 +260,17 @@ class Loop:
             finally:
                 self._finish()
         return self.history
+
+    def _check_what_trains(self) -> None:
+        """A change of the weights that train during the fit (``layer.trainable``, ``freeze`` or
+        ``unfreeze`` from a callback or another thread) counts from the next fit: said once."""
+        model = self._model
+        if model is None or self._trains is None or set(model.trainable_weight_names) == self._trains:
+            return
+        self._trains = None
+        warn("the weights that train changed during this fit (layer.trainable, freeze or unfreeze): the running "
+             "fit's graphs fix which weights train, so the change takes effect from the next fit, as a Keras model "
+             "needs compile again. To fine-tune after some epochs, fit again with initial_epoch=", UserWarning)
 
     def _warn_dry(self, epoch: int) -> None:
         warn(f"the generator ran dry in epoch {epoch} (counted from 0); training stops. A one-shot "

@@ -2057,17 +2057,31 @@ def test_freezing_from_a_callback_says_it_counts_from_the_next_fit():
     frozen = model.get_weights()[:2]
 
     class Unfreeze(ot.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            if epoch == 0:
-                self.model.unfreeze("base")
+        def __init__(self, how):
+            super().__init__()
+            self.how = how
 
-    with pytest.warns(UserWarning, match=r"unfreeze: this model is fitting, and the running fit's graphs fix which "
-                                         r"weights train; the change takes effect from the next fit"):
-        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[Unfreeze()])
-    for got, want in zip(model.get_weights()[:2], frozen):
-        np.testing.assert_array_equal(got, want)
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    assert not np.array_equal(model.get_weights()[0], frozen[0])
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0 and self.how == "unfreeze":
+                self.model.unfreeze("base")
+            elif epoch == 0:
+                self.model.get_layer("base").trainable = True  # (the model's freeze holds it still)
+                self.model.get_layer("head").trainable = False
+
+    for how in ("unfreeze", "layer.trainable"):
+        with pytest.warns(UserWarning, match=r"the weights that train changed during this fit \(layer.trainable, "
+                                             r"freeze or unfreeze\): the running fit's graphs fix which weights "
+                                             r"train, so the change takes effect from the next fit") as caught:
+            model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[Unfreeze(how)])
+        assert sum("weights that train changed" in str(w.message) for w in caught) == 1
+        if how == "unfreeze":
+            for got, want in zip(model.get_weights()[:2], frozen):
+                np.testing.assert_array_equal(got, want)
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+            assert not np.array_equal(model.get_weights()[0], frozen[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0)  # nothing changed: nothing said
 
 
 def test_what_a_new_model_trains_at_does_not_depend_on_when_the_collector_runs():

@@ -328,7 +328,6 @@ class Model(TrainingMixin):
         A frozen batch-norm layer also keeps its running statistics fixed (Keras' behaviour).
         """
         resolved = self._resolve(names_or_layers, "freeze")
-        self._warn_while_fitting("freeze")
         roles = {p.name: p.role for p in self._base_params()}
         pairs = self._bn_stat_pairs()
         means = set(pairs.values())
@@ -346,7 +345,6 @@ class Model(TrainingMixin):
         """Train these weights again (as :meth:`freeze` names them). A weight whose layer is set
         ``trainable = False`` stays frozen, with a warning that says so."""
         resolved = self._resolve(names_or_layers, "unfreeze")
-        self._warn_while_fitting("unfreeze")
         self._warn_held(resolved, "unfreeze")
         pairs = self._bn_stat_pairs()
         self._warn_one_statistic(resolved, pairs, "unfreeze")
@@ -356,13 +354,6 @@ class Model(TrainingMixin):
                 stats.discard(n)
                 stats.discard(pairs.get(n, ""))
         self._changed()
-
-    def _warn_while_fitting(self, verb: str) -> None:
-        """The graphs of a running fit fix what trains: a change from a callback counts from the next fit."""
-        if self.__dict__.get("_live_state") is not None:
-            warn(f"{verb}: this model is fitting, and the running fit's graphs fix which weights train; the change "
-                 "takes effect from the next fit (as a Keras model needs compile again). To fine-tune after some "
-                 "epochs, fit again with initial_epoch=", UserWarning)
 
     def _warn_one_statistic(self, names, pairs: dict[str, str], verb: str) -> None:
         """A batch norm's running statistics are fixed together or not at all: say so when ``names``
