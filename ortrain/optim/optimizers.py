@@ -79,6 +79,16 @@ def _checked_params(params, cls: str) -> list:
     return items
 
 
+def _held(train) -> dict:
+    """What a compiled model's training state (a ``TrainState``, or None for fresh moments) gives an
+    optimizer that keeps it apart from the model: its ``_step``, ``_moments`` and ``_counts``."""
+    if train is None:
+        return {"_step": 0, "_moments": {}, "_counts": {"n_steps": 0, "draws": None}}
+    # the model's own arrays, not copies (pickled with the model, they are written once)
+    return {"_step": train.step, "_moments": dict(train.moments),
+            "_counts": {"n_steps": train.n_steps, "draws": train.draws}}
+
+
 class _Shown:
     """The rate an optimizer shows after the model it was compiled into is gone (until written)."""
 
@@ -161,10 +171,7 @@ class Optimizer:
         # The rate it showed is shown on, and is in state(); ``_lr`` (what a model compiled with it next
         # starts at, as while the model lived) stays, so no rate depends on when the collector runs.
         shown = state.lr if state is not None and not model._lr_written() else None
-        self._step = state.step if state is not None else 0
-        self._moments = dict(state.moments) if state is not None else {}
-        self._counts = {"n_steps": state.n_steps if state is not None else 0,
-                        "draws": state.draws if state is not None else None}
+        self.__dict__.update(_held(state))
         self._model = self._model_id = None
         self._lr_now = None if shown is None else _Shown(shown)
 
@@ -179,12 +186,7 @@ class Optimizer:
         state = dict(self.__dict__)
         model = self._compiled_model()
         if model is not None:  # what the model's optimizer state holds now
-            train = model.train_state
-            state["_step"] = train.step if train is not None else 0
-            # the model's own arrays, not copies: pickled with the model, they are written once
-            state["_moments"] = dict(train.moments) if train is not None else {}
-            state["_counts"] = {"n_steps": train.n_steps if train is not None else 0,
-                                "draws": train.draws if train is not None else None}
+            state.update(_held(model.train_state))
         state["_model"] = state["_model_id"] = None
         state["_lr_now"] = self._lr_now if isinstance(self._lr_now, _Shown) else None
         if self._state_source is not None:
@@ -231,12 +233,9 @@ class Optimizer:
         for a compiled model's optimizer also ``n_steps`` and ``draws`` (the steps its training ran, and
         the training-graph runs seeded dropout goes on from), so ``load_state`` resumes it exactly."""
         model = self._compiled_model()
-        extra = {}
         if model is not None:  # a compiled model's: its fit's (live while it runs) or its trainer's
-            train = model.train_state
-            step, moments = (train.step, train.moments) if train is not None else (0, {})
-            extra = {"n_steps": train.n_steps if train is not None else 0,
-                     "draws": train.draws if train is not None else None}
+            held = _held(model.train_state)
+            step, moments, extra = held["_step"], held["_moments"], held["_counts"]
         else:
             source = self._state_source  # read once: a captured step freed meanwhile clears it
             step, moments = self._step, (source() if source is not None else self._moments)
