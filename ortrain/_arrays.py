@@ -154,11 +154,11 @@ def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None 
                          f"{describe_shape(a.shape)}{hint}")
 
 
-def staged_weights(weights, like: dict[str, np.ndarray], whose: str) -> list[tuple[str, np.ndarray]]:
+def staged_weights(weights, like: dict[str, tuple[tuple, np.dtype]], whose: str) -> list[tuple[str, np.ndarray]]:
     """``set_weights``' argument as checked ``(name, array)`` pairs, new arrays: a list in the order of
-    ``like`` (the current weights by name), or a dict by name holding any of them, each cast to its
-    weight's dtype and of its shape (a single number for a weight of shape (1,)). Refused, naming the
-    weight, before anything is set; ``whose`` ends the message naming unknown weights."""
+    ``like`` (each weight's shape and dtype by name), or a dict by name holding any of them, each cast
+    to its weight's dtype and of its shape (a single number for a weight of shape (1,)). Refused,
+    naming the weight, before anything is set; ``whose`` ends the message naming unknown weights."""
     names = list(like)
     if isinstance(weights, collections.abc.Mapping):
         unknown = sorted(map(str, set(weights) - set(names)))
@@ -176,12 +176,12 @@ def staged_weights(weights, like: dict[str, np.ndarray], whose: str) -> list[tup
         items = list(zip(names, weights))
     staged = []
     for name, value in items:
-        old = like[name]
-        a = as_array(value, old.dtype, f"set_weights[{name!r}]")
-        if a.shape == () and old.shape == (1,):  # a trainable scalar is kept with shape (1,)
+        shape, dtype = like[name]
+        a = as_array(value, dtype, f"set_weights[{name!r}]")
+        if a.shape == () and shape == (1,):  # a trainable scalar is kept with shape (1,)
             a = a.reshape(1)
-        if a.shape != old.shape:
-            raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(old.shape)}, received "
+        if a.shape != shape:
+            raise ShapeError(f"set_weights: {name!r} expected shape {describe_shape(shape)}, received "
                              f"{describe_shape(a.shape)}; nothing was changed")
         staged.append((name, np.array(a, copy=True, order="C")))
     return staged
@@ -194,7 +194,7 @@ def of_the_output(outputs: list[str], value, argument: str, ranks: range | tuple
     sample's, read as before). A dict keyed otherwise is refused, naming what is taken; anything
     else passes as it is."""
     if isinstance(value, (list, tuple)):
-        if len(value) == 1 and getattr(value[0], "ndim", 0) in ranks and getattr(value[0], "ndim", 0) >= 1:
+        if len(value) == 1 and getattr(value[0], "ndim", None) in ranks:  # (ranks count the batch axis)
             return value[0]
     elif isinstance(value, dict):
         if list(value) == [outputs[0]]:

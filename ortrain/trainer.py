@@ -364,7 +364,7 @@ class Trainer(TrainerSetup, Releasable):
         accumulation period stay as they are. Everything is checked before anything changes."""
         self._live()
         names = [p.name for p in self._params]
-        like = {p.name: np.empty(tuple(p.shape), np.float32) for p in self._params}
+        like = {p.name: (tuple(p.shape), np.dtype(np.float32)) for p in self._params}
         staged = staged_weights(weights, like, f"the trainer's weights are {names}. Keep only the names the two "
                                 "models share")
         for name, a in staged:

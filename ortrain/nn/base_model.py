@@ -209,7 +209,8 @@ class Model(TrainingMixin):
         """
         names = self.weight_names()
         table = self._weight_table()
-        staged = staged_weights(weights, {n: table[n] for n in names}, f"the model has {names}")
+        staged = staged_weights(weights, {n: (table[n].shape, table[n].dtype) for n in names},
+                                f"the model has {names}")
         for name, a in staged:
             self._store_weight(name, a)  # recorded as an edit, which a fit in progress takes over
         self._changed()
