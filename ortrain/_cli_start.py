@@ -19,7 +19,7 @@ def _is_the_command() -> bool:
         if arg == "-m" or (arg.startswith("-m") and len(arg) > 2):
             module = arg[2:] or (argv[0] if argv else "")
             return module in ("ortrain", "ortrain.cli")
-        if arg in ("-c", "-") :
+        if arg in ("-c", "-"):
             return False
         if arg in ("-W", "-X", "--check-hash-based-pycs"):  # options that take a value
             argv = argv[1:]
