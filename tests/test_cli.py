@@ -1152,3 +1152,25 @@ def test_a_model_file_that_is_no_onnx_is_named_as_the_commands_argument(tmp_path
         err = capsys.readouterr().err
         assert re.search(rf"^ortrain artifacts: MODEL: '{re.escape(str(path))}' {reason}", err), err
     assert not (tmp_path / "a").exists()
+
+
+def test_a_reader_that_closes_the_pipe_early(workdir):
+    # `ortrain info | head -1` printed a BrokenPipeError traceback and exited 1 after the command had
+    # done its work; a training run writing progress into a closed pipe said "[Errno 32] Broken pipe"
+    def piped(*args):
+        proc = subprocess.Popen([sys.executable, "-m", "ortrain", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=workdir, env={**os.environ, "PYTHONPATH": REPO})
+        proc.stdout.close()  # the reader is gone before anything is written
+        err = proc.stderr.read().decode()
+        return proc.wait(timeout=120), err
+
+    for args in (("info",), ("--json", "info")):
+        code, err = piped(*args)
+        assert (code, err) == (0, "")
+    code, err = piped("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+                      "--data", "train.npz", "--epochs", "3", "--batch-size", "64", "--out", "runs/a")
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "ortrain train: stopped: the reader of its output closed the pipe (send the output to a file, or pass --json "
+        "for the result alone); the run in 'runs/a' keeps its completed epochs, continue it with --resume"]
+    assert cli("train", "--out", "runs/a", "--resume", "--epochs", "3") == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import signal
 import sys
@@ -426,6 +427,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"ortrain {opts.command}: interrupted{_kept(opts)}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # progress written to a pipe whose reader has gone (``| head -3``)
+        _quiet_stdout()
+        print(f"ortrain {opts.command}: stopped: the reader of its output closed the pipe (send the output to "
+              f"a file, or pass --json for the result alone){_kept(opts)}", file=sys.stderr)
+        return 1
     except (OrtrainError, OSError) as exc:
         said = _os_error(opts, exc) if isinstance(exc, OSError) else _for_command_line(str(exc), opts.command)
         print(f"ortrain {opts.command}: {' '.join(said.split())}", file=sys.stderr)
@@ -435,8 +441,20 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, previous)
     if opts.command == "demo" and not opts.json:
         return 0
-    _print(result, opts.json)
+    try:
+        _print(result, opts.json)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader took what it wanted (``| head -1``): the command did its work
+        _quiet_stdout()
     return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's last flush at exit does not
+    fail again on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":
