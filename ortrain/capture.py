@@ -17,6 +17,7 @@ weights behave as one program run in call order.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import onnx
@@ -36,6 +37,8 @@ from ortrain.optim.optimizers import is_step
 __all__ = ["Capture", "CaptureStep", "capture", "capture_step"]
 
 _world = [0]       # bumped whenever a param's freshest value moves between sessions
+_one_at_a_time = threading.RLock()  # captured steps run one after another (see CaptureStep.__call__)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _live_steps = [0]  # captured steps alive; with one, nothing can be shared
 
 
@@ -77,16 +80,19 @@ class CaptureStep(TracedCall):
     # -- the hot path ------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         """Run one step on the named input arrays; returns the loss, or a dict of outputs."""
-        feeds = self._arrive(args, kwargs, self._session is not None)
-        opt = self._opt
-        # opt._step is opt.step for an optimizer with params (only a compiled model's reads another count)
-        if opt._state_source is not self._source or opt._state_version != self._version or opt._step != self._step:
-            self._resync()
-        if _world[0] != self._world_seen:
-            self._sync_params()
-        if opt._lr != self._lr:
-            self._session.lr = self._lr = opt._lr
-        return self._run(feeds)
+        # Steps that share params or an optimizer hand values over between them: one runs at a time,
+        # from whichever thread, so that no step's update is lost to another's.
+        with _one_at_a_time:
+            feeds = self._arrive(args, kwargs, self._session is not None)
+            opt = self._opt
+            # opt._step is opt.step for an optimizer with params (only a compiled model's reads another count)
+            if opt._state_source is not self._source or opt._state_version != self._version or opt._step != self._step:
+                self._resync()
+            if _world[0] != self._world_seen:
+                self._sync_params()
+            if opt._lr != self._lr:
+                self._session.lr = self._lr = opt._lr
+            return self._run(feeds)
 
     def _run(self, feeds):
         session = self._session
@@ -104,10 +110,10 @@ class CaptureStep(TracedCall):
                 if self._ranges:
                     self._check_ranges(outs[len(self._keys):])
                 loss = outs[0].copy()
+                if not math.isfinite(loss):
+                    self._refuse("loss", float(loss))
                 if self._max_norm is not None:
                     norm = self._clip()
-                elif not math.isfinite(loss):
-                    self._refuse("loss", float(loss))
                 session._optimizer_step()
                 session._zero_grad()
             except BaseException as exc:
@@ -151,7 +157,7 @@ class CaptureStep(TracedCall):
         if not math.isfinite(total) or total < 1e-30:
             total = sum(float(np.dot(g64, g64)) for g64 in (g.astype(np.float64) for g in grads))
         norm = math.sqrt(total)
-        if not math.isfinite(norm):
+        if not norm <= _FLOAT32_MAX:  # inf, NaN, or past float32, where the reported norm is inf
             self._refuse("gradient norm", norm)
         coef = self._max_norm / (norm + 1e-6)
         if coef < 1.0:
@@ -386,9 +392,16 @@ def capture_step(fn, optimizer=None, params=None, max_grad_norm=None) -> Capture
 
     ``max_grad_norm``: gradients are scaled by ``min(1, max_grad_norm / (norm + 1e-6))`` before
     the update (as ``torch.nn.utils.clip_grad_norm_``) and the result gains ``grad_norm``, the
-    norm before clipping. A non-finite gradient norm (or, without clipping, a non-finite loss)
-    raises ``ot.NonFiniteError`` before the update: weights, moments and the step counter stay
-    as they were. The moments accumulate clipped gradients. CPU only; float32 weights.
+    norm before clipping. A non-finite loss, and with clipping a gradient norm that is not finite
+    in float32 (above 3.4e38), raise ``ot.NonFiniteError`` before the update: weights, moments
+    and the step counter stay as they were. Without clipping the gradients are not read, so a
+    finite loss whose gradient holds NaN or inf (``tanh`` of an infinite input) updates the
+    weights with it, as in PyTorch: set ``max_grad_norm`` to have every step checked. Clipping
+    costs one pass over each param's gradient in numpy per call. The moments accumulate clipped
+    gradients. CPU only; float32 weights.
+
+    Captured steps run one at a time: calls from several threads take turns, so that steps
+    sharing params or an optimizer behave as if called one after another.
     """
     if isinstance(optimizer, (Param, list, tuple)):  # the params where the optimizer goes
         raise OrtrainError("optimizer: expected an ot.optim.Adam or AdamW, received params (capture_step takes fn, "
