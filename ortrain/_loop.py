@@ -226,7 +226,6 @@ class Loop:
             self._model.stop_training = False
         cbs.check()  # before any callback starts: a refusal changes nothing
         if self._model is not None:
-            self._model.history = self.history  # as Keras sets it
             self._model._live_state = self._live_state
             self._model._live_updates = self._live_updates
             self._model._live_seen = self._seen_now
@@ -246,6 +245,10 @@ class Loop:
                     logs.update(self._validate(epoch))
                 logs["lr"] = self.epoch_lr
                 cbs.on_epoch_end(epoch, logs)
+                if self._model is not None:
+                    # as Keras sets it, once an epoch has ended: a fit refused or stopped before that
+                    # leaves the last fit's history
+                    self._model.history = self.history
                 self._check_what_trains()
                 if self.stop_training:
                     if self._model is not None:

@@ -135,6 +135,38 @@ def test_keras_3_batch_hook_names_are_called_and_uncalled_hooks_are_named(recwar
     ot.fit_generator(model, batches(2, 4), epochs=1, callbacks=[cb], verbose=0)  # told once
     assert not [w for w in recwarn if "does not call" in str(w.message)]
 
+
+def test_model_history_is_the_last_fit_that_ended_an_epoch():
+    # A fit refused once callbacks had started (a scheduler's bad rate), or stopped by an error or an
+    # interrupt in its first epoch, replaced model.history with an empty History; Keras 3 sets it at
+    # each epoch's end, so the last fit's stays until an epoch of the new one ends
+    x, y = np.ones((16, 3), np.float32), np.zeros((16, 2), np.float32)
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    first = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert model.history is first and len(first) == 2
+    with pytest.raises(ot.OrtrainError, match="the learning rate is left unchanged"):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[ot.callbacks.LearningRateScheduler(lambda e, lr: -1.0)])
+    assert model.history is first
+
+    class Stop(ot.callbacks.Callback):
+        def __init__(self, epoch, error):
+            self.at, self.error = epoch, error
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.seen = model.history
+            if epoch == self.at:
+                raise self.error
+
+    for error in (RuntimeError("a callback failed"), KeyboardInterrupt()):
+        with pytest.raises(type(error)):
+            model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[Stop(0, error)])
+        assert model.history is first
+    stop = Stop(2, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[stop])
+    assert model.history is stop.seen and model.history is not first and len(model.history) == 2
+
 def test_stop_flag_is_honoured_at_the_end_of_the_step():
     class StopAt(ot.callbacks.Callback):
         def on_batch_end(self, step, logs=None):
