@@ -908,3 +908,34 @@ def test_steps_sharing_params_called_from_two_threads_lose_no_update():
     (n, alone), (n_threaded, threaded) = run(False), run(True)
     assert n == n_threaded == 122
     np.testing.assert_array_equal(threaded, alone)  # one data, one step: any order gives these weights
+
+
+def test_a_step_recorded_again_with_a_dropout_seed_resumes_bit_for_bit():
+    # ag.dropout drew its seed from ortrain's generator when fn was recorded: a step recorded again
+    # after opt.load_state drew other masks (0.7365 for 0.9037 on the first resumed step)
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
+
+    def make(w, state=None, seed=7):
+        W = ag.param(w, name="W")
+        opt = ot.optim.Adam([W], lr=0.05)
+        if state is not None:
+            opt.load_state(state)
+        f = ot.capture_step(lambda x, y: ag.mse_loss(ag.dropout(ag.matmul(x, W), rate=0.5, seed=seed), y),
+                            optimizer=opt)
+        return W, opt, f
+
+    w0 = np.full((4, 2), 0.3, np.float32)
+    W, opt, f = make(w0.copy())
+    full = [float(f(x=x, y=y)) for _ in range(6)]
+    f.free()
+    W, opt, f = make(w0.copy())
+    part = [float(f(x=x, y=y)) for _ in range(3)]
+    state, w = opt.state(), W.numpy().copy()
+    f.free()
+    ot.set_seed(123)  # ortrain's generator elsewhere: the masks follow the seed given
+    W, opt, f = make(w, state)
+    part += [float(f(x=x, y=y)) for _ in range(3)]
+    assert part == full and len(set(full)) == 6
+    f.free()
+    with pytest.raises(ot.OrtrainError, match=r"dropout\(seed=...\)"):
+        make(w0.copy(), seed=-1)[2](x=x, y=y)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from onnx import TensorProto
 
-from ortrain._arrays import is_real, one_of_two_names, read_array
+from ortrain._arrays import checked_int, is_real, one_of_two_names, read_array
 from ortrain._random import draw_seed
 from ortrain.ag._checks import UNSET, _axis, _either, _float, _node, as_tensor, broadcast
 from ortrain.ag.tensor import FLOAT, INT, Tensor
@@ -238,20 +238,26 @@ def log_softmax(x, axis: int = UNSET, *, dim: int | None = None) -> Tensor:
 
 
 # -- dropout --------------------------------------------------------------------------------------
-def dropout(x, rate: float = 0.5, *, p: float | None = None) -> Tensor:
+def dropout(x, rate: float = 0.5, *, p: float | None = None, seed: int | None = None) -> Tensor:
     """Zero each element with probability ``rate`` (``p`` in PyTorch) and scale the rest by
     ``1 / (1 - rate)``.
 
-    Active in captured training steps (a new mask at every call); ``ot.capture`` runs without it.
+    Active in captured training steps (a new mask at every call, a function of ``seed`` and the
+    optimizer's step count); ``ot.capture`` runs without it. ``seed``: the masks' seed (as Keras'
+    ``Dropout(seed=)``); by default one is drawn from ortrain's generator (``ot.set_seed``) when
+    ``fn`` is recorded, so a step recorded again, after ``opt.load_state`` say, draws other masks
+    unless it passes ``seed`` or calls ``ot.set_seed`` with the same value first.
     """
     x = as_tensor(x, "dropout")
     _float("dropout", x)
     rate = one_of_two_names("dropout", "rate", rate, 0.5, "p", p)
     if not is_real(rate) or not 0.0 <= rate < 1.0:
         raise OrtrainError(f"dropout: {'rate' if p is None else 'p'} expected a number in [0, 1), received {rate!r}")
+    seed = checked_int(seed, "dropout(seed=...)", minimum=0, allow_none=True)
     if rate == 0:
         return x
-    seed = draw_seed()
+    if seed is None:
+        seed = draw_seed()
 
     def emit(gb, names):
         ratio = gb.const(float(rate), hint="ratio")
