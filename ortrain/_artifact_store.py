@@ -13,11 +13,13 @@ import tempfile
 from pathlib import Path
 
 from ortrain._files import CAN_LOCK, lock_file, not_a_folder
+from ortrain._keywords import names_unknown_arguments_of
 from ortrain.errors import OrtrainError
 
 _cache_root: Path | None = None
 
 
+@names_unknown_arguments_of(label="artifacts.cache_dir")
 def cache_dir() -> Path:
     """Where artifacts are cached: ``set_cache_dir`` > ``$XDG_CACHE_HOME/ortrain/artifacts`` > ``~/.cache/...``."""
     if _cache_root is not None:
@@ -28,6 +30,7 @@ def cache_dir() -> Path:
     return Path(base) / "ortrain" / "artifacts"
 
 
+@names_unknown_arguments_of(label="artifacts.set_cache_dir")
 def set_cache_dir(path) -> None:
     """Use ``path`` as the artifact cache from now on (``None`` restores the default). A relative
     path is taken from the working directory now (a later ``os.chdir`` does not move the cache)."""

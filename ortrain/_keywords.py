@@ -55,15 +55,20 @@ def name_unknown_arguments(cls) -> None:
 
 
 def _bound_first(fn, signature, params, name_of):
-    """``fn`` binding its arguments to ``signature`` before it runs: a call that does not bind
-    raises :class:`ArgumentError`, named by ``name_of(args)``."""
+    """``fn`` raising :class:`ArgumentError`, named by ``name_of(args)``, for a call that does not
+    bind to ``signature``. Python binds the arguments before ``fn``'s first line, so nothing of it
+    runs for such a call; the signature is only read when a ``TypeError`` comes back (a call that
+    binds costs one frame more), and one raised from inside ``fn`` goes on as it was."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         try:
-            signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise ArgumentError(_message(name_of(args), params, args, kwargs, exc)) from None
-        return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
+        except TypeError:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as unbound:
+                raise ArgumentError(_message(name_of(args), params, args, kwargs, unbound)) from None
+            raise  # from inside fn
 
     call._names_unknown = True
     return call
@@ -81,12 +86,39 @@ def _message(name: str, params, args, kwargs, exc: TypeError) -> str:
     return f"{name}: {exc} (it takes {taken})"
 
 
-def names_unknown_arguments_of(fn):
+def names_unknown_arguments_of(fn=None, *, label: str | None = None):
     """``fn`` (a public function or method) raising :class:`~ortrain.errors.ArgumentError` for a call
-    it cannot bind, naming the argument, what it takes and the fix, instead of Python's TypeError."""
+    it cannot bind, naming the argument, what it takes and the fix, instead of Python's TypeError.
+    ``label``: how messages name it (``artifacts.build``), ``fn.__name__`` by default; with a label
+    alone, a decorator."""
+    if fn is None:
+        return functools.partial(names_unknown_arguments_of, label=label)
+    if getattr(fn, "_names_unknown", False):
+        return fn
     signature = inspect.signature(fn)
     params = [p for p in signature.parameters.values() if p.name != "self"]
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return fn
+    name = label or fn.__name__
+    return _bound_first(fn, signature, params, lambda args: name)
 
-    return _bound_first(fn, signature, params, lambda args: fn.__name__)
+
+def names_unknown_arguments_of_methods(cls, *names: str) -> None:
+    """Give the named methods of ``cls`` (plain, class or static methods, own or inherited) the
+    :class:`~ortrain.errors.ArgumentError` of :func:`names_unknown_arguments_of`, named
+    ``Class.method``; set on ``cls`` itself, so a parent's method is wrapped for this class only."""
+    for name in names:
+        attr = inspect.getattr_static(cls, name)
+        kind = type(attr) if isinstance(attr, (classmethod, staticmethod)) else None
+        fn = attr.__func__ if kind else attr
+        if not inspect.isfunction(fn):
+            raise TypeError(f"{cls.__name__}.{name} is not a method")  # a name misspelled here
+        if getattr(fn, "_names_unknown", False):
+            continue
+        signature = inspect.signature(fn)
+        params = [p for p in signature.parameters.values()][0 if kind is staticmethod else 1:]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            continue
+        label = f"{cls.__name__}.{name}"
+        wrapped = _bound_first(fn, signature, params, lambda args, label=label: label)
+        setattr(cls, name, kind(wrapped) if kind else wrapped)

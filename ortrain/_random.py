@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from ortrain._arrays import checked_int
+from ortrain._keywords import names_unknown_arguments_of
 
 _seed: int | None = None
 _rng = np.random.default_rng()
 
 
+@names_unknown_arguments_of
 def set_seed(seed: int | None) -> None:
     """Seed ortrain's generator (weights, shuffling, dropout seeds); ``None`` re-randomises."""
     global _seed, _rng

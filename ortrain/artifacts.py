@@ -52,6 +52,7 @@ from ortrain._artifact_graphs import loss_model as loss_model
 from ortrain._artifact_store import _publish_lock, _refuse_working_directory, cache_dir, set_cache_dir
 from ortrain._artifact_store import scratch_dir as scratch_dir
 from ortrain._files import atomic_path, atomic_temporaries, fresh_dir
+from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
 from ortrain._manifest import FILES, FORMAT, finish, sha256, versions
 from ortrain._manifest import read as read_manifest
 from ortrain.engine.session import write_failure
@@ -264,6 +265,7 @@ def _opt_config(opt: optim.Optimizer) -> dict:
     return {k: v for k, v in opt.config().items() if k != "lr"}
 
 
+@names_unknown_arguments_of(label="artifacts.build")
 def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainable=None, frozen=None,
           weighting: str | None = None, refresh_checkpoint: bool = True, _accept_key=None) -> Artifacts:
     """Generate (or find in the cache) the training artifacts for ``model_or_onnx``.
@@ -423,6 +425,7 @@ def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weight
     finish(directory, manifest, fg, weights_sha256)
 
 
+@names_unknown_arguments_of(label="artifacts.load")
 def load(directory) -> Artifacts:
     """Open an artifact directory, refusing other versions and files that do not match the manifest."""
     if not isinstance(directory, (str, os.PathLike)):
@@ -466,3 +469,6 @@ def optimizer_graph_file(opt: optim.Optimizer, weight_decay: float | None, direc
     path = directory / "optimizer.onnx"
     onnx.save(opt.graph(weight_decay), path)
     return path
+
+
+names_unknown_arguments_of_methods(Artifacts, "model")

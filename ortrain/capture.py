@@ -24,6 +24,7 @@ import onnx
 
 from ortrain import artifacts, engine
 from ortrain._arrays import is_real
+from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
 from ortrain.ag.calls import Capture, TracedCall
 from ortrain.ag.tensor import Buffer, Param
 from ortrain.ag.tracer import example_inputs, trace
@@ -371,6 +372,7 @@ def _scalars_held_as_rank_one(proto, names: list[str]):
     return out
 
 
+@names_unknown_arguments_of
 def capture_step(fn, optimizer=None, params=None, max_grad_norm=None) -> CaptureStep:
     """Capture a whole training step: ``fn``'s forward pass, its backward pass and the update.
 
@@ -410,6 +412,7 @@ def capture_step(fn, optimizer=None, params=None, max_grad_norm=None) -> Capture
     return CaptureStep(fn, params, optimizer, max_grad_norm)
 
 
+@names_unknown_arguments_of
 def capture(fn, params=None) -> Capture:
     """Capture a forward computation (evaluation, acting in an environment): no backward, no update.
 
@@ -418,3 +421,6 @@ def capture(fn, params=None) -> Capture:
     returns an ndarray, or a dict of ndarrays when ``fn`` returns a dict. Dropout is off.
     """
     return Capture(fn, params)
+
+
+names_unknown_arguments_of_methods(CaptureStep, "set", "free")

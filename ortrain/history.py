@@ -7,6 +7,7 @@ import math
 import os
 
 from ortrain._files import atomic_path, checked_target
+from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain.callbacks.base import Callback
 from ortrain.callbacks.csv_logger import csv_cell
 from ortrain.errors import OrtrainError
@@ -114,3 +115,7 @@ class History(Callback):
         finally:
             plt.close(fig)
         return os.fspath(path)
+
+
+name_unknown_arguments(History)
+names_unknown_arguments_of_methods(History, "to_csv", "to_pandas", "plot")

@@ -33,7 +33,7 @@ from ortrain._arrays import (
     prepare_sample_weight,
     sample_weight_shape,
 )
-from ortrain._keywords import name_unknown_arguments
+from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import GraphBuilder, TensorSpec
 
@@ -294,6 +294,7 @@ _BY_NAME = {
 }
 
 
+@names_unknown_arguments_of(label="losses.get")
 def get(spec) -> Loss:
     """A :class:`Loss` from a name, a config dict or a Loss object."""
     if isinstance(spec, Loss):

@@ -30,7 +30,7 @@ from ortrain._arrays import (
     run_chunks,
     staged_weights,
 )
-from ortrain._keywords import name_unknown_arguments
+from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain._lifetime import Releasable
 from ortrain._snapshot import Snapshot
 from ortrain._trainer_setup import TrainerSetup
@@ -450,3 +450,8 @@ class Trainer(TrainerSetup, Releasable):
 
 
 name_unknown_arguments(Trainer)  # Trainer(model, batchsize=32) names the argument and what it takes
+names_unknown_arguments_of_methods(Trainer, "free", "step", "eval", "eval_with_outputs", "predict", "snapshot",
+                                   "update_target", "model", "weight_names", "get_weights", "set_weights",
+                                   "export_state", "calibrate_bn", "set_lr", "save_checkpoint", "from_checkpoint",
+                                   "from_artifacts")
+names_unknown_arguments_of_methods(Snapshot, "weight_names", "get_weights", "predict", "free")

@@ -282,8 +282,12 @@ def test_layer_argument_errors():
         L.Add()([a, b])
     with pytest.raises(ot.OrtrainError, match="takes int64 inputs.*dtype='int64'"):
         L.Embedding(3, 2)(ot.Input((2,)))
-    with pytest.raises(ot.OrtrainError, match="Reshape cannot fit"):
+    with pytest.raises(ot.OrtrainError, match=r"^Reshape\(target_shape=\(5,\)\) cannot hold its input "
+                       r"\(N, 4\): 4 values a sample, the target holds 5; give a target_shape whose sizes multiply "
+                       r"to 4 \(one of them may be -1\)"):
         ot.Sequential([L.Reshape((5,))], input_shape=(4,))
+    with pytest.raises(ot.OrtrainError, match=r"4 values a sample, not a multiple of 3"):
+        ot.Sequential([L.Reshape((-1, 3))], input_shape=(4,))
     with pytest.raises(ot.ShapeError, match="Conv2D kernel \\(3, 3\\) does not fit input \\(N, 1, 2, 2\\)"):
         ot.Sequential([L.Conv2D(2, 3)], input_shape=(1, 2, 2))
     for pool in (L.MaxPool2D, L.AvgPool2D):

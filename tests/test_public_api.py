@@ -188,3 +188,85 @@ def test_public_calls_name_an_argument_they_do_not_take(call, says):
         call(model)
     assert isinstance(refused.value, TypeError)
     assert model.optimizer.step == 0 and not model.history  # nothing ran
+
+
+def test_every_public_call_names_an_argument_it_does_not_take(tmp_path):
+    # about half the API raised Python's own TypeError, some naming an internal class
+    # ("TrainerSetup.from_artifacts() got an unexpected keyword argument")
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    tr = ot.Trainer(model, batch_size=4)
+    x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
+    snap = tr.snapshot()
+    W = ag.param(np.ones((2, 3), np.float32), name="W")
+    before = tr.get_weights()
+    calls = [
+        (lambda: tr.step(x, y, sw=1), "Trainer.step", "x, y, sample_weight"),
+        (lambda: tr.step(x), "Trainer.step", "x, y, sample_weight"),   # missing y
+        (lambda: tr.eval(x, y, weights=1), "Trainer.eval", "x, y, sample_weight"),
+        (lambda: tr.predict(x, verbose=0), "Trainer.predict", "x, batch_size"),
+        (lambda: tr.set_weights(before, strict=True), "Trainer.set_weights", "weights"),
+        (lambda: tr.update_target(snap, taux=1.0), "Trainer.update_target", "target, tau"),
+        (lambda: tr.calibrate_bn(x, steps=2), "Trainer.calibrate_bn", "x"),
+        (lambda: tr.save_checkpoint(tmp_path / "c", overwrite=True), "Trainer.save_checkpoint", "path"),
+        (lambda: ot.Trainer.from_checkpoint(model, tmp_path / "c", bogus=2), "Trainer.from_checkpoint", "model, path"),
+        (lambda: ot.Trainer.from_artifacts(tmp_path, loss_mask=1), "Trainer.from_artifacts", "directory, batch_size"),
+        (lambda: snap.predict(x, verbose=0), "Snapshot.predict", "x, batch_size"),
+        (lambda: model.set_weights(model.get_weights(), strict=True), "Model.set_weights", "weights"),
+        (lambda: model.get_weights(1), "Model.get_weights", "no arguments"),
+        (lambda: model.summary(line_length=80), "Model.summary", "print_fn"),
+        (lambda: ot.Sequential([], bogus=1), "Sequential", "layers, input_shape, name, seed"),
+        (lambda: ot.capture_step(lambda: W, opt=1), "capture_step", "fn, optimizer, params, max_grad_norm"),
+        (lambda: ot.artifacts.build(model, losss="mse"), "artifacts.build", "model_or_onnx, loss, optimizer"),
+        (lambda: ot.artifacts.load(tmp_path, x=1), "artifacts.load", "directory"),
+        (lambda: ot.callbacks.ReduceLROnPlateau(bogus=1), "ReduceLROnPlateau", "monitor, factor"),
+        (lambda: ot.callbacks.TerminateOnNaN(3), "TerminateOnNaN", "no arguments"),
+        (lambda: ot.callbacks.EarlyStopping(patiense=3), "EarlyStopping", "monitor, min_delta, patience"),
+        (lambda: ag.mean(W, axes=0), "ag.mean", "x, axis, keepdims, dim, keepdim"),
+        (lambda: ag.param(np.ones(2), nmae="b"), "ag.param", "array, name"),
+        (lambda: W.assign(np.ones((2, 3)), copy=False), "Param.assign", "value"),
+        (lambda: model.optimizer.load_state({}, strict=False), "Optimizer.load_state", "state"),
+        (lambda: ot.set_seed(0, deterministic=True), "set_seed", "seed"),
+        (lambda: ot.datasets.load_digits(as_frame=True), "datasets.load_digits", "flatten"),
+    ]
+    for call, name, takes in calls:
+        with pytest.raises(ot.OrtrainError, match=rf"^{re.escape(name)}\b.*\(it takes {re.escape(takes)}") as refused:
+            call()
+        assert isinstance(refused.value, TypeError), name
+    assert tr.n_steps == 0 and all((a == b).all() for a, b in zip(tr.get_weights(), before))
+    assert not list(tmp_path.iterdir())  # nothing was written
+
+
+def test_a_type_error_from_inside_a_named_call_goes_on_as_it_was():
+    from ortrain._keywords import names_unknown_arguments_of
+
+    def inner(a, b=1):
+        return a + "text"   # a TypeError that is not the call's
+
+    wrapped = names_unknown_arguments_of(inner)
+    with pytest.raises(TypeError, match="unsupported operand") as raised:
+        wrapped(1, b=2)
+    assert not isinstance(raised.value, ot.OrtrainError)
+    with pytest.raises(ot.OrtrainError, match=r"inner\(c=...\): inner takes no argument 'c' \(it takes a, b\)"):
+        wrapped(1, c=2)
+
+
+def test_refusals_say_what_to_do(tmp_path):
+    # these named the problem without the fix (or, for a parent that is a file, the wrong problem)
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    (tmp_path / "afile").write_text("")
+    x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
+    for make, who, arg in ((ot.callbacks.ModelCheckpoint, "ModelCheckpoint", "filepath"),
+                           (ot.callbacks.CSVLogger, "CSVLogger", "filename")):
+        with pytest.raises(ot.OrtrainError, match=rf"{who}: directory '.*afile' of {arg} is a file, not a directory; "
+                                                  rf"create it or choose another {arg}"):
+            model.fit(x, y, verbose=0, callbacks=[make(str(tmp_path / "afile" / "x.csv"))])
+    with pytest.raises(ot.OrtrainError, match=r"cannot read checkpoint '.*nope': No such file or directory; give the "
+                                              r"path of a file that save_checkpoint"):
+        ot.Trainer.from_checkpoint(model, tmp_path / "nope")
+    sgd = ot.optim.SGD(lr=0.1)
+    with pytest.raises(ot.OrtrainError, match=r"state of a 'adam' optimizer cannot be loaded into 'sgd': .*load it into "
+                                              r"an optimizer of its kind \(ot.optim.get\('adam'\)"):
+        sgd.load_state(model.optimizer.state())
+    assert model.optimizer.step == 0 and not model.history

@@ -58,3 +58,16 @@ __all__ = [
     "mse_loss", "mul", "neg", "param", "pow", "relu", "reshape", "scale", "sigmoid", "softmax",
     "softmax_cross_entropy_loss", "sqrt", "square", "sub", "sum", "tanh", "transpose",
 ]
+
+
+def _name_unknown_arguments() -> None:
+    import inspect
+
+    from ortrain._keywords import names_unknown_arguments_of
+    for name in __all__:
+        fn = globals()[name]
+        if inspect.isfunction(fn):  # ag.mean(x, axes=1) names the argument and what mean takes
+            globals()[name] = names_unknown_arguments_of(fn, label=f"ag.{name}")
+
+
+_name_unknown_arguments()

@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 
 from ortrain._arrays import as_array, checked_flag, is_integer, read_array
+from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
 __all__ = ["Buffer", "Const", "Input", "Param", "Tensor", "buffer", "param"]
@@ -285,3 +286,10 @@ def buffer(array, name: str | None = None) -> Buffer:
         raise ShapeError(f"ag.buffer(array): expected at least 1 dimension (rows first), received shape "
                          f"{describe_shape(value.shape)}")
     return Buffer(value, _name(name, "buffer"))
+
+
+names_unknown_arguments_of_methods(Tensor, "numpy")
+names_unknown_arguments_of_methods(Param, "numpy", "assign")
+names_unknown_arguments_of_methods(Buffer, "write")
+param = names_unknown_arguments_of(param, label="ag.param")
+buffer = names_unknown_arguments_of(buffer, label="ag.buffer")

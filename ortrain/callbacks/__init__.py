@@ -33,3 +33,13 @@ __all__ = [
     "StepDecay",
     "TerminateOnNaN",
 ]
+
+
+def _name_unknown_arguments() -> None:
+    from ortrain._keywords import name_unknown_arguments
+    for name in __all__:
+        if name not in ("Callback", "CallbackList"):  # subclassed by users, with their own arguments
+            name_unknown_arguments(globals()[name])  # Keras' arguments ported as written get the fix
+
+
+_name_unknown_arguments()

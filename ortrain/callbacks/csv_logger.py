@@ -58,7 +58,8 @@ class CSVLogger(Callback):
     def _check_fit(self):
         directory = os.path.dirname(os.path.abspath(self.filename))
         if not os.path.isdir(directory):
-            raise OrtrainError(f"CSVLogger: directory {directory!r} does not exist; create it or choose "
+            what = "is a file, not a directory" if os.path.exists(directory) else "does not exist"
+            raise OrtrainError(f"CSVLogger: directory {directory!r} of filename {what}; create it or choose "
                                "another filename")
         if os.path.isdir(self.filename):
             raise OrtrainError(f"CSVLogger: filename {self.filename!r} is a directory; give a file path such as "

@@ -77,7 +77,8 @@ class ModelCheckpoint(Callback):
     def _check_fit(self):
         directory = os.path.dirname(os.path.abspath(self.filepath))
         if not os.path.isdir(directory):
-            raise OrtrainError(f"ModelCheckpoint: directory {directory!r} does not exist; create it or choose "
+            what = "is a file, not a directory" if os.path.exists(directory) else "does not exist"
+            raise OrtrainError(f"ModelCheckpoint: directory {directory!r} of filepath {what}; create it or choose "
                                "another filepath")
         if (self.save_model is True or self.save_weights_only) and self.loop.model is None:
             given = "save_weights_only=True" if self.save_weights_only else "save_model=True"

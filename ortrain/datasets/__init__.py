@@ -11,9 +11,12 @@ from importlib import resources
 
 import numpy as np
 
+from ortrain._keywords import names_unknown_arguments_of
+
 __all__ = ["load_digits"]
 
 
+@names_unknown_arguments_of(label="datasets.load_digits")
 def load_digits(flatten: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)``: float32 pixels scaled to [0, 1] and int64 labels 0-9.
 

@@ -128,7 +128,8 @@ def read_checkpoint(path: str | os.PathLike, verify: bool = False) -> Checkpoint
         with open(path, "rb") as f:
             buf = f.read()
     except OSError as exc:
-        raise OrtrainError(f"cannot read checkpoint {os.fspath(path)!r}: {exc.strerror}") from exc
+        raise OrtrainError(f"cannot read checkpoint {os.fspath(path)!r}: {exc.strerror}; give the path of a "
+                           "file that save_checkpoint (or a fit's ModelCheckpoint) wrote") from exc
     if len(buf) < 8 or buf[4:8] != _IDENTIFIER:
         hint = ""
         if buf[:4] == b"PK\x03\x04":  # a zip: what model.save (and ModelCheckpoint by default) writes

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from ortrain._arrays import positive_int
+from ortrain._keywords import names_unknown_arguments_of
 from ortrain.engine import denormals
 from ortrain.engine._runtime import C, get_ort_device_type
 from ortrain.errors import OrtrainError
@@ -85,12 +86,14 @@ def thread_count(n, argument: str) -> int | None:
     return n
 
 
+@names_unknown_arguments_of
 def set_num_threads(n: int | None) -> None:
     """Intra-op threads for sessions created from now on; ``None`` means all cores."""
     global _threads
     _threads = thread_count(n, "set_num_threads")
 
 
+@names_unknown_arguments_of
 def get_num_threads() -> int:
     return _threads or default_threads()
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ortrain import _random
 from ortrain._arrays import as_array, checked_flag, checked_int, read_array
-from ortrain._keywords import name_unknown_arguments
+from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 from ortrain.graph.activations import sigmoid
@@ -357,3 +357,6 @@ class Layer:
     def __repr__(self) -> str:
         cfg = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
         return f"{type(self).__name__}({cfg}{', ' if cfg else ''}name={self.name!r})"
+
+
+names_unknown_arguments_of_methods(Layer, "get_weights", "set_weights")

@@ -17,7 +17,11 @@ import onnx
 
 from ortrain._arrays import checked_flag, is_integer, staged_weights
 from ortrain._files import atomic_path, checked_target
-from ortrain._keywords import names_unknown_arguments_of
+from ortrain._keywords import (
+    name_unknown_arguments,
+    names_unknown_arguments_of,
+    names_unknown_arguments_of_methods,
+)
 from ortrain._names import picked
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, describe_shape
@@ -580,3 +584,9 @@ def _one_or_list(items: list, shapes: bool = True):
     if shapes:
         items = [(None,) + tuple(shape[1:]) if shape else tuple(shape) for shape in items]
     return items[0] if len(items) == 1 else items
+
+
+name_unknown_arguments(Model)  # ot.Model(inputs, outputs, nmae=...) names the argument and what it takes
+names_unknown_arguments_of_methods(Model, "get_layer", "count_params", "weight_names", "get_weights", "set_weights",
+                                   "weights_digest", "index_bounds", "forward_graph", "freeze", "unfreeze",
+                                   "freeze_bn_stats", "unfreeze_bn_stats", "predict_on_batch", "copy", "summary")

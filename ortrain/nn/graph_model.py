@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortrain._arrays import run_chunks
+from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec, spec_of
 from ortrain.graph.forward import ForwardGraph, ParamSpec
@@ -128,3 +129,7 @@ class GraphModel(Model):
         for s in self.output_specs:
             print_fn(f"  output {s.name}: {s.shape} {np.dtype(s.dtype).name}")
         print_fn(self._param_totals())
+
+
+name_unknown_arguments(GraphModel)
+names_unknown_arguments_of_methods(GraphModel, "index_bounds", "summary")

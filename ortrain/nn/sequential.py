@@ -8,6 +8,7 @@ import numpy as np
 
 from ortrain import _random
 from ortrain._arrays import checked_int, is_integer
+from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain.errors import OrtrainError
 from ortrain.nn.base_layer import Layer
 from ortrain.nn.base_model import Model
@@ -188,3 +189,7 @@ def _dtype(value) -> np.dtype | None:
         return np.dtype(value)
     except TypeError:
         return None
+
+
+name_unknown_arguments(Sequential)
+names_unknown_arguments_of_methods(Sequential, "add", "pop")

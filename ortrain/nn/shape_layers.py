@@ -48,12 +48,13 @@ class Reshape(Layer):
             return (input_shapes[0][0],) + tuple(None if d == -1 else d for d in target)
         total = int(np.prod(rest, dtype=np.int64))
         known = int(np.prod([d for d in target if d != -1], dtype=np.int64))
+        if (total % known) if -1 in target else known != total:
+            why = f"not a multiple of {known}" if -1 in target else f"the target holds {known}"
+            raise ShapeError(f"{self.name + ': ' if self.name else ''}Reshape(target_shape={self.target_shape}) cannot hold its input "
+                             f"{describe_shape(input_shapes[0])}: {total} values a sample, {why}; give a "
+                             f"target_shape whose sizes multiply to {total} (one of them may be -1)")
         if -1 in target:
-            if total % known:
-                raise ShapeError(f"Reshape cannot fit {describe_shape(input_shapes[0])} into {self.target_shape}")
             target[target.index(-1)] = total // known
-        elif known != total:
-            raise ShapeError(f"Reshape cannot fit {describe_shape(input_shapes[0])} into {self.target_shape}")
         return (input_shapes[0][0],) + tuple(target)
 
     def emit(self, ctx, inputs):

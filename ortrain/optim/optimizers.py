@@ -15,7 +15,11 @@ import numpy as np
 import onnx
 
 from ortrain._arrays import FLOAT32_TINY, as_array, as_float32, is_real, one_of_two_names
-from ortrain._keywords import name_unknown_arguments
+from ortrain._keywords import (
+    name_unknown_arguments,
+    names_unknown_arguments_of,
+    names_unknown_arguments_of_methods,
+)
 from ortrain.errors import OrtrainError
 from ortrain.optim.graphs import adamw_graph, sgd_graph
 
@@ -261,7 +265,8 @@ class Optimizer:
                                f"{type(state).__name__} with keys {sorted(state) if isinstance(state, dict) else '-'}")
         if state.get("name", self.name) != self.name:
             raise OrtrainError(f"load_state: state of a {state.get('name')!r} optimizer cannot be loaded into "
-                               f"{self.name!r}")
+                               f"{self.name!r}: moments of one are not those of the other; load it into an "
+                               f"optimizer of its kind (ot.optim.get({state.get('name')!r}) with the same settings)")
         step = state["step"]
         if not is_step(step):
             raise OrtrainError(f"load_state: 'step' must be an int from 0 to 2**62 - 1, received {step!r}")
@@ -448,6 +453,7 @@ class SGD(Optimizer):
 _BY_NAME = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
 
 
+@names_unknown_arguments_of(label="optim.get")
 def get(spec) -> Optimizer:
     """An optimizer from ``"adam"``, ``"adamw"``, ``"sgd"``, a config dict or an object."""
     if isinstance(spec, Optimizer):
@@ -464,3 +470,6 @@ def get(spec) -> Optimizer:
     if isinstance(spec, str) and spec.lower() in _BY_NAME:
         return _BY_NAME[spec.lower()]()
     raise OrtrainError(f"optimizer: expected 'adam', 'adamw', 'sgd' or an ot.optim object, received {spec!r}")
+
+
+names_unknown_arguments_of_methods(Optimizer, "state", "load_state")
