@@ -726,6 +726,19 @@ def _seed_random_ops(proto: onnx.ModelProto) -> None:
             node.attribute.append(onnx.helper.make_attribute("seed", kind(_random.draw_seed())))
 
 
+def _warn_random_outside_training(proto: onnx.ModelProto) -> None:
+    """Ops other than ``Dropout`` that draw random numbers draw them in every run: ortrain switches
+    ``Dropout`` off in predictions, evaluation and exports, not these (a VAE's sampling means it;
+    a dropout an exporter wrote as random ops, the dynamo exporter's ``Dropout2d``, does not)."""
+    drawn = sorted({n.op_type for n in proto.graph.node
+                    if n.op_type in _RANDOM_OPS and n.op_type != "Dropout" and n.domain in ("", "ai.onnx")})
+    if drawn:
+        warn(f"from_onnx: the model draws random numbers ({', '.join(drawn)}), and does so in predict, evaluate and "
+             "the exported model too: only Dropout nodes are switched off outside training. A dropout the exporter "
+             "wrote as random ops (the dynamo exporter's Dropout2d) stays on; export it as nn.Dropout, or export the "
+             "model for inference from PyTorch's eval mode", UserWarning)
+
+
 def _check_shapes(fg) -> None:
     """Shapes and types that cannot fit together (a ``MatMul`` of 4 columns into 5 rows, an int64
     tensor into a float op) are refused here, naming the node, instead of failing later in the
@@ -867,6 +880,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _warn_batch_not_first(proto, data)
     proto, _ = repair(proto)
     _seed_random_ops(proto)
+    _warn_random_outside_training(proto)
     _normal_epsilons(proto)
     proto, _ = free_batch_dimension(proto, data)
     proto, _ = free_output_dimensions(proto)
