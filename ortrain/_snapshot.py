@@ -57,18 +57,21 @@ class Snapshot(Releasable):
 
     @exclusive
     def weight_names(self) -> list[str]:
+        """The weights' names, in the model's order (that of :meth:`get_weights`)."""
         self._live()
         return [p.name for p in self._params]
 
     @exclusive
     def get_weights(self) -> list[np.ndarray]:
-        """Copies of the weights, in the model's order."""
+        """Copies of the weights, in the model's order (:meth:`weight_names`). Raises
+        :class:`FreedError` after :meth:`free`."""
         self._live()
         return [self._weights[p.name].copy() for p in self._params]
 
     @exclusive
     def predict(self, x, batch_size=None) -> np.ndarray | list[np.ndarray]:
-        """Outputs for any number of rows: one array, or a list in output order for several outputs."""
+        """Outputs for any number of rows: one array, or a list in output order for several outputs.
+        Raises :class:`ShapeError` for inputs of the wrong shape, :class:`FreedError` after :meth:`free`."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
         xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds)
@@ -105,4 +108,10 @@ class Snapshot(Releasable):
 
     @property
     def freed(self) -> bool:
+        """Whether :meth:`free` was called."""
         return self._freed
+
+    def __repr__(self) -> str:
+        # no lock: a repr (a debugger's, a log line's) never waits for a predict in another thread
+        state = "freed" if getattr(self, "_freed", True) else f"device={getattr(self, '_device', '?')!r}"
+        return f"<Snapshot weights={len(getattr(self, '_params', ()))} {state}>"

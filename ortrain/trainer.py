@@ -219,7 +219,11 @@ class Trainer(TrainerSetup, Releasable):
         A NaN or infinity in ``x``, ``y`` or ``sample_weight`` is refused (:class:`NonFiniteError`)
         and changes nothing. A step whose inputs are finite but whose loss overflows (training
         diverging, inputs far beyond the usual range) is taken, as in Keras and PyTorch: check the
-        returned loss, or stop a fit with ``callbacks.TerminateOnNaN``."""
+        returned loss, or stop a fit with ``callbacks.TerminateOnNaN``.
+
+        Raises :class:`ShapeError` for a batch of another row count or shape than the model's
+        inputs (or a ``sample_weight`` of the wrong shape), :class:`NonFiniteError` for a NaN or
+        infinity in the inputs, :class:`FreedError` after :meth:`free`; a refused step changes nothing."""
         self._live()
         fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
         return float(fetches[1].numpy())
@@ -261,11 +265,18 @@ class Trainer(TrainerSetup, Releasable):
         refuse_non_finite(feeds, names, "this step was not taken")
 
     def eval(self, x, y, sample_weight=None) -> float:
-        """The loss on one batch of ``batch_size`` rows, without backward pass or dropout."""
+        """The loss on one batch of ``batch_size`` rows, without backward pass or dropout.
+
+        Raises :class:`ShapeError` for a batch of another row count or shape, :class:`FreedError`
+        after :meth:`free`."""
         self._live()
         return self.eval_with_outputs(x, y, sample_weight, rows=self.batch_size)[0]
 
     def eval_with_outputs(self, x, y, sample_weight=None, rows: int | None = None) -> tuple[float, np.ndarray]:
+        """``(loss, predictions)`` for one batch, without backward pass or dropout: the loss as
+        :meth:`eval` returns it and the model's first output for the batch's rows. ``rows=None``
+        (the default) takes a batch of any number of rows; :meth:`eval` pins it to ``batch_size``.
+        Raises :class:`ShapeError` for a batch whose shape does not fit."""
         self._live()
         fetches, _, _ = self._eval(x, y, sample_weight, rows)
         return float(fetches[1].numpy()), fetches[2].numpy()
@@ -317,7 +328,11 @@ class Trainer(TrainerSetup, Releasable):
 
     def update_target(self, target: Snapshot, tau: float = 1.0) -> None:
         """``target <- tau * current + (1 - tau) * target`` for trainable weights; batch-norm running
-        statistics and frozen weights are copied whole. ``tau=1`` is a hard copy."""
+        statistics and frozen weights are copied whole. ``tau=1`` is a hard copy.
+
+        Raises :class:`OrtrainError` for a ``target`` that is not a :class:`Snapshot`, whose weights
+        differ from this trainer's by name or shape, or for ``tau`` outside [0, 1]; :class:`FreedError`
+        when the trainer or the target was freed."""
         self._live()
         if not isinstance(target, Snapshot):
             raise OrtrainError(f"target: expected a Snapshot from trainer.snapshot(), received "
@@ -430,22 +445,27 @@ class Trainer(TrainerSetup, Releasable):
 
     @property
     def lr(self) -> float:
+        """The learning rate of the next update (:meth:`set_lr` changes it; a fit's schedules set it)."""
         self._live()
         return self._lr
 
     @property
     def n_steps(self) -> int:
-        """The number of ``step()`` calls so far (including those of a resumed checkpoint)."""
+        """The training steps (forward and backward passes) of the model's training so far: this
+        trainer's ``step()`` calls, plus those taken before it, by the fits that trained the model
+        it was given (its ``train_state``) or by the trainer that wrote a resumed checkpoint."""
         self._live()
         return self._n_steps
 
     @property
     def n_updates(self) -> int:
+        """The optimizer updates so far (Adam's step count), counted as :attr:`n_steps` is: with
+        ``nbatch_logical`` one update per ``nbatch_logical / batch_size`` steps, else one per step."""
         self._live()
         return self._updates
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else f"n_steps={self._n_steps}, lr={self._lr:g}"
+        state = "freed" if self._freed else f"n_steps={self._n_steps} lr={self._lr:g}"
         return f"<Trainer batch_size={getattr(self, 'batch_size', '?')} {state}>"
 
 
