@@ -208,8 +208,7 @@ class TrainerSetup:
 
     @classmethod
     def from_checkpoint(cls, model: Model, path, batch_size: int = 32, nbatch_logical=None, loss_mask=None,
-                        weight_decay=None, device: str = "cpu", threads=None,
-                        _weights_any_loss: bool = False) -> Trainer:
+                        weight_decay=None, device: str = "cpu", threads=None) -> Trainer:
         """A trainer for ``model`` that continues bit-exactly from ``save_checkpoint(path)`` (with the
         exceptions listed there). ``weight_decay=None`` takes the one the checkpoint was written with."""
         data = engine.read_checkpoint(path, verify=True)
@@ -225,7 +224,6 @@ class TrainerSetup:
         positive_int(batch_size, "batch_size")
         tr = cls.__new__(cls)
         tr._freed = True
-        tr._any_loss = bool(_weights_any_loss)
 
         def accept(key: str, parts) -> None:  # before the artifacts are written: a refusal leaves no cache entry
             if props[_PROP + "key"] == key:
@@ -242,8 +240,8 @@ class TrainerSetup:
                                "from a model.save file of that run: ot.load_model(path) holds its weights and "
                                "optimizer state, and fit continues from them")
 
-        art = artifacts_mod.build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
-                                  refresh_checkpoint=False, _accept_key=accept)
+        art = artifacts_mod._build(model, loss=model.loss, optimizer=model.optimizer, weighting=weighting,
+                                   refresh_checkpoint=False, accept_key=accept)
         # The key matched artifacts with one weight per sample: a fit with sample weights wrote it,
         # which weights any loss, so loss_mask=1 resumes it whatever the loss.
         tr._any_loss = tr._any_loss or weighting == "sample"

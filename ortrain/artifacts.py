@@ -267,7 +267,7 @@ def _opt_config(opt: optim.Optimizer) -> dict:
 
 @names_unknown_arguments_of(label="artifacts.build")
 def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainable=None, frozen=None,
-          weighting: str | None = None, refresh_checkpoint: bool = True, _accept_key=None) -> Artifacts:
+          weighting: str | None = None, refresh_checkpoint: bool = True) -> Artifacts:
     """Generate (or find in the cache) the training artifacts for ``model_or_onnx``.
 
     ``model_or_onnx`` is an :class:`ortrain.Model`, a :class:`ForwardGraph`, an
@@ -289,10 +289,19 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     ``Trainer.from_artifacts`` of the record or of its directory trains at the rate of this
     build (a ``Trainer`` of a model takes the model's rate in any case).
     ``refresh_checkpoint=False`` accepts a cache hit with other weights (the Trainer copies the
-    model's weights into its session anyway). ``_accept_key`` (internal) is called with the key
-    and a function returning its :func:`key_parts` before anything is written, and may refuse it
-    by raising.
+    model's weights into its session anyway).
+
+    Raises :class:`OrtrainError` for a model it cannot train (an unsupported op, no trainable
+    weight), an unknown loss or optimizer, or an ``out_dir`` that is no directory path.
     """
+    return _build(model_or_onnx, loss, optimizer, out_dir, trainable=trainable, frozen=frozen, weighting=weighting,
+                  refresh_checkpoint=refresh_checkpoint)
+
+
+def _build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainable=None, frozen=None,
+           weighting: str | None = None, refresh_checkpoint: bool = True, accept_key=None) -> Artifacts:
+    """:func:`build`, calling ``accept_key`` (when given) with the key and a function returning its
+    :func:`key_parts` before anything is written; it may refuse the key by raising."""
     _check_weighting(weighting)
     if out_dir is not None and (not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir)):
         raise OrtrainError(f"out_dir: expected a directory path (str or os.PathLike) or None for the cache, "
@@ -302,8 +311,8 @@ def build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, trainab
     loss = losses.get(loss)
     opt = optim.get(optimizer)
     key = _key(fg, loss, opt, weighting)
-    if _accept_key is not None:
-        _accept_key(key, lambda: key_parts(fg, loss, opt, weighting))
+    if accept_key is not None:
+        accept_key(key, lambda: key_parts(fg, loss, opt, weighting))
     # through symbolic links: publishing renames a new folder into place, which would replace a link
     target = Path(os.path.realpath(out_dir)) if out_dir is not None else cache_dir() / key[:24]
 

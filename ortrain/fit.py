@@ -63,7 +63,7 @@ from ortrain.data import (
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
 from ortrain.nn.model import Model
-from ortrain.trainer import Trainer
+from ortrain.trainer import Trainer, weighing_any_loss
 
 __all__ = ["fit_generator", "fit_model", "train"]
 
@@ -353,8 +353,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     weights_given = w is not None or bool(_any_weighted(source)) or val_weighted or cw is not None
     one = isinstance(loss_mask, (int, np.integer)) and not isinstance(loss_mask, bool) and loss_mask == 1
     any_loss = (loss_mask is None and weights_given) or one
-    trainer = Trainer(staged, batch_size=rows, nbatch_logical=nbatch_logical, loss_mask=1 if any_loss else loss_mask,
-                      weight_decay=weight_decay, _weights_any_loss=any_loss)
+    trainer = weighing_any_loss(staged, any_loss, batch_size=rows, nbatch_logical=nbatch_logical,
+                                loss_mask=1 if any_loss else loss_mask, weight_decay=weight_decay)
     with trainer:
         try:
             # labels and weights too, before the caller's model changes
@@ -459,7 +459,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
     val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)
     weighted = ws is not None or val_weighted
-    with Trainer(model, batch_size=bs, loss_mask=1 if weighted else None, _weights_any_loss=weighted) as tr:
+    with weighing_any_loss(model, weighted, batch_size=bs, loss_mask=1 if weighted else None) as tr:
         source = ArraySource(xs, ys, ws, bs, shuffle=shuffle, continues=steps_per_epoch is not None)
         loop = Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
                      validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),

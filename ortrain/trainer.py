@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ortrain import engine
+from ortrain import _trainer_setup, engine
 from ortrain._arrays import (
     is_real,
     label_positions,
@@ -74,13 +74,13 @@ class Trainer(TrainerSetup, Releasable):
     _instead = ("tr.save_checkpoint(path) and ot.Trainer.from_checkpoint(model, path) carry its state, "
                 "tr.model() its weights, tr.snapshot() an independent copy for predictions")
 
+    # Private: the fit loop's trainers (weighing_any_loss) take per-sample weights (loss_mask=1) for
+    # every loss, as the artifacts allow; the public rule keeps loss_mask to mean squared error.
+    _any_loss = False
+
     def __init__(self, model: Model, batch_size: int = 32, nbatch_logical: int | None = None, loss_mask=None,
-                 weight_decay: float | None = None, device: str = "cpu", threads: int | None = None,
-                 _weights_any_loss: bool = False):
+                 weight_decay: float | None = None, device: str = "cpu", threads: int | None = None):
         self._freed = True  # until the session exists
-        # Private: the fit loop passes per-sample weights (loss_mask=1) for every loss, as the
-        # artifacts allow; the public rule keeps loss_mask to mean squared error.
-        self._any_loss = bool(_weights_any_loss)
         self._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads)
 
     # -- lifetime -------------------------------------------------------------------------------
@@ -475,3 +475,18 @@ names_unknown_arguments_of_methods(Trainer, "free", "step", "eval", "eval_with_o
                                    "export_state", "calibrate_bn", "set_lr", "save_checkpoint", "from_checkpoint",
                                    "from_artifacts")
 names_unknown_arguments_of_methods(Snapshot, "weight_names", "get_weights", "predict", "free")
+
+
+def weighing_any_loss(model: Model, any_loss: bool, **settings) -> Trainer:
+    """``Trainer(model, **settings)`` whose ``loss_mask=1`` weighs any loss when ``any_loss`` (the fit
+    loop's trainers: the artifacts allow it, the public rule keeps ``loss_mask`` to mean squared error)."""
+    tr = Trainer.__new__(Trainer)
+    tr._any_loss = bool(any_loss)
+    tr.__init__(model, **settings)
+    return tr
+
+
+# TrainerSetup's annotations name Trainer (from_checkpoint and from_artifacts return one): imported
+# there only for type checkers (the import would be circular), the name is set here so
+# typing.get_type_hints resolves them.
+_trainer_setup.Trainer = Trainer

@@ -30,6 +30,7 @@ from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name, 
 from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats, name_free_dimensions
 from ortrain.graph.repairs import activations_as_arithmetic
 from ortrain.metrics import logged_names as metrics_logged_names
+from ortrain.nn import training as _training
 from ortrain.nn.base_layer import EmitContext, Layer, sync_live
 from ortrain.nn.core_layers import Embedding
 from ortrain.nn.saving import model_from_record, model_record, save_model
@@ -200,9 +201,18 @@ class Model(TrainingMixin):
                        if not trainable_only or p.role == "trainable"))
 
     def weight_names(self) -> list[str]:
+        """The names of every weight (trainable, frozen, batch-norm statistics), in
+        :meth:`get_weights` order: ``"<layer name>.<weight>"`` (e.g. ``"dense_0.kernel"``) for a
+        model of layers; the ONNX initializers' names for a model from :func:`ortrain.from_onnx`."""
         return [p.name for p in self._base_params()]
 
     def get_weights(self) -> list[np.ndarray]:
+        """Copies of every weight, frozen ones and batch-norm statistics included, in layer order,
+        each layer's in a fixed order: ``Dense`` kernel ``(in, out)`` then bias; ``Conv2D`` kernel
+        ``(filters, channels, kh, kw)`` then bias; ``BatchNorm`` gamma, beta, running_mean,
+        running_var; ``LayerNorm`` gamma, beta. :meth:`weight_names` names them in the same order,
+        and :meth:`set_weights` takes a list in it. A model from :func:`ortrain.from_onnx` keeps
+        the file's order (a PyTorch export's ``state_dict`` order)."""
         table = self._weight_table()
         return [table[n].copy() for n in self.weight_names()]
 
@@ -327,16 +337,20 @@ class Model(TrainingMixin):
         """running_var name -> running_mean name for every batch norm of the graph."""
         return {n.input[4]: n.input[3] for n in batchnorm_nodes(self._base_proto())}
 
-    def freeze(self, names_or_layers, *, _by: str = "freeze") -> None:
+    def freeze(self, names_or_layers) -> None:
         """Stop training these weights (layers, layer names, weight names or glob patterns).
 
         A frozen batch-norm layer also keeps its running statistics fixed (Keras' behaviour).
         """
+        self._freeze(names_or_layers, "freeze")
+
+    def _freeze(self, names_or_layers, by: str) -> None:
+        """:meth:`freeze`; ``by`` names the caller in its warnings."""
         resolved = self._resolve(names_or_layers, "freeze")
         roles = {p.name: p.role for p in self._base_params()}
         pairs = self._bn_stat_pairs()
         means = set(pairs.values())
-        self._warn_one_statistic(resolved, pairs, _by)
+        self._warn_one_statistic(resolved, pairs, by)
         for n in resolved:
             if roles[n] == "trainable":
                 self._frozen.add(n)
@@ -578,6 +592,11 @@ class Model(TrainingMixin):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}: {len(self.weight_names())} weights>"
+
+
+# TrainingMixin's annotations name Model (compile returns the model): imported there only for type
+# checkers (the import would be circular), the name is set here so typing.get_type_hints resolves them.
+_training.Model = Model
 
 
 def _one_or_list(items: list, shapes: bool = True):

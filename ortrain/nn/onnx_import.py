@@ -908,5 +908,5 @@ def freeze_named_statistics(model, frozen, copy: bool = False):
     stats = [p.name for p in model._base_params() if p.role == "buffer" and p.name in named]
     if stats:
         model = model.copy() if copy else model
-        model.freeze(stats, _by="from_onnx(frozen=...)")
+        model._freeze(stats, "from_onnx(frozen=...)")
     return model
