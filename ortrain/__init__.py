@@ -8,9 +8,9 @@ captured training step.
 
 # Importing the engine (which every module below does) checks the environment: onnx pinned
 # below 1.18, the training build of onnxruntime; a problem is an OrtrainError naming the fix.
-from ortrain._cli_start import one_line_for_the_command_line
+from ortrain._cli_start import one_line_for_the_command_line as _one_line_for_the_command_line
 
-with one_line_for_the_command_line():
+with _one_line_for_the_command_line():
     from ortrain import ag, artifacts, callbacks, datasets, engine, layers, losses, metrics, optim
 from ortrain._random import set_seed
 from ortrain._version import __version__

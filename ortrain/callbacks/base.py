@@ -35,12 +35,22 @@ epoch's logs; ``on_train_begin`` and ``on_epoch_begin`` an empty dict.
 
 from __future__ import annotations
 
+import inspect
+
 from ortrain._warnings import warn
+from ortrain.callbacks._monitor import Monitor
 
 __all__ = ["Callback", "CallbackList"]
 
 class Callback:
-    """Base class: override the hooks you need."""
+    """Base class: override the hooks you need; each is a no-op here.
+
+    A fit calls ``on_train_begin``, then per epoch ``on_epoch_begin``, ``on_batch_begin`` and
+    ``on_batch_end`` around every step, ``on_epoch_end``, and at last ``on_train_end``. Epochs
+    are counted from 0 (shifted by ``initial_epoch``), batches from 0 in each epoch. During the
+    fit ``self.model``, ``self.trainer``, ``self.loop`` and ``self.params`` are set (see the
+    module's docstring).
+    """
 
     loop = None
     trainer = None
@@ -70,22 +80,28 @@ class Callback:
         (a log file truncated, a counter reset) as it was."""
 
     def on_train_begin(self, logs=None) -> None:
-        pass
+        """Called once before the first epoch; ``logs`` is empty. Reset the callback's state here."""
 
     def on_train_end(self, logs=None) -> None:
-        pass
+        """Called once at the end, for every callback whose ``on_train_begin`` ran: after the last
+        epoch, when a callback stopped training, and when training raised; ``logs`` holds the last
+        finished epoch's values."""
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
-        pass
+        """Called before each epoch, ``epoch`` counted from 0 (from ``initial_epoch`` on); ``logs`` is
+        empty."""
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        pass
+        """Called after each epoch; ``logs`` holds the epoch's mean ``loss`` and metrics, the ``val_``
+        values after an epoch that validated, and ``lr``."""
 
     def on_batch_begin(self, step: int, logs=None) -> None:
-        pass
+        """Called before each training step, ``step`` counted from 0 in each epoch; ``logs`` holds
+        ``batch`` (the same index)."""
 
     def on_batch_end(self, step: int, logs=None) -> None:
-        pass
+        """Called after each training step; ``logs`` holds ``batch``, ``size`` (the batch's rows) and
+        that batch's own ``loss``."""
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
         """Keras 3's name for :meth:`on_batch_begin`, which it calls; override either."""
@@ -97,6 +113,51 @@ class Callback:
 
     def _overrides(self, hook: str) -> bool:
         return getattr(type(self), hook) is not getattr(Callback, hook)
+
+    def __repr__(self) -> str:
+        """The class and its settings: each argument of its constructor stored under the same name,
+        when required or not at its default (a watched value's name always)."""
+        try:
+            shown = ", ".join(f"{name}={_short(value)}" for name, value in self._settings())
+        except Exception:  # noqa: BLE001 - a repr never raises (a subclass's half-built state)
+            shown = "..."
+        return f"{type(self).__name__}({shown})"
+
+    def _settings(self):
+        """``(argument, value)`` pairs for :meth:`__repr__`."""
+        init = type(self).__init__
+        if init is object.__init__:
+            return
+        monitor = self.__dict__.get("monitor")
+        for p in list(inspect.signature(init).parameters.values())[1:]:
+            if p.name == "min_delta" and isinstance(monitor, Monitor):  # kept by the monitor
+                value = monitor.min_delta
+            elif p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name not in self.__dict__:
+                continue
+            else:
+                value = self.__dict__[p.name]
+            if isinstance(value, Monitor):
+                yield p.name, value.name
+            elif p.default is p.empty or not _same(value, p.default):
+                yield p.name, value
+
+
+def _same(value, default) -> bool:
+    try:
+        return bool(value == default) and type(value) is type(default)
+    except Exception:  # noqa: BLE001 - an array compared with its default
+        return False
+
+
+def _short(value) -> str:
+    if callable(value):
+        text = getattr(value, "__name__", None)
+    elif hasattr(value, "write") and isinstance(getattr(value, "name", None), str):
+        text = value.name if value.name.startswith("<") else f"<{value.name}>"  # a file
+    else:
+        text = None
+    text = text or repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # Keras hooks of evaluation and prediction, which ortrain's fit does not call: a callback that

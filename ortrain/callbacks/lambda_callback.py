@@ -39,6 +39,9 @@ class LambdaCallback(Callback):
     def _overrides(self, hook: str) -> bool:
         return hook in self._fns
 
+    def _settings(self):
+        return self.__dict__.get("_fns", {}).items()
+
     def on_train_begin(self, logs=None):
         self._call("on_train_begin", logs)
 

@@ -95,6 +95,8 @@ def set_num_threads(n: int | None) -> None:
 
 @names_unknown_arguments_of
 def get_num_threads() -> int:
+    """The intra-op threads sessions created from now on use: :func:`set_num_threads`' setting, or
+    the cores this process may run on when it is ``None`` (the default)."""
     return _threads or default_threads()
 
 
