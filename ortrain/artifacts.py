@@ -69,66 +69,87 @@ BUILDER_REVISION = 25
 
 @dataclass(frozen=True)
 class Artifacts:
-    """A validated artifact directory: paths plus the parsed manifest."""
+    """A validated artifact directory: paths plus the parsed manifest.
+
+    ``directory`` holds the files; ``manifest`` is ``manifest.json`` parsed. The properties
+    below read one of them; ``build`` and ``load`` return a record whose files were checked.
+    """
 
     directory: Path
     manifest: dict
 
     @property
     def training(self) -> Path:
+        """The training graph: forward, loss, backward and gradient accumulation."""
         return self.directory / "training.onnx"
 
     @property
     def eval(self) -> Path:
+        """The eval graph: forward and loss, no backward."""
         return self.directory / "eval.onnx"
 
     @property
     def optimizer_graph(self) -> Path:
+        """The optimizer graph: the update of the trainable weights from their gradients."""
         return self.directory / "optimizer.onnx"
 
     @property
     def forward(self) -> Path:
+        """The forward graph alone (predictions; the inference graph is made from it)."""
         return self.directory / "forward.onnx"
 
     @property
     def checkpoint(self) -> Path:
+        """The onnxruntime-training checkpoint holding the weights the artifacts were built with."""
         return self.directory / "checkpoint"
 
     @property
     def key(self) -> str:
+        """The content hash the cache is keyed by (architecture, weight roles, loss, weighting,
+        optimizer settings but the learning rate, versions); weights are not part of it."""
         return self.manifest["key"]
 
     @property
     def inputs(self) -> list[TensorSpec]:
+        """The model's inputs: name, dtype and shape (``None`` for the free batch dimension)."""
         return [TensorSpec.from_json(d) for d in self.manifest["inputs"]]
 
     @property
     def outputs(self) -> list[TensorSpec]:
+        """The model's outputs: name, dtype and shape (``None`` for the free batch dimension)."""
         return [TensorSpec.from_json(d) for d in self.manifest["outputs"]]
 
     @property
     def label(self) -> TensorSpec:
+        """The labels input of the training and eval graphs (``y``)."""
         return TensorSpec.from_json(self.manifest["label"])
 
     @property
     def sample_weight(self) -> TensorSpec | None:
+        """The loss-weights input, or None when the artifacts were built without ``weighting``."""
         d = self.manifest["sample_weight"]
         return TensorSpec.from_json(d) if d else None
 
     @property
     def weighting(self) -> str | None:
+        """``"sample"`` (one weight per sample), ``"element"`` (one per output element) or None."""
         return self.manifest["weighting"]
 
     @property
     def params(self) -> list[ParamSpec]:
+        """Every weight in the model's order: name, shape, dtype and role (``"trainable"``,
+        ``"frozen"``, or ``"buffer"`` for batch-norm running statistics)."""
         return [ParamSpec.from_json(d) for d in self.manifest["parameters"]]
 
     @property
     def loss(self) -> losses.Loss:
+        """The loss the training and eval graphs compute, as an ``ot.losses`` object."""
         return losses.get(self.manifest["loss"])
 
     @property
     def optimizer(self) -> optim.Optimizer:
+        """The optimizer the optimizer graph runs, as an ``ot.optim`` object (with the learning rate
+        of the build that wrote the manifest)."""
         return optim.get(self.manifest["optimizer"])
 
     def key_parts(self, architecture: str | None = None) -> dict:
@@ -143,6 +164,7 @@ class Artifacts:
 
     @property
     def prediction(self) -> str:
+        """The name of the output the loss is computed on (the model's first)."""
         return self.manifest["prediction"]
 
     @property
@@ -191,6 +213,26 @@ class Artifacts:
         model = GraphModel(ForwardGraph(forward, tuple(self.params), weights), name=self.directory.name or "artifacts")
         model.compile(optimizer=self.optimizer, loss=self.loss, metrics=metrics, weighted_metrics=weighted_metrics)
         return model
+
+    def __repr__(self) -> str:
+        """A short summary (the whole manifest is ``self.manifest``); never raises."""
+        try:
+            m = self.manifest
+
+            def specs(key):
+                return ", ".join(f"{d['name']} {tuple(d['shape'])}" for d in m[key])
+
+            def config(key):
+                settings = ", ".join(f"{k}={v!r}" for k, v in m[key].items() if k != "name")
+                return f"{m[key]['name']}({settings})"
+            params = m["parameters"]
+            trainable = sum(1 for d in params if d["role"] == "trainable")
+            body = (f" inputs=[{specs('inputs')}] outputs=[{specs('outputs')}] weights={len(params)} "
+                    f"(trainable {trainable}) loss={config('loss')} optimizer={config('optimizer')}"
+                    + (f" weighting={m['weighting']!r}" if m.get("weighting") else ""))
+        except Exception:  # noqa: BLE001 - a damaged manifest still has a repr
+            body = ""
+        return f"<Artifacts {os.fspath(self.directory)!r}{body}>"
 
 
 # Properties Trainer.save_checkpoint records: the loss, and the architecture (forward.onnx's sha256,
@@ -436,7 +478,10 @@ def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weight
 
 @names_unknown_arguments_of(label="artifacts.load")
 def load(directory) -> Artifacts:
-    """Open an artifact directory, refusing other versions and files that do not match the manifest."""
+    """Open an artifact directory. Raises :class:`OrtrainError` for a path that is no artifacts
+    directory (missing, or without ``manifest.json``), a damaged manifest, artifacts written by
+    other versions of ortrain, onnx or onnxruntime, and a missing file or one whose sha256 no longer
+    matches the manifest."""
     if not isinstance(directory, (str, os.PathLike)):
         raise OrtrainError(f"directory: expected the path of an artifacts directory, received {directory!r}")
     d = Path(directory)

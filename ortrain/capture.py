@@ -175,7 +175,11 @@ class CaptureStep(TracedCall):
 
     # -- settings and lifetime ---------------------------------------------------------------------
     def set(self, **settings) -> None:
-        """Change settings between calls without re-recording; ``max_grad_norm`` (None turns clipping off)."""
+        """Change settings between calls, without tracing again: ``set(max_grad_norm=0.5)``.
+
+        Settings: ``max_grad_norm`` (a positive number, or None to turn clipping off), as
+        :func:`capture_step` takes it; it applies from the next call. An unknown setting raises
+        ``OrtrainError`` naming the ones there are, and :class:`FreedError` after :meth:`free`."""
         self._live()
         unknown = sorted(set(settings) - {"max_grad_norm"})
         if unknown:
@@ -185,10 +189,12 @@ class CaptureStep(TracedCall):
 
     @property
     def max_grad_norm(self) -> float | None:
+        """The clipping norm the next call uses, or None (no clipping); :meth:`set` changes it."""
         return self._max_norm
 
     @property
     def optimizer(self) -> Optimizer:
+        """The optimizer given to :func:`capture_step`."""
         return self._opt
 
     def free(self) -> None:
@@ -351,8 +357,9 @@ class CaptureStep(TracedCall):
         return self._opt._moments  # freed meanwhile, by another thread: free() handed them over first
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else ("not yet traced" if self._session is None else f"step={self._step}")
-        return f"<CaptureStep {getattr(self._fn, '__name__', 'fn')} {state}>"
+        state = "not yet traced" if self.__dict__.get("_session") is None else f"step={self._step}"
+        opt = self.__dict__.get("_opt")
+        return self._described(getattr(opt, "params", ()), state)
 
 
 def _scalars_held_as_rank_one(proto, names: list[str]):

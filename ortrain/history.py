@@ -53,7 +53,9 @@ class History(Callback):
         return len(self.epoch)
 
     def __repr__(self) -> str:
-        return f"<History {len(self.epoch)} epochs: {', '.join(self.history)}>"
+        logged = f": {', '.join(self.history)}" if self.history else ""
+        n = len(self.epoch)
+        return f"<History {n} epoch{'' if n == 1 else 's'}{logged}>"
 
     # -- export ---------------------------------------------------------------------------
     def to_csv(self, path) -> str:

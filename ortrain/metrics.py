@@ -21,6 +21,12 @@ __all__ = ["Metric", "logged_names", "resolve"]
 
 
 class Metric:
+    """A compiled metric, as ``compile(metrics=[...])`` resolves a name: it accumulates a mean over
+    the batches it is given. ``update(pred, y, weight)`` adds a batch, ``result()`` is the mean so
+    far (0 before any batch), ``reset()`` starts again; ``name`` is how it is logged (the name
+    ``compile`` was given), ``kind`` what it computes (``"accuracy"`` for ``"acc"``), ``weighted``
+    whether sample and class weights count (``weighted_metrics``)."""
+
     def __init__(self, name: str, fn):
         self.name = name  # how it is logged: the name compile was given
         self.kind = name  # what it computes ("accuracy" for "acc")
@@ -29,6 +35,7 @@ class Metric:
         self.reset()
 
     def reset(self) -> None:
+        """Forget the batches added so far."""
         self.total = 0.0
         self.count = 0.0
 
@@ -50,6 +57,8 @@ class Metric:
         self.count += float(w.sum())
 
     def result(self) -> float:
+        """The weighted mean over the batches added since the last :meth:`reset`; 0 when none was
+        (or every weight was 0)."""
         return self.total / self.count if self.count else 0.0
 
 

@@ -159,7 +159,17 @@ class TracedCall(Releasable):
 
     @property
     def freed(self) -> bool:
+        """Whether :meth:`free` was called."""
         return self._freed
+
+    def _described(self, params, state: str) -> str:
+        """``<Class fn params=[...] state>`` for the reprs; never raises."""
+        try:
+            names = ", ".join(str(getattr(p, "name", "?")) for p in params)
+            fn = getattr(self.__dict__.get("_fn"), "__name__", "fn")
+        except Exception:  # noqa: BLE001 - a repr never raises
+            names, fn = "?", "fn"
+        return f"<{type(self).__name__} {fn} params=[{names}] {'freed' if self.__dict__.get('_freed') else state}>"
 
 
 class Capture(TracedCall):
@@ -206,3 +216,8 @@ class Capture(TracedCall):
             self._runner.free()
         self._runner = None
         self._named = {}
+
+    def __repr__(self) -> str:
+        traced = self.__dict__.get("_runner") is not None or "_params" in self.__dict__
+        params = self.__dict__.get("_params", self.__dict__.get("_extra", ()))
+        return self._described(params, "traced" if traced else "not yet traced")

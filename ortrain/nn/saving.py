@@ -40,6 +40,16 @@ class TrainState:
     n_steps: int = 0  # forward/backward steps taken
     draws: int | None = None  # training-graph runs, which seeded dropout goes on from (None: n_steps)
 
+    def __repr__(self) -> str:
+        """The counters and the moments' weights and shapes, not their values."""
+        try:
+            moments = ", ".join(f"{name}: {' '.join(str(tuple(np.shape(m))) for m in ms)}"
+                                for name, ms in self.moments.items())
+        except Exception:  # noqa: BLE001 - a repr never raises
+            moments = "?"
+        return (f"TrainState(step={self.step!r}, lr={self.lr!r}, n_steps={self.n_steps!r}, "
+                f"moments={{{moments}}})")
+
 
 def _tensor_ref(model, t):
     for i, inp in enumerate(model._inputs):
