@@ -58,6 +58,10 @@ class Loss:
         super().__init_subclass__(**kwargs)
         name_unknown_arguments(cls)  # Keras' arguments ported as written get an OrtrainError with the fix
 
+    def __init__(self):
+        """A loss without settings (``MeanSquaredError()``, ``MeanAbsoluteError()``): the signature
+        help() shows for them, where ``object.__init__`` would show ``(*args, **kwargs)``."""
+
     name = "loss"
     label_dtype = np.dtype(np.float32)
     element_weights = False  # one weight per output element is allowed
@@ -202,7 +206,12 @@ class Huber(Loss):
 
 
 class CategoricalCrossentropy(Loss):
-    """``-sum(y * log p)`` over the last axis; ``y`` one-hot or probabilities."""
+    """``-sum(y * log p)`` over the last axis; ``y`` one-hot or probabilities.
+
+    ``p`` is clipped to ``[1e-7, 1 - 1e-7]`` before the log, as Keras does, so a wrong class
+    predicted with certainty costs ``-log(1e-7)`` (about 16.1), not infinity. With
+    ``from_logits=True`` the model's output is logits: ``log p`` is a stable log-softmax, unclipped.
+    """
 
     name = "categorical_crossentropy"
 
@@ -222,7 +231,9 @@ class CategoricalCrossentropy(Loss):
 
 
 class SparseCategoricalCrossentropy(Loss):
-    """Cross-entropy against integer class labels (int64, one fewer dimension than the prediction)."""
+    """``-log p[label]``: cross-entropy against integer class labels (int64, one fewer dimension
+    than the prediction). ``p`` is clipped to ``[1e-7, 1 - 1e-7]`` before the log, as Keras does;
+    with ``from_logits=True`` the output is logits and ``log p`` a stable log-softmax, unclipped."""
 
     name = "sparse_categorical_crossentropy"
     label_dtype = np.dtype(np.int64)

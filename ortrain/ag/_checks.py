@@ -67,19 +67,25 @@ def _ints(where: str, argument: str, value, expected: str) -> tuple[int, ...]:
 
 
 class _Unset:
-    """An argument left out, told apart from every value given (None included)."""
+    """An argument left out, told apart from every value given (None included); ``shown`` is how
+    signatures show it (the value it stands for)."""
+
+    def __init__(self, shown: str = "<unset>"):
+        self._shown = shown
 
     def __repr__(self) -> str:
-        return "<unset>"
+        return self._shown
 
 
 UNSET = _Unset()
+LAST_AXIS = _Unset("-1")  # an axis left out that means the last one
+FIRST_AXIS = _Unset("0")  # an axis left out that means the first one
 
 
 def _either(where: str, axis, dim, default: int):
     """An axis given as numpy's ``axis`` or PyTorch's ``dim`` (neither: ``default``); both given
     with different values are refused, whichever equals the default."""
-    if axis is UNSET:
+    if isinstance(axis, _Unset):
         return default if dim is None else dim
     return one_of_two_names(where, "axis", axis, UNSET, "dim", dim)
 

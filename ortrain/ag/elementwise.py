@@ -9,7 +9,7 @@ from onnx import TensorProto
 
 from ortrain._arrays import checked_int, is_real, one_of_two_names, read_array
 from ortrain._random import draw_seed
-from ortrain.ag._checks import UNSET, _axis, _either, _float, _node, as_tensor, broadcast
+from ortrain.ag._checks import LAST_AXIS, _axis, _either, _float, _node, as_tensor, broadcast
 from ortrain.ag.tensor import FLOAT, INT, Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import MS_DOMAIN
@@ -221,7 +221,7 @@ def _power_of(where: str, base, x: Tensor) -> Tensor:
     return _unary(where, "Exp", _binary(where, "Mul", x, np.log(b.astype(np.float64))))
 
 
-def softmax(x, axis: int = UNSET, *, dim: int | None = None) -> Tensor:
+def softmax(x, axis: int = LAST_AXIS, *, dim: int | None = None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``axis`` (the last by default; ``dim`` is PyTorch's name)."""
     x = as_tensor(x, "softmax")
     _float("softmax", x)
@@ -229,7 +229,7 @@ def softmax(x, axis: int = UNSET, *, dim: int | None = None) -> Tensor:
     return Tensor(x.shape, x.dtype, "softmax", (x,), _node("Softmax", axis=a))
 
 
-def log_softmax(x, axis: int = UNSET, *, dim: int | None = None) -> Tensor:
+def log_softmax(x, axis: int = LAST_AXIS, *, dim: int | None = None) -> Tensor:
     """``log(softmax(x))`` along ``axis`` (the last by default; ``dim`` in PyTorch), computed stably."""
     x = as_tensor(x, "log_softmax")
     _float("log_softmax", x)

@@ -6,7 +6,7 @@ import numpy as np
 
 from ortrain._arrays import one_of_two_names, read_array
 from ortrain._warnings import warn
-from ortrain.ag._checks import UNSET, _axis, _either, _float, _ints, _node, _shapes, as_tensor
+from ortrain.ag._checks import FIRST_AXIS, _axis, _either, _float, _ints, _node, _shapes, as_tensor
 from ortrain.ag.elementwise import add, div
 from ortrain.ag.tensor import FLOAT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
@@ -175,7 +175,7 @@ def transpose(x, *dims, perm=None) -> Tensor:
     return Tensor(tuple(x.shape[i] for i in p), x.dtype, "transpose", (x,), _node("Transpose", perm=p))
 
 
-def concat(tensors, axis: int = UNSET, *, dim: int | None = None) -> Tensor:
+def concat(tensors, axis: int = FIRST_AXIS, *, dim: int | None = None) -> Tensor:
     """Join tensors along ``axis`` (0 by default, as numpy; ``dim`` is PyTorch's name); other
     dimensions must agree."""
     if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)) or not tensors:

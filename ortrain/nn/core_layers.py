@@ -27,7 +27,11 @@ def _epsilon(value, owner: str) -> float:
 class Dense(Layer):
     """``activation(x @ kernel + bias)``; kernel ``(in, out)``, Glorot-uniform; bias zeros.
 
-    ``activation`` is one of ``ACTIVATIONS`` (see ``Activation`` for their exact definitions).
+    ``activation`` is None (``"linear"``) or one of ``"relu"``, ``"sigmoid"``, ``"tanh"``,
+    ``"softmax"``, ``"gelu"``, ``"leaky_relu"``, ``"elu"``, ``"selu"``, ``"softplus"``,
+    ``"softsign"``, ``"silu"`` (``"swish"``), ``"hard_sigmoid"``, ``"hard_silu"``
+    (``"hard_swish"``), ``"relu6"``, ``"exponential"``, ``"mish"``, ``"log_softmax"`` (see
+    ``Activation`` for their exact definitions).
     On an input of more axes it acts on the last (for an image the width; ``Permute`` moves the
     channels there).
     """

@@ -857,10 +857,15 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     means only those train. ``input_names``: the graph inputs to feed, in the order
     ``predict``/``fit`` take them (default: every graph input without an initializer).
 
-    Which initializers train (details in :func:`canonical_forward`): float32 tensors of rank
-    >= 1 that a gradient reaches; batch-norm running statistics are buffers; scalars,
-    integers and shapes are constants, though ``trainable=`` may name a float32 scalar
-    exactly to train it. ``Identity(initializer)`` is a tensor of its own, not a tie: torch's
+    Which initializers train: float32 tensors of rank >= 1 that a gradient from the outputs
+    reaches (not through integer or boolean values, such as a mask read through ``Equal``) and
+    whose values are all finite (an additive mask of 0 and -inf stays a constant); batch-norm
+    running statistics are buffers; other tensors the file marks as PyTorch buffers are frozen
+    unless ``trainable=`` names them; scalars, integers and shapes are constants, though ``trainable=`` may name a
+    float32 scalar exactly to train it (a glob such as ``"*"`` never picks one: exporters write
+    formula constants, such as GELU's 0.5, as scalars). Initializers nothing reads are dropped.
+    Weights come in PyTorch's ``state_dict`` order where the names tell it (each module's
+    together), else in the file's initializer order. ``Identity(initializer)`` is a tensor of its own, not a tie: torch's
     eval-mode export writes a fresh batch norm's running variance as ``Identity(gamma)``
     (both ones) and merges equal zero biases, while a parameter PyTorch really shares is
     read directly. So each ``Identity`` output gets a copy of the value and trains, or
