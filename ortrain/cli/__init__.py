@@ -86,8 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-logits", action="store_true", help="cross-entropy losses take logits")
     p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     p.add_argument("--lr", type=_learning_rate, help="learning rate stored as the default")
-    p.add_argument("--trainable", nargs="+", metavar="PATTERN", help="only these weights train (names or globs)")
-    p.add_argument("--frozen", nargs="+", metavar="PATTERN", help="these weights do not train")
+    p.add_argument("--trainable", action="append", metavar="PATTERN",
+                   help="only these weights train (a name or glob; repeat the option for several)")
+    p.add_argument("--frozen", action="append", metavar="PATTERN",
+                   help="these weights do not train (a name or glob; repeat the option for several)")
     p.add_argument("--sample-weights", action="store_true",
                    help="add a loss-weight input: one weight per sample, or per position for a sequence output")
     p.add_argument("--seed", type=_seed, help="seed the model's dropout (an exported model's has none), so runs "
@@ -96,40 +98,55 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train from artifacts or an .onnx model on .npz/.npy data")
     p.add_argument("config", nargs="?", metavar="CONFIG.toml", help="a TOML file with the same keys as the options")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--artifacts", metavar="DIR")
-    src.add_argument("--model", metavar="MODEL.onnx")
+    src.add_argument("--artifacts", metavar="DIR", help="train from these artifacts (`ortrain artifacts`)")
+    src.add_argument("--model", metavar="MODEL.onnx", help="train this ONNX model (its artifacts are built in the run)")
     p.add_argument("--data", nargs="+", metavar="FILE", help="FILE.npz (x, y[, sample_weight]) or X.npy Y.npy")
-    p.add_argument("--epochs", type=_positive_int, help="train until this many epochs are done")
-    p.add_argument("--batch-size", type=_positive_int, dest="batch_size", help="fixed by the run on --resume")
-    p.add_argument("--lr", type=_learning_rate, help="learning rate; on --resume it replaces the checkpoint's")
+    p.add_argument("--epochs", type=_positive_int,
+                   help="train until this many epochs are done (no default: required for a new run)")
+    p.add_argument("--batch-size", type=_positive_int, dest="batch_size",
+                   help="rows per step (no default: required for a new run; fixed by the run on --resume)")
+    p.add_argument("--lr", type=_learning_rate, help="learning rate (default: the optimizer's with --model, the "
+                   "artifacts' with --artifacts); on --resume it replaces the checkpoint's")
     p.add_argument("--loss", choices=LOSSES, help="with --model (default mse)")
-    p.add_argument("--from-logits", action="store_true", default=None, dest="from_logits")
+    p.add_argument("--from-logits", action="store_true", default=None, dest="from_logits",
+                   help="with --model: the cross-entropy loss takes logits, not probabilities")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="with --model (default adam)")
-    p.add_argument("--metrics", nargs="+")
+    p.add_argument("--metrics", nargs="+", metavar="METRIC",
+                   help="metrics logged every epoch, e.g. accuracy mae (default: none)")
     val = p.add_mutually_exclusive_group()
-    val.add_argument("--val-data", nargs="+", metavar="FILE", dest="val_data")
-    val.add_argument("--val-split", type=_fraction, dest="val_split")
+    val.add_argument("--val-data", nargs="+", metavar="FILE", dest="val_data",
+                     help="validation data, as --data (default: none)")
+    val.add_argument("--val-split", type=_fraction, dest="val_split",
+                     help="fraction of the --data rows held out for validation, the last ones, as Keras' "
+                          "validation_split (default: 0)")
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/run)")
     p.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
     p.add_argument("--seed", type=_seed, help="fixed by the run on --resume")
-    p.add_argument("--no-shuffle", action="store_false", dest="shuffle", default=None)
-    p.add_argument("--verbose", type=int, choices=(0, 1, 2))
-    p.add_argument("--trainable", nargs="+", metavar="PATTERN")
-    p.add_argument("--frozen", nargs="+", metavar="PATTERN")
+    p.add_argument("--no-shuffle", action="store_false", dest="shuffle", default=None,
+                   help="train on the rows in file order (default: shuffled every epoch)")
+    p.add_argument("--verbose", type=int, choices=(0, 1, 2),
+                   help="0 silent, 1 a progress bar on a terminal, 2 one line per epoch (default: 1)")
+    p.add_argument("--trainable", action="append", metavar="PATTERN",
+                   help="with --model: only these weights train (a name or glob; repeat the option for several)")
+    p.add_argument("--frozen", action="append", metavar="PATTERN",
+                   help="with --model: these weights do not train (a name or glob; repeat the option for several)")
 
     p = sub.add_parser("eval", help="loss and metrics of a trained model on labelled data")
     _model_source(p)
-    p.add_argument("--data", nargs="+", required=True, metavar="FILE")
-    p.add_argument("--batch-size", type=_positive_int, dest="batch_size")
-    p.add_argument("--metrics", nargs="+")
+    p.add_argument("--data", nargs="+", required=True, metavar="FILE",
+                   help="FILE.npz (x, y[, sample_weight]) or X.npy Y.npy")
+    p.add_argument("--batch-size", type=_positive_int, dest="batch_size",
+                   help="rows per run (default: all rows at once)")
+    p.add_argument("--metrics", nargs="+", metavar="METRIC", help="metrics to report besides the loss, e.g. accuracy")
 
     p = sub.add_parser("predict", help="write predictions to .npy")
     _model_source(p, onnx_model=True)
-    p.add_argument("--data", nargs="+", required=True, metavar="FILE")
+    p.add_argument("--data", nargs="+", required=True, metavar="FILE", help="FILE.npz (x) or X.npy")
     p.add_argument("-o", "--output", default="predictions.npy", metavar="OUT.npy",
                    help="where predictions go (default: predictions.npy, replaced if it exists); a model with several "
                         "outputs writes OUT_0.npy, OUT_1.npy, ...")
-    p.add_argument("--batch-size", type=_positive_int, dest="batch_size")
+    p.add_argument("--batch-size", type=_positive_int, dest="batch_size",
+                   help="rows per run (default: all rows at once)")
 
     p = sub.add_parser("export", help="write an inference ONNX model from a run or a checkpoint")
     _model_source(p)
