@@ -82,9 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("artifacts", help="generate training artifacts for an .onnx model, offline")
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="artifacts directory to write")
-    p.add_argument("--loss", required=True, choices=LOSSES)
+    p.add_argument("--loss", required=True, choices=LOSSES, help="the loss the training graph computes")
     p.add_argument("--from-logits", action="store_true", help="cross-entropy losses take logits")
-    p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS, help="the update graph's (default: adam)")
     p.add_argument("--lr", type=_learning_rate, help="learning rate stored as the default")
     p.add_argument("--trainable", action="append", metavar="PATTERN",
                    help="only these weights train (a name or glob; repeat the option for several)")
