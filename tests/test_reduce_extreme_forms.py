@@ -151,3 +151,37 @@ def test_an_extreme_of_a_mask_off_the_gradient_path_is_left_alone(dtype, opset):
     with ot.Trainer(model, batch_size=2) as tr:
         loss = tr.step(x, np.zeros((2, 3), np.float32))
     np.testing.assert_allclose(loss, np.mean(np.array([0.2, 0.2, 0.2, 0, 0, 0]) ** 2), rtol=1e-6)
+
+
+@pytest.mark.torch
+def test_an_adaptive_max_pool_over_a_free_image_size_trains_as_in_pytorch(tmp_path):
+    """``AdaptiveMaxPool2d(1)`` exported with free height and width is a ``GlobalMaxPool``, which
+    onnxruntime-training cannot differentiate: it was refused ("replace the ops"); it trains as
+    the ``ReduceMax`` it is, and the exported model keeps it."""
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveMaxPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(4, 2))
+    f = io.BytesIO()
+    torch.onnx.export(net, (torch.zeros(2, 3, 6, 6),), f, dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}})
+    proto = onnx.load_from_string(f.getvalue())
+    assert "GlobalMaxPool" in {n.op_type for n in proto.graph.node}
+    rng = np.random.default_rng(4)
+    batches = [(f32(rng, 4, 3, 7, 9), f32(rng, 4, 2)), (f32(rng, 4, 3, 5, 5), f32(rng, 4, 2))]
+    model = ot.from_onnx(proto).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=4) as tr:
+        got = [tr.step(x, y) for x, y in batches]
+        trained = tr.model()
+    want = torch_steps(torch, net, torch.optim.SGD(net.parameters(), lr=0.1), torch.nn.functional.mse_loss, batches)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    weights = dict(zip(trained.weight_names(), trained.get_weights(), strict=True))
+    for name, value in net.state_dict().items():
+        np.testing.assert_allclose(weights[name], value.numpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+    trained.export_onnx(tmp_path / "m.onnx")
+    assert "GlobalMaxPool" in {n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+    x = f32(rng, 3, 3, 8, 6)
+    served = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        np.testing.assert_allclose(served.run(None, {"x": x})[0], net(torch.from_numpy(x)).numpy(), rtol=1e-5,
+                                   atol=1e-6)

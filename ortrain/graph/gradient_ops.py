@@ -12,7 +12,7 @@ knows it (``tests/data/probe_gradient_ops.py`` repeats the measurement and the
 test suite checks a sample of it against the engine). Ops of the ``com.microsoft``
 domain are those the builder registers for graphs ORT's own optimisers fuse.
 
-``InstanceNormalization``, ``GroupNormalization``, ``ReduceMax``, ``ReduceMin`` and ``Einsum`` are not among
+``InstanceNormalization``, ``GroupNormalization``, ``ReduceMax``, ``ReduceMin``, ``GlobalMaxPool`` and ``Einsum`` are not among
 them, but ortrain's training graphs write them in ops that are (:mod:`ortrain.graph.norm_forms`,
 :mod:`ortrain.graph.tensor_forms`), so they are trained through all the same (``FORM_OPS``).
 """
@@ -35,7 +35,8 @@ __all__ = ["FORM_OPS", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_re
            "nodes_without_gradient", "untrainable_form"]
 
 # Ops without a gradient that every training graph holds in other ops (gradient_forms.FORMS)
-FORM_OPS = frozenset({"InstanceNormalization", "GroupNormalization", "ReduceMax", "ReduceMin", "Einsum"})
+FORM_OPS = frozenset({"InstanceNormalization", "GroupNormalization", "ReduceMax", "ReduceMin", "GlobalMaxPool",
+                      "Einsum"})
 
 GRADIENT_OPS = frozenset({
     # ai.onnx, measured on the installed onnxruntime-training 1.19.2

@@ -241,6 +241,21 @@ def _extreme_as_top_k(node, i: int, p: str, g: _Graph):
     return nodes, inits
 
 
+def _global_max_as_top_k(node, i: int, p: str, g: _Graph):
+    """``GlobalMaxPool`` (no gradient in onnxruntime-training 1.19.2; an adaptive max pool to one
+    cell over an image size the export left free) as the ``ReduceMax`` over the spatial axes it
+    is, held as a ``TopK``: the gradient reaches the first largest element, as PyTorch's
+    ``adaptive_max_pool2d`` sends it to the index it returns."""
+    rank = g.shapes.rank(node.input[0])
+    if rank is None:
+        raise UnsupportedOpError(f"{_where(node, i)}: onnxruntime-training 1.19.2 has no gradient for GlobalMaxPool, "
+                                 f"and ortrain trains through it as a TopK, which needs its input's rank; the rank "
+                                 f"of {node.input[0]!r} is not known. Export with known ranks")
+    reduce = helper.make_node("ReduceMax", [node.input[0]], list(node.output), name=node.name,
+                              axes=list(range(2, rank)), keepdims=1)
+    return _extreme_as_top_k(reduce, i, p, g)
+
+
 # -- Einsum -------------------------------------------------------------------------------------
 
 def _einsum_needs(node, g: _Graph) -> bool:
