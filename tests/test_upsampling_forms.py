@@ -363,3 +363,26 @@ def test_a_resize_after_a_group_norm_trains_as_in_pytorch():
     net = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.GroupNorm(2, 4, affine=False),
                               torch.nn.Upsample(scale_factor=2, mode="bilinear"), torch.nn.Conv2d(4, 1, 1))
     _side_by_side(torch, net, _export(torch, net, (2, 2, 5, 6), dynamo=False), (2, 2, 5, 6))
+
+
+@pytest.mark.torch
+def test_a_size_recomputed_from_the_input_names_the_export_option():
+    # F.interpolate(recompute_scale_factor=True) writes its output size from the input's; the
+    # refusal advised "a fixed scale factor", which the model had
+    torch = torch_or_skip()
+
+    class Up(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(3, 2, 1)
+
+        def forward(self, x):
+            return torch.nn.functional.interpolate(self.c(x), scale_factor=1.5, mode="bilinear",
+                                                   recompute_scale_factor=True)
+
+    f = io.BytesIO()
+    torch.onnx.export(Up(), (torch.zeros(2, 3, 6, 6),), f, dynamo=False, input_names=["x"])
+    model = ot.from_onnx(onnx.load_from_string(f.getvalue())).compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=r"its scales or sizes are computed in the graph.*F.interpolate "
+                                                    r"without recompute_scale_factor=True"):
+        ot.Trainer(model, batch_size=2)

@@ -75,7 +75,8 @@ def _resize_parts(node, i: int, g: _Graph, shape: list):
         sizes = _inferred_sizes(g, node)
     if (scales_name and scales is None) or (sizes_name and sizes is None):
         _refuse(node, i, "its scales or sizes are computed in the graph", "export with a fixed scale "
-                "factor or output size (nn.Upsample(scale_factor=2), not a size read from another tensor)")
+                "factor or output size (nn.Upsample(scale_factor=2), not a size read from another tensor, and "
+                "F.interpolate without recompute_scale_factor=True, which computes the size from the input's)")
     scales = None if scales is None or scales.size == 0 else [float(v) for v in scales.ravel()]
     if isinstance(sizes, np.ndarray):
         sizes = None if sizes.size == 0 else [int(v) for v in sizes.ravel()]
