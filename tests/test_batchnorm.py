@@ -3,7 +3,10 @@
 import warnings
 
 import numpy as np
+import onnx
 import pytest
+from conftest import torch_or_skip
+from helpers import torch_steps
 
 import ortrain as ot
 
@@ -63,3 +66,79 @@ def test_naming_one_statistic_warns_only_where_the_other_changes():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         m.freeze(["bn.running_mean"])  # both fixed already
+
+
+@pytest.mark.parametrize("after", [None, "relu"])
+def test_a_batch_norm_called_on_several_inputs_updates_in_call_order(after):
+    # the runtime updated the shared statistics in the order it ran the nodes: with a ReLU after each
+    # call, the second call's update came first (0.09 b + 0.1 a for Keras' 0.09 a + 0.1 b)
+    L = ot.layers
+    inputs = [ot.Input((4,)) for _ in range(3)]
+    bn = L.BatchNorm(momentum=0.9)
+    outs = [bn(i) for i in inputs]
+    if after:
+        outs = [L.Activation(after)(h) for h in outs]
+    model = ot.Model(inputs, L.Add()(outs)).compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    rng = np.random.default_rng(0)
+    xs = [(rng.standard_normal((8, 4)) + 10 * k).astype(np.float32) for k in range(3)]
+    with ot.Trainer(model, batch_size=8) as tr:
+        for _ in range(2):
+            tr.step(xs, np.zeros((8, 4), np.float32))
+        w = dict(zip(tr.weight_names(), tr.get_weights()))
+    mean, var = np.zeros(4), np.ones(4)
+    for _ in range(2):
+        for x in xs:  # Keras: each call moves the statistics, in the order of the calls
+            mean, var = 0.9 * mean + 0.1 * x.mean(0), 0.9 * var + 0.1 * x.var(0)
+    np.testing.assert_allclose(w["batch_norm_0.running_mean"], mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w["batch_norm_0.running_var"], var, rtol=1e-5)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_backbone_over_two_inputs_keeps_pytorchs_running_statistics(dynamo):
+    # TorchScript: the two updates of the shared statistics ran in the runtime's order; dynamo: the
+    # second call read the exporter's Identity of the statistics, which trained as a buffer of its own
+    # ('getitem_3'), each call keeping statistics of its own
+    import copy
+    import io
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+
+    class Siamese(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bb = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                          torch.nn.ReLU())
+
+        def forward(self, x):
+            return self.bb(x[:, :3]) + self.bb(x[:, 3:])
+
+    net = Siamese()
+    f = io.BytesIO()
+    if dynamo:
+        torch.onnx.export(copy.deepcopy(net), (torch.zeros(4, 6, 5, 5),), f, dynamo=True, optimize=False,
+                          dynamic_shapes=({0: torch.export.Dim("b")},))
+    else:
+        torch.onnx.export(copy.deepcopy(net), (torch.zeros(4, 6, 5, 5),), f, dynamo=False, input_names=["x"],
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          dynamic_axes={"x": {0: "n"}})
+    model = ot.from_onnx(onnx.load_from_string(f.getvalue()))
+    assert sorted(model.weight_names()) == sorted(net.state_dict().keys() - {"bb.1.num_batches_tracked"})
+    # a training-mode export runs the copy forward once, which moves the statistics it writes
+    model.set_weights({k: v.numpy() for k, v in net.state_dict().items() if k in model.weight_names()})
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    rng = np.random.default_rng(1)
+    batches = []
+    for _ in range(2):
+        x = rng.standard_normal((4, 6, 5, 5)).astype(np.float32)
+        x[:, 3:] += 20  # the two halves' statistics differ
+        batches.append((x, rng.standard_normal((4, 4, 5, 5)).astype(np.float32)))
+    with ot.Trainer(model, batch_size=4) as tr:
+        for x, y in batches:
+            tr.step(x, y)
+        got = dict(zip(tr.weight_names(), tr.get_weights()))
+    net.train()
+    torch_steps(torch, net, torch.optim.SGD(net.parameters(), lr=0.1), torch.nn.functional.mse_loss, batches)
+    # (the running variance is the batch's biased one, as the README says; PyTorch keeps the unbiased)
+    for name in ("bb.1.running_mean", "bb.0.weight", "bb.1.weight"):
+        np.testing.assert_allclose(got[name], net.state_dict()[name].numpy(), rtol=1e-4, atol=1e-5, err_msg=name)

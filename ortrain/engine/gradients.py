@@ -65,13 +65,37 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
                                      f"freeze the weights before it or replace the op") from exc
         raise OrtrainError(f"onnxruntime-training could not build the gradient graph: "
                            f"{str(exc).splitlines()[0]}") from exc
-    training = for_gradients(onnx.load_from_string(builder.get_model()), model)
+    training = chain_shared_statistics(for_gradients(onnx.load_from_string(builder.get_model()), model), model)
     training_graph_utils._reorder_outputs(training, outputs, grads)
     training_graph_utils.build_gradient_accumulation_graph(training, grads)
     for m in (training, eval_model):
         if m.ir_version > 10 or m.ir_version < IR_VERSION:
             m.ir_version = IR_VERSION
     return with_mask_metadata(training, masks, kept), eval_model
+
+
+def chain_shared_statistics(training: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
+    """A batch norm applied more than once (a shared layer, one backbone over two inputs) updates its
+    running statistics once per application, in the order of the calls, as Keras and PyTorch do.
+
+    The runtime's training-mode ``BatchNormInternal`` writes the new statistics into the buffers it
+    reads (its outputs 1 and 2 alias inputs 3 and 4), so applications that read the same buffers
+    update them in whatever order the runtime runs the nodes, which follows neither the calls nor
+    the training graph's listing (its optimizer reorders nodes). Each later application, in the
+    order of the ``forward`` graph (the calls'), reads the statistics the one before it wrote (its
+    outputs, the same buffers). Changes ``training`` in place and returns it.
+    """
+    called = {n.output[0]: i for i, n in enumerate(forward.graph.node)
+              if n.op_type == "BatchNormalization" and n.output}
+    shared: dict[tuple[str, str], list[onnx.NodeProto]] = {}
+    for node in training.graph.node:
+        if node.op_type == "BatchNormInternal" and len(node.input) >= 5 and len(node.output) >= 3:
+            shared.setdefault((node.input[3], node.input[4]), []).append(node)
+    for nodes in shared.values():
+        nodes.sort(key=lambda n: called.get(n.output[0], len(called)))  # stable: unknown ones keep their place
+        for before, node in zip(nodes, nodes[1:]):
+            node.input[3], node.input[4] = before.output[1], before.output[2]
+    return training
 
 
 def write_initial_checkpoint(path: str | os.PathLike, trainable: dict[str, np.ndarray],

@@ -251,7 +251,7 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray],
         if not out or out in graph_outputs or (src not in tensors and src not in stash):
             kept.append(node)
             continue
-        if src in tensors_of_torch and _same_tensor_in_torch(node):
+        if src in tensors_of_torch and (_same_tensor_in_torch(node) or _statistics_after_a_batch_norm(node)):
             aliases[out] = src
             continue
         if src in tensors:
@@ -295,6 +295,18 @@ def _same_tensor_in_torch(node: onnx.NodeProto) -> bool:
     gradient, which the runtime cannot, so it keeps a copy of its own as before."""
     op = next((p.value for p in node.metadata_props if p.key == _TORCH_OP), "")
     return op.endswith(_SAME_TENSOR_OPS)
+
+
+_FX_NODE = "pkg.torch.onnx.fx_node"  # the dynamo exporter's record of the FX node a node comes from
+
+
+def _statistics_after_a_batch_norm(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` (an ``Identity`` of a running statistic) is what the dynamo exporter writes for
+    the statistics a training-mode batch norm leaves (``_native_batch_norm_legit_functional``'s
+    new running mean and variance): a second call of the same batch norm (one backbone over two
+    inputs) reads them, which are the buffer itself once the first call has updated it."""
+    fx = next((p.value for p in node.metadata_props if p.key == _FX_NODE), "")
+    return "native_batch_norm" in fx
 
 
 def all_nodes(graph: onnx.GraphProto):
