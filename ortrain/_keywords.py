@@ -121,4 +121,6 @@ def names_unknown_arguments_of_methods(cls, *names: str) -> None:
             continue
         label = f"{cls.__name__}.{name}"
         wrapped = _bound_first(fn, signature, params, lambda args, label=label: label)
+        # where pickle looks it up: this class's (a parent's method found there is the one unwrapped)
+        wrapped.__module__, wrapped.__qualname__ = cls.__module__, f"{cls.__qualname__}.{name}"
         setattr(cls, name, kind(wrapped) if kind else wrapped)

@@ -17,6 +17,7 @@ weights behave as one program run in call order.
 from __future__ import annotations
 
 import math
+import os
 import threading
 
 import numpy as np
@@ -39,6 +40,17 @@ __all__ = ["Capture", "CaptureStep", "capture", "capture_step"]
 
 _world = [0]       # bumped whenever a param's freshest value moves between sessions
 _one_at_a_time = threading.RLock()  # captured steps run one after another (see CaptureStep.__call__)
+
+
+def _fresh_lock_in_child() -> None:
+    """A forked child gets its own lock: a thread of the parent that held it at the fork does not
+    exist in the child, which would wait for it forever."""
+    global _one_at_a_time
+    _one_at_a_time = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _live_steps = [0]  # captured steps alive; with one, nothing can be shared
 

@@ -270,3 +270,13 @@ def test_refusals_say_what_to_do(tmp_path):
                                               r"an optimizer of its kind \(ot.optim.get\('adam'\)"):
         sgd.load_state(model.optimizer.state())
     assert model.optimizer.step == 0 and not model.history
+
+
+def test_the_named_calls_pickle_as_before():
+    # wrapping them for their argument errors left pickle finding the unwrapped function under their
+    # name (ot.ag.relu, ot.Trainer.save_checkpoint: PicklingError)
+    import pickle
+    for f in [*(getattr(ag, n) for n in ag.__all__), ot.capture_step, ot.artifacts.build, ot.set_seed,
+              ot.Trainer.save_checkpoint, ot.Trainer.step, ot.Model.set_weights, ot.Sequential.add]:
+        assert pickle.loads(pickle.dumps(f)) is f, f
+    assert pickle.loads(pickle.dumps(ot.Trainer.from_checkpoint)) == ot.Trainer.from_checkpoint

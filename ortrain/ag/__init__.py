@@ -67,7 +67,8 @@ def _name_unknown_arguments() -> None:
     for name in __all__:
         fn = globals()[name]
         if inspect.isfunction(fn):  # ag.mean(x, axes=1) names the argument and what mean takes
-            globals()[name] = names_unknown_arguments_of(fn, label=f"ag.{name}")
+            wrapped = globals()[name] = names_unknown_arguments_of(fn, label=f"ag.{name}")
+            wrapped.__module__ = __name__  # pickle finds it here (its own module keeps the function unwrapped)
 
 
 _name_unknown_arguments()
