@@ -282,6 +282,16 @@ def checked_int(value, argument: str, *, minimum: int = 1, allow_none: bool = Fa
     return int(value)
 
 
+def checked_seed(value, argument: str) -> int | None:
+    """A seed that a graph's random op can carry (its ``seed`` attribute is an int64): an int from 0
+    to 2**63 - 1, or None."""
+    seed = checked_int(value, argument, minimum=0, allow_none=True)
+    if seed is not None and seed > 2**63 - 1:
+        raise OrtrainError(f"{argument}: expected an int from 0 to 2**63 - 1 or None, received {seed}; pass a "
+                           "smaller seed")
+    return seed
+
+
 def positive_int(value, argument: str, *, allow_none: bool = False) -> int | None:
     """``value`` as an int >= 1 (``None`` passes through when ``allow_none``)."""
     return checked_int(value, argument, minimum=1, allow_none=allow_none)

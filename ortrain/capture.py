@@ -52,6 +52,7 @@ def _fresh_lock_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_lock_in_child)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 _live_steps = [0]  # captured steps alive; with one, nothing can be shared
 
 
@@ -174,9 +175,12 @@ class CaptureStep(TracedCall):
             self._refuse("gradient norm", norm)
         coef = self._max_norm / (norm + 1e-6)
         if coef < 1.0:
-            c = np.float32(coef)
+            # a factor below float32's smallest normal would be flushed to 0 (a norm near float32's
+            # largest): two factors of its square root each, which are not
+            factors = [np.float32(coef)] if coef >= _FLOAT32_TINY else [np.float32(math.sqrt(coef))] * 2
             for g in grads:
-                g *= c
+                for c in factors:
+                    g *= c
         return norm
 
     def _refuse(self, what: str, value: float):

@@ -937,8 +937,9 @@ def test_a_step_recorded_again_with_a_dropout_seed_resumes_bit_for_bit():
     part += [float(f(x=x, y=y)) for _ in range(3)]
     assert part == full and len(set(full)) == 6
     f.free()
-    with pytest.raises(ot.OrtrainError, match=r"dropout\(seed=...\)"):
-        make(w0.copy(), seed=-1)[2](x=x, y=y)
+    for bad in (-1, 2**63):
+        with pytest.raises(ot.OrtrainError, match=r"dropout\(seed=...\)"):
+            make(w0.copy(), seed=bad)[2](x=x, y=y)
 
 
 def test_a_fork_while_another_thread_steps_leaves_the_child_its_own_captured_steps(tmp_path):
@@ -984,3 +985,20 @@ def test_a_fork_while_another_thread_steps_leaves_the_child_its_own_captured_ste
         """))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "hung 0", (run.returncode, run.stdout, run.stderr[-2000:])
+
+
+def test_a_clip_factor_below_float32s_smallest_normal_still_clips():
+    # norm 1.4e38 with max_grad_norm 1: the factor 7e-39 was flushed to 0, the step taken on zero
+    # gradients (the weights did not move, the step was counted)
+    W = ag.param(np.array([[1.0, -1.0]], np.float32), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    step = ot.capture_step(lambda x: ag.sum(ag.mul(W, x)), optimizer=opt, max_grad_norm=1.0)
+    x = np.array([[1e38, -1e38]], np.float32)
+    out = step(x=x)
+    norm = float(np.hypot(1e38, 1e38))
+    assert out["grad_norm"] == np.float32(norm)
+    ref = NumpyAdam([np.array([[1.0, -1.0]], np.float32)], lr=0.1)
+    ref.step([(x.astype(np.float64) / norm).astype(np.float32)])  # clipped to norm 1
+    np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-6)
+    assert opt.step == 1 and not np.array_equal(W.numpy(), [[1.0, -1.0]])
+    step.free()

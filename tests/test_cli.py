@@ -1174,3 +1174,18 @@ def test_a_reader_that_closes_the_pipe_early(workdir):
         "ortrain train: stopped: the reader of its output closed the pipe (send the output to a file, or pass --json "
         "for the result alone); the run in 'runs/a' keeps its completed epochs, continue it with --resume"]
     assert cli("train", "--out", "runs/a", "--resume", "--epochs", "3") == 0
+
+
+def test_several_patterns_after_one_flag_are_told_to_repeat_the_flag(workdir, capsys):
+    # --frozen takes one pattern per flag: a second pattern was "CONFIG: no such file" (train) or an
+    # unrecognised argument (artifacts)
+    for args in (("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse", "--frozen", "dense_0.*", "dense_1.bias"),
+                 ("train", "--model", "mlp.onnx", "--loss", "mse", "--data", "train.npz", "--trainable", "dense_1.*",
+                  "dense_0.bias", "--out", "runs/a")):
+        assert cli(*args) == 2
+        flag = args[args.index("dense_0.*") - 1] if "dense_0.*" in args else "--trainable"
+        first, second = (("dense_0.*", "dense_1.bias") if flag == "--frozen" else ("dense_1.*", "dense_0.bias"))
+        assert capsys.readouterr().err.strip() == (f"ortrain {args[0]}: error: {flag} takes one pattern; repeat the "
+                                                   f"option for each: {flag} '{first}' {flag} '{second}'")
+    assert sorted(os.listdir(workdir)) == ["mlp.onnx", "test.npz", "train.npz", "x.npy", "y.npy"]
+    assert cli("artifacts", "-o", "art", "--loss", "mse", "--frozen", "dense_0.*", "mlp.onnx") == 0  # the model after

@@ -158,11 +158,15 @@ def test_capture_reprs():
 
 
 @pytest.mark.parametrize("make, shown", [
-    (lambda: ot.callbacks.EarlyStopping(patience=3), "EarlyStopping(monitor='val_loss', patience=3)"),
+    (lambda: ot.callbacks.EarlyStopping(patience=3), "EarlyStopping(monitor='val_loss', patience=3, mode='min')"),
+    # the direction watched is always shown: without it mode="max" read as the opposite
+    (lambda: ot.callbacks.EarlyStopping(monitor="loss", mode="max", patience=1),
+     "EarlyStopping(monitor='loss', patience=1, mode='max')"),
+    (lambda: ot.callbacks.ReduceLROnPlateau(monitor="val_accuracy"), "ReduceLROnPlateau(monitor='val_accuracy', mode='max')"),
     (lambda: ot.callbacks.EarlyStopping(monitor="val_accuracy", min_delta=0.1, restore_best_weights=True),
-     "EarlyStopping(monitor='val_accuracy', min_delta=0.1, restore_best_weights=True)"),
+     "EarlyStopping(monitor='val_accuracy', min_delta=0.1, mode='max', restore_best_weights=True)"),
     (lambda: ot.callbacks.ModelCheckpoint("ck-{epoch}", save_best_only=True),
-     "ModelCheckpoint(filepath='ck-{epoch}', monitor='val_loss', save_best_only=True)"),
+     "ModelCheckpoint(filepath='ck-{epoch}', monitor='val_loss', save_best_only=True, mode='min')"),
     (lambda: ot.callbacks.CosineDecay(10, warmup_epochs=2), "CosineDecay(total_epochs=10, warmup_epochs=2)"),
     (lambda: ot.callbacks.LambdaCallback(on_epoch_end=print), "LambdaCallback(on_epoch_end=print)"),
     (lambda: ot.callbacks.TerminateOnNaN(), "TerminateOnNaN()"),

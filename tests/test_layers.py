@@ -353,6 +353,9 @@ def test_a_0d_array_is_a_number():
     (lambda: L.BatchNorm(epsilon=float("inf")), r"BatchNorm\(epsilon=...\): expected a positive finite number"),
     (lambda: L.Dense(3, seed=-1), r"Dense\(seed=...\): expected an int >= 0 or None, received -1"),
     (lambda: L.Dense(3, seed="a"), r"Dense\(seed=...\): expected an int >= 0 or None, received 'a'"),
+    # a graph's seed is an int64: the fit failed in onnx with "Value out of range"
+    (lambda: L.Dropout(0.5, seed=2**63), r"Dropout\(seed=...\): expected an int from 0 to 2\*\*63 - 1 or None, "
+                                         r"received 9223372036854775808; pass a smaller seed"),
     (lambda: ot.Sequential([L.Dense(2)], input_shape=(3,), seed=1.5), r"Sequential\(seed=...\): expected an int"),
     (lambda: ot.Sequential(L.Dense(2), input_shape=(3,)), r"Sequential\(layers=...\): expected a list of layers, "
                                                           r"received Dense; wrap a single layer in a list"),

@@ -331,6 +331,17 @@ def test_random_draws_shaped_like_a_trained_value_train_and_follow_set_seed(rng)
         assert not np.array_equal(tr.model().get_weights()[0], w)
 
 
+def test_random_draws_no_output_reads_are_not_said(rng, recwarn):
+    w = f32(rng, 3, 2)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"]),
+             helper.make_node("RandomNormalLike", ["y"], ["unused"], name="noise")]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 2])], [numpy_helper.from_array(w, "W")])
+    model = ot.from_onnx(proto)
+    assert not [w for w in recwarn if "draws random numbers" in str(w.message)]
+    x = f32(rng, 4, 3)
+    np.testing.assert_array_equal(model.predict(x), model.predict(x))
+
+
 def test_compile_refuses_a_model_whose_first_output_is_not_float(rng):
     w = f32(rng, 3, 4)
     nodes = [helper.make_node("MatMul", ["x", "W"], ["logits"]),

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from onnx import TensorProto
 
-from ortrain._arrays import checked_int, is_real, one_of_two_names, read_array
+from ortrain._arrays import checked_seed, is_real, one_of_two_names, read_array
 from ortrain._random import draw_seed
 from ortrain.ag._checks import LAST_AXIS, _axis, _either, _float, _node, as_tensor, broadcast
 from ortrain.ag.tensor import FLOAT, INT, Tensor
@@ -253,7 +253,7 @@ def dropout(x, rate: float = 0.5, *, p: float | None = None, seed: int | None = 
     rate = one_of_two_names("dropout", "rate", rate, 0.5, "p", p)
     if not is_real(rate) or not 0.0 <= rate < 1.0:
         raise OrtrainError(f"dropout: {'rate' if p is None else 'p'} expected a number in [0, 1), received {rate!r}")
-    seed = checked_int(seed, "dropout(seed=...)", minimum=0, allow_none=True)
+    seed = checked_seed(seed, "dropout(seed=...)")
     if rate == 0:
         return x
     if seed is None:

@@ -132,6 +132,9 @@ class Callback:
         for p in list(inspect.signature(init).parameters.values())[1:]:
             if p.name == "min_delta" and isinstance(monitor, Monitor):  # kept by the monitor
                 value = monitor.min_delta
+            elif p.name == "mode" and isinstance(monitor, Monitor):  # the direction it watches, always
+                yield p.name, monitor.mode
+                continue
             elif p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name not in self.__dict__:
                 continue
             else:

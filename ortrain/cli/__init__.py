@@ -410,8 +410,29 @@ def _for_command_line(text: str, command: str | None = None) -> str:
     return text
 
 
+def _several_patterns_after_one_flag(argv: list[str]) -> str | None:
+    """The usage error for ``--frozen A B`` (``--trainable`` too): each flag takes one pattern, and
+    argparse would take ``B`` for the positional argument (a config file that does not exist, or an
+    unrecognised argument). A word after the pattern that names a file, or ends in ``.onnx`` or
+    ``.toml``, is the positional argument."""
+    for k, arg in enumerate(argv[:-2]):
+        if arg in ("--frozen", "--trainable"):
+            following = argv[k + 2]
+            if not following.startswith("-") and not following.endswith((".onnx", ".toml")) \
+                    and not os.path.exists(following):
+                return (f"{arg} takes one pattern; repeat the option for each: {arg} {argv[k + 1]!r} "
+                        f"{arg} {following!r}")
+    return None
+
+
 def main(argv=None) -> int:
     parser = build_parser()
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args if not a.startswith("-")), None)  # the subcommand (only --json goes before)
+    several = _several_patterns_after_one_flag(args) if command in ("artifacts", "train") else None
+    if several is not None:
+        print(f"ortrain {command}: error: {several}", file=sys.stderr)
+        return 2
     try:
         opts = parser.parse_args(argv)
     except SystemExit as exc:  # argparse has printed the usage and the reason

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import as_array, checked_flag, checked_int, read_array
+from ortrain._arrays import as_array, checked_flag, checked_seed, read_array
 from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
@@ -210,7 +210,7 @@ class Layer:
         if name is not None and (not isinstance(name, str) or not name or "." in name or "/" in name):
             raise OrtrainError(f"name: expected a non-empty string without '.' or '/', received {name!r}")
         self.name = name
-        self.seed = checked_int(seed, f"{type(self).__name__}(seed=...)", minimum=0, allow_none=True)
+        self.seed = checked_seed(seed, f"{type(self).__name__}(seed=...)")
         self._weights = Weights(self)
         self.roles: dict[str, str] = {}
         self.built_for: tuple | None = None

@@ -742,8 +742,13 @@ def _warn_random_outside_training(proto: onnx.ModelProto) -> None:
     """Ops other than ``Dropout`` that draw random numbers draw them in every run: ortrain switches
     ``Dropout`` off in predictions, evaluation and exports, not these (a VAE's sampling means it;
     a dropout an exporter wrote as random ops, the dynamo exporter's ``Dropout2d``, does not)."""
+    needed = {o.name for o in proto.graph.output}  # what the outputs read, walking back from them
+    for node in reversed(proto.graph.node):
+        if any(o in needed for o in node.output):
+            needed.update(node_inputs(node))
     drawn = sorted({n.op_type for n in proto.graph.node
-                    if n.op_type in _RANDOM_OPS and n.op_type != "Dropout" and n.domain in ("", "ai.onnx")})
+                    if n.op_type in _RANDOM_OPS and n.op_type != "Dropout" and n.domain in ("", "ai.onnx")
+                    and any(o in needed for o in n.output)})
     if drawn:
         warn(f"from_onnx: the model draws random numbers ({', '.join(drawn)}), and does so in predict, evaluate and "
              "the exported model too: only Dropout nodes are switched off outside training. A dropout the exporter "
