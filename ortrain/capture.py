@@ -215,7 +215,12 @@ class CaptureStep(TracedCall):
 
     def free(self) -> None:
         """Release the session; params keep their trained values and ``opt.state()`` its moments.
-        Later calls raise ``ot.FreedError``; freeing twice is harmless."""
+        Later calls raise ``ot.FreedError``; freeing twice is harmless. A call running in another
+        thread (a first one recording ``fn``, too) finishes first."""
+        with _one_at_a_time:
+            self._free()
+
+    def _free(self) -> None:
         if self._freed:
             return
         self._freed = True

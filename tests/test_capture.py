@@ -1002,3 +1002,26 @@ def test_a_clip_factor_below_float32s_smallest_normal_still_clips():
     np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-6)
     assert opt.step == 1 and not np.array_equal(W.numpy(), [[1.0, -1.0]])
     step.free()
+
+
+def test_free_from_another_thread_during_the_first_call_releases_the_session():
+    # free() while another thread recorded fn let that call open its session afterwards, kept for good
+    import threading
+    import time
+    W = ag.param(np.ones((2, 3), np.float32), name="W")
+    recording = threading.Event()
+
+    def fn(x):
+        recording.set()
+        time.sleep(0.2)
+        return ag.mean(ag.matmul(W, x))
+
+    step = ot.capture_step(fn, optimizer=ot.optim.Adam([W], lr=1e-2))
+    first = threading.Thread(target=lambda: step(x=np.ones((3, 4), np.float32)))
+    first.start()
+    recording.wait()
+    step.free()  # waits for the call
+    first.join()
+    assert step.freed and step._session is None and W._holder is None
+    with pytest.raises(ot.FreedError):
+        step(x=np.ones((3, 4), np.float32))

@@ -204,3 +204,9 @@ def test_cli_options_have_help():
                         ("predict", "--batch-size")):
         action = next(a for a in sub[cmd]._actions if option in a.option_strings)
         assert "default" in action.help, (cmd, option)
+
+
+def test_half_built_models_and_layers_have_a_repr():
+    # a model or layer whose __init__ failed half-way (as a debugger or a traceback shows it) raised
+    for cls in (ot.Sequential, ot.Model, ot.GraphModel, ot.layers.Dense, ot.layers.BatchNorm, ot.layers.Conv2D):
+        assert cls.__name__ in repr(cls.__new__(cls))

@@ -355,8 +355,11 @@ class Layer:
         return called
 
     def __repr__(self) -> str:
-        cfg = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
-        return f"{type(self).__name__}({cfg}{', ' if cfg else ''}name={self.name!r})"
+        try:
+            cfg = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
+        except Exception:  # noqa: BLE001 - a repr never raises (a layer whose __init__ failed half-way)
+            cfg = "..."
+        return f"{type(self).__name__}({cfg}{', ' if cfg else ''}name={self.__dict__.get('name')!r})"
 
 
 names_unknown_arguments_of_methods(Layer, "get_weights", "set_weights")

@@ -591,7 +591,10 @@ class Model(TrainingMixin):
         return f"Total params: {total}  trainable: {trainable}  non-trainable: {total - trainable}"
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}: {len(self.weight_names())} weights>"
+        try:
+            return f"<{type(self).__name__} {self.name!r}: {len(self.weight_names())} weights>"
+        except Exception:  # noqa: BLE001 - a repr never raises (a model whose __init__ failed half-way)
+            return f"<{type(self).__name__} {self.__dict__.get('name', '?')!r}: not built>"
 
 
 # TrainingMixin's annotations name Model (compile returns the model): imported there only for type

@@ -82,8 +82,11 @@ class Sequential(Model):
                             "first: model.add(ot.Input((4,))); model.add(ot.layers.Dense(2))")
 
     def __repr__(self) -> str:
-        if not self.__dict__.get("_built", True):
-            return f"<Sequential {self.name!r}: not built ({'no layer' if self._has_input() else 'no input'} yet)>"
+        try:
+            if not self.__dict__.get("_built", True):
+                return f"<Sequential {self.name!r}: not built ({'no layer' if self._has_input() else 'no input'} yet)>"
+        except Exception:  # noqa: BLE001 - a repr never raises (a model whose __init__ failed half-way)
+            return f"<Sequential {self.__dict__.get('name', '?')!r}: not built>"
         return super().__repr__()
 
     def _has_input(self) -> bool:
