@@ -616,3 +616,16 @@ def test_running_statistics_named_in_frozen_stay_fixed_as_model_freeze_keeps_the
         for name, value in zip(tr.model().weight_names(), tr.model().get_weights()):
             if name in stats:
                 np.testing.assert_array_equal(value, start[name])
+
+
+def test_trainable_naming_only_running_statistics_is_refused():
+    # trainable=["1.running_mean"] (a name the "matches no weight" refusal lists) left nothing to train,
+    # every weight frozen, without a word
+    path = DATA / "cnn_bn_train.onnx"
+    for names in (["1.running_mean"], ["0.weight", "1.running_*"]):
+        with pytest.raises(ot.OrtrainError, match=r"trainable: '1.running_(mean|\*)' names only running statistics "
+                                                  r"\(1.running_mean(, 1.running_var)?\), which training steps move"):
+            ot.from_onnx(path, trainable=names)
+    model = ot.from_onnx(path, trainable=["1.*"])  # a glob reaching weights and statistics: the weights train
+    roles = {p.name: p.role for p in model.params()}
+    assert roles["1.weight"] == "trainable" and roles["1.running_mean"] == "buffer" and roles["0.weight"] == "frozen"

@@ -191,6 +191,11 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None
                         f"({shown}); to train it, write its value as an initializer of the model "
                         "(graph.initializer) and remove the Constant node")
                 raise OrtrainError(f"{arg}: {pat!r} matches no weight; {shown}")
+            buffers = {p.name for p in fg.params if p.role == "buffer"}
+            if arg == "trainable" and set(picked(names, pat)) <= buffers:
+                raise OrtrainError(f"trainable: {pat!r} names only running statistics ({', '.join(picked(names, pat))}), "
+                                   "which training steps move and no optimizer trains; name the weights to train "
+                                   "(a batch norm's statistics stay fixed with frozen=)")
     params = []
     in_t = _picked_by(t, names) if t is not None else None
     in_f = _picked_by(f, names) if f is not None else set()
