@@ -113,3 +113,43 @@ def torch_steps(torch, net, opt, loss_fn, batches) -> list[float]:
         opt.step()
         losses.append(float(loss.detach()))
     return losses
+
+
+def forks_that_hang(tmp_path, setup: str, busy: str, in_child: str, forks: int = 16) -> str:
+    """Run a script that ``setup``s, calls ``busy`` in a loop on a thread, and forks ``forks`` times,
+    each child running ``in_child`` then exiting; the script prints how many children did not end
+    within 5 s (they are killed). Returns its output, ``"hung 0"`` when none hung."""
+    import subprocess
+    import sys
+    import textwrap
+    script = tmp_path / "fork_while_busy.py"
+    script.write_text(textwrap.dedent(setup) + textwrap.dedent(f"""
+        import os, signal, threading, time
+        stop = []
+        def loop():
+            while not stop:
+                {busy}
+        t = threading.Thread(target=loop)
+        t.start()
+        hung = 0
+        for _ in range({forks}):
+            time.sleep(0.01)
+            pid = os.fork()
+            if pid == 0:
+                {in_child}
+                os._exit(0)
+            for _ in range(100):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                hung += 1
+        stop.append(1)
+        t.join()
+        print("hung", hung)
+        """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (run.returncode, run.stdout, run.stderr[-2000:])
+    return run.stdout.strip()

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 from conftest import torch_or_skip
-from helpers import NumpyAdam
+from helpers import NumpyAdam, forks_that_hang
 
 import ortrain as ot
 from ortrain import ag
@@ -945,12 +945,8 @@ def test_a_step_recorded_again_with_a_dropout_seed_resumes_bit_for_bit():
 def test_a_fork_while_another_thread_steps_leaves_the_child_its_own_captured_steps(tmp_path):
     # captured steps take turns through one lock; a child forked while a thread of the parent held it
     # waited forever in its first call of any captured step
-    import subprocess
-    import sys
-    import textwrap
-    script = tmp_path / "fork_capture.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal, threading, time, numpy as np, ortrain as ot
+    setup = """
+        import numpy as np, ortrain as ot
         from ortrain import ag
         W = ag.param(np.ones((256, 256), np.float32), name="W")
         busy = ot.capture_step(lambda x: ag.mean(ag.square(ag.matmul(W, x))), optimizer=ot.optim.Adam([W], lr=1e-6))
@@ -958,34 +954,8 @@ def test_a_fork_while_another_thread_steps_leaves_the_child_its_own_captured_ste
         own = ot.capture_step(lambda x: ag.mean(ag.matmul(V, x)), optimizer=ot.optim.Adam([V], lr=1e-2))
         x, small = np.ones((256, 256), np.float32), np.ones((3, 4), np.float32)
         own(x=small)
-        stop = []
-        def loop():
-            while not stop:
-                busy(x=x)
-        t = threading.Thread(target=loop)
-        t.start()
-        hung = 0
-        for _ in range(10):
-            time.sleep(0.01)
-            pid = os.fork()
-            if pid == 0:
-                own(x=small)
-                os._exit(0)
-            for _ in range(100):
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    break
-                time.sleep(0.05)
-            else:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                hung += 1
-        stop.append(1)
-        t.join()
-        print("hung", hung)
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and run.stdout.strip() == "hung 0", (run.returncode, run.stdout, run.stderr[-2000:])
-
+        """
+    assert forks_that_hang(tmp_path, setup, busy="busy(x=x)", in_child="own(x=small)", forks=10) == "hung 0"
 
 def test_a_clip_factor_below_float32s_smallest_normal_still_clips():
     # norm 1.4e38 with max_grad_norm 1: the factor 7e-39 was flushed to 0, the step taken on zero

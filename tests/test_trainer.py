@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 from conftest import torch_or_skip
-from helpers import NumpyAdam, dense_model, linear_mse_grads, softmax
+from helpers import NumpyAdam, dense_model, forks_that_hang, linear_mse_grads, softmax
 
 import ortrain as ot
 
@@ -744,42 +744,15 @@ def test_a_snapshot_freed_from_another_thread_raises_freed_error_only(rng):
 def test_a_fork_while_another_thread_steps_leaves_the_child_a_usable_trainer(tmp_path):
     # The child inherited the session's lock held by the stepping thread, which does not exist
     # there: its free() waited forever.
-    script = tmp_path / "fork_busy.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal, threading, time, numpy as np, ortrain as ot
+    setup = """
+        import numpy as np, ortrain as ot
         m = ot.Sequential([ot.layers.Dense(64), ot.layers.Dropout(0.5), ot.layers.Dense(2)], input_shape=(32,),
                           seed=0)
         m.compile(optimizer="adam", loss="mse")
         tr = ot.Trainer(m, batch_size=256)  # drawing the masks, the step lets other threads run
         x, y = np.ones((256, 32), np.float32), np.zeros((256, 2), np.float32)
-        stop = []
-        def loop():
-            while not stop:
-                tr.step(x, y)
-        t = threading.Thread(target=loop)
-        t.start()
-        hung = 0
-        for _ in range(16):
-            time.sleep(0.01)
-            pid = os.fork()
-            if pid == 0:
-                tr.free()
-                os._exit(0)
-            for _ in range(100):
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    break
-                time.sleep(0.05)
-            else:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                hung += 1
-        stop.append(1)
-        t.join()
-        tr.free()
-        print("hung", hung)
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and run.stdout.strip() == "hung 0", (run.returncode, run.stdout, run.stderr[-2000:])
+        """
+    assert forks_that_hang(tmp_path, setup, busy="tr.step(x, y)", in_child="tr.free()") == "hung 0"
 
 
 @pytest.mark.parametrize("where, runs", [("train_step", True), ("optimizer_step", False), ("optimizer_step", True)])
