@@ -42,12 +42,16 @@ class History(Callback):
         logs = logs or {}
         n = len(self.epoch)
         self.epoch.append(epoch)
+        missing = self.__dict__.setdefault("_missing", set())  # (key, index) an epoch did not log
         for key, value in logs.items():
-            column = self.history.setdefault(key, [math.nan] * n)
-            column.append(value)
-        for column in self.history.values():
+            if key not in self.history:
+                self.history[key] = [math.nan] * n
+                missing.update((key, i) for i in range(n))
+            self.history[key].append(value)
+        for key, column in self.history.items():
             if len(column) == n:
                 column.append(math.nan)
+                missing.add((key, n))
 
     def __len__(self) -> int:
         return len(self.epoch)
@@ -60,14 +64,15 @@ class History(Callback):
     # -- export ---------------------------------------------------------------------------
     def to_csv(self, path) -> str:
         """Write ``epoch`` and every logged value, one row per epoch (numbers at full precision,
-        ``NA`` where an epoch has none, anything else a callback logged as its text), as
-        ``CSVLogger`` writes them."""
+        ``NA`` where an epoch has none, ``nan`` where it logged a NaN, anything else a callback
+        logged as its text), as ``CSVLogger`` writes them."""
         keys = list(self.history)
+        missing = self.__dict__.get("_missing", ())
         with atomic_path(path, "to_csv(path)") as tmp, open(tmp, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["epoch", *keys])
             for i, e in enumerate(self.epoch):
-                w.writerow([e, *(csv_cell(self.history[k][i]) for k in keys)])
+                w.writerow([e, *("NA" if (k, i) in missing else csv_cell(self.history[k][i]) for k in keys)])
         return os.fspath(path)
 
     def to_pandas(self):

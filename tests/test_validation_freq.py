@@ -235,3 +235,28 @@ def test_bad_validation_freq_is_refused_before_anything_changes(how, tmp_path):
         for a, b in zip(weights, model.get_weights()):
             np.testing.assert_array_equal(a, b)
     assert pulls == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_diverged_loss_is_written_nan_and_a_missing_value_na(tmp_path):
+    # a NaN loss was written NA, the marker of an epoch that did not log the value: a run that
+    # diverged read as one without validation
+    x, y = data()
+    xv, yv = data(9, seed=1)
+    model = classifier()
+
+    class Poison(ot.callbacks.Callback):
+        def on_batch_end(self, step, logs=None):
+            if self.loop.epoch == 1 and step == 0:
+                w = self.model.get_weights()
+                self.model.set_weights([w[0] + np.nan, *w[1:]])
+
+    log = tmp_path / "log.csv"
+    hist = model.fit(x, y, batch_size=8, epochs=3, validation_data=(xv, yv), validation_freq=[1, 3], verbose=0,
+                     callbacks=[Poison(), ot.callbacks.CSVLogger(log)])
+    with open(log, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["val_loss"] for r in rows] == [rows[0]["val_loss"], "NA", "nan"] and rows[0]["val_loss"] != "NA"
+    assert [r["loss"] for r in rows][1:] == ["nan", "nan"]
+    hist.to_csv(tmp_path / "history.csv")
+    with open(tmp_path / "history.csv", newline="") as f:
+        assert list(csv.DictReader(f)) == rows

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import errno
-import math
 import numbers
 import os
 
@@ -18,15 +17,15 @@ __all__ = ["CSVLogger"]
 
 
 def csv_cell(value) -> str:
-    """A logged value as CSV text: numbers at full precision, a missing one (None, NaN) ``NA``,
-    anything else a callback logged as its text. ``History.to_csv`` writes the same."""
+    """A logged value as CSV text, as Keras' ``CSVLogger`` writes it: numbers at full precision (a
+    NaN or infinite loss as ``nan``, ``inf``), a missing one (None) ``NA``, anything else a
+    callback logged as its text. ``History.to_csv`` writes the same."""
     if isinstance(value, (bool, np.bool_)):
         return str(value)
     if isinstance(value, numbers.Integral):
         return str(int(value))
     if isinstance(value, numbers.Real):
-        value = float(value)
-        return "NA" if math.isnan(value) else repr(value)
+        return repr(float(value))
     return "NA" if value is None else str(value)
 
 
@@ -39,7 +38,7 @@ class CSVLogger(Callback):
     The header names what the first epoch logs and every value the fit logs (``params["metrics"]``),
     so the ``val_`` columns are there also when ``validation_freq`` skips validation after the first
     epoch. A value that first appears after the header was written is left out; a missing one is
-    ``NA``.
+    ``NA`` (a logged NaN, a diverged loss, is ``nan``).
     """
 
     def __init__(self, filename, separator: str = ",", append: bool = False):

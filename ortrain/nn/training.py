@@ -101,6 +101,7 @@ class TrainingMixin:
             detached = History()
             detached.history = {k: list(v) for k, v in self.history.history.items()}
             detached.epoch, detached.params = list(self.history.epoch), dict(self.history.params)
+            detached._missing = set(self.history.__dict__.get("_missing", ()))
             state["history"] = detached
         seen, opt = self._seen(), self.optimizer
         state["_lr_seen"] = ("this optimizer", seen[1]) if seen is not None and opt is not None and \
