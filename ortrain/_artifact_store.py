@@ -70,6 +70,9 @@ def _remove_leftovers(target: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+_MKDIR_ATTEMPTS = 100  # a folder that a failing builder removes under us is made again, this often at most
+
+
 @contextlib.contextmanager
 def _publish_lock(target: Path):
     """An exclusive lock per artifact directory, so concurrent builders of one key take turns.
@@ -93,14 +96,15 @@ def _publish_lock(target: Path):
         yield
         return
     lock, made = target.parent / f".{target.name}.lock", []
-    while True:
+    for attempt in range(_MKDIR_ATTEMPTS):
         made += [p for p in (target.parent, *target.parent.parents) if not p.exists() and p not in made]
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             handle = lock_file(lock)
             break
-        except FileNotFoundError:  # a failing builder removed a folder just made: try again
-            continue
+        except FileNotFoundError as exc:  # a failing builder removed a folder just made: try again
+            if attempt == _MKDIR_ATTEMPTS - 1:  # a place where folders cannot be made (under /proc)
+                raise _unwritable(target, exc) from None
         except OSError as exc:  # not writable: a read-only file system, another user's folder
             raise _unwritable(target, exc) from None
     failed = False

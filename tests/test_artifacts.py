@@ -565,3 +565,19 @@ def test_from_artifacts_refuses_a_directory_replaced_while_it_opens(tmp_path, mo
         ot.Trainer.from_artifacts(record if given == "record" else out, batch_size=2)
     with ot.Trainer.from_artifacts(out, batch_size=2) as tr:   # opened again: what the directory holds now
         assert tr.model().get_weights()[0].shape == (4, 5)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc, where folders cannot be made")
+def test_a_place_where_folders_cannot_be_made_is_refused_not_retried_forever(tmp_path):
+    # making a folder under /proc fails with "No such file or directory", which the build took for a
+    # folder another builder had just removed, and retried forever
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    with pytest.raises(ot.OrtrainError, match=r"out_dir: '/proc/ortrain-art' cannot be written \(No such file"):
+        ot.artifacts.build(model, loss="mse", optimizer="adam", out_dir="/proc/ortrain-art")
+    previous = ot.artifacts.cache_dir()
+    ot.artifacts.set_cache_dir("/proc/ortrain-cache")
+    try:
+        with pytest.raises(ot.OrtrainError, match=r"the artifact cache '/proc/ortrain-cache' cannot be written"):
+            ot.artifacts.build(model, loss="mse", optimizer="adam")
+    finally:
+        ot.artifacts.set_cache_dir(previous)
