@@ -89,12 +89,18 @@ def test_environment_problem_messages():
     assert "pip uninstall -y onnxruntime" in shadow[0]
     beside = engine.environment_problems("1.17.0", "1.19.2", True, {"onnxruntime-gpu": "1.20.0"})
     assert "shares its module name" in beside[0]
+    # a plain --force-reinstall also upgraded onnx past the pin (the training wheel does not pin it)
+    for said in (shadow[0], beside[0]):
+        assert said.endswith("&& pip install --force-reinstall --no-deps 'onnxruntime-training-cpu==1.19.2'")
 
 
 def test_devices():
     assert str(engine.parse_device("cpu")) == "cpu"
     assert engine.parse_device("cuda:1", providers=["CUDAExecutionProvider"]).index == 1
-    with pytest.raises(ot.OrtrainError, match="no CUDA execution provider.*onnxruntime-training==1.19.2"):
+    # the uninstall removes the module the two builds share (ortrain[cuda] installs both): a plain install
+    # was "already satisfied" and left none
+    with pytest.raises(ot.OrtrainError, match="no CUDA execution provider.*pip uninstall -y onnxruntime-training-cpu "
+                                              "&& pip install --force-reinstall --no-deps onnxruntime-training==1.19.2"):
         engine.parse_device("cuda", providers=["CPUExecutionProvider"])
     with pytest.raises(ot.OrtrainError, match="expected 'cpu', 'cuda' or 'cuda:N'.*received 'gpu0'"):
         engine.parse_device("gpu0")

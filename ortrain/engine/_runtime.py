@@ -61,9 +61,10 @@ def environment_problems(onnx_version: str | None, ort_version: str | None, has_
         culprit = ", ".join(shadows) or f"onnxruntime {ort_version}"
         problems.append(
             f"the importable onnxruntime ({culprit}) is an inference-only build without the training API; "
-            f"both install the same 'onnxruntime' module, so remove it and reinstall the training build: "
+            f"both install the same 'onnxruntime' module, so remove it and put the training build's files "
+            f"back (--no-deps leaves onnx and numpy as they are): "
             f"pip uninstall -y {' '.join(n for n in _SHADOWS if installed.get(n)) or 'onnxruntime'} "
-            f"&& pip install --force-reinstall 'onnxruntime-training-cpu==1.19.2'")
+            f"&& pip install --force-reinstall --no-deps 'onnxruntime-training-cpu==1.19.2'")
     elif _version_tuple(ort_version)[:2] != _version_tuple(REQUIRED_ORT)[:2]:
         problems.append(f"onnxruntime-training {ort_version} is installed; ortrain is built against "
                         f"{REQUIRED_ORT}: {_INSTALL}")
@@ -71,7 +72,7 @@ def environment_problems(onnx_version: str | None, ort_version: str | None, has_
         problems.append(
             f"{', '.join(shadows)} is installed beside onnxruntime-training and shares its module name; "
             f"whichever was installed last wins. pip uninstall -y {' '.join(s.split()[0] for s in shadows)} "
-            f"&& pip install --force-reinstall 'onnxruntime-training-cpu==1.19.2'")
+            f"&& pip install --force-reinstall --no-deps 'onnxruntime-training-cpu==1.19.2'")
     return problems
 
 

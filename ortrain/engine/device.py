@@ -12,7 +12,9 @@ from ortrain.engine._runtime import C, get_ort_device_type
 from ortrain.errors import OrtrainError
 
 _CUDA_HELP = ("the CUDA build of onnxruntime-training is needed: pip uninstall -y onnxruntime-training-cpu "
-              "&& pip install onnxruntime-training==1.19.2 (it needs CUDA 11.8 and cuDNN 8 on the machine)")
+              "&& pip install --force-reinstall --no-deps onnxruntime-training==1.19.2 (the two share one module, "
+              "which the uninstall removes: the reinstall puts the CUDA build's files back, also where "
+              "ortrain[cuda] installed both; it needs CUDA 11.8 and cuDNN 8 on the machine)")
 
 
 @dataclass(frozen=True)
