@@ -77,6 +77,7 @@ class TrainingMixin:
         self.metrics: list[str] = []
         self.weighted_metrics: list[str] = []  # compile's: weighed by sample and class weights
         self.history = None  # the History of the last fit, as Keras keeps it
+        self.stop_training = False  # a callback sets it to end the fit, as in Keras
         self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
         self._live_updates = None  # set by a running fit: returns its update count once it has stepped
         self._live_seen = None  # set by a running fit: what it last took of optimizer.lr

@@ -140,6 +140,12 @@ class Optimizer:
         now = self._lr_now
         return self._lr if now is None else now()
 
+    @lr.setter
+    def lr(self, value) -> None:
+        self._lr = check_lr(value)
+        self.lr_writes += 1
+        self._lr_now = None
+
     @property
     def step(self) -> int:
         """Updates taken (as Keras' ``iterations``): a captured step's count, or for a compiled model's
@@ -206,12 +212,6 @@ class Optimizer:
         state.setdefault("_model_id", None)
         state.setdefault("_counts", None)
         self.__dict__.update(state)
-
-    @lr.setter
-    def lr(self, value) -> None:
-        self._lr = check_lr(value)
-        self.lr_writes += 1
-        self._lr_now = None
 
     @property
     def learning_rate(self) -> float:
