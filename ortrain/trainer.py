@@ -399,7 +399,9 @@ class Trainer(TrainerSetup, Releasable):
     # -- batch norm ----------------------------------------------------------------------------
     def calibrate_bn(self, x) -> None:
         """Set every batch norm's running mean and (biased) variance to the exact statistics of at most
-        1024 rows of ``x``, layer by layer (each layer sees the layers before it already calibrated)."""
+        1024 rows of ``x``, layer by layer (each layer sees the layers before it already calibrated). A
+        batch norm applied more than once (a shared layer) gets the mean of its calls' statistics, as
+        its running statistics settle to in training."""
         self._live()
         xs = prepare_inputs(self._inputs, x, "x", None, self._bounds)
         xs = [a[:CALIBRATION_ROWS] for a in xs]
@@ -419,6 +421,7 @@ class Trainer(TrainerSetup, Releasable):
             self._calib = engine.InferenceRunner(probe, device=self.device, threads=self._threads)
         feeds = {s.name: a for s, a in zip(self._inputs, xs)}
         before = {name: self._session.get(name).copy() for node in nodes for name in node.input[3:5]}
+        calls: dict[tuple[str, str], list] = {}  # a shared batch norm's calls so far: their (mean, var)
         try:
             for node in nodes:
                 feeds.update(self._weights_now())
@@ -430,8 +433,10 @@ class Trainer(TrainerSetup, Releasable):
                     raise NonFiniteError(f"calibrate_bn: the input of batch norm {node.name!r} has statistics "
                                          "beyond float32 (finite x whose values overflow on the way); the "
                                          "statistics were not changed. Scale x to a usual range first")
-                self._session.set(node.input[3], mean)
-                self._session.set(node.input[4], var)
+                seen = calls.setdefault((node.input[3], node.input[4]), [])
+                seen.append((mean, var))
+                self._session.set(node.input[3], np.mean([m for m, _ in seen], axis=0, dtype=np.float64).astype(np.float32))
+                self._session.set(node.input[4], np.mean([v for _, v in seen], axis=0, dtype=np.float64).astype(np.float32))
         except BaseException:
             for name, old in before.items():  # all or nothing
                 self._session.set(name, old)

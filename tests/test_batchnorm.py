@@ -142,3 +142,37 @@ def test_a_backbone_over_two_inputs_keeps_pytorchs_running_statistics(dynamo):
     # (the running variance is the batch's biased one, as the README says; PyTorch keeps the unbiased)
     for name in ("bb.1.running_mean", "bb.0.weight", "bb.1.weight"):
         np.testing.assert_allclose(got[name], net.state_dict()[name].numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_a_batch_norm_called_twice_on_one_tensor_moves_twice():
+    # the runtime merged the two equal calls into one node, which moved the statistics once a step
+    L = ot.layers
+    a = ot.Input((3,))
+    bn = L.BatchNorm(momentum=0.9)
+    model = ot.Model(a, L.Add()([bn(a), L.Dense(3)(bn(a))])).compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x = (np.random.default_rng(0).standard_normal((8, 3)) + 5).astype(np.float32)
+    with ot.Trainer(model, batch_size=8) as tr:
+        for _ in range(2):
+            tr.step(x, np.zeros((8, 3), np.float32))
+        w = dict(zip(tr.weight_names(), tr.get_weights()))
+    mean, var = np.zeros(3), np.ones(3)
+    for _ in range(4):  # two steps of two calls
+        mean, var = 0.9 * mean + 0.1 * x.mean(0), 0.9 * var + 0.1 * x.var(0)
+    np.testing.assert_allclose(w["batch_norm_0.running_mean"], mean, rtol=1e-5)
+    np.testing.assert_allclose(w["batch_norm_0.running_var"], var, rtol=1e-5)
+
+
+def test_calibrating_a_shared_batch_norm_takes_the_mean_of_its_calls():
+    # each call was calibrated in turn into the same statistics: the last call's alone were kept
+    L = ot.layers
+    rng = np.random.default_rng(0)
+    a, b = ot.Input((3,)), ot.Input((3,))
+    bn = L.BatchNorm()
+    model = ot.Model([a, b], L.Add()([bn(a), bn(b)])).compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    xa = (rng.standard_normal((64, 3)) * 2 + 5).astype(np.float32)
+    xb = (rng.standard_normal((64, 3)) - 5).astype(np.float32)
+    with ot.Trainer(model, batch_size=64) as tr:
+        tr.calibrate_bn([xa, xb])
+        w = dict(zip(tr.weight_names(), tr.get_weights()))
+    np.testing.assert_allclose(w["batch_norm_0.running_mean"], (xa.mean(0) + xb.mean(0)) / 2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w["batch_norm_0.running_var"], (xa.var(0) + xb.var(0)) / 2, rtol=1e-5)

@@ -41,7 +41,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     """
     if not requires_grad:
         raise OrtrainError("nothing to train: no parameter requires a gradient (all are frozen or constants)")
-    model = copy.deepcopy(model)
+    model = merge_repeated_batch_norms(copy.deepcopy(model))
     grads, frozen_set = set(requires_grad), set(frozen)
     training_graph_utils._move_initializers_to_inputs(model, grads | frozen_set)
     eval_model = copy.deepcopy(model)
@@ -72,6 +72,39 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         if m.ir_version > 10 or m.ir_version < IR_VERSION:
             m.ir_version = IR_VERSION
     return with_mask_metadata(training, masks, kept), eval_model
+
+
+def merge_repeated_batch_norms(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A batch norm applied k times to the same tensor (``bn(x) + bn(x)``) as one node of momentum
+    ``momentum ** k``: the calls' outputs are equal, and k updates by the same batch statistics move
+    the running ones as one update by ``momentum ** k`` does. The runtime's optimizer merges equal
+    nodes into one, which moved the statistics once. Changes ``model`` in place and returns it."""
+    groups: dict[tuple, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        if node.op_type == "BatchNormalization" and len(node.input) >= 5 and len(node.output) == 1:
+            key = (tuple(node.input), tuple(sorted(a.SerializeToString() for a in node.attribute)))
+            groups.setdefault(key, []).append(node)
+    renamed: dict[str, str] = {}
+    for nodes in groups.values():
+        if len(nodes) < 2:
+            continue
+        first = nodes[0]
+        momentum = next((a for a in first.attribute if a.name == "momentum"), None)
+        if momentum is None:
+            momentum = first.attribute.add()
+            momentum.name, momentum.type, momentum.f = "momentum", onnx.AttributeProto.FLOAT, 0.9
+        momentum.f = float(np.float32(momentum.f) ** len(nodes))
+        for node in nodes[1:]:
+            renamed[node.output[0]] = first.output[0]
+            model.graph.node.remove(node)
+    if renamed:
+        for node in model.graph.node:
+            for i, name in enumerate(node.input):
+                node.input[i] = renamed.get(name, name)
+        for out in model.graph.output:
+            if out.name in renamed:  # a graph output keeps its name: an Identity of the merged node
+                model.graph.node.append(onnx.helper.make_node("Identity", [renamed[out.name]], [out.name]))
+    return model
 
 
 def chain_shared_statistics(training: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
