@@ -6,6 +6,7 @@ import csv
 import math
 import os
 
+from ortrain import _optional
 from ortrain._files import atomic_path, checked_target
 from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain.callbacks.base import Callback
@@ -77,11 +78,7 @@ class History(Callback):
 
     def to_pandas(self):
         """A ``pandas.DataFrame`` indexed by epoch (needs pandas: ``pip install 'ortrain[plot]'``)."""
-        try:
-            import pandas as pd
-        except ImportError:
-            raise OrtrainError("History.to_pandas needs pandas, which is not installed; install the plot extra: "
-                               "pip install 'ortrain[plot]' (or pip install pandas)") from None
+        pd = _optional.load("pandas", "History.to_pandas")
         return pd.DataFrame(self.history, index=pd.Index(self.epoch, name="epoch"))
 
     def plot(self, path) -> str:
@@ -89,14 +86,10 @@ class History(Callback):
         ``val_`` twin, ``lr`` alone) to ``path`` (needs matplotlib: ``pip install 'ortrain[plot]'``)."""
         if not self.epoch:
             raise OrtrainError("History.plot: the history holds no epoch; nothing to plot")
-        try:
-            import matplotlib
-            matplotlib.use("Agg", force=False)
-            import matplotlib.pyplot as plt
-            from matplotlib.backend_bases import FigureCanvasBase
-        except ImportError:
-            raise OrtrainError("History.plot needs matplotlib, which is not installed; install the plot extra: "
-                               "pip install 'ortrain[plot]' (or pip install matplotlib)") from None
+        matplotlib = _optional.load("matplotlib", "History.plot")
+        matplotlib.use("Agg", force=False)
+        plt = _optional.load("matplotlib.pyplot", "History.plot")
+        FigureCanvasBase = _optional.load("matplotlib.backend_bases", "History.plot").FigureCanvasBase
         target = checked_target(path, "History.plot(path)")
         fmt = target.suffix[1:].lower() or "png"  # as matplotlib takes it, but written to path itself
         formats = FigureCanvasBase.get_supported_filetypes()

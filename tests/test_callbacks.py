@@ -1257,3 +1257,35 @@ def test_fits_in_two_threads_sharing_a_layer_let_go_of_it_in_any_order():
     first_done.set()
     thread.join(60)
     assert not LIVE_SYNC
+
+
+def test_an_optional_package_missing_or_broken_is_told_apart(tmp_path, monkeypatch):
+    # a matplotlib or pandas installed but failing to import (built for another numpy) was "not
+    # installed", to_pandas raised the raw ValueError, and the command line skipped loss.png silently
+    import sys
+    history = ot.History()
+    history.on_epoch_end(0, {"loss": 1.0})
+    for name in ("pandas", "matplotlib"):
+        monkeypatch.setitem(sys.modules, name, None)  # not installed
+    with pytest.raises(ot.OrtrainError, match=r"History.to_pandas needs pandas, which is not installed; install the "
+                                              r"plot extra: pip install 'ortrain\[plot\]'"):
+        history.to_pandas()
+    with pytest.raises(ot.OrtrainError, match=r"History.plot needs matplotlib, which is not installed"):
+        history.plot(tmp_path / "h.png")
+    for name in ("pandas", "matplotlib"):  # installed, broken
+        package = tmp_path / "site" / name
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("raise ValueError('numpy.dtype size changed, may indicate binary "
+                                             "incompatibility')\n")
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(ot.OrtrainError, match=r"History.to_pandas needs pandas, which is installed but fails to "
+                                              r"import \(ValueError: numpy.dtype size changed.*pip install --upgrade "
+                                              r"--force-reinstall pandas"):
+        history.to_pandas()
+    with pytest.raises(ot.OrtrainError, match=r"History.plot needs matplotlib, which is installed but fails"):
+        history.plot(tmp_path / "h.png")
+    from ortrain.cli.runs import _plot
+    with pytest.warns(RuntimeWarning, match=r"loss.png needs matplotlib, which is installed but fails to import"):
+        assert _plot(None, tmp_path) is None
+    assert not list(tmp_path.glob("*.png"))

@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 
 import ortrain as ot
+from ortrain import _optional
 from ortrain import fit as fit_mod
 from ortrain._files import atomic_path
 from ortrain._trainer_setup import written_for
+from ortrain._warnings import warn
 from ortrain.cli._common import (
     UsageError,
     _one_input,
@@ -231,10 +233,12 @@ def _finish(out: Path, model, recorder: RunRecorder) -> dict:
 
 def _plot(recorder: RunRecorder, out: Path) -> str | None:
     try:
-        import matplotlib
+        matplotlib = _optional.load("matplotlib", "loss.png")
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        plt = _optional.load("matplotlib.pyplot", "loss.png")
+    except _optional.Unusable as exc:
+        if not exc.missing:  # installed but broken: said, not silently skipped (a missing one is optional)
+            warn(f"{exc} (the run is complete without it)", RuntimeWarning)
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     try:
