@@ -1189,3 +1189,20 @@ def test_several_patterns_after_one_flag_are_told_to_repeat_the_flag(workdir, ca
                                                    f"option for each: {flag} '{first}' {flag} '{second}'")
     assert sorted(os.listdir(workdir)) == ["mlp.onnx", "test.npz", "train.npz", "x.npy", "y.npy"]
     assert cli("artifacts", "-o", "art", "--loss", "mse", "--frozen", "dense_0.*", "mlp.onnx") == 0  # the model after
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc, where folders cannot be made")
+def test_a_failed_demo_leaves_no_folder_it_made(tmp_path, monkeypatch, capsys):
+    # a demo that failed (here its artifact cache cannot be written) left its --out folder behind,
+    # holding only its mark
+    monkeypatch.chdir(tmp_path)
+    previous = ot.artifacts.cache_dir()
+    ot.artifacts.set_cache_dir("/proc/ortrain-cache")
+    try:
+        assert cli("demo", "--out", "new", "--epochs", "1", "--verbose", "0") == 1
+        (tmp_path / "mine").mkdir()
+        assert cli("demo", "--out", "mine", "--epochs", "1", "--verbose", "0") == 1
+    finally:
+        ot.artifacts.set_cache_dir(previous)
+    assert "the artifact cache '/proc/ortrain-cache' cannot be written" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # a folder it did not make stays

@@ -9,6 +9,7 @@ operators independent of onnxruntime), and checks that both reproduce ortrain's 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import numpy as np
 import onnx
 
 import ortrain as ot
+from ortrain import _optional
+from ortrain._warnings import warn
 from ortrain.cli._common import UsageError, check_out_dir, write_json
 from ortrain.datasets import load_digits
 
@@ -68,13 +71,23 @@ def split(x, y, test_fraction: float, seed: int):
 
 
 def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int = 1, echo=print) -> dict:
-    import onnxruntime  # a plain inference session, as a deployment would use
-
     start = time.perf_counter()
     out_dir = Path(out)
     check_out_dir(out_dir, "the demo")
     _refuse_others(out_dir)
+    made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(out_dir, epochs, seed, verbose, echo, start)
+    except BaseException:
+        if made:  # a demo that failed (a cache it cannot write, an interrupt) leaves no folder it made
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
+def _run(out_dir: Path, epochs: int, seed: int, verbose: int, echo, start: float) -> dict:
+    import onnxruntime  # a plain inference session, as a deployment would use
+
     (out_dir / MARK).touch()
     ot.set_seed(seed)
     x, y = load_digits()
@@ -117,8 +130,9 @@ def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int
     try:
         history.plot(out_dir / "loss.png")
         summary["files"]["plot"] = str(out_dir / "loss.png")
-    except ot.OrtrainError:
-        pass  # matplotlib is an optional extra
+    except _optional.Unusable as exc:  # matplotlib is an optional extra: said only when installed but broken
+        if not exc.missing:
+            warn(f"{exc} (the demo is complete without loss.png)", RuntimeWarning)
     write_json(out_dir / "summary.json", summary)
     summary["files"]["summary"] = str(out_dir / "summary.json")
     echo("wrote " + ", ".join(summary["files"].values()))
