@@ -386,3 +386,33 @@ def test_a_size_recomputed_from_the_input_names_the_export_option():
     with pytest.raises(ot.UnsupportedOpError, match=r"its scales or sizes are computed in the graph.*F.interpolate "
                                                     r"without recompute_scale_factor=True"):
         ot.Trainer(model, batch_size=2)
+
+
+@pytest.mark.parametrize("op, opset, mode, scale", [
+    ("Upsample", 9, "linear", 2.0), ("Upsample", 9, "linear", 1.5), ("Upsample", 7, "linear", 3.0),
+    ("Upsample", 9, "nearest", 1.5), ("Resize", 10, "linear", 2.0), ("Resize", 10, "linear", 0.75),
+    ("Resize", 10, "nearest", 1.5), ("Resize", 10, "nearest", 0.75), ("Resize", 10, "nearest", 0.6)])
+def test_resizes_of_opsets_before_11_keep_their_sampling(tmp_path, op, opset, mode, scale):
+    # onnx's converter kept only the mode: opset 11 read it as half_pixel, and a linear resize of a row
+    # 0..3 by 2 gave 0 .25 .75 ... where onnxruntime computes 0 .5 1 ... on the file (38% off)
+    w = numpy_helper.from_array(np.full((1, 2, 1, 1), 1.5, np.float32), "w")
+    scales = [1.0, 1.0, scale, scale]
+    if op == "Upsample" and opset < 9:
+        node, inits = helper.make_node("Upsample", ["h"], ["y"], mode=mode, scales=scales), [w]
+    else:
+        node = helper.make_node(op, ["h", "scales"], ["y"], mode=mode)
+        inits = [w, numpy_helper.from_array(np.array(scales, np.float32), "scales")]
+    proto = _model([helper.make_node("Mul", ["x", "w"], ["h"]), node], [vi("x", [None, 2, 5, 6])],
+                   [vi("y", [None, 2, None, None])], inits, opset=opset)
+    proto.ir_version = 6
+    x = np.arange(2 * 2 * 5 * 6, dtype=np.float32).reshape(2, 2, 5, 6) % 7
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    model = ot.from_onnx(proto)
+    np.testing.assert_allclose(model.predict(x), want, rtol=1e-6, atol=1e-5)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    with ot.Trainer(model, batch_size=2) as tr:  # the training graph's form of the resize samples alike
+        y = np.zeros_like(want)
+        np.testing.assert_allclose(tr.step(x, y), np.mean((want - y) ** 2), rtol=1e-5)
+    model.export_onnx(tmp_path / "m.onnx")
+    served = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(served.run(None, {"x": x})[0], want, rtol=1e-6, atol=1e-5)

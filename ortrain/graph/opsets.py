@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import onnx
-from onnx import helper, version_converter
+from onnx import helper, numpy_helper, version_converter
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
@@ -21,6 +22,43 @@ def default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
+def _asymmetric_resizes(model: onnx.ModelProto) -> dict[str, bytes | None]:
+    """The outputs of ``Upsample`` and ``Resize`` nodes of opsets before 11, which sample at
+    ``x_out / scale`` (``asymmetric``), each with the ``nearest_mode`` that picks the input
+    onnxruntime's nearest mode picks there (the one below when every scale enlarges, the one above
+    when every scale shrinks; None where the scales are not known or mixed)."""
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output and n.attribute and n.attribute[0].name == "value":
+            constants[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    found: dict[str, bytes | None] = {}
+    for n in model.graph.node:
+        if n.op_type not in ("Upsample", "Resize") or not n.output:
+            continue
+        given = next((list(a.floats) for a in n.attribute if a.name == "scales"), None)
+        if given is None and len(n.input) > 1:
+            given = constants.get(n.input[1])
+        scales = [float(s) for s in np.ravel(given)] if given is not None else []
+        found[n.output[0]] = (b"floor" if scales and min(scales) >= 1 else
+                              b"ceil" if scales and max(scales) <= 1 else None)
+    return found
+
+
+def _keep_asymmetric(model: onnx.ModelProto, outputs: dict[str, bytes | None]) -> None:
+    """Give the ``Resize`` nodes converted from ``outputs`` their old sampling: onnx's converter keeps
+    only the mode, and opset 11 reads a missing coordinate mode as ``half_pixel`` (a linear resize
+    of a row of 0..3 by 2 was ``0 .25 .75 ...`` where onnxruntime computes ``0 .5 1 ...``)."""
+    for node in model.graph.node:
+        if node.op_type == "Resize" and node.output and node.output[0] in outputs:
+            settings = {"coordinate_transformation_mode": b"asymmetric"}
+            nearest = outputs[node.output[0]]
+            if nearest is not None:
+                settings["nearest_mode"] = nearest
+            for attr in node.attribute:
+                settings.pop(attr.name, None)
+            node.attribute.extend(helper.make_attribute(k, v) for k, v in settings.items())
+
+
 def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
     """Convert opsets older than ``target`` (and newer than onnxruntime reads) with onnx's converter.
 
@@ -31,12 +69,14 @@ def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProt
     want = target if have < target else MAX_OPSET if have > MAX_OPSET else None
     out = model
     if want is not None:
+        resized = _asymmetric_resizes(model) if have < 11 else {}
         try:
             out = version_converter.convert_version(model, want)
         except Exception as exc:
             raise OrtrainError(f"from_onnx: the model uses opset {have}; converting it to opset {want} (what "
                                f"onnxruntime-training 1.19.2 trains) failed: {str(exc).splitlines()[0]}. "
                                f"Re-export it with opset_version between {target} and {MAX_OPSET}") from exc
+        _keep_asymmetric(out, resized)
     else:
         out = copy.deepcopy(model)
     needed = helper.find_min_ir_version_for(list(out.opset_import), ignore_unknown=True)
