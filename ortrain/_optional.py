@@ -30,6 +30,6 @@ def load(name: str, who: str):
     except Exception as exc:  # noqa: BLE001 - a broken install raises anything (ValueError for a numpy ABI)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     import numpy
-    raise Unusable(f"{who} needs {package}, which is installed but fails to import ({reason}); reinstall a "
-                   f"version that works with numpy {numpy.__version__}: pip install --upgrade --force-reinstall "
-                   f"{package}", missing=False) from None
+    raise Unusable(f"{who} needs {package}, which is installed but fails to import ({reason}); install a "
+                   f"version built for numpy {numpy.__version__}: pip install --upgrade {package}",
+                   missing=False) from None

@@ -176,3 +176,16 @@ def test_calibrating_a_shared_batch_norm_takes_the_mean_of_its_calls():
         w = dict(zip(tr.weight_names(), tr.get_weights()))
     np.testing.assert_allclose(w["batch_norm_0.running_mean"], (xa.mean(0) + xb.mean(0)) / 2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(w["batch_norm_0.running_var"], (xa.var(0) + xb.var(0)) / 2, rtol=1e-5)
+
+
+def test_a_batch_norm_called_on_two_equal_computations_moves_twice():
+    # bn(relu(a)) + bn(relu(a)): the runtime merged the equal relus, then the batch norms
+    L = ot.layers
+    a = ot.Input((3,))
+    bn = L.BatchNorm(momentum=0.9)
+    h = L.Add()([bn(L.Activation("relu")(a)), bn(L.Activation("relu")(a))])
+    model = ot.Model(a, L.Dense(1)(h)).compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    x = (np.random.default_rng(0).normal(size=(8, 3)) + 2).astype(np.float32)
+    model.fit(x, np.zeros((8, 1), np.float32), batch_size=8, epochs=1, verbose=0)
+    w = dict(zip(model.weight_names(), model.get_weights()))
+    np.testing.assert_allclose(w["batch_norm_0.running_mean"], 0.19 * np.maximum(x, 0).mean(0), rtol=1e-5)

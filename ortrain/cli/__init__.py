@@ -418,7 +418,7 @@ def _several_patterns_after_one_flag(argv: list[str]) -> str | None:
     for k, arg in enumerate(argv[:-2]):
         if arg in ("--frozen", "--trainable"):
             following = argv[k + 2]
-            if not following.startswith("-") and not following.endswith((".onnx", ".toml")) \
+            if not following.startswith("-") and not following.lower().endswith((".onnx", ".toml")) \
                     and not os.path.exists(following):
                 return (f"{arg} takes one pattern; repeat the option for each: {arg} {argv[k + 1]!r} "
                         f"{arg} {following!r}")

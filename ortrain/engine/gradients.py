@@ -25,6 +25,7 @@ from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
 from ortrain.graph.dropout_masks import dropout_as_mask_inputs, with_mask_metadata
 from ortrain.graph.gradient_rewrites import for_gradients, unnamed_broadcast_dims
+from ortrain.graph.passes import subgraphs
 
 _NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)")
 
@@ -74,37 +75,67 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     return with_mask_metadata(training, masks, kept), eval_model
 
 
+# Ops whose equal calls compute different values (a draw each), never merged as equal.
+_DRAWS = frozenset({"Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                    "Bernoulli", "Multinomial"})
+
+
 def merge_repeated_batch_norms(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A batch norm applied k times to the same tensor (``bn(x) + bn(x)``) as one node of momentum
-    ``momentum ** k``: the calls' outputs are equal, and k updates by the same batch statistics move
-    the running ones as one update by ``momentum ** k`` does. The runtime's optimizer merges equal
-    nodes into one, which moved the statistics once. Changes ``model`` in place and returns it."""
-    groups: dict[tuple, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        if node.op_type == "BatchNormalization" and len(node.input) >= 5 and len(node.output) == 1:
-            key = (tuple(node.input), tuple(sorted(a.SerializeToString() for a in node.attribute)))
-            groups.setdefault(key, []).append(node)
+    """A batch norm applied k times to one value (``bn(x) + bn(x)``, or to two equal computations of
+    it, ``bn(relu(a)) + bn(relu(a))``) as one node of momentum ``momentum ** k``: the calls' outputs
+    are equal, and k updates by the same batch statistics move the running ones as one update by
+    ``momentum ** k`` does. The runtime's optimizer merges equal nodes (the relus, then the batch
+    norms) into one, which moved the statistics once. Equal nodes are merged here first, in graph
+    order, the batch norms counted as they merge. Changes ``model`` in place and returns it."""
+    graph = model.graph
     renamed: dict[str, str] = {}
-    for nodes in groups.values():
-        if len(nodes) < 2:
+    seen: dict[tuple, onnx.NodeProto] = {}
+    merged: dict[int, int] = {}  # id of a batch norm kept -> how many calls it stands for
+    kept = []
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+        bodies = subgraphs(node)
+        if bodies:  # an If/Loop/Scan body reads outer values by name: it reads the merged ones
+            for body in bodies:
+                _rename_reads(body, renamed)
+        if node.op_type in _DRAWS or bodies:
+            kept.append(node)
             continue
-        first = nodes[0]
-        momentum = next((a for a in first.attribute if a.name == "momentum"), None)
-        if momentum is None:
-            momentum = first.attribute.add()
-            momentum.name, momentum.type, momentum.f = "momentum", onnx.AttributeProto.FLOAT, 0.9
-        momentum.f = float(np.float32(momentum.f) ** len(nodes))
-        for node in nodes[1:]:
-            renamed[node.output[0]] = first.output[0]
-            model.graph.node.remove(node)
-    if renamed:
-        for node in model.graph.node:
-            for i, name in enumerate(node.input):
-                node.input[i] = renamed.get(name, name)
-        for out in model.graph.output:
-            if out.name in renamed:  # a graph output keeps its name: an Identity of the merged node
-                model.graph.node.append(onnx.helper.make_node("Identity", [renamed[out.name]], [out.name]))
+        key = (node.domain, node.op_type, tuple(node.input), len(node.output),
+               tuple(sorted(a.SerializeToString() for a in node.attribute)))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+            kept.append(node)
+            continue
+        renamed.update((o, f) for o, f in zip(node.output, first.output) if o)
+        if node.op_type == "BatchNormalization":
+            merged[id(first)] = merged.get(id(first), 1) + 1
+    if not renamed:
+        return model
+    for node in kept:
+        count = merged.get(id(node))
+        if count is not None:
+            momentum = next((a for a in node.attribute if a.name == "momentum"), None)
+            if momentum is None:
+                momentum = node.attribute.add()
+                momentum.name, momentum.type, momentum.f = "momentum", onnx.AttributeProto.FLOAT, 0.9
+            momentum.f = float(np.float32(momentum.f) ** count)
+    del graph.node[:]
+    graph.node.extend(kept)
+    for out in graph.output:
+        if out.name in renamed:  # a graph output keeps its name: an Identity of the value it equals
+            graph.node.append(onnx.helper.make_node("Identity", [renamed[out.name]], [out.name]))
     return model
+
+
+def _rename_reads(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+        for body in subgraphs(node):
+            _rename_reads(body, renamed)
 
 
 def chain_shared_statistics(training: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
