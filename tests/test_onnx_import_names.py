@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 from _onnx_helpers import model, vi
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import ortrain as ot
 
@@ -167,3 +167,23 @@ def test_an_input_with_a_fixed_first_axis_beside_a_free_batch_is_warned(rng):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a graph whose export fixed the batch of every input: nothing to say
         ot.from_onnx(both_fixed)
+
+
+def test_a_weight_read_through_one_identity_keeps_its_name(recwarn):
+    # TensorFlow's graphs read a variable through one Identity ("W/read"): the weight was named
+    # after the Identity's output, frozen=["W"] was refused, and a warning said equal weights had
+    # been merged
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((3, 2)).astype(np.float32)
+    nodes = [helper.make_node("Identity", ["W"], ["W/read"]), helper.make_node("MatMul", ["x", "W/read"], ["y"])]
+    graph = helper.make_graph(nodes, "tf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                              [numpy_helper.from_array(w, "W")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = ot.from_onnx(proto)
+    assert model.weight_names() == ["W"] and not [m for m in recwarn if "merges equal weights" in str(m.message)]
+    assert ot.from_onnx(proto, frozen=["W"]).trainable_weight_names == []
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    model.fit(x, np.zeros((4, 2), np.float32), batch_size=4, epochs=1, verbose=0)
+    np.testing.assert_allclose(model.get_weights()[0], w - 0.1 * x.T @ (2 * (x @ w) / 8), rtol=1e-5, atol=1e-6)

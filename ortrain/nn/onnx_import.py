@@ -248,6 +248,10 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray],
     copies: dict[str, str] = {}
     # folded transposed weights are read by MatMul; a layer's own weight (Gemm, Conv) is never a tie
     matmul_reads = {i for n in g.node if n.op_type == "MatMul" for i in n.input}
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for name in set(node_inputs(n)):
+            readers[name] = readers.get(name, 0) + 1
     aliases: dict[str, str] = {}
     for node in g.node:
         src = node.input[0] if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input else ""
@@ -257,6 +261,11 @@ def _untie_identities(model: onnx.ModelProto, stash: dict[str, np.ndarray],
             kept.append(node)
             continue
         if src in tensors_of_torch and (_same_tensor_in_torch(node) or _statistics_after_a_batch_norm(node)):
+            aliases[out] = src
+            continue
+        if src in tensors and readers.get(src) == 1 and src not in graph_outputs and src not in tensors_of_torch:
+            # read through this Identity alone (TensorFlow's ``W/read``): no other tensor shares it, and
+            # the weight keeps its own name
             aliases[out] = src
             continue
         if src in tensors:
