@@ -632,3 +632,32 @@ def test_fewer_rows_than_a_fixed_batch_are_told_how_many_are_needed():
     x, y = np.zeros((3, 2, 3), np.float32), np.zeros((3, 2), np.float32)
     with pytest.raises(ot.ShapeError, match=r"x: holds 3 rows, not a multiple of the 4 rows .*give at least 4 rows"):
         model.evaluate(x, y)
+
+
+def test_a_reshape_of_opset_4_with_its_shape_attribute_imports():
+    # onnx's converter wrote the shape as a Constant without dims holding two values: numpy's
+    # "cannot reshape array of size 2 into shape ()" escaped from_onnx
+    w = numpy_helper.from_array(np.full((6,), 2.0, np.float32), "w")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h"], ["y"], shape=[-1, 3])]
+    graph = helper.make_graph(nodes, "g", [vi("x", [2, 6]), vi("w", [6])], [vi("y", [4, 3])], [w])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 4)])
+    proto.ir_version = 3
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(ot.from_onnx(proto).predict(x), (2 * x).reshape(4, 3))
+
+
+def test_a_zipmap_output_is_refused_naming_the_fix():
+    # skl2onnx's classifiers end in a ZipMap (a sequence of maps): "the imported model ortrain built
+    # is not valid ONNX: Field 'type' of 'value_info' is required but missing"
+    w = numpy_helper.from_array(np.ones((3, 2), np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["probabilities"]),
+             helper.make_node("ZipMap", ["probabilities"], ["output_probability"], domain="ai.onnx.ml",
+                              classlabels_int64s=[0, 1], name="ZipMap")]
+    seq = helper.make_sequence_type_proto(helper.make_map_type_proto(TensorProto.INT64,
+                                                                      helper.make_tensor_type_proto(TensorProto.FLOAT, [])))
+    graph = helper.make_graph(nodes, "skl", [vi("x", [None, 3])],
+                              [vi("probabilities", [None, 2]), helper.make_value_info("output_probability", seq)], [w])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    with pytest.raises(ot.OrtrainError, match=r"output 'output_probability' \(made by ZipMap node 'ZipMap'\) is a "
+                                              r"sequence, not a tensor; .*'zipmap': False"):
+        ot.from_onnx(proto)

@@ -59,6 +59,18 @@ def _keep_asymmetric(model: onnx.ModelProto, outputs: dict[str, bytes | None]) -
             node.attribute.extend(helper.make_attribute(k, v) for k, v in settings.items())
 
 
+def _shape_constants_as_vectors(model: onnx.ModelProto) -> None:
+    """onnx's converter writes a ``Reshape``'s old ``shape`` attribute (opsets before 5) as a
+    ``Constant`` tensor without dims holding several values, which no reader can take as an array:
+    a vector of them."""
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Constant" and attr.name == "value" and not attr.t.dims:
+                count = len(attr.t.int64_data) or len(attr.t.int32_data) or len(attr.t.float_data)
+                if count > 1:
+                    attr.t.dims.append(count)
+
+
 def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
     """Convert opsets older than ``target`` (and newer than onnxruntime reads) with onnx's converter.
 
@@ -77,6 +89,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProt
                                f"onnxruntime-training 1.19.2 trains) failed: {str(exc).splitlines()[0]}. "
                                f"Re-export it with opset_version between {target} and {MAX_OPSET}") from exc
         _keep_asymmetric(out, resized)
+        _shape_constants_as_vectors(out)
     else:
         out = copy.deepcopy(model)
     needed = helper.find_min_ir_version_for(list(out.opset_import), ignore_unknown=True)

@@ -752,6 +752,21 @@ def _seed_random_ops(proto: onnx.ModelProto) -> None:
             node.attribute.append(onnx.helper.make_attribute("seed", kind(_random.draw_seed())))
 
 
+def _refuse_outputs_that_are_no_tensors(proto: onnx.ModelProto) -> None:
+    """A model's outputs are tensors here; skl2onnx's classifiers end in a ``ZipMap`` (a sequence of
+    maps from class to probability), which failed later as "not valid ONNX"."""
+    for out in proto.graph.output:
+        kind = out.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            node = next((n for n in proto.graph.node if out.name in n.output), None)
+            made = f" (made by {node.op_type} node {node.name or '?'!r})" if node is not None else ""
+            fix = ("export the classifier without it (skl2onnx: options={id(model): {'zipmap': False}}, or "
+                   "options={'zipmap': False})" if node is not None and node.op_type == "ZipMap" else
+                   "remove that output from the graph")
+            raise OrtrainError(f"from_onnx: output {out.name!r}{made} is a {kind.replace('_type', '')}, not a "
+                               f"tensor; ortrain trains and predicts tensors: {fix}")
+
+
 def _warn_random_outside_training(proto: onnx.ModelProto) -> None:
     """Ops other than ``Dropout`` that draw random numbers draw them in every run: ortrain switches
     ``Dropout`` off in predictions, evaluation and exports, not these (a VAE's sampling means it;
@@ -906,6 +921,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     """
     from ortrain.nn.graph_model import GraphModel
     proto = load_untrusted(model)
+    _refuse_outputs_that_are_no_tensors(proto)
     folded = folded_constants(proto)
     buffers, tensors_of_torch = torch_buffers(proto), torch_tensors(proto)
     stash, order = _stash_weights(proto)
