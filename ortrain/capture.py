@@ -16,6 +16,7 @@ weights behave as one program run in call order.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -218,6 +219,12 @@ class CaptureStep(TracedCall):
         Later calls raise ``ot.FreedError``; freeing twice is harmless. A call running in another
         thread (a first one recording ``fn``, too) finishes first."""
         with _one_at_a_time:
+            self._free()
+
+    def __del__(self):
+        # Collected, no call can be running on it (a call holds it): no turn to wait for, which could
+        # deadlock, the collector running in a thread that holds a lock a running call waits on.
+        with contextlib.suppress(Exception):
             self._free()
 
     def _free(self) -> None:
