@@ -189,3 +189,23 @@ def test_a_batch_norm_called_on_two_equal_computations_moves_twice():
     model.fit(x, np.zeros((8, 1), np.float32), batch_size=8, epochs=1, verbose=0)
     w = dict(zip(model.weight_names(), model.get_weights()))
     np.testing.assert_allclose(w["batch_norm_0.running_mean"], 0.19 * np.maximum(x, 0).mean(0), rtol=1e-5)
+
+
+def test_equal_nodes_with_other_outputs_read_are_not_merged():
+    # merging equal nodes renamed a read output of the later one to the first's unused (empty) one:
+    # the training graph was invalid
+    from onnx import helper, numpy_helper
+    w = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]),
+             helper.make_node("MaxPool", ["h"], ["a", ""], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxPool", ["h"], ["b", "idx"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Cast", ["idx"], ["idx_f"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Mul", ["idx_f", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 1, 4, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 1, 2, 2])], [w])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    x = np.random.default_rng(0).standard_normal((2, 1, 4, 4)).astype(np.float32)
+    with ot.Trainer(model, batch_size=2) as tr:
+        np.testing.assert_allclose(tr.step(x, np.zeros((2, 1, 2, 2), np.float32)), np.mean(model.predict(x) ** 2),
+                                   rtol=1e-6)

@@ -661,3 +661,14 @@ def test_a_zipmap_output_is_refused_naming_the_fix():
     with pytest.raises(ot.OrtrainError, match=r"output 'output_probability' \(made by ZipMap node 'ZipMap'\) is a "
                                               r"sequence, not a tensor; .*'zipmap': False"):
         ot.from_onnx(proto)
+
+
+def test_a_reshape_of_opset_4_to_one_dimension_imports():
+    # shape=[-1] stayed a scalar Constant: "A shape tensor must be a vector tensor" from onnxruntime
+    w = numpy_helper.from_array(np.full((6,), 2.0, np.float32), "w")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h"], ["y"], shape=[-1])]
+    graph = helper.make_graph(nodes, "g", [vi("x", [2, 6]), vi("w", [6])], [vi("y", [12])], [w])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 4)])
+    proto.ir_version = 3
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(ot.from_onnx(proto).predict(x), (2 * x).reshape(12))

@@ -416,3 +416,21 @@ def test_resizes_of_opsets_before_11_keep_their_sampling(tmp_path, op, opset, mo
     model.export_onnx(tmp_path / "m.onnx")
     served = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(served.run(None, {"x": x})[0], want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("scales, computed", [([1, 1, 3, 3], True), ([1, 1, 4, 2], True), ([1, 1, 4, 0.5], False),
+                                              ([1, 1, 2.5, 0.6], False)])
+def test_an_old_nearest_resize_whose_rounding_no_mode_states_keeps_the_converters_form(scales, computed):
+    # scales computed in the graph, or enlarging one axis and shrinking another: onnxruntime rounds per
+    # axis, which no opset-11 nearest_mode says; the asymmetric mapping alone was up to 6.0 off
+    w = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"])]
+    if computed:
+        nodes.append(helper.make_node("Identity", ["scales"], ["computed"]))
+    nodes.append(helper.make_node("Resize", ["h", "computed" if computed else "scales"], ["y"], mode="nearest"))
+    proto = _model(nodes, [vi("x", [None, 1, 5, 6])], [vi("y", [None, 1, None, None])],
+                   [w, numpy_helper.from_array(np.array(scales, np.float32), "scales")], opset=10)
+    proto.ir_version = 6
+    x = np.arange(60, dtype=np.float32).reshape(2, 1, 5, 6)
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(ot.from_onnx(proto).predict(x), want)

@@ -102,7 +102,7 @@ def merge_repeated_batch_norms(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type in _DRAWS or bodies:
             kept.append(node)
             continue
-        key = (node.domain, node.op_type, tuple(node.input), len(node.output),
+        key = (node.domain, node.op_type, tuple(node.input), tuple(bool(o) for o in node.output),
                tuple(sorted(a.SerializeToString() for a in node.attribute)))
         first = seen.get(key)
         if first is None:

@@ -26,7 +26,8 @@ def _asymmetric_resizes(model: onnx.ModelProto) -> dict[str, bytes | None]:
     """The outputs of ``Upsample`` and ``Resize`` nodes of opsets before 11, which sample at
     ``x_out / scale`` (``asymmetric``), each with the ``nearest_mode`` that picks the input
     onnxruntime's nearest mode picks there (the one below when every scale enlarges, the one above
-    when every scale shrinks; None where the scales are not known or mixed)."""
+    when every scale shrinks; None where the scales are not known or mixed, where onnxruntime picks
+    per axis and no opset-11 mode says so). A linear resize maps to ``b"linear"``."""
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for n in model.graph.node:
         if n.op_type == "Constant" and n.output and n.attribute and n.attribute[0].name == "value":
@@ -39,7 +40,8 @@ def _asymmetric_resizes(model: onnx.ModelProto) -> dict[str, bytes | None]:
         if given is None and len(n.input) > 1:
             given = constants.get(n.input[1])
         scales = [float(s) for s in np.ravel(given)] if given is not None else []
-        found[n.output[0]] = (b"floor" if scales and min(scales) >= 1 else
+        mode = next((a.s for a in n.attribute if a.name == "mode"), b"nearest")
+        found[n.output[0]] = (b"linear" if mode != b"nearest" else b"floor" if scales and min(scales) >= 1 else
                               b"ceil" if scales and max(scales) <= 1 else None)
     return found
 
@@ -49,11 +51,11 @@ def _keep_asymmetric(model: onnx.ModelProto, outputs: dict[str, bytes | None]) -
     only the mode, and opset 11 reads a missing coordinate mode as ``half_pixel`` (a linear resize
     of a row of 0..3 by 2 was ``0 .25 .75 ...`` where onnxruntime computes ``0 .5 1 ...``)."""
     for node in model.graph.node:
-        if node.op_type == "Resize" and node.output and node.output[0] in outputs:
+        if node.op_type == "Resize" and node.output and outputs.get(node.output[0]) is not None:
             settings = {"coordinate_transformation_mode": b"asymmetric"}
-            nearest = outputs[node.output[0]]
-            if nearest is not None:
-                settings["nearest_mode"] = nearest
+            sampled = outputs[node.output[0]]
+            if sampled != b"linear":  # nearest: the converter's form is kept where no mode fits (None)
+                settings["nearest_mode"] = sampled
             for attr in node.attribute:
                 settings.pop(attr.name, None)
             node.attribute.extend(helper.make_attribute(k, v) for k, v in settings.items())
@@ -61,14 +63,14 @@ def _keep_asymmetric(model: onnx.ModelProto, outputs: dict[str, bytes | None]) -
 
 def _shape_constants_as_vectors(model: onnx.ModelProto) -> None:
     """onnx's converter writes a ``Reshape``'s old ``shape`` attribute (opsets before 5) as a
-    ``Constant`` tensor without dims holding several values, which no reader can take as an array:
-    a vector of them."""
+    ``Constant`` tensor without dims, which no reader can take as the vector it is."""
+    shapes = {n.input[1] for n in model.graph.node if n.op_type == "Reshape" and len(n.input) > 1}
     for node in model.graph.node:
+        if node.op_type != "Constant" or not node.output or node.output[0] not in shapes:
+            continue
         for attr in node.attribute:
-            if node.op_type == "Constant" and attr.name == "value" and not attr.t.dims:
-                count = len(attr.t.int64_data) or len(attr.t.int32_data) or len(attr.t.float_data)
-                if count > 1:
-                    attr.t.dims.append(count)
+            if attr.name == "value" and not attr.t.dims:
+                attr.t.dims.append(len(attr.t.int64_data) or len(attr.t.int32_data) or 1)
 
 
 def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
