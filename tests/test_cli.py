@@ -1094,6 +1094,16 @@ def test_an_option_on_the_command_line_replaces_the_choice_a_config_made_the_oth
     assert cli("train", "val.toml", "--val-split", "0.5", "--out", "r", "--json") == 0
     run = json.loads((workdir / "r" / "run.json").read_text())
     assert run["settings"].get("val_split") == 0.5 and not run["settings"].get("val_data"), run
+    # --artifacts replaces the file's model and what goes with it: its loss was refused as "--loss,
+    # --from-logits: drop them", options the command line never gave
+    (workdir / "model.toml").write_text("model = 'mlp.onnx'\nloss = 'sparse_categorical_crossentropy'\n"
+                                        "from_logits = true\ndata = ['train.npz']\nbatch_size = 8\nepochs = 1\n")
+    assert cli("train", "model.toml", "--artifacts", "art", "--out", "r2", "--json") == 0
+    run = json.loads((workdir / "r2" / "run.json").read_text())
+    assert not run["settings"].get("model") and not run["settings"].get("loss"), run
+    assert cli("train", "model.toml", "--artifacts", "art", "--loss", "mse", "--out", "r3") == 2  # given: refused
+    assert "--loss: the loss, the optimizer and which weights train are fixed by the artifacts" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, says", [
@@ -1206,3 +1216,42 @@ def test_a_failed_demo_leaves_no_folder_it_made(tmp_path, monkeypatch, capsys):
         ot.artifacts.set_cache_dir(previous)
     assert "the artifact cache '/proc/ortrain-cache' cannot be written" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # a folder it did not make stays
+
+
+def test_non_finite_validation_rows_are_refused_as_training_rows_are(workdir, capsys):
+    # a NaN in --val-data (or in the rows --val-split holds out) trained on, every val_loss NaN, exit 0
+    x, y = load_digits()
+    bad = x[600:700].copy()
+    bad[5, 3] = np.nan
+    np.savez("nan.npz", x=bad, y=y[600:700])
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--data", "train.npz", "--val-data", "nan.npz", "--epochs", "1", "--batch-size", "32", "--out", "runs/a") == 1
+    assert capsys.readouterr().err.strip() == (
+        "ortrain train: --val-data x: holds nan in row 5; validation needs finite values, so nothing was trained "
+        "(drop or repair that sample)")
+    held = x[:600].copy()
+    held[590, 0] = np.inf  # in the last tenth, which --val-split holds out
+    np.savez("inf.npz", x=held, y=y[:600])
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--data", "inf.npz", "--val-split", "0.1", "--epochs", "1", "--batch-size", "32", "--out", "runs/b") == 1
+    assert "--data (the rows --val-split holds out) x: holds inf in row 50" in capsys.readouterr().err
+    assert not os.path.exists("runs")
+
+
+def test_a_run_whose_artifacts_moved_says_to_put_them_back(workdir, capsys):
+    # "does not exist (moved or deleted?): give the path of an artifacts directory", and --artifacts
+    # with the new path was then refused as differing from the run's
+    make_artifacts(capsys)
+    os.rename("art", "art2")
+    assert cli("train", "--artifacts", "art2", "--data", "train.npz", "--epochs", "1", "--batch-size", "64",
+               "--out", "r", "--verbose", "0") == 0
+    os.rename("art2", "art3")
+    capsys.readouterr()
+    for args in (("train", "--out", "r", "--resume", "--epochs", "2"), ("export", "--run", "r", "-o", "m.onnx"),
+                 ("eval", "--run", "r", "--data", "test.npz")):
+        assert cli(*args) == 1
+        err = capsys.readouterr().err
+        assert f"the run's artifacts {str(workdir / 'art2')!r} do not exist (moved or deleted?)" in err
+        assert "put them back there" in err and not os.path.exists("m.onnx")
+    os.rename("art3", "art2")
+    assert cli("train", "--out", "r", "--resume", "--epochs", "2", "--verbose", "0") == 0

@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Options of which a run takes one: given on the command line, one replaces the other from a config.
 _ONE_OF = (("val_data", "val_split"), ("model", "artifacts"))
+# What a run from --model sets and artifacts fix (a config's, dropped with its model by --artifacts).
+_WITH_THE_MODEL = ("loss", "optimizer", "from_logits", "trainable", "frozen")
 
 
 def _train_config(opts) -> dict:
@@ -173,6 +175,10 @@ def _train_config(opts) -> dict:
                 other = pair[1 - pair.index(key)]
                 if other not in given:
                     cfg.pop(other, None)
+    if "artifacts" in given and "model" not in given:  # the file's model goes, and what goes with it
+        for key in _WITH_THE_MODEL:
+            if key not in given:
+                cfg.pop(key, None)
     cfg.setdefault("out", "runs/run")
     if not cfg.get("resume"):
         if bool(cfg.get("model")) == bool(cfg.get("artifacts")):
@@ -180,8 +186,7 @@ def _train_config(opts) -> dict:
         for key in ("data", "epochs", "batch_size"):
             if cfg.get(key) is None:
                 raise UsageError(f"--{key.replace('_', '-')} is required")
-        fixed = [f"--{k.replace('_', '-')}" for k in ("loss", "optimizer", "from_logits", "trainable", "frozen")
-                 if cfg.get(k)]
+        fixed = [f"--{k.replace('_', '-')}" for k in _WITH_THE_MODEL if cfg.get(k)]
         if cfg.get("artifacts") and fixed:
             raise UsageError(f"{', '.join(fixed)}: the loss, the optimizer and which weights train are fixed "
                              "by the artifacts; drop them, or train from --model")

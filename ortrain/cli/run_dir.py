@@ -352,7 +352,12 @@ def _artifacts_of(out: Path, run: dict) -> Path:
     absolute path it was given (runs of earlier versions kept a path relative to the working
     directory)."""
     path = Path(run["artifacts"])
-    return out / path if not path.is_absolute() and (out / path).is_dir() else path
+    path = out / path if not path.is_absolute() and (out / path).is_dir() else path
+    if not path.is_dir():  # --artifacts naming them elsewhere is refused: what the run trains is fixed
+        raise OrtrainError(f"the run's artifacts {str(path)!r} do not exist (moved or deleted?); the run trains "
+                           f"from the artifacts it started with, which {str(out / 'run.json')!r} records by that "
+                           "path: put them back there (or start a new run from where they are now)")
+    return path
 
 
 def _discarder(out: Path, artifacts_ours: bool = False):

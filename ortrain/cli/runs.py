@@ -15,6 +15,7 @@ import numpy as np
 import ortrain as ot
 from ortrain import _optional
 from ortrain import fit as fit_mod
+from ortrain._arrays import refuse_non_finite
 from ortrain._files import atomic_path
 from ortrain._trainer_setup import written_for
 from ortrain._warnings import warn
@@ -89,6 +90,10 @@ def train(cfg: dict) -> dict:
         val = (vx, vy) if vw is None else (vx, vy, vw)
     elif cfg.get("val_split"):
         x, y, w, val = _split(x, y, w, cfg["val_split"])
+    if val is not None:  # the training rows are refused by the fit; validation rows are the run's data too
+        where = "--val-data" if cfg.get("val_data") else "--data (the rows --val-split holds out)"
+        refuse_non_finite([np.asarray(a) for a in val], [f"{where} {k}" for k in ("x", "y", "sample_weight")],
+                          "nothing was trained", needs="validation needs finite values")
     weighted = [f for f, v in (("--data", w), ("--val-data", val[2] if val and len(val) == 3 else None))
                 if v is not None]
     cfg["has_sample_weight"] = bool(weighted)
