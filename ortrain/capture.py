@@ -43,11 +43,15 @@ _world = [0]       # bumped whenever a param's freshest value moves between sess
 _one_at_a_time = threading.RLock()  # captured steps run one after another (see CaptureStep.__call__)
 
 
+_counting = threading.Lock()  # held only while _live_steps changes, never while waiting for anything
+
+
 def _fresh_lock_in_child() -> None:
-    """A forked child gets its own lock: a thread of the parent that held it at the fork does not
+    """A forked child gets its own locks: a thread of the parent that held one at the fork does not
     exist in the child, which would wait for it forever."""
-    global _one_at_a_time
+    global _one_at_a_time, _counting
     _one_at_a_time = threading.RLock()
+    _counting = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -243,7 +247,8 @@ class CaptureStep(TracedCall):
             p._detach(self)
         self._views = {}
         self._grads = None
-        _live_steps[0] -= 1
+        with _counting:  # the collector frees without the steps' turn: the count is kept apart
+            _live_steps[0] -= 1
         session.free()
 
     # -- building ---------------------------------------------------------------------------------
@@ -279,7 +284,8 @@ class CaptureStep(TracedCall):
         session = self._open({p.name: p._current() for p in self._params}, moments, self._opt.step)
         self._adopt(session)
         self._set_specs(traced, [s.name for s in session.train_inputs])
-        _live_steps[0] += 1
+        with _counting:
+            _live_steps[0] += 1
         for p in self._params:
             p._attach(self)
         self._claim()

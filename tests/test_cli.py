@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -1234,7 +1235,7 @@ def test_non_finite_validation_rows_are_refused_as_training_rows_are(workdir, ca
     np.savez("inf.npz", x=held, y=y[:600])
     assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
                "--data", "inf.npz", "--val-split", "0.1", "--epochs", "1", "--batch-size", "32", "--out", "runs/b") == 1
-    assert "--data (the rows --val-split holds out) x: holds inf in row 50" in capsys.readouterr().err
+    assert "--data (a row --val-split holds out) x: holds inf in row 590" in capsys.readouterr().err
     assert not os.path.exists("runs")
 
 
@@ -1255,3 +1256,31 @@ def test_a_run_whose_artifacts_moved_says_to_put_them_back(workdir, capsys):
         assert "put them back there" in err and not os.path.exists("m.onnx")
     os.rename("art3", "art2")
     assert cli("train", "--out", "r", "--resume", "--epochs", "2", "--verbose", "0") == 0
+
+
+def test_a_run_whose_own_artifacts_are_gone_does_not_take_the_working_directorys(workdir, capsys):
+    # with r/artifacts deleted, the run fell back to ./artifacts (the old layout's working-directory
+    # path) and trained from whatever was there
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--data", "train.npz", "--epochs", "1", "--batch-size", "64", "--out", "r", "--verbose", "0") == 0
+    shutil.copytree(workdir / "r" / "artifacts", workdir / "artifacts")
+    shutil.rmtree(workdir / "r" / "artifacts")
+    capsys.readouterr()
+    assert cli("train", "--out", "r", "--resume", "--epochs", "2", "--verbose", "0") == 1
+    assert "the run's artifacts 'r/artifacts' do not exist" in capsys.readouterr().err
+
+
+def test_a_resume_names_a_config_files_value_as_the_files(workdir, capsys):
+    # started with the config's model replaced by --artifacts, a resume with the same config was refused
+    # for "--model", an option not given, at a path not normalised
+    make_artifacts(capsys)
+    (workdir / "cfg").mkdir()
+    (workdir / "cfg" / "c.toml").write_text("model = '../mlp.onnx'\nloss = 'sparse_categorical_crossentropy'\n"
+                                            "data = ['../train.npz']\nbatch_size = 64\nepochs = 1\n")
+    assert cli("train", "cfg/c.toml", "--artifacts", "art", "--out", "r", "--verbose", "0") == 0
+    capsys.readouterr()
+    assert cli("train", "cfg/c.toml", "--resume", "--out", "r", "--epochs", "2") == 2
+    err = capsys.readouterr().err
+    assert f"train --resume: model (from the config file) {str(workdir / 'mlp.onnx')!r} differs from" in err
+    assert cli("train", "cfg/c.toml", "--resume", "--artifacts", "art", "--out", "r", "--epochs", "2",
+               "--verbose", "0") == 0

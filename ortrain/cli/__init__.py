@@ -179,6 +179,7 @@ def _train_config(opts) -> dict:
         for key in _WITH_THE_MODEL:
             if key not in given:
                 cfg.pop(key, None)
+    cfg["_from_config"] = sorted(set(cfg) - set(given))  # for messages: what the file, not an option, set
     cfg.setdefault("out", "runs/run")
     if not cfg.get("resume"):
         if bool(cfg.get("model")) == bool(cfg.get("artifacts")):

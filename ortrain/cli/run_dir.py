@@ -239,8 +239,11 @@ def resume_settings(cfg: dict) -> dict:
             given = os.path.abspath(given)
         if given != started.get(key):
             flag = f"--{key.replace('_', '-')}"
+            if key in cfg.get("_from_config", ()):  # a config file's, not an option given now
+                flag = f"{key} (from the config file)"
             had = f"the run's {started[key]!r}" if key in started else "the run, which started without it"
-            raise UsageError(f"train --resume: {flag} {cfg[key]!r} differs from {had}; what a run trains (its model "
+            shown = os.path.normpath(cfg[key]) if key in PATH_KEYS else cfg[key]
+            raise UsageError(f"train --resume: {flag} {shown!r} differs from {had}; what a run trains (its model "
                              f"or artifacts, loss, optimizer and trained weights) is fixed when it starts. Drop "
                              f"{flag}, or start a new run in another --out directory")
     if cfg.get("val_data") or cfg.get("val_split"):  # a resume's validation replaces the run's, either kind
@@ -350,9 +353,10 @@ def _run_lock(out: Path):
 def _artifacts_of(out: Path, run: dict) -> Path:
     """The run's artifacts: its own folder (kept relative to the run, which may move) or the
     absolute path it was given (runs of earlier versions kept a path relative to the working
-    directory)."""
+    directory, tried when it is not the run's own ``artifacts``)."""
     path = Path(run["artifacts"])
-    path = out / path if not path.is_absolute() and (out / path).is_dir() else path
+    if not path.is_absolute() and ((out / path).is_dir() or path.parts == ("artifacts",)):
+        path = out / path  # the run's own (the working directory's artifacts/ is another's)
     if not path.is_dir():  # --artifacts naming them elsewhere is refused: what the run trains is fixed
         raise OrtrainError(f"the run's artifacts {str(path)!r} do not exist (moved or deleted?); the run trains "
                            f"from the artifacts it started with, which {str(out / 'run.json')!r} records by that "

@@ -15,7 +15,6 @@ import numpy as np
 import ortrain as ot
 from ortrain import _optional
 from ortrain import fit as fit_mod
-from ortrain._arrays import refuse_non_finite
 from ortrain._files import atomic_path
 from ortrain._trainer_setup import written_for
 from ortrain._warnings import warn
@@ -44,7 +43,7 @@ from ortrain.cli.run_dir import (
     sweep_temporaries,
 )
 from ortrain.data import split_arrays
-from ortrain.errors import OrtrainError
+from ortrain.errors import NonFiniteError, OrtrainError
 
 
 def _split(x, y, w, fraction: float):
@@ -91,9 +90,15 @@ def train(cfg: dict) -> dict:
     elif cfg.get("val_split"):
         x, y, w, val = _split(x, y, w, cfg["val_split"])
     if val is not None:  # the training rows are refused by the fit; validation rows are the run's data too
-        where = "--val-data" if cfg.get("val_data") else "--data (the rows --val-split holds out)"
-        refuse_non_finite([np.asarray(a) for a in val], [f"{where} {k}" for k in ("x", "y", "sample_weight")],
-                          "nothing was trained", needs="validation needs finite values")
+        # the rows --val-split holds out are the last of --data: a row is named by its place in the file
+        first = 0 if cfg.get("val_data") else len(y)
+        where = "--val-data" if cfg.get("val_data") else "--data (a row --val-split holds out)"
+        for name, a in zip(("x", "y", "sample_weight"), val):
+            a = np.asarray(a)
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
+                raise NonFiniteError(f"{where} {name}: holds {a[at]} in row {first + at[0]}; validation needs finite "
+                                     "values, so nothing was trained (drop or repair that sample)")
     weighted = [f for f, v in (("--data", w), ("--val-data", val[2] if val and len(val) == 3 else None))
                 if v is not None]
     cfg["has_sample_weight"] = bool(weighted)
@@ -156,7 +161,8 @@ def _start(cfg: dict, out: Path, data, discard) -> dict:
     own = out.resolve() in art_dir.parents
     write_json(out / "run.json", {"artifacts": str(art_dir.relative_to(out.resolve()) if own else art_dir),
                                   "seed": seed, "batch_size": cfg["batch_size"],
-                                  "settings": {**{k: v for k, v in _absolute(cfg).items() if k != "resume"},
+                                  "settings": {**{k: v for k, v in _absolute(cfg).items()
+                                                  if k != "resume" and not k.startswith("_")},
                                                "shuffle": cfg.get("shuffle", True)}})
     return _fit(cfg, out, data, art_dir, seed, cfg["batch_size"], None, 0, RunRecorder(out, {}, []), cfg.get("lr"))
 
