@@ -42,7 +42,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     """
     if not requires_grad:
         raise OrtrainError("nothing to train: no parameter requires a gradient (all are frozen or constants)")
-    model = merge_repeated_batch_norms(copy.deepcopy(model))
+    model = merge_equal_nodes(copy.deepcopy(model))
     grads, frozen_set = set(requires_grad), set(frozen)
     training_graph_utils._move_initializers_to_inputs(model, grads | frozen_set)
     eval_model = copy.deepcopy(model)
@@ -80,13 +80,14 @@ _DRAWS = frozenset({"Dropout", "RandomNormal", "RandomNormalLike", "RandomUnifor
                     "Bernoulli", "Multinomial"})
 
 
-def merge_repeated_batch_norms(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A batch norm applied k times to one value (``bn(x) + bn(x)``, or to two equal computations of
-    it, ``bn(relu(a)) + bn(relu(a))``) as one node of momentum ``momentum ** k``: the calls' outputs
-    are equal, and k updates by the same batch statistics move the running ones as one update by
-    ``momentum ** k`` does. The runtime's optimizer merges equal nodes (the relus, then the batch
-    norms) into one, which moved the statistics once. Equal nodes are merged here first, in graph
-    order, the batch norms counted as they merge. Changes ``model`` in place and returns it."""
+def merge_equal_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Equal nodes (the same op, inputs and attributes; not those that draw random numbers or hold
+    subgraphs) as one, in graph order, as the runtime's optimizer would merge them, but counting
+    the batch norms: one applied k times to one value (``bn(x) + bn(x)``, or to equal computations
+    of it, ``bn(relu(a)) + bn(relu(a))``) becomes one node of momentum ``momentum ** k``, since the
+    calls' outputs are equal and k updates by the same batch statistics move the running ones as
+    one update by ``momentum ** k`` does (merged by the runtime, the statistics moved once).
+    Changes ``model`` in place and returns it."""
     graph = model.graph
     renamed: dict[str, str] = {}
     seen: dict[tuple, onnx.NodeProto] = {}
