@@ -40,13 +40,14 @@ from ortrain.optim.optimizers import is_step
 __all__ = ["Capture", "CaptureStep", "capture", "capture_step"]
 
 _world = [0]       # bumped whenever a param's freshest value moves between sessions
+_live_steps = [0]  # captured steps alive; with one, nothing can be shared
 _one_at_a_time = threading.RLock()  # captured steps run one after another (see CaptureStep.__call__)
-
-
 _counting = threading.Lock()  # held only while _live_steps changes, never while waiting for anything
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
-def _fresh_lock_in_child() -> None:
+def _fresh_locks_in_child() -> None:
     """A forked child gets its own locks: a thread of the parent that held one at the fork does not
     exist in the child, which would wait for it forever."""
     global _one_at_a_time, _counting
@@ -55,10 +56,7 @@ def _fresh_lock_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
-_live_steps = [0]  # captured steps alive; with one, nothing can be shared
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 
 def _check_max_norm(value):
