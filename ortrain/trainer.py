@@ -421,9 +421,14 @@ class Trainer(TrainerSetup, Releasable):
             self._calib = engine.InferenceRunner(probe, device=self.device, threads=self._threads)
         feeds = {s.name: a for s, a in zip(self._inputs, xs)}
         before = {name: self._session.get(name).copy() for node in nodes for name in node.input[3:5]}
+        # Layer by layer: a shared batch norm's calls together, before the layers after its first call,
+        # so that a later layer's calls all see the earlier layers calibrated from every call.
+        layers: dict[tuple[str, str], list] = {}
+        for node in nodes:
+            layers.setdefault((node.input[3], node.input[4]), []).append(node)
         calls: dict[tuple[str, str], list] = {}  # a shared batch norm's calls so far: their (mean, var)
         try:
-            for node in nodes:
+            for node in (n for group in layers.values() for n in group):
                 feeds.update(self._weights_now())
                 value = self._calib.run(feeds, [node.input[0]])[0].astype(np.float64)
                 axes = tuple(i for i in range(value.ndim) if i != 1)

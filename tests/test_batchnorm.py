@@ -209,3 +209,30 @@ def test_equal_nodes_with_other_outputs_read_are_not_merged():
     with ot.Trainer(model, batch_size=2) as tr:
         np.testing.assert_allclose(tr.step(x, np.zeros((2, 1, 2, 2), np.float32)), np.mean(model.predict(x) ** 2),
                                    rtol=1e-6)
+
+
+def test_calibrating_a_shared_backbone_takes_each_layer_from_every_call():
+    # the calls were calibrated in graph order (bn1 on a, bn2 on a, bn1 on b, bn2 on b): bn2's first call
+    # was measured while bn1 held a's statistics alone, not the mean of both calls
+    L = ot.layers
+    rng = np.random.default_rng(0)
+    a, b = ot.Input((3,)), ot.Input((3,))
+    bn1, dense, bn2 = L.BatchNorm(), L.Dense(3, activation="relu"), L.BatchNorm()
+    model = ot.Model([a, b], L.Add()([bn2(dense(bn1(a))), bn2(dense(bn1(b)))]))
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    xa = (rng.standard_normal((64, 3)) * 2 + 5).astype(np.float32)
+    xb = (rng.standard_normal((64, 3)) - 5).astype(np.float32)
+    with ot.Trainer(model, batch_size=64) as tr:
+        tr.calibrate_bn([xa, xb])
+        w = dict(zip(tr.weight_names(), tr.get_weights()))
+    mean1 = (xa.mean(0) + xb.mean(0)) / 2
+    var1 = (xa.var(0) + xb.var(0)) / 2
+    np.testing.assert_allclose(w["batch_norm_0.running_mean"], mean1, rtol=1e-5, atol=1e-6)
+    kernel, bias = w["dense_0.kernel"], w["dense_0.bias"]
+    gamma, beta, eps = w["batch_norm_0.gamma"], w["batch_norm_0.beta"], 1e-3
+
+    def hidden(x):  # bn1 in eval mode with its calibrated statistics, then the dense layer
+        return np.maximum(((x - mean1) / np.sqrt(var1 + eps) * gamma + beta) @ kernel + bias, 0)
+    ha, hb = hidden(xa), hidden(xb)
+    np.testing.assert_allclose(w["batch_norm_1.running_mean"], (ha.mean(0) + hb.mean(0)) / 2, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(w["batch_norm_1.running_var"], (ha.var(0) + hb.var(0)) / 2, rtol=1e-4, atol=1e-5)
