@@ -22,6 +22,11 @@ from ortrain.fit import train
 # -- numpy references -----------------------------------------------------------------------------
 
 
+def _dense_4_2():
+    """One Dense layer from 4 inputs to 2 outputs, seeded: the optimizer-state tests' model."""
+    return ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+
+
 def mlp(seed=0, n_in=4, hidden=8, n_out=3, out_act=None):
     return ot.Sequential([ot.layers.Dense(hidden, activation="relu"), ot.layers.Dense(n_out, activation=out_act)],
                          input_shape=(n_in,), seed=seed)
@@ -1463,7 +1468,7 @@ def test_compiling_again_with_the_same_optimizer_keeps_its_state_as_keras_does()
     x, y = rng.random((32, 4)).astype(np.float32), rng.random((32, 2)).astype(np.float32)
 
     def model():
-        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m = _dense_4_2()
         m.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
         return m
 
@@ -2027,7 +2032,7 @@ def test_labels_and_weights_in_keras_per_output_forms_are_taken_for_the_one_outp
     w = rng.random(8).astype(np.float32)
 
     def trained(labels, weights):
-        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m = _dense_4_2()
         m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
         m.fit(x, labels, sample_weight=weights, batch_size=8, verbose=0)
         return m
@@ -2094,7 +2099,7 @@ def test_what_a_new_model_trains_at_does_not_depend_on_when_the_collector_runs()
     rates = []
     for collect in (False, True):
         opt = ot.optim.Adam(lr=0.01)
-        a = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        a = _dense_4_2()
         a.compile(optimizer=opt, loss="mse")
         a.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[ot.callbacks.StepDecay(0.5, 1)])
         assert opt.lr == 0.005
@@ -2103,14 +2108,14 @@ def test_what_a_new_model_trains_at_does_not_depend_on_when_the_collector_runs()
         if collect:
             gc.collect()
             assert opt.lr == 0.005 and opt.state()["lr"] == 0.005  # what the model showed, shown on
-        b = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        b = _dense_4_2()
         b.compile(optimizer=opt, loss="mse")
         rates.append(b.fit(x, y, batch_size=8, epochs=1, verbose=0).history["lr"])
     assert rates == [[0.01], [0.01]]
     # a shallow copy gets a copy of the optimizer: sharing the object, the two models took it from each
     # other, and a load_state reached the wrong one (or none, once that one was collected)
     for dropped in ("copy", "original"):
-        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m = _dense_4_2()
         m.compile(optimizer="adam", loss="mse")
         m.fit(x, y, batch_size=8, verbose=0)
         shallow = copy.copy(m)
@@ -2124,7 +2129,7 @@ def test_what_a_new_model_trains_at_does_not_depend_on_when_the_collector_runs()
     # of models pickled together sharing one optimizer, the copy of the one it showed shows it
     import pickle
     shared = ot.optim.Adam(lr=0.01)
-    first, last = (ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0) for _ in range(2))
+    first, last = (_dense_4_2() for _ in range(2))
     for m, epochs in ((first, 1), (last, 2)):
         m.compile(optimizer=shared, loss="mse")
         m.fit(x, y, batch_size=8, epochs=epochs, verbose=0)
@@ -2141,7 +2146,7 @@ def test_fit_generator_with_the_models_own_optimizer_keeps_its_state_as_compile_
     batches = [(x[:8], y[:8]), (x[8:], y[8:])]
     runs = []
     for override in (False, True):
-        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m = _dense_4_2()
         m.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
         ot.fit_generator(m, batches, epochs=1, verbose=0)
         ot.fit_generator(m, batches, epochs=1, verbose=0, **({"optimizer": m.optimizer} if override else {}))
@@ -2156,7 +2161,7 @@ def test_per_output_label_forms_reach_generators_and_trainers_too():
     x, y = rng.random((8, 4)).astype(np.float32), rng.random((8, 2)).astype(np.float32)
 
     def model():
-        m = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        m = _dense_4_2()
         m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
         return m
 

@@ -216,15 +216,21 @@ def test_writing_files_checks_the_path_and_keeps_the_usual_permissions(tmp_path,
             ot.load_model("bad.ortrain")
 
 
-def test_a_saved_model_stores_its_arrays_uncompressed_and_files_deflated_before_still_load(tmp_path, rng):
-    # deflating float32 weights saved about 15% of the file for ten times the time of a save
-    import zipfile
+def _saved_skip_model(path, rng):
+    """The skip model, trained two Adam steps on ``(x, y)`` and saved to ``path``: ``model, x, y``."""
     x = rng.standard_normal((8, 6)).astype(np.float32)
     y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 8)]
     model = skip_model()
     model.compile(optimizer="adam", loss="mse")
     model.fit(x, y, batch_size=4, verbose=0)
-    model.save(tmp_path / "m.ortrain")
+    model.save(path)
+    return model, x, y
+
+
+def test_a_saved_model_stores_its_arrays_uncompressed_and_files_deflated_before_still_load(tmp_path, rng):
+    # deflating float32 weights saved about 15% of the file for ten times the time of a save
+    import zipfile
+    model, x, y = _saved_skip_model(tmp_path / "m.ortrain", rng)
     with zipfile.ZipFile(tmp_path / "m.ortrain") as z:
         kinds = {info.filename: info.compress_type for info in z.infolist()}
         parts = {n: z.read(n) for n in z.namelist()}
@@ -247,12 +253,7 @@ def test_load_model_refuses_a_damaged_optimizer_state_as_load_state_does(tmp_pat
     import io
     import json
     import zipfile
-    x = rng.standard_normal((8, 6)).astype(np.float32)
-    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 8)]
-    model = skip_model()
-    model.compile(optimizer="adam", loss="mse")
-    model.fit(x, y, batch_size=4, verbose=0)
-    model.save(tmp_path / "m.ortrain")
+    model, x, y = _saved_skip_model(tmp_path / "m.ortrain", rng)
     with zipfile.ZipFile(tmp_path / "m.ortrain") as z:
         parts = {n: z.read(n) for n in z.namelist()}
     record = json.loads(parts["model.json"])
