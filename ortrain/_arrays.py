@@ -207,14 +207,15 @@ def of_the_output(outputs: list[str], value, argument: str, ranks: range | tuple
 
 
 def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: str,
-                      needs: str = "training needs finite values") -> None:
+                      needs: str = "training needs finite values", first_row: int = 0) -> None:
     """Raise :class:`NonFiniteError` naming the first float array holding a NaN or an infinity,
-    the value and its row; ``outcome`` says what was (not) done, e.g. "nothing was trained"."""
+    the value and its row (counted from ``first_row``, where the arrays are the tail of others);
+    ``outcome`` says what was (not) done, e.g. "nothing was trained"."""
     for a, arg in zip(arrays, arguments):
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
-            raise NonFiniteError(f"{arg}: holds {a[at]} in row {at[0]}; {needs}, so {outcome} (drop or repair "
-                                 "that sample)")
+            raise NonFiniteError(f"{arg}: holds {a[at]} in row {first_row + at[0]}; {needs}, so {outcome} (drop or "
+                                 "repair that sample)")
 
 
 # -- counts ----------------------------------------------------------------------------------------

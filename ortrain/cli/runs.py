@@ -15,6 +15,7 @@ import numpy as np
 import ortrain as ot
 from ortrain import _optional
 from ortrain import fit as fit_mod
+from ortrain._arrays import refuse_non_finite
 from ortrain._files import atomic_path
 from ortrain._trainer_setup import written_for
 from ortrain._warnings import warn
@@ -43,7 +44,7 @@ from ortrain.cli.run_dir import (
     sweep_temporaries,
 )
 from ortrain.data import split_arrays
-from ortrain.errors import NonFiniteError, OrtrainError
+from ortrain.errors import OrtrainError
 
 
 def _split(x, y, w, fraction: float):
@@ -91,14 +92,10 @@ def train(cfg: dict) -> dict:
         x, y, w, val = _split(x, y, w, cfg["val_split"])
     if val is not None:  # the training rows are refused by the fit; validation rows are the run's data too
         # the rows --val-split holds out are the last of --data: a row is named by its place in the file
-        first = 0 if cfg.get("val_data") else len(y)
         where = "--val-data" if cfg.get("val_data") else "--data (a row --val-split holds out)"
-        for name, a in zip(("x", "y", "sample_weight"), val):
-            a = np.asarray(a)
-            if a.dtype.kind == "f" and not np.isfinite(a).all():
-                at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
-                raise NonFiniteError(f"{where} {name}: holds {a[at]} in row {first + at[0]}; validation needs finite "
-                                     "values, so nothing was trained (drop or repair that sample)")
+        refuse_non_finite([np.asarray(a) for a in val], [f"{where} {k}" for k in ("x", "y", "sample_weight")],
+                          "nothing was trained", needs="validation needs finite values",
+                          first_row=0 if cfg.get("val_data") else len(y))
     weighted = [f for f, v in (("--data", w), ("--val-data", val[2] if val and len(val) == 3 else None))
                 if v is not None]
     cfg["has_sample_weight"] = bool(weighted)

@@ -21,6 +21,9 @@ from ortrain.errors import OrtrainError
 REQUIRED_ORT = "1.19.2"
 ONNX_MAX_EXCLUSIVE = (1, 18)
 _INSTALL = "pip install 'onnxruntime-training-cpu==1.19.2' (or onnxruntime-training==1.19.2 for CUDA 11.8)"
+# Puts the training build's files back where another build's uninstall removed the module they share;
+# --no-deps leaves onnx and numpy as they are (the training wheel does not pin onnx).
+_REINSTALL = "pip install --force-reinstall --no-deps 'onnxruntime-training-cpu==1.19.2'"
 _SHADOWS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino")
 
 
@@ -64,7 +67,7 @@ def environment_problems(onnx_version: str | None, ort_version: str | None, has_
             f"both install the same 'onnxruntime' module, so remove it and put the training build's files "
             f"back (--no-deps leaves onnx and numpy as they are): "
             f"pip uninstall -y {' '.join(n for n in _SHADOWS if installed.get(n)) or 'onnxruntime'} "
-            f"&& pip install --force-reinstall --no-deps 'onnxruntime-training-cpu==1.19.2'")
+            f"&& {_REINSTALL}")
     elif _version_tuple(ort_version)[:2] != _version_tuple(REQUIRED_ORT)[:2]:
         problems.append(f"onnxruntime-training {ort_version} is installed; ortrain is built against "
                         f"{REQUIRED_ORT}: {_INSTALL}")
@@ -72,7 +75,7 @@ def environment_problems(onnx_version: str | None, ort_version: str | None, has_
         problems.append(
             f"{', '.join(shadows)} is installed beside onnxruntime-training and shares its module name; "
             f"whichever was installed last wins. pip uninstall -y {' '.join(s.split()[0] for s in shadows)} "
-            f"&& pip install --force-reinstall --no-deps 'onnxruntime-training-cpu==1.19.2'")
+            f"&& {_REINSTALL}")
     return problems
 
 
