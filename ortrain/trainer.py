@@ -426,22 +426,22 @@ class Trainer(TrainerSetup, Releasable):
         layers: dict[tuple[str, str], list] = {}
         for node in nodes:
             layers.setdefault((node.input[3], node.input[4]), []).append(node)
-        calls: dict[tuple[str, str], list] = {}  # a shared batch norm's calls so far: their (mean, var)
         try:
-            for node in (n for group in layers.values() for n in group):
-                feeds.update(self._weights_now())
-                value = self._calib.run(feeds, [node.input[0]])[0].astype(np.float64)
-                axes = tuple(i for i in range(value.ndim) if i != 1)
-                with np.errstate(over="ignore", invalid="ignore"):
-                    mean, var = value.mean(axis=axes).astype(np.float32), value.var(axis=axes).astype(np.float32)
-                if not (np.isfinite(mean).all() and np.isfinite(var).all()):
-                    raise NonFiniteError(f"calibrate_bn: the input of batch norm {node.name!r} has statistics "
-                                         "beyond float32 (finite x whose values overflow on the way); the "
-                                         "statistics were not changed. Scale x to a usual range first")
-                seen = calls.setdefault((node.input[3], node.input[4]), [])
-                seen.append((mean, var))
-                self._session.set(node.input[3], np.mean([m for m, _ in seen], axis=0, dtype=np.float64).astype(np.float32))
-                self._session.set(node.input[4], np.mean([v for _, v in seen], axis=0, dtype=np.float64).astype(np.float32))
+            for (mean_name, var_name), calls in layers.items():
+                means, variances = [], []  # of the layer's calls so far
+                for node in calls:
+                    feeds.update(self._weights_now())
+                    value = self._calib.run(feeds, [node.input[0]])[0].astype(np.float64)
+                    axes = tuple(i for i in range(value.ndim) if i != 1)
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        means.append(value.mean(axis=axes).astype(np.float32))
+                        variances.append(value.var(axis=axes).astype(np.float32))
+                    if not (np.isfinite(means[-1]).all() and np.isfinite(variances[-1]).all()):
+                        raise NonFiniteError(f"calibrate_bn: the input of batch norm {node.name!r} has statistics "
+                                             "beyond float32 (finite x whose values overflow on the way); the "
+                                             "statistics were not changed. Scale x to a usual range first")
+                    self._session.set(mean_name, np.mean(means, axis=0, dtype=np.float64).astype(np.float32))
+                    self._session.set(var_name, np.mean(variances, axis=0, dtype=np.float64).astype(np.float32))
         except BaseException:
             for name, old in before.items():  # all or nothing
                 self._session.set(name, old)
