@@ -672,3 +672,29 @@ def test_a_reshape_of_opset_4_to_one_dimension_imports():
     proto.ir_version = 3
     x = np.arange(12, dtype=np.float32).reshape(2, 6)
     np.testing.assert_array_equal(ot.from_onnx(proto).predict(x), (2 * x).reshape(12))
+
+
+@pytest.mark.parametrize("is_test", [0, 1])
+def test_a_batch_norm_and_dropout_of_opset_6_import_whatever_their_test_flag(rng, is_test):
+    # onnx's converter refused is_test=0 (a training-mode export): "Attribute is_test must not have value 0"
+    w, gamma, beta = f32(rng, 3, 4), f32(rng, 4), f32(rng, 4)
+    mean, var = f32(rng, 4), np.abs(f32(rng, 4)) + 0.5
+    inits = [numpy_helper.from_array(a, n) for a, n in [(w, "W"), (gamma, "s"), (beta, "b"), (mean, "m"), (var, "v")]]
+    outputs = ["y", "m_out", "v_out", "saved_m", "saved_v"] if is_test == 0 else ["y"]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("BatchNormalization", ["h", "s", "b", "m", "v"], ["n"] + outputs[1:], is_test=is_test,
+                              epsilon=1e-5, momentum=0.9),
+             helper.make_node("Dropout", ["n"], ["y"], ratio=0.5, is_test=is_test)]
+    stored = [vi(t.name, list(t.dims)) for t in inits]  # IR 3: initializers are graph inputs too
+    graph = helper.make_graph(nodes, "g", [vi("x", [None, 3]), *stored], [vi("y", [None, 4])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    proto.ir_version = 3
+    model = ot.from_onnx(proto)
+    x = f32(rng, 8, 3)
+    h = x @ w
+    np.testing.assert_allclose(model.predict(x), gamma * (h - mean) / np.sqrt(var + 1e-5) + beta, rtol=1e-5, atol=1e-6)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    with ot.Trainer(model, batch_size=8) as tr:
+        tr.step(x, np.zeros((8, 4), np.float32))
+        got = dict(zip(model.weight_names(), tr.get_weights()))
+    np.testing.assert_allclose(got["m"], 0.9 * mean + 0.1 * h.mean(0), rtol=1e-5, atol=1e-6)

@@ -73,6 +73,23 @@ def _shape_constants_as_vectors(model: onnx.ModelProto) -> None:
                 attr.t.dims.append(len(attr.t.int64_data) or len(attr.t.int32_data) or 1)
 
 
+def _without_test_flags(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``Dropout`` and ``BatchNormalization`` of opsets before 7 carry ``is_test``, which onnx's
+    converter takes only as 1 (it refused a training-mode export, ``is_test=0``). ortrain picks the
+    mode itself, as it does for the later opsets without the flag: the training form in training
+    steps, the inference form in evaluation, prediction and export. So the flag is set to 1."""
+    flagged = [n for n in model.graph.node if n.op_type in ("Dropout", "BatchNormalization")
+               and any(a.name == "is_test" and a.i != 1 for a in n.attribute)]
+    if not flagged:
+        return model
+    out = copy.deepcopy(model)
+    for node in out.graph.node:
+        for attr in node.attribute:
+            if node.op_type in ("Dropout", "BatchNormalization") and attr.name == "is_test":
+                attr.i = 1
+    return out
+
+
 def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
     """Convert opsets older than ``target`` (and newer than onnxruntime reads) with onnx's converter.
 
@@ -84,6 +101,8 @@ def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProt
     out = model
     if want is not None:
         resized = _asymmetric_resizes(model) if have < 11 else {}
+        if have < 7:
+            model = _without_test_flags(model)
         try:
             out = version_converter.convert_version(model, want)
         except Exception as exc:
