@@ -698,3 +698,24 @@ def test_a_batch_norm_and_dropout_of_opset_6_import_whatever_their_test_flag(rng
         tr.step(x, np.zeros((8, 4), np.float32))
         got = dict(zip(model.weight_names(), tr.get_weights()))
     np.testing.assert_allclose(got["m"], 0.9 * mean + 0.1 * h.mean(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("momentum", [None, 0.1])
+def test_a_batch_norm_of_momentum_none_is_said_to_keep_its_statistics(momentum, recwarn):
+    # PyTorch's cumulative average (momentum=None) is exported in eval mode as ONNX momentum 1:
+    # statistics that never move in training, which nothing said
+    torch = torch_or_skip()
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, momentum=momentum)).eval()
+    model = ot.from_onnx(_export(torch, net, (2, 4), dynamic_axes={"x": {0: "batch"}}, do_constant_folding=False))
+    said = [str(w.message) for w in recwarn if "momentum 1" in str(w.message)]
+    assert said == ([] if momentum else [said[0]])
+    if momentum is None:
+        assert said[0].startswith("from_onnx: batch norm '/1/BatchNormalization' has momentum 1")
+        model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+        before = model.get_weights()
+        with ot.Trainer(model, batch_size=4) as tr:
+            tr.step(np.ones((4, 4), np.float32), np.zeros((4, 8), np.float32))
+            after = tr.get_weights()
+        assert model.weight_names()[4] == "1.running_mean"
+        np.testing.assert_array_equal(after[4], before[4])  # what the warning says: they stay

@@ -567,6 +567,20 @@ def _normal_epsilons(proto: onnx.ModelProto) -> None:
              "sessions flush to 0 (a constant feature would give NaN): it is raised to 1.18e-38")
 
 
+def _warn_still_statistics(proto: onnx.ModelProto) -> None:
+    """A ``BatchNormalization`` of ``momentum`` 1 keeps its running statistics as they are in
+    training. That is what PyTorch writes for ``BatchNorm(momentum=None)`` (a cumulative average,
+    which ONNX cannot state) in an eval-mode export, where the user expects them to move."""
+    still = [repr(n.name or n.output[0]) for n in proto.graph.node
+             if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")
+             and any(a.name == "momentum" and a.f == 1.0 for a in n.attribute)]
+    if still:
+        warn(f"from_onnx: batch norm {', '.join(still)} {'has' if len(still) == 1 else 'have'} momentum 1: "
+             "running statistics that stay as they are in training (PyTorch's BatchNorm(momentum=None), a "
+             "cumulative average ONNX cannot state, is exported so). For statistics that move, export the "
+             "model with a momentum (PyTorch's momentum=0.1 is ONNX's 0.9)")
+
+
 def _warn_partial_gradients(fg: ForwardGraph) -> None:
     """Warn of trainable weights also read into an input whose gradient the runtime leaves out
     (a learned clipping bound that also scales, PACT's): their gradient counts their other uses
@@ -934,6 +948,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _seed_random_ops(proto)
     _warn_random_outside_training(proto)
     _normal_epsilons(proto)
+    _warn_still_statistics(proto)
     proto, _ = free_batch_dimension(proto, data)
     proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
