@@ -719,3 +719,25 @@ def test_a_batch_norm_of_momentum_none_is_said_to_keep_its_statistics(momentum, 
             after = tr.get_weights()
         assert model.weight_names()[4] == "1.running_mean"
         np.testing.assert_array_equal(after[4], before[4])  # what the warning says: they stay
+
+
+def test_random_draws_inside_a_branch_are_said_and_seeded(rng):
+    # an If branch drawing noise was neither named by the warning nor seeded by ot.set_seed
+    w = f32(rng, 3, 2)
+    branch = lambda name, nodes: helper.make_graph(nodes, name, [], [vi(f"{name}_out", [None, 2])])  # noqa: E731
+    noisy = branch("noisy", [helper.make_node("RandomNormal", [], ["noisy_out"], shape=[1, 2], name="noise")])
+    plain = branch("plain", [helper.make_node("Constant", [], ["plain_out"], value=numpy_helper.from_array(np.zeros((1, 2), np.float32)))])
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("If", ["flag"], ["n"], then_branch=noisy, else_branch=plain),
+             helper.make_node("Add", ["h", "n"], ["y"])]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 2])],
+                   [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(True), "flag")])
+    x = f32(rng, 64, 3)
+    draws = []
+    for _ in range(2):
+        ot.set_seed(5)
+        with pytest.warns(UserWarning, match=r"the model draws random numbers \(RandomNormal\)"):
+            model = ot.from_onnx(proto)
+        draws.append(model.predict(x[:1]) - x[:1] @ w)
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert np.all(draws[0] != 0)

@@ -760,7 +760,7 @@ def _seed_random_ops(proto: onnx.ModelProto) -> None:
     run. Unseeded, it keeps none, so models that differ only in weights share cached artifacts."""
     if not _random.is_seeded():
         return
-    for node in proto.graph.node:
+    for node in all_nodes(proto.graph):
         kind = _RANDOM_OPS.get(node.op_type)
         if kind is not None and node.domain in ("", "ai.onnx") and not any(a.name == "seed" for a in node.attribute):
             node.attribute.append(onnx.helper.make_attribute("seed", kind(_random.draw_seed())))
@@ -784,14 +784,16 @@ def _refuse_outputs_that_are_no_tensors(proto: onnx.ModelProto) -> None:
 def _warn_random_outside_training(proto: onnx.ModelProto) -> None:
     """Ops other than ``Dropout`` that draw random numbers draw them in every run: ortrain switches
     ``Dropout`` off in predictions, evaluation and exports, not these (a VAE's sampling means it;
-    a dropout an exporter wrote as random ops, the dynamo exporter's ``Dropout2d``, does not)."""
+    a dropout an exporter wrote as random ops, the dynamo exporter's ``Dropout2d``, does not).
+    A node the outputs read draws with every random op of its subgraphs (an ``If`` branch)."""
     needed = {o.name for o in proto.graph.output}  # what the outputs read, walking back from them
     for node in reversed(proto.graph.node):
         if any(o in needed for o in node.output):
             needed.update(node_inputs(node))
-    drawn = sorted({n.op_type for n in proto.graph.node
-                    if n.op_type in _RANDOM_OPS and n.op_type != "Dropout" and n.domain in ("", "ai.onnx")
-                    and any(o in needed for o in n.output)})
+    used = [n for n in proto.graph.node if any(o in needed for o in n.output)]
+    used += [inner for n in used for g in subgraphs(n) for inner in all_nodes(g)]
+    drawn = sorted({n.op_type for n in used
+                    if n.op_type in _RANDOM_OPS and n.op_type != "Dropout" and n.domain in ("", "ai.onnx")})
     if drawn:
         warn(f"from_onnx: the model draws random numbers ({', '.join(drawn)}), and does so in predict, evaluate and "
              "the exported model too: only Dropout nodes are switched off outside training. A dropout the exporter "
