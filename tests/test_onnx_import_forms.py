@@ -741,3 +741,27 @@ def test_random_draws_inside_a_branch_are_said_and_seeded(rng):
         draws.append(model.predict(x[:1]) - x[:1] @ w)
     np.testing.assert_array_equal(draws[0], draws[1])
     assert np.all(draws[0] != 0)
+
+
+def test_a_branch_reading_a_computed_value_before_the_weights_trains(rng):
+    # onnxruntime's gradient builder aborted the process (an out-of-range index in its walk back
+    # from the loss): the If's body reads r, which a node computes, not a graph input
+    w = f32(rng, 3, 2)
+    then = helper.make_graph([helper.make_node("Identity", ["r"], ["kept"])], "then", [], [vi("kept", [None, 3])])
+    other = helper.make_graph([helper.make_node("Neg", ["r"], ["negated"])], "else", [], [vi("negated", [None, 3])])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["positive"]),
+             helper.make_node("If", ["positive"], ["o"], then_branch=then, else_branch=other),
+             helper.make_node("MatMul", ["o", "W"], ["y"])]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 2])],
+                   [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    model = ot.from_onnx(proto)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    want = w.copy()
+    with ot.Trainer(model, batch_size=4) as tr:
+        for shift in (1.5, -1.5):  # both branches
+            x, y = f32(rng, 4, 3) + shift, f32(rng, 4, 2)
+            o = np.maximum(x, 0) * (1 if x.sum() > 0 else -1)
+            np.testing.assert_allclose(tr.step(x, y), np.mean((o @ want - y) ** 2), rtol=1e-5)
+            want -= 0.1 * o.T @ (2 * (o @ want - y) / y.size)
+        np.testing.assert_allclose(tr.get_weights()[0], want, rtol=1e-5, atol=1e-6)

@@ -24,7 +24,11 @@ from ortrain.engine.inference import run_model
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
 from ortrain.graph.dropout_masks import dropout_as_mask_inputs, with_mask_metadata
-from ortrain.graph.gradient_rewrites import for_gradients, unnamed_broadcast_dims
+from ortrain.graph.gradient_rewrites import (
+    control_flow_out_of_the_walk,
+    for_gradients,
+    unnamed_broadcast_dims,
+)
 from ortrain.graph.passes import subgraphs
 
 _NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)")
@@ -51,7 +55,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
 
     so = session_options(threads=1)
     try:
-        unnamed = unnamed_broadcast_dims(model)
+        unnamed = unnamed_broadcast_dims(control_flow_out_of_the_walk(model))
         with denormals.kept():  # the optimizer opens a session, which sets the flush on the first thread
             optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads, so))
         builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads, outputs[0], so)

@@ -24,6 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.errors import UnsupportedOpError
+from ortrain.graph.builder import FreshNames
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import (
     BROADCASTING,
@@ -32,10 +33,12 @@ from ortrain.graph.passes import (
     float32_values,
     relu_grad_as_mask,
     replace_nodes,
+    subgraph_reads,
+    subgraphs,
 )
 from ortrain.graph.shapes import Shapes
 
-__all__ = ["for_gradients", "max_pool_grad_as_scatter", "unnamed_broadcast_dims"]
+__all__ = ["control_flow_out_of_the_walk", "for_gradients", "max_pool_grad_as_scatter", "unnamed_broadcast_dims"]
 
 _ONE, _FLAT = "ortrain.max_pool_grad/one", "ortrain.max_pool_grad/flat"
 
@@ -158,4 +161,41 @@ def unnamed_broadcast_dims(model: onnx.ModelProto) -> onnx.ModelProto:
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in ambiguous:
                 d.ClearField("dim_param")
+    return out
+
+
+def control_flow_out_of_the_walk(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (before the gradient builder reads it) with the outputs of each ``If``, ``Loop`` or
+    ``Scan`` whose body reads a value another node computes passed through a one-tensor sequence;
+    ``model`` itself when there is none.
+
+    onnxruntime-training 1.19.2's gradient builder walks back from the loss over every input edge of
+    the nodes it meets, looking each edge's input up among the node's explicit inputs. The edge of
+    a value a body reads from outside lies past them, and the builder aborts the process (an
+    out-of-range index: ``x -> Relu -> If(then: Identity, else: Neg) -> MatMul(., W)``). The walk
+    does not follow a sequence, so ``SequenceAt(SequenceConstruct(out), 0)`` keeps it off such a
+    node. No gradient is lost: these ops have none in the runtime, and a weight behind one is refused
+    at import (``from_onnx``)."""
+    produced = {o for n in model.graph.node for o in n.output if o}
+    if not any(subgraphs(n) and produced.intersection(subgraph_reads(n)) for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    names = FreshNames(out)
+    first = names.fresh("ortrain.control_flow/first")
+    out.graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), first))
+    nodes = []
+    for node in out.graph.node:
+        nodes.append(node)
+        if not (subgraphs(node) and produced.intersection(subgraph_reads(node))):
+            continue
+        for k, value in enumerate(node.output):
+            if not value:
+                continue
+            held, sequence = names.fresh(f"{value}/held"), names.fresh(f"{value}/as_sequence")
+            node.output[k] = held
+            nodes += [helper.make_node("SequenceConstruct", [held], [sequence], name=names.fresh(f"{value}/hold")),
+                      helper.make_node("SequenceAt", [sequence, first], [value], name=names.fresh(f"{value}/take"))]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
     return out
