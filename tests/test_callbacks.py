@@ -291,6 +291,19 @@ def test_reduce_lr_on_plateau_matches_the_rule():
         ot.callbacks.ReduceLROnPlateau(factor=1.0)
 
 
+def test_reduce_lr_on_plateau_keeps_a_negative_min_delta_as_keras_does():
+    # Keras' ReduceLROnPlateau compares with best - min_delta as given: at -0.5 a value up to 0.5
+    # worse than the best still counts as an improvement (the size was taken: an improvement of 0.5)
+    values = [4, 4.3, 4.6, 4.9, 5.2, 5.5, 6.5, 7.5, 8.5]
+    model = sgd_model(lr=0.1)
+    cb = ot.callbacks.ReduceLROnPlateau(monitor="score", factor=0.5, patience=2, min_delta=-0.5)
+    hist = ot.fit_generator(model, batches(1, 4), epochs=len(values), callbacks=[Inject("score", values), cb],
+                            verbose=0)
+    want = keras_plateau(values, 0.1, 0.5, 2, 0, -0.5, 0.0)
+    assert hist.history["lr"] == pytest.approx(want)
+    assert want[:7] == [0.1] * 7 and want[-1] == 0.05
+
+
 # -- early stopping --------------------------------------------------------------------------------
 
 
@@ -316,6 +329,16 @@ def test_early_stopping_without_restore_keeps_the_last_weights_and_reads_val_los
                             callbacks=[stop, rec], verbose=0)
     assert hist.epoch == [0, 1]
     np.testing.assert_array_equal(model.get_weights()[0], rec.weights[1][0])
+
+
+@pytest.mark.parametrize("bad", ["0.5", [1.0], np.array([1.0, 2.0]), float("nan"), True])
+def test_early_stopping_refuses_a_baseline_that_is_no_number(bad):
+    # a string or a list was taken and failed after the first epoch had trained ("unsupported
+    # operand type(s) for -"); NaN, which no value beats, was taken silently
+    with pytest.raises(ot.OrtrainError, match=r"EarlyStopping\(baseline=...\): expected a number \(the value to "
+                                              r"beat\) or None, received"):
+        ot.callbacks.EarlyStopping(monitor="loss", baseline=bad)
+    assert ot.callbacks.EarlyStopping(baseline=np.float32(0.5)).baseline == 0.5
 
 
 def test_early_stopping_baseline_and_warmup():

@@ -14,7 +14,10 @@ MODES = ("auto", "min", "max")
 
 
 class Monitor:
-    def __init__(self, monitor: str, mode: str, min_delta: float, owner: str):
+    def __init__(self, monitor: str, mode: str, min_delta: float, owner: str, signed_delta: bool = False):
+        """``signed_delta``: a negative ``min_delta`` is kept as given (Keras' ReduceLROnPlateau: a
+        value a little worse than the best still counts as an improvement); otherwise its size is
+        taken, as Keras' EarlyStopping takes it."""
         if not isinstance(monitor, str) or not monitor:
             raise OrtrainError(f"{owner}(monitor=...): expected the name of a logged value such as 'val_loss', "
                                f"received {monitor!r}")
@@ -28,7 +31,7 @@ class Monitor:
             # Accuracy-like values grow as the model improves; losses and errors shrink.
             mode = "max" if "acc" in monitor.lower() else "min"  # metrics keep their names: "val_Acc" too
         self.mode = mode
-        self.min_delta = abs(float(min_delta))
+        self.min_delta = float(min_delta) if signed_delta else abs(float(min_delta))
         self.reset()
 
     def reset(self) -> None:
@@ -60,6 +63,16 @@ def skips_validation(loop, epoch: int | None) -> bool:
     """Whether the fit run by ``loop`` has validation data but does not validate after ``epoch``
     (``validation_freq``)."""
     return loop is not None and epoch is not None and loop.validation is not None and not loop.validates(epoch)
+
+
+def check_threshold(value, argument: str, owner: str, what: str) -> float | None:
+    """``value`` as a float (None stays None); a non-number or NaN, which no logged value could beat
+    or which fails only at the first epoch's end, is an OrtrainError."""
+    if value is None:
+        return None
+    if not is_real(value) or math.isnan(value):
+        raise OrtrainError(f"{owner}({argument}=...): expected a number ({what}) or None, received {value!r}")
+    return float(value)
 
 
 def check_non_negative_int(value, argument: str, owner: str) -> int:

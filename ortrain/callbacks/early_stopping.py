@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ortrain.callbacks._monitor import Monitor, check_non_negative_int
+from ortrain.callbacks._monitor import Monitor, check_non_negative_int, check_threshold
 from ortrain.callbacks.base import Callback
 
 __all__ = ["EarlyStopping"]
@@ -30,7 +30,7 @@ class EarlyStopping(Callback):
         self.monitor = Monitor(monitor, mode, min_delta, "EarlyStopping")
         self.patience = check_non_negative_int(patience, "patience", "EarlyStopping")
         self.start_from_epoch = check_non_negative_int(start_from_epoch, "start_from_epoch", "EarlyStopping")
-        self.baseline = baseline
+        self.baseline = check_threshold(baseline, "baseline", "EarlyStopping", "the value to beat")
         self.restore_best_weights = bool(restore_best_weights)
         self.verbose = verbose
         self.on_train_begin()

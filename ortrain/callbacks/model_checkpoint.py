@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import string
 
-from ortrain._arrays import checked_flag, is_real
-from ortrain.callbacks._monitor import Monitor, skips_validation
+from ortrain._arrays import checked_flag
+from ortrain.callbacks._monitor import Monitor, check_threshold, skips_validation
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 
@@ -66,11 +65,10 @@ class ModelCheckpoint(Callback):
         self.save_best_only = bool(save_best_only)
         self.save_model = None if save_model is None else bool(save_model)
         self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint")
-        if initial_value_threshold is not None:
-            if not is_real(initial_value_threshold) or math.isnan(initial_value_threshold):
-                raise OrtrainError("ModelCheckpoint(initial_value_threshold=...): expected a number (the value "
-                                   f"the first save must beat), received {initial_value_threshold!r}")
-            self.monitor.best = float(initial_value_threshold)
+        threshold = check_threshold(initial_value_threshold, "initial_value_threshold", "ModelCheckpoint",
+                                    "the value the first save must beat")
+        if threshold is not None:
+            self.monitor.best = threshold
         self.verbose = verbose
         self.saved: list[str] = []
 

@@ -22,7 +22,7 @@ class ReduceLROnPlateau(Callback):
                  min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0, verbose: int = 0):
         if not is_real(factor) or not 0.0 < factor < 1.0:
             raise OrtrainError(f"ReduceLROnPlateau(factor=...): expected a number in (0, 1), received {factor!r}")
-        self.monitor = Monitor(monitor, mode, min_delta, "ReduceLROnPlateau")
+        self.monitor = Monitor(monitor, mode, min_delta, "ReduceLROnPlateau", signed_delta=True)
         self.factor = float(factor)
         self.patience = check_non_negative_int(patience, "patience", "ReduceLROnPlateau")
         self.cooldown = check_non_negative_int(cooldown, "cooldown", "ReduceLROnPlateau")
