@@ -82,6 +82,8 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
     objects, complex numbers, floats with a fraction given as integer labels and other numbers
     given as booleans are refused.
     """
+    if value is None:
+        raise ShapeError(f"{argument}: expected an array, received None")
     a = read_array(value, argument)
     kind = a.dtype.kind
     if kind in "OUSVcMm":

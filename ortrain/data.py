@@ -94,13 +94,20 @@ def parse_batch(batch) -> tuple:
 
 
 class CallableSource:
-    """A callable of no arguments: one batch per call, ``None`` at the end of an epoch."""
+    """A callable of no arguments: one batch per call, ``None`` (or ``StopIteration``) at the end of
+    an epoch."""
 
     one_shot = False
 
     def __init__(self, fn):
-        self.pull = fn
+        self._fn = fn
         self.exhausted = False
+
+    def pull(self):
+        try:
+            return self._fn()
+        except StopIteration:  # ``lambda: next(it)``: the iterator's end ends the epoch, as None does
+            return None
 
     def start_epoch(self, epoch: int) -> None:
         pass

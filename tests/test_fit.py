@@ -326,6 +326,43 @@ def test_finite_callable_resets_itself_and_sets_the_epoch_length():
     assert model.train_state.n_steps == 6
 
 
+def test_a_callable_raising_stop_iteration_ends_its_epoch_as_none_does():
+    # `lambda: next(it)` ended in Python's "generator raised StopIteration" (a RuntimeError) after
+    # its batches had trained, with no History
+    data = batches(2, 4)
+    model, ref = mlp(), mlp()
+    for m in (model, ref):
+        m.compile(optimizer="sgd", loss="mse")
+    it = iter(data)
+    hist = ot.fit_generator(model, lambda: next(it), epochs=1, verbose=0)
+    ot.fit_generator(ref, data, epochs=1, verbose=0)
+    assert hist.epoch == [0] and model.train_state.n_steps == 2
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    it = iter(data)
+    assert model.evaluate(lambda: next(it)) == pytest.approx(ref.evaluate(data), rel=1e-6)
+
+
+def test_none_for_the_data_or_labels_of_a_batch_is_said_to_be_none():
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = batches(1, 4)[0]
+    with pytest.raises(ot.OrtrainError, match=r"train_on_batch\(x, y\): y, the batch's labels, is required; "
+                                              r"received None"):
+        model.train_on_batch(x, None)
+    with pytest.raises(ot.OrtrainError, match=r"test_on_batch\(x, y\): y, the batch's labels, is required"):
+        model.test_on_batch(x, None)
+    with pytest.raises(ot.ShapeError, match=r"expected an array, received None"):
+        model.predict(None)
+    with ot.Trainer(model, batch_size=4) as tr:
+        for call in (lambda: tr.step(None, y), lambda: tr.step(x, None), lambda: tr.eval(x, None),
+                     lambda: tr.predict(None)):
+            with pytest.raises(ot.ShapeError, match=r"expected an array, received None"):
+                call()
+        assert tr.n_steps == 0
+    assert model.train_state is None  # nothing trained
+
+
 def test_a_finite_callable_as_long_as_steps_per_epoch_trains_every_epoch():
     # The None that ends the callable's pass comes at the start of the next epoch: it is that
     # pass's end, not an empty epoch. Same weights as a list of the batches.

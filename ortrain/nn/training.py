@@ -350,6 +350,7 @@ class TrainingMixin:
         across after each step with :meth:`ortrain.Trainer.set_weights`."""
         from ortrain.fit import fit_model
         checked_flag(return_dict, "train_on_batch(return_dict=...)")
+        _needs_labels(y, "train_on_batch")
         history = self.history
         try:
             rows = prepare_inputs(self.input_specs, x, "x")[0].shape[0]   # the whole batch makes one step
@@ -363,6 +364,7 @@ class TrainingMixin:
     def test_on_batch(self, x, y, sample_weight=None, return_dict: bool = False):
         """Keras' ``test_on_batch``: :meth:`evaluate` on one batch, the loss or ``[loss, *metrics]``
         (a dict with ``return_dict=True``)."""
+        _needs_labels(y, "test_on_batch")
         return self.evaluate(x, y, sample_weight=sample_weight, return_dict=return_dict)
 
     # -- inference --------------------------------------------------------------------------
@@ -535,3 +537,8 @@ def _arrays_like(x) -> bool:
         return bool(x) and all(hasattr(v, "shape") or isinstance(v, (int, float, np.number)) or
                                (isinstance(v, list) and not any(hasattr(e, "shape") for e in v)) for v in x)
     return False
+
+
+def _needs_labels(y, method: str) -> None:
+    if y is None:
+        raise OrtrainError(f"{method}(x, y): y, the batch's labels, is required; received None")
