@@ -5,6 +5,7 @@ fixed batch, and batch norm exported in training mode at an old opset. Reference
 
 from __future__ import annotations
 
+import fnmatch
 import io
 
 import numpy as np
@@ -765,3 +766,76 @@ def test_a_branch_reading_a_computed_value_before_the_weights_trains(rng):
             np.testing.assert_allclose(tr.step(x, y), np.mean((o @ want - y) ** 2), rtol=1e-5)
             want -= 0.1 * o.T @ (2 * (o @ want - y) / y.size)
         np.testing.assert_allclose(tr.get_weights()[0], want, rtol=1e-5, atol=1e-6)
+
+
+class _Recurrent:
+    """A recurrent layer (LSTM or GRU, ``layers`` deep) and a linear head on its last step."""
+
+    def __new__(cls, torch, kind, layers=1, bidirectional=False):
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.r = getattr(torch.nn, kind)(3, 4, num_layers=layers, batch_first=True,
+                                                 bidirectional=bidirectional)
+                self.fc = torch.nn.Linear(8 if bidirectional else 4, 2)
+
+            def forward(self, x):
+                return self.fc(self.r(x)[0][:, -1])
+        return Net()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("layers, frozen", [(1, ["r.weight_hh_l0"]), (2, ["r.*_l1"])])
+def test_a_recurrent_layer_partly_frozen_trains_as_pytorch(rng, kind, layers, frozen):
+    # a segmentation fault: the runtime's LSTMGrad/GRUGrad asked for some of W, R, B's gradients
+    # (or for the input's alone, a frozen layer after a trained one)
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+    net = _Recurrent(torch, kind, layers)
+    model = ot.from_onnx(_export(torch, net, (2, 6, 3), dynamic_axes={"x": {0: "batch", 1: "t"}},
+                                 do_constant_folding=False), frozen=frozen)
+    for name, p in net.named_parameters():
+        p.requires_grad_(not any(fnmatch.fnmatch(name, f) for f in frozen))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    weights = _train_side_by_side(torch, net, model, [(f32(rng, 4, 6, 3), f32(rng, 4, 2)) for _ in range(2)])
+    for name in before:  # the frozen ones stay, the others move
+        assert np.array_equal(weights[name], before[name].numpy()) == any(fnmatch.fnmatch(name, f) for f in frozen)
+
+
+@pytest.mark.torch
+def test_a_frozen_bidirectional_recurrent_layer_is_refused_before_training_naming_what_helps(rng):
+    # frozen as the import's refusal said, it failed as the session opened with the kernel's text
+    # ("direction == ... was false"); predictions were and are fine
+    torch = torch_or_skip()
+    net = _Recurrent(torch, "LSTM", bidirectional=True)
+    proto = _export(torch, net, (2, 5, 3), dynamic_axes={"x": {0: "batch", 1: "t"}}, do_constant_folding=False)
+    with pytest.raises(ot.UnsupportedOpError, match=r"LSTM in direction 'bidirectional' .* cannot be in a training "
+                                                    r"graph even frozen"):
+        ot.from_onnx(proto)
+    model = ot.from_onnx(proto, frozen=["r.*"])
+    x = f32(rng, 4, 5, 3)
+    with torch.no_grad():
+        np.testing.assert_allclose(model.predict(x), net(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=r"cannot train a model holding LSTM in direction 'bidirectional' "
+                                                    r"\(nodes: /r/LSTM\): .*whether or not the layer is frozen"):
+        ot.Trainer(model, batch_size=4)
+
+
+@pytest.mark.torch
+def test_an_empty_sequence_is_refused_before_the_runtime_sees_it():
+    # a GRU ended the process ("terminate called without an active exception"); an LSTM predicted
+    # its head's bias
+    torch = torch_or_skip()
+    model = ot.from_onnx(_export(torch, _Recurrent(torch, "GRU"), (2, 6, 3),
+                                 dynamic_axes={"x": {0: "batch", 1: "t"}}))
+    model.compile(optimizer="sgd", loss="mse")
+    empty = np.zeros((4, 0, 3), np.float32)
+    with pytest.raises(ot.ShapeError, match=r"x: axis 1 holds no elements \(\(4, 0, 3\)\); every axis but the batch"):
+        model.predict(empty)
+    with ot.Trainer(model, batch_size=4) as tr:
+        with pytest.raises(ot.ShapeError, match=r"x: axis 1 holds no elements"):
+            tr.step(empty, np.zeros((4, 2), np.float32))
+        assert tr.n_steps == 0
+    assert model.predict(np.zeros((0, 6, 3), np.float32)).shape == (0, 2)  # no rows is fine

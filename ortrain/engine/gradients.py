@@ -24,6 +24,10 @@ from ortrain.engine.inference import run_model
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
 from ortrain.graph.dropout_masks import dropout_as_mask_inputs, with_mask_metadata
+from ortrain.graph.gradient_ops import (
+    recurrent_forms_not_run_in_training,
+    recurrent_weights_differentiated_whole,
+)
 from ortrain.graph.gradient_rewrites import (
     control_flow_out_of_the_walk,
     for_gradients,
@@ -46,8 +50,10 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     """
     if not requires_grad:
         raise OrtrainError("nothing to train: no parameter requires a gradient (all are frozen or constants)")
+    refuse_recurrent_forms(model)
     model = merge_equal_nodes(copy.deepcopy(model))
     grads, frozen_set = set(requires_grad), set(frozen)
+    whole = recurrent_weights_differentiated_whole(model, grads)  # their gradients are dropped below
     training_graph_utils._move_initializers_to_inputs(model, grads | frozen_set)
     eval_model = copy.deepcopy(model)
     training_graph_utils._disable_training_mode(eval_model)
@@ -57,8 +63,8 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     try:
         unnamed = unnamed_broadcast_dims(control_flow_out_of_the_walk(model))
         with denormals.kept():  # the optimizer opens a session, which sets the flush on the first thread
-            optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads, so))
-        builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads, outputs[0], so)
+            optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads | whole, so))
+        builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads | whole, outputs[0], so)
         builder.build()
     except Exception as exc:  # the builder reports everything as RuntimeError / Fail
         match = _NO_BUILDER.search(str(exc))
@@ -70,13 +76,32 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
                                      f"freeze the weights before it or replace the op") from exc
         raise OrtrainError(f"onnxruntime-training could not build the gradient graph: "
                            f"{str(exc).splitlines()[0]}") from exc
-    training = chain_shared_statistics(for_gradients(onnx.load_from_string(builder.get_model()), model), model)
+    built = onnx.load_from_string(builder.get_model())
+    unused = [o for o in built.graph.output if o.name in {f"{name}_grad" for name in whole}]
+    for output in unused:
+        built.graph.output.remove(output)
+    training = chain_shared_statistics(for_gradients(built, model), model)
     training_graph_utils._reorder_outputs(training, outputs, grads)
     training_graph_utils.build_gradient_accumulation_graph(training, grads)
     for m in (training, eval_model):
         if m.ir_version > 10 or m.ir_version < IR_VERSION:
             m.ir_version = IR_VERSION
     return with_mask_metadata(training, masks, kept), eval_model
+
+
+def refuse_recurrent_forms(model: onnx.ModelProto) -> None:
+    """An ``LSTM`` or ``GRU`` that onnxruntime-training's training kernels cannot run, which replace
+    every one in a training graph, frozen or not (a frozen bidirectional one failed only as the
+    session opened, with the kernel's own text)."""
+    found = recurrent_forms_not_run_in_training(model)
+    if found:
+        listing = "; ".join(f"{form} (nodes: {', '.join(nodes)})" for form, nodes in sorted(found.items()))
+        raise UnsupportedOpError(
+            f"onnxruntime-training 1.19.2 cannot train a model holding {listing}: its training graphs run every "
+            f"LSTM and GRU with training kernels, which take only the forward direction, no sequence_lens, clip, "
+            f"input_forget or peepholes and the default activations, whether or not the layer is frozen. Export "
+            f"the layer in that form (bidirectional=False), or compute its outputs with onnxruntime "
+            f"(InferenceSession) and train the rest of the model on them; predict and evaluate run it as it is")
 
 
 # Ops whose equal calls compute different values (a draw each), never merged as equal.

@@ -32,7 +32,8 @@ from ortrain.graph.passes import (
 )
 
 __all__ = ["FORM_OPS", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
-           "nodes_without_gradient", "untrainable_form"]
+           "nodes_without_gradient", "recurrent_weights_differentiated_whole", "recurrent_forms_not_run_in_training",
+           "untrainable_form"]
 
 # Ops without a gradient that every training graph holds in other ops (gradient_forms.FORMS)
 FORM_OPS = frozenset({"InstanceNormalization", "GroupNormalization", "ReduceMax", "ReduceMin", "GlobalMaxPool",
@@ -174,12 +175,62 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
             (len(node.input) < 2 or not node.input[1]):
         return "ReduceL2 over every axis without keepdims"
     elif op in ("LSTM", "GRU"):
-        direction = text_attribute(node, "direction", "forward")
-        if direction != "forward":
-            return f"{op} in direction {direction!r}"
-        if len(node.input) > 4 and node.input[4]:
-            return f"{op} with sequence_lens"
+        return recurrent_form_not_run_in_training(node)
     return None
+
+
+_RECURRENT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+
+
+def recurrent_form_not_run_in_training(node: onnx.NodeProto) -> str | None:
+    """What ``node``, an ``LSTM`` or ``GRU``, has that onnxruntime-training 1.19.2's training kernels
+    (``LSTMTraining``/``GRUTraining``, which replace every one in a training graph, frozen or not)
+    refuse or get wrong, or None: a direction other than forward, ``sequence_lens``, ``clip``,
+    ``input_forget``, other activations, and an LSTM's peepholes (run forward, but left out of
+    the gradient: 2-5% off, measured against finite differences)."""
+    op = node.op_type
+    direction = text_attribute(node, "direction", "forward")
+    if direction != "forward":
+        return f"{op} in direction {direction!r}"
+    if len(node.input) > 4 and node.input[4]:
+        return f"{op} with sequence_lens"
+    if op == "LSTM" and len(node.input) > 7 and node.input[7]:
+        return "LSTM with peepholes (input P)"
+    if attribute(node, "clip", None) is not None:
+        return f"{op} with clip"
+    if op == "LSTM" and attribute(node, "input_forget", 0):
+        return "LSTM with input_forget"
+    names = [a.decode() if isinstance(a, bytes) else a for a in attribute(node, "activations", [])]
+    if names and [n.capitalize() for n in names] != _RECURRENT_ACTIVATIONS[op]:
+        return f"{op} with activations {names}"
+    return None
+
+
+def recurrent_forms_not_run_in_training(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """``{form: [node names]}`` for the ``LSTM`` and ``GRU`` nodes no training graph can hold
+    (:func:`recurrent_form_not_run_in_training`), trained through or not."""
+    found: dict[str, list[str]] = {}
+    for i, node in enumerate(model.graph.node):
+        what = recurrent_form_not_run_in_training(node) if node.op_type in ("LSTM", "GRU") else None
+        if what:
+            found.setdefault(what, []).append(node.name or f"{node.op_type}#{i}")
+    return found
+
+
+def recurrent_weights_differentiated_whole(model: onnx.ModelProto, trainable) -> set[str]:
+    """The frozen weights (``W``, ``R``, ``B``) of each ``LSTM`` and ``GRU`` a gradient from
+    ``trainable`` crosses. onnxruntime-training 1.19.2's ``LSTMGrad`` and ``GRUGrad`` kernels
+    crash the process (a segmentation fault) when asked for some of a node's weight gradients
+    and not the others, or for its input's gradient alone (a frozen layer after a trained one):
+    the training graph asks for them all and leaves the frozen ones' gradients unused."""
+    tainted, whole = set(trainable), set()
+    for node in model.graph.node:
+        if not any(i in tainted for i in node_inputs(node)):
+            continue
+        tainted.update(o for o in node.output if o)
+        if node.op_type in ("LSTM", "GRU"):
+            whole.update(n for n in node.input[1:4] if n and n not in tainted)
+    return whole
 
 
 def ancestors(model: onnx.ModelProto, target: str) -> set[str]:

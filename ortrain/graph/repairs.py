@@ -24,6 +24,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
 * ``Conv`` with ``auto_pad`` SAME and dilations, and ``Split`` with an unnamed output, which
   onnxruntime cannot run (the first is refused, the second kills the process): explicit ``pads``,
   and a name for the output.
+* ``LSTM`` and ``GRU`` naming their default activations as the spec spells them (``"Sigmoid"``),
+  which onnxruntime-training's kernels refuse (they compare lower-case names): the attribute goes.
 
 Before these passes :mod:`ortrain.graph.opsets` brings the opset into the range onnxruntime
 reads; after them :mod:`ortrain.graph.batch_dimension` frees a fixed batch dimension.
@@ -368,6 +370,28 @@ def split_outputs_named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, len(targets)
 
 
+_DEFAULT_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
+
+
+def default_recurrent_activations_dropped(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """An ``LSTM`` or ``GRU`` that names its default activations (``["Sigmoid", "Tanh", "Tanh"]``, as
+    the ONNX spec spells them) loses the attribute: onnxruntime-training's kernels compare the
+    names with their own lower-case ones and refuse the spec's spelling."""
+    def named_defaults(n):
+        names = [s.decode().lower() for a in n.attribute if a.name == "activations" for s in a.strings]
+        return n.op_type in _DEFAULT_ACTIVATIONS and names == _DEFAULT_ACTIVATIONS[n.op_type] and \
+            not any(a.name in ("activation_alpha", "activation_beta") for a in n.attribute)
+    targets = [i for i, n in enumerate(model.graph.node) if named_defaults(n)]
+    if not targets:
+        return model, 0
+    out = copy.deepcopy(model)
+    for i in targets:
+        node = out.graph.node[i]
+        for attr in [a for a in node.attribute if a.name == "activations"]:
+            node.attribute.remove(attr)
+    return out, len(targets)
+
+
 def _unnamed_split_outputs(graph: onnx.GraphProto):
     return (n for g in _graphs(graph) for n in g.node if n.op_type == "Split" and "" in n.output)
 
@@ -390,7 +414,7 @@ def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     report = {}
     for fn in (split_to_sequence_as_split, sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
                gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads,
-               split_outputs_named):
+               split_outputs_named, default_recurrent_activations_dropped):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n

@@ -742,10 +742,14 @@ def _check_gradients(fg: ForwardGraph) -> None:
     if not missing:
         return
     listing = "; ".join(f"{op} (nodes: {', '.join(nodes)})" for op, nodes in sorted(missing.items()))
+    recurrent = any(op.startswith(("LSTM ", "GRU ")) for op in missing)
     raise UnsupportedOpError(
         f"from_onnx: onnxruntime-training 1.19.2 cannot differentiate these nodes, which lie between trainable "
         f"weights and the output: {listing}. Freeze the weights before them "
-        f"(frozen=[...] or trainable=[...] with names or glob patterns) or replace the ops in the model")
+        f"(frozen=[...] or trainable=[...] with names or glob patterns) or replace the ops in the model"
+        + ("; an LSTM or GRU in such a form cannot be in a training graph even frozen (onnxruntime's training "
+           "kernels run every one): export it forward-only, without sequence_lens, clip, input_forget or "
+           "peepholes, or compute its outputs with onnxruntime and train the rest on them" if recurrent else ""))
 
 
 # Ops that draw random numbers, and the type of their ``seed`` attribute.
