@@ -654,3 +654,10 @@ def test_an_lstm_naming_its_default_activations_trains_as_one_without_them(rng):
     assert results[0][:2] == results[1][:2]
     for a, b in zip(results[0][2], results[1][2]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_recurrent_layer_laid_out_batch_first_is_refused_at_import(rng):
+    # onnxruntime runs no layout=1 LSTM: predict failed with the kernel's text as its session opened
+    with pytest.raises(ot.UnsupportedOpError, match=r"LSTM node 'lstm' is laid out batch first \(layout=1\), which "
+                                                    r"onnxruntime 1.19.2 runs neither in predictions nor in training"):
+        ot.from_onnx(_lstm_model(rng, layout=1))

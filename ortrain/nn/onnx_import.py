@@ -723,8 +723,15 @@ def _warn_batch_not_first(model: onnx.ModelProto, data: list[str]) -> None:
 def _check_runtime_kernels(proto: onnx.ModelProto) -> None:
     """Refuse forms whose onnxruntime 1.19.2 kernel computes garbage, which ``predict`` and the
     exported model would serve: a ``ConvTranspose`` whose ``output_padding`` reaches its stride
-    (PyTorch allows it where the dilation is larger) leaves output cells unset."""
+    (PyTorch allows it where the dilation is larger) leaves output cells unset. Recurrent layers
+    laid out batch first (``layout=1``), which no onnxruntime kernel runs, are refused here too
+    rather than when a session opens."""
     for i, node in enumerate(proto.graph.node):
+        if node.op_type in ("LSTM", "GRU", "RNN") and attribute(node, "layout", 0) == 1:
+            raise UnsupportedOpError(
+                f"from_onnx: {node.op_type} node {node.name or i!r} is laid out batch first (layout=1), which "
+                f"onnxruntime 1.19.2 runs neither in predictions nor in training; write it sequence first "
+                f"(layout=0) with a Transpose of its input and outputs, as PyTorch exports batch_first=True")
         if node.op_type != "ConvTranspose":
             continue
         strides = list(attribute(node, "strides", []))

@@ -3,7 +3,9 @@
 ``python tests/data/probe_gradient_ops.py`` hands every single-node model of the ONNX
 backend test suite (inside the onnx wheel) to the gradient builder, with the node's
 float inputs made trainable and a ``ReduceSum`` of its first float output as the loss,
-and prints the ops whose verdict differs from ``ortrain.graph.gradient_ops.GRADIENT_OPS``.
+and prints the ops whose verdict differs from ``ortrain.graph.gradient_ops.GRADIENT_OPS``. An
+``LSTM`` or ``GRU`` gets the form ortrain's training graphs give it (``gradient_forms.for_training``:
+zero initial states, without which the builder's graph does not type), as a model being trained does.
 An op counts as differentiable when at least one of its test models builds. Verdicts
 other than "no builder registered" (for instance an input that has no gradient path)
 are reported but not counted either way.
@@ -20,8 +22,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ortrain.engine import run_model
 from ortrain.engine.gradients import build_training_graphs
 from ortrain.errors import UnsupportedOpError
+from ortrain.graph.gradient_forms import for_training
 
 NODE_TESTS = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "node"
 NEWEST_OPSET = 21  # what onnxruntime 1.19.2 loads; newer test models are retried at 17 and 21
@@ -87,6 +91,8 @@ def probe_case(case: Path) -> tuple[str, str] | None:
     model, floats = prepared
     _loadable_opset(model)
     try:
+        if op in ("LSTM", "GRU"):  # their builder's graph types only with initial states, which ortrain adds
+            model = for_training(model, run=run_model)
         build_training_graphs(model, floats, [], ["probe_loss"])
         return op, "yes"
     except UnsupportedOpError:
