@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from pathlib import Path
 
 from ortrain.errors import OrtrainError
@@ -116,7 +117,7 @@ def atomic_path(path, what: str | None = None):
         # this name)
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}"
         try:
-            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            held = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
             break
         except FileExistsError:
             continue
@@ -124,6 +125,9 @@ def atomic_path(path, what: str | None = None):
             raise OrtrainError(f"{what or 'path'}: cannot write {str(path)!r}: {exc.strerror or exc}; choose a "
                                "folder you can write to") from None
     try:
+        if CAN_LOCK:  # locked while the write lasts: a temporary nobody holds was left by a kill
+            fcntl.flock(held, fcntl.LOCK_EX)
+        _remove_left_behind(path, tmp)
         yield str(tmp)
         os.replace(tmp, path)
     except BaseException as exc:
@@ -133,6 +137,34 @@ def atomic_path(path, what: str | None = None):
             raise OrtrainError(f"{what + ': ' if what else ''}cannot write {str(path)!r}: {exc.strerror or exc}; a "
                                f"file already there is left as it was. {write_advice(exc.errno)}") from exc
         raise
+    finally:
+        os.close(held)
+
+
+LEFT_BEHIND_AFTER_S = 60.0  # a temporary untouched this long and unlocked is no write in progress
+
+
+def _remove_left_behind(path: Path, own: Path) -> None:
+    """Remove the temporaries of ``path`` that writes killed midway left (a full-size hidden file per
+    kill, which nothing else removes): those no process holds locked and none wrote to for a minute
+    (a write that has just created its temporary has not locked it yet)."""
+    if not CAN_LOCK:
+        return
+    pattern = re.compile(atomic_temporaries(re.escape(path.name), path.suffix))
+    now = time.time()
+    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
+        for entry in entries:
+            if entry.name == own.name or not pattern.fullmatch(entry.name):
+                continue
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_mtime < LEFT_BEHIND_AFTER_S or entry.is_symlink():
+                    continue
+                handle = lock_file(Path(entry.path), wait=False)
+                if handle is not None:
+                    try:
+                        os.remove(entry.path)
+                    finally:
+                        handle.close()
 
 
 def write_advice(code: int | None) -> str:

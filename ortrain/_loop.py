@@ -232,7 +232,8 @@ class Loop:
             self._arm(self._model.optimizer)
             self._thread = threading.get_ident()
             self._link()
-            self._trains = set(self._model.trainable_weight_names)  # what this fit's graphs train
+            with self._reading():
+                self._trains = set(self._model.trainable_weight_names)  # what this fit's graphs train
         try:
             cbs.on_train_begin({})
             for epoch in range(self.initial_epoch, self.epochs):
@@ -268,8 +269,11 @@ class Loop:
         """A change of the weights that train during the fit (``layer.trainable``, ``freeze`` or
         ``unfreeze`` from a callback or another thread) counts from the next fit: said once."""
         model = self._model
-        if model is None or self._trains is None or set(model.trainable_weight_names) == self._trains:
+        if model is None or self._trains is None:
             return
+        with self._reading():  # names only: the model need not take the trained weights for that
+            if set(model.trainable_weight_names) == self._trains:
+                return
         self._trains = None
         warn("the weights that train changed during this fit (layer.trainable, freeze or unfreeze): the running "
              "fit's graphs fix which weights train, so the change takes effect from the next fit, as a Keras model "
@@ -438,11 +442,13 @@ class Loop:
                 # model trained with the state of before, so it waits until both are written (a second
                 # one not).
                 try:
+                    # The state is read first: where it cannot be (a full temporary folder), the model
+                    # keeps its weights too. A fit that took no step leaves the optimizer state as it
+                    # was, and a rate written on model.optimizer still to be taken up by the next fit.
+                    state = tr.export_state() if self.stepped else None
                     _ = self.model  # brings the weights over (a callback may have set some)
-                    # A fit that took no step leaves the optimizer state as it was, and a rate written
-                    # on model.optimizer still to be taken up by the next fit.
                     if self.stepped:
-                        self._model._train_state = tr.export_state()  # not the setter, which refuses it mid-fit
+                        self._model._train_state = state  # not the setter, which refuses it mid-fit
                         self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
                     break
                 except KeyboardInterrupt as exc:

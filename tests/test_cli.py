@@ -1284,3 +1284,19 @@ def test_a_resume_names_a_config_files_value_as_the_files(workdir, capsys):
     assert f"train --resume: model (from the config file) {str(workdir / 'mlp.onnx')!r} differs from" in err
     assert cli("train", "cfg/c.toml", "--resume", "--artifacts", "art", "--out", "r", "--epochs", "2",
                "--verbose", "0") == 0
+
+
+def test_a_run_that_cannot_write_its_model_says_resume_not_another_folder():
+    # `train` has no -o, and a run's model.onnx cannot go elsewhere: it was "-o: cannot write
+    # 'r/model.onnx' ... choose another folder"
+    from ortrain.cli import _for_command_line
+    failed = ("export_onnx(path): cannot write 'r/model.onnx': No space left on device; a file already there is left "
+              "as it was. Free space or choose another folder")
+    assert _for_command_line(failed, "train") == (
+        "--out: cannot write 'r/model.onnx': No space left on device. Free space, then run the same command with "
+        "--resume, which writes what is missing")
+    assert _for_command_line(failed, "export").startswith("-o: cannot write 'r/model.onnx'")
+    artifacts = ("artifacts: cannot write 'r/artifacts': File too large; nothing was published. Raise the limit or "
+                 "choose another folder (out_dir, or ot.artifacts.set_cache_dir for the cache)")
+    assert _for_command_line(artifacts, "train").endswith("choose another folder (--out)")
+    assert _for_command_line(artifacts, "artifacts").endswith("choose another folder (-o)")

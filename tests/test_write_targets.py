@@ -3,6 +3,7 @@ content; a device, pipe or socket is refused, never replaced by a regular file."
 
 import os
 import stat
+import time
 
 import numpy as np
 import pytest
@@ -143,3 +144,55 @@ def test_a_read_only_file_is_not_replaced(tmp_path, monkeypatch):
             write(target)
         assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.ro" for n in targets)
+
+
+def test_a_fit_whose_optimizer_state_cannot_be_read_back_leaves_the_model_as_it_was(tmp_path):
+    # the runtime gives the moments only as a checkpoint, written to the temporary folder: with no
+    # room there, fit ended in the runtime's RuntimeError after the trained weights had gone back
+    # to the model and the optimizer state had not (the next fit restarted Adam on them)
+    import resource
+    import signal
+
+    model = ot.Sequential([ot.layers.Dense(256, activation="relu"), ot.layers.Dense(3)], input_shape=(64,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.random.default_rng(0).random((16, 64)), np.random.default_rng(1).random((16, 3))
+    ot.artifacts.build(model, loss="mse", optimizer="adam")
+    before = model.get_weights()
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))  # the moments need 200 kB
+    try:
+        with pytest.raises(ot.OrtrainError, match=r"the optimizer state cannot be read back: onnxruntime gives it only "
+                                                  r"as a checkpoint, written to the temporary folder .* File too large "
+                                                  r"\(errno 27\)\. The file is larger than this process may write"):
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    assert model.optimizer.step == 0
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert model.optimizer.step == 2
+
+
+def test_a_save_removes_what_a_killed_save_of_the_same_file_left(tmp_path):
+    # a kill during a save left a hidden full-size temporary that no later save removed
+    import fcntl
+
+    model = _model()
+    path = tmp_path / "m.onnx"
+    old = int(time.time()) - 3600
+    left = tmp_path / ".m.onnx.0123456789ab.tmp.onnx"        # a killed save's: unlocked, an hour old
+    fresh = tmp_path / ".m.onnx.00000000000a.tmp.onnx"       # a save just begun elsewhere: young
+    held = tmp_path / ".m.onnx.00000000000b.tmp.onnx"        # a save still writing: locked
+    other = tmp_path / ".n.onnx.0123456789ab.tmp.onnx"       # another file's
+    for p in (left, fresh, held, other):
+        p.write_bytes(b"x" * 100)
+    for p in (left, held, other):
+        os.utime(p, (old, old))
+    with open(held, "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        model.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (path, fresh, held, other))
+    assert ot.load_model(path).get_weights()[0].shape == (3, 2)

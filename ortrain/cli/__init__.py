@@ -408,9 +408,23 @@ _AS_OPTIONS = (
 )
 
 
+# A run's own files cannot go elsewhere: what stopped them is made room for, then --resume writes them.
+_IN_A_RUN = (
+    (re.compile(r"^export_onnx\(path\): (cannot write .*?); a file already there is left as it was\. (.*?)"
+                r"(?: or choose another folder| or choose a folder you can write to)?$"),
+     r"--out: \1. \2, then run the same command with --resume, which writes what is missing"),
+    (re.compile(r" \(out_dir, or ot\.artifacts\.set_cache_dir for the cache\)$"), " (--out)"),
+)
+
+
 def _for_command_line(text: str, command: str | None = None) -> str:
     if command == "artifacts":  # the model is its positional MODEL.onnx, not --model
         text = re.sub(r"^from_onnx: ", "MODEL: ", text)
+    if command == "artifacts":
+        text = re.sub(r" \(out_dir, or ot\.artifacts\.set_cache_dir for the cache\)$", " (-o)", text)
+    if command == "train":
+        for pattern, replacement in _IN_A_RUN:
+            text = pattern.sub(replacement, text)
     for pattern, replacement in _AS_OPTIONS:
         text = pattern.sub(replacement, text)
     return text

@@ -434,13 +434,22 @@ class TrainingSession:
         optimizer), read back through a checkpoint in a scratch directory: the runtime offers no
         other way to it."""
         self._live()
-        scratch = tempfile.mkdtemp(prefix="ortrain-")
         try:
-            path = os.path.join(scratch, "state")
-            C.save_checkpoint(self._state, path, self._optimizer is not None)
-            return read_checkpoint(path).optimizer
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            scratch = tempfile.mkdtemp(prefix="ortrain-")
+            try:
+                path = os.path.join(scratch, "state")
+                C.save_checkpoint(self._state, path, self._optimizer is not None)
+                return read_checkpoint(path).optimizer
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        except (RuntimeError, OSError) as exc:  # a full temporary folder, a file-size limit
+            found = write_failure(exc)
+            if found is None:
+                raise
+            raise OrtrainError(f"the optimizer state cannot be read back: onnxruntime gives it only as a checkpoint, "
+                               f"written to the temporary folder {tempfile.gettempdir()!r} for that, which failed: "
+                               f"{found[0]}. {found[1].replace('choose another folder', 'point TMPDIR elsewhere')}"
+                               ) from exc
 
     def optimizer_moments(self) -> dict:
         """The optimizer's moments by parameter name (``{}`` before any)."""
