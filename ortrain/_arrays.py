@@ -331,10 +331,6 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
         arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
         a = as_array(a, spec.dtype, arg)
         check_shape(a, spec.shape, arg, rows)
-        if 0 in a.shape[1:]:
-            raise ShapeError(f"{arg}: axis {a.shape.index(0, 1)} holds no elements ({describe_shape(a.shape)}); "
-                             "every axis but the batch needs at least one (an empty sequence has no value to "
-                             "compute, and onnxruntime's recurrent kernels end the process on one)")
         if bounds and spec.name in bounds and a.size:
             low, high, what = bounds[spec.name]
             if a.min() < low or a.max() > high:

@@ -1293,8 +1293,13 @@ def test_a_run_that_cannot_write_its_model_says_resume_not_another_folder():
     failed = ("export_onnx(path): cannot write 'r/model.onnx': No space left on device; a file already there is left "
               "as it was. Free space or choose another folder")
     assert _for_command_line(failed, "train") == (
-        "--out: cannot write 'r/model.onnx': No space left on device. Free space, then run the same command with "
-        "--resume, which writes what is missing")
+        "--out: cannot write 'r/model.onnx': No space left on device. Free space, then run the same command again "
+        "(with --resume once the run's folder holds run.json)")
+    denied = ("cannot write 'r/state.json': Permission denied; a file already there is left as it was. Choose a folder "
+              "you can write to")
+    assert _for_command_line(denied, "train") == (
+        "--out: cannot write 'r/state.json': Permission denied. Make the run's folder writable, then run the same "
+        "command again (with --resume once the run's folder holds run.json)")
     assert _for_command_line(failed, "export").startswith("-o: cannot write 'r/model.onnx'")
     artifacts = ("artifacts: cannot write 'r/artifacts': File too large; nothing was published. Raise the limit or "
                  "choose another folder (out_dir, or ot.artifacts.set_cache_dir for the cache)")

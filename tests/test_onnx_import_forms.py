@@ -720,6 +720,10 @@ def test_a_batch_norm_of_momentum_none_is_said_to_keep_its_statistics(momentum, 
             after = tr.get_weights()
         assert model.weight_names()[4] == "1.running_mean"
         np.testing.assert_array_equal(after[4], before[4])  # what the warning says: they stay
+        recwarn.clear()  # statistics frozen by name stay by choice: nothing to say
+        ot.from_onnx(_export(torch, net, (2, 4), dynamic_axes={"x": {0: "batch"}}, do_constant_folding=False),
+                     frozen=["1.running_*"])
+        assert not [w for w in recwarn if "momentum 1" in str(w.message)]
 
 
 def test_random_draws_inside_a_branch_are_said_and_seeded(rng):
@@ -832,10 +836,54 @@ def test_an_empty_sequence_is_refused_before_the_runtime_sees_it():
                                  dynamic_axes={"x": {0: "batch", 1: "t"}}))
     model.compile(optimizer="sgd", loss="mse")
     empty = np.zeros((4, 0, 3), np.float32)
-    with pytest.raises(ot.ShapeError, match=r"x: axis 1 holds no elements \(\(4, 0, 3\)\); every axis but the batch"):
+    with pytest.raises(ot.ShapeError, match=r"x: axis 1 holds no elements \(\(4, 0, 3\)\); the model's recurrent "
+                                            r"layers need at least one step"):
         model.predict(empty)
     with ot.Trainer(model, batch_size=4) as tr:
-        with pytest.raises(ot.ShapeError, match=r"x: axis 1 holds no elements"):
-            tr.step(empty, np.zeros((4, 2), np.float32))
+        for call in (lambda: tr.step(empty, np.zeros((4, 2), np.float32)),
+                     lambda: tr.eval(empty, np.zeros((4, 2), np.float32)), lambda: tr.predict(empty)):
+            with pytest.raises(ot.ShapeError, match=r"x: axis 1 holds no elements"):
+                call()
         assert tr.n_steps == 0
     assert model.predict(np.zeros((0, 6, 3), np.float32)).shape == (0, 2)  # no rows is fine
+
+
+def test_an_empty_axis_feeding_no_recurrent_layer_runs(rng):
+    # a decoder's first step with an empty cache of past steps (Concat over time) is a model's own
+    # business: only recurrent layers need a step
+    w = f32(rng, 4, 2)
+    nodes = [helper.make_node("Concat", ["past", "x"], ["seq"], axis=1), helper.make_node("MatMul", ["seq", "W"], ["h"]),
+             helper.make_node("ReduceMean", ["h"], ["y"], axes=[1], keepdims=0)]
+    proto = _model(nodes, [vi("x", [None, None, 4]), vi("past", [None, None, 4])], [vi("y", [None, 2])],
+                   [numpy_helper.from_array(w, "W")], opset=17)
+    model = ot.from_onnx(proto, input_names=["x", "past"])
+    x, past = f32(rng, 3, 2, 4), np.zeros((3, 0, 4), np.float32)
+    np.testing.assert_allclose(model.predict([x, past]), (x @ w).mean(1), rtol=1e-5, atol=1e-6)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    model.fit([x, past], np.zeros((3, 2), np.float32), batch_size=3, verbose=0)
+    assert model.optimizer.step == 1
+
+
+def test_a_branch_returning_a_sequence_beside_the_trained_path_trains(rng):
+    # the rewrite that keeps control flow out of the gradient builder's walk put the If's sequence
+    # output into a sequence of tensors: "INVALID_GRAPH"
+    w = f32(rng, 3, 2)
+    seq = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [None, 3]))
+    one = helper.make_graph([helper.make_node("SequenceConstruct", ["r"], ["one"])], "one", [],
+                            [helper.make_value_info("one", seq)])
+    two = helper.make_graph([helper.make_node("SequenceConstruct", ["r", "r"], ["two"])], "two", [],
+                            [helper.make_value_info("two", seq)])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["positive"]),
+             helper.make_node("If", ["positive"], ["parts"], then_branch=one, else_branch=two),
+             helper.make_node("ConcatFromSequence", ["parts"], ["joined"], axis=0),
+             helper.make_node("MatMul", ["x", "W"], ["y"])]
+    proto = _model(nodes, [vi("x", [None, 3])], [vi("y", [None, 2]), vi("joined", [None, 3])],
+                   [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    model = ot.from_onnx(proto)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x, y = f32(rng, 4, 3) + 1.0, f32(rng, 4, 2)
+    with ot.Trainer(model, batch_size=4) as tr:
+        np.testing.assert_allclose(tr.step(x, y), np.mean((x @ w - y) ** 2), rtol=1e-5)
+        np.testing.assert_allclose(tr.get_weights()[0], w - 0.1 * x.T @ (2 * (x @ w - y) / y.size), rtol=1e-5,
+                                   atol=1e-6)

@@ -24,10 +24,7 @@ from ortrain.engine.inference import run_model
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
 from ortrain.graph.dropout_masks import dropout_as_mask_inputs, with_mask_metadata
-from ortrain.graph.gradient_ops import (
-    recurrent_forms_not_run_in_training,
-    recurrent_weights_differentiated_whole,
-)
+from ortrain.graph.gradient_ops import recurrent_weights_differentiated_whole, refuse_recurrent_forms
 from ortrain.graph.gradient_rewrites import (
     control_flow_out_of_the_walk,
     for_gradients,
@@ -87,21 +84,6 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         if m.ir_version > 10 or m.ir_version < IR_VERSION:
             m.ir_version = IR_VERSION
     return with_mask_metadata(training, masks, kept), eval_model
-
-
-def refuse_recurrent_forms(model: onnx.ModelProto) -> None:
-    """An ``LSTM`` or ``GRU`` that onnxruntime-training's training kernels cannot run, which replace
-    every one in a training graph, frozen or not (a frozen bidirectional one failed only as the
-    session opened, with the kernel's own text)."""
-    found = recurrent_forms_not_run_in_training(model)
-    if found:
-        listing = "; ".join(f"{form} (nodes: {', '.join(nodes)})" for form, nodes in sorted(found.items()))
-        raise UnsupportedOpError(
-            f"onnxruntime-training 1.19.2 cannot train a model holding {listing}: its training graphs run every "
-            f"LSTM and GRU with training kernels, which take only the forward direction, no sequence_lens, clip, "
-            f"input_forget or peepholes and the default activations, whether or not the layer is frozen. Export "
-            f"the layer in that form (bidirectional=False), or compute its outputs with onnxruntime "
-            f"(InferenceSession) and train the rest of the model on them; predict and evaluate run it as it is")
 
 
 # Ops whose equal calls compute different values (a draw each), never merged as equal.

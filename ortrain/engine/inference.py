@@ -8,7 +8,7 @@ import onnx
 from ortrain.engine import denormals
 from ortrain.engine._runtime import ort
 from ortrain.engine.device import Device, parse_device, session_options
-from ortrain.engine.session import runtime_failure
+from ortrain.engine.session import recurrent_reads, refuse_empty_steps, runtime_failure
 from ortrain.errors import FreedError, OrtrainError
 
 
@@ -33,6 +33,13 @@ class InferenceRunner:
             raise OrtrainError(f"onnxruntime could not load the forward graph: {str(exc).splitlines()[0]}") from exc
         self.input_names = [i.name for i in self._sess.get_inputs()]
         self.output_names = [o.name for o in self._sess.get_outputs()]
+        # inputs read by recurrent layers; a serialized graph is parsed only if it may hold one
+        if isinstance(model, onnx.ModelProto):
+            self._stepped = sorted(recurrent_reads(model))
+        elif isinstance(data, bytes) and any(op.encode() in data for op in ("LSTM", "GRU", "RNN")):
+            self._stepped = sorted(recurrent_reads(onnx.load_from_string(data)))
+        else:
+            self._stepped = []
 
     def declared_without_batch(self, data_inputs: list[str]) -> dict[str, tuple]:
         """Outputs whose declared shape says the batch is not their first axis, by name, with that
@@ -60,6 +67,8 @@ class InferenceRunner:
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         if self._sess is None:
             raise FreedError("this inference session was freed")
+        if self._stepped:
+            refuse_empty_steps((name, feeds[name]) for name in self._stepped if name in feeds)
         try:
             denormals.enter()
             return self._sess.run(outputs or self.output_names, feeds)

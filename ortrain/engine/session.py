@@ -27,6 +27,7 @@ from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
 from ortrain.graph.dropout_masks import MaskSource, kernel_warning
+from ortrain.graph.gradient_ops import ancestors
 
 
 def read_input_specs(path: str | os.PathLike, names: list[str]) -> list[TensorSpec]:
@@ -37,6 +38,29 @@ def read_input_specs(path: str | os.PathLike, names: list[str]) -> list[TensorSp
 def input_specs(model: onnx.ModelProto, names: list[str]) -> list[TensorSpec]:
     by_name = {vi.name: vi for vi in model.graph.input}
     return [spec_of(by_name[n]) for n in names]
+
+
+_RECURRENT = ("LSTM", "GRU", "RNN", "LSTMTraining", "GRUTraining")  # the last two: training graphs'
+
+
+def recurrent_reads(model: onnx.ModelProto) -> set[str]:
+    """The graph inputs an ``LSTM``, ``GRU`` or ``RNN`` reads its sequence from, through any nodes."""
+    found: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type in _RECURRENT and node.input:
+            found |= ancestors(model, node.input[0])
+    return found & {i.name for i in model.graph.input}
+
+
+def refuse_empty_steps(named) -> None:
+    """``named``: ``(input name, array)`` pairs read by recurrent layers. onnxruntime's recurrent
+    kernels end the process on a sequence of no steps (the GRU's) or make up values (the LSTM's)."""
+    for name, a in named:
+        shape = getattr(a, "shape", ())
+        if 0 in shape[1:]:
+            raise ShapeError(f"{name}: axis {shape.index(0, 1)} holds no elements ({describe_shape(shape)}); the "
+                             f"model's recurrent layers need at least one step (onnxruntime's kernels end the "
+                             f"process on an empty sequence)")
 
 
 def check_feeds(specs: list[TensorSpec], arrays, where: str) -> list[np.ndarray]:
@@ -185,11 +209,14 @@ class TrainingSession:
         if masks.kept:
             warn(kernel_warning(masks.kept))
         self.train_inputs = input_specs(training, masks.data_names)
+        stepped = recurrent_reads(training)
+        self._stepped = [(i, s.name) for i, s in enumerate(self.train_inputs) if s.name in stepped]
         self._masks = masks if masks else None  # ortrain draws the dropout masks (graph.dropout_masks)
         # a step that ran used up its kernel-drawn masks: the count follows the kernel even for a step
         # not counted (a dropped step draws ortrain's masks again, see undraw)
         self._kernel_dropout = bool(masks.kept)
         self.eval_inputs = read_input_specs(eval_path, list(self._module.input_names(False)))
+        self._eval_stepped = [(i, s.name) for i, s in enumerate(self.eval_inputs) if s.name in stepped]
         self.train_outputs = list(self._module.output_names(True))
         self.eval_outputs = list(self._module.output_names(False))
         self.param_names = list(self._state.parameter_names())
@@ -264,6 +291,8 @@ class TrainingSession:
         self._live()
         if check:
             feeds = check_feeds(self.train_inputs, feeds, "train step")
+        if self._stepped:
+            refuse_empty_steps((name, feeds[i]) for i, name in self._stepped)
         fetches = C.OrtValueVector()
         self.writes += 1
         if self._masks is not None:
@@ -296,6 +325,8 @@ class TrainingSession:
     def _train_step_into(self, feeds) -> None:
         """A train step (no input checks) writing its outputs into the arrays of :meth:`bind_train_outputs`."""
         self._live()
+        if self._stepped:
+            refuse_empty_steps((name, feeds[i]) for i, name in self._stepped)
         vec, arrays, unconfirmed = self._bound
         self.writes += 1
         if self._masks is not None:
@@ -326,6 +357,8 @@ class TrainingSession:
         self._live()
         if check:
             feeds = check_feeds(self.eval_inputs, feeds, "eval step")
+        if self._eval_stepped:
+            refuse_empty_steps((name, feeds[i]) for i, name in self._eval_stepped)
         fetches = C.OrtValueVector()
         try:
             self._module.eval_step(feeds, fetches)

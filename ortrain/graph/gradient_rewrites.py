@@ -190,7 +190,7 @@ def control_flow_out_of_the_walk(model: onnx.ModelProto) -> onnx.ModelProto:
         if not (subgraphs(node) and produced.intersection(subgraph_reads(node))):
             continue
         for k, value in enumerate(node.output):
-            if not value:
+            if not value or not _a_tensor(node, k):
                 continue
             held, sequence = names.fresh(f"{value}/held"), names.fresh(f"{value}/as_sequence")
             node.output[k] = held
@@ -199,3 +199,15 @@ def control_flow_out_of_the_walk(model: onnx.ModelProto) -> onnx.ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def _a_tensor(node: onnx.NodeProto, k: int) -> bool:
+    """Whether output ``k`` of ``node`` (an ``If``, ``Loop`` or ``Scan``) is a tensor, as its body
+    declares it (a sequence an ``If`` returns cannot go into a sequence of tensors; undeclared:
+    taken for a tensor)."""
+    bodies = {a.name: a.g for a in node.attribute if a.HasField("g")}
+    body = bodies.get("then_branch") or bodies.get("body")
+    position = k + 1 if node.op_type == "Loop" else k  # a Loop body's first output is its condition
+    if body is None or position >= len(body.output):
+        return True
+    return body.output[position].type.WhichOneof("value") in (None, "tensor_type")

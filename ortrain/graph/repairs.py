@@ -375,19 +375,20 @@ _DEFAULT_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", 
 
 def default_recurrent_activations_dropped(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """An ``LSTM`` or ``GRU`` that names its default activations (``["Sigmoid", "Tanh", "Tanh"]``, as
-    the ONNX spec spells them) loses the attribute: onnxruntime-training's kernels compare the
-    names with their own lower-case ones and refuse the spec's spelling."""
+    the ONNX spec spells them) loses the attribute (and any ``activation_alpha``/``beta``, which
+    sigmoid and tanh do not read): onnxruntime-training's kernels compare the names with their own
+    lower-case ones and refuse the spec's spelling."""
     def named_defaults(n):
         names = [s.decode().lower() for a in n.attribute if a.name == "activations" for s in a.strings]
-        return n.op_type in _DEFAULT_ACTIVATIONS and names == _DEFAULT_ACTIVATIONS[n.op_type] and \
-            not any(a.name in ("activation_alpha", "activation_beta") for a in n.attribute)
+        return n.op_type in _DEFAULT_ACTIVATIONS and names == _DEFAULT_ACTIVATIONS[n.op_type]
     targets = [i for i, n in enumerate(model.graph.node) if named_defaults(n)]
     if not targets:
         return model, 0
     out = copy.deepcopy(model)
     for i in targets:
         node = out.graph.node[i]
-        for attr in [a for a in node.attribute if a.name == "activations"]:
+        # alpha and beta too: sigmoid and tanh take none, and the kernels read them with the names
+        for attr in [a for a in node.attribute if a.name in ("activations", "activation_alpha", "activation_beta")]:
             node.attribute.remove(attr)
     return out, len(targets)
 

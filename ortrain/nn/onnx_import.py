@@ -567,13 +567,16 @@ def _normal_epsilons(proto: onnx.ModelProto) -> None:
              "sessions flush to 0 (a constant feature would give NaN): it is raised to 1.18e-38")
 
 
-def _warn_still_statistics(proto: onnx.ModelProto) -> None:
+def _warn_still_statistics(proto: onnx.ModelProto, frozen) -> None:
     """A ``BatchNormalization`` of ``momentum`` 1 keeps its running statistics as they are in
     training. That is what PyTorch writes for ``BatchNorm(momentum=None)`` (a cumulative average,
-    which ONNX cannot state) in an eval-mode export, where the user expects them to move."""
+    which ONNX cannot state) in an eval-mode export, where the user expects them to move; not said
+    of statistics ``frozen`` names (kept by choice)."""
+    kept = _picked_by(_patterns(frozen, "frozen") or [], [i for n in proto.graph.node for i in n.input[3:5]])
     still = [repr(n.name or n.output[0]) for n in proto.graph.node
              if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")
-             and any(a.name == "momentum" and a.f == 1.0 for a in n.attribute)]
+             and any(a.name == "momentum" and a.f == 1.0 for a in n.attribute)
+             and not (len(n.input) > 4 and {n.input[3], n.input[4]} <= kept)]
     if still:
         warn(f"from_onnx: batch norm {', '.join(still)} {'has' if len(still) == 1 else 'have'} momentum 1: "
              "running statistics that stay as they are in training (PyTorch's BatchNorm(momentum=None), a "
@@ -961,7 +964,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _seed_random_ops(proto)
     _warn_random_outside_training(proto)
     _normal_epsilons(proto)
-    _warn_still_statistics(proto)
+    _warn_still_statistics(proto, frozen)
     proto, _ = free_batch_dimension(proto, data)
     proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
