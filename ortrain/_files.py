@@ -125,11 +125,13 @@ def atomic_path(path, what: str | None = None):
             raise OrtrainError(f"{what or 'path'}: cannot write {str(path)!r}: {exc.strerror or exc}; choose a "
                                "folder you can write to") from None
     try:
-        if _locked(held):  # while the write lasts: a temporary nobody holds was left by a kill
+        locked = _locked(held)  # while the write lasts: a temporary nobody holds was left by a kill
+        if locked:
             _remove_left_behind(path, tmp)
         yield str(tmp)
-        os.close(held)  # before the rename, which an open file would stop on Windows
-        held = None
+        if not locked:  # no POSIX locks (Windows): an open file would stop the rename
+            os.close(held)
+            held = None
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -178,8 +180,9 @@ def _remove_left_behind(path: Path, own: Path) -> None:
             if entry.name == own.name or not _ANY_TEMPORARY.fullmatch(entry.name):
                 continue
             with contextlib.suppress(OSError):
-                if now - entry.stat(follow_symlinks=False).st_mtime < LEFT_BEHIND_AFTER_S or entry.is_symlink():
-                    continue
+                if not entry.is_file(follow_symlinks=False) or \
+                        now - entry.stat(follow_symlinks=False).st_mtime < LEFT_BEHIND_AFTER_S:
+                    continue  # a link, a pipe or a folder of that name is none of ours
                 handle = lock_file(Path(entry.path), wait=False)
                 if handle is not None:
                     try:

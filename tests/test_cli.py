@@ -1301,6 +1301,12 @@ def test_a_run_that_cannot_write_its_model_says_resume_not_another_folder():
         "--out: cannot write 'r/state.json': Permission denied. Make the run's folder writable, then run the same "
         "command again (with --resume once the run's folder holds run.json)")
     assert _for_command_line(failed, "export").startswith("-o: cannot write 'r/model.onnx'")
+    unwritable = "save_checkpoint(path): cannot write 'r/c.ckpt': Operation not permitted; choose a folder you can write to"
+    assert _for_command_line(unwritable, "train") == (
+        "--out: cannot write 'r/c.ckpt': Operation not permitted. Make the run's folder writable, then run the same "
+        "command again (with --resume once the run's folder holds run.json)")
+    quoted = failed.replace("'r/model.onnx'", '"r/it\'s/model.onnx"')
+    assert _for_command_line(quoted, "train").startswith("--out: cannot write \"r/it's/model.onnx\": No space")
     artifacts = ("artifacts: cannot write 'r/artifacts': File too large; nothing was published. Raise the limit or "
                  "choose another folder (out_dir, or ot.artifacts.set_cache_dir for the cache)")
     assert _for_command_line(artifacts, "train").endswith("choose another folder (--out)")

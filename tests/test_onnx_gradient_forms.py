@@ -625,7 +625,7 @@ def _lstm_model(rng, h=3, **attrs):
     return model(nodes, [vi("x", ["N", 4, 2])], [vi("out", ["N", 2])], inits, opset=14)
 
 
-@pytest.mark.parametrize("attrs, form", [({"clip": 3.0}, r"LSTM with clip"),
+@pytest.mark.parametrize("attrs, form", [({"clip": 3.0}, r"LSTM with clip"), ({"clip": float("inf")}, r"LSTM with clip"),
                                          ({"input_forget": 1}, r"LSTM with input_forget"),
                                          ({"activations": ["Sigmoid", "Relu", "Tanh"]},
                                           r"LSTM with activations \['Sigmoid', 'Relu', 'Tanh'\]")])
@@ -725,3 +725,21 @@ def test_lstms_sharing_a_frozen_weight_after_a_trained_layer_train(rng):
     for name in ("W", "R", "B", "R2"):
         np.testing.assert_array_equal(after[name], before[name])
     assert not np.array_equal(after["Wpre"], before["Wpre"]) and not np.array_equal(after["head"], before["head"])
+
+
+def test_an_empty_sequence_for_a_recurrent_layer_inside_a_branch_is_refused(rng):
+    # the check looked at the top-level graph only: onnxruntime's GRU ended the process
+    h = 3
+    body = lambda name: helper.make_graph(  # noqa: E731
+        [_node("Transpose", ["x"], f"{name}_xt", perm=[1, 0, 2]),
+         _node("GRU", [f"{name}_xt", "W", "R"], [f"{name}_Y", f"{name}_H"], hidden_size=h),
+         _node("Squeeze", [f"{name}_H", "zero"], f"{name}_out")], name, [], [vi(f"{name}_out", ["N", h])])
+    inits = [numpy_helper.from_array((0.5 * rng.standard_normal(s)).astype(np.float32), n) for n, s in
+             [("W", (1, 3 * h, 2)), ("R", (1, 3 * h, h)), ("head", (h, 2))]]
+    inits += [numpy_helper.from_array(_i64(0), "zero"), numpy_helper.from_array(np.array(True), "flag")]
+    proto = model([_node("If", ["flag"], ["last"], then_branch=body("a"), else_branch=body("b")),
+                   _node("MatMul", ["last", "head"], "out")], [vi("x", ["N", "T", 2])], [vi("out", ["N", 2])], inits)
+    m = ot.from_onnx(proto, trainable=[])
+    with pytest.raises(ot.ShapeError, match=r"x: axis 1 holds no elements"):
+        m.predict(np.zeros((2, 0, 2), np.float32))
+    assert m.predict(np.zeros((2, 4, 2), np.float32)).shape == (2, 2)

@@ -411,9 +411,12 @@ _AS_OPTIONS = (
 # A run's own files cannot go elsewhere: what stopped one (its model, a checkpoint, its state or log)
 # is made room for, then the same command writes it (with --resume once the run has started).
 _IN_A_RUN = (
-    (re.compile(r"^(?:[\w.()]+: )?(cannot write '.*?': [^;]*); a file already there is left as it was\. (.*?)"
+    (re.compile(r"^(?:[\w.()]+: )?(cannot write (['\"]).*?\2: [^;]*); a file already there is left as it was\. (.*?)"
                 r"(?: or choose another folder)?$"),
-     r"--out: \1. \2, then run the same command again (with --resume once the run's folder holds run.json)"),
+     r"--out: \1. \3, then run the same command again (with --resume once the run's folder holds run.json)"),
+    (re.compile(r"^(?:[\w.()]+: )?(cannot write (['\"]).*?\2: [^;]*); choose a folder you can write to$"),
+     r"--out: \1. Make the run's folder writable, then run the same command again (with --resume once the "
+     r"run's folder holds run.json)"),
     (re.compile(r"Choose a folder you can write to, then"), "Make the run's folder writable, then"),
     (re.compile(r" \(out_dir, or ot\.artifacts\.set_cache_dir for the cache\)$"), " (--out)"),
 )

@@ -28,6 +28,7 @@ from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpEr
 from ortrain.graph import TensorSpec, spec_of
 from ortrain.graph.dropout_masks import MaskSource, kernel_warning
 from ortrain.graph.gradient_ops import ancestors
+from ortrain.graph.passes import all_nodes, node_inputs, subgraphs
 
 
 def read_input_specs(path: str | os.PathLike, names: list[str]) -> list[TensorSpec]:
@@ -44,11 +45,15 @@ _RECURRENT = ("LSTM", "GRU", "RNN", "LSTMTraining", "GRUTraining")  # the last t
 
 
 def recurrent_reads(model: onnx.ModelProto) -> set[str]:
-    """The graph inputs an ``LSTM``, ``GRU`` or ``RNN`` reads its sequence from, through any nodes."""
+    """The graph inputs an ``LSTM``, ``GRU`` or ``RNN`` reads its sequence from, through any nodes
+    (one inside an ``If``/``Loop``/``Scan`` body: whatever the node holding it reads)."""
     found: set[str] = set()
     for node in model.graph.node:
         if node.op_type in _RECURRENT and node.input:
             found |= ancestors(model, node.input[0])
+        elif any(inner.op_type in _RECURRENT for g in subgraphs(node) for inner in all_nodes(g)):
+            for name in node_inputs(node):
+                found |= ancestors(model, name)
     return found & {i.name for i in model.graph.input}
 
 

@@ -200,7 +200,7 @@ def recurrent_form_not_run_in_training(node: onnx.NodeProto) -> str | None:
         return f"{op} in direction {direction!r}"
     if len(node.input) > 4 and node.input[4]:
         return f"{op} with sequence_lens"
-    if attribute(node, "clip", FLOAT32_MAX) < FLOAT32_MAX:  # the kernels' own "no clip"
+    if attribute(node, "clip", FLOAT32_MAX) != FLOAT32_MAX:  # the kernels' own "no clip" (inf, NaN: refused)
         return f"{op} with clip"
     if op == "LSTM" and attribute(node, "input_forget", 0):
         return "LSTM with input_forget"

@@ -371,6 +371,14 @@ def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [g for attr in node.attribute for g in ([attr.g] if attr.HasField("g") else attr.graphs)]
 
 
+def all_nodes(graph: onnx.GraphProto):
+    """The nodes of ``graph`` and of the subgraphs they hold, depth first."""
+    for node in graph.node:
+        yield node
+        for inner in subgraphs(node):
+            yield from all_nodes(inner)
+
+
 def subgraph_reads(node: onnx.NodeProto) -> list[str]:
     """The outer values the subgraphs of ``node`` (``Loop``, ``If`` and ``Scan`` bodies) read by name."""
     names = []

@@ -49,7 +49,7 @@ from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.opsets import upgrade_opset
-from ortrain.graph.passes import attribute, node_inputs, subgraphs
+from ortrain.graph.passes import all_nodes, attribute, node_inputs, subgraphs
 from ortrain.graph.repairs import batchnorm_inference_form, read_as_scalars, repair
 
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
@@ -323,14 +323,6 @@ def _statistics_after_a_batch_norm(node: onnx.NodeProto) -> bool:
     return "native_batch_norm" in fx
 
 
-def all_nodes(graph: onnx.GraphProto):
-    """The nodes of ``graph`` and of the subgraphs they hold, depth first."""
-    for node in graph.node:
-        yield node
-        for inner in subgraphs(node):
-            yield from all_nodes(inner)
-
-
 def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
     """(names read at all, subgraphs included; names a gradient from the outputs reaches;
     batch-norm running statistics)."""
@@ -576,7 +568,7 @@ def _warn_still_statistics(proto: onnx.ModelProto, frozen) -> None:
     still = [repr(n.name or n.output[0]) for n in proto.graph.node
              if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")
              and any(a.name == "momentum" and a.f == 1.0 for a in n.attribute)
-             and not (len(n.input) > 4 and {n.input[3], n.input[4]} <= kept)]
+             and not kept.intersection(n.input[3:5])]  # freezing either keeps both
     if still:
         warn(f"from_onnx: batch norm {', '.join(still)} {'has' if len(still) == 1 else 'have'} momentum 1: "
              "running statistics that stay as they are in training (PyTorch's BatchNorm(momentum=None), a "
@@ -752,7 +744,7 @@ def _check_gradients(fg: ForwardGraph) -> None:
     if not missing:
         return
     listing = "; ".join(f"{op} (nodes: {', '.join(nodes)})" for op, nodes in sorted(missing.items()))
-    recurrent = any(op.startswith(("LSTM ", "GRU ")) for op in missing)
+    recurrent = any(op.startswith(("LSTM ", "GRU ")) and "peepholes" not in op for op in missing)
     raise UnsupportedOpError(
         f"from_onnx: onnxruntime-training 1.19.2 cannot differentiate these nodes, which lie between trainable "
         f"weights and the output: {listing}. Freeze the weights before them "
