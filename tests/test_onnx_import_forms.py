@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import io
+import warnings
 
 import numpy as np
 import onnx
@@ -887,3 +888,32 @@ def test_a_branch_returning_a_sequence_beside_the_trained_path_trains(rng):
         np.testing.assert_allclose(tr.step(x, y), np.mean((x @ w - y) ** 2), rtol=1e-5)
         np.testing.assert_allclose(tr.get_weights()[0], w - 0.1 * x.T @ (2 * (x @ w - y) / y.size), rtol=1e-5,
                                    atol=1e-6)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_stacked_recurrent_layers_exported_by_dynamo_train_at_any_length(rng, kind):
+    # the exporter declares the first layer's output at the export's length ([s77, 5, 6]); the
+    # runtime's constant folding took that for the truth, so the training graph ran at 5 steps only
+    # ("cannot be reshaped to the requested shape"), where predictions ran at any
+    torch = torch_or_skip()
+
+    class Stacked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = getattr(torch.nn, kind)(4, 6, batch_first=True)
+            self.l2 = getattr(torch.nn, kind)(6, 6, batch_first=True)
+            self.fc = torch.nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.fc(self.l2(self.l1(x)[0])[0][:, -1])
+
+    torch.manual_seed(0)
+    net = Stacked()
+    dynamic = torch.export.Dim.DYNAMIC
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(net, (torch.zeros(4, 5, 4),), dynamo=True, optimize=False, input_names=["x"],
+                                    dynamic_shapes={"x": {0: dynamic, 1: dynamic}}, verbose=False)
+    model = ot.from_onnx(program.model_proto)
+    _train_side_by_side(torch, net, model, [(f32(rng, 4, steps, 4), f32(rng, 4, 2)) for steps in (3, 7)], lr=0.1)

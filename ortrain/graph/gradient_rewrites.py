@@ -38,7 +38,8 @@ from ortrain.graph.passes import (
 )
 from ortrain.graph.shapes import Shapes
 
-__all__ = ["control_flow_out_of_the_walk", "for_gradients", "max_pool_grad_as_scatter", "unnamed_broadcast_dims"]
+__all__ = ["control_flow_out_of_the_walk", "for_gradients", "max_pool_grad_as_scatter", "unconfirmed_sizes_dropped",
+           "unnamed_broadcast_dims"]
 
 _ONE, _FLAT = "ortrain.max_pool_grad/one", "ortrain.max_pool_grad/flat"
 
@@ -211,3 +212,41 @@ def _a_tensor(node: onnx.NodeProto, k: int) -> bool:
     if body is None or position >= len(body.output):
         return True
     return body.output[position].type.WhichOneof("value") in (None, "tensor_type")
+
+
+def unconfirmed_sizes_dropped(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (before onnxruntime optimizes it for the gradient builder) without the ``value_info``
+    of intermediate values that give a fixed size onnx's inference does not confirm; ``model``
+    itself when there is none.
+
+    onnxruntime's constant folding takes a declared size for the truth: a ``Shape`` of a value
+    declared ``[s77, 5, 6]`` becomes the constant ``[., 5, .]``. The dynamo exporter declares the
+    first of two stacked LSTMs' output at the export's sequence length, though the file runs at
+    any, so the training graph trained at that length only ("cannot be reshaped to the requested
+    shape"). Without the annotation the runtime works the sizes out as it runs."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.value_info[:]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe)
+    except Exception:  # onnxruntime has the last word on a graph onnx cannot type
+        return model
+    known = {vi.name: vi.type.tensor_type.shape.dim for vi in inferred.graph.value_info
+             if vi.type.tensor_type.HasField("shape")}
+
+    def confirmed(vi) -> bool:
+        dims = vi.type.tensor_type.shape.dim
+        found = known.get(vi.name)
+        if not any(d.HasField("dim_value") for d in dims):
+            return True
+        return found is not None and len(found) == len(dims) and all(
+            not d.HasField("dim_value") or (k.HasField("dim_value") and k.dim_value == d.dim_value)
+            for d, k in zip(dims, found))
+    kept = [vi for vi in model.graph.value_info if confirmed(vi)]
+    if len(kept) == len(model.graph.value_info):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(kept)
+    return out
