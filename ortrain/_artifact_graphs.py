@@ -19,7 +19,13 @@ from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend, reserved_input_name
 from ortrain.graph.gradient_forms import for_training
-from ortrain.graph.gradient_ops import ancestors, gradient_reach, may_stop_gradients, refuse_recurrent_forms
+from ortrain.graph.gradient_ops import (
+    ancestors,
+    gradient_reach,
+    may_stop_gradients,
+    refuse_empty_pool_windows,
+    refuse_recurrent_forms,
+)
 
 LABEL = "ortrain.label"
 SAMPLE_WEIGHT = "ortrain.sample_weight"
@@ -45,6 +51,7 @@ def _check_trainable(fg: ForwardGraph) -> None:
                                "give the input another name (ot.Input(..., name=...), or input_names=[...] in "
                                "torch.onnx.export)")
     refuse_recurrent_forms(fg.proto)  # before a cache lookup: no cached graph holds one
+    refuse_empty_pool_windows(fg.proto)
 
 
 def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tuple[onnx.ModelProto, dict]:

@@ -743,3 +743,53 @@ def test_an_empty_sequence_for_a_recurrent_layer_inside_a_branch_is_refused(rng)
     with pytest.raises(ot.ShapeError, match=r"x: axis 1 holds no elements"):
         m.predict(np.zeros((2, 0, 2), np.float32))
     assert m.predict(np.zeros((2, 4, 2), np.float32)).shape == (2, 2)
+
+
+@pytest.mark.parametrize("op, reduction", [("ScatterElements", "add"), ("ScatterElements", "max"),
+                                           ("ScatterND", "mul")])
+def test_a_scatter_with_a_reduction_is_refused_where_a_gradient_crosses_it(rng, op, reduction):
+    # trained as an overwrite: the data's gradient was 0 at every target (scatter_add off by 0.69)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    index = np.array([[0, 3], [1, 2], [2, 0]]) if op == "ScatterElements" else np.array([[0], [2]])
+    updates = np.ones((3, 2) if op == "ScatterElements" else (2, 4), np.float32)
+    attrs = {"axis": 1} if op == "ScatterElements" else {}
+    proto = model([_node(op, ["W", "i", "U"], "t", name="scatter", reduction=reduction, **attrs),
+                   _node("Mul", ["x", "t"], "y")], [vi("x", ["N", 3, 4])], [vi("y", ["N", 3, 4])],
+                  [numpy_helper.from_array(w, "W"), numpy_helper.from_array(index, "i"),
+                   numpy_helper.from_array(updates, "U")], opset=18)
+    with pytest.raises(ot.UnsupportedOpError, match=rf"{op} with reduction '{reduction}' \(nodes: scatter\)"):
+        ot.from_onnx(proto)
+
+
+@pytest.mark.torch
+def test_a_max_pool_counting_its_indices_column_major_trains_as_pytorch(rng):
+    # storage_order=1 only sets how the indices count, but the runtime's gradient read them row-major:
+    # the gradient landed on the wrong cells (relative error 1.0 against PyTorch)
+    torch = torch_or_skip()
+    w = rng.standard_normal((1, 1, 4, 6)).astype(np.float32)
+    proto = model([_node("Mul", ["x", "W"], "h"),
+                   _node("MaxPool", ["h"], "y", kernel_shape=[2, 2], strides=[2, 2], storage_order=1)],
+                  [vi("x", ["N", 1, 4, 6])], [vi("y", ["N", 1, 2, 3])], [numpy_helper.from_array(w, "W")])
+    m = ot.from_onnx(proto)
+    m.compile(optimizer=ot.optim.SGD(lr=1.0), loss="mse")
+    x, y = rng.standard_normal((2, 1, 4, 6)).astype(np.float32), rng.standard_normal((2, 1, 2, 3)).astype(np.float32)
+    with ot.Trainer(m, batch_size=2) as tr:
+        tr.step(x, y)
+        got = tr.get_weights()[0]
+    tw = torch.tensor(w, requires_grad=True)
+    torch.nn.functional.mse_loss(torch.nn.functional.max_pool2d(torch.tensor(x) * tw, 2), torch.tensor(y)).backward()
+    np.testing.assert_allclose(got, w - tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_max_pool_whose_last_ceil_window_starts_past_its_input_is_refused_naming_it(rng):
+    # onnxruntime computes that window, onnx's inference drops it: "Incompatible dimensions" in the loss
+    w = rng.standard_normal((1, 1, 6)).astype(np.float32)
+    proto = model([_node("Mul", ["x", "W"], "h"),
+                   _node("MaxPool", ["h"], "y", kernel_shape=[2], strides=[3], ceil_mode=1, name="pool")],
+                  [vi("x", ["N", 1, 6])], [vi("y", ["N", 1, None])], [numpy_helper.from_array(w, "W")])
+    m = ot.from_onnx(proto)
+    assert m.predict(np.ones((1, 1, 6), np.float32)).shape == (1, 1, 3)  # as onnxruntime computes it
+    m.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=r"MaxPool node 'pool': with ceil_mode its last window on spatial "
+                                                    r"axis 0 starts past the input \(size 6, window 2, stride 3\)"):
+        ot.Trainer(m, batch_size=2)

@@ -35,7 +35,7 @@ from ortrain.graph.passes import (
 
 __all__ = ["FORM_OPS", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
            "nodes_without_gradient", "recurrent_weights_differentiated_whole", "recurrent_forms_not_run_in_training",
-           "refuse_recurrent_forms", "untrainable_form"]
+           "refuse_empty_pool_windows", "refuse_recurrent_forms", "untrainable_form"]
 
 # Ops without a gradient that every training graph holds in other ops (gradient_forms.FORMS)
 FORM_OPS = frozenset({"InstanceNormalization", "GroupNormalization", "ReduceMax", "ReduceMin", "GlobalMaxPool",
@@ -159,6 +159,8 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
 def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     """How ``node``, of an op the gradient builder knows, still cannot be trained through in
     onnxruntime-training 1.19.2, or None: its builder takes only ``Pad`` in mode ``constant``,
+    differentiates ``ScatterElements``/``ScatterND`` as overwrites whatever their ``reduction``
+    and reads a ``MaxPool``'s column-major indices (``storage_order`` 1) as row-major,
     builds an invalid graph for ``ReduceL2`` over every axis without ``keepdims`` and for ``Pad``
     with an ``axes`` input, and its gradient kernels fail on negative ``Slice`` steps and run
     ``LSTM``/``GRU`` forward only and without ``sequence_lens``.
@@ -176,6 +178,13 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     elif op == "ReduceL2" and not attribute(node, "keepdims", 1) and not attribute(node, "axes", None) and \
             (len(node.input) < 2 or not node.input[1]):
         return "ReduceL2 over every axis without keepdims"
+    elif op in ("ScatterElements", "ScatterND") and text_attribute(node, "reduction", "none") != "none":
+        # the runtime's gradient is that of an overwrite: the data's gradient is 0 at every target
+        return f"{op} with reduction {text_attribute(node, 'reduction', 'none')!r}"
+    elif op == "MaxPool" and attribute(node, "storage_order", 0) != 0:
+        # the runtime's MaxPoolGrad reads the column-major indices as row-major (repairs.py drops
+        # the attribute where the indices are not used)
+        return "MaxPool with storage_order 1 and its indices used"
     elif op in ("LSTM", "GRU"):
         if op == "LSTM" and len(node.input) > 7 and node.input[7]:
             # the training kernel runs it forward right, but its gradient leaves the peepholes out
@@ -272,3 +281,38 @@ def refuse_recurrent_forms(model: onnx.ModelProto) -> None:
             f"input_forget and the default activations, whether or not the layer is frozen. Export "
             f"the layer in that form (bidirectional=False), or compute its outputs with onnxruntime "
             f"(InferenceSession) and train the rest of the model on them; predict and evaluate run it as it is")
+
+
+def refuse_empty_pool_windows(model: onnx.ModelProto) -> None:
+    """A ``MaxPool`` with ``ceil_mode`` whose last window starts past its (padded) input, where its
+    sizes are fixed: onnxruntime computes that window (an output of -3.4e38), onnx's shape inference
+    and PyTorch drop it, and the training graph, built on the inferred sizes, failed in the loss
+    ("Incompatible dimensions") without naming the pool."""
+    from ortrain.graph.shapes import Shapes
+    shapes = None
+    for i, node in enumerate(model.graph.node):
+        if node.op_type != "MaxPool" or not attribute(node, "ceil_mode", 0) or \
+                text_attribute(node, "auto_pad", "NOTSET") != "NOTSET":
+            continue
+        shapes = shapes or Shapes(model)
+        shape = shapes.shape(node.input[0])
+        kernel = list(attribute(node, "kernel_shape", []))
+        if shape is None or len(shape) != len(kernel) + 2:
+            continue
+        rank = len(kernel)
+        strides = list(attribute(node, "strides", [])) or [1] * rank
+        dilations = list(attribute(node, "dilations", [])) or [1] * rank
+        pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
+        for axis, size in enumerate(shape[2:]):
+            if type(size) is not int:
+                continue
+            reach = (kernel[axis] - 1) * dilations[axis] + 1
+            span = size + pads[axis] + pads[axis + rank] - reach
+            out = -(-span // strides[axis]) + 1
+            if (out - 1) * strides[axis] >= size + pads[axis]:
+                raise UnsupportedOpError(
+                    f"MaxPool node {node.name or f'#{i}'!r}: with ceil_mode its last window on spatial axis {axis} "
+                    f"starts past the input (size {size}, window {reach}, stride {strides[axis]}): onnxruntime "
+                    f"computes it (an output of -3.4e38) where onnx's shape inference and PyTorch drop it, and "
+                    f"training cannot take the two sizes. Give the input a size the windows cover, ceil_mode=0, "
+                    f"or padding")

@@ -24,6 +24,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
 * ``Conv`` with ``auto_pad`` SAME and dilations, and ``Split`` with an unnamed output, which
   onnxruntime cannot run (the first is refused, the second kills the process): explicit ``pads``,
   and a name for the output.
+* ``MaxPool`` with ``storage_order`` 1 whose indices nothing reads, whose gradient the runtime
+  puts on the wrong cells: the attribute goes (it only sets how the indices count).
 * ``LSTM`` and ``GRU`` naming their default activations as the spec spells them (``"Sigmoid"``),
   which onnxruntime-training's kernels refuse (they compare lower-case names): the attribute goes.
 
@@ -393,6 +395,24 @@ def default_recurrent_activations_dropped(model: onnx.ModelProto) -> tuple[onnx.
     return out, len(targets)
 
 
+def row_major_max_pools(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A ``MaxPool`` of ``storage_order`` 1 whose indices nothing reads loses the attribute, which
+    sets only how the indices count: onnxruntime-training's gradient reads them as row-major, so
+    such a pool trained with its gradient on the wrong cells."""
+    read = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    targets = [i for i, n in enumerate(model.graph.node) if n.op_type == "MaxPool"
+               and any(a.name == "storage_order" and a.i for a in n.attribute)
+               and (len(n.output) < 2 or n.output[1] not in read)]
+    if not targets:
+        return model, 0
+    out = copy.deepcopy(model)
+    for i in targets:
+        node = out.graph.node[i]
+        for attr in [a for a in node.attribute if a.name == "storage_order"]:
+            node.attribute.remove(attr)
+    return out, len(targets)
+
+
 def _unnamed_split_outputs(graph: onnx.GraphProto):
     return (n for g in _graphs(graph) for n in g.node if n.op_type == "Split" and "" in n.output)
 
@@ -415,7 +435,7 @@ def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     report = {}
     for fn in (split_to_sequence_as_split, sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
                gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads,
-               split_outputs_named, default_recurrent_activations_dropped):
+               split_outputs_named, default_recurrent_activations_dropped, row_major_max_pools):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n
