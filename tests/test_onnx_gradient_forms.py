@@ -745,20 +745,47 @@ def test_an_empty_sequence_for_a_recurrent_layer_inside_a_branch_is_refused(rng)
     assert m.predict(np.zeros((2, 4, 2), np.float32)).shape == (2, 2)
 
 
-@pytest.mark.parametrize("op, reduction", [("ScatterElements", "add"), ("ScatterElements", "max"),
-                                           ("ScatterND", "mul")])
-def test_a_scatter_with_a_reduction_is_refused_where_a_gradient_crosses_it(rng, op, reduction):
-    # trained as an overwrite: the data's gradient was 0 at every target (scatter_add off by 0.69)
+def _scatter_model(rng, op, reduction, updates_trained=False):
     w = rng.standard_normal((3, 4)).astype(np.float32)
-    index = np.array([[0, 3], [1, 2], [2, 0]]) if op == "ScatterElements" else np.array([[0], [2]])
-    updates = np.ones((3, 2) if op == "ScatterElements" else (2, 4), np.float32)
+    index = np.array([[0, 3], [1, 3], [2, 0]]) if op == "ScatterElements" else np.array([[0], [2], [0]])
+    updates = rng.standard_normal((3, 2) if op == "ScatterElements" else (3, 4)).astype(np.float32)
     attrs = {"axis": 1} if op == "ScatterElements" else {}
     proto = model([_node(op, ["W", "i", "U"], "t", name="scatter", reduction=reduction, **attrs),
                    _node("Mul", ["x", "t"], "y")], [vi("x", ["N", 3, 4])], [vi("y", ["N", 3, 4])],
                   [numpy_helper.from_array(w, "W"), numpy_helper.from_array(index, "i"),
                    numpy_helper.from_array(updates, "U")], opset=18)
+    return proto, w, index, updates
+
+
+@pytest.mark.parametrize("op, reduction", [("ScatterElements", "max"), ("ScatterND", "mul")])
+def test_a_scatter_with_another_reduction_than_add_is_refused_where_a_gradient_crosses_it(rng, op, reduction):
+    # trained as an overwrite: the runtime's gradient of a scatter ignores its reduction
     with pytest.raises(ot.UnsupportedOpError, match=rf"{op} with reduction '{reduction}' \(nodes: scatter\)"):
-        ot.from_onnx(proto)
+        ot.from_onnx(_scatter_model(rng, op, reduction)[0])
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+def test_a_scatter_that_adds_trains_as_pytorch(rng, op):
+    # trained as an overwrite, the data's gradient was 0 at every target: PyTorch's scatter_add was
+    # 0.69 off, index_put(accumulate=True) 1.0
+    torch = torch_or_skip()
+    proto, w, index, updates = _scatter_model(rng, op, "add")
+    m = ot.from_onnx(proto, trainable=["W", "U"])
+    m.compile(optimizer=ot.optim.SGD(lr=0.5), loss="mse")
+    x, y = rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((2, 3, 4)).astype(np.float32)
+    with ot.Trainer(m, batch_size=2) as tr:
+        tr.step(x, y)
+        got = dict(zip(m.weight_names(), tr.get_weights()))
+    tw, tu = torch.tensor(w, requires_grad=True), torch.tensor(updates, requires_grad=True)
+    if op == "ScatterElements":
+        t = tw.scatter_add(1, torch.tensor(index), tu)
+    else:
+        t = tw.index_put((torch.tensor(index[:, 0]),), tu, accumulate=True)
+    torch.nn.functional.mse_loss(torch.tensor(x) * t, torch.tensor(y)).backward()
+    np.testing.assert_allclose(got["W"], w - 0.5 * tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["U"], updates - 0.5 * tu.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.predict(x), x * t.detach().numpy(), rtol=1e-5, atol=1e-6)  # export form untouched
 
 
 @pytest.mark.torch

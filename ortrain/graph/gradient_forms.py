@@ -46,6 +46,8 @@ from ortrain.graph.tensor_forms import (
     _pow_widened,
     _reduce_kept,
     _reduce_needs,
+    _scatter_add_needs,
+    _scatter_add_split,
     _split_as_slices,
     _split_needs,
     _transpose_needs,
@@ -116,4 +118,6 @@ FORMS: dict[str, Form] = {
     "ConvTranspose": Form(_conv_transpose_needs, _conv_transpose_as_conv),
     "InstanceNormalization": Form(_norm_needs, _instance_norm_decomposed),
     "GroupNormalization": Form(_norm_needs, _group_norm_decomposed),
+    "ScatterElements": Form(_scatter_add_needs, _scatter_add_split),
+    "ScatterND": Form(_scatter_add_needs, _scatter_add_split),
 }

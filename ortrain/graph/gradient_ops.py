@@ -159,7 +159,8 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
 def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     """How ``node``, of an op the gradient builder knows, still cannot be trained through in
     onnxruntime-training 1.19.2, or None: its builder takes only ``Pad`` in mode ``constant``,
-    differentiates ``ScatterElements``/``ScatterND`` as overwrites whatever their ``reduction``
+    differentiates ``ScatterElements``/``ScatterND`` as overwrites whatever their ``reduction`` (an
+    add is trained as ``data + scatter(zeros)``, :mod:`ortrain.graph.tensor_forms`)
     and reads a ``MaxPool``'s column-major indices (``storage_order`` 1) as row-major,
     builds an invalid graph for ``ReduceL2`` over every axis without ``keepdims`` and for ``Pad``
     with an ``axes`` input, and its gradient kernels fail on negative ``Slice`` steps and run
@@ -178,8 +179,8 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     elif op == "ReduceL2" and not attribute(node, "keepdims", 1) and not attribute(node, "axes", None) and \
             (len(node.input) < 2 or not node.input[1]):
         return "ReduceL2 over every axis without keepdims"
-    elif op in ("ScatterElements", "ScatterND") and text_attribute(node, "reduction", "none") != "none":
-        # the runtime's gradient is that of an overwrite: the data's gradient is 0 at every target
+    elif op in ("ScatterElements", "ScatterND") and text_attribute(node, "reduction", "none") not in ("none", "add"):
+        # the runtime's gradient is that of an overwrite (an add is written as one, tensor_forms)
         return f"{op} with reduction {text_attribute(node, 'reduction', 'none')!r}"
     elif op == "MaxPool" and attribute(node, "storage_order", 0) != 0:
         # the runtime's MaxPoolGrad reads the column-major indices as row-major (repairs.py drops
