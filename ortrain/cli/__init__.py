@@ -408,6 +408,9 @@ _AS_OPTIONS = (
 )
 
 
+# The Python API's "choose another folder" for artifacts, which the command line's options choose
+_CACHE_ADVICE = re.compile(r" \(out_dir, or ot\.artifacts\.set_cache_dir for the cache\)$")
+
 # A run's own files cannot go elsewhere: what stopped one (its model, a checkpoint, its state or log)
 # is made room for, then the same command writes it (with --resume once the run has started).
 _IN_A_RUN = (
@@ -418,15 +421,13 @@ _IN_A_RUN = (
      r"--out: \1. Make the run's folder writable, then run the same command again (with --resume once the "
      r"run's folder holds run.json)"),
     (re.compile(r"Choose a folder you can write to, then"), "Make the run's folder writable, then"),
-    (re.compile(r" \(out_dir, or ot\.artifacts\.set_cache_dir for the cache\)$"), " (--out)"),
+    (_CACHE_ADVICE, " (--out)"),
 )
 
 
 def _for_command_line(text: str, command: str | None = None) -> str:
-    if command == "artifacts":  # the model is its positional MODEL.onnx, not --model
-        text = re.sub(r"^from_onnx: ", "MODEL: ", text)
-    if command == "artifacts":
-        text = re.sub(r" \(out_dir, or ot\.artifacts\.set_cache_dir for the cache\)$", " (-o)", text)
+    if command == "artifacts":  # the model is its positional MODEL.onnx, not --model; its folder is -o
+        text = _CACHE_ADVICE.sub(" (-o)", re.sub(r"^from_onnx: ", "MODEL: ", text))
     if command == "train":
         for pattern, replacement in _IN_A_RUN:
             text = pattern.sub(replacement, text)

@@ -136,8 +136,8 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     candidates = []
     for node in model.graph.node:
         skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
-        read = [i for pos, i in enumerate(node.input) if pos not in skip] + subgraph_reads(node)
-        if not any(i in tainted for i in read):
+        read = [name for pos, name in enumerate(node.input) if pos not in skip] + subgraph_reads(node)
+        if not any(name in tainted for name in read):
             continue
         outs = [o for o in node.output if o and types.get(o, TensorProto.FLOAT) in _FLOATS]
         if outs:
@@ -196,7 +196,8 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-_RECURRENT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+# the activations an LSTM or GRU has when it names none, lower-case as the training kernels compare them
+DEFAULT_RECURRENT_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 
 
 def recurrent_form_not_run_in_training(node: onnx.NodeProto) -> str | None:
@@ -215,7 +216,7 @@ def recurrent_form_not_run_in_training(node: onnx.NodeProto) -> str | None:
     if op == "LSTM" and attribute(node, "input_forget", 0):
         return "LSTM with input_forget"
     names = [a.decode() if isinstance(a, bytes) else a for a in attribute(node, "activations", [])]
-    if names and [n.capitalize() for n in names] != _RECURRENT_ACTIVATIONS[op]:
+    if names and [n.lower() for n in names] != DEFAULT_RECURRENT_ACTIVATIONS[op]:
         return f"{op} with activations {names}"
     return None
 

@@ -178,7 +178,8 @@ def control_flow_out_of_the_walk(model: onnx.ModelProto) -> onnx.ModelProto:
     node. No gradient is lost: these ops have none in the runtime, and a weight behind one is refused
     at import (``from_onnx``)."""
     produced = {o for n in model.graph.node for o in n.output if o}
-    if not any(subgraphs(n) and produced.intersection(subgraph_reads(n)) for n in model.graph.node):
+    held = {i for i, n in enumerate(model.graph.node) if subgraphs(n) and produced.intersection(subgraph_reads(n))}
+    if not held:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -186,16 +187,16 @@ def control_flow_out_of_the_walk(model: onnx.ModelProto) -> onnx.ModelProto:
     first = names.fresh("ortrain.control_flow/first")
     out.graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), first))
     nodes = []
-    for node in out.graph.node:
+    for i, node in enumerate(out.graph.node):
         nodes.append(node)
-        if not (subgraphs(node) and produced.intersection(subgraph_reads(node))):
+        if i not in held:
             continue
         for k, value in enumerate(node.output):
             if not value or not _a_tensor(node, k):
                 continue
-            held, sequence = names.fresh(f"{value}/held"), names.fresh(f"{value}/as_sequence")
-            node.output[k] = held
-            nodes += [helper.make_node("SequenceConstruct", [held], [sequence], name=names.fresh(f"{value}/hold")),
+            inside, sequence = names.fresh(f"{value}/held"), names.fresh(f"{value}/as_sequence")
+            node.output[k] = inside
+            nodes += [helper.make_node("SequenceConstruct", [inside], [sequence], name=names.fresh(f"{value}/hold")),
                       helper.make_node("SequenceAt", [sequence, first], [value], name=names.fresh(f"{value}/take"))]
     del out.graph.node[:]
     out.graph.node.extend(nodes)

@@ -44,6 +44,7 @@ from onnx import helper, numpy_helper
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import FreshNames
+from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS
 from ortrain.graph.layer_forms import conv_with_explicit_pads
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import SAME, attribute, elem_types, subgraphs, text_attribute
@@ -372,9 +373,6 @@ def split_outputs_named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, len(targets)
 
 
-_DEFAULT_ACTIVATIONS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
-
-
 def default_recurrent_activations_dropped(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """An ``LSTM`` or ``GRU`` that names its default activations (``["Sigmoid", "Tanh", "Tanh"]``, as
     the ONNX spec spells them) loses the attribute (and any ``activation_alpha``/``beta``, which
@@ -382,17 +380,9 @@ def default_recurrent_activations_dropped(model: onnx.ModelProto) -> tuple[onnx.
     lower-case ones and refuse the spec's spelling."""
     def named_defaults(n):
         names = [s.decode().lower() for a in n.attribute if a.name == "activations" for s in a.strings]
-        return n.op_type in _DEFAULT_ACTIVATIONS and names == _DEFAULT_ACTIVATIONS[n.op_type]
-    targets = [i for i, n in enumerate(model.graph.node) if named_defaults(n)]
-    if not targets:
-        return model, 0
-    out = copy.deepcopy(model)
-    for i in targets:
-        node = out.graph.node[i]
-        # alpha and beta too: sigmoid and tanh take none, and the kernels read them with the names
-        for attr in [a for a in node.attribute if a.name in ("activations", "activation_alpha", "activation_beta")]:
-            node.attribute.remove(attr)
-    return out, len(targets)
+        return n.op_type in DEFAULT_RECURRENT_ACTIVATIONS and names == DEFAULT_RECURRENT_ACTIVATIONS[n.op_type]
+    # alpha and beta too: sigmoid and tanh take none, and the kernels read them with the names
+    return _attributes_dropped(model, named_defaults, ("activations", "activation_alpha", "activation_beta"))
 
 
 def row_major_max_pools(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -400,15 +390,19 @@ def row_major_max_pools(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     sets only how the indices count: onnxruntime-training's gradient reads them as row-major, so
     such a pool trained with its gradient on the wrong cells."""
     read = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    targets = [i for i, n in enumerate(model.graph.node) if n.op_type == "MaxPool"
-               and any(a.name == "storage_order" and a.i for a in n.attribute)
-               and (len(n.output) < 2 or n.output[1] not in read)]
+    return _attributes_dropped(model, lambda n: n.op_type == "MaxPool" and attribute(n, "storage_order", 0) != 0
+                               and (len(n.output) < 2 or n.output[1] not in read), ("storage_order",))
+
+
+def _attributes_dropped(model: onnx.ModelProto, matches, names) -> tuple[onnx.ModelProto, int]:
+    """``model`` without the attributes ``names`` on the nodes ``matches`` picks, and their count."""
+    targets = [i for i, n in enumerate(model.graph.node) if matches(n)]
     if not targets:
         return model, 0
     out = copy.deepcopy(model)
     for i in targets:
         node = out.graph.node[i]
-        for attr in [a for a in node.attribute if a.name == "storage_order"]:
+        for attr in [a for a in node.attribute if a.name in names]:
             node.attribute.remove(attr)
     return out, len(targets)
 

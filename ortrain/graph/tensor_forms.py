@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.errors import UnsupportedOpError
-from ortrain.graph.passes import attribute, replace_nodes
+from ortrain.graph.passes import attribute, replace_nodes, text_attribute
 from ortrain.graph.shapes import _Graph, _where
 
 __all__ = ["matmul_vectors_as_matrices"]
@@ -432,7 +432,7 @@ def _einsum_unbroadcast(e: _Einsum, inputs: list[str], labels: list[list[str]], 
 # -- ScatterElements and ScatterND that add ------------------------------------------------------
 
 def _scatter_add_needs(node, g: _Graph) -> bool:
-    return attribute(node, "reduction", b"none") in (b"add", "add") and \
+    return text_attribute(node, "reduction", "none") == "add" and \
         g.shapes.elem_type(node.input[0]) == onnx.TensorProto.FLOAT
 
 

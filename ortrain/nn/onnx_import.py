@@ -750,8 +750,8 @@ def _check_gradients(fg: ForwardGraph) -> None:
         f"weights and the output: {listing}. Freeze the weights before them "
         f"(frozen=[...] or trainable=[...] with names or glob patterns) or replace the ops in the model"
         + ("; an LSTM or GRU in such a form cannot be in a training graph even frozen (onnxruntime's training "
-           "kernels run every one): export it forward-only, without sequence_lens, clip, input_forget or "
-           "peepholes, or compute its outputs with onnxruntime and train the rest on them" if recurrent else ""))
+           "kernels run every one): export it forward-only, without sequence_lens, clip or input_forget and "
+           "with the default activations, or compute its outputs with onnxruntime and train the rest on them" if recurrent else ""))
 
 
 # Ops that draw random numbers, and the type of their ``seed`` attribute.
