@@ -820,3 +820,16 @@ def test_a_max_pool_whose_last_ceil_window_starts_past_its_input_is_refused_nami
     with pytest.raises(ot.UnsupportedOpError, match=r"MaxPool node 'pool': with ceil_mode its last window on spatial "
                                                     r"axis 0 starts past the input \(size 6, window 2, stride 3\)"):
         ot.Trainer(m, batch_size=2)
+
+
+def test_an_unnamed_node_is_numbered_alike_at_import_and_when_training_starts(rng):
+    # the import's refusal counted among the nodes a gradient crosses ("LSTM#0"), the training
+    # refusal among the graph's nodes ("LSTM#1"): one node, two names
+    proto = _lstm_model(rng, clip=2.0)
+    proto.graph.node[1].ClearField("name")
+    with pytest.raises(ot.UnsupportedOpError, match=r"LSTM with clip \(nodes: LSTM#1\)"):
+        ot.from_onnx(proto)
+    m = ot.from_onnx(proto, trainable=["head"])
+    m.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=r"LSTM with clip \(nodes: LSTM#1\)"):
+        ot.Trainer(m, batch_size=3)

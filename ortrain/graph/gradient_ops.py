@@ -134,7 +134,7 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     types = elem_types(model, lenient=True)
     tainted = set(trainable)
     candidates = []
-    for node in model.graph.node:
+    for i, node in enumerate(model.graph.node):
         skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
         read = [name for pos, name in enumerate(node.input) if pos not in skip] + subgraph_reads(node)
         if not any(name in tainted for name in read):
@@ -142,11 +142,11 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
         outs = [o for o in node.output if o and types.get(o, TensorProto.FLOAT) in _FLOATS]
         if outs:
             tainted.update(outs)
-            candidates.append(node)
+            candidates.append((i, node))  # its position in the graph names it when it has no name
     needed = ancestors(model, target)
     consts = int64_constants(model, also_int32=True)  # ONNX takes a slice's steps, a pad's pads... in either
     missing: dict[str, list[str]] = {}
-    for i, node in enumerate(candidates):
+    for i, node in candidates:
         if not any(o in needed for o in node.output):
             continue
         known = node.op_type in GRADIENT_OPS or node.op_type in FORM_OPS
