@@ -335,4 +335,8 @@ def get(spec) -> Loss:
                            f"{getattr(spec, '__name__', spec)!r}; a compiled loss is built into the training graphs "
                            "ahead of time, so a Python loss function cannot be one: write the whole step with "
                            "ot.capture_step and the ortrain.ag losses and ops, or pick a built-in loss")
+    if isinstance(spec, (list, tuple)):  # Keras' [loss per output]
+        raise OrtrainError(f"loss: expected one of {names} or an ot.losses object, received the {type(spec).__name__} "
+                           f"{spec!r}; ortrain computes one loss, on the model's first output, so losses per output "
+                           "(Keras' list) are not taken: pass one loss, and put the output it trains first")
     raise OrtrainError(f"loss: expected one of {names} or an ot.losses object, received {spec!r}")

@@ -462,7 +462,7 @@ def test_keras_names_calls_and_weight_files(rng, tmp_path):
     np.testing.assert_array_equal(model.predict_on_batch(x), model.predict(x))
     with pytest.raises(ot.OrtrainError, match="model\\(x, training=True\\): a forward pass in training mode"):
         model(x, training=True)
-    with pytest.raises(ot.OrtrainError, match="a model inside a model\\) is not supported"):
+    with pytest.raises(ot.OrtrainError, match="a model used as a layer inside another model\\) is not supported"):
         model(ot.Input((4,)))
     path = model.save_weights(tmp_path / "w.weights")
     assert path.endswith("w.weights")   # the name as given
@@ -863,6 +863,49 @@ def test_sequential_add_keeps_freezing_and_a_refused_add_changes_nothing(tmp_pat
     listed = ot.Sequential([L.Dense(4), L.Dense(2)], input_shape=(3,), seed=2)
     for a, b in zip(seeded.get_weights(), listed.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_composing_models_names_and_repeats(rng):
+    # A layer listed twice in a Sequential is refused, as add() refuses it (pop/add lost the repeat).
+    d = L.Dense(4, activation="tanh")
+    with pytest.raises(ot.OrtrainError, match="is listed twice; a layer appears once in a Sequential"):
+        ot.Sequential([d, d, L.Dense(1)], input_shape=(4,))
+    # Two models' automatic names collide in a third: the error says to name the layers.
+    g = ot.Sequential([L.Dense(8), L.Dense(4)], input_shape=(2,))
+    disc = ot.Sequential([L.Dense(8), L.Dense(1, activation="sigmoid")], input_shape=(4,))
+    z = ot.Input((2,))
+    h = z
+    for layer in g.layers + disc.layers:
+        h = layer(h)
+    with pytest.raises(ot.OrtrainError, match="repeated: dense_0, dense_1 .*name the layers when creating them"):
+        ot.Model(z, h)
+    # A layer's name is fixed once a model holds it: renaming lost the Adam moments of its weights.
+    x = rng.standard_normal((8, 2)).astype(np.float32)
+    g.compile(optimizer="adam", loss="mse")
+    g.fit(x, np.ones((8, 4), np.float32), verbose=0)
+    before = g.optimizer.state()
+    with pytest.raises(ot.OrtrainError, match="a layer's name cannot change once a model holds it"):
+        g.layers[0].name = "first"
+    with pytest.raises(ot.OrtrainError, match="a layer's name cannot change once a model holds it"):
+        g.layers[0].name = "dense_1"
+    g.layers[0].name = "dense_0"   # the same name: nothing changes
+    assert g.weight_names() == ["dense_0.kernel", "dense_0.bias", "dense_1.kernel", "dense_1.bias"]
+    assert sorted(g.optimizer.state()["moments"]) == sorted(before["moments"])
+    free = L.Dense(3)
+    free.name = "named_later"   # before any model holds it
+    with pytest.raises(ot.OrtrainError, match="name: expected a non-empty string without '.'"):
+        free.name = "x.y"
+    assert ot.Sequential([free], input_shape=(2,)).weight_names() == ["named_later.kernel", "named_later.bias"]
+    a, b = L.Dense(2, name="a"), L.Dense(2, name="b")
+    clash = ot.Input((2,), name="a.kernel")
+    with pytest.raises(ot.OrtrainError, match="input name 'a.kernel'"):
+        ot.Model(clash, a(clash))   # a model refused before it held its layers
+    a.name = "a2"
+    inp = ot.Input((2,))
+    assert ot.Model(inp, b(a(inp))).weight_names()[0] == "a2.kernel"
+    m = ot.Sequential([L.Dense(2)], input_shape=(3,))
+    with pytest.raises(ot.OrtrainError, match="losses per output \\(Keras' list\\) are not taken"):
+        m.compile(optimizer="adam", loss=["mse", "mse"])
 
 
 def test_metric_names_as_given_keep_their_checks(tmp_path):

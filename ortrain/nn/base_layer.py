@@ -206,9 +206,26 @@ class Layer:
     def trainable(self, value) -> None:
         self._trainable = checked_flag(value, f"layer {self.name!r}: trainable")
 
+    @property
+    def name(self) -> str | None:
+        """The layer's name, the first part of its weights' names (``dense_0.kernel``). Fixed once a
+        model holds the layer: weights, optimizer moments, frozen sets and saved files are keyed by it."""
+        return self.__dict__.get("_name")
+
+    @name.setter
+    def name(self, value) -> None:
+        current = self.__dict__.get("_name")
+        if value is not None and value == current:
+            return
+        if value is not None and (not isinstance(value, str) or not value or "." in value or "/" in value):
+            raise OrtrainError(f"name: expected a non-empty string without '.' or '/', received {value!r}")
+        if self.__dict__.get("_in_model"):
+            raise OrtrainError(f"layer {current!r}: a layer's name cannot change once a model holds it (its weights, "
+                               f"optimizer moments and saved files are keyed by it), received {value!r}; give the "
+                               f"name when creating the layer: {type(self).__name__}(..., name={value!r})")
+        self._name = value
+
     def __init__(self, name: str | None = None, seed: int | None = None):
-        if name is not None and (not isinstance(name, str) or not name or "." in name or "/" in name):
-            raise OrtrainError(f"name: expected a non-empty string without '.' or '/', received {name!r}")
         self.name = name
         self.seed = checked_seed(seed, f"{type(self).__name__}(seed=...)")
         self._weights = Weights(self)

@@ -75,6 +75,8 @@ class Model(TrainingMixin):
                 self.layers.append(node.layer)
         self._name_layers()
         self._check_input_names()
+        for lyr in self.layers:  # from here on a layer's name keys this model's weights
+            lyr._in_model = True
 
     def _check_input_names(self) -> None:
         """Input names become graph names: they must differ from each other, the outputs' and
@@ -112,11 +114,17 @@ class Model(TrainingMixin):
                     if candidate not in taken:
                         break
                 lyr.name = candidate
+                lyr._auto_named = True
                 taken.add(candidate)
         names = [lyr.name for lyr in self.layers]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
-            raise OrtrainError(f"layer names must be unique within a model; repeated: {', '.join(sorted(dup))}")
+            automatic = [n for n in sorted(dup) if any(lyr.name == n and lyr.__dict__.get("_auto_named")
+                                                       for lyr in self.layers)]
+            fix = (f" ({', '.join(automatic)}: names a model gave its layers, each model numbering its own from 0; "
+                   f"name the layers when creating them, e.g. Dense(8, name='gen_dense_0'))") if automatic else \
+                "; name the layers apart when creating them"
+            raise OrtrainError(f"layer names must be unique within a model; repeated: {', '.join(sorted(dup))}{fix}")
 
     # -- parameters -----------------------------------------------------------------------
     def _base_params(self) -> list[ParamSpec]:
@@ -550,8 +558,10 @@ class Model(TrainingMixin):
         """``model(x)`` on arrays: :meth:`predict`, as Keras' call in inference mode."""
         if isinstance(x, SymbolicTensor) or (isinstance(x, (list, tuple)) and x and
                                              all(isinstance(t, SymbolicTensor) for t in x)):
-            raise OrtrainError("a model called on ot.Input tensors (a model inside a model) is not supported; "
-                               "build one functional model from the layers")
+            raise OrtrainError("a model called on symbolic tensors (a model used as a layer inside another model) is "
+                               "not supported; build one functional model from the layers: h = x; "
+                               "for layer in model.layers: h = layer(h) (for a Sequential; the layers keep their "
+                               "weights and are shared with this model)")
         if training:
             raise OrtrainError("model(x, training=True): a forward pass in training mode runs inside training "
                                "steps only (Trainer.step, fit); model(x) predicts in inference mode")

@@ -42,6 +42,10 @@ class Sequential(Model):
             input_shape, input_dtype = first.shape[1:], first.dtype
         for lyr in layers:
             _check_layer(lyr)
+        twice = next((lyr for k, lyr in enumerate(layers) if any(lyr is o for o in layers[:k])), None)
+        if twice is not None:  # as add() refuses it: pop() and add() rebuild from the model's layers
+            raise OrtrainError(f"Sequential(layers=...): {twice!r} is listed twice; a layer appears once in a "
+                               "Sequential (to call one layer twice, use the functional API: h = d(d(x)))")
         seed = checked_int(seed, "Sequential(seed=...)", minimum=0, allow_none=True)
         self._seed = seed
         self._rng = _random.generator(seed)
