@@ -50,6 +50,32 @@ def test_huber(data, delta):
     check(ot.losses.Huber(delta=delta), p, y, value, np.clip(d, -delta, delta) / d.size)
 
 
+@pytest.mark.parametrize("delta", [1.0, 1e8])
+def test_huber_gradient_of_residuals_far_below_delta(delta):
+    # The form a^2/2 + delta (|d| - a) added and took away delta in its gradient: 0 below delta * 6e-8.
+    p = np.array([[1e-6, 3e-8, -2e-9, 3.0, -1.0, 0.0]], np.float32)
+    y = np.zeros_like(p)
+    d = p.astype(np.float64)
+    ad = np.abs(d)
+    value = np.mean(np.where(ad <= delta, 0.5 * d ** 2, delta * (ad - 0.5 * delta)))
+    got, grad = loss_and_grad(ot.losses.Huber(delta=delta), p, y)
+    np.testing.assert_allclose(got, value, rtol=1e-6)
+    np.testing.assert_allclose(grad, np.clip(d, -delta, delta) / d.size, rtol=1e-6, atol=0)
+
+
+def test_loss_mean_over_a_million_alike_values_is_exact_to_float32():
+    # onnxruntime's float32 ReduceMean adds in turn: 7e-4 off here; PyTorch's mean is 1e-8 off.
+    x = 1 + np.random.default_rng(0).random((10 ** 6, 1), dtype=np.float32) * 1e-3
+    y = np.zeros_like(x)
+    want = np.mean(x.astype(np.float64) ** 2)
+    model = ot.Sequential([ot.layers.Activation("linear")], input_shape=(1,))
+    model.compile(optimizer="sgd", loss="mse")
+    assert model.evaluate(x, y)["loss"] == pytest.approx(want, rel=1e-7)
+    assert ot.losses.MeanSquaredError()(y, x) == pytest.approx(want, rel=1e-7)
+    w = np.full(len(x), 0.5, np.float32)
+    assert ot.losses.MeanSquaredError()(y, x, sample_weight=w) == pytest.approx(want / 2, rel=1e-7)
+
+
 def test_categorical_on_probabilities(data):
     p, y = data["probs"], data["onehot"]
     pc = np.clip(p.astype(np.float64), EPS, 1 - EPS)

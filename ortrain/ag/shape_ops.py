@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from ortrain._arrays import one_of_two_names, read_array
 from ortrain._warnings import warn
@@ -80,6 +81,31 @@ def _reduce_axes(where: str, x: Tensor, axis) -> tuple[int, ...]:
     return out
 
 
+# From this many elements added into one value, a float32 sum is taken in float64: onnxruntime's
+# float32 ReduceSum/ReduceMean add in turn (about 1e-3 off over a million alike values, where
+# PyTorch's and numpy's pairwise sums stay near 1e-8); below it the two casts would cost more.
+WIDE_REDUCTION = 4096
+
+
+def _reduce(op_type: str, x: Tensor, axes: tuple, keepdims: bool):
+    """How ``sum``/``mean`` emit their node: in float64 between two casts when many float32
+    elements go into each value."""
+    count = int(np.prod([x.shape[a] for a in axes]))
+    wide = x.dtype == FLOAT and count >= WIDE_REDUCTION
+    every = len(axes) == x.ndim
+
+    def emit(gb, names):
+        x_name = gb.op("Cast", [names[0]], to=TensorProto.DOUBLE) if wide else names[0]
+        if every:
+            out = gb.op(op_type, [x_name], keepdims=int(keepdims))
+        elif op_type == "ReduceSum":  # axes an input from opset 13
+            out = gb.op(op_type, [x_name, gb.const(list(axes), np.int64, hint="axes")], keepdims=int(keepdims))
+        else:
+            out = gb.op(op_type, [x_name], keepdims=int(keepdims), axes=list(axes))
+        return gb.op("Cast", [out], to=TensorProto.FLOAT) if wide else out
+    return emit
+
+
 def _reduced(x: Tensor, axes: tuple, keepdims: bool) -> tuple:
     if keepdims:
         return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
@@ -99,12 +125,7 @@ def sum(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None 
     axes = _reduce_axes("sum", x, axis)
     if not x.ndim or not axes:
         return x
-
-    def emit(gb, names):
-        if len(axes) == x.ndim:
-            return gb.op("ReduceSum", names, keepdims=int(keepdims))
-        return gb.op("ReduceSum", [names[0], gb.const(list(axes), np.int64, hint="axes")], keepdims=int(keepdims))
-    return Tensor(_reduced(x, axes, keepdims), x.dtype, "sum", (x,), emit)
+    return Tensor(_reduced(x, axes, keepdims), x.dtype, "sum", (x,), _reduce("ReduceSum", x, axes, keepdims))
 
 
 def mean(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None = None) -> Tensor:
@@ -126,9 +147,7 @@ def mean(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None
         warn(f"mean: axes {axes} of a tensor of shape {describe_shape(x.shape)} hold no elements; their "
              "mean is NaN, as numpy's mean of an empty slice", RuntimeWarning)
         return div(sum(x, axis=axes, keepdims=keepdims), 0.0)
-    attrs = {} if len(axes) == x.ndim else {"axes": list(axes)}
-    return Tensor(_reduced(x, axes, keepdims), x.dtype, "mean", (x,),
-                  _node("ReduceMean", keepdims=int(keepdims), **attrs))
+    return Tensor(_reduced(x, axes, keepdims), x.dtype, "mean", (x,), _reduce("ReduceMean", x, axes, keepdims))
 
 
 # -- shapes ---------------------------------------------------------------------------------------
