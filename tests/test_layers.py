@@ -89,6 +89,25 @@ def test_layernorm_of_rows_with_a_large_offset_is_exact(rng):
         np.testing.assert_allclose(w, np.eye(8) - 0.1 * x.T @ dx, atol=2e-4)
 
 
+def test_layernorm_of_one_feature_trains(rng):
+    # onnxruntime's LayerNormalizationGrad failed on rows of one element; PyTorch's LayerNorm(1)
+    # gives the bias, a gradient to it alone
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    y = rng.standard_normal((4, 1)).astype(np.float32)
+    model = ot.Sequential([L.Dense(1), L.LayerNorm()], input_shape=(3,), seed=0)
+    model.set_weights({"layer_norm_0.beta": [0.25]})
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    before = model.get_weights()
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    beta = 0.25
+    for _ in range(2):
+        beta -= 0.1 * np.mean(2 * (beta - y.astype(np.float64)))
+    kernel, bias, gamma, got = model.get_weights()
+    for a, b in zip((kernel, bias, gamma), before[:3]):
+        np.testing.assert_array_equal(a, b)
+    assert got[0] == pytest.approx(beta, rel=1e-6)
+
+
 def test_embedding(rng):
     idx = rng.integers(0, 10, (3, 4))
     model, out = predict_one(L.Embedding(10, 5), idx, input_dtype="int64")

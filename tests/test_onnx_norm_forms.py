@@ -150,6 +150,30 @@ def test_instance_norm_trains_as_in_pytorch(rng, tmp_path, dims, affine, exporte
                        else 0.5, keeps="InstanceNormalization")
 
 
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_a_layer_norm_of_one_element_trains_as_in_pytorch(rng, tmp_path, exporter):
+    """``nn.LayerNorm(1)``: the runtime's ``LayerNormalizationGrad`` failed on rows of one element
+    (its output is the bias, its input's gradient 0)."""
+    torch = torch_or_skip()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.norm = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1), torch.nn.LayerNorm(1)
+
+        def forward(self, x):
+            return self.norm(self.a(x)) + self.b(x)
+
+    net = _randomized(torch, Net())
+    proto = _export(torch, net, np.zeros((2, 3), np.float32), exporter)
+    assert "LayerNormalization" in [n.op_type for n in proto.graph.node]
+    x, y = _data(rng, (4, 3), net, torch)
+    _before_import_predicts_as_onnxruntime(proto, x)
+    # SGD: the first layer's gradient is 0 in exact arithmetic, and Adam makes full steps of
+    # PyTorch's rounding noise there
+    _trains_as_pytorch(torch, net, proto, x, y, tmp_path, lr=0.1)
+
+
 # -- GroupNormalization -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("exporter, opset", [("torchscript", None), ("dynamo", None), ("dynamo", 21)])

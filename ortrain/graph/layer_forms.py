@@ -61,11 +61,21 @@ def _layer_norm_needs(node, g: _Graph) -> bool:
 
 def _layer_norm_decompose(node, g: _Graph) -> bool:
     """Whether the builder's gradient cannot take ``node`` with any bias: its scale is a constant,
-    a weight another LayerNormalization reads too, or its statistics are read."""
+    a weight another LayerNormalization reads too, its statistics are read, or it normalises one
+    element (the runtime's ``LayerNormalizationGrad`` fails on rows of one: PyTorch's
+    ``LayerNorm(1)`` exported, a normalisation after ``Dense(1)``)."""
     scale = node.input[1]
     bias = node.input[2] if len(node.input) > 2 else ""
     return scale not in g.computed or any(g.norm_reads[v] > 1 for v in (scale, bias) if v) or \
-        any(o in g.consumed for o in node.output[1:] if o)
+        any(o in g.consumed for o in node.output[1:] if o) or _normalises_one(node, g)
+
+
+def _normalises_one(node, g: _Graph) -> bool:
+    shape = g.shapes.shape(node.input[0])
+    if not shape:
+        return False
+    normalised = shape[attribute(node, "axis", -1) % len(shape):]
+    return bool(normalised) and all(d == 1 for d in normalised)
 
 
 def _layer_norm_rewritten(node, i: int, p: str, g: _Graph):
