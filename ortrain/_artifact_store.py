@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 from ortrain._files import CAN_LOCK, lock_file, not_a_folder
@@ -148,11 +147,3 @@ def _refuse_working_directory(target: Path) -> None:
                            "'artifacts'")
 
 
-@contextlib.contextmanager
-def scratch_dir():
-    """A private temporary directory, removed on exit."""
-    d = Path(tempfile.mkdtemp(prefix="ortrain-"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)

@@ -7,7 +7,9 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -124,6 +126,9 @@ def atomic_path(path, what: str | None = None):
         except OSError as exc:  # a folder that cannot be written
             raise OrtrainError(f"{what or 'path'}: cannot write {str(path)!r}: {exc.strerror or exc}; choose a "
                                "folder you can write to") from None
+        except BaseException:  # an interrupt as os.open returned: the file made, its descriptor not kept
+            _drop_made(tmp)
+            raise
     try:
         locked = _locked(held)  # while the write lasts: a temporary nobody holds was left by a kill
         if locked:
@@ -136,6 +141,9 @@ def atomic_path(path, what: str | None = None):
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        interrupt = _interrupt_behind(exc)
+        if interrupt is not None:  # the writer's cleanup failed on the interrupted write (zipfile's "Can't close")
+            raise interrupt from None
         if isinstance(exc, OSError):  # numpy's short write ("6000 requested and 992 written") has no errno
             raise OrtrainError(f"{what + ': ' if what else ''}cannot write {str(path)!r}: {exc.strerror or exc}; a "
                                f"file already there is left as it was. {write_advice(exc.errno)}") from exc
@@ -143,6 +151,60 @@ def atomic_path(path, what: str | None = None):
     finally:
         if held is not None:
             os.close(held)
+
+
+def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt (Ctrl-C) that ``exc`` was raised while handling, if any: what the user asked for."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__context__
+    return None
+
+
+def _drop_made(path) -> None:
+    """Remove ``path`` and close this process's descriptors of it (where ``/proc`` lists them):
+    what an interrupt between a call that made the file and the assignment of its result leaves."""
+    target = os.path.realpath(path)
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                if os.readlink(f"/proc/self/fd/{fd}") == target:
+                    os.close(int(fd))
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str = "ortrain-"):
+    """A private (0700) temporary directory, removed on exit. Named before it is made, so that an
+    interrupt (Ctrl-C) as it is made or removed leaves nothing behind (``tempfile.mkdtemp``'s
+    name is lost to an interrupt that comes as it returns)."""
+    parent = tempfile.gettempdir()
+    while True:
+        path = os.path.join(parent, f"{prefix}{secrets.token_hex(8)}")
+        try:
+            os.mkdir(path, 0o700)
+            break
+        except FileExistsError:
+            continue
+        except BaseException:
+            _remove_tree(path)  # an interrupt after mkdir made it
+            raise
+    try:
+        yield Path(path)
+    finally:
+        _remove_tree(path)
+
+
+def _remove_tree(path) -> None:
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except BaseException:  # an interrupt midway: finish, then let it through
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def _locked(fd: int) -> bool:

@@ -89,13 +89,16 @@ class Snapshot(Releasable):
         """``weight <- tau * read(name) + (1 - tau) * weight`` in place for the ``trainable`` names;
         the others (batch-norm statistics, frozen weights) are copied whole, as is all at ``tau=1``."""
         tau32 = np.float32(tau)
+        moved = {}
         for p in self._params:
             current, mine = read(p.name), self._weights[p.name]
             if p.name in trainable and tau != 1.0:
-                mine *= np.float32(1.0) - tau32
-                mine += tau32 * current
+                w = mine * (np.float32(1.0) - tau32)
+                w += tau32 * current
             else:
-                mine[...] = current
+                w = np.array(current, dtype=mine.dtype, copy=True)  # read may give the session's own buffer
+            moved[p.name] = w
+        self._weights = moved  # in one assignment: an interrupt (Ctrl-C) leaves the target all old or all new
 
     @exclusive
     def free(self) -> None:

@@ -50,8 +50,8 @@ from ortrain._artifact_graphs import SCALED_LOSS as SCALED_LOSS
 from ortrain._artifact_graphs import WEIGHTINGS as WEIGHTINGS
 from ortrain._artifact_graphs import loss_model as loss_model
 from ortrain._artifact_store import _publish_lock, _refuse_working_directory, cache_dir, set_cache_dir
-from ortrain._artifact_store import scratch_dir as scratch_dir
 from ortrain._files import atomic_path, atomic_temporaries, fresh_dir
+from ortrain._files import scratch_dir as scratch_dir
 from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
 from ortrain._manifest import FILES, FORMAT, finish, sha256, versions
 from ortrain._manifest import read as read_manifest

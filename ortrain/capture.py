@@ -116,6 +116,7 @@ class CaptureStep(TracedCall):
         outs = self._outs
         norm = None
         drawn = session.draws
+        before = self._step
         with session._lock:  # once for the whole step (the session's own calls would take it three times)
             try:
                 denormals.enter()  # subnormals flushed, once for the step's calls
@@ -132,18 +133,20 @@ class CaptureStep(TracedCall):
                 if self._max_norm is not None:
                     norm = self._clip()
                 session._optimizer_step()
+                self._advance()  # counted with the update, under the lock: an interrupt cannot part them
                 session._zero_grad()
             except BaseException as exc:
                 # Nothing but the gradients moved: they are dropped. An interrupt that came just after
                 # the update ran counts it.
-                if session.abandon_step(exc, self._step):
+                if self._step > before:  # counted: the gradients alone may be left
+                    session.zero_grad()
+                elif session.abandon_step(exc, before):
                     self._advance()
                 else:  # a refused step: the next call draws its dropout masks again
                     session.undraw(drawn)
                 raise
             finally:
                 denormals.leave()
-        self._advance()
         if not self._dict and norm is None:
             return loss
         out = {"loss": loss}
@@ -154,12 +157,14 @@ class CaptureStep(TracedCall):
         return out
 
     def _advance(self) -> None:
-        """Count an update: the step, the optimizer's, and for other live captured steps a change."""
-        self._step += 1
-        self._opt._step = self._step
+        """Count an update: for other live captured steps a change, the optimizer's step, and this
+        step's own last (what an interrupted step reads to know whether the update was counted; the
+        optimizer's is set, not added to, so counting it again gives the same)."""
         if _live_steps[0] > 1:
             _world[0] += 1
             self._world_seen = _world[0]
+        self._opt._step = self._step + 1
+        self._step += 1
 
     def _clip(self) -> float:
         grads = self._grads

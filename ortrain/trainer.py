@@ -164,9 +164,10 @@ class Trainer(TrainerSetup, Releasable):
     # -- steps ----------------------------------------------------------------------------------
     def _train(self, feeds: list[np.ndarray]):
         """One step. A runtime that refuses the batch changes nothing; a failed update drops its
-        period's gradients and counts no step. An interrupt (Ctrl-C), which Python raises only
-        once a runtime call has returned, drops the period's gradients (the runtime may have added
-        this batch's) and counts the update if it ran, so the counters always match the weights."""
+        period's gradients and counts none of its batches. An interrupt (Ctrl-C), which Python
+        raises only once a runtime call has returned, drops the period's gradients (the runtime may
+        have added this batch's) and uncounts its batches, or counts the update if it ran, so the
+        counters always match the weights."""
         feeds.append(self._scale)
         session = self._session
         with session._lock:  # once for the step's calls
@@ -197,19 +198,23 @@ class Trainer(TrainerSetup, Releasable):
             session._zero_grad()
             self._accum = 0
         except BaseException as exc:
-            self._accum = 0
             if session.abandon_step(exc, self._updates):
                 self._updates += 1  # the update ran before the interrupt arrived
                 self._n_steps += 1
-            else:
+            else:  # the period's batches go uncounted with their gradients
+                self._n_steps -= self._accum
                 session.undraw(drawn)
+            self._accum = 0
             raise
         self._updates += 1
         self._n_steps += 1
         return fetches
 
     def _drop_period(self) -> None:
+        """Drop the accumulation period's gradients, and uncount its batches (``n_steps`` stays a
+        multiple of ``nbatch_logical / batch_size`` past the updates)."""
         self._session.zero_grad()
+        self._n_steps -= self._accum
         self._accum = 0
 
     def step(self, x, y, sample_weight=None) -> float:

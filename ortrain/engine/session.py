@@ -11,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import tempfile
 
 import numpy as np
 import onnx
 
-from ortrain._files import atomic_path, write_advice
+from ortrain._files import atomic_path, scratch_dir, write_advice
 from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine import denormals
@@ -168,7 +167,7 @@ def dropout_advanced(training_path, draws: int):
         return
     for a in seeded:  # onnxruntime's counter is an int64, which wraps around
         a.i = (a.i + draws + 2**63) % 2**64 - 2**63
-    with tempfile.TemporaryDirectory(prefix="ortrain-") as tmp:
+    with scratch_dir() as tmp:
         path = os.path.join(tmp, "training.onnx")
         onnx.save(model, path)
         yield path
@@ -473,13 +472,10 @@ class TrainingSession:
         other way to it."""
         self._live()
         try:
-            scratch = tempfile.mkdtemp(prefix="ortrain-")
-            try:
+            with scratch_dir() as scratch:
                 path = os.path.join(scratch, "state")
                 C.save_checkpoint(self._state, path, self._optimizer is not None)
                 return read_checkpoint(path).optimizer
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
         except (RuntimeError, OSError) as exc:  # a full temporary folder, a file-size limit
             found = write_failure(exc)
             if found is None:

@@ -1,0 +1,175 @@
+"""An interrupt (Ctrl-C, or any handler raising ``KeyboardInterrupt``) at the worst moment of a call.
+
+Python raises it between bytecodes, so it can land right after a runtime call returned and before
+its result was kept. Each test puts one there by wrapping the call, then checks that the interrupt
+reaches the caller, that the counters match the weights (against numpy's Adam or an uninterrupted
+run), and that no file, folder or descriptor is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import NumpyAdam
+
+import ortrain as ot
+from ortrain import _files, ag
+from ortrain.engine import denormals
+
+
+def _then_interrupt(fn, on_call: int = 1):
+    """``fn`` that runs, and on its ``on_call``-th call raises KeyboardInterrupt once it has run."""
+    calls = [0]
+
+    def wrapped(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == on_call:
+            raise KeyboardInterrupt
+        return out
+    return wrapped
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+
+
+def test_a_captured_step_interrupted_after_its_update_counts_it(rng, monkeypatch):
+    w0 = rng.standard_normal((2, 3)).astype(np.float32)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    y = rng.standard_normal((2, 4)).astype(np.float32)
+    W = ag.param(w0, name="W")
+    opt = ot.optim.Adam([W], lr=0.05)
+    train = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x), y), optimizer=opt)
+    ref = NumpyAdam([w0], lr=0.05)
+
+    def grad(w):
+        return 2 * (w @ x - y) @ x.T / y.size
+
+    # the update ran; the interrupt comes as the step leaves its lock (the count came after it there)
+    monkeypatch.setattr(denormals, "leave", _then_interrupt(denormals.leave))
+    with pytest.raises(KeyboardInterrupt):
+        train(x=x, y=y)
+    monkeypatch.undo()
+    ref.step([grad(ref.p[0])])
+    assert opt.step == 1
+    np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-5, atol=1e-6)
+    for _ in range(3):  # the bias correction goes on from the right count
+        train(x=x, y=y)
+        ref.step([grad(ref.p[0])])
+    assert opt.step == 4
+    np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-5, atol=1e-6)
+    train.free()
+
+
+def test_an_interrupted_accumulation_period_uncounts_its_batches(rng, monkeypatch):
+    def trainer():
+        model = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+        model.compile(optimizer="adam", loss="mse")
+        return ot.Trainer(model, batch_size=4, nbatch_logical=8)
+
+    batches = [(rng.standard_normal((4, 4)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32))
+               for _ in range(4)]
+    tr, plain = trainer(), trainer()
+    w0 = tr.get_weights()
+    tr.step(*batches[0])
+    monkeypatch.setattr(tr._session, "_train_step", _then_interrupt(tr._session._train_step))
+    with pytest.raises(KeyboardInterrupt):
+        tr.step(*batches[1])   # the runtime added its gradient; the period's gradients are dropped
+    monkeypatch.undo()
+    assert tr.n_steps == 0   # it was 1, with the first batch's gradient gone
+    for a, b in zip(tr.get_weights(), w0, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for t in (tr, plain):   # a whole period after it: one update, as on a fresh trainer
+        t.step(*batches[2])
+        t.step(*batches[3])
+    assert tr.n_steps == plain.n_steps == 2
+    for a, b in zip(tr.get_weights(), plain.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    tr.free()
+    plain.free()
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.5])
+def test_an_interrupted_update_target_leaves_the_target_as_it_was(rng, monkeypatch, tau):
+    model = ot.Sequential([ot.layers.Dense(5), ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x, y = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+    with ot.Trainer(model, batch_size=4) as tr:
+        target = tr.snapshot()
+        before = target.get_weights()
+        tr.step(x, y)
+        monkeypatch.setattr(tr._session, "view", _then_interrupt(tr._session.view, on_call=3))
+        with pytest.raises(KeyboardInterrupt):
+            tr.update_target(target, tau=tau)   # two of four weights read when it comes
+        monkeypatch.undo()
+        for a, b in zip(target.get_weights(), before, strict=True):
+            np.testing.assert_array_equal(a, b)
+        tr.update_target(target, tau=tau)
+        for a, cur, old in zip(target.get_weights(), tr.get_weights(), before, strict=True):
+            np.testing.assert_array_equal(a, cur if tau == 1.0 else
+                                          old * np.float32(1 - tau) + np.float32(tau) * cur)
+    target.free()
+
+
+def test_an_interrupt_as_a_save_opens_its_temporary_leaves_nothing(tmp_path, monkeypatch):
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.save(tmp_path / "m.ortrain")   # the first save of the folder sweeps it: not what is checked
+    fds = _open_descriptors()
+    monkeypatch.setattr(os, "open", _then_interrupt(os.open))
+    with pytest.raises(KeyboardInterrupt):
+        model.save(tmp_path / "m.ortrain")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.ortrain"]
+    assert _open_descriptors() == fds
+    assert ot.load_model(tmp_path / "m.ortrain").weight_names() == model.weight_names()
+
+
+def test_a_writer_failing_on_its_interrupted_write_gives_the_interrupt(tmp_path):
+    # zipfile's close raises "Can't close the ZIP file while there is an open writing handle" when
+    # np.savez is interrupted mid-write: the user asked for the interrupt
+    with pytest.raises(KeyboardInterrupt):
+        with _files.atomic_path(tmp_path / "w.npz") as tmp:
+            try:
+                Path(tmp).write_bytes(b"partial")
+                raise KeyboardInterrupt
+            finally:
+                raise ValueError("Can't close the ZIP file while there is an open writing handle on it")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_scratch_folders_go_when_an_interrupt_comes_as_they_are_made_or_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(os, "mkdir", _then_interrupt(os.mkdir))
+    with pytest.raises(KeyboardInterrupt):
+        with _files.scratch_dir():
+            pass
+    monkeypatch.undo()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    import shutil
+    real = shutil.rmtree
+    calls = []
+
+    def interrupted_once(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt   # before it removed anything
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(shutil, "rmtree", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        with _files.scratch_dir() as d:
+            (d / "state").write_bytes(b"weights and moments")
+    assert list(tmp_path.iterdir()) == [] and len(calls) == 2
+    # the optimizer state a fit reads back goes through one
+    monkeypatch.undo()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((4, 3), np.float32), np.ones((4, 2), np.float32), verbose=0)
+    assert model.optimizer.state()["step"] == 1
+    assert list(tmp_path.iterdir()) == []
