@@ -310,9 +310,15 @@ class Trainer(TrainerSetup, Releasable):
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
         xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds)
-        if self._runner is None:
-            self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device, threads=self._threads)
-        outs = run_chunks(self._runner, self._inputs, xs, self._weights_now(), batch_size)
+        runner = self._runner  # once: a free() from another thread clears it (predict takes no lock)
+        if runner is None:
+            runner = self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device,
+                                                           threads=self._threads)
+        try:
+            outs = run_chunks(runner, self._inputs, xs, self._weights_now(), batch_size)
+        except FreedError:
+            self._live()  # freed meanwhile: the trainer's own error
+            raise
         return outs[0] if len(outs) == 1 else outs
 
     def snapshot(self) -> Snapshot:

@@ -173,3 +173,51 @@ def test_scratch_folders_go_when_an_interrupt_comes_as_they_are_made_or_removed(
     model.fit(np.ones((4, 3), np.float32), np.ones((4, 2), np.float32), verbose=0)
     assert model.optimizer.state()["step"] == 1
     assert list(tmp_path.iterdir()) == []
+
+
+# -- races between threads: a free() or a write landing inside another thread's call ---------------
+
+def test_a_free_landing_inside_a_trainer_predict_gives_freed_error(rng, monkeypatch):
+    from ortrain.engine import inference
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    tr = ot.Trainer(model, batch_size=5)
+    want = tr.predict(x)
+    # free() from another thread, between the runner's check of its session and the run: the
+    # predict under way finishes (it raised the runtime's AttributeError), the next is refused
+    monkeypatch.setattr(tr._runner, "_stepped", ["x"])
+    monkeypatch.setattr(inference, "refuse_empty_steps", lambda pairs: tr.free())
+    np.testing.assert_array_equal(tr.predict(x), want)
+    with pytest.raises(ot.FreedError, match="trainer"):
+        tr.predict(x)
+
+
+def test_buffer_writes_and_assigns_land_between_captured_runs(rng):
+    import threading
+    rows, cols = 4096, 64
+    buf = ag.buffer(np.zeros((rows, cols), np.float32), name="replay")
+    W = ag.param(np.zeros((rows, cols), np.float32), name="W", trainable=False)
+    read = ot.capture(lambda idx: {"rows": ag.get_rows(buf, idx), "w": W * 1.0})
+    idx = np.arange(rows)
+    read(idx=idx)
+    stop = threading.Event()
+
+    def writer():
+        k = 0
+        while not stop.is_set():
+            k += 1
+            buf.write(slice(0, rows), np.full((rows, cols), k, np.float32))
+            W.assign(np.full((rows, cols), k, np.float32))
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        torn = [len(np.unique(out["rows"])) > 1 or len(np.unique(out["w"])) > 1
+                for out in (read(idx=idx) for _ in range(60))]
+        copies = [W.numpy() for _ in range(20)]
+    finally:
+        stop.set()
+        thread.join()
+    assert not any(torn)
+    assert all(len(np.unique(c)) == 1 for c in copies)
+    read.free()

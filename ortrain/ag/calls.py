@@ -15,7 +15,7 @@ import numpy as np
 from ortrain import engine
 from ortrain._arrays import as_array, read_array
 from ortrain._lifetime import Releasable
-from ortrain.ag.tensor import Param
+from ortrain.ag.tensor import Param, _turns
 from ortrain.ag.tracer import example_inputs, trace
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.forward import to_inference
@@ -185,12 +185,15 @@ class Capture(TracedCall):
         named = self._named
         for i, name in enumerate(self._used):
             named[name] = feeds[i]
-        for p in self._params:
-            named[p.name] = p._current()
-        try:
-            outs = self._runner.run(named)
-        except OrtrainError as exc:
-            raise OrtrainError(str(exc)) from exc
+        # between captured steps, buffer writes and assigns from other threads: the params are fed
+        # as they live in the sessions, and a run must read all of an update or none of it
+        with _turns():
+            for p in self._params:
+                named[p.name] = p._current()
+            try:
+                outs = self._runner.run(named)
+            except OrtrainError as exc:
+                raise OrtrainError(str(exc)) from exc
         if self._ranges:
             self._check_ranges(outs[len(self._keys):])
         if not self._dict:

@@ -9,6 +9,7 @@ from there.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import weakref
 
@@ -73,6 +74,12 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor({self.op}, shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
+
+
+def _turns():
+    """The lock captured steps and captures take turns on (``ortrain.capture``; read at each call,
+    since a forked child replaces it)."""
+    return importlib.import_module("ortrain.capture")._one_at_a_time  # the module (ortrain.capture is the function)
 
 
 def _refusing(op: str):
@@ -148,8 +155,10 @@ class Param(Tensor):
         return self._home if holder is None else holder._views[self.name]
 
     def numpy(self) -> np.ndarray:
-        """A copy of the current value (the trained value while a captured step holds the param)."""
-        return np.array(self._current(), copy=True)
+        """A copy of the current value (the trained value while a captured step holds the param),
+        read between captured steps, never during one run from another thread."""
+        with _turns():
+            return np.array(self._current(), copy=True)
 
     def assign(self, value) -> None:
         """Overwrite the whole value (e.g. copy online weights into a target network); no re-recording."""
@@ -160,13 +169,15 @@ class Param(Tensor):
         self._write(..., a)
 
     def _write(self, index, values: np.ndarray) -> None:
-        # Every session holding a copy gets the new rows, so no step reads a stale value.
-        if self._holder is None:
-            self._home[index] = values
-        for step in list(self._users):
-            view = step._views.get(self.name)
-            if view is not None:
-                view[index] = values
+        # Every session holding a copy gets the new rows, so no step reads a stale value; between
+        # captured runs, so that a run in another thread reads all of a write or none of it.
+        with _turns():
+            if self._holder is None:
+                self._home[index] = values
+            for step in list(self._users):
+                view = step._views.get(self.name)
+                if view is not None:
+                    view[index] = values
 
     def __reduce__(self):
         # A copy (copy, deepcopy, pickle) is a new param of the same name holding the current value,

@@ -65,13 +65,14 @@ class InferenceRunner:
                 if not (isinstance(o.shape, list) and o.shape and o.shape[0] in names)]
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
-        if self._sess is None:
+        sess = self._sess  # once: a free() from another thread may clear it meanwhile
+        if sess is None:
             raise FreedError("this inference session was freed")
         if self._stepped:
             refuse_empty_steps((name, feeds[name]) for name in self._stepped if name in feeds)
         try:
             denormals.enter()
-            return self._sess.run(outputs or self.output_names, feeds)
+            return sess.run(outputs or self.output_names, feeds)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "forward graph") from exc
         finally:
