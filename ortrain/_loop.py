@@ -333,8 +333,10 @@ class Loop:
                 raise located(exc, f"epoch {epoch}, step {step} (counted from 0)") from exc
             total += loss * rows
             seen += rows
-            if hooks:
-                cbs.on_batch_end(step, {"batch": step, "size": rows, "loss": loss})
+            if hooks:  # as Keras 3: the epoch's running means so far, loss and metrics
+                logs = {"batch": step, "size": rows, "loss": total / seen}
+                logs.update((m.name, m.result()) for m in metrics)
+                cbs.on_batch_end(step, logs)
             if self.stop_training:
                 break
         self.epoch_steps, self.epoch_samples = step + 1, seen

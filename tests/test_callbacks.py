@@ -1036,7 +1036,7 @@ def test_lambda_callback_calls_the_functions_given_as_keras_does():
     assert [c for c in calls if c[0] == "epoch_begin"] == [("epoch_begin", 0), ("epoch_begin", 1)]
     assert [c[1] for c in steps] == [0, 1, 0, 1]
     assert [c for c in calls if c[0] == "epoch_end"] == [("epoch_end", e, ["loss", "lr"]) for e in (0, 1)]
-    assert hist.history["loss"][0] == pytest.approx((steps[0][2] + steps[1][2]) / 2, rel=1e-5)
+    assert hist.history["loss"][0] == pytest.approx(steps[1][2], rel=1e-5)   # the running mean, as Keras 3's
     quiet = ot.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)
     assert not ot.callbacks.CallbackList([quiet]).has_batch_hooks   # no per-step call without a batch function
     with pytest.raises(ot.OrtrainError, match="LambdaCallback\\(on_epoch_end=...\\): expected a function"):
@@ -1312,3 +1312,25 @@ def test_an_optional_package_missing_or_broken_is_told_apart(tmp_path, monkeypat
     with pytest.warns(RuntimeWarning, match=r"loss.png needs matplotlib, which is installed but fails to import"):
         assert _plot(None, tmp_path) is None
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_batch_logs_hold_the_epochs_running_means_as_keras_3s_do(rng):
+    x = rng.standard_normal((40, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    model = ot.Sequential([ot.layers.Dense(2, activation="softmax")], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="sparse_categorical_crossentropy", metrics=["acc"])
+    k, b = (w.astype(np.float64) for w in model.get_weights())
+    z = x @ k + b
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    losses = -np.log(np.clip(p[np.arange(40), y], 1e-7, 1 - 1e-7))
+    hits = (p.argmax(1) == y).astype(np.float64)
+    logs = []
+    cb = ot.callbacks.LambdaCallback(on_train_batch_end=lambda batch, l: logs.append(dict(l)))
+    hist = model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    assert [(l["batch"], l["size"]) for l in logs] == [(0, 16), (1, 16), (2, 8)]
+    for l, seen in zip(logs, (16, 32, 40), strict=True):
+        assert l["loss"] == pytest.approx(losses[:seen].mean(), rel=1e-6)
+        assert l["acc"] == pytest.approx(hits[:seen].mean(), rel=1e-6)
+    assert hist.history["loss"][0] == pytest.approx(logs[-1]["loss"], rel=1e-6)
+    assert hist.history["acc"][0] == pytest.approx(logs[-1]["acc"], rel=1e-6)

@@ -711,6 +711,7 @@ def test_bad_arguments_are_refused_before_anything_runs():
         (dict(initial_epoch=1.5), r"initial_epoch: expected an int >= 0, received 1.5"),
         (dict(callbacks=[print]), r"callbacks: expected ot.callbacks.Callback objects, received"),
         (dict(verbose=3), r"verbose: expected 0 \(silent\), 1 .* received 3"),
+        (dict(verbose="Auto"), r"verbose: expected 0 \(silent\), 1 or 'auto' .* received 'Auto'"),
         (dict(weight_decay=2.0), r"weight_decay: expected a number in \[0, 1\]"),
         (dict(nbatch_logical=0), r"nbatch_logical: expected a positive int or None, received 0"),
     ]
@@ -721,6 +722,13 @@ def test_bad_arguments_are_refused_before_anything_runs():
                                               r"\(4, 4\); for arrays call model.fit"):
         ot.fit_generator(model, np.zeros((4, 4)))
     assert gen.calls == 0 and model.train_state is None
+
+
+def test_verbose_auto_is_keras_default_one(capsys):
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    ot.fit_generator(model, batches(2, 4), epochs=1, verbose="auto")
+    assert "loss:" in capsys.readouterr().out   # one line per epoch off a terminal, as verbose=1
 
 
 def test_epochs_at_or_below_initial_epoch_run_nothing():

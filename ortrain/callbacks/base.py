@@ -24,8 +24,9 @@ Epochs are counted from 0 as in Keras; ``initial_epoch`` shifts them. A callback
 its own state in ``on_train_begin`` so one object can serve several fits (``ModelCheckpoint``
 keeps its best value, as Keras' does); ``on_train_end``
 runs for every callback whose ``on_train_begin`` did. The logs: ``on_batch_begin`` gets
-``batch``; ``on_batch_end`` ``batch``, ``size`` and that batch's own ``loss`` (Keras passes the
-running mean instead); ``on_epoch_end`` the epoch's ``loss`` and metrics, the ``val_`` ones
+``batch``; ``on_batch_end`` ``batch``, ``size`` (the batch's rows) and, as Keras 3 passes them,
+the epoch's running means so far of ``loss`` and the metrics (``Trainer.step`` returns a batch's
+own loss); ``on_epoch_end`` the epoch's ``loss`` and metrics, the ``val_`` ones
 (after validated epochs only, see ``validation_freq``) and ``lr``; ``on_train_end`` the last
 epoch's logs; ``on_train_begin`` and ``on_epoch_begin`` an empty dict.
 ``on_train_batch_begin``/``on_train_batch_end``, Keras 3's names, call ``on_batch_begin``/
@@ -100,8 +101,9 @@ class Callback:
         ``batch`` (the same index)."""
 
     def on_batch_end(self, step: int, logs=None) -> None:
-        """Called after each training step; ``logs`` holds ``batch``, ``size`` (the batch's rows) and
-        that batch's own ``loss``."""
+        """Called after each training step; ``logs`` holds ``batch``, ``size`` (the batch's rows) and,
+        as in Keras 3, the running means over the epoch's batches so far of ``loss`` (weighted by
+        their rows) and of every metric."""
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
         """Keras 3's name for :meth:`on_batch_begin`, which it calls; override either."""

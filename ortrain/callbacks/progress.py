@@ -32,12 +32,14 @@ def format_logs(logs: dict) -> str:
 
 
 def progress(verbose, file=None):
-    """The display for ``verbose`` (0, 1 or 2), or None for silence."""
+    """The display for ``verbose`` (0, 1 or 2; Keras' default ``"auto"`` is 1), or None for silence."""
     if verbose in (0, False):
         return None
+    if isinstance(verbose, str) and verbose == "auto":
+        verbose = 1
     if verbose not in (1, 2, True):
-        raise OrtrainError(f"verbose: expected 0 (silent), 1 (live bar on a terminal) or 2 (one line per "
-                           f"epoch), received {verbose!r}")
+        raise OrtrainError(f"verbose: expected 0 (silent), 1 or 'auto' (live bar on a terminal) or 2 (one line "
+                           f"per epoch), received {verbose!r}")
     out = file if file is not None else sys.stdout
     isatty = getattr(out, "isatty", None)
     live = verbose in (1, True) and callable(isatty) and isatty()
@@ -87,21 +89,18 @@ class ProgressBar(ProgressLines):
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
         self._seen = 0
-        self._loss_sum = 0.0
         self._shown = 0
         self._next_draw = self._t0 + REFRESH_S
         desc = f"Epoch {epoch + 1}/{self.params.get('epochs')}"
         self._bar = _open_bar(desc, self.loop.steps_hint, self.file)
 
     def on_batch_end(self, step, logs=None):
-        size = logs["size"]
-        self._seen += size
-        self._loss_sum += logs["loss"] * size
+        self._seen += logs["size"]
         now = time.perf_counter()
         if now >= self._next_draw:
             self._next_draw = now + REFRESH_S
             rate = self._seen / (now - self._t0)
-            self._bar.draw(step + 1, f"loss: {_number(self._loss_sum / self._seen)} - {rate:,.0f} samples/s")
+            self._bar.draw(step + 1, f"loss: {_number(logs['loss'])} - {rate:,.0f} samples/s")  # the epoch's so far
 
     def on_epoch_end(self, epoch, logs=None):
         if self._bar is not None:
