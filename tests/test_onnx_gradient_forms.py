@@ -833,3 +833,62 @@ def test_an_unnamed_node_is_numbered_alike_at_import_and_when_training_starts(rn
     m.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ot.UnsupportedOpError, match=r"LSTM with clip \(nodes: LSTM#1\)"):
         ot.Trainer(m, batch_size=3)
+
+
+def test_a_value_read_twice_by_one_node_trains(rng):
+    # Concat(h, x, x) and MatMul(h, h) failed in the gradient builder: "Duplicate definition of
+    # name" (x_grad; the Shape it takes of each MatMul operand), whatever the batch axis's name
+    w = rng.standard_normal((M, M)).astype(np.float32) * 0.5
+    _one_sgd_step_matches_torch(
+        [_node("MatMul", ["x", "w"], "h"), _node("Concat", ["h", "x", "x"], "out", axis=1)],
+        _x(M), [3 * M], {"w": w}, lambda x, t: torch_cat([x @ t["w"], x, x]))
+    x3 = np.random.default_rng(1).standard_normal((N, M, M)).astype(np.float32)
+    _one_sgd_step_matches_torch(
+        [_node("MatMul", ["x", "w"], "h"), _node("MatMul", ["h", "h"], "out")],
+        x3, [M, M], {"w": w}, lambda x, t: (x @ t["w"]) @ (x @ t["w"]))
+
+
+def torch_cat(parts):
+    import torch
+    return torch.cat(parts, dim=1)
+
+
+def test_a_concatenation_gradient_read_by_a_gemm_opens_its_session(rng):
+    # GemmSumFusion asserted ("src_arg_index < 2") where a Gemm read the concatenation gradient's third
+    # split output through a node the session's optimizer removes; the Sum of its output is an Add
+    import io
+    import warnings
+    torch = torch_or_skip()
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e, self.a = nn.Embedding(6, 3), nn.Linear(3, 2, bias=False)
+            self.p = nn.Parameter(torch.randn(2))
+            self.b, self.c, self.q = nn.Linear(2, 5), nn.Linear(2, 4), nn.Parameter(torch.randn(4))
+
+        def forward(self, idx):
+            h = self.a(self.e(idx))
+            g = h @ self.p
+            return torch.cat([self.b(g), (h @ h.transpose(1, 2)).flatten(1), self.c(g) - self.q], 1)
+    net = Net()
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.zeros(3, 2, dtype=torch.long),), buf, dynamo=False, input_names=["idx"],
+                          output_names=["y"], do_constant_folding=False,
+                          dynamic_axes={"idx": {0: "batch"}, "y": {0: "batch"}})
+    model = ot.from_onnx(buf.getvalue())
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    idx = rng.integers(0, 6, (4, 2))
+    y = rng.standard_normal((4, 13)).astype(np.float32)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        nn.functional.mse_loss(net(torch.from_numpy(idx)), torch.from_numpy(y)).backward()
+        opt.step()
+    model.fit(idx, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    with torch.no_grad():
+        np.testing.assert_allclose(model.predict(idx), net(torch.from_numpy(idx)).numpy(), rtol=1e-5, atol=1e-6)

@@ -28,6 +28,7 @@ from ortrain.graph.gradient_ops import recurrent_weights_differentiated_whole, r
 from ortrain.graph.gradient_rewrites import (
     control_flow_out_of_the_walk,
     for_gradients,
+    repeated_inputs_apart,
     unconfirmed_sizes_dropped,
     unnamed_broadcast_dims,
 )
@@ -62,6 +63,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         unnamed = unnamed_broadcast_dims(unconfirmed_sizes_dropped(control_flow_out_of_the_walk(model)))
         with denormals.kept():  # the optimizer opens a session, which sets the flush on the first thread
             optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads | whole, so))
+        optimized = repeated_inputs_apart(optimized)
         builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads | whole, outputs[0], so)
         builder.build()
     except Exception as exc:  # the builder reports everything as RuntimeError / Fail

@@ -19,6 +19,8 @@ whose sizes the graph fixes keep ``MaxPoolGrad``, which is a little faster (1.2 
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -51,21 +53,44 @@ def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.Mode
     return sum_after_gemm_as_add(bias_grad_as_matmul(relu_grad_as_mask(model, float32_values(forward))))
 
 
+def repeated_inputs_apart(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A value a node reads at two or more of its inputs (``Concat(h, x, x)``, ``MatMul(h, h)``)
+    read through an ``Identity`` at each place after the first: onnxruntime-training's gradient
+    builder names what it writes for an input after the input (``x_grad``, the ``Shape`` of a
+    ``MatMul``'s operands) and fails on the second definition of that name ("Duplicate definition
+    of name"). The training session's optimizer removes the ``Identity`` nodes again. ``model``
+    itself when no node repeats an input; nodes holding subgraphs are left as they are."""
+    if not any(len(set(i for i in n.input if i)) < len([i for i in n.input if i]) for n in model.graph.node):
+        return model
+    out = copy.deepcopy(model)
+    nodes = []
+    for k, node in enumerate(out.graph.node):
+        seen = set()
+        for j, name in enumerate(node.input):
+            if not name or subgraphs(node):
+                continue
+            if name in seen:
+                copy_name = f"{name}/repeated_input_{k}_{j}"
+                nodes.append(helper.make_node("Identity", [name], [copy_name], name=copy_name))
+                node.input[j] = copy_name
+            seen.add(name)
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def sum_after_gemm_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A two-input ``Sum`` of a ``Gemm`` that reads the third or a later output of a node (a
-    concatenation's gradient, split three ways, feeding a dense layer's) written as ``Add``:
-    onnxruntime 1.19.2's ``GemmSumFusion`` asserts on such a ``Gemm`` (``src_arg_index < 2``) and
-    the training session fails to open. ``Add`` computes the same sum; the fusion leaves it."""
-    producer = {o: (n, k) for n in model.graph.node for k, o in enumerate(n.output)}
-
-    def late_gemm(value: str) -> bool:
-        node = producer.get(value, (None, 0))[0]
-        return node is not None and node.op_type == "Gemm" and \
-            any(producer.get(i, (None, 0))[1] >= 2 for i in node.input if i)
-
+    """A two-input ``Sum`` of a ``Gemm``'s output written as ``Add``: onnxruntime 1.19.2's
+    ``GemmSumFusion`` asserts on a ``Gemm`` that reads the third or a later output of a node (a
+    concatenation's gradient, split three ways, feeding a dense layer's; ``src_arg_index < 2``) and
+    the training session fails to open. Which output a ``Gemm`` reads is known only after the
+    session's own rewrites (a ``Reshape`` or ``Identity`` between them removed), so every such
+    ``Sum`` goes. ``Add`` computes the same sum; the fusion leaves it."""
+    gemms = {n.output[0] for n in model.graph.node if n.op_type == "Gemm" and n.output}
     for node in model.graph.node:
         if node.op_type == "Sum" and node.domain in ("", "ai.onnx") and len(node.input) == 2 and \
-                any(late_gemm(i) for i in node.input):
+                any(i in gemms for i in node.input):
             node.op_type = "Add"
     return model
 
