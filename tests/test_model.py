@@ -1078,3 +1078,16 @@ def test_an_int64_input_passed_through_as_an_output_stays_int64(tmp_path):
     with pytest.raises(ot.OrtrainError, match=r"compile: the loss is computed on the model's first output, which "
                                               r"must be float32; the outputs are 'output_0' \(int64\)"):
         ot.Model([t, f], [t, ot.layers.Dense(1)(f)]).compile(optimizer="adam", loss="mse")
+
+
+def test_exported_files_name_ortrain_as_their_producer(tmp_path):
+    import onnx
+    model = ot.Sequential([L.Dense(2)], input_shape=(3,), seed=0)
+    saved = onnx.load(model.export_onnx(tmp_path / "own.onnx"))
+    assert (saved.producer_name, saved.producer_version) == ("ortrain", ot.__version__)
+    assert saved.doc_string == f"Exported by ortrain {ot.__version__} from model 'sequential'"
+    saved.producer_name, saved.producer_version = "pytorch", "2.13.0"   # as a torch export names itself
+    imported = ot.from_onnx(saved)
+    again = onnx.load(imported.export_onnx(tmp_path / "again.onnx"))
+    assert (again.producer_name, again.producer_version) == ("ortrain", ot.__version__)
+    assert again.doc_string.endswith("(imported from a file by pytorch 2.13.0)")

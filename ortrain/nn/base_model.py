@@ -23,6 +23,7 @@ from ortrain._keywords import (
     names_unknown_arguments_of_methods,
 )
 from ortrain._names import picked
+from ortrain._version import __version__
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, describe_shape
 from ortrain.graph import GraphBuilder, TensorSpec, check_model
@@ -497,13 +498,19 @@ class Model(TrainingMixin):
     # -- export and persistence --------------------------------------------------------------
     @names_unknown_arguments_of
     def export_onnx(self, path) -> str:
-        """Write an inference graph (no loss, no dropout, running batch-norm statistics, free batch size)."""
+        """Write an inference graph: no loss, dropout in inference mode (its nodes pass their input
+        through, as in any ONNX runtime; kept so that an import trains with them again), running
+        batch-norm statistics, a free batch size. ``producer_name``/``producer_version`` name
+        ortrain; a model imported from another producer's file says which in ``doc_string``."""
         path = checked_target(path, "export_onnx(path)")
         fg = self.forward_graph()
         # From the graph before freezing: batch norms with frozen statistics stay BatchNormalization
         # nodes (the same outputs in inference), so an importer still sees their statistics as such.
         proto = name_free_dimensions(with_weights(to_inference(self._base_proto()), fg.weights))
-        proto.doc_string = f"Exported by ortrain from model {self.name!r}"
+        source = " ".join(p for p in (proto.producer_name, proto.producer_version) if p)
+        proto.doc_string = f"Exported by ortrain {__version__} from model {self.name!r}" + \
+            (f" (imported from a file by {source})" if source and proto.producer_name != "ortrain" else "")
+        proto.producer_name, proto.producer_version = "ortrain", __version__
         check_model(proto, "exported model")
         with atomic_path(path, "export_onnx(path)") as tmp:
             onnx.save(proto, tmp)
