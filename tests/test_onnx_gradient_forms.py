@@ -892,3 +892,19 @@ def test_a_concatenation_gradient_read_by_a_gemm_opens_its_session(rng):
     model.fit(idx, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
     with torch.no_grad():
         np.testing.assert_allclose(model.predict(idx), net(torch.from_numpy(idx)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_pow_whose_base_and_exponent_are_both_trained_is_refused_by_name(rng):
+    # the builder failed with "GradientBuilder is not implemented for CUDA Pow's input exponent"
+    w = rng.standard_normal((M, M)).astype(np.float32)
+    proto = model([_node("MatMul", ["x", "w"], "h"), _node("Mul", ["h", "h"], "hh"), _node("Add", ["hh", "one"], "b"),
+                   _node("Pow", ["b", "h"], "out", name="power")],
+                  [vi("x", ["N", M])], [vi("out", ["N", M])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    with pytest.warns(UserWarning, match="Pow's exponent"):
+        m = ot.from_onnx(proto)
+    m.compile(optimizer="sgd", loss="mse")
+    x = _x(M)
+    with pytest.raises(ot.UnsupportedOpError, match="Pow 'power': its base and its exponent both depend on trained"):
+        m.fit(x, np.ones_like(x), verbose=0)
+    np.testing.assert_array_equal(m.get_weights()[0], w)

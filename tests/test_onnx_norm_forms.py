@@ -453,3 +453,25 @@ def test_a_norms_subnormal_epsilon_is_raised_to_the_smallest_normal_float_with_a
     net.train()
     want = torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y)).item()
     assert np.isfinite(got) and got == pytest.approx(want, rel=1e-5)
+
+
+def test_a_layer_norm_of_one_element_known_only_at_run_time_trains(rng):
+    # the input's last size is free ("F"): the scale's one value says the rows hold one element
+    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["h"]),
+                           helper.make_node("LayerNormalization", ["h", "g", "b"], ["y"], axis=-1)], "g",
+                          [vi("x", ["N", "F"])], [vi("y", ["N", "F"])],
+                          [numpy_helper.from_array(np.array([1.5], np.float32), "w"),
+                           numpy_helper.from_array(np.array([2.0], np.float32), "g"),
+                           numpy_helper.from_array(np.array([0.25], np.float32), "b")])
+    model = ot.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x = rng.standard_normal((4, 1)).astype(np.float32)
+    y = rng.standard_normal((4, 1)).astype(np.float32)
+    np.testing.assert_array_equal(model.predict(x), np.full((4, 1), 0.25, np.float32))
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    b = 0.25
+    for _ in range(2):   # only the bias has a gradient: the output is the bias
+        b -= 0.1 * np.mean(2 * (b - y.astype(np.float64)))
+    w, gamma, got = model.get_weights()
+    assert (w[0], gamma[0]) == (1.5, 2.0)
+    assert got[0] == pytest.approx(b, rel=1e-6)

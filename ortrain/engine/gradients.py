@@ -24,7 +24,11 @@ from ortrain.engine.inference import run_model
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
 from ortrain.graph.dropout_masks import dropout_as_mask_inputs, with_mask_metadata
-from ortrain.graph.gradient_ops import recurrent_weights_differentiated_whole, refuse_recurrent_forms
+from ortrain.graph.gradient_ops import (
+    gradient_reach,
+    recurrent_weights_differentiated_whole,
+    refuse_recurrent_forms,
+)
 from ortrain.graph.gradient_rewrites import (
     control_flow_out_of_the_walk,
     for_gradients,
@@ -67,6 +71,15 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads | whole, outputs[0], so)
         builder.build()
     except Exception as exc:  # the builder reports everything as RuntimeError / Fail
+        if "Pow's input exponent" in str(exc):  # the builder differentiates a Pow in its base only
+            exponents = gradient_reach(model, None) & _weight_reach(model, grads)
+            nodes = [n.name or f"Pow#{i}" for i, n in enumerate(model.graph.node)
+                     if n.op_type == "Pow" and len(n.input) > 1 and n.input[1] in exponents]
+            raise UnsupportedOpError(
+                f"Pow {', '.join(map(repr, nodes)) or 'node'}: its base and its exponent both depend on trained "
+                "weights, and onnxruntime-training differentiates a Pow in its base only (where the base is "
+                "not trained, an exponent's gradient is left out, with a warning at import). Freeze the weights "
+                "that reach the exponent, or write b ** e as exp(e * log(b)) for a positive base") from exc
         match = _NO_BUILDER.search(str(exc))
         if match:
             op = match.group(1).rstrip(".,;")
@@ -87,6 +100,15 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         if m.ir_version > 10 or m.ir_version < IR_VERSION:
             m.ir_version = IR_VERSION
     return with_mask_metadata(training, masks, kept), eval_model
+
+
+def _weight_reach(model: onnx.ModelProto, weights: set[str]) -> set[str]:
+    """The values computed from ``weights`` (forwards, through every input)."""
+    reach = set(weights)
+    for node in model.graph.node:
+        if any(i in reach for i in node.input if i):
+            reach.update(o for o in node.output if o)
+    return reach
 
 
 # Ops whose equal calls compute different values (a draw each), never merged as equal.

@@ -71,11 +71,17 @@ def _layer_norm_decompose(node, g: _Graph) -> bool:
 
 
 def _normalises_one(node, g: _Graph) -> bool:
+    """By the input's shape, or where its sizes are known only at run time by the scale's, which
+    holds one value per element normalised."""
     shape = g.shapes.shape(node.input[0])
-    if not shape:
-        return False
-    normalised = shape[attribute(node, "axis", -1) % len(shape):]
-    return bool(normalised) and all(d == 1 for d in normalised)
+    if shape:
+        normalised = shape[attribute(node, "axis", -1) % len(shape):]
+        if normalised and all(d == 1 for d in normalised):
+            return True
+        if all(type(d) is int for d in normalised):
+            return False
+    scale = g.shapes.sizes(node.input[1])
+    return scale is not None and int(np.prod(scale)) == 1
 
 
 def _layer_norm_rewritten(node, i: int, p: str, g: _Graph):
