@@ -9,6 +9,7 @@ import re
 import secrets
 import shutil
 import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -114,6 +115,7 @@ def atomic_path(path, what: str | None = None):
     the system refuses (a full disk, a file-size limit) is an :class:`OrtrainError` naming
     ``what`` (the argument) and ``path``."""
     path = checked_target(path, what or "path")
+    handled = sys.exc_info()[1]  # a save inside `except KeyboardInterrupt:` reports its own failure
     while True:
         # the same suffix: writers such as onnx.save choose the format by it (atomic_temporaries reads
         # this name)
@@ -141,7 +143,7 @@ def atomic_path(path, what: str | None = None):
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        interrupt = _interrupt_behind(exc)
+        interrupt = _interrupt_behind(exc, handled)
         if interrupt is not None:  # the writer's cleanup failed on the interrupted write (zipfile's "Can't close")
             raise interrupt from None
         if isinstance(exc, OSError):  # numpy's short write ("6000 requested and 992 written") has no errno
@@ -153,10 +155,12 @@ def atomic_path(path, what: str | None = None):
             os.close(held)
 
 
-def _interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
-    """The interrupt (Ctrl-C) that ``exc`` was raised while handling, if any: what the user asked for."""
+def _interrupt_behind(exc: BaseException, handled: BaseException | None) -> KeyboardInterrupt | None:
+    """The interrupt (Ctrl-C) that ``exc`` was raised while handling, if any: what the user asked for.
+    Not one the caller was already handling when the write began (``handled``, where the chain of
+    contexts goes on from)."""
     seen = set()
-    while exc is not None and id(exc) not in seen:
+    while exc is not None and exc is not handled and id(exc) not in seen:
         if isinstance(exc, KeyboardInterrupt):
             return exc
         seen.add(id(exc))

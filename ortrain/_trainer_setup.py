@@ -180,11 +180,11 @@ class TrainerSetup:
         path = checked_target(path, "save_checkpoint(path)")
         if self._accum:
             warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
-                 "part of the checkpoint, and a trainer resumed from it starts a new accumulation "
-                 "period (its updates fall on other steps); save on an accumulation boundary for an "
-                 "exact resume")
+                 "part of the checkpoint (nor counted in its n_steps), and a trainer resumed from it starts "
+                 "a new accumulation period (its updates fall on other steps); save on an accumulation "
+                 "boundary for an exact resume")
         props = {
-            _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps, _PROP + "updates": self._updates,
+            _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps - self._accum, _PROP + "updates": self._updates,
             _PROP + "draws": self._session.draws,
             _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
             artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss),

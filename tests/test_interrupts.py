@@ -221,3 +221,76 @@ def test_buffer_writes_and_assigns_land_between_captured_runs(rng):
     assert not any(torn)
     assert all(len(np.unique(c)) == 1 for c in copies)
     read.free()
+
+
+def test_a_save_failing_while_an_interrupt_is_handled_reports_its_own_failure(tmp_path, monkeypatch):
+    # the usual "save on Ctrl-C": the interrupt was handled before the write began
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    monkeypatch.setattr(os, "replace", full_disk)
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        with pytest.raises(ot.OrtrainError, match="No space left on device"):
+            model.save(tmp_path / "m.ortrain")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_layers_repr_shows_its_name():
+    assert repr(ot.layers.Dense(2, name="head")).endswith("name='head')")
+
+
+def test_a_copy_of_a_param_waits_for_a_captured_run_in_another_thread():
+    import copy
+    import importlib
+    import threading
+
+    from ortrain import capture as _  # noqa: F401 - the module whose lock the turns are
+    turns = importlib.import_module("ortrain.capture")._one_at_a_time
+    W = ag.param(np.ones((2, 2), np.float32), name="W")
+    held, done = threading.Event(), threading.Event()
+    release = threading.Event()
+
+    def run_elsewhere():   # stands for a captured step running in another thread
+        with turns:
+            held.set()
+            release.wait(5)
+    runner = threading.Thread(target=run_elsewhere)
+    runner.start()
+    held.wait(5)
+    copier = threading.Thread(target=lambda: (copy.copy(W), done.set()))
+    copier.start()
+    assert not done.wait(0.3)   # it waits for the run: a copy taken during it could mix two updates
+    release.set()
+    runner.join()
+    copier.join()
+    assert done.is_set()
+
+
+def test_a_checkpoint_part_way_through_a_period_counts_none_of_its_batches(rng, tmp_path):
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x, y = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+    with ot.Trainer(model, batch_size=4, nbatch_logical=8) as tr:
+        tr.step(x, y)
+        tr.step(x, y)
+        tr.step(x, y)   # one batch into the second period
+        with pytest.warns(UserWarning, match="nor counted in its n_steps"):
+            tr.save_checkpoint(tmp_path / "c.ckpt")
+    with ot.Trainer.from_checkpoint(model, tmp_path / "c.ckpt", batch_size=4, nbatch_logical=8) as resumed:
+        assert resumed.n_steps == 2
+        resumed.step(x, y)
+        resumed.step(x, y)
+        assert resumed.n_steps == 4   # on a period boundary, after its update
+
+
+def test_an_input_renamed_after_the_model_was_built_leaves_the_model_as_built(rng):
+    inp = ot.Input((3,))
+    model = ot.Model(inp, ot.layers.Dense(2)(inp))
+    model.compile(optimizer="sgd", loss="mse")
+    inp.name = "dense_0.kernel"   # failed in fit ("SSA form") and in predict ("GEMM: Dimension mismatch")
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    model.fit(x, np.ones((4, 2), np.float32), verbose=0)
+    assert model.input_specs[0].name == "input" and model.predict(x).shape == (4, 2)

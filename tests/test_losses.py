@@ -253,3 +253,17 @@ def test_a_loss_class_and_a_misfit_weighted_metric_are_named_so():
     with pytest.raises(ot.OrtrainError, match="weighted_metrics: 'categorical_accuracy' compares the output"):
         model.compile(loss="sparse_categorical_crossentropy", weighted_metrics=["categorical_accuracy"])
     assert not model.compiled
+
+
+def test_the_mean_of_wide_samples_is_exact_to_float32():
+    # a sample of many elements is averaged in float32 first (casting all of them to float64 cost half
+    # a step), then the batch in float64
+    x = 1 + np.random.default_rng(3).random((64, 20000), dtype=np.float32) * 1e-3
+    model = ot.Sequential([ot.layers.Activation("linear")], input_shape=(20000,))
+    model.compile(optimizer="sgd", loss="mse")
+    assert model.evaluate(x, np.zeros_like(x))["loss"] == pytest.approx(np.mean(x.astype(np.float64) ** 2), rel=1e-6)
+    three = x.reshape(64, 200, 100)
+    model = ot.Sequential([ot.layers.Activation("linear")], input_shape=(200, 100))
+    model.compile(optimizer="sgd", loss="mae")
+    assert model.evaluate(three, np.zeros_like(three))["loss"] == pytest.approx(np.mean(three.astype(np.float64)),
+                                                                                rel=1e-6)

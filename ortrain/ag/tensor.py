@@ -182,7 +182,9 @@ class Param(Tensor):
     def __reduce__(self):
         # A copy (copy, deepcopy, pickle) is a new param of the same name holding the current value,
         # held by no captured step.
-        return _rebuilt, (type(self), np.array(self._current(), copy=True), self.name, self.trainable)
+        with _turns():  # the value between captured runs, as numpy() reads it
+            value = np.array(self._current(), copy=True)
+        return _rebuilt, (type(self), value, self.name, self.trainable)
 
     def _attach(self, step) -> None:
         self._users.add(step)

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 
 # onnxruntime-training 1.19.2 reads IR version 10 at most (onnx>=1.18 writes 11).
@@ -162,7 +163,8 @@ def finish_model(graph: onnx.GraphProto, extra_domains=(), doc: str = "", check:
     """Wrap a graph with ortrain's opset/IR pins and producer fields, and check it."""
     opsets = [helper.make_opsetid("", opset)]
     opsets += [helper.make_opsetid(d, 1) for d in sorted(set(extra_domains)) if d]
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="ortrain", doc_string=doc)
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="ortrain", producer_version=__version__,
+                              doc_string=doc)
     model.ir_version = IR_VERSION
     if check:
         check_model(model)

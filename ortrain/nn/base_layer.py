@@ -376,7 +376,7 @@ class Layer:
             cfg = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
         except Exception:  # noqa: BLE001 - a repr never raises (a layer whose __init__ failed half-way)
             cfg = "..."
-        return f"{type(self).__name__}({cfg}{', ' if cfg else ''}name={self.__dict__.get('name')!r})"
+        return f"{type(self).__name__}({cfg}{', ' if cfg else ''}name={self.__dict__.get('_name')!r})"
 
 
 names_unknown_arguments_of_methods(Layer, "get_weights", "set_weights")

@@ -76,6 +76,7 @@ class Model(TrainingMixin):
                 self.layers.append(node.layer)
         self._name_layers()
         self._check_input_names()
+        self._given_input_names = tuple(t.name for t in self._inputs)
         for lyr in self.layers:  # from here on a layer's name keys this model's weights
             lyr._in_model = True
 
@@ -282,9 +283,14 @@ class Model(TrainingMixin):
                 bounds[name] = (0, node.layer.input_dim - 1, f"Embedding {node.layer.name!r}")
         return bounds
 
+    def _given_input_name(self, i: int) -> str | None:
+        """The name ``ot.Input`` had when the model was built (an Input renamed later does not rename
+        the model's input), None for none."""
+        given = self.__dict__.get("_given_input_names")
+        return given[i] if given is not None else self._inputs[i].name
+
     def _input_name(self, i: int) -> str:
-        t = self._inputs[i]
-        return t.name or ("input" if len(self._inputs) == 1 else f"input_{i}")
+        return self._given_input_name(i) or ("input" if len(self._inputs) == 1 else f"input_{i}")
 
     def _output_name(self, i: int) -> str:
         return "output" if len(self._outputs) == 1 else f"output_{i}"

@@ -79,8 +79,8 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
         record["kind"] = "layers"
         record["layers"] = [{"class": type(lyr).__name__, "config": lyr.get_config(), **saved_extras(lyr),
                              **({} if lyr.trainable else {"trainable": False})} for lyr in model.layers]
-        record["inputs"] = [{"name": t.name, "shape": list(t.shape[1:]), "dtype": t.dtype.name}
-                            for t in model._inputs]
+        record["inputs"] = [{"name": model._given_input_name(i), "shape": list(t.shape[1:]), "dtype": t.dtype.name}
+                            for i, t in enumerate(model._inputs)]
         record["nodes"] = [{"layer": layer_index[id(n.layer)], "inputs": [_tensor_ref(model, t) for t in n.inputs]}
                            for n in model._nodes]
         record["outputs"] = [_tensor_ref(model, t) for t in model._outputs]
