@@ -1326,11 +1326,11 @@ def test_batch_logs_hold_the_epochs_running_means_as_keras_3s_do(rng):
     losses = -np.log(np.clip(p[np.arange(40), y], 1e-7, 1 - 1e-7))
     hits = (p.argmax(1) == y).astype(np.float64)
     logs = []
-    cb = ot.callbacks.LambdaCallback(on_train_batch_end=lambda batch, l: logs.append(dict(l)))
+    cb = ot.callbacks.LambdaCallback(on_train_batch_end=lambda batch, got: logs.append(dict(got)))
     hist = model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
-    assert [(l["batch"], l["size"]) for l in logs] == [(0, 16), (1, 16), (2, 8)]
-    for l, seen in zip(logs, (16, 32, 40), strict=True):
-        assert l["loss"] == pytest.approx(losses[:seen].mean(), rel=1e-6)
-        assert l["acc"] == pytest.approx(hits[:seen].mean(), rel=1e-6)
+    assert [(got["batch"], got["size"]) for got in logs] == [(0, 16), (1, 16), (2, 8)]
+    for got, seen in zip(logs, (16, 32, 40), strict=True):
+        assert got["loss"] == pytest.approx(losses[:seen].mean(), rel=1e-6)
+        assert got["acc"] == pytest.approx(hits[:seen].mean(), rel=1e-6)
     assert hist.history["loss"][0] == pytest.approx(logs[-1]["loss"], rel=1e-6)
     assert hist.history["acc"][0] == pytest.approx(logs[-1]["acc"], rel=1e-6)
