@@ -64,7 +64,7 @@ __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", 
 
 # Bumped whenever the code that writes the graphs (ortrain._artifact_graphs) changes what it writes,
 # so caches made by an earlier revision of this version of ortrain miss instead of serving stale graphs.
-BUILDER_REVISION = 34
+BUILDER_REVISION = 35
 
 
 @dataclass(frozen=True)
@@ -247,6 +247,7 @@ def architecture_digest(forward: onnx.ModelProto) -> str:
     random ops draw from it; the arithmetic does not depend on it)."""
     graph = onnx.GraphProto()
     graph.CopyFrom(forward.graph)
+    graph.name = ""  # the model's: a renamed model trains the same graphs
     for node in graph.node:
         for attr in [a for a in node.attribute if a.name == "seed"]:
             node.attribute.remove(attr)

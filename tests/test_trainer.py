@@ -872,3 +872,20 @@ def test_two_trainers_over_shared_layers_stay_in_step_through_set_weights():
                 tr_c.set_weights({"g0.bias": np.zeros(3), **bad} if isinstance(bad, dict) else bad)
         for got, want in zip(tr_c.get_weights(), before):
             np.testing.assert_array_equal(got, want)
+
+
+def test_a_renamed_model_resumes_its_checkpoint(rng, tmp_path):
+    # the graph's name (the model's) was in the artifacts' key: the resume was refused, blaming the layers
+    model = ot.Sequential([ot.layers.Dense(2, activation="sigmoid")], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x, y = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.step(x, y)
+        tr.save_checkpoint(tmp_path / "c.ckpt")
+        tr.step(x, y)
+        want = tr.get_weights()
+    model.name = "renamed"
+    with ot.Trainer.from_checkpoint(model, tmp_path / "c.ckpt", batch_size=4) as resumed:
+        resumed.step(x, y)
+        for a, b in zip(resumed.get_weights(), want, strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -68,8 +68,9 @@ class ForwardGraph:
         return [spec_of(vi) for vi in self.proto.graph.output]
 
     def digest(self) -> str:
-        """sha256 of the architecture: the graph, constants and parameter roles, not the weight values."""
-        h = hashlib.sha256(self.proto.SerializeToString(deterministic=True))
+        """sha256 of the architecture: the graph, constants and parameter roles, not the weight values,
+        nor the names of the model and its graph (a renamed model trains the same graphs)."""
+        h = hashlib.sha256(unnamed(self.proto).SerializeToString(deterministic=True))
         for p in self.params:
             h.update(repr((p.name, tuple(p.shape), np.dtype(p.dtype).name, p.role)).encode())
         return h.hexdigest()
@@ -81,6 +82,14 @@ class ForwardGraph:
             h.update(p.name.encode())
             h.update(a.tobytes())
         return h.hexdigest()
+
+
+def unnamed(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` without its graph's name and its doc string (which name the model)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    out.graph.name, out.doc_string = "", ""
+    return out
 
 
 def forward_from_builder(gb: GraphBuilder, params: list[ParamSpec], weights: dict[str, np.ndarray],
