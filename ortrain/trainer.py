@@ -416,9 +416,8 @@ class Trainer(TrainerSetup, Releasable):
         self._live()
         xs = prepare_inputs(self._inputs, x, "x", None, self._bounds)
         xs = [a[:CALIBRATION_ROWS] for a in xs]
-        if xs[0].shape[0] < 2:
-            raise ShapeError(f"calibrate_bn: x needs at least 2 rows to estimate a variance, received "
-                             f"{xs[0].shape[0]}")
+        if xs[0].shape[0] < 1:
+            raise ShapeError("calibrate_bn: x expected at least 1 row, received 0")
         refuse_non_finite(xs, [f"calibrate_bn: {n}" for n in self._feed_names[:len(xs)]],
                           "the statistics were not changed")
         # The graph before freezing: a batch norm whose statistics are frozen is written out as plain
@@ -444,6 +443,11 @@ class Trainer(TrainerSetup, Releasable):
                     feeds.update(self._weights_now())
                     value = self._calib.run(feeds, [node.input[0]])[0].astype(np.float64)
                     axes = tuple(i for i in range(value.ndim) if i != 1)
+                    per_channel = value.size // max(value.shape[1], 1) if value.ndim > 1 else value.size
+                    if per_channel < 2:  # one image of a convolution holds many values a channel
+                        raise ShapeError(f"calibrate_bn: batch norm {node.name!r} sees {per_channel} value a "
+                                         f"channel in {xs[0].shape[0]} row(s) of x, and a variance needs at "
+                                         "least 2; give more rows (the statistics were not changed)")
                     with np.errstate(over="ignore", invalid="ignore"):
                         means.append(value.mean(axis=axes).astype(np.float32))
                         variances.append(value.var(axis=axes).astype(np.float32))

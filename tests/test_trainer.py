@@ -218,6 +218,29 @@ def test_calibrate_bn_sets_exact_statistics_layer_by_layer(rng):
     np.testing.assert_allclose(w[11], h2.var(0), rtol=1e-4, atol=1e-5)
 
 
+def test_calibrate_bn_takes_one_image_and_refuses_one_value_a_channel(rng):
+    # one image gives a convolution's batch norm 36 values a channel (training takes it); a
+    # Dense's batch norm sees one value a channel in one row, and a variance needs two
+    conv = ot.Sequential([L.Conv2D(2, 3, padding="same", use_bias=False), L.BatchNorm()], input_shape=(1, 6, 6), seed=0)
+    conv.compile(optimizer="sgd", loss="mse")
+    x = rng.standard_normal((1, 1, 6, 6)).astype(np.float32)
+    with ot.Trainer(conv, batch_size=1) as tr:
+        tr.calibrate_bn(x)
+        k, _, _, mean, var = tr.model().get_weights()
+    h = np.stack([sum(np.pad(x[0, 0], 1)[i:i + 6, j:j + 6] * k[c, 0, i, j] for i in range(3) for j in range(3))
+                  for c in range(2)]).astype(np.float64)
+    np.testing.assert_allclose(mean, h.mean((1, 2)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var, h.var((1, 2)), rtol=1e-5, atol=1e-6)
+    dense = ot.Sequential([L.Dense(3), L.BatchNorm()], input_shape=(2,), seed=0)
+    dense.compile(optimizer="sgd", loss="mse")
+    with ot.Trainer(dense, batch_size=1) as tr:
+        before = tr.get_weights()
+        with pytest.raises(ot.ShapeError, match="sees 1 value a channel in 1 row"):
+            tr.calibrate_bn(np.ones((1, 2), np.float32))
+        for a, b in zip(tr.get_weights(), before, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_checkpoint_resume_is_bit_exact(tmp_path, rng):
     model = seed_model()
     x, y = seed_data()
