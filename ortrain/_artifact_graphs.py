@@ -84,8 +84,7 @@ def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tu
     if weight is not None:
         gb.add_input(weight.name, weight.dtype, weight.shape)
     gb.add_input(LOSS_SCALE, np.float32, ())
-    value = loss.build(gb, pred.name, LABEL, weight.name if weight else None, pred_rank=len(pred.shape),
-                       pred_shape=tuple(pred.shape))
+    value = loss.build(gb, pred.name, LABEL, weight.name if weight else None, pred_shape=tuple(pred.shape))
     gb.op("Identity", [value], outputs=[LOSS])
     gb.op("Mul", [LOSS, LOSS_SCALE], outputs=[SCALED_LOSS])
     outs = [TensorSpec(SCALED_LOSS, np.dtype(np.float32), ()).to_value_info(),

@@ -27,6 +27,7 @@ import onnx
 from ortrain import artifacts, engine
 from ortrain._arrays import is_real
 from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
+from ortrain.ag import tensor
 from ortrain.ag.calls import Capture, TracedCall
 from ortrain.ag.tensor import Buffer, Param
 from ortrain.ag.tracer import example_inputs, trace
@@ -41,7 +42,6 @@ __all__ = ["Capture", "CaptureStep", "capture", "capture_step"]
 
 _world = [0]       # bumped whenever a param's freshest value moves between sessions
 _live_steps = [0]  # captured steps alive; with one, nothing can be shared
-_one_at_a_time = threading.RLock()  # captured steps run one after another (see CaptureStep.__call__)
 _counting = threading.Lock()  # held only while _live_steps changes, never while waiting for anything
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
@@ -50,8 +50,7 @@ _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 def _fresh_locks_in_child() -> None:
     """A forked child gets its own locks: a thread of the parent that held one at the fork does not
     exist in the child, which would wait for it forever."""
-    global _one_at_a_time, _counting
-    _one_at_a_time = threading.RLock()
+    global _counting
     _counting = threading.Lock()
 
 
@@ -99,7 +98,7 @@ class CaptureStep(TracedCall):
         """Run one step on the named input arrays; returns the loss, or a dict of outputs."""
         # Steps that share params or an optimizer hand values over between them: one runs at a time,
         # from whichever thread, so that no step's update is lost to another's.
-        with _one_at_a_time:
+        with tensor.TURNS:
             feeds = self._arrive(args, kwargs, self._session is not None)
             opt = self._opt
             # opt._step is opt.step for an optimizer with params (only a compiled model's reads another count)
@@ -225,7 +224,7 @@ class CaptureStep(TracedCall):
         """Release the session; params keep their trained values and ``opt.state()`` its moments.
         Later calls raise ``ot.FreedError``; freeing twice is harmless. A call running in another
         thread (a first one recording ``fn``, too) finishes first."""
-        with _one_at_a_time:
+        with tensor.TURNS:
             self._free()
 
     def __del__(self):

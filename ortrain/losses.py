@@ -90,10 +90,10 @@ class Loss:
     sums_last_axis = False
 
     def build(self, gb: GraphBuilder, pred: str, label: str, weight: str | None = None,
-              pred_rank: int | None = None, pred_shape: tuple | None = None) -> str:
+              pred_shape: tuple | None = None) -> str:
         """Append the loss; returns the name of the scalar loss value. ``pred_shape`` (the
-        prediction's static shape, the batch free) lets a large sample's elements be averaged
-        before the float64 mean over the batch."""
+        prediction's static shape, the batch free) picks the fused forms and lets a large sample's
+        elements be averaged before the float64 mean over the batch."""
         e = self.elementwise(gb, pred, label)
         if weight is not None:
             e = gb.op("Mul", [e, weight])
@@ -147,8 +147,7 @@ class Loss:
         if weight is not None:
             feeds["weight"] = weight
             gb.add_input("weight", np.float32, weight.shape)
-        value = self.build(gb, "pred", "label", "weight" if "weight" in feeds else None, pred_rank=pred.ndim,
-                           pred_shape=pred.shape)
+        value = self.build(gb, "pred", "label", "weight" if "weight" in feeds else None, pred_shape=pred.shape)
         gb.op("Identity", [value], outputs=["loss"])
         gb.add_output("loss", np.float32, ())
         return float(engine.run_model(gb.to_model(), feeds)[0])
@@ -290,12 +289,12 @@ class SparseCategoricalCrossentropy(Loss):
             gb.op("Log", [_clip_probs(gb, pred)])
         return gb.op("Neg", [gb.op("GatherElements", [logp, idx], axis=-1)])
 
-    def build(self, gb, pred, label, weight=None, pred_rank=None, pred_shape=None):
-        if self.from_logits and weight is None and pred_rank == 2:
+    def build(self, gb, pred, label, weight=None, pred_shape=None):
+        if self.from_logits and weight is None and pred_shape is not None and len(pred_shape) == 2:
             # The fused op is faster and exact; it takes classes on axis 1, i.e. 2-D logits.
             per_sample, _ = gb.op("SoftmaxCrossEntropyLoss", [pred, label], outputs=2, reduction="none")
             return _mean(gb, per_sample)  # its own mean adds in turn, as ReduceMean does
-        return super().build(gb, pred, label, weight, pred_rank, pred_shape)
+        return super().build(gb, pred, label, weight, pred_shape)
 
 
 class BinaryCrossentropy(Loss):

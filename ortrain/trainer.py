@@ -198,22 +198,26 @@ class Trainer(TrainerSetup, Releasable):
             session._zero_grad()
             self._accum = 0
         except BaseException as exc:
-            if session.abandon_step(exc, self._updates):
+            if session.abandon_step(exc, self._updates):  # it dropped the gradients
                 self._updates += 1  # the update ran before the interrupt arrived
                 self._n_steps += 1
-            else:  # the period's batches go uncounted with their gradients
-                self._n_steps -= self._accum
+                self._accum = 0
+            else:
+                self._uncount_period()
                 session.undraw(drawn)
-            self._accum = 0
             raise
         self._updates += 1
         self._n_steps += 1
         return fetches
 
     def _drop_period(self) -> None:
-        """Drop the accumulation period's gradients, and uncount its batches (``n_steps`` stays a
-        multiple of ``nbatch_logical / batch_size`` past the updates)."""
+        """Drop the accumulation period's gradients, and uncount its batches."""
         self._session.zero_grad()
+        self._uncount_period()
+
+    def _uncount_period(self) -> None:
+        """The period's batches go uncounted with their gradients (``n_steps`` stays a multiple of
+        ``nbatch_logical / batch_size`` past the updates)."""
         self._n_steps -= self._accum
         self._accum = 0
 

@@ -244,11 +244,10 @@ def test_a_layers_repr_shows_its_name():
 
 def test_a_copy_of_a_param_waits_for_a_captured_run_in_another_thread():
     import copy
-    import importlib
     import threading
 
-    from ortrain import capture as _  # noqa: F401 - the module whose lock the turns are
-    turns = importlib.import_module("ortrain.capture")._one_at_a_time
+    from ortrain.ag import tensor
+    turns = tensor.TURNS
     W = ag.param(np.ones((2, 2), np.float32), name="W")
     held, done = threading.Event(), threading.Event()
     release = threading.Event()

@@ -15,7 +15,8 @@ import numpy as np
 from ortrain import engine
 from ortrain._arrays import as_array, read_array
 from ortrain._lifetime import Releasable
-from ortrain.ag.tensor import Param, _turns
+from ortrain.ag import tensor
+from ortrain.ag.tensor import Param
 from ortrain.ag.tracer import example_inputs, trace
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.forward import to_inference
@@ -187,7 +188,7 @@ class Capture(TracedCall):
             named[name] = feeds[i]
         # between captured steps, buffer writes and assigns from other threads: the params are fed
         # as they live in the sessions, and a run must read all of an update or none of it
-        with _turns():
+        with tensor.TURNS:
             for p in self._params:
                 named[p.name] = p._current()
             try:

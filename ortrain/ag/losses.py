@@ -26,9 +26,8 @@ def _same_shape(where: str, x, target) -> tuple[Tensor, Tensor]:
 
 
 def _loss(where: str, loss: _losses.Loss, x: Tensor, target: Tensor) -> Tensor:
-    rank, shape = x.ndim, tuple(x.shape)
-    return Tensor((), FLOAT, where, (x, target),
-                  lambda gb, names: loss.build(gb, names[0], names[1], pred_rank=rank, pred_shape=shape))
+    shape = tuple(x.shape)
+    return Tensor((), FLOAT, where, (x, target), lambda gb, names: loss.build(gb, names[0], names[1], pred_shape=shape))
 
 
 def mse_loss(input, target) -> Tensor:  # noqa: A002 - PyTorch's argument name

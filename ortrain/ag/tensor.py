@@ -9,8 +9,9 @@ from there.
 
 from __future__ import annotations
 
-import importlib
 import itertools
+import os
+import threading
 import weakref
 
 import numpy as np
@@ -76,10 +77,20 @@ class Tensor:
         return f"Tensor({self.op}, shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
 
 
-def _turns():
-    """The lock captured steps and captures take turns on (``ortrain.capture``; read at each call,
-    since a forked child replaces it)."""
-    return importlib.import_module("ortrain.capture")._one_at_a_time  # the module (ortrain.capture is the function)
+# Captured steps and captures run one after another, from whichever thread (ortrain.capture), and
+# writes into params and buffers and reads of them land between those runs: all take turns on it.
+TURNS = threading.RLock()
+
+
+def _fresh_turns_in_child() -> None:
+    """A forked child gets its own lock: a thread of the parent that held it at the fork does not
+    exist in the child, which would wait for it forever (read as ``tensor.TURNS`` at each use)."""
+    global TURNS
+    TURNS = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_turns_in_child)
 
 
 def _refusing(op: str):
@@ -157,7 +168,7 @@ class Param(Tensor):
     def numpy(self) -> np.ndarray:
         """A copy of the current value (the trained value while a captured step holds the param),
         read between captured steps, never during one run from another thread."""
-        with _turns():
+        with TURNS:
             return np.array(self._current(), copy=True)
 
     def assign(self, value) -> None:
@@ -171,7 +182,7 @@ class Param(Tensor):
     def _write(self, index, values: np.ndarray) -> None:
         # Every session holding a copy gets the new rows, so no step reads a stale value; between
         # captured runs, so that a run in another thread reads all of a write or none of it.
-        with _turns():
+        with TURNS:
             if self._holder is None:
                 self._home[index] = values
             for step in list(self._users):
@@ -182,7 +193,7 @@ class Param(Tensor):
     def __reduce__(self):
         # A copy (copy, deepcopy, pickle) is a new param of the same name holding the current value,
         # held by no captured step.
-        with _turns():  # the value between captured runs, as numpy() reads it
+        with TURNS:  # the value between captured runs, as numpy() reads it
             value = np.array(self._current(), copy=True)
         return _rebuilt, (type(self), value, self.name, self.trainable)
 

@@ -25,7 +25,7 @@ from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph import IR_VERSION
 from ortrain.graph.dropout_masks import dropout_as_mask_inputs, with_mask_metadata
 from ortrain.graph.gradient_ops import (
-    gradient_reach,
+    nodes_reached,
     recurrent_weights_differentiated_whole,
     refuse_recurrent_forms,
 )
@@ -72,9 +72,9 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         builder.build()
     except Exception as exc:  # the builder reports everything as RuntimeError / Fail
         if "Pow's input exponent" in str(exc):  # the builder differentiates a Pow in its base only
-            exponents = gradient_reach(model, None) & _weight_reach(model, grads)
+            trained = grads | {o for _, n in nodes_reached(model, grads) for o in n.output}
             nodes = [n.name or f"Pow#{i}" for i, n in enumerate(model.graph.node)
-                     if n.op_type == "Pow" and len(n.input) > 1 and n.input[1] in exponents]
+                     if n.op_type == "Pow" and len(n.input) > 1 and {n.input[0], n.input[1]} <= trained]
             raise UnsupportedOpError(
                 f"Pow {', '.join(map(repr, nodes)) or 'node'}: its base and its exponent both depend on trained "
                 "weights, and onnxruntime-training differentiates a Pow in its base only (where the base is "
@@ -100,15 +100,6 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         if m.ir_version > 10 or m.ir_version < IR_VERSION:
             m.ir_version = IR_VERSION
     return with_mask_metadata(training, masks, kept), eval_model
-
-
-def _weight_reach(model: onnx.ModelProto, weights: set[str]) -> set[str]:
-    """The values computed from ``weights`` (forwards, through every input)."""
-    reach = set(weights)
-    for node in model.graph.node:
-        if any(i in reach for i in node.input if i):
-            reach.update(o for o in node.output if o)
-    return reach
 
 
 # Ops whose equal calls compute different values (a draw each), never merged as equal.

@@ -131,18 +131,7 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     Values of unknown type count as float.
     """
     target = target or model.graph.output[0].name
-    types = elem_types(model, lenient=True)
-    tainted = set(trainable)
-    candidates = []
-    for i, node in enumerate(model.graph.node):
-        skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
-        read = [name for pos, name in enumerate(node.input) if pos not in skip] + subgraph_reads(node)
-        if not any(name in tainted for name in read):
-            continue
-        outs = [o for o in node.output if o and types.get(o, TensorProto.FLOAT) in _FLOATS]
-        if outs:
-            tainted.update(outs)
-            candidates.append((i, node))  # its position in the graph names it when it has no name
+    candidates = nodes_reached(model, trainable)
     needed = ancestors(model, target)
     consts = int64_constants(model, also_int32=True)  # ONNX takes a slice's steps, a pad's pads... in either
     missing: dict[str, list[str]] = {}
@@ -229,6 +218,26 @@ def recurrent_forms_not_run_in_training(model: onnx.ModelProto) -> dict[str, lis
         what = recurrent_form_not_run_in_training(node) if node.op_type in ("LSTM", "GRU") else None
         if what:
             found.setdefault(what, []).append(node.name or f"{node.op_type}#{i}")
+    return found
+
+
+def nodes_reached(model: onnx.ModelProto, trainable) -> list[tuple[int, onnx.NodeProto]]:
+    """``(position, node)`` in graph order for the nodes a gradient from ``trainable`` enters: an
+    input where one flows (not ``NON_DIFFERENTIABLE_INPUTS``) depends on a trainable weight through
+    float values, and the node has a float output (values of unknown type count as float). The
+    position names a node without a name."""
+    types = elem_types(model, lenient=True)
+    tainted = set(trainable)
+    found = []
+    for i, node in enumerate(model.graph.node):
+        skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
+        read = [name for pos, name in enumerate(node.input) if pos not in skip] + subgraph_reads(node)
+        if not any(name in tainted for name in read):
+            continue
+        outs = [o for o in node.output if o and types.get(o, TensorProto.FLOAT) in _FLOATS]
+        if outs:
+            tainted.update(outs)
+            found.append((i, node))
     return found
 
 

@@ -66,8 +66,8 @@ def repeated_inputs_apart(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes = []
     for k, node in enumerate(out.graph.node):
         seen = set()
-        for j, name in enumerate(node.input):
-            if not name or subgraphs(node):
+        for j, name in enumerate(node.input if not subgraphs(node) else ()):
+            if not name:
                 continue
             if name in seen:
                 copy_name = f"{name}/repeated_input_{k}_{j}"
