@@ -557,6 +557,12 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
     slices = row_slices(xs[0].shape[0], batch_size)
     if len(slices) > 1:
         data = [s.name for s in specs]
+        for name, shape in runner.inputs_without_batch(data).items():
+            raise OrtrainError(
+                f"batch_size: expected every input to have the batch as its first axis, to cut chunks of "
+                f"{batch_size} rows, but input {name!r} has none (the graph declares its shape {shape}, where "
+                f"another input's first axis is free); fix: make {name!r} a constant of the model (an "
+                f"initializer), or pass batch_size=None with as many rows in every input")
         for name, shape in runner.declared_without_batch(data).items():
             raise _batchless(name, f"the graph declares its shape {shape}", batch_size)
         rows = {len(xs[0][sl]) for sl in slices}

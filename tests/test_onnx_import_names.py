@@ -169,6 +169,23 @@ def test_an_input_with_a_fixed_first_axis_beside_a_free_batch_is_warned(rng):
         ot.from_onnx(both_fixed)
 
 
+def test_predict_in_chunks_refuses_an_input_without_a_batch_axis(rng):
+    # predict(batch_size=) cut the mixing matrix into chunks too, and onnxruntime refused them
+    # ("invalid dimensions for input: mix"); all rows at once predict as the graph says
+    w, mix = rng.standard_normal((4, 4)), rng.standard_normal((4, 4)).astype(np.float32)
+    proto = model([N("MatMul", ["x", "W"], ["h"]), N("MatMul", ["h", "mix"], ["y"])],
+                  [vi("x", ["n", 4]), vi("mix", [4, 4])], [vi("y", ["n", 4])], [_init("W", w)])
+    with pytest.warns(UserWarning, match="fixed first axis"):
+        m = ot.from_onnx(proto)
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    np.testing.assert_allclose(m.predict([x, mix], batch_size=None), x @ w.astype(np.float32) @ mix,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ot.OrtrainError, match=r"batch_size: expected every input to have the batch as its first "
+                                              r"axis, to cut chunks of 2 rows, but input 'mix' has none \(the "
+                                              r"graph declares its shape \(4, 4\).*make 'mix' a constant"):
+        m.predict([x, mix], batch_size=2)
+
+
 def test_a_weight_read_through_one_identity_keeps_its_name(recwarn):
     # TensorFlow's graphs read a variable through one Identity ("W/read"): the weight was named
     # after the Identity's output, frozen=["W"] was refused, and a warning said equal weights had

@@ -56,6 +56,16 @@ class InferenceRunner:
                 found[o.name] = tuple(shape)
         return found
 
+    def inputs_without_batch(self, data_inputs: list[str]) -> dict[str, tuple]:
+        """Data inputs whose declared shape has no batch axis, by name, with that shape: a scalar, or a
+        fixed first size where another data input's first axis is free (a mixing matrix, a mask).
+        Chunks of rows cannot be cut from them."""
+        shapes = {i.name: i.shape for i in self._sess.get_inputs()
+                  if i.name in data_inputs and isinstance(i.shape, list)}
+        if not any(s and not isinstance(s[0], int) for s in shapes.values()):
+            return {}
+        return {name: tuple(s) for name, s in shapes.items() if not s or isinstance(s[0], int)}
+
     def batch_unnamed(self, data_inputs: list[str]) -> list[str]:
         """Outputs whose declared first size is not named as an input's batch is: their first axis
         follows the batch only if a run says so (:func:`~ortrain._arrays.run_chunks` asks one)."""
