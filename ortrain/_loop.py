@@ -57,6 +57,7 @@ class Loop:
         self._synced_at = None
         self._own_reads = False  # the loop's own reads of the model, which bring nothing over
         self._thread = None  # the thread the fit runs on (run sets it)
+        self._handed = False  # whether the fit's end brought the trained weights to the model
         self._steps_at_start = trainer.n_steps
         base = trainer._model
         self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
@@ -201,6 +202,13 @@ class Loop:
         with self._reading():
             self._take_edits_of(m)
 
+    def _model_edited(self, m: Model) -> bool:
+        """Whether weights, ``optimizer.lr`` or ``stop_training`` may have been written on the model
+        since the loop last took its edits (by a generator, another thread or a signal handler, which
+        no callback hook follows): cheap, no scan of the layers."""
+        opt = m.optimizer
+        return m._edits_pending() or m.stop_training or (id(opt), _lr_writes(opt)) != self._lr_seen
+
     def _take_edits_of(self, m: Model) -> None:
         edits = m._take_edits()
         if edits:
@@ -233,7 +241,7 @@ class Loop:
             self._thread = threading.get_ident()
             self._link()
             with self._reading():
-                self._trains = set(self._model.trainable_weight_names)  # what this fit's graphs train
+                self._trains = _what_trains(self._model)  # what this fit's graphs fix
         try:
             cbs.on_train_begin({})
             for epoch in range(self.initial_epoch, self.epochs):
@@ -272,10 +280,11 @@ class Loop:
         if model is None or self._trains is None:
             return
         with self._reading():  # names only: the model need not take the trained weights for that
-            if set(model.trainable_weight_names) == self._trains:
+            if _what_trains(model) == self._trains:
                 return
         self._trains = None
-        warn("the weights that train changed during this fit (layer.trainable, freeze or unfreeze): the running "
+        warn("the weights that train changed during this fit (layer.trainable, freeze, unfreeze, freeze_bn_stats or "
+             "unfreeze_bn_stats): the running "
              "fit's graphs fix which weights train, so the change takes effect from the next fit, as a Keras model "
              "needs compile again. To fine-tune after some epochs, fit again with initial_epoch=", UserWarning)
 
@@ -321,7 +330,7 @@ class Loop:
                         raise OrtrainError("sample_weight: this batch carries loss weights but the first batch did "
                                            "not, so training started without them; pass loss_mask=1 to "
                                            "fit_generator, or give every batch weights (ones where none apply)")
-                if model is not None and model._edits_pending():  # weights a generator set: this step's
+                if model is not None and self._model_edited(model):  # a generator's edits: this step's
                     self._take_model_edits()
                 fetches, labels, weights = tr._step(x, y, w, None, checked, self.class_weight, most=bs)
                 lr = tr.lr  # the rate this step took, before a batch hook writes the next one
@@ -337,6 +346,8 @@ class Loop:
                 logs = {"batch": step, "size": rows, "loss": total / seen}
                 logs.update((m.name, m.result()) for m in metrics)
                 cbs.on_batch_end(step, logs)
+            if model is not None and model.stop_training:  # set by another thread or a signal handler
+                self.stop_training = True
             if self.stop_training:
                 break
         self.epoch_steps, self.epoch_samples = step + 1, seen
@@ -399,18 +410,24 @@ class Loop:
                  f"{it.steps} batches; the val_ values are over those (warned once)", RuntimeWarning)
         return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
 
+    def _live(self) -> bool:
+        """Whether the model's reads get this fit's live state: once it has stepped, on the fit's
+        thread. Another thread reads the weights the model held last (:meth:`_sync`), so it reads the
+        optimizer state that goes with them (a save from it pairs the two)."""
+        return self.stepped and (threading.get_ident() == self._thread or self._handed)
+
     def _seen_now(self):
-        """The model's ``_lr_seen`` while this fit runs and has stepped: the rate it took over last
-        (so a save or copy mid-fit pairs the live state with the live rate)."""
-        return self._lr_seen if self.stepped else None
+        """The model's ``_lr_seen`` while this fit runs live: the rate it took over last (so a save or
+        copy mid-fit pairs the live state with the live rate)."""
+        return self._lr_seen if self._live() else None
 
     def _live_state(self):
-        """The model's ``train_state`` while this fit runs: the trainer's once it has stepped."""
-        return self.trainer.export_state() if self.stepped else None
+        """The model's ``train_state`` while this fit runs live: the trainer's."""
+        return self.trainer.export_state() if self._live() else None
 
     def _live_updates(self):
-        """The model's optimizer step count while this fit runs: the trainer's once it has stepped."""
-        return self.trainer.n_updates if self.stepped else None
+        """The model's optimizer step count while this fit runs live: the trainer's."""
+        return self.trainer.n_updates if self._live() else None
 
     def _live_lr(self) -> float:
         return self.trainer.lr
@@ -449,6 +466,7 @@ class Loop:
                     # was, and a rate written on model.optimizer still to be taken up by the next fit.
                     state = tr.export_state() if self.stepped else None
                     _ = self.model  # brings the weights over (a callback may have set some)
+                    self._handed = True  # another thread now reads the trained weights: the live state too
                     if self.stepped:
                         self._model._train_state = state  # not the setter, which refuses it mid-fit
                         self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
@@ -473,6 +491,11 @@ class Loop:
                  f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning)
 
 
+
+
+def _what_trains(model) -> tuple[set[str], set[str]]:
+    """The weights that train and the batch-norm statistics kept fixed: what a fit's graphs fix."""
+    return set(model.trainable_weight_names), set(getattr(model, "_frozen_stats", ()))
 
 
 def _lr_writes(opt) -> int:

@@ -647,6 +647,33 @@ def test_what_a_callback_changes_on_self_model_reaches_the_training():
     assert hist.epoch == [0, 1]
 
 
+@pytest.mark.parametrize("hooks", ["none", "epoch", "batch_end"])
+def test_a_rate_and_a_stop_a_generator_writes_on_the_model_take_effect_at_the_next_step(hooks):
+    # with no batch hook they waited for the epoch's end (a stop never came in a one-epoch fit), and
+    # with only on_batch_end the rate came one step late
+    data = batches(6, 4)
+    model = sgd_model(lr=0.0)
+    start = model.get_weights()
+
+    def gen():
+        for i, batch in enumerate(data):
+            if i == 2:
+                model.optimizer.lr = 0.3
+            if i == 4:
+                model.stop_training = True
+            yield batch
+
+    cbs = {"none": [], "epoch": [ot.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: None)],
+           "batch_end": [ot.callbacks.LambdaCallback(on_batch_end=lambda b, logs: None)]}[hooks]
+    model.fit(gen(), steps_per_epoch=6, epochs=1, verbose=0, callbacks=cbs)
+    assert model.optimizer.step == 5  # as Keras: the batch in hand when told to stop trains
+    want = start
+    for x, y in data[2:5]:
+        want = sgd(want, mse_grads(want, x, y)[1], 0.3)
+    for got, w in zip(model.get_weights(), want):
+        np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-6)
+
+
 def test_on_train_end_runs_only_for_callbacks_that_began():
     class Fails(ot.callbacks.Callback):
         def on_train_begin(self, logs=None):

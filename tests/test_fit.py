@@ -1841,6 +1841,41 @@ def test_the_models_state_is_handed_over_before_a_fit_stops_showing_its_live_sta
     assert seen and set(seen) <= {(s, s) for s in (3, 4, 5, 6)} and seen[-1] == (6, 6)
 
 
+def test_a_save_from_another_thread_mid_fit_pairs_the_weights_with_their_optimizer_state(rng, tmp_path):
+    # the other thread read the weights the model held before the fit beside the fit's live step 5
+    # and moments: a file that continued training with stale weights and advanced moments
+    x = rng.standard_normal((80, 4)).astype(np.float32)
+    y = x @ np.ones((4, 1), np.float32)
+    model = dense_model(4, 1, optimizer=ot.optim.Adam(lr=0.1))
+    before = model.get_weights()
+    go, done = threading.Event(), threading.Event()
+    got = {}
+
+    def batches():
+        for i in range(10):
+            if i == 5:
+                go.set()
+                assert done.wait(30)
+            yield x[8 * i:8 * i + 8], y[8 * i:8 * i + 8]
+
+    def other():
+        go.wait(30)
+        model.save(tmp_path / "mid.ortrain")
+        got["step"], got["state"] = model.optimizer.step, model.train_state
+        done.set()
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    model.fit(batches(), steps_per_epoch=10, epochs=1, verbose=0)
+    worker.join()
+    mid = ot.load_model(tmp_path / "mid.ortrain")
+    for a, b in zip(mid.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    assert mid.optimizer.step == 0 and mid.train_state is None
+    assert got == {"step": 0, "state": None}
+    assert model.optimizer.step == 10 and model.train_state.step == 10  # after the fit: the trained pair
+
+
 def test_a_one_shot_generator_shorter_than_steps_per_epoch_is_said(rng):
     # As Keras' "Your input ran out of data": 4 batches for steps_per_epoch=10 train 4 steps, with a
     # warning that says so (the fit took them silently before).
@@ -2120,8 +2155,9 @@ def test_freezing_from_a_callback_says_it_counts_from_the_next_fit():
 
     for how in ("unfreeze", "layer.trainable"):
         with pytest.warns(UserWarning, match=r"the weights that train changed during this fit \(layer.trainable, "
-                                             r"freeze or unfreeze\): the running fit's graphs fix which weights "
-                                             r"train, so the change takes effect from the next fit") as caught:
+                                             r"freeze, unfreeze, freeze_bn_stats or unfreeze_bn_stats\): the running "
+                                             r"fit's graphs fix which weights train, so the change takes effect from "
+                                             r"the next fit") as caught:
             model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[Unfreeze(how)])
         assert sum("weights that train changed" in str(w.message) for w in caught) == 1
         if how == "unfreeze":
@@ -2132,6 +2168,23 @@ def test_freezing_from_a_callback_says_it_counts_from_the_next_fit():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.fit(x, y, batch_size=8, epochs=2, verbose=0)  # nothing changed: nothing said
+
+
+def test_batch_norm_statistics_frozen_during_a_fit_are_said_to_count_from_the_next():
+    # freeze_bn_stats() in a callback took effect from the next fit, as freeze does, but without the word
+    # freeze gives
+    rng = np.random.default_rng(0)
+    x, y = rng.random((16, 4)).astype(np.float32), rng.random((16, 2)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(3), ot.layers.BatchNorm(), ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(lr=0.05), loss="mse")
+    freeze = ot.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: e == 0 and model.freeze_bn_stats())
+    with pytest.warns(UserWarning, match=r"freeze_bn_stats or unfreeze_bn_stats\): the running fit's graphs") as caught:
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[freeze])
+    assert sum("weights that train changed" in str(w.message) for w in caught) == 1
+    stats = [w for n, w in zip(model.weight_names(), model.get_weights()) if "running" in n]
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    after = [w for n, w in zip(model.weight_names(), model.get_weights()) if "running" in n]
+    assert len(stats) == 2 and all(np.array_equal(a, b) for a, b in zip(stats, after))
 
 
 def test_what_a_new_model_trains_at_does_not_depend_on_when_the_collector_runs():
@@ -2183,6 +2236,67 @@ def test_what_a_new_model_trains_at_does_not_depend_on_when_the_collector_runs()
         shown = copies[order.index(last)]
         assert copies[0].optimizer is copies[1].optimizer
         assert shown.optimizer._compiled_model() is shown and shown.optimizer.step == 4
+
+
+def test_an_optimizer_compiled_away_keeps_its_state_and_a_compile_back_continues_it(rng):
+    # compile(optimizer=SGD) wiped the Adam object's step and moments, so compiling back on it (as a
+    # Keras user does) restarted Adam from zero; its shown rate fell back from the schedule's too
+    x, y = rng.random((16, 4)).astype(np.float32), rng.random((16, 2)).astype(np.float32)
+    decay = [ot.callbacks.StepDecay(0.5, 1)]
+
+    def fitted():
+        m, adam = _dense_4_2(), ot.optim.Adam(lr=0.01)
+        m.compile(optimizer=adam, loss="mse")
+        m.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=decay)
+        return m, adam
+
+    straight, _ = fitted()
+    m, adam = fitted()
+    shown = adam.state()
+    m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    assert m.optimizer.step == 0
+    kept = adam.state()
+    assert (kept["step"], kept["lr"], adam.lr) == (4, 0.005, 0.005)
+    for name, ms in shown["moments"].items():
+        for k in ("m", "v"):
+            np.testing.assert_array_equal(kept["moments"][name][k], ms[k])
+    m.compile(optimizer=adam, loss="mse")
+    assert m.optimizer.step == 4 and m.optimizer.lr == 0.005
+    m.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    straight.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert m.optimizer.step == straight.optimizer.step == 6
+    for a, b in zip(m.get_weights(), straight.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # another model compiled with it starts afresh, as the documented rule says
+    other = _dense_4_2()
+    m.compile(optimizer="adam", loss="mse")
+    other.compile(optimizer=adam, loss="mse")
+    assert other.optimizer.step == 0 and other.train_state is None
+
+
+def test_a_state_loaded_into_an_optimizer_before_its_compile_is_the_models(rng):
+    # opt.load_state(state) then model.compile(optimizer=opt): the model started from zero
+    x, y = rng.random((16, 4)).astype(np.float32), rng.random((16, 2)).astype(np.float32)
+    a = _dense_4_2()
+    a.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    a.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    b = _dense_4_2()
+    b.set_weights(a.get_weights())
+    opt = ot.optim.Adam()
+    opt.load_state(a.optimizer.state())
+    b.compile(optimizer=opt, loss="mse")
+    assert b.optimizer.step == 2
+    a.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    b.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    for p, q in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(p, q)
+    wider = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    opt = ot.optim.Adam()
+    opt.load_state(a.optimizer.state())
+    with pytest.warns(UserWarning, match=r"compile: the optimizer keeps the state of other weights \(step 4, "
+                                         r"moments of 'dense_0.bias', 'dense_0.kernel'\).*it starts afresh"):
+        wider.compile(optimizer=opt, loss="mse")
+    assert wider.optimizer.step == 0
 
 
 def test_fit_generator_with_the_models_own_optimizer_keeps_its_state_as_compile_does():

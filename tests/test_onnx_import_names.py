@@ -186,6 +186,19 @@ def test_predict_in_chunks_refuses_an_input_without_a_batch_axis(rng):
         m.predict([x, mix], batch_size=2)
 
 
+def test_evaluate_weighs_a_chunk_by_its_rows_when_one_row_loses_its_batch_axis(rng):
+    # an axis-less Squeeze (old converted CNNs) gives a 1-row chunk's prediction shape (2,): evaluate
+    # weighed that chunk's loss by 2 rows (2.071 where the mean over the rows is 1.982)
+    x, y = rng.standard_normal((33, 3, 4, 4)).astype(np.float32), rng.standard_normal((33, 2)).astype(np.float32)
+    proto = model([N("Conv", ["x", "W"], ["h"]), N("GlobalAveragePool", ["h"], ["p"]), N("Squeeze", ["p"], ["y"])],
+                  [vi("x", ["N", 3, 4, 4])], [vi("y", ["N", 2])], [_init("W", rng.standard_normal((2, 3, 1, 1)))],
+                  opset=11)
+    m = ot.from_onnx(proto)
+    m.compile(optimizer="sgd", loss="mse")
+    want = np.mean((m.predict(x).astype(np.float64) - y) ** 2)
+    np.testing.assert_allclose(m.evaluate(x, y, batch_size=32, verbose=0)["loss"], want, rtol=1e-5)
+
+
 def test_a_weight_read_through_one_identity_keeps_its_name(recwarn):
     # TensorFlow's graphs read a variable through one Identity ("W/read"): the weight was named
     # after the Identity's output, frozen=["W"] was refused, and a warning said equal weights had

@@ -268,7 +268,9 @@ class TrainingMixin:
     def compile(self, optimizer="adam", loss="mse", metrics=None, weighted_metrics=None) -> Model:
         """Choose the optimizer, loss and metrics. Compiling again with the optimizer object the
         model holds (``optimizer=model.optimizer``, say to add a metric) keeps its state (moments and
-        step), as Keras does; another optimizer, or a name such as ``"adam"``, starts afresh.
+        step), as Keras does; another optimizer, or a name such as ``"adam"``, starts afresh. The
+        optimizer compiled away keeps the state it showed, which compiling this model back on it
+        continues, as does a compile after ``optimizer.load_state(state)``.
 
         As in Keras, ``metrics`` count every sample alike and ``weighted_metrics`` weigh each by its
         ``sample_weight`` and ``class_weight`` (as the loss does). All are checked before any is set:
@@ -297,8 +299,21 @@ class TrainingMixin:
                                f"dimension ({first.name!r} has shape ()); ortrain trains outputs with one row per "
                                "input row. Keep the batch axis in the model (e.g. keepdims=1, or reduce over the "
                                "other axes only)")
+        kept = new_optimizer._kept_state(self) if new_optimizer is not self.optimizer else None
+        if kept is not None and (set(kept["moments"]) - set(self._optimizer_weights())
+                                 or self._misfit_moment(kept["moments"]) is not None):
+            warn(f"compile: the optimizer keeps the state of other weights (step {kept['step']}, moments of "
+                 f"{', '.join(map(repr, sorted(kept['moments'])[:4]))}), which model {self.name!r} does not "
+                 "train: it starts afresh", UserWarning)
+            kept = None
         if new_optimizer is not self.optimizer:  # (a compile inside a fit is refused above)
+            if self.optimizer is not None:  # it keeps what it showed, as a Keras optimizer its variables
+                self.optimizer._detach(self)
             self._train_state = None
+            if kept is not None:  # as a Keras optimizer continues with its variables
+                self._load_optimizer_state(kept["step"], kept["lr"], kept["moments"], kept["n_steps"],
+                                           kept["draws"])
+                self._lr_seen = (id(new_optimizer), new_optimizer.lr_writes)  # its rate is the state's
         self.optimizer, self.loss, self.metrics = new_optimizer, new_loss, new_metrics
         self.weighted_metrics = new_weighted
         new_optimizer._lr_now = ShownRate(self, new_optimizer)
@@ -465,7 +480,7 @@ class TrainingMixin:
             if w is not None:
                 feeds[SAMPLE_WEIGHT] = w[sl]
             loss, pred = runner.run(feeds, [LOSS, self.output_specs[0].name])
-            total += float(loss) * pred.shape[0]
+            total += float(loss) * yl[sl].shape[0]  # (a 1-row prediction may have lost its batch axis)
             for m in ms:
                 m.update(pred, yl[sl], None if w is None else w[sl])
         return total, n

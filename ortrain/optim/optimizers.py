@@ -125,6 +125,8 @@ class Optimizer:
         self._model = None  # for a compiled model's optimizer: a weak reference to the model
         self._model_id = None  # and that model's id, which its finalizer checks (the reference may be cleared first)
         self._counts = None  # kept from a model gone: {"n_steps", "draws"} for state()
+        self._kept_for = None  # a weak reference to the model that compiled another optimizer, whose state it keeps
+        self._for_next = False  # load_state gave it a state for the model it is compiled into next
         self._moments: dict[str, tuple[np.ndarray, ...]] = {}
         self._state_source = None  # set by a live capture: returns {param name: moments}
         self._state_version = 0
@@ -170,6 +172,7 @@ class Optimizer:
         """Compiled into ``model`` (or a fit of it): ``step``, ``state()`` and ``load_state`` read
         and write the model's training state, through a weak reference."""
         self._model, self._model_id, self._counts = weakref.ref(model), id(model), None
+        self._kept_for, self._for_next = None, False
 
     def _outlive(self, model) -> None:
         """``model``, which this optimizer is compiled into, is being collected: keep what it showed
@@ -185,6 +188,29 @@ class Optimizer:
         self._model = self._model_id = None
         self._lr_now = None if shown is None else _Shown(shown)
 
+    def _detach(self, model) -> None:
+        """``model``, which this optimizer is compiled into, compiles another one: keep what it showed,
+        as for a model gone, and give it back if ``model`` compiles this optimizer again (a Keras
+        optimizer keeps its variables, and a recompile with it continues)."""
+        linked = self._model is not None and self._model_id == id(model)
+        self._outlive(model)
+        if linked and self._model is None:
+            self._kept_for = weakref.ref(model)
+
+    def _kept_state(self, model) -> dict | None:
+        """The state a compile of ``model`` with this optimizer continues from, as
+        ``_load_optimizer_state`` takes it: the state kept when ``model`` compiled another optimizer,
+        or one ``load_state`` gave it for the model it is compiled into next; else None (a fresh
+        start, as for a model like one gone, whatever the collector did)."""
+        if self.params or self._compiled_model() is not None:
+            return None
+        kept_for = self.__dict__.get("_kept_for")
+        if not (self.__dict__.get("_for_next") or (kept_for is not None and kept_for() is model)):
+            return None
+        counts = self._counts or {}
+        return {"step": self._step, "lr": self.lr, "moments": dict(self._moments),
+                "n_steps": counts.get("n_steps", self._step), "draws": counts.get("draws")}
+
     def _compiled_model(self):
         """The model this optimizer is compiled into (the last to compile or fit with it), or None."""
         ref = self._model
@@ -197,7 +223,7 @@ class Optimizer:
         model = self._compiled_model()
         if model is not None:  # what the model's optimizer state holds now
             state.update(_held(model.train_state))
-        state["_model"] = state["_model_id"] = None
+        state["_model"] = state["_model_id"] = state["_kept_for"] = None
         state["_lr_now"] = self._lr_now if isinstance(self._lr_now, _Shown) else None
         if self._state_source is not None:
             state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms)
@@ -211,6 +237,8 @@ class Optimizer:
         state.setdefault("_model", None)
         state.setdefault("_model_id", None)
         state.setdefault("_counts", None)
+        state.setdefault("_for_next", False)
+        state["_kept_for"] = None
         self.__dict__.update(state)
 
     @property
@@ -296,6 +324,7 @@ class Optimizer:
             self._moments, self._step = moments, int(step)
             counted = not self.params and ("n_steps" in state or "draws" in state)  # not a captured step's
             self._counts = {"n_steps": n_steps, "draws": draws} if counted else None
+            self._for_next = not self.params  # for the model it is compiled into next
         self._lr = lr
         for key, value in hyper.items():
             setattr(self, key, value)
