@@ -35,7 +35,7 @@ from ortrain.graph.passes import (
 
 __all__ = ["FORM_OPS", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
            "nodes_without_gradient", "recurrent_weights_differentiated_whole", "recurrent_forms_not_run_in_training",
-           "refuse_empty_pool_windows", "refuse_recurrent_forms", "untrainable_form"]
+           "refuse_empty_pool_windows", "refuse_recurrent_forms", "untrainable_form", "window_past_input"]
 
 # Ops without a gradient that every training graph holds in other ops (gradient_forms.FORMS)
 FORM_OPS = frozenset({"InstanceNormalization", "GroupNormalization", "ReduceMax", "ReduceMin", "GlobalMaxPool",
@@ -295,35 +295,46 @@ def refuse_recurrent_forms(model: onnx.ModelProto) -> None:
 
 
 def refuse_empty_pool_windows(model: onnx.ModelProto) -> None:
-    """A ``MaxPool`` with ``ceil_mode`` whose last window starts past its (padded) input, where its
-    sizes are fixed: onnxruntime computes that window (an output of -3.4e38), onnx's shape inference
-    and PyTorch drop it, and the training graph, built on the inferred sizes, failed in the loss
-    ("Incompatible dimensions") without naming the pool."""
+    """A ``MaxPool`` or ``AveragePool`` with ``ceil_mode`` whose last window starts past its (padded)
+    input, where its sizes are fixed: onnxruntime 1.19.2 computes that window (an output of -3.4e38, or
+    an average of cells from other rows), onnx's shape inference, PyTorch and current onnxruntime drop
+    it, and the training graph, built on the inferred sizes, failed in the loss ("Incompatible
+    dimensions") without naming the pool, or trained on other values than predict gave."""
     from ortrain.graph.shapes import Shapes
     shapes = None
     for i, node in enumerate(model.graph.node):
-        if node.op_type != "MaxPool" or not attribute(node, "ceil_mode", 0) or \
-                text_attribute(node, "auto_pad", "NOTSET") != "NOTSET":
+        if node.op_type not in ("MaxPool", "AveragePool") or not attribute(node, "ceil_mode", 0) or \
+                text_attribute(node, "auto_pad", "NOTSET") not in ("NOTSET", ""):
             continue
         shapes = shapes or Shapes(model)
-        shape = shapes.shape(node.input[0])
-        kernel = list(attribute(node, "kernel_shape", []))
-        if shape is None or len(shape) != len(kernel) + 2:
+        past = window_past_input(node, shapes.shape(node.input[0]))
+        if past is not None:
+            axis, size, reach, stride = past
+            raise UnsupportedOpError(
+                f"{node.op_type} node {node.name or f'#{i}'!r}: with ceil_mode its last window on spatial axis "
+                f"{axis} starts past the input (size {size}, window {reach}, stride {stride}): onnxruntime "
+                f"computes it ({'an output of -3.4e38' if node.op_type == 'MaxPool' else 'from cells of other rows'})"
+                f" where onnx's shape inference and PyTorch drop it, and training cannot take the two sizes. Give "
+                f"the input a size the windows cover, ceil_mode=0, or padding")
+
+
+def window_past_input(node: onnx.NodeProto, shape) -> tuple[int, int, int, int] | None:
+    """For a pool with ``ceil_mode`` and explicit ``pads``: (spatial axis, its size, the window's reach,
+    the stride) of the first axis whose last window starts past the input and its leading padding,
+    where the sizes are known; else None."""
+    kernel = list(attribute(node, "kernel_shape", []))
+    if shape is None or len(shape) != len(kernel) + 2:
+        return None
+    rank = len(kernel)
+    strides = list(attribute(node, "strides", [])) or [1] * rank
+    dilations = list(attribute(node, "dilations", [])) or [1] * rank
+    pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
+    for axis, size in enumerate(shape[2:]):
+        if type(size) is not int:
             continue
-        rank = len(kernel)
-        strides = list(attribute(node, "strides", [])) or [1] * rank
-        dilations = list(attribute(node, "dilations", [])) or [1] * rank
-        pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
-        for axis, size in enumerate(shape[2:]):
-            if type(size) is not int:
-                continue
-            reach = (kernel[axis] - 1) * dilations[axis] + 1
-            span = size + pads[axis] + pads[axis + rank] - reach
-            out = -(-span // strides[axis]) + 1
-            if (out - 1) * strides[axis] >= size + pads[axis]:
-                raise UnsupportedOpError(
-                    f"MaxPool node {node.name or f'#{i}'!r}: with ceil_mode its last window on spatial axis {axis} "
-                    f"starts past the input (size {size}, window {reach}, stride {strides[axis]}): onnxruntime "
-                    f"computes it (an output of -3.4e38) where onnx's shape inference and PyTorch drop it, and "
-                    f"training cannot take the two sizes. Give the input a size the windows cover, ceil_mode=0, "
-                    f"or padding")
+        reach = (kernel[axis] - 1) * dilations[axis] + 1
+        span = size + pads[axis] + pads[axis + rank] - reach
+        out = -(-span // strides[axis]) + 1
+        if (out - 1) * strides[axis] >= size + pads[axis]:
+            return axis, size, reach, strides[axis]
+    return None

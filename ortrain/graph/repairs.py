@@ -26,6 +26,9 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
   and a name for the output.
 * ``MaxPool`` with ``storage_order`` 1 whose indices nothing reads, whose gradient the runtime
   puts on the wrong cells: the attribute goes (it only sets how the indices count).
+* ``MaxPool`` and ``AveragePool`` with ``ceil_mode``, whose last window onnxruntime 1.19.2 computes
+  where the specification drops it, or divides otherwise than the specification and current
+  onnxruntime: trimmed padding, or the padding as a ``Pad`` (:func:`ceil_pools_in_spec_form`).
 * ``LSTM`` and ``GRU`` naming their default activations as the spec spells them (``"Sigmoid"``),
   which onnxruntime-training's kernels refuse (they compare lower-case names): the attribute goes.
 
@@ -47,7 +50,7 @@ from ortrain.graph.builder import FreshNames
 from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS
 from ortrain.graph.layer_forms import conv_with_explicit_pads
 from ortrain.graph.opsets import default_opset
-from ortrain.graph.passes import SAME, attribute, elem_types, subgraphs, text_attribute
+from ortrain.graph.passes import SAME, attribute, elem_types, replace_nodes, subgraphs, text_attribute
 from ortrain.graph.sequences import split_to_sequence_as_split
 from ortrain.graph.shapes import Shapes
 
@@ -394,6 +397,86 @@ def row_major_max_pools(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                                and (len(n.output) < 2 or n.output[1] not in read), ("storage_order",))
 
 
+def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``MaxPool`` and ``AveragePool`` with ``ceil_mode``, explicit ``pads`` and known spatial sizes, in
+    a form onnxruntime 1.19.2 reads as the ONNX specification, PyTorch and current onnxruntime do:
+    ``ceil_mode=0`` with the end padding the windows kept reach. onnxruntime 1.19.2 differs from them
+    in two places:
+
+    * a last window that starts past the input and its leading padding is dropped by them, and
+      computed by onnxruntime 1.19.2 (-3.4e38, or an average of cells of other rows);
+    * an ``AveragePool`` counting its padding divides a last window that runs past the padding by the
+      cells inside the padded input, where onnxruntime 1.19.2 divides by the whole kernel: the pool
+      divides every window by the whole kernel, and a ``Mul`` by a constant (a ``Constant`` node, no
+      weight) rescales those windows. (A ``Pad`` before a pool that counts no padding is no such form:
+      onnxruntime 1.19.2's optimizer folds the ``Pad`` into the pool's padding, uncounted.)
+
+    A model trained here then computes the same once served by current onnxruntime. Pools whose
+    spatial sizes are free are left (training refuses their ``ceil_mode`` windows anyway)."""
+    if not any(n.op_type in ("MaxPool", "AveragePool") and attribute(n, "ceil_mode", 0) for n in model.graph.node):
+        return model, 0
+    shapes, fresh = Shapes(model), FreshNames(model).fresh
+    plans = {}  # by the pool's output
+    for node in model.graph.node:
+        if node.op_type in ("MaxPool", "AveragePool") and attribute(node, "ceil_mode", 0) and \
+                text_attribute(node, "auto_pad", "NOTSET") in ("NOTSET", ""):
+            plan = _spec_pool_plan(node, shapes.shape(node.input[0]))
+            if plan is not None:
+                plans[node.output[0]] = plan
+    if not plans:
+        return model, 0
+
+    def rewrite(i, node):
+        pads, scale = plans[node.output[0]]
+        pool = copy.deepcopy(node)
+        for attr in [a for a in pool.attribute if a.name in ("pads", "ceil_mode")]:
+            pool.attribute.remove(attr)
+        pool.attribute.extend([helper.make_attribute("ceil_mode", 0), helper.make_attribute("pads", pads)])
+        if scale is None:
+            return [pool], []
+        prefix = f"{node.name or node.op_type}/spec_form_{i}/"
+        whole, factor = fresh(prefix + "whole_kernel"), fresh(prefix + "rescale")
+        pool.output[0] = whole
+        return [pool,
+                helper.make_node("Constant", [], [factor], name=fresh(prefix + "Constant"),
+                                 value=numpy_helper.from_array(scale, factor)),
+                helper.make_node("Mul", [whole, factor], [node.output[0]], name=fresh(prefix + "Mul"))], []
+
+    return replace_nodes(model, lambda n: n.op_type in ("MaxPool", "AveragePool") and n.output[0] in plans,
+                         rewrite), len(plans)
+
+
+def _spec_pool_plan(node, shape):
+    """(the pool's pads, the factor of each window or None) of the form :func:`ceil_pools_in_spec_form`
+    gives ``node``; None where the spatial sizes are not known."""
+    kernel = list(attribute(node, "kernel_shape", []))
+    rank = len(kernel)
+    if shape is None or len(shape) != rank + 2 or any(type(d) is not int for d in shape[2:]):
+        return None
+    strides = list(attribute(node, "strides", [])) or [1] * rank
+    dilations = list(attribute(node, "dilations", [])) or [1] * rank
+    pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
+    begin, end = pads[:rank], pads[rank:]
+    reaches, counts = [], []  # per axis: the end padding the windows kept reach, the taps inside the padding
+    for axis, size in enumerate(shape[2:]):
+        k, d, stride, b, e = kernel[axis], dilations[axis], strides[axis], begin[axis], end[axis]
+        reach = (k - 1) * d + 1
+        out = -(-(size + b + e - reach) // stride) + 1
+        if (out - 1) * stride >= size + b:  # the specification's rule: such a last window is dropped
+            out -= 1
+        reaches.append(max(0, (out - 1) * stride + reach - size - b))
+        counts.append(np.array([sum(o * stride - b + j * d < size + e for j in range(k)) for o in range(out)],
+                               np.float32))
+    scale = None
+    if node.op_type == "AveragePool" and attribute(node, "count_include_pad", 0) and \
+            any(r > e for r, e in zip(reaches, end)):
+        inside = counts[0]
+        for c in counts[1:]:
+            inside = np.multiply.outer(inside, c)
+        scale = (np.prod(kernel) / inside).astype(np.float32).reshape(1, 1, *inside.shape)
+    return [*begin, *reaches], scale
+
+
 def _attributes_dropped(model: onnx.ModelProto, matches, names) -> tuple[onnx.ModelProto, int]:
     """``model`` without the attributes ``names`` on the nodes ``matches`` picks, and their count."""
     targets = [i for i, n in enumerate(model.graph.node) if matches(n)]
@@ -429,7 +512,8 @@ def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     report = {}
     for fn in (split_to_sequence_as_split, sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
                gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads,
-               split_outputs_named, default_recurrent_activations_dropped, row_major_max_pools):
+               split_outputs_named, default_recurrent_activations_dropped, row_major_max_pools,
+               ceil_pools_in_spec_form):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n
