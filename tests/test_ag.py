@@ -537,7 +537,8 @@ def test_get_rows_takes_negative_constant_indices_as_numpy_does():
 @pytest.mark.torch
 def test_int64_operands_meeting_floats_are_computed_in_float32_as_pytorch_does():
     # int64 beside a float32 tensor, with a fractional constant, or divided were refused; PyTorch
-    # promotes them to float32. Two int64 operands and whole-number constants stay int64.
+    # promotes them to float32, as it does with any float constant (k * 2.0 stayed int64 here). Two int64
+    # operands and int constants stay int64.
     torch = torch_or_skip()
     k = np.array([1, 2, 3])
     w0 = np.array([0.5, -1.0, 2.0], np.float32)
@@ -554,8 +555,10 @@ def test_int64_operands_meeting_floats_are_computed_in_float32_as_pytorch_does()
         np.testing.assert_allclose(out["loss"], want.item(), rtol=1e-6)
         np.testing.assert_allclose(opt.state()["moments"]["W"]["m"], Wt.grad.numpy(), rtol=1e-6)
     ints = ag.buffer(np.arange(3))
-    assert (ints + 1).dtype == (ints * 2.0).dtype == (ints - ints).dtype == np.int64
+    assert (ints + 1).dtype == (ints * np.int64(2)).dtype == (ints - ints).dtype == np.int64
     assert (ints / 1).dtype == (ints * 0.5).dtype == (ints + ag.param(w0)).dtype == np.float32
+    for whole in (2.0, np.float32(3.0), 1e20):  # as torch.arange(3) * 2.0
+        assert (ints * whole).dtype == (whole + ints).dtype == np.float32
 
 
 def test_comparisons_and_integer_division_on_tensors_are_refused():
@@ -580,3 +583,16 @@ def test_negation_and_abs_of_int64_stay_int64_as_in_pytorch():
     np.testing.assert_array_equal(out["n"], -k)
     np.testing.assert_array_equal(out["a"], np.abs(k))
     np.testing.assert_array_equal(out["rows"], np.arange(12, dtype=np.float32).reshape(6, 2)[np.abs(k)])
+
+
+def test_a_0d_tensor_transposes_to_itself_and_is_refused_by_concat():
+    # transpose gave onnx.helper's ValueError (an empty perm), concat an IndexError
+    s = ag.param(np.float32(0.5), name="s")
+    opt = gradient_probe([s])
+    step = ot.capture_step(lambda: ag.transpose(s) * 3.0 + s.T, optimizer=opt)
+    np.testing.assert_allclose(float(step()), 2.0)
+    np.testing.assert_allclose(probed_grads(opt)[0], 4.0)
+    with pytest.raises(ot.ShapeError, match=r"concat: expected tensors with at least one dimension, received 0-d "
+                                            r"ones .*ag.reshape\(t, \(1,\)\)"):
+        ot.capture_step(lambda: ag.sum(ag.concat([s, s])), optimizer=ot.optim.Adam([s]))()
+    assert s.numpy() == np.float32(0.5)

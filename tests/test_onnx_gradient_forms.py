@@ -869,6 +869,31 @@ def test_a_value_read_twice_by_one_node_trains(rng):
         x3, [M, M], {"w": w}, lambda x, t: (x @ t["w"]) @ (x @ t["w"]))
 
 
+def test_a_value_two_concatenations_read_trains(rng):
+    # a data input (or any value without a gradient) joined to two hidden layers, DenseNet's skips:
+    # each concatenation's gradient named an "x_grad" ("Duplicate definition of name (x_grad)")
+    w, v = (rng.standard_normal((M, M)).astype(np.float32) * 0.5 for _ in range(2))
+    _one_sgd_step_matches_torch(
+        [_node("MatMul", ["x", "w"], "h"), _node("MatMul", ["x", "v"], "g"), _node("Concat", ["x", "h"], "a", axis=1),
+         _node("Concat", ["g", "x"], "b", axis=1), _node("Mul", ["a", "b"], "out")],
+        _x(M), [2 * M], {"w": w, "v": v},
+        lambda x, t: torch_cat([x, x @ t["w"]]) * torch_cat([x @ t["v"], x]))
+
+
+def test_a_captured_step_over_two_concatenations_of_one_input_matches_torch():
+    torch = torch_or_skip()
+    from ortrain import ag
+    start, x = np.arange(4, dtype=np.float32), np.linspace(-1, 1, 4).astype(np.float32)
+    w = ag.param(start.copy(), name="w")
+    step = ot.capture_step(lambda x: ag.mean(ag.concat([x, w]) * ag.concat([w, x])),
+                           optimizer=ot.optim.Adam([w], lr=0.1))
+    step(x=x)
+    tw = torch.tensor(start, requires_grad=True)
+    torch.mean(torch.cat([torch.tensor(x), tw]) * torch.cat([tw, torch.tensor(x)])).backward()
+    torch.optim.Adam([tw], lr=0.1).step()
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
 def torch_cat(parts):
     import torch
     return torch.cat(parts, dim=1)

@@ -22,13 +22,12 @@ __all__ = [
 
 
 # -- elementwise ----------------------------------------------------------------------------------
-def _fractional(value, where: str) -> bool:
-    """A float constant with a fractional part, or not finite (an int tensor's constant would
-    round it)."""
+def _float_constant(value, where: str) -> bool:
+    """A float constant (``0.5``, ``2.0``, ``np.float32(3)``): an int tensor meeting one is computed in
+    float32, as PyTorch promotes it, whole or not."""
     if isinstance(value, Tensor):
         return False
-    a = read_array(value, where)
-    return a.dtype.kind == "f" and bool(np.any(~np.isfinite(a) | (a != np.round(a))))
+    return read_array(value, where).dtype.kind == "f"
 
 
 def _to_float(t: Tensor) -> Tensor:
@@ -37,12 +36,12 @@ def _to_float(t: Tensor) -> Tensor:
 
 def _binary(where: str, op_type: str, a, b, promote: bool = False) -> Tensor:
     """``a op b``. As in PyTorch, an int64 operand meeting a float32 tensor or a float constant
-    with a fractional part (``k * 0.5``) is computed in float32 (``promote``: always, for
-    ``div``'s true division); two int64 operands or an int64 and a whole number stay int64."""
+    (``k * 0.5``, ``k * 2.0``) is computed in float32 (``promote``: always, for ``div``'s true
+    division); two int64 operands or an int64 and an int constant (``k + 1``) stay int64."""
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         a = as_tensor(a, where)
     tensor = a if isinstance(a, Tensor) else b
-    if tensor.dtype == INT and (promote or _fractional(a, where) or _fractional(b, where)):
+    if tensor.dtype == INT and (promote or _float_constant(a, where) or _float_constant(b, where)):
         a, b = (_to_float(v) if isinstance(v, Tensor) else v for v in (a, b))
     a = as_tensor(a, where, like=b if isinstance(b, Tensor) else None)
     b = as_tensor(b, where, like=a)

@@ -191,6 +191,8 @@ def transpose(x, *dims, perm=None) -> Tensor:
     if sorted(p) != list(range(x.ndim)):
         raise ShapeError(f"transpose: perm {perm!r} is not a permutation of the {x.ndim} dimensions of "
                          f"{describe_shape(x.shape)}")
+    if not p:  # a 0-d tensor is its own transpose, as numpy's and PyTorch's
+        return x
     return Tensor(tuple(x.shape[i] for i in p), x.dtype, "transpose", (x,), _node("Transpose", perm=p))
 
 
@@ -203,6 +205,9 @@ def concat(tensors, axis: int = FIRST_AXIS, *, dim: int | None = None) -> Tensor
     first = next((t for t in tensors if isinstance(t, Tensor)), None)
     first = as_tensor(tensors[0], "concat") if first is None else first
     ts = [as_tensor(t, "concat", like=first) for t in tensors]
+    if first.ndim == 0:
+        raise ShapeError("concat: expected tensors with at least one dimension, received 0-d ones (as numpy, "
+                         "which cannot join them either); give them one first: ag.reshape(t, (1,))")
     a = _axis("concat", _either("concat", axis, dim, 0), first.ndim)
     for t in ts:
         if t.dtype != first.dtype or t.ndim != first.ndim or \
