@@ -30,7 +30,18 @@ def checked_target(path, what: str = "path") -> Path:
     socket. A symbolic link gives the path of the file it names."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise OrtrainError(f"{what}: expected a file path (str or os.PathLike), received {path!r}")
-    path = Path(path)
+    try:
+        return _checked_target(Path(path), what)
+    except PermissionError as exc:  # a folder on the way that may not be looked into
+        raise OrtrainError(f"{what}: cannot write {str(path)!r}: {exc.strerror} ({exc.filename}); choose a folder "
+                           "you can write to") from None
+
+
+def _checked_target(path: Path, what: str) -> Path:
+    size, limit = len(os.fsencode(path.name)), name_max(path.parent)
+    if size > limit:
+        raise OrtrainError(f"{what}: cannot write {str(path)!r}: its name is {size} bytes, and the file system takes "
+                           f"names of at most {limit}; choose a shorter name")
     if path.is_symlink():  # the file the link names is written; the link stays
         try:
             path = Path(os.path.realpath(path, strict=True))
@@ -56,6 +67,14 @@ def checked_target(path, what: str = "path") -> Path:
         raise OrtrainError(f"{what}: cannot write {str(path)!r}: the directory {str(path.parent)!r} does not "
                            "exist; create it first")
     return path
+
+
+def name_max(folder) -> int:
+    """The longest file name, in bytes, the file system of ``folder`` takes (255 where it cannot tell)."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):  # (no pathconf on Windows)
+        return 255
 
 
 def _special_kind(path: Path) -> str | None:
@@ -111,15 +130,16 @@ def atomic_temporaries(name: str, suffix: str) -> str:
 def atomic_path(path, what: str | None = None):
     """Yield a fresh temporary path beside ``path``; on success it is renamed onto ``path``, on
     failure removed. Unique per call, so threads and processes writing one file do not collide.
-    The file gets the usual permissions (0666 less the umask), as ``open`` would give it. A write
-    the system refuses (a full disk, a file-size limit) is an :class:`OrtrainError` naming
-    ``what`` (the argument) and ``path``."""
+    A new file gets the usual permissions (0666 less the umask), and a file it replaces keeps its
+    own, as ``open`` gives them. A write the system refuses (a full disk, a file-size limit) is an
+    :class:`OrtrainError` naming ``what`` (the argument) and ``path``."""
     path = checked_target(path, what or "path")
     handled = sys.exc_info()[1]  # a save inside `except KeyboardInterrupt:` reports its own failure
+    short = len(os.fsencode(path.name)) + 32 > name_max(path.parent)  # the temporary's name would be too long
     while True:
         # the same suffix: writers such as onnx.save choose the format by it (atomic_temporaries reads
-        # this name)
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}"
+        # this name, which a name near the file system's limit leaves out)
+        tmp = path.parent / f".{'' if short else path.name + '.'}{secrets.token_hex(6)}.tmp{path.suffix}"
         try:
             held = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
             break
@@ -139,6 +159,8 @@ def atomic_path(path, what: str | None = None):
         if not locked:  # no POSIX locks (Windows): an open file would stop the rename
             os.close(held)
             held = None
+        with contextlib.suppress(OSError):  # a file replaced keeps its permissions (0600 stays 0600)
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -227,7 +249,15 @@ LEFT_BEHIND_AFTER_S = 60.0  # a temporary untouched this long and unlocked is no
 
 
 _SWEPT: set[str] = set()  # folders this process has looked through already
-_ANY_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{12}\.tmp(\.[^.]+)?")  # atomic_path's, of any file
+# atomic_path's, of any file: ".<name>.<12 hex>.tmp<the name's suffix>"
+_ANY_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp(?P<suffix>\.[^.]+)?")
+
+
+def _is_temporary(name: str) -> bool:
+    """Whether ``name`` is one ``atomic_path`` gives a temporary: its suffix repeats the suffix of the
+    file it stands for (``.m.onnx.<hex>.tmp.onnx``), which a user's ``.notes.<hex>.tmp.txt`` lacks."""
+    match = _ANY_TEMPORARY.fullmatch(name)
+    return match is not None and Path(match["name"]).suffix == (match["suffix"] or "")
 
 
 def _remove_left_behind(path: Path, own: Path) -> None:
@@ -243,7 +273,7 @@ def _remove_left_behind(path: Path, own: Path) -> None:
     now = time.time()
     with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
         for entry in entries:
-            if entry.name == own.name or not _ANY_TEMPORARY.fullmatch(entry.name):
+            if entry.name == own.name or not _is_temporary(entry.name):
                 continue
             with contextlib.suppress(OSError):
                 if not entry.is_file(follow_symlinks=False) or \

@@ -486,6 +486,14 @@ def load(directory) -> Artifacts:
     if not isinstance(directory, (str, os.PathLike)):
         raise OrtrainError(f"directory: expected the path of an artifacts directory, received {directory!r}")
     d = Path(directory)
+    try:
+        return _load(d)
+    except PermissionError as exc:
+        raise OrtrainError(f"artifacts in {str(d)!r} cannot be read: {exc.strerror} ({exc.filename}); make them "
+                           "readable (chmod -R u+rX) or rebuild them where you can read them") from None
+
+
+def _load(d: Path) -> Artifacts:
     mpath = d / "manifest.json"
     if not d.exists():
         raise OrtrainError(f"{str(d)!r} does not exist (moved or deleted?): give the path of an artifacts "

@@ -209,3 +209,85 @@ def test_a_save_where_files_cannot_be_locked_still_saves(tmp_path, monkeypatch):
     model = _model()
     model.save_weights(tmp_path / "w.npz")
     np.testing.assert_array_equal(np.load(tmp_path / "w.npz")[model.weight_names()[0]], model.get_weights()[0])
+
+
+def test_a_users_hidden_file_shaped_like_a_temporary_is_left(tmp_path):
+    # the sweep removed any ".<name>.<12 hex>.tmp<suffix>": a user's hidden file, an hour old, went too
+    notes = tmp_path / ".notes.0123456789ab.tmp.txt"
+    notes.write_text("mine")
+    old = int(time.time()) - 3600
+    os.utime(notes, (old, old))
+    _model().save(tmp_path / "model.ortrain")
+    assert notes.read_text() == "mine"
+
+
+def test_a_file_replaced_keeps_its_permissions(tmp_path):
+    # the rename onto it gave the file 0666 less the umask: a private 0600 model became readable to all
+    model = _model()
+    for name, save in (("m.ortrain", model.save), ("m.onnx", model.export_onnx), ("w.npz", model.save_weights)):
+        path = tmp_path / name
+        save(path)
+        os.chmod(path, 0o600)
+        save(path)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, name
+
+
+def test_names_near_and_over_the_file_systems_limit(tmp_path):
+    # a name of 238-255 bytes was refused ("File name too long; choose a folder you can write to": its
+    # temporary's was too long), one over 255 gave a raw OSError
+    model = _model()
+    near = tmp_path / ("y" * 250)
+    model.save(near)
+    assert ot.load_model(near).get_weights()[0].shape == (3, 2)
+    assert sorted(os.listdir(tmp_path)) == [near.name]
+    with pytest.raises(ot.OrtrainError, match=r"save\(path\): cannot write .*: its name is 256 bytes, and the file "
+                                              r"system takes names of at most 255; choose a shorter name"):
+        model.save(tmp_path / ("y" * 256))
+
+
+def test_an_empty_weights_file_is_refused_clearly(tmp_path):
+    (tmp_path / "w.npz").write_bytes(b"")
+    model = _model()
+    before = model.get_weights()
+    with pytest.raises(ot.OrtrainError, match=r"load_weights: .*w.npz.*\(it is empty\)"):
+        model.load_weights(tmp_path / "w.npz")
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_folder_name_that_is_not_utf8_is_refused_where_onnxruntime_writes(tmp_path):
+    # onnxruntime's bindings raised "TypeError: save_checkpoint(): incompatible function arguments"
+    folder = os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9")
+    os.makedirs(folder)
+    model = _model()
+    model.save(folder + "/m.ortrain")  # Python's own writes take it
+    with ot.Trainer(model, batch_size=4) as tr:
+        with pytest.raises(ot.OrtrainError, match=r"save_checkpoint\(path\): .* holds a folder or file name that is "
+                                                  r"not valid UTF-8, which onnxruntime cannot open or write"):
+            tr.save_checkpoint(folder + "/ck")
+    with pytest.raises(ot.OrtrainError, match="not valid UTF-8"):
+        ot.artifacts.build(model, out_dir=folder + "/art")
+    assert os.listdir(os.fsencode(folder)) == [b"m.ortrain"]
+
+
+def test_unreadable_artifacts_and_unsearchable_folders_are_said(tmp_path, monkeypatch):
+    # artifacts.load, Trainer.from_artifacts and a save into a folder that may not be looked into gave
+    # Python's raw PermissionError (monkeypatched here: the tests may run as root, whom chmod stops not)
+    import pathlib
+
+    import ortrain.artifacts as artifacts_mod
+    model = _model()
+    art = ot.artifacts.build(model, out_dir=tmp_path / "art")
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(artifacts_mod, "read_manifest", denied)
+    for call in (lambda: ot.artifacts.load(art.directory),
+                 lambda: ot.Trainer.from_artifacts(art.directory, batch_size=4)):
+        with pytest.raises(ot.OrtrainError, match=r"artifacts in .*art' cannot be read: Permission denied "
+                                                  r"\(.*manifest.json\); make them readable"):
+            call()
+    monkeypatch.setattr(pathlib.Path, "is_symlink", denied)
+    with pytest.raises(ot.OrtrainError, match=r"save\(path\): cannot write .*m.ortrain': Permission denied .*; choose "
+                                              r"a folder you can write to"):
+        model.save(tmp_path / "locked" / "m.ortrain")

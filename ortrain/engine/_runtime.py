@@ -27,6 +27,20 @@ _REINSTALL = "pip install --force-reinstall --no-deps 'onnxruntime-training-cpu=
 _SHADOWS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino")
 
 
+def runtime_path(path, what: str = "path") -> str:
+    """``path`` as onnxruntime's functions take it: a str they pass on as UTF-8. A name in another
+    encoding (whose bytes Python keeps as surrogates) is refused with the fix: the runtime's bindings
+    raised a raw ``TypeError`` ("incompatible function arguments") on it."""
+    text = os.fsdecode(os.fspath(path))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise OrtrainError(f"{what}: {text!r} holds a folder or file name that is not valid UTF-8, which onnxruntime "
+                           "cannot open or write; rename it (or the folder) with a UTF-8 name, or choose another "
+                           "path") from None
+    return text
+
+
 def _version_tuple(text: str) -> tuple[int, ...]:
     parts = []
     for piece in text.split(".")[:3]:

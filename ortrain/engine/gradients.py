@@ -18,7 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from ortrain.engine import denormals
-from ortrain.engine._runtime import C, training_graph_utils
+from ortrain.engine._runtime import C, runtime_path, training_graph_utils
 from ortrain.engine.device import session_options
 from ortrain.engine.inference import run_model
 from ortrain.errors import OrtrainError, UnsupportedOpError
@@ -195,4 +195,4 @@ def write_initial_checkpoint(path: str | os.PathLike, trainable: dict[str, np.nd
     """A weights-only checkpoint in onnxruntime-training's format."""
     t = [numpy_helper.from_array(np.ascontiguousarray(a), n).SerializeToString() for n, a in trainable.items()]
     f = [numpy_helper.from_array(np.ascontiguousarray(a), n).SerializeToString() for n, a in frozen.items()]
-    C.save_checkpoint(t, f, os.fspath(path), False)
+    C.save_checkpoint(t, f, runtime_path(path, "checkpoint"), False)

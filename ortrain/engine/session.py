@@ -20,7 +20,7 @@ from ortrain._files import atomic_path, scratch_dir, write_advice
 from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine import denormals
-from ortrain.engine._runtime import C, OrtValue
+from ortrain.engine._runtime import C, OrtValue, runtime_path
 from ortrain.engine.checkpoint import CHECKSUM, CHECKSUM_PLACEHOLDER, read_checkpoint, write_checksum
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
@@ -262,15 +262,16 @@ class TrainingSession:
 
     def _open(self, checkpoint_path, training_path, eval_path, optimizer_path, draws, dev, so) -> None:
         try:
-            self._state = C.load_checkpoint(os.fspath(checkpoint_path))
+            self._state = C.load_checkpoint(runtime_path(checkpoint_path, "checkpoint"))
         except (RuntimeError, IndexError, KeyError, ValueError) as exc:  # a changed byte: any of these
             raise OrtrainError(f"checkpoint {os.fspath(checkpoint_path)!r} cannot be read: {_reason(exc).rstrip('.')}; it is "
                                "damaged (cut short or changed after it was written): use another checkpoint or a "
                                "copy of this one") from exc
         try:
             with dropout_advanced(training_path, draws) as advanced:
-                self._module = C.Module(os.fspath(advanced), self._state, os.fspath(eval_path), dev, so)
-            self._optimizer = (C.Optimizer(os.fspath(optimizer_path), self._state, dev, so)
+                self._module = C.Module(runtime_path(advanced, "training graph"), self._state,
+                                        runtime_path(eval_path, "eval graph"), dev, so)
+            self._optimizer = (C.Optimizer(runtime_path(optimizer_path, "optimizer graph"), self._state, dev, so)
                                if optimizer_path is not None else None)
         except RuntimeError as exc:
             raise _open_failure(exc, self.device) from exc
@@ -455,6 +456,7 @@ class TrainingSession:
             self._state.add_property(key, value)
         if properties:
             self._state.add_property(CHECKSUM, CHECKSUM_PLACEHOLDER)
+        runtime_path(path, "save_checkpoint(path)")  # before anything is written
         with atomic_path(path, "save_checkpoint(path)") as tmp:
             try:
                 C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)

@@ -553,6 +553,8 @@ class Model(TrainingMixin):
             raise OrtrainError(f"{damaged} ({exc})") from exc
         except (OSError, ValueError) as exc:  # not numpy's format
             raise OrtrainError(f"{not_weights} ({exc})") from exc
+        except EOFError:  # an empty file
+            raise OrtrainError(f"{not_weights} (it is empty)") from None
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # a single .npy array
             raise OrtrainError(not_weights)
         with loaded as f:
