@@ -52,8 +52,49 @@ def load_untrusted(source, what: str = "from_onnx") -> onnx.ModelProto:
                            f"received {type(source).__name__}")
     _check_structure(model, what, origin)
     _inline_external_data(model, base, what)
+    _newest_ir_read(model, what)
+    _output_shapes_inferred(model, what)
     _check_onnx(model, what)
     return model
+
+
+def _output_shapes_inferred(model: onnx.ModelProto, what: str) -> None:
+    """Graph outputs declared without a shape (``make_tensor_value_info(name, type, None)``, which
+    onnxruntime runs) get the one onnx's shape inference gives; the checker refused them with its
+    bare "Field 'shape' of 'type' is required but missing"."""
+    bare = [o for o in model.graph.output if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
+    if not bare:
+        return
+    try:
+        inferred = {o.name: o for o in onnx.shape_inference.infer_shapes(_skeleton(model)).graph.output}
+    except Exception:  # noqa: BLE001 - the checker says what is wrong with the graph
+        inferred = {}
+    for o in bare:
+        found = inferred.get(o.name)
+        if found is None or not found.type.tensor_type.HasField("shape"):
+            raise OrtrainError(f"{what}: output {o.name!r} is declared without a shape, and onnx's shape inference "
+                               "finds none; declare it (helper.make_tensor_value_info(name, type, shape), with None or "
+                               "a name for sizes that vary)")
+        o.type.tensor_type.shape.CopyFrom(found.type.tensor_type.shape)
+
+
+def _newest_ir_read(model: onnx.ModelProto, what: str) -> None:
+    """A model of a newer IR version than onnx 1.17 and onnxruntime 1.19.2 read (onnx 1.18's
+    ``make_model`` writes IR 11 by default) is read as IR 10, where the checker finds nothing of the
+    newer version in it; else refused with the fix (the checker said "not valid ONNX")."""
+    newest = onnx.IR_VERSION
+    if model.ir_version <= newest:
+        return
+    given = model.ir_version
+    model.ir_version = newest
+    try:
+        onnx.checker.check_model(_skeleton(model), full_check=False)
+    except Exception as exc:
+        model.ir_version = given
+        raise OrtrainError(f"{what}: the model is of IR version {given}, newer than the {newest} that onnx "
+                           f"{onnx.__version__} and onnxruntime-training 1.19.2 read, and read as IR {newest} it is not "
+                           f"valid ONNX ({str(exc).splitlines()[0]}); export it for IR version {newest} (opset 21 at "
+                           "most)") from exc
 
 
 def _read_file(path: Path, what: str) -> bytes:

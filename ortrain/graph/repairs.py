@@ -29,6 +29,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
 * ``MaxPool`` and ``AveragePool`` with ``ceil_mode``, whose last window onnxruntime 1.19.2 computes
   where the specification drops it, or divides otherwise than the specification and current
   onnxruntime: trimmed padding, or the padding as a ``Pad`` (:func:`ceil_pools_in_spec_form`).
+* A reduction with ``noop_with_empty_axes`` and no axes, which onnxruntime 1.19.2 reduces over every
+  axis (and fails): an ``Identity``, as the specification says.
 * ``LSTM`` and ``GRU`` naming their default activations as the spec spells them (``"Sigmoid"``),
   which onnxruntime-training's kernels refuse (they compare lower-case names): the attribute goes.
 
@@ -477,6 +479,27 @@ def _spec_pool_plan(node, shape):
     return [*begin, *reaches], scale
 
 
+def empty_reductions_as_identity(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A reduction with ``noop_with_empty_axes=1`` and no axes (none given, or an empty constant) is the
+    identity, as the specification says; onnxruntime 1.19.2 reduced over every axis and failed
+    ("Reduction on all axes, output size should be 1") in training and prediction alike."""
+    empty = {t.name for t in model.graph.initializer if not np.prod(t.dims) and t.dims}
+    empty |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.attribute
+              and n.attribute[0].HasField("t") and not np.prod(n.attribute[0].t.dims) and n.attribute[0].t.dims}
+
+    def noop(n) -> bool:
+        if not n.op_type.startswith("Reduce") or not attribute(n, "noop_with_empty_axes", 0):
+            return False
+        axes = n.input[1] if len(n.input) > 1 else ""
+        return (not axes or axes in empty) and not attribute(n, "axes", [])
+
+    count = sum(noop(n) for n in model.graph.node)
+    if not count:
+        return model, 0
+    return replace_nodes(model, noop, lambda i, n: ([helper.make_node("Identity", [n.input[0]], [n.output[0]],
+                                                                      name=n.name)], [])), count
+
+
 def _attributes_dropped(model: onnx.ModelProto, matches, names) -> tuple[onnx.ModelProto, int]:
     """``model`` without the attributes ``names`` on the nodes ``matches`` picks, and their count."""
     targets = [i for i, n in enumerate(model.graph.node) if matches(n)]
@@ -513,7 +536,7 @@ def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     for fn in (split_to_sequence_as_split, sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
                gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads,
                split_outputs_named, default_recurrent_activations_dropped, row_major_max_pools,
-               ceil_pools_in_spec_form):
+               ceil_pools_in_spec_form, empty_reductions_as_identity):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n
