@@ -64,8 +64,10 @@ def _checked_target(path: Path, what: str) -> Path:
         if path.parent.exists():
             raise OrtrainError(f"{what}: cannot write {str(path)!r}: {str(path.parent)!r} is a file, not a "
                                "directory")
+        tilde = " (a leading ~ is no home folder here: os.path.expanduser(path) makes it one)" \
+            if str(path).startswith("~") else ""
         raise OrtrainError(f"{what}: cannot write {str(path)!r}: the directory {str(path.parent)!r} does not "
-                           "exist; create it first")
+                           f"exist; create it first{tilde}")
     return path
 
 

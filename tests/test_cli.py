@@ -459,6 +459,13 @@ def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(
     (["export", "--artifacts", "art", "-o", "art/forward2.onnx"], 2,
      "-o: 'art/forward2.onnx' lies inside the artifacts 'art' this command reads; write it elsewhere"),
     (["predict", "--artifacts", "art", "--data", "x.npy", "-o", "art/p.npy"], 2, "lies inside the artifacts 'art'"),
+    # a path of the wrong kind was said not to exist; a config's bare string is a list too
+    (["eval", "--artifacts", "train.npz", "--data", "test.npz"], 2,
+     "--artifacts: 'train.npz' is a file; give the artifacts directory (the one holding manifest.json)"),
+    (["export", "--artifacts", "art", "--checkpoint", "art", "-o", "e.onnx"], 2,
+     "--checkpoint: 'art' is a directory; give a checkpoint file in it"),
+    (["train", "number.toml"], 2, "CONFIG: key 'data' expects a string or a list of strings, received 5"),
+    (["artifacts", "mlp.onnx", "-o", "/proc/art", "--loss", "mse"], 1, "-o: '/proc/art' cannot be written"),
 ])
 def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     make_artifacts(capsys)
@@ -478,6 +485,7 @@ def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
                                       "val_data = ['test.npz']\n")
     (workdir / "latin1.toml").write_bytes("artifacts = 'art'\n# caf\u00e9\n".encode("latin-1"))
     (workdir / "paths.toml").write_text("artifacts = 'art'\ndata = ['train.npz', 5]\nbatch_size = 8\nepochs = 1\n")
+    (workdir / "number.toml").write_text("artifacts = 'art'\ndata = 5\nbatch_size = 8\nepochs = 1\n")
     before = sorted(p.name for p in workdir.iterdir())
     art_before = sorted(p.name for p in (workdir / "art").iterdir())
     assert cli(*args) == code

@@ -291,3 +291,12 @@ def test_unreadable_artifacts_and_unsearchable_folders_are_said(tmp_path, monkey
     with pytest.raises(ot.OrtrainError, match=r"save\(path\): cannot write .*m.ortrain': Permission denied .*; choose "
                                               r"a folder you can write to"):
         model.save(tmp_path / "locked" / "m.ortrain")
+
+
+def test_a_leading_tilde_is_said_to_be_no_home_folder(tmp_path, monkeypatch):
+    # "create it first" led users to make a folder named "~"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ot.OrtrainError, match=r"create it first \(a leading ~ is no home folder here: "
+                                              r"os.path.expanduser\(path\) makes it one\)"):
+        _model().save("~/m.ortrain")
+    assert os.listdir(tmp_path) == []

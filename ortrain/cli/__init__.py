@@ -256,7 +256,8 @@ def _read_toml(path: str) -> dict:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise UsageError(f"CONFIG: key {key!r} expects {kind.__name__}, received {value!r}")
+            expected = "a string or a list of strings" if kind is list else kind.__name__
+            raise UsageError(f"CONFIG: key {key!r} expects {expected}, received {value!r}")
         if kind is list and not all(isinstance(v, str) for v in value):
             raise UsageError(f"CONFIG: key {key!r} expects a string or a list of strings, received {value!r}")
         if key in TOML_VALUES:  # the same ranges as the options
@@ -395,7 +396,7 @@ def _os_error(opts, exc: OSError) -> str:
 # The Python API's names in messages, as the command line's options say them.
 _AS_OPTIONS = (
     (re.compile(r"^from_onnx: "), "--model: "),
-    (re.compile(r"^out_dir '"), "-o '"),
+    (re.compile(r"^out_dir: "), "-o: "),
     (re.compile(r"^(trainable|frozen|metrics): "), r"--\1: "),
     (re.compile(r"^export_onnx\(path\): "), "-o: "),
     (re.compile(r"^batch_size: (.*)received batch_size=(\d+); leave batch_size out \(it takes (\d+)\)"),

@@ -159,6 +159,15 @@ def read_json(path: Path, what: str, fix: str = ""):
         raise OrtrainError(f"{what} {str(path)!r} is damaged: {exc}" + (f"; {fix}" if fix else "")) from exc
 
 
+def artifacts_dir(path: str, argument: str = "--artifacts") -> None:
+    """Refuse an artifacts path that is a file or does not exist, naming ``argument``."""
+    if os.path.isfile(path):
+        raise UsageError(f"{argument}: {path!r} is a file; give the artifacts directory (the one holding "
+                         "manifest.json)")
+    if not os.path.isdir(path):
+        raise UsageError(f"{argument}: no such directory {path!r}")
+
+
 def model_file(path: str, argument: str) -> None:
     """Refuse a model path that is a directory or does not exist, naming ``argument``."""
     if os.path.isdir(path):

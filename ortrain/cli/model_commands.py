@@ -19,6 +19,7 @@ from ortrain.cli._common import (
     UsageError,
     _one_input,
     array_names,
+    artifacts_dir,
     check_out_dir,
     load_data,
     loss_of,
@@ -45,10 +46,12 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
         if checkpoint is None:
             checkpoint = str(_last_checkpoint(Path(run)))
     else:
-        if not os.path.isdir(artifacts):
-            raise UsageError(f"--artifacts: no such directory {artifacts!r}")
+        artifacts_dir(artifacts)
         art = ot.artifacts.load(artifacts)
     if checkpoint is not None and not os.path.isfile(checkpoint):
+        if os.path.isdir(checkpoint):
+            raise UsageError(f"--checkpoint: {checkpoint!r} is a directory; give a checkpoint file in it (a run's "
+                             "are checkpoints/step-*.ckpt)")
         raise UsageError(f"--checkpoint: no such file {checkpoint!r}")
     return art.model(checkpoint, metrics=metrics)
 

@@ -6,7 +6,6 @@ bookkeeping are in :mod:`ortrain.cli.run_dir`.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from ortrain.cli._common import (
     UsageError,
     _one_input,
     array_names,
+    artifacts_dir,
     check_out_dir,
     load_data,
     loss_of,
@@ -75,8 +75,8 @@ def train(cfg: dict) -> dict:
         cfg = resume_settings(cfg)
     if not cfg.get("resume") and cfg.get("model"):
         model_file(cfg["model"], "--model")
-    if not cfg.get("resume") and cfg.get("artifacts") and not os.path.isdir(cfg["artifacts"]):
-        raise UsageError(f"--artifacts: no such directory {cfg['artifacts']!r}")
+    if not cfg.get("resume") and cfg.get("artifacts"):
+        artifacts_dir(cfg["artifacts"])
     out = Path(cfg["out"])
     check_out_dir(out, "a run")
     x, y, w = load_data(cfg["data"])
