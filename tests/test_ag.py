@@ -596,3 +596,12 @@ def test_a_0d_tensor_transposes_to_itself_and_is_refused_by_concat():
                                             r"ones .*ag.reshape\(t, \(1,\)\)"):
         ot.capture_step(lambda: ag.sum(ag.concat([s, s])), optimizer=ot.optim.Adam([s]))()
     assert s.numpy() == np.float32(0.5)
+
+
+def test_indexing_a_tensor_is_refused_with_the_ops_that_do_it():
+    # "'Tensor' object is not subscriptable", with no word of get_rows or reshape
+    w = ag.param(np.ones((3, 2), np.float32), name="w")
+    for index in (lambda: w[0], lambda: w[:, 1]):
+        with pytest.raises(ot.OrtrainError, match=r"ag records no indexing or slicing .*ag.get_rows\(t, idx\)"):
+            ot.capture_step(lambda index=index: ag.sum(index()), optimizer=ot.optim.Adam([w]))()
+    assert np.array_equal(w.numpy(), np.ones((3, 2), np.float32))

@@ -70,6 +70,12 @@ class Tensor:
     # identity stays the hash: tensors are keys by object, never by value (comparisons are refused below)
     __hash__ = object.__hash__
 
+    def __getitem__(self, key):
+        raise OrtrainError(f"{self!r}[{key!r}]: ag records no indexing or slicing (the tensor is not subscriptable); "
+                           "take rows of a param or buffer with ag.get_rows(t, idx), change its layout with "
+                           "ag.reshape, ag.transpose or ag.concat, or slice the arrays before the call and pass the "
+                           "parts as inputs")
+
     def numpy(self) -> np.ndarray:
         self._no_value()
 
