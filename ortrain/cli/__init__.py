@@ -396,6 +396,7 @@ def _os_error(opts, exc: OSError) -> str:
 # The Python API's names in messages, as the command line's options say them.
 _AS_OPTIONS = (
     (re.compile(r"^from_onnx: "), "--model: "),
+    (re.compile(r"^out_dir '"), "-o '"),
     (re.compile(r"^out_dir: "), "-o: "),
     (re.compile(r"^(trainable|frozen|metrics): "), r"--\1: "),
     (re.compile(r"^export_onnx\(path\): "), "-o: "),
