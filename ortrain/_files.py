@@ -138,10 +138,11 @@ def atomic_path(path, what: str | None = None):
     path = checked_target(path, what or "path")
     handled = sys.exc_info()[1]  # a save inside `except KeyboardInterrupt:` reports its own failure
     short = len(os.fsencode(path.name)) + 32 > name_max(path.parent)  # the temporary's name would be too long
+    suffix = path.suffix if len(path.suffix) <= 16 else ""
     while True:
         # the same suffix: writers such as onnx.save choose the format by it (atomic_temporaries reads
         # this name, which a name near the file system's limit leaves out)
-        tmp = path.parent / f".{'' if short else path.name + '.'}{secrets.token_hex(6)}.tmp{path.suffix}"
+        tmp = path.parent / f".{'' if short else path.name + '.'}{secrets.token_hex(6)}.tmp{suffix}"
         try:
             held = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
             break
@@ -161,8 +162,8 @@ def atomic_path(path, what: str | None = None):
         if not locked:  # no POSIX locks (Windows): an open file would stop the rename
             os.close(held)
             held = None
-        with contextlib.suppress(OSError):  # a file replaced keeps its permissions (0600 stays 0600)
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+        with contextlib.suppress(OSError):  # a file replaced keeps its permissions (0600 stays 0600), as a
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) & 0o777)  # write clears set-id bits
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -251,13 +252,17 @@ LEFT_BEHIND_AFTER_S = 60.0  # a temporary untouched this long and unlocked is no
 
 
 _SWEPT: set[str] = set()  # folders this process has looked through already
-# atomic_path's, of any file: ".<name>.<12 hex>.tmp<the name's suffix>"
+# atomic_path's, of any file: ".<name>.<12 hex>.tmp<the name's suffix>", or for a name near the file
+# system's limit ".<12 hex>.tmp<its suffix>"
 _ANY_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp(?P<suffix>\.[^.]+)?")
+_SHORT_TEMPORARY = re.compile(r"\.[0-9a-f]{12}\.tmp(\.[^.]+)?")
 
 
 def _is_temporary(name: str) -> bool:
     """Whether ``name`` is one ``atomic_path`` gives a temporary: its suffix repeats the suffix of the
     file it stands for (``.m.onnx.<hex>.tmp.onnx``), which a user's ``.notes.<hex>.tmp.txt`` lacks."""
+    if _SHORT_TEMPORARY.fullmatch(name):
+        return True
     match = _ANY_TEMPORARY.fullmatch(name)
     return match is not None and Path(match["name"]).suffix == (match["suffix"] or "")
 

@@ -57,7 +57,6 @@ class Loop:
         self._synced_at = None
         self._own_reads = False  # the loop's own reads of the model, which bring nothing over
         self._thread = None  # the thread the fit runs on (run sets it)
-        self._handed = False  # whether the fit's end brought the trained weights to the model
         self._steps_at_start = trainer.n_steps
         base = trainer._model
         self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
@@ -410,24 +409,18 @@ class Loop:
                  f"{it.steps} batches; the val_ values are over those (warned once)", RuntimeWarning)
         return {"val_loss": total / seen, **{f"val_{m.name}": m.result() for m in metrics}}
 
-    def _live(self) -> bool:
-        """Whether the model's reads get this fit's live state: once it has stepped, on the fit's
-        thread. Another thread reads the weights the model held last (:meth:`_sync`), so it reads the
-        optimizer state that goes with them (a save from it pairs the two)."""
-        return self.stepped and (threading.get_ident() == self._thread or self._handed)
-
     def _seen_now(self):
-        """The model's ``_lr_seen`` while this fit runs live: the rate it took over last (so a save or
-        copy mid-fit pairs the live state with the live rate)."""
-        return self._lr_seen if self._live() else None
+        """The model's ``_lr_seen`` while this fit runs and has stepped: the rate it took over last
+        (so a save or copy mid-fit pairs the live state with the live rate)."""
+        return self._lr_seen if self.stepped else None
 
     def _live_state(self):
-        """The model's ``train_state`` while this fit runs live: the trainer's."""
-        return self.trainer.export_state() if self._live() else None
+        """The model's ``train_state`` while this fit runs: the trainer's once it has stepped."""
+        return self.trainer.export_state() if self.stepped else None
 
     def _live_updates(self):
-        """The model's optimizer step count while this fit runs live: the trainer's."""
-        return self.trainer.n_updates if self._live() else None
+        """The model's optimizer step count while this fit runs: the trainer's once it has stepped."""
+        return self.trainer.n_updates if self.stepped else None
 
     def _live_lr(self) -> float:
         return self.trainer.lr
@@ -466,7 +459,6 @@ class Loop:
                     # was, and a rate written on model.optimizer still to be taken up by the next fit.
                     state = tr.export_state() if self.stepped else None
                     _ = self.model  # brings the weights over (a callback may have set some)
-                    self._handed = True  # another thread now reads the trained weights: the live state too
                     if self.stepped:
                         self._model._train_state = state  # not the setter, which refuses it mid-fit
                         self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit

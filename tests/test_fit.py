@@ -1841,39 +1841,46 @@ def test_the_models_state_is_handed_over_before_a_fit_stops_showing_its_live_sta
     assert seen and set(seen) <= {(s, s) for s in (3, 4, 5, 6)} and seen[-1] == (6, 6)
 
 
-def test_a_save_from_another_thread_mid_fit_pairs_the_weights_with_their_optimizer_state(rng, tmp_path):
-    # the other thread read the weights the model held before the fit beside the fit's live step 5
-    # and moments: a file that continued training with stale weights and advanced moments
+def test_a_save_or_copy_from_another_thread_mid_fit_is_refused(rng, tmp_path):
+    # the other thread paired the weights the model held last (from before the fit, or a callback's read)
+    # with the fit's live step and moments: a file that resumed with stale weights, or fresh moments
+    import copy
     x = rng.standard_normal((80, 4)).astype(np.float32)
     y = x @ np.ones((4, 1), np.float32)
     model = dense_model(4, 1, optimizer=ot.optim.Adam(lr=0.1))
-    before = model.get_weights()
     go, done = threading.Event(), threading.Event()
-    got = {}
+    said = []
 
     def batches():
         for i in range(10):
             if i == 5:
+                model.get_weights()  # a read on the fit's thread brings the trained weights over
                 go.set()
                 assert done.wait(30)
             yield x[8 * i:8 * i + 8], y[8 * i:8 * i + 8]
 
     def other():
         go.wait(30)
-        model.save(tmp_path / "mid.ortrain")
-        got["step"], got["state"] = model.optimizer.step, model.train_state
+        for what, call in (("save(path)", lambda: model.save(tmp_path / "mid.ortrain")),
+                           ("copy or pickle", lambda: copy.deepcopy(model))):
+            try:
+                call()
+            except ot.OrtrainError as exc:
+                said.append((what, str(exc)))
         done.set()
 
     worker = threading.Thread(target=other)
     worker.start()
-    model.fit(batches(), steps_per_epoch=10, epochs=1, verbose=0)
+    saved = tmp_path / "in_callback.ortrain"
+    model.fit(batches(), steps_per_epoch=10, epochs=1, verbose=0,
+              callbacks=[ot.callbacks.LambdaCallback(on_batch_end=lambda b, logs: b == 6 and model.save(saved))])
     worker.join()
-    mid = ot.load_model(tmp_path / "mid.ortrain")
-    for a, b in zip(mid.get_weights(), before):
-        np.testing.assert_array_equal(a, b)
-    assert mid.optimizer.step == 0 and mid.train_state is None
-    assert got == {"step": 0, "state": None}
-    assert model.optimizer.step == 10 and model.train_state.step == 10  # after the fit: the trained pair
+    assert [w for w, _ in said] == ["save(path)", "copy or pickle"] and not (tmp_path / "mid.ortrain").exists()
+    assert all("this model is fitting in another thread" in text for _, text in said)
+    mid = ot.load_model(saved)  # from a callback, on the fit's thread: step 7's weights with step 7's state
+    assert mid.optimizer.step == mid.train_state.step == 7
+    model.save(tmp_path / "after.ortrain")  # and after the fit, from any thread
+    assert ot.load_model(tmp_path / "after.ortrain").optimizer.step == 10
 
 
 def test_a_one_shot_generator_shorter_than_steps_per_epoch_is_said(rng):

@@ -237,6 +237,13 @@ def test_a_reduction_told_to_do_nothing_without_axes_is_the_identity(rng):
     m = _sgd_step(ot.from_onnx(proto), x, y)
     grad = x.T @ (2 * (x @ w - y) / y.size)
     np.testing.assert_allclose(m.get_weights()[0], w - 0.5 * grad, rtol=1e-5, atol=1e-6)
+    # the others keep their elementwise part, as onnx's reference evaluator computes it
+    from onnx.reference import ReferenceEvaluator
+    for op in ("ReduceSumSquare", "ReduceMax", "ReduceLogSumExp"):
+        proto = model([N("MatMul", ["x", "W"], ["h"]), N(op, ["h"], ["y"], noop_with_empty_axes=1)],
+                      [vi("x", ["N", 3])], [vi("y", ["N", 2])], [_init("W", w)], opset=18)
+        want = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+        np.testing.assert_allclose(ot.from_onnx(proto).predict(x), want, rtol=1e-5, atol=1e-6, err_msg=op)
 
 
 def test_an_output_declared_without_a_shape_gets_the_inferred_one(rng):
@@ -246,3 +253,14 @@ def test_an_output_declared_without_a_shape_gets_the_inferred_one(rng):
     x, y = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
     m = _sgd_step(ot.from_onnx(proto), x, y)
     np.testing.assert_allclose(m.get_weights()[0], w - 0.5 * x.T @ (2 * (x @ w - y) / y.size), rtol=1e-5, atol=1e-6)
+
+
+def test_an_output_without_a_shape_whose_shape_follows_from_an_initializer(rng):
+    # inference ran on a copy without the initializers' values, so a Squeeze's axes were unknown and the
+    # output was refused ("onnx's shape inference finds none")
+    w = rng.standard_normal((3, 1)).astype(np.float32)
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    proto = model([N("MatMul", ["x", "W"], ["h"]), N("Squeeze", ["h", "axes"], ["y"])], [vi("x", ["N", 3])],
+                  [vi("y", None)], [_init("W", w), axes])
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(ot.from_onnx(proto).predict(x), (x @ w)[:, 0], rtol=1e-5, atol=1e-6)

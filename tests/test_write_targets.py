@@ -300,3 +300,24 @@ def test_a_leading_tilde_is_said_to_be_no_home_folder(tmp_path, monkeypatch):
                                               r"os.path.expanduser\(path\) makes it one\)"):
         _model().save("~/m.ortrain")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_long_suffix_near_the_limit_and_set_id_bits(tmp_path):
+    # the short temporary kept a 249-byte "suffix" and was too long itself; a replaced 04755 file kept
+    # its set-user-id bit, which a write clears
+    model = _model()
+    path = tmp_path / ("x." + "y" * 248)
+    model.export_onnx(path)
+    assert sorted(os.listdir(tmp_path)) == [path.name]
+    os.chmod(path, 0o4755)
+    model.export_onnx(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o755
+
+
+def test_a_short_temporary_a_kill_left_is_swept(tmp_path):
+    left = tmp_path / ".0123456789ab.tmp.onnx"  # a killed save of a name near the limit
+    left.write_bytes(b"x" * 10)
+    old = int(time.time()) - 3600
+    os.utime(left, (old, old))
+    _model().export_onnx(tmp_path / "m.onnx")
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]

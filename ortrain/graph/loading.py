@@ -65,8 +65,8 @@ def _output_shapes_inferred(model: onnx.ModelProto, what: str) -> None:
     bare = [o for o in model.graph.output if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
     if not bare:
         return
-    try:
-        inferred = {o.name: o for o in onnx.shape_inference.infer_shapes(_skeleton(model)).graph.output}
+    try:  # the whole model: a shape may follow from an initializer's values (a Squeeze's axes)
+        inferred = {o.name: o for o in onnx.shape_inference.infer_shapes(model).graph.output}
     except Exception:  # noqa: BLE001 - the checker says what is wrong with the graph
         inferred = {}
     for o in bare:

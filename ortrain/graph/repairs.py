@@ -30,7 +30,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
   where the specification drops it, or divides otherwise than the specification and current
   onnxruntime: trimmed padding, or the padding as a ``Pad`` (:func:`ceil_pools_in_spec_form`).
 * A reduction with ``noop_with_empty_axes`` and no axes, which onnxruntime 1.19.2 reduces over every
-  axis (and fails): an ``Identity``, as the specification says.
+  axis (and fails): its elementwise part (an ``Identity``, or a ``Mul`` for ``ReduceSumSquare``), as
+  the specification says.
 * ``LSTM`` and ``GRU`` naming their default activations as the spec spells them (``"Sigmoid"``),
   which onnxruntime-training's kernels refuse (they compare lower-case names): the attribute goes.
 
@@ -450,7 +451,7 @@ def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
 
 def _spec_pool_plan(node, shape):
     """(the pool's pads, the factor of each window or None) of the form :func:`ceil_pools_in_spec_form`
-    gives ``node``; None where the spatial sizes are not known."""
+    gives ``node``; None where it needs none, or the spatial sizes are not known."""
     kernel = list(attribute(node, "kernel_shape", []))
     rank = len(kernel)
     if shape is None or len(shape) != rank + 2 or any(type(d) is not int for d in shape[2:]):
@@ -460,18 +461,25 @@ def _spec_pool_plan(node, shape):
     pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
     begin, end = pads[:rank], pads[rank:]
     reaches, counts = [], []  # per axis: the end padding the windows kept reach, the taps inside the padding
+    dropped = False
     for axis, size in enumerate(shape[2:]):
         k, d, stride, b, e = kernel[axis], dilations[axis], strides[axis], begin[axis], end[axis]
         reach = (k - 1) * d + 1
         out = -(-(size + b + e - reach) // stride) + 1
         if (out - 1) * stride >= size + b:  # the specification's rule: such a last window is dropped
             out -= 1
+            dropped = True
         reaches.append(max(0, (out - 1) * stride + reach - size - b))
         counts.append(np.array([sum(o * stride - b + j * d < size + e for j in range(k)) for o in range(out)],
                                np.float32))
+    rescaled = node.op_type == "AveragePool" and attribute(node, "count_include_pad", 0) and \
+        any(r > e for r, e in zip(reaches, end))
+    # Where neither differs, the pool stays as it is; so it does where onnxruntime would refuse the
+    # padding the new form needs (a pad as large as the kernel, with dilations or long strides).
+    if not (dropped or rescaled) or any(p >= k for p, k in zip(begin + reaches, kernel + kernel)):
+        return None
     scale = None
-    if node.op_type == "AveragePool" and attribute(node, "count_include_pad", 0) and \
-            any(r > e for r, e in zip(reaches, end)):
+    if rescaled:
         inside = counts[0]
         for c in counts[1:]:
             inside = np.multiply.outer(inside, c)
@@ -480,24 +488,37 @@ def _spec_pool_plan(node, shape):
 
 
 def empty_reductions_as_identity(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """A reduction with ``noop_with_empty_axes=1`` and no axes (none given, or an empty constant) is the
-    identity, as the specification says; onnxruntime 1.19.2 reduced over every axis and failed
-    ("Reduction on all axes, output size should be 1") in training and prediction alike."""
+    """A reduction with ``noop_with_empty_axes=1`` and no axes (none given, or an empty constant) is its
+    elementwise part (the identity for a sum, a square for ``ReduceSumSquare``), as the specification
+    says; onnxruntime 1.19.2 reduced over every axis and failed ("Reduction on all axes, output size
+    should be 1") in training and prediction alike."""
     empty = {t.name for t in model.graph.initializer if not np.prod(t.dims) and t.dims}
     empty |= {n.output[0] for n in model.graph.node if n.op_type == "Constant" and n.attribute
               and n.attribute[0].HasField("t") and not np.prod(n.attribute[0].t.dims) and n.attribute[0].t.dims}
 
     def noop(n) -> bool:
-        if not n.op_type.startswith("Reduce") or not attribute(n, "noop_with_empty_axes", 0):
+        if n.op_type not in _ELEMENTWISE_PART or not attribute(n, "noop_with_empty_axes", 0):
             return False
         axes = n.input[1] if len(n.input) > 1 else ""
         return (not axes or axes in empty) and not attribute(n, "axes", [])
 
+    def elementwise(i, n):
+        op = _ELEMENTWISE_PART[n.op_type]
+        x = n.input[0]
+        return [helper.make_node(op, [x, x] if op == "Mul" else [x], [n.output[0]], name=n.name)], []
+
     count = sum(noop(n) for n in model.graph.node)
     if not count:
         return model, 0
-    return replace_nodes(model, noop, lambda i, n: ([helper.make_node("Identity", [n.input[0]], [n.output[0]],
-                                                                      name=n.name)], [])), count
+    return replace_nodes(model, noop, elementwise), count
+
+
+# What a reduction over no axis leaves: its elementwise part, where onnx's reference evaluator and the
+# current specification agree (ReduceL1, ReduceL2 and ReduceLogSum, the identity in the one and an
+# absolute value or a log in the other, are left)
+_ELEMENTWISE_PART = {"ReduceSum": "Identity", "ReduceMean": "Identity", "ReduceMax": "Identity",
+                     "ReduceMin": "Identity", "ReduceProd": "Identity", "ReduceLogSumExp": "Identity",
+                     "ReduceSumSquare": "Mul"}
 
 
 def _attributes_dropped(model: onnx.ModelProto, matches, names) -> tuple[onnx.ModelProto, int]:

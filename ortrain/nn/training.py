@@ -6,6 +6,7 @@ running fit reads, and copies detached from any fit (a mixin of :class:`~ortrain
 from __future__ import annotations
 
 import copy
+import threading
 import weakref
 from typing import TYPE_CHECKING
 
@@ -91,6 +92,7 @@ class TrainingMixin:
         # A deep copy or a pickle holds the model, not its prediction sessions (a cache, rebuilt on
         # use) nor links to a running or finished fit: the optimizer state as it is now, the
         # history's values, and whether the optimizer's rate was written since the last fit.
+        self._refuse_from_another_thread_while_fitting("copy or pickle")
         sync_live(self)  # a copy taken during a fit holds its trained weights
         state = dict(self.__dict__)
         state["_runners"] = {}
@@ -193,6 +195,17 @@ class TrainingMixin:
                 if tuple(np.shape(m)) != shapes.get(name):
                     return name, tuple(np.shape(m))
         return None
+
+    def _refuse_from_another_thread_while_fitting(self, what: str) -> None:
+        """A save or copy of the model from another thread than the one fitting it: its weights are the
+        ones the model held last (a callback's read brings them over), its optimizer state the fit's
+        own, so no pair of them is one of a step."""
+        owner = self.__dict__.get("_fit_thread")
+        if owner is not None and owner[0] != threading.get_ident():
+            raise OrtrainError(f"{what}: this model is fitting in another thread, and its weights and optimizer state "
+                               "move on at every step, so a copy from here would pair them from different steps; "
+                               "save or copy it from a callback of that fit (on_epoch_end, ModelCheckpoint), or after "
+                               "fit returns (nothing was written)")
 
     def _refuse_while_fitting(self, argument: str, verb: str, holds: str = "the optimizer state",
                               instead: str = "") -> None:
