@@ -216,6 +216,13 @@ def test_checkpoint_codec_round_trip(tmp_path, rng):
     # onnxruntime-training opens what ortrain wrote.
     reopened = engine.TrainingSession(art.training, art.eval, tmp_path / "d", art.optimizer_graph)
     np.testing.assert_array_equal(reopened.get("dense_0.kernel"), sess.get("dense_0.kernel"))
+    # the optimizer state alone (a fit's end reads it back so), every array its own aligned copy
+    alone = engine.read_checkpoint(tmp_path / "d", weights=False)
+    assert alone.trainable == {} and alone.frozen == {} and alone.optimizer.step == 2
+    for k, moments in again.optimizer.moments.items():
+        for a, b in zip(alone.optimizer.moments[k], moments):
+            np.testing.assert_array_equal(a, b)
+            assert a.flags.owndata and a.flags.aligned and a.flags.writeable and a.dtype.isnative
 
 
 @pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", b"\x10\x00\x00\x00ODTC" + b"\xff" * 40])

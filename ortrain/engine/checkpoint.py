@@ -10,6 +10,8 @@ return the moments, ``opt.load_state()`` restore them in a new session, and
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import struct
 import zlib
@@ -114,22 +116,35 @@ def _read_tensor(t) -> tuple[str, np.ndarray]:
     if t.ExternalDataOffset() != -1:
         raise OrtrainError(f"checkpoint tensor {name!r} is stored in an external data file, which ortrain "
                            "does not read; save the checkpoint again below 2 GB")
-    dtype = np_dtype(t.DataType())
+    dtype = np.dtype(np_dtype(t.DataType())).newbyteorder("<")
     raw = t.RawDataAsNumpy() if t.RawDataLength() else np.zeros(0, np.uint8)
-    return name, np.frombuffer(raw.tobytes(), dtype=dtype).reshape(dims).copy()
+    # one copy out of the file's buffer (a view of it may be unaligned), in the machine's byte order
+    return name, np.frombuffer(raw, dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="))
 
 
-def read_checkpoint(path: str | os.PathLike, verify: bool = False) -> CheckpointData:
+def read_checkpoint(path: str | os.PathLike, verify: bool = False, weights: bool = True) -> CheckpointData:
     """Parse a checkpoint written by onnxruntime-training (or by :func:`write_checkpoint`);
-    ``verify``: one that holds :data:`CHECKSUM` (a trainer's) must match it."""
+    ``verify``: one that holds :data:`CHECKSUM` (a trainer's) must match it; ``weights=False``: leave
+    the weights out (``trainable`` and ``frozen`` empty), for the optimizer state alone. The file is
+    mapped, not read into memory: each array is one copy out of it."""
     if not isinstance(path, (str, os.PathLike)):
         raise OrtrainError(f"checkpoint: expected a file path, received {path!r}")
     try:
         with open(path, "rb") as f:
-            buf = f.read()
+            size = os.fstat(f.fileno()).st_size
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     except OSError as exc:
         raise OrtrainError(f"cannot read checkpoint {os.fspath(path)!r}: {exc.strerror}; give the path of a "
                            "file that save_checkpoint (or a fit's ModelCheckpoint) wrote") from exc
+    try:
+        return _read_mapped(path, buf, verify, weights)
+    finally:
+        if isinstance(buf, mmap.mmap):
+            with contextlib.suppress(BufferError):  # a view still held: the collector closes it
+                buf.close()
+
+
+def _read_mapped(path, buf, verify: bool, weights: bool) -> CheckpointData:
     if len(buf) < 8 or buf[4:8] != _IDENTIFIER:
         hint = ""
         if buf[:4] == b"PK\x03\x04":  # a zip: what model.save (and ModelCheckpoint by default) writes
@@ -139,7 +154,7 @@ def read_checkpoint(path: str | os.PathLike, verify: bool = False) -> Checkpoint
         raise OrtrainError(f"{os.fspath(path)!r} is not an onnxruntime-training checkpoint "
                            f"(missing the 'ODTC' file identifier){hint}")
     try:
-        data = _parse(buf)
+        data = _parse(buf, weights)
     except OrtrainError:  # an intact file ortrain cannot use: its own reason
         raise
     except Exception as exc:  # a truncated or corrupted flatbuffer raises anything from struct to IndexError
@@ -156,7 +171,7 @@ def read_checkpoint(path: str | os.PathLike, verify: bool = False) -> Checkpoint
     return data
 
 
-def _parse(buf: bytes) -> CheckpointData:
+def _parse(buf, weights: bool = True) -> CheckpointData:
     ck = Checkpoint.Checkpoint.GetRootAs(buf, 0)
     if ck.Version() != CHECKPOINT_VERSION:
         raise OrtrainError(f"checkpoint format version {ck.Version()} is not the version {CHECKPOINT_VERSION} "
@@ -166,8 +181,10 @@ def _parse(buf: bytes) -> CheckpointData:
         raise OrtrainError("checkpoint has no module state (weights)")
     if ms.IsNominalState():
         raise OrtrainError("checkpoint is a nominal checkpoint without weights")
-    trainable = dict(_read_tensor(ms.RequiresGradParams(i)) for i in range(ms.RequiresGradParamsLength()))
-    frozen = dict(_read_tensor(ms.FrozenParams(i)) for i in range(ms.FrozenParamsLength()))
+    trainable, frozen = {}, {}
+    if weights:
+        trainable = dict(_read_tensor(ms.RequiresGradParams(i)) for i in range(ms.RequiresGradParamsLength()))
+        frozen = dict(_read_tensor(ms.FrozenParams(i)) for i in range(ms.FrozenParamsLength()))
     optimizer = None
     for g in range(ck.OptimizerGroupsLength()):
         group = ck.OptimizerGroups(g)
@@ -196,8 +213,10 @@ def _parse(buf: bytes) -> CheckpointData:
 
 def _tensor(b: flatbuffers.Builder, name: str, array: np.ndarray) -> int:
     array = np.ascontiguousarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
     name_off = b.CreateString(name)
-    raw = b.CreateNumpyVector(np.frombuffer(array.astype(array.dtype.newbyteorder("<")).tobytes(), np.uint8))
+    raw = b.CreateNumpyVector(array.reshape(-1).view(np.uint8))  # the builder's copy is the only one
     Tensor.TensorStartDimsVector(b, array.ndim)
     for d in reversed(array.shape):
         b.PrependInt64(int(d))
@@ -253,7 +272,9 @@ def write_checkpoint(path: str | os.PathLike, data: CheckpointData) -> None:
     size = sum(a.nbytes for a in data.trainable.values()) + sum(a.nbytes for a in data.frozen.values())
     if data.optimizer is not None:
         size += sum(m.nbytes for ms in data.optimizer.moments.values() for m in ms)
-    b = flatbuffers.Builder(size + 4096)
+    count = len(data.trainable) + len(data.frozen) + (
+        sum(len(ms) + 1 for ms in data.optimizer.moments.values()) if data.optimizer is not None else 0)
+    b = flatbuffers.Builder(size + 4096 + 256 * count)  # room for names and dims too: the builder never grows
     req = _vector(b, [_tensor(b, n, a) for n, a in data.trainable.items()])
     frozen = _vector(b, [_tensor(b, n, a) for n, a in data.frozen.items()])
     ModuleState.ModuleStateStart(b)
@@ -289,4 +310,4 @@ def write_checkpoint(path: str | os.PathLike, data: CheckpointData) -> None:
     root = Checkpoint.CheckpointEnd(b)
     b.Finish(root, file_identifier=_IDENTIFIER)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(b.Output())
+        f.write(memoryview(b.Bytes)[b.Head():])  # (Output() would copy the whole buffer first)

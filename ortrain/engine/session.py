@@ -20,7 +20,7 @@ from ortrain._files import atomic_path, scratch_dir, write_advice
 from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine import denormals
-from ortrain.engine._runtime import C, OrtValue, runtime_path
+from ortrain.engine._runtime import C, OrtValue, release_freed_memory, runtime_path
 from ortrain.engine.checkpoint import CHECKSUM, CHECKSUM_PLACEHOLDER, read_checkpoint, write_checksum
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
@@ -255,6 +255,7 @@ class TrainingSession:
         self._views.clear()
         self._bound = None
         self._optimizer = self._module = self._state = None
+        release_freed_memory()
 
     @property
     def freed(self) -> bool:
@@ -477,7 +478,7 @@ class TrainingSession:
             with scratch_dir() as scratch:
                 path = os.path.join(scratch, "state")
                 C.save_checkpoint(self._state, path, self._optimizer is not None)
-                return read_checkpoint(path).optimizer
+                return read_checkpoint(path, weights=False).optimizer
         except (RuntimeError, OSError) as exc:  # a full temporary folder, a file-size limit
             found = write_failure(exc)
             if found is None:
