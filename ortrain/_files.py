@@ -137,12 +137,15 @@ def atomic_path(path, what: str | None = None):
     :class:`OrtrainError` naming ``what`` (the argument) and ``path``."""
     path = checked_target(path, what or "path")
     handled = sys.exc_info()[1]  # a save inside `except KeyboardInterrupt:` reports its own failure
-    short = len(os.fsencode(path.name)) + 32 > name_max(path.parent)  # the temporary's name would be too long
-    suffix = path.suffix if len(path.suffix) <= 16 else ""
+    suffix = path.suffix if len(os.fsencode(path.suffix)) <= _SUFFIX_MAX else ""
+    # ".<name>.<12 hex>.tmp<suffix>": 18 bytes and the suffix beyond the name, which a name near the file
+    # system's limit has no room for
+    short = len(os.fsencode(path.name)) + 18 + len(os.fsencode(suffix)) > name_max(path.parent)
     while True:
         # the same suffix: writers such as onnx.save choose the format by it (atomic_temporaries reads
         # this name, which a name near the file system's limit leaves out)
-        tmp = path.parent / f".{'' if short else path.name + '.'}{secrets.token_hex(6)}.tmp{suffix}"
+        stem = _SHORT_STEM if short else path.name
+        tmp = path.parent / f".{stem}.{secrets.token_hex(6)}.tmp{suffix}"
         try:
             held = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
             break
@@ -248,23 +251,28 @@ def _locked(fd: int) -> bool:
     return True
 
 
+_SUFFIX_MAX = 16  # bytes of a suffix a temporary's name repeats
+_SHORT_STEM = "ortrain-temporary"  # stands for a name too long to repeat
+
 LEFT_BEHIND_AFTER_S = 60.0  # a temporary untouched this long and unlocked is no write in progress
 
 
 _SWEPT: set[str] = set()  # folders this process has looked through already
-# atomic_path's, of any file: ".<name>.<12 hex>.tmp<the name's suffix>", or for a name near the file
-# system's limit ".<12 hex>.tmp<its suffix>"
+# atomic_path's, of any file: ".<name>.<12 hex>.tmp<the name's suffix>" (none where that is longer than
+# _SUFFIX_MAX bytes), or for a name near the file system's limit ".ortrain-temporary.<12 hex>.tmp<suffix>"
 _ANY_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp(?P<suffix>\.[^.]+)?")
-_SHORT_TEMPORARY = re.compile(r"\.[0-9a-f]{12}\.tmp(\.[^.]+)?")
 
 
 def _is_temporary(name: str) -> bool:
     """Whether ``name`` is one ``atomic_path`` gives a temporary: its suffix repeats the suffix of the
     file it stands for (``.m.onnx.<hex>.tmp.onnx``), which a user's ``.notes.<hex>.tmp.txt`` lacks."""
-    if _SHORT_TEMPORARY.fullmatch(name):
-        return True
     match = _ANY_TEMPORARY.fullmatch(name)
-    return match is not None and Path(match["name"]).suffix == (match["suffix"] or "")
+    if match is None:
+        return False
+    own = Path(match["name"]).suffix
+    if match["name"] == _SHORT_STEM:
+        return True
+    return (match["suffix"] or "") == (own if len(os.fsencode(own)) <= _SUFFIX_MAX else "")
 
 
 def _remove_left_behind(path: Path, own: Path) -> None:

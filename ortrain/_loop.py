@@ -56,6 +56,9 @@ class Loop:
         self._model = model
         self._synced_at = None
         self._own_reads = False  # the loop's own reads of the model, which bring nothing over
+        # Held while a step runs, the model takes the trained weights, or the fit hands them over at
+        # its end: another thread that saves or copies the model waits for it (:meth:`paired`)
+        self._turn = threading.RLock()
         self._thread = None  # the thread the fit runs on (run sets it)
         self._steps_at_start = trainer.n_steps
         base = trainer._model
@@ -144,7 +147,7 @@ class Loop:
         writes = self.trainer._session.writes
         m = self._model
         if m is not None and self._synced_at != writes:
-            with self._reading():
+            with self._turn, self._reading():
                 # Edits a hook made and the loop has not taken over yet stay the model's, to be taken
                 # when the hook returns; every other weight comes from the trainer.
                 pending = m._take_edits()
@@ -162,6 +165,15 @@ class Loop:
             yield
         finally:
             self._own_reads = outer
+
+    @contextmanager
+    def paired(self):
+        """For a save or copy of the model from another thread than the fit's: between two steps, with
+        the trained weights brought over, so the weights and the optimizer state it reads are of one
+        step (a callback handing the model to a process pool pickles it on the pool's thread)."""
+        with self._turn:
+            _ = self.model
+            yield
 
     def _sync(self) -> None:
         """While this fit runs, the model (or one of its layers) is read on the fit's thread (by a
@@ -236,6 +248,7 @@ class Loop:
             self._model._live_state = self._live_state
             self._model._live_updates = self._live_updates
             self._model._live_seen = self._seen_now
+            self._model._live_pair = self.paired
             self._arm(self._model.optimizer)
             self._thread = threading.get_ident()
             self._link()
@@ -331,7 +344,8 @@ class Loop:
                                            "fit_generator, or give every batch weights (ones where none apply)")
                 if model is not None and self._model_edited(model):  # a generator's edits: this step's
                     self._take_model_edits()
-                fetches, labels, weights = tr._step(x, y, w, None, checked, self.class_weight, most=bs)
+                with self._turn:
+                    fetches, labels, weights = tr._step(x, y, w, None, checked, self.class_weight, most=bs)
                 lr = tr.lr  # the rate this step took, before a batch hook writes the next one
                 loss = float(fetches[1].numpy())
                 rows = labels.shape[0]
@@ -457,11 +471,12 @@ class Loop:
                     # The state is read first: where it cannot be (a full temporary folder), the model
                     # keeps its weights too. A fit that took no step leaves the optimizer state as it
                     # was, and a rate written on model.optimizer still to be taken up by the next fit.
-                    state = tr.export_state() if self.stepped else None
-                    _ = self.model  # brings the weights over (a callback may have set some)
-                    if self.stepped:
-                        self._model._train_state = state  # not the setter, which refuses it mid-fit
-                        self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
+                    with self._turn:
+                        state = tr.export_state() if self.stepped else None
+                        _ = self.model  # brings the weights over (a callback may have set some)
+                        if self.stepped:
+                            self._model._train_state = state  # not the setter, which refuses it mid-fit
+                            self._model._lr_seen = self._lr_seen  # a rate written from now on is for the next fit
                     break
                 except KeyboardInterrupt as exc:
                     if interrupt is not None:
@@ -474,6 +489,7 @@ class Loop:
                 self._model._live_state = None
                 self._model._live_seen = None
                 self._model._live_updates = None
+                self._model._live_pair = None
                 self._disarm()
         if interrupt is not None:
             raise interrupt

@@ -843,19 +843,34 @@ def test_ceil_mode_pools_compute_pytorchs_windows_in_predict_training_and_export
     np.testing.assert_allclose(served.run(None, {"x": x.numpy()})[0], net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("k, s, p, d, size", [(2, 2, 1, 2, 6), (2, 4, 1, 2, 12), (4, 4, 2, 2, 13)])
+@pytest.mark.parametrize("k, s, p, d, size", [(2, 2, 1, 2, 6), (2, 4, 1, 2, 12), (4, 4, 2, 2, 13), (2, 3, 1, 2, (5, 6)),
+                                        (2, 2, 1, (1, 2), (5, 6))])
 def test_a_dilated_ceil_mode_max_pool_the_specifications_form_cannot_hold_stays(tmp_path, k, s, p, d, size):
     # the form with the padding its windows reach needs a pad as large as the kernel, which onnxruntime
-    # refuses ("Pad should be smaller than kernel"): such a pool, which predicted and trained, stays as it is
+    # refuses ("Pad should be smaller than kernel"): such a pool stays as it is (failed to load), or where
+    # a window is dropped on one axis only its end padding there is trimmed (left whole, onnxruntime
+    # added the window: a prediction of another shape than PyTorch's)
     torch = torch_or_skip()
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv1d(1, 2, 1), torch.nn.MaxPool1d(k, s, padding=p, dilation=d, ceil_mode=True),
-                              torch.nn.Flatten())
-    x = torch.randn(3, 1, size)
+    two_d = isinstance(size, tuple)
+    pool = (torch.nn.MaxPool2d if two_d else torch.nn.MaxPool1d)(k, s, padding=p, dilation=d, ceil_mode=True)
+    net = torch.nn.Sequential((torch.nn.Conv2d if two_d else torch.nn.Conv1d)(1, 2, 1), pool, torch.nn.Flatten())
+    x = torch.randn(3, 1, *(size if two_d else (size,)))
     torch.onnx.export(net, (x,), str(tmp_path / "pool.onnx"), dynamo=False, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
     m = ot.from_onnx(str(tmp_path / "pool.onnx"))
     np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_ceil_mode_pool_whose_dropped_window_no_form_can_drop_is_refused_naming_it(tmp_path):
+    torch = torch_or_skip()
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.MaxPool2d(3, 4, padding=1, dilation=(1, 2),
+                                                                          ceil_mode=True))
+    torch.onnx.export(net, (torch.randn(3, 1, 7, 5),), str(tmp_path / "pool.onnx"), dynamo=False,
+                      input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    with pytest.raises(ot.UnsupportedOpError, match=r"MaxPool node '.*': with ceil_mode its last window on spatial "
+                                                    r"axis 0 starts past the input .* no padding onnxruntime takes"):
+        ot.from_onnx(str(tmp_path / "pool.onnx"))
 
 
 def test_an_unnamed_node_is_numbered_alike_at_import_and_when_training_starts(rng):

@@ -314,10 +314,21 @@ def test_a_long_suffix_near_the_limit_and_set_id_bits(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o755
 
 
-def test_a_short_temporary_a_kill_left_is_swept(tmp_path):
-    left = tmp_path / ".0123456789ab.tmp.onnx"  # a killed save of a name near the limit
-    left.write_bytes(b"x" * 10)
+def test_short_and_suffixless_temporaries_a_kill_left_are_swept_and_a_users_file_is_not(tmp_path):
     old = int(time.time()) - 3600
-    os.utime(left, (old, old))
+    for name in (".ortrain-temporary.0123456789ab.tmp.onnx",  # a killed save of a name near the limit
+                 ".x." + "y" * 20 + ".0123456789ab.tmp",       # of a name whose long suffix is left out
+                 ".cafebabe0123.tmp.csv"):                     # a user's
+        (tmp_path / name).write_bytes(b"x" * 10)
+        os.utime(tmp_path / name, (old, old))
     _model().export_onnx(tmp_path / "m.onnx")
-    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
+    assert sorted(os.listdir(tmp_path)) == [".cafebabe0123.tmp.csv", "m.onnx"]
+
+
+@pytest.mark.parametrize("name", ["a" * 207 + ".abcdefghijklmno", "b" * 200 + ".éééééééééééé", "c" * 253 + ".d"])
+def test_every_name_the_file_system_takes_saves(tmp_path, name):
+    # the temporary needs 18 bytes and the suffix beyond the name: 222-byte names with a 15-character
+    # suffix, or a suffix of 2-byte characters, were refused as too long
+    assert len(os.fsencode(name)) <= 255
+    _model().export_onnx(tmp_path / name)
+    assert os.listdir(tmp_path) == [name]

@@ -212,7 +212,9 @@ def _parse(buf, weights: bool = True) -> CheckpointData:
 
 
 def _tensor(b: flatbuffers.Builder, name: str, array: np.ndarray) -> int:
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)  # (np.ascontiguousarray would make a 0-d array 1-d)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     name_off = b.CreateString(name)

@@ -48,7 +48,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ortrain.errors import OrtrainError
+from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph.builder import FreshNames
 from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS
 from ortrain.graph.layer_forms import conv_with_explicit_pads
@@ -402,9 +402,8 @@ def row_major_max_pools(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """``MaxPool`` and ``AveragePool`` with ``ceil_mode``, explicit ``pads`` and known spatial sizes, in
-    a form onnxruntime 1.19.2 reads as the ONNX specification, PyTorch and current onnxruntime do:
-    ``ceil_mode=0`` with the end padding the windows kept reach. onnxruntime 1.19.2 differs from them
-    in two places:
+    a form onnxruntime 1.19.2 reads as the ONNX specification, PyTorch and current onnxruntime do
+    (:func:`_spec_pool_plan`). onnxruntime 1.19.2 differs from them in two places:
 
     * a last window that starts past the input and its leading padding is dropped by them, and
       computed by onnxruntime 1.19.2 (-3.4e38, or an average of cells of other rows);
@@ -430,11 +429,11 @@ def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
         return model, 0
 
     def rewrite(i, node):
-        pads, scale = plans[node.output[0]]
+        pads, ceil, scale = plans[node.output[0]]
         pool = copy.deepcopy(node)
         for attr in [a for a in pool.attribute if a.name in ("pads", "ceil_mode")]:
             pool.attribute.remove(attr)
-        pool.attribute.extend([helper.make_attribute("ceil_mode", 0), helper.make_attribute("pads", pads)])
+        pool.attribute.extend([helper.make_attribute("ceil_mode", int(ceil)), helper.make_attribute("pads", pads)])
         if scale is None:
             return [pool], []
         prefix = f"{node.name or node.op_type}/spec_form_{i}/"
@@ -450,8 +449,11 @@ def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
 
 
 def _spec_pool_plan(node, shape):
-    """(the pool's pads, the factor of each window or None) of the form :func:`ceil_pools_in_spec_form`
-    gives ``node``; None where it needs none, or the spatial sizes are not known."""
+    """(the pool's pads, its ``ceil_mode``, the factor of each window or None) of the form
+    :func:`ceil_pools_in_spec_form` gives ``node``: the padding the windows reach with ``ceil_mode=0``
+    and a rescale where overhanging windows count padding; else, where a window is dropped, the end
+    padding trimmed on those axes. None where it needs neither, onnxruntime would refuse the padding
+    (as large as the kernel), or the spatial sizes are not known."""
     kernel = list(attribute(node, "kernel_shape", []))
     rank = len(kernel)
     if shape is None or len(shape) != rank + 2 or any(type(d) is not int for d in shape[2:]):
@@ -460,31 +462,49 @@ def _spec_pool_plan(node, shape):
     dilations = list(attribute(node, "dilations", [])) or [1] * rank
     pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
     begin, end = pads[:rank], pads[rank:]
-    reaches, counts = [], []  # per axis: the end padding the windows kept reach, the taps inside the padding
-    dropped = False
+    reaches, counts, outs, dropped = [], [], [], []  # per axis
     for axis, size in enumerate(shape[2:]):
         k, d, stride, b, e = kernel[axis], dilations[axis], strides[axis], begin[axis], end[axis]
         reach = (k - 1) * d + 1
         out = -(-(size + b + e - reach) // stride) + 1
-        if (out - 1) * stride >= size + b:  # the specification's rule: such a last window is dropped
-            out -= 1
-            dropped = True
-        reaches.append(max(0, (out - 1) * stride + reach - size - b))
+        dropped.append((out - 1) * stride >= size + b)  # the specification drops such a last window
+        out -= dropped[-1]
+        outs.append(out)
+        reaches.append(max(0, (out - 1) * stride + reach - size - b))  # the end padding the windows reach
         counts.append(np.array([sum(o * stride - b + j * d < size + e for j in range(k)) for o in range(out)],
-                               np.float32))
+                               np.float32))  # the taps of each window inside the padded input
     rescaled = node.op_type == "AveragePool" and attribute(node, "count_include_pad", 0) and \
         any(r > e for r, e in zip(reaches, end))
-    # Where neither differs, the pool stays as it is; so it does where onnxruntime would refuse the
-    # padding the new form needs (a pad as large as the kernel, with dilations or long strides).
-    if not (dropped or rescaled) or any(p >= k for p, k in zip(begin + reaches, kernel + kernel)):
-        return None
-    scale = None
-    if rescaled:
+
+    def fits(pads, ceil) -> bool:
+        """Whether onnxruntime takes these pads (each below the kernel) and gives the windows kept."""
+        if any(p >= k for p, k in zip(pads, kernel + kernel)):
+            return False
+        for axis, size in enumerate(shape[2:]):
+            span = size + pads[axis] + pads[axis + rank] - ((kernel[axis] - 1) * dilations[axis] + 1)
+            if (-(-span // strides[axis]) if ceil else span // strides[axis]) + 1 != outs[axis]:
+                return False
+        return True
+
+    reaching = [*begin, *reaches]
+    if rescaled and fits(reaching, False):  # every window inside the padding, then rescaled
         inside = counts[0]
         for c in counts[1:]:
             inside = np.multiply.outer(inside, c)
-        scale = (np.prod(kernel) / inside).astype(np.float32).reshape(1, 1, *inside.shape)
-    return [*begin, *reaches], scale
+        return reaching, False, (np.prod(kernel) / inside).astype(np.float32).reshape(1, 1, *inside.shape)
+    if any(dropped):  # (an overhanging window's divisor left as onnxruntime 1.19.2 has it, where rescaled)
+        trimmed = [*begin, *(r if drop else e for r, e, drop in zip(reaches, end, dropped))]
+        for pads, ceil in ((trimmed, True), (reaching, False)):
+            if fits(pads, ceil):
+                return pads, ceil, None
+        axis = dropped.index(True)
+        raise UnsupportedOpError(
+            f"{node.op_type} node {node.name or node.output[0]!r}: with ceil_mode its last window on spatial axis "
+            f"{axis} starts past the input (size {shape[2 + axis]}, kernel {kernel}, strides {strides}, dilations "
+            f"{dilations}): PyTorch and the ONNX specification drop that window, onnxruntime 1.19.2 computes it, and "
+            "no padding onnxruntime takes (below the kernel) makes the two agree. Export the pool without ceil_mode "
+            "(pad its input to the size the windows cover), or give the input a size the windows cover")
+    return None
 
 
 def empty_reductions_as_identity(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:

@@ -593,7 +593,8 @@ class Model(TrainingMixin):
     def _copy_with(self, weights: dict[str, np.ndarray] | None) -> Model:
         """A copy of this model holding ``weights`` (name -> array, taken as given where the model
         keeps arrays as they come) instead of copies of its own: one copy of the weights, not two."""
-        record, own, aux = model_record(self, with_weights=weights is None)
+        with self._paired():  # from another thread than a running fit's: between its steps
+            record, own, aux = model_record(self, with_weights=weights is None)
         return model_from_record(record, own if weights is None else weights, aux)
 
     def summary(self, print_fn=print) -> None:

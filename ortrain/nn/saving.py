@@ -186,8 +186,8 @@ def _npz_bytes(arrays: dict) -> bytes:
 
 
 def save_model(model, path) -> str:
-    model._refuse_from_another_thread_while_fitting("save(path)")
-    record, weights, aux = model_record(model)
+    with model._paired():  # from another thread than a running fit's: between its steps
+        record, weights, aux = model_record(model)
     # npz keys must be valid file names inside the archive; index them and keep the names in JSON.
     wnames = list(weights)
     record["weight_order"] = wnames

@@ -5,6 +5,7 @@ running fit reads, and copies detached from any fit (a mixin of :class:`~ortrain
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import weakref
@@ -82,6 +83,7 @@ class TrainingMixin:
         self._live_state = None  # set by a running fit: returns its optimizer state once it has stepped
         self._live_updates = None  # set by a running fit: returns its update count once it has stepped
         self._live_seen = None  # set by a running fit: what it last took of optimizer.lr
+        self._live_pair = None  # set by a running fit: a save or copy from another thread waits on it
         self._train_state = None  # optimizer state carried between fit() calls
         self._runners: dict = {}  # prediction and evaluation sessions, by kind and weights
         self._edits_seen = None  # base_layer.EDITS when the edits were last taken
@@ -92,11 +94,14 @@ class TrainingMixin:
         # A deep copy or a pickle holds the model, not its prediction sessions (a cache, rebuilt on
         # use) nor links to a running or finished fit: the optimizer state as it is now, the
         # history's values, and whether the optimizer's rate was written since the last fit.
-        self._refuse_from_another_thread_while_fitting("copy or pickle")
+        with self._paired():
+            return self._state_now()
+
+    def _state_now(self) -> dict:
         sync_live(self)  # a copy taken during a fit holds its trained weights
         state = dict(self.__dict__)
         state["_runners"] = {}
-        state["_live_state"] = state["_live_seen"] = state["_live_updates"] = None
+        state["_live_state"] = state["_live_seen"] = state["_live_updates"] = state["_live_pair"] = None
         state.pop("_fit_thread", None)  # a copy is not fitting
         state["_edits_seen"] = None  # EDITS counts this process's sets: a copy starts over
         state["_train_state"] = self.train_state
@@ -196,16 +201,14 @@ class TrainingMixin:
                     return name, tuple(np.shape(m))
         return None
 
-    def _refuse_from_another_thread_while_fitting(self, what: str) -> None:
-        """A save or copy of the model from another thread than the one fitting it: its weights are the
-        ones the model held last (a callback's read brings them over), its optimizer state the fit's
-        own, so no pair of them is one of a step."""
-        owner = self.__dict__.get("_fit_thread")
-        if owner is not None and owner[0] != threading.get_ident():
-            raise OrtrainError(f"{what}: this model is fitting in another thread, and its weights and optimizer state "
-                               "move on at every step, so a copy from here would pair them from different steps; "
-                               "save or copy it from a callback of that fit (on_epoch_end, ModelCheckpoint), or after "
-                               "fit returns (nothing was written)")
+    def _paired(self):
+        """Around a save or copy of the model: from another thread than the one fitting it, between two
+        of the fit's steps with the trained weights brought over (the weights the model held last and
+        the fit's live optimizer state would be of different steps); else nothing to wait for."""
+        owner, pair = self.__dict__.get("_fit_thread"), self.__dict__.get("_live_pair")
+        if owner is not None and pair is not None and owner[0] != threading.get_ident():
+            return pair()
+        return contextlib.nullcontext()
 
     def _refuse_while_fitting(self, argument: str, verb: str, holds: str = "the optimizer state",
                               instead: str = "") -> None:
