@@ -212,9 +212,7 @@ def _parse(buf, weights: bool = True) -> CheckpointData:
 
 
 def _tensor(b: flatbuffers.Builder, name: str, array: np.ndarray) -> int:
-    array = np.asarray(array)  # (np.ascontiguousarray would make a 0-d array 1-d)
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array)  # (a 0-d value becomes shape (1,), as the graphs hold scalars)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     name_off = b.CreateString(name)
