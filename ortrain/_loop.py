@@ -55,7 +55,9 @@ class Loop:
         self.epochs, self.initial_epoch = epochs, initial_epoch
         self._model = model
         self._synced_at = None
-        self._own_reads = False  # the loop's own reads of the model, which bring nothing over
+        # the loop's own reads of the model, which bring nothing over: per thread, as another thread's
+        # save brings the weights over under the loop's turn (paired) while the fit's thread reads
+        self._own = threading.local()
         # Held while a step runs, the model takes the trained weights, or the fit hands them over at
         # its end: another thread that saves or copies the model waits for it (:meth:`paired`)
         self._turn = threading.RLock()
@@ -160,11 +162,11 @@ class Loop:
     @contextmanager
     def _reading(self):
         """The loop's own reads and writes of the model: they bring nothing over from the trainer."""
-        outer, self._own_reads = self._own_reads, True
+        outer, self._own.reads = getattr(self._own, "reads", False), True
         try:
             yield
         finally:
-            self._own_reads = outer
+            self._own.reads = outer
 
     @contextmanager
     def paired(self):
@@ -179,7 +181,7 @@ class Loop:
         """While this fit runs, the model (or one of its layers) is read on the fit's thread (by a
         callback holding it, a generator predicting with it): it gets the trained weights first,
         as ``callback.model`` does. Another thread reads what the model held last."""
-        if not self._own_reads and threading.get_ident() == self._thread:
+        if not getattr(self._own, "reads", False) and threading.get_ident() == self._thread:
             _ = self.model
 
     def _link(self) -> None:
