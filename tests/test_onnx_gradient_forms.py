@@ -873,6 +873,38 @@ def test_a_ceil_mode_pool_whose_dropped_window_no_form_can_drop_is_refused_namin
         ot.from_onnx(str(tmp_path / "pool.onnx"))
 
 
+def test_a_ceil_mode_pool_after_one_that_drops_a_window_is_planned_on_the_sizes_it_gets(tmp_path):
+    # every pool was planned on one shape inference of the file, which keeps the first pool's dropped
+    # window: the second was planned for a longer input (predictions 2.5x PyTorch's, or another shape)
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv1d(1, 2, 1), torch.nn.AvgPool1d(2, 3, ceil_mode=True),
+                              torch.nn.AvgPool1d(3, 3, 1, ceil_mode=True), torch.nn.Flatten())
+    x = torch.randn(3, 1, 6)
+    torch.onnx.export(net, (x,), str(tmp_path / "pools.onnx"), dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "N"}})
+    m = ot.from_onnx(str(tmp_path / "pools.onnx"))
+    np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_max_pool_window_of_padding_alone_is_refused_before_training(tmp_path):
+    # onnxruntime-training's gradient of such a window wrote outside its buffer: a segfault, or "double
+    # free or corruption" later in the process
+    torch = torch_or_skip()
+    net = torch.nn.Sequential(torch.nn.Conv3d(2, 2, 1), torch.nn.MaxPool3d(2, 3, 1, 2), torch.nn.Flatten())
+    x = torch.randn(3, 2, 1, 1, 1)  # one window, whose taps (-1 and 1) both lie in the padding
+    torch.onnx.export(net, (x,), str(tmp_path / "pool.onnx"), dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "N"}})
+    m = ot.from_onnx(str(tmp_path / "pool.onnx"))
+    m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    before = m.get_weights()
+    with pytest.raises(ot.UnsupportedOpError, match=r"MaxPool node '.*': a window on spatial axis \d holds no cell of "
+                                                    r"the input, only padding"):
+        m.fit(x.numpy(), np.zeros((3, 2), np.float32), batch_size=3, verbose=0)
+    for a, b in zip(m.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_an_unnamed_node_is_numbered_alike_at_import_and_when_training_starts(rng):
     # the import's refusal counted among the nodes a gradient crosses ("LSTM#0"), the training
     # refusal among the graph's nodes ("LSTM#1"): one node, two names

@@ -297,12 +297,23 @@ def refuse_recurrent_forms(model: onnx.ModelProto) -> None:
 def refuse_empty_pool_windows(model: onnx.ModelProto) -> None:
     """A ``MaxPool`` or ``AveragePool`` with ``ceil_mode`` whose last window starts past its (padded)
     input, where its sizes are fixed: onnxruntime 1.19.2 computes that window (an output of -3.4e38, or
-    an average of cells from other rows), onnx's shape inference, PyTorch and current onnxruntime drop
-    it, and the training graph, built on the inferred sizes, failed in the loss ("Incompatible
-    dimensions") without naming the pool, or trained on other values than predict gave."""
+    an average of cells from other rows), PyTorch and current onnxruntime drop it, and the training
+    graph failed in the loss ("Incompatible dimensions") without naming the pool, or trained on other
+    values than predict gave. And a ``MaxPool`` with a window of padding alone, whose gradient
+    onnxruntime-training writes outside its buffer (a segfault, or a corrupted heap later)."""
     from ortrain.graph.shapes import Shapes
     shapes = None
     for i, node in enumerate(model.graph.node):
+        if node.op_type == "MaxPool" and text_attribute(node, "auto_pad", "NOTSET") in ("NOTSET", ""):
+            shapes = shapes or Shapes(model)
+            blind = window_without_input(node, shapes.shape(node.input[0]))
+            if blind is not None:
+                raise UnsupportedOpError(
+                    f"MaxPool node {node.name or f'#{i}'!r}: a window on spatial axis {blind} holds no cell of the "
+                    f"input, only padding (kernel {list(attribute(node, 'kernel_shape', []))}, dilations "
+                    f"{list(attribute(node, 'dilations', []))}): onnxruntime-training's gradient of such a window "
+                    "writes outside its buffer and corrupts the process's memory (PyTorch gives -inf there). "
+                    "Use less padding or dilation, or freeze the weights before the pool")
         if node.op_type not in ("MaxPool", "AveragePool") or not attribute(node, "ceil_mode", 0) or \
                 text_attribute(node, "auto_pad", "NOTSET") not in ("NOTSET", ""):
             continue
@@ -314,8 +325,32 @@ def refuse_empty_pool_windows(model: onnx.ModelProto) -> None:
                 f"{node.op_type} node {node.name or f'#{i}'!r}: with ceil_mode its last window on spatial axis "
                 f"{axis} starts past the input (size {size}, window {reach}, stride {stride}): onnxruntime "
                 f"computes it ({'an output of -3.4e38' if node.op_type == 'MaxPool' else 'from cells of other rows'})"
-                f" where onnx's shape inference and PyTorch drop it, and training cannot take the two sizes. Give "
+                f" where PyTorch and the ONNX specification drop it, and training cannot take the two sizes. Give "
                 f"the input a size the windows cover, ceil_mode=0, or padding")
+
+
+def window_without_input(node: onnx.NodeProto, shape) -> int | None:
+    """The first spatial axis on which a window of the pool (as onnxruntime 1.19.2 counts them, a
+    ``ceil_mode`` window past the input included) takes no cell of the input, only padding, where the
+    sizes are known; else None."""
+    kernel = list(attribute(node, "kernel_shape", []))
+    if shape is None or len(shape) != len(kernel) + 2:
+        return None
+    rank = len(kernel)
+    strides = list(attribute(node, "strides", [])) or [1] * rank
+    dilations = list(attribute(node, "dilations", [])) or [1] * rank
+    pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
+    ceil = attribute(node, "ceil_mode", 0)
+    for axis, size in enumerate(shape[2:]):
+        if type(size) is not int:
+            continue
+        k, s, d, b = kernel[axis], strides[axis], dilations[axis], pads[axis]
+        span = size + b + pads[axis + rank] - ((k - 1) * d + 1)
+        out = (-(-span // s) if ceil else span // s) + 1
+        for o in range(max(out, 0)):
+            if not any(0 <= o * s - b + j * d < size for j in range(k)):
+                return axis
+    return None
 
 
 def window_past_input(node: onnx.NodeProto, shape) -> tuple[int, int, int, int] | None:

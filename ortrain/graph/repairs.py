@@ -415,21 +415,16 @@ def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
 
     A model trained here then computes the same once served by current onnxruntime. Pools whose
     spatial sizes are free are left (training refuses their ``ceil_mode`` windows anyway)."""
-    if not any(n.op_type in ("MaxPool", "AveragePool") and attribute(n, "ceil_mode", 0) for n in model.graph.node):
-        return model, 0
-    shapes, fresh = Shapes(model), FreshNames(model).fresh
-    plans = {}  # by the pool's output
-    for node in model.graph.node:
-        if node.op_type in ("MaxPool", "AveragePool") and attribute(node, "ceil_mode", 0) and \
-                text_attribute(node, "auto_pad", "NOTSET") in ("NOTSET", ""):
-            plan = _spec_pool_plan(node, shapes.shape(node.input[0]))
-            if plan is not None:
-                plans[node.output[0]] = plan
-    if not plans:
-        return model, 0
+    def candidate(n) -> bool:
+        return n.op_type in ("MaxPool", "AveragePool") and bool(attribute(n, "ceil_mode", 0)) and \
+            text_attribute(n, "auto_pad", "NOTSET") in ("NOTSET", "")
 
-    def rewrite(i, node):
-        pads, ceil, scale = plans[node.output[0]]
+    if not any(candidate(n) for n in model.graph.node):
+        return model, 0
+    fresh = FreshNames(model).fresh
+
+    def rewrite(i, node, plan):
+        pads, ceil, scale = plan
         pool = copy.deepcopy(node)
         for attr in [a for a in pool.attribute if a.name in ("pads", "ceil_mode")]:
             pool.attribute.remove(attr)
@@ -444,8 +439,29 @@ def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
                                  value=numpy_helper.from_array(scale, factor)),
                 helper.make_node("Mul", [whole, factor], [node.output[0]], name=fresh(prefix + "Mul"))], []
 
-    return replace_nodes(model, lambda n: n.op_type in ("MaxPool", "AveragePool") and n.output[0] in plans,
-                         rewrite), len(plans)
+    # One pool at a time, in the graph's order, each planned on the sizes the pools before it give in
+    # their new form: onnx's shape inference (and the value_info exporters wrote from it) keeps a
+    # dropped window, so a second pool planned on it would be planned for a longer input.
+    done, count = set(), 0
+    while True:
+        planning = copy.deepcopy(model)
+        del planning.graph.value_info[:]
+        shapes, target = Shapes(planning), None
+        for node in planning.graph.node:
+            if candidate(node) and node.output[0] not in done:
+                done.add(node.output[0])
+                plan = _spec_pool_plan(node, shapes.shape(node.input[0]))
+                if plan is not None:
+                    target = (node.output[0], plan)
+                    break
+        if target is None:
+            break
+        name, plan = target
+        model = replace_nodes(model, lambda n, name=name: candidate(n) and n.output[0] == name,
+                              lambda i, n, plan=plan: rewrite(i, n, plan))
+        del model.graph.value_info[:]  # sizes inferred with the window kept, after it
+        count += 1
+    return model, count
 
 
 def _spec_pool_plan(node, shape):
