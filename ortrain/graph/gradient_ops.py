@@ -329,17 +329,26 @@ def refuse_empty_pool_windows(model: onnx.ModelProto) -> None:
                 f"the input a size the windows cover, ceil_mode=0, or padding")
 
 
-def window_without_input(node: onnx.NodeProto, shape) -> int | None:
-    """The first spatial axis on which a window of the pool (as onnxruntime 1.19.2 counts them, a
-    ``ceil_mode`` window past the input included) takes no cell of the input, only padding, where the
-    sizes are known; else None."""
+def pool_geometry(node: onnx.NodeProto, shape):
+    """(kernel, strides, dilations, pads) of a pool with explicit padding, defaults filled in, or None
+    where the input's rank is not known to fit the kernel."""
     kernel = list(attribute(node, "kernel_shape", []))
     if shape is None or len(shape) != len(kernel) + 2:
         return None
     rank = len(kernel)
-    strides = list(attribute(node, "strides", [])) or [1] * rank
-    dilations = list(attribute(node, "dilations", [])) or [1] * rank
-    pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
+    return (kernel, list(attribute(node, "strides", [])) or [1] * rank,
+            list(attribute(node, "dilations", [])) or [1] * rank, list(attribute(node, "pads", [])) or [0] * (2 * rank))
+
+
+def window_without_input(node: onnx.NodeProto, shape) -> int | None:
+    """The first spatial axis on which a window of the pool (as onnxruntime 1.19.2 counts them, a
+    ``ceil_mode`` window past the input included) takes no cell of the input, only padding, where the
+    sizes are known; else None."""
+    geometry = pool_geometry(node, shape)
+    if geometry is None:
+        return None
+    kernel, strides, dilations, pads = geometry
+    rank = len(kernel)
     ceil = attribute(node, "ceil_mode", 0)
     for axis, size in enumerate(shape[2:]):
         if type(size) is not int:
@@ -357,13 +366,11 @@ def window_past_input(node: onnx.NodeProto, shape) -> tuple[int, int, int, int] 
     """For a pool with ``ceil_mode`` and explicit ``pads``: (spatial axis, its size, the window's reach,
     the stride) of the first axis whose last window starts past the input and its leading padding,
     where the sizes are known; else None."""
-    kernel = list(attribute(node, "kernel_shape", []))
-    if shape is None or len(shape) != len(kernel) + 2:
+    geometry = pool_geometry(node, shape)
+    if geometry is None:
         return None
+    kernel, strides, dilations, pads = geometry
     rank = len(kernel)
-    strides = list(attribute(node, "strides", [])) or [1] * rank
-    dilations = list(attribute(node, "dilations", [])) or [1] * rank
-    pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
     for axis, size in enumerate(shape[2:]):
         if type(size) is not int:
             continue
