@@ -269,9 +269,9 @@ def _is_temporary(name: str) -> bool:
     match = _ANY_TEMPORARY.fullmatch(name)
     if match is None:
         return False
-    own = Path(match["name"]).suffix
     if match["name"] == _SHORT_STEM:
         return True
+    own = Path(match["name"]).suffix
     return (match["suffix"] or "") == (own if len(os.fsencode(own)) <= _SUFFIX_MAX else "")
 
 

@@ -35,7 +35,7 @@ from ortrain.graph.passes import (
 
 __all__ = ["FORM_OPS", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
            "nodes_without_gradient", "recurrent_weights_differentiated_whole", "recurrent_forms_not_run_in_training",
-           "refuse_empty_pool_windows", "refuse_recurrent_forms", "untrainable_form", "window_past_input"]
+           "pool_attributes", "refuse_empty_pool_windows", "refuse_recurrent_forms", "untrainable_form"]
 
 # Ops without a gradient that every training graph holds in other ops (gradient_forms.FORMS)
 FORM_OPS = frozenset({"InstanceNormalization", "GroupNormalization", "ReduceMax", "ReduceMin", "GlobalMaxPool",
@@ -329,7 +329,7 @@ def refuse_empty_pool_windows(model: onnx.ModelProto) -> None:
                 f"the input a size the windows cover, ceil_mode=0, or padding")
 
 
-def pool_geometry(node: onnx.NodeProto, shape):
+def pool_attributes(node: onnx.NodeProto, shape):
     """(kernel, strides, dilations, pads) of a pool with explicit padding, defaults filled in, or None
     where the input's rank is not known to fit the kernel."""
     kernel = list(attribute(node, "kernel_shape", []))
@@ -344,10 +344,10 @@ def window_without_input(node: onnx.NodeProto, shape) -> int | None:
     """The first spatial axis on which a window of the pool (as onnxruntime 1.19.2 counts them, a
     ``ceil_mode`` window past the input included) takes no cell of the input, only padding, where the
     sizes are known; else None."""
-    geometry = pool_geometry(node, shape)
-    if geometry is None:
+    attributes = pool_attributes(node, shape)
+    if attributes is None:
         return None
-    kernel, strides, dilations, pads = geometry
+    kernel, strides, dilations, pads = attributes
     rank = len(kernel)
     ceil = attribute(node, "ceil_mode", 0)
     for axis, size in enumerate(shape[2:]):
@@ -366,10 +366,10 @@ def window_past_input(node: onnx.NodeProto, shape) -> tuple[int, int, int, int] 
     """For a pool with ``ceil_mode`` and explicit ``pads``: (spatial axis, its size, the window's reach,
     the stride) of the first axis whose last window starts past the input and its leading padding,
     where the sizes are known; else None."""
-    geometry = pool_geometry(node, shape)
-    if geometry is None:
+    attributes = pool_attributes(node, shape)
+    if attributes is None:
         return None
-    kernel, strides, dilations, pads = geometry
+    kernel, strides, dilations, pads = attributes
     rank = len(kernel)
     for axis, size in enumerate(shape[2:]):
         if type(size) is not int:

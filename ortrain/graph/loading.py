@@ -52,9 +52,9 @@ def load_untrusted(source, what: str = "from_onnx") -> onnx.ModelProto:
                            f"received {type(source).__name__}")
     _check_structure(model, what, origin)
     _inline_external_data(model, base, what)
-    _newest_ir_read(model, what)
+    newer = _newest_ir_read(model)
     _output_shapes_inferred(model, what)
-    _check_onnx(model, what)
+    _check_onnx(model, what, newer)
     return model
 
 
@@ -78,23 +78,15 @@ def _output_shapes_inferred(model: onnx.ModelProto, what: str) -> None:
         o.type.tensor_type.shape.CopyFrom(found.type.tensor_type.shape)
 
 
-def _newest_ir_read(model: onnx.ModelProto, what: str) -> None:
+def _newest_ir_read(model: onnx.ModelProto) -> int | None:
     """A model of a newer IR version than onnx 1.17 and onnxruntime 1.19.2 read (onnx 1.18's
-    ``make_model`` writes IR 11 by default) is read as IR 10, where the checker finds nothing of the
-    newer version in it; else refused with the fix (the checker said "not valid ONNX")."""
-    newest = onnx.IR_VERSION
-    if model.ir_version <= newest:
-        return
+    ``make_model`` writes IR 11 by default) is read as IR 10, which the checker then checks (it said
+    "not valid ONNX" of the newer version). Returns the version given where it was newer, else None."""
     given = model.ir_version
-    model.ir_version = newest
-    try:
-        onnx.checker.check_model(_skeleton(model), full_check=False)
-    except Exception as exc:
-        model.ir_version = given
-        raise OrtrainError(f"{what}: the model is of IR version {given}, newer than the {newest} that onnx "
-                           f"{onnx.__version__} and onnxruntime-training 1.19.2 read, and read as IR {newest} it is not "
-                           f"valid ONNX ({str(exc).splitlines()[0]}); export it for IR version {newest} (opset 21 at "
-                           "most)") from exc
+    if given <= onnx.IR_VERSION:
+        return None
+    model.ir_version = onnx.IR_VERSION
+    return given
 
 
 def _read_file(path: Path, what: str) -> bytes:
@@ -133,13 +125,19 @@ def _check_structure(model: onnx.ModelProto, what: str, origin: str) -> None:
                            f"{[(o.domain, o.version) for o in model.opset_import]}); it is damaged")
 
 
-def _check_onnx(model: onnx.ModelProto, what: str) -> None:
+def _check_onnx(model: onnx.ModelProto, what: str, newer_ir: int | None = None) -> None:
+    """onnx's checker on the model without its weights; ``newer_ir``: the IR version given, newer than
+    the one it is read as."""
     _check_initializers(model, what)
     skeleton = _skeleton(model)
     try:
         onnx.checker.check_model(skeleton, full_check=False)
     except Exception as exc:
-        raise OrtrainError(f"{what}: the model is not valid ONNX: {str(exc).splitlines()[0]}") from exc
+        fix = "" if newer_ir is None else (
+            f"; it is of IR version {newer_ir}, newer than the {onnx.IR_VERSION} that onnx {onnx.__version__} and "
+            f"onnxruntime-training 1.19.2 read, and was read as that: export it for IR version {onnx.IR_VERSION} "
+            "(opset 21 at most)")
+        raise OrtrainError(f"{what}: the model is not valid ONNX: {str(exc).splitlines()[0]}{fix}") from exc
 
 
 _VALUE_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")

@@ -28,7 +28,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
   puts on the wrong cells: the attribute goes (it only sets how the indices count).
 * ``MaxPool`` and ``AveragePool`` with ``ceil_mode``, whose last window onnxruntime 1.19.2 computes
   where the specification drops it, or divides otherwise than the specification and current
-  onnxruntime: trimmed padding, or the padding as a ``Pad`` (:func:`ceil_pools_in_spec_form`).
+  onnxruntime: the padding the windows reach and a ``Mul`` that rescales, or trimmed end padding
+  (:func:`ceil_pools_in_spec_form`).
 * A reduction with ``noop_with_empty_axes`` and no axes, which onnxruntime 1.19.2 reduces over every
   axis (and fails): its elementwise part (an ``Identity``, or a ``Mul`` for ``ReduceSumSquare``), as
   the specification says.
@@ -50,7 +51,7 @@ from onnx import helper, numpy_helper
 
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph.builder import FreshNames
-from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS
+from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS, pool_attributes
 from ortrain.graph.layer_forms import conv_with_explicit_pads
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import SAME, attribute, elem_types, replace_nodes, subgraphs, text_attribute
@@ -470,13 +471,11 @@ def _spec_pool_plan(node, shape):
     and a rescale where overhanging windows count padding; else, where a window is dropped, the end
     padding trimmed on those axes. None where it needs neither, onnxruntime would refuse the padding
     (as large as the kernel), or the spatial sizes are not known."""
-    kernel = list(attribute(node, "kernel_shape", []))
-    rank = len(kernel)
-    if shape is None or len(shape) != rank + 2 or any(type(d) is not int for d in shape[2:]):
+    attributes = pool_attributes(node, shape)
+    if attributes is None or any(type(d) is not int for d in shape[2:]):
         return None
-    strides = list(attribute(node, "strides", [])) or [1] * rank
-    dilations = list(attribute(node, "dilations", [])) or [1] * rank
-    pads = list(attribute(node, "pads", [])) or [0] * (2 * rank)
+    kernel, strides, dilations, pads = attributes
+    rank = len(kernel)
     begin, end = pads[:rank], pads[rank:]
     reaches, counts, outs, dropped = [], [], [], []  # per axis
     for axis, size in enumerate(shape[2:]):

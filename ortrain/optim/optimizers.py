@@ -204,8 +204,8 @@ class Optimizer:
         start, as for a model like one gone, whatever the collector did)."""
         if self.params or self._compiled_model() is not None:
             return None
-        kept_for = self.__dict__.get("_kept_for")
-        if not (self.__dict__.get("_for_next") or (kept_for is not None and kept_for() is model)):
+        kept_for = self._kept_for
+        if not (self._for_next or (kept_for is not None and kept_for() is model)):
             return None
         counts = self._counts or {}
         return {"step": self._step, "lr": self.lr, "moments": dict(self._moments),
