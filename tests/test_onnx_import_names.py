@@ -246,6 +246,34 @@ def test_a_reduction_told_to_do_nothing_without_axes_is_the_identity(rng):
         np.testing.assert_allclose(ot.from_onnx(proto).predict(x), want, rtol=1e-5, atol=1e-6, err_msg=op)
 
 
+@pytest.mark.parametrize("length,parts", [(6, 4), (9, 4), (3, 4)])
+def test_a_split_into_equal_parts_with_an_empty_last_part(rng, length, parts, tmp_path):
+    # opset 18's Split(num_outputs=4) of 6 gives 2, 2, 2, 0: training took it, but prediction and the
+    # export check failed with onnxruntime 1.19.2's "Sum of sizes in 'split' ... was 8"
+    from onnx.reference import ReferenceEvaluator
+    w = rng.standard_normal((3, length)).astype(np.float32)
+    outs = [f"p{k}" for k in range(parts)]
+    proto = model([N("MatMul", ["x", "W"], ["h"]), N("Split", ["h"], outs, axis=-1, num_outputs=parts),
+                   N("Concat", [outs[0], outs[-1], outs[1]], ["y"], axis=1)],
+                  [vi("x", ["N", 3])], [vi("y", ["N", None])], [_init("W", w)], opset=18)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    want = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    m = ot.from_onnx(proto)
+    np.testing.assert_allclose(m.predict(x), want, rtol=1e-5, atol=1e-6)
+    # one SGD step on the parts read: the gradient of y = [h_0, h_last, h_1] in numpy
+    y = rng.standard_normal(want.shape).astype(np.float32)
+    part = -(-length // parts)
+    cols = list(range(part)) + list(range((parts - 1) * part, length)) + list(range(part, min(2 * part, length)))
+    g_h = np.zeros((4, length), np.float32)
+    np.add.at(g_h, (slice(None), cols), 2 * ((x @ w)[:, cols] - y) / y.size)
+    _sgd_step(m, x, y)
+    np.testing.assert_allclose(m.get_weights()[0], w - 0.5 * x.T @ g_h, rtol=1e-5, atol=1e-6)
+    m.export_onnx(tmp_path / "m.onnx")
+    import onnxruntime as ort
+    got = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, m.predict(x), rtol=1e-6, atol=1e-6)
+
+
 def test_an_output_declared_without_a_shape_gets_the_inferred_one(rng):
     # refused with the checker's bare "Field 'shape' of 'type' is required but missing"
     w = rng.standard_normal((3, 2)).astype(np.float32)

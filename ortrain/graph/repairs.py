@@ -33,6 +33,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
 * A reduction with ``noop_with_empty_axes`` and no axes, which onnxruntime 1.19.2 reduces over every
   axis (and fails): its elementwise part (an ``Identity``, or a ``Mul`` for ``ReduceSumSquare``), as
   the specification says.
+* ``Split`` by ``num_outputs`` (opset 18) whose last part is empty (6 into 4 parts: 2, 2, 2, 0), which
+  onnxruntime 1.19.2 refuses at run time: the sizes, given as an input (:func:`split_sizes_given`).
 * ``LSTM`` and ``GRU`` naming their default activations as the spec spells them (``"Sigmoid"``),
   which onnxruntime-training's kernels refuse (they compare lower-case names): the attribute goes.
 
@@ -60,7 +62,7 @@ from ortrain.graph.shapes import Shapes
 
 __all__ = ["repair", "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form",
            "dropout_with_training_input", "gelu_tanh_as_arithmetic", "activations_as_arithmetic",
-           "dilated_same_conv_with_pads", "split_outputs_named", "read_as_scalars"]
+           "dilated_same_conv_with_pads", "split_outputs_named", "split_sizes_given", "read_as_scalars"]
 
 
 def read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
@@ -380,6 +382,43 @@ def split_outputs_named(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     return out, len(targets)
 
 
+def split_sizes_given(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A ``Split`` into ``num_outputs`` equal parts (opset 18) of an axis of known length, whose last
+    part is empty under the specification's rule (parts of ``ceil(length / num_outputs)``, the last
+    ones smaller: 6 into 4 gives 2, 2, 2, 0), gets those sizes as an input: onnxruntime 1.19.2 refuses
+    an empty part ("Sum of sizes in 'split' ... was 8"), in prediction and export checks alike."""
+    def equal_parts(n) -> bool:
+        return n.op_type == "Split" and attribute(n, "num_outputs", None) is not None and \
+            (len(n.input) < 2 or not n.input[1])
+
+    if not any(equal_parts(n) for n in model.graph.node):
+        return model, 0
+    shapes, fresh, plans = Shapes(model), FreshNames(model).fresh, {}
+    for node in model.graph.node:
+        shape = shapes.shape(node.input[0]) if equal_parts(node) else None
+        if shape is None:
+            continue
+        length = shape[attribute(node, "axis", 0) % len(shape)]
+        if type(length) is int:
+            n = len(node.output)
+            part = -(-length // n)
+            sizes = [min(part, max(length - k * part, 0)) for k in range(n)]
+            if 0 in sizes:
+                plans[node.output[0]] = sizes
+
+    def rewrite(i, node):
+        sizes = fresh(f"{node.name or 'Split'}/sizes")
+        split = helper.make_node("Split", [node.input[0], sizes], list(node.output), name=node.name,
+                                 axis=attribute(node, "axis", 0))
+        return [helper.make_node("Constant", [], [sizes], name=fresh(f"{node.name or 'Split'}/Constant"),
+                                 value=numpy_helper.from_array(np.array(plans[node.output[0]], np.int64), sizes)),
+                split], []
+
+    if not plans:
+        return model, 0
+    return replace_nodes(model, lambda n: equal_parts(n) and n.output[0] in plans, rewrite), len(plans)
+
+
 def default_recurrent_activations_dropped(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """An ``LSTM`` or ``GRU`` that names its default activations (``["Sigmoid", "Tanh", "Tanh"]``, as
     the ONNX spec spells them) loses the attribute (and any ``activation_alpha``/``beta``, which
@@ -591,7 +630,7 @@ def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     report = {}
     for fn in (split_to_sequence_as_split, sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
                gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads,
-               split_outputs_named, default_recurrent_activations_dropped, row_major_max_pools,
+               split_outputs_named, split_sizes_given, default_recurrent_activations_dropped, row_major_max_pools,
                ceil_pools_in_spec_form, empty_reductions_as_identity):
         model, n = fn(model)
         if n:
