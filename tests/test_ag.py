@@ -497,6 +497,34 @@ def test_mean_over_an_empty_axis_is_nan_as_in_numpy_and_pytorch():
     assert np.isnan(out["all"]) and np.isnan(out["a0"]).all() and out["a1"].shape == (0,)
 
 
+def test_a_loss_over_no_elements_is_nan_as_in_pytorch():
+    # the runtime's mean over nothing is 0, so these losses read 0 where PyTorch's are NaN
+    torch = torch_or_skip()
+    import torch.nn.functional as F
+    e = ag.param(np.ones((0, 3), np.float32), name="e", trainable=False)
+    labels = ag.param(np.zeros((0,), np.int64), name="labels", trainable=False)
+    w = ag.param(np.full((2, 2), 0.5, np.float32), name="w")
+    losses = {"mse": lambda: ag.mse_loss(e, e), "huber": lambda: ag.huber_loss(e, e),
+              "bce": lambda: ag.bce_with_logits_loss(e, e), "sce": lambda: ag.softmax_cross_entropy_loss(e, e),
+              "sce_labels": lambda: ag.softmax_cross_entropy_loss(e, labels),
+              "ce": lambda: ag.cross_entropy_loss(e, e)}
+    with pytest.warns(RuntimeWarning, match="holds no (elements|samples); the loss, their mean, is NaN") as caught:
+        out = ot.capture(lambda: {k: f() for k, f in losses.items()} | {"with_w": ag.mse_loss(e, e) + ag.sum(w * w)})()
+    assert len(caught) == len(losses) + 1
+    t, tl = torch.ones(0, 3), torch.zeros(0, dtype=torch.int64)
+    want = {"mse": F.mse_loss(t, t), "huber": F.huber_loss(t, t), "bce": F.binary_cross_entropy_with_logits(t, t),
+            "sce": F.cross_entropy(t, t), "sce_labels": F.cross_entropy(t, tl), "ce": F.nll_loss(t, tl)}
+    for name, ref in want.items():
+        assert np.isnan(ref.item()) and np.isnan(out[name]) and out[name].dtype == np.float32, name
+    assert np.isnan(out["with_w"])
+    # rows of no classes hold samples but no class to take: refused, as a softmax over nothing
+    no_classes = ag.param(np.ones((3, 0), np.float32), name="no_classes", trainable=False)
+    for loss in (ag.softmax_cross_entropy_loss, ag.cross_entropy_loss):
+        with pytest.raises(ot.ShapeError, match=r"input expected shape \(batch, classes\) with at least one class, "
+                           r"received \(3, 0\)"):
+            ot.capture(lambda loss=loss: loss(no_classes, no_classes))()
+
+
 def test_concat_casts_int_constants_as_the_binary_ops_do():
     cols = np.array([[1], [2], [3]])   # int64, as ag.add takes it beside a float32 tensor
     W = ag.param(W0, name="W", trainable=False)

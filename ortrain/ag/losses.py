@@ -7,8 +7,13 @@ float32 tensor. Targets may be tensors (arguments of ``fn``) or arrays.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ortrain import losses as _losses
+from ortrain._warnings import warn
 from ortrain.ag._checks import _float, as_tensor
+from ortrain.ag.elementwise import div
+from ortrain.ag.shape_ops import sum as sum_of
 from ortrain.ag.tensor import FLOAT, Const, Tensor
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 
@@ -25,8 +30,16 @@ def _same_shape(where: str, x, target) -> tuple[Tensor, Tensor]:
     return x, target
 
 
-def _loss(where: str, loss: _losses.Loss, x: Tensor, target: Tensor) -> Tensor:
+def _loss(where: str, loss: _losses.Loss, x: Tensor, target: Tensor, terms: int | None = None) -> Tensor:
+    """``loss`` of ``x`` against ``target``: a mean over ``terms`` values (every element of ``x``
+    unless given). A mean over none is NaN with a warning, as PyTorch's: the runtime's mean of
+    nothing is 0 (and its sparse cross-entropy kernel divides by zero), so such a loss is the sum
+    of ``x``'s no elements divided by 0, which leaves the gradients of other tensors finite."""
     shape = tuple(x.shape)
+    if (x.size if terms is None else terms) == 0:
+        warn(f"{where}: input of shape {describe_shape(shape)} holds no {'elements' if terms is None else 'samples'}; "
+             "the loss, their mean, is NaN, as PyTorch's", RuntimeWarning)
+        return div(sum_of(x), 0.0)
     return Tensor((), FLOAT, where, (x, target), lambda gb, names: loss.build(gb, names[0], names[1], pred_shape=shape))
 
 
@@ -53,8 +66,9 @@ def bce_with_logits_loss(input, target) -> Tensor:  # noqa: A002
 def _classes(where: str, x, target) -> tuple[Tensor, Tensor, bool]:
     x = as_tensor(x, where)
     _float(where, x)
-    if x.ndim < 2:
-        raise ShapeError(f"{where}: input expected shape (batch, classes), received {describe_shape(x.shape)}")
+    if x.ndim < 2 or x.shape[-1] == 0:
+        raise ShapeError(f"{where}: input expected shape (batch, classes) with at least one class, received "
+                         f"{describe_shape(x.shape)}")
     target = as_tensor(target, where)
     if target.dtype.kind in "iu":
         if target.shape != x.shape[:-1]:
@@ -82,7 +96,7 @@ def softmax_cross_entropy_loss(input, target) -> Tensor:  # noqa: A002
     x, t, sparse = _classes(where, input, target)
     loss = _losses.SparseCategoricalCrossentropy(from_logits=True) if sparse \
         else _losses.CategoricalCrossentropy(from_logits=True)
-    return _loss(where, loss, x, t)
+    return _loss(where, loss, x, t, terms=_samples(x))
 
 
 def cross_entropy_loss(input, target) -> Tensor:  # noqa: A002
@@ -93,7 +107,12 @@ def cross_entropy_loss(input, target) -> Tensor:  # noqa: A002
     where = "cross_entropy_loss"
     x, t, sparse = _classes(where, input, target)
     loss = _losses.SparseCategoricalCrossentropy() if sparse else _losses.CategoricalCrossentropy()
-    return _loss(where, loss, x, t)
+    return _loss(where, loss, x, t, terms=_samples(x))
+
+
+def _samples(x: Tensor) -> int:
+    """The samples a class loss averages over: every position but the last (class) axis."""
+    return int(np.prod(x.shape[:-1], dtype=np.int64))
 
 
 def check_loss(value, where: str) -> Tensor:

@@ -147,7 +147,8 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
                 rows = t.inputs[0].shape[0] if t.op == "get_rows" else t.inputs[0].shape[-1]
                 if isinstance(idx, Input):
                     checks.append((idx.name, rows, t.op))
-                elif not isinstance(idx, Const):  # constants were checked when the op was recorded
+                elif not isinstance(idx, Const) and idx.size:  # constants were checked when the op was
+                    # recorded; an empty index reads nothing (and the runtime's ReduceMin fails on it)
                     computed.append((names[id(idx)], rows, t.op, _sources(idx)))
     out_names = []
     for key, t in outputs.items():
