@@ -431,8 +431,16 @@ class Loop:
         return self._lr_seen if self.stepped else None
 
     def _live_state(self):
-        """The model's ``train_state`` while this fit runs: the trainer's once it has stepped."""
-        return self.trainer.export_state() if self.stepped else None
+        """The model's ``train_state`` while this fit runs: the trainer's once it has stepped. Read
+        part-way through an ``nbatch_logical`` period (a callback's save or copy), it leaves out the
+        gradients accumulated since the last update, as ``save_checkpoint`` does, and warns so."""
+        tr = self.trainer
+        if self.stepped and tr._accum and tr.nbatch_logical > tr.batch_size:
+            warn(f"model.train_state (read by a save or copy) is read {tr._accum} batch(es) into an accumulation "
+                 f"period of nbatch_logical={tr.nbatch_logical}: their gradients are not part of it, and a fit "
+                 "continued from it starts a new period; save at the end of a period (after every "
+                 f"{tr.nbatch_logical // tr.batch_size} batches) for an exact continuation", RuntimeWarning)
+        return tr.export_state() if self.stepped else None
 
     def _live_updates(self):
         """The model's optimizer step count while this fit runs: the trainer's once it has stepped."""

@@ -135,6 +135,29 @@ def test_nbatch_logical_leftover_warns():
         ot.fit_generator(model, batches(3, 4), nbatch_logical=8, verbose=0)
 
 
+def test_a_save_part_way_through_an_nbatch_logical_period_warns(tmp_path):
+    # a callback's save between two updates left the accumulated gradients out without a word
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    saved = {}
+
+    class Save(ot.callbacks.Callback):
+        def on_batch_end(self, batch, logs=None):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.model.save(tmp_path / f"b{batch}.ortrain")
+            saved[batch] = [str(w.message) for w in caught]
+
+    ot.fit_generator(model, batches(4, 4), nbatch_logical=8, callbacks=[Save()], verbose=0)
+    assert saved[1] == saved[3] == []   # at the end of a period
+    for batch in (0, 2):
+        assert len(saved[batch]) == 1 and saved[batch][0].startswith(
+            "model.train_state (read by a save or copy) is read 1 batch(es) into an accumulation period of "
+            "nbatch_logical=8"), saved[batch]
+    # what the save holds is the state of the last update, as the warning says
+    assert ot.load_model(tmp_path / "b2.ortrain").train_state.step == 1
+
+
 def test_fit_generator_sample_weights_any_loss_matches_numpy():
     model = ot.Sequential([ot.layers.Dense(3, activation="softmax")], input_shape=(4,), seed=1)
     model.compile(optimizer=ot.optim.SGD(lr=0.5), loss="sparse_categorical_crossentropy")
