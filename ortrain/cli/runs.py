@@ -170,7 +170,8 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     sweep_temporaries(out)
     art_dir = _artifacts_of(out, run)
     if checkpoint is not None and not written_for(checkpoint, ot.artifacts.load(art_dir)):
-        raise UsageError(f"--resume: the artifacts in {str(art_dir)!r} were rebuilt for another model, loss or "
+        # the run's own files disagree (no argument is at fault): a failed run, as eval says of them
+        raise OrtrainError(f"--resume: the artifacts in {str(art_dir)!r} were rebuilt for another model, loss or "
                          f"optimizer after the run {str(out)!r} started, and its checkpoint does not fit them; "
                          "rebuild them as the run had them, or start a new run with another --out")
     initial_epoch = state["epoch"] if state else 0
