@@ -91,14 +91,31 @@ def _special_kind(path: Path) -> str | None:
     return None
 
 
+def unexpanded_home(path) -> str | None:
+    """Why a folder path that starts with ``~`` (``"~/runs"`` quoted in a shell or written in a
+    config) would not be what was meant: nothing expanded it, and the folder made would be one named
+    ``~`` in the current one. None where it does not start so, or a folder of that name exists."""
+    parts = Path(path).parts
+    if not parts or not parts[0].startswith("~") or os.path.lexists(parts[0]):
+        return None
+    return (f"starts with {parts[0]!r}, which is no home folder here (nothing expanded it) and would be made as a "
+            "folder of that name in the current one; give os.path.expanduser(path), or leave ~ unquoted in a shell")
+
+
 def not_a_folder(target: Path) -> str | None:
-    """Why ``target`` cannot be a folder ("is a file", "lies under the file ..."), or None when it
-    and its parents are folders or do not exist yet. One look at each path: a publisher may be
-    renaming the target right now."""
+    """Why ``target`` cannot be a folder ("is a file", "lies under the file ...", a leading ``~``
+    that would make a folder named ``~``), or None when it and its parents are folders or do not
+    exist yet. One look at each path: a publisher may be renaming the target right now."""
+    home = unexpanded_home(target)
+    if home is not None:
+        return home
     for path in (target, *target.parents):
         try:
             mode = os.stat(path).st_mode
         except (FileNotFoundError, NotADirectoryError):
+            if os.path.islink(path):  # a link to nothing: mkdir says only "File exists"
+                return f"{'is' if path == target else f'lies under {str(path)!r},'} a symbolic link to " \
+                       f"{os.readlink(path)!r}, which does not exist"
             continue
         except OSError as exc:  # a loop of symbolic links, a path too long, no permission to look
             return f"cannot be reached ({exc.strerror})"
@@ -309,6 +326,8 @@ def write_advice(code: int | None) -> str:
                 "limit or choose another folder")
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "Choose a folder you can write to"
+    if code == errno.EBUSY:  # a mount point, which a rename cannot replace
+        return "The path is a mount point or held by the system, which cannot be replaced: choose a folder inside it"
     return "Free space or choose another folder"
 
 

@@ -50,7 +50,7 @@ from ortrain._artifact_graphs import SCALED_LOSS as SCALED_LOSS
 from ortrain._artifact_graphs import WEIGHTINGS as WEIGHTINGS
 from ortrain._artifact_graphs import loss_model as loss_model
 from ortrain._artifact_store import _publish_lock, _refuse_working_directory, cache_dir, set_cache_dir
-from ortrain._files import atomic_path, atomic_temporaries, fresh_dir
+from ortrain._files import atomic_path, atomic_temporaries, fresh_dir, unexpanded_home
 from ortrain._files import scratch_dir as scratch_dir
 from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
 from ortrain._manifest import FILES, FORMAT, finish, sha256, versions
@@ -356,6 +356,9 @@ def _build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, traina
     key = _key(fg, loss, opt, weighting)
     if accept_key is not None:
         accept_key(key, lambda: key_parts(fg, loss, opt, weighting))
+    home = unexpanded_home(out_dir) if out_dir is not None else None
+    if home is not None:
+        raise OrtrainError(f"out_dir: {str(out_dir)!r} {home}")
     # through symbolic links: publishing renames a new folder into place, which would replace a link
     target = Path(os.path.realpath(out_dir)) if out_dir is not None else cache_dir() / key[:24]
 
@@ -491,6 +494,9 @@ def load(directory) -> Artifacts:
     except PermissionError as exc:
         raise OrtrainError(f"artifacts in {str(d)!r} cannot be read: {exc.strerror} ({exc.filename}); make them "
                            "readable (chmod -R u+rX) or rebuild them where you can read them") from None
+    except OSError as exc:  # a name too long for the file system, a folder that vanished meanwhile
+        raise OrtrainError(f"artifacts in {str(d)!r} cannot be read: {exc.strerror or exc}; give the path of an "
+                           "artifacts directory") from None
 
 
 def _load(d: Path) -> Artifacts:
@@ -498,6 +504,9 @@ def _load(d: Path) -> Artifacts:
     if not d.exists():
         raise OrtrainError(f"{str(d)!r} does not exist (moved or deleted?): give the path of an artifacts "
                            "directory, or build one with ot.artifacts.build or `ortrain artifacts`")
+    if d.name == "manifest.json" and d.is_file():
+        raise OrtrainError(f"{str(d)!r} is the manifest of an artifacts directory; give the directory that holds "
+                           f"it: {str(d.parent)!r}")
     if not mpath.is_file():
         raise OrtrainError(f"{str(d)!r} is not an ortrain artifacts directory (no manifest.json); "
                            "create one with ot.artifacts.build or `ortrain artifacts`")

@@ -1322,3 +1322,31 @@ def test_a_run_that_cannot_write_its_model_says_resume_not_another_folder():
                  "choose another folder (out_dir, or ot.artifacts.set_cache_dir for the cache)")
     assert _for_command_line(artifacts, "train").endswith("choose another folder (--out)")
     assert _for_command_line(artifacts, "artifacts").endswith("choose another folder (-o)")
+
+
+def test_a_folder_path_with_a_leading_tilde_or_a_link_to_nothing_is_refused(workdir, capsys):
+    # "~/r" quoted on the command line or written in a config made a folder named "~"; a link to a
+    # folder that does not exist said "cannot write 'dangling': File exists"
+    base = ["--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32", "--verbose", "0"]
+    make_artifacts(capsys)
+    assert cli("train", *base, "--out", "~/r") == 2
+    assert "--out: '~/r' starts with '~', which is no home folder here (nothing expanded it) and would be made as a " \
+        "folder of that name in the current one; give os.path.expanduser(path), or leave ~ unquoted in a shell" \
+        in capsys.readouterr().err
+    assert cli("artifacts", "mlp.onnx", "-o", "~/a", "--loss", "mse") == 2
+    assert "-o: '~/a' starts with '~'" in capsys.readouterr().err
+    (workdir / "dangling").symlink_to(workdir / "gone" / "r")
+    assert cli("train", *base, "--out", "dangling") == 2
+    assert f"--out: 'dangling' is a symbolic link to {str(workdir / 'gone' / 'r')!r}, which does not exist" \
+        in capsys.readouterr().err
+    (workdir / "c.toml").write_text('artifacts = "art"\ndata = ["train.npz"]\nepochs = 1\nbatch_size = 32\n'
+                                    'out = "~/runs"\nverbose = 0\n')
+    assert cli("train", "c.toml") == 2
+    assert "CONFIG: key 'out' holds '~/runs', whose leading '~' is no home folder here" in capsys.readouterr().err
+    assert not (workdir / "~").exists() and not (workdir / "gone").exists()
+    with pytest.raises(ot.OrtrainError, match=r"out_dir: '~/b' starts with '~', which is no home folder here"):
+        ot.artifacts.build(ot.from_onnx("mlp.onnx"), loss="mse", out_dir="~/b")
+    assert not (workdir / "~").exists()
+    # a folder named ~ that is there is taken as it is
+    (workdir / "~").mkdir()
+    assert cli("train", *base, "--out", "~/r") == 0 and (workdir / "~" / "r" / "run.json").is_file()

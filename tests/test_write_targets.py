@@ -293,6 +293,54 @@ def test_unreadable_artifacts_and_unsearchable_folders_are_said(tmp_path, monkey
         model.save(tmp_path / "locked" / "m.ortrain")
 
 
+def test_readers_say_what_is_wrong_with_the_path(tmp_path, monkeypatch):
+    # from_onnx and artifacts.load gave a raw OSError for a name over 255 bytes, from_onnx a raw
+    # PermissionError under a folder it may not search; a manifest or a model.save file given where
+    # an artifacts folder or an ONNX file is expected said only "no manifest.json" / "not an ONNX model"
+    import pathlib
+    model = _model()
+    long = tmp_path / ("q" * 256)
+    with pytest.raises(ot.OrtrainError, match=r"from_onnx: cannot read .*q' \(File name too long\); check the path"):
+        ot.from_onnx(long)
+    with pytest.raises(ot.OrtrainError, match=r"artifacts in .*q' cannot be read: File name too long; give the path"):
+        ot.artifacts.load(long)
+    art = ot.artifacts.build(model, out_dir=tmp_path / "art")
+    with pytest.raises(ot.OrtrainError, match=r"manifest.json' is the manifest of an artifacts directory; give the "
+                                              r"directory that holds it: '.*art'"):
+        ot.artifacts.load(art.directory / "manifest.json")
+    model.save(tmp_path / "m.ortrain")
+    with pytest.raises(ot.OrtrainError, match=r"m.ortrain' is a zip file, not an ONNX model; a file written by "
+                                              r"model.save is read by ot.load_model\(path\)"):
+        ot.from_onnx(tmp_path / "m.ortrain")
+    model.export_onnx(tmp_path / "m.onnx")
+
+    def denied(path, *args, **kwargs):  # the tests may run as root, whom chmod stops not
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(pathlib.Path, "stat", denied)
+    with pytest.raises(ot.OrtrainError, match=r"from_onnx: cannot read .*m.onnx' \(Permission denied\); check the "
+                                              r"path and the permissions of the folders on it"):
+        ot.from_onnx(tmp_path / "m.onnx")
+
+
+def test_artifacts_onto_a_mount_point_say_so(tmp_path, monkeypatch):
+    # renaming a mount point away fails with EBUSY, whose advice was "Free space or choose another folder"
+    import errno
+    model = _model()
+    ot.artifacts.build(model, out_dir=tmp_path / "mnt")
+    rename = os.rename
+
+    def busy(src, dst, *args, **kwargs):
+        if os.fspath(src) == os.fspath(tmp_path / "mnt"):
+            raise OSError(errno.EBUSY, "Device or resource busy", os.fspath(src))
+        return rename(src, dst, *args, **kwargs)
+    monkeypatch.setattr(os, "rename", busy)
+    with pytest.raises(ot.OrtrainError, match=r"cannot write .*mnt': Device or resource busy; nothing was published .* "
+                                              r"The path is a mount point or held by the system, which cannot be "
+                                              r"replaced: choose a folder inside it"):
+        ot.artifacts.build(model, out_dir=tmp_path / "mnt", loss="mae")
+    assert ot.artifacts.load(tmp_path / "mnt").manifest["loss"] == {"name": "mse"}   # the old ones, as they were
+
+
 def test_a_leading_tilde_is_said_to_be_no_home_folder(tmp_path, monkeypatch):
     # "create it first" led users to make a folder named "~"
     monkeypatch.chdir(tmp_path)

@@ -269,6 +269,12 @@ def _read_toml(path: str) -> dict:
         if key in _PATH_KEYS and _empty_path(value):
             raise UsageError(f"CONFIG: key {key!r} expects a path, received an empty string; give a file or "
                              "folder name ('.' for the config file's folder)")
+        if key in ("model", "artifacts", "out", "data", "val_data"):
+            for v in [value] if isinstance(value, str) else value:
+                if Path(v).parts and Path(v).parts[0].startswith("~") and not (base / Path(v).parts[0]).exists():
+                    raise UsageError(f"CONFIG: key {key!r} holds {v!r}, whose leading {Path(v).parts[0]!r} is no home "
+                                     "folder here (a config's paths are taken from its folder, and nothing expands ~); "
+                                     "write the whole path")
         if key in ("model", "artifacts", "out"):
             value = str(base / value)
         elif key in ("data", "val_data"):

@@ -90,11 +90,14 @@ def _newest_ir_read(model: onnx.ModelProto) -> int | None:
 
 
 def _read_file(path: Path, what: str) -> bytes:
-    if not path.exists():
-        raise OrtrainError(f"{what}: no such file {str(path)!r}")
-    if not path.is_file():
-        raise OrtrainError(f"{what}: {str(path)!r} is not a regular file")
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size if path.is_file() else None
+    except OSError as exc:  # a folder on the way that may not be searched, a name too long
+        raise OrtrainError(f"{what}: cannot read {str(path)!r} ({exc.strerror or exc}); check the path and the "
+                           "permissions of the folders on it") from None
+    if size is None:
+        raise OrtrainError(f"{what}: no such file {str(path)!r}" if not path.exists() else
+                           f"{what}: {str(path)!r} is not a regular file")
     if size > MAX_MODEL_BYTES:
         raise OrtrainError(f"{what}: {str(path)!r} holds {size} bytes; an ONNX protobuf file is limited to "
                            f"{MAX_MODEL_BYTES} bytes. Save the weights as external data "
@@ -110,6 +113,9 @@ def _parse(data: bytes, what: str, origin: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except Exception as exc:  # protobuf's DecodeError and friends
+        if data[:4] == b"PK\x03\x04":  # a zip file: what model.save writes
+            raise OrtrainError(f"{what}: {origin} is a zip file, not an ONNX model; a file written by model.save is "
+                               "read by ot.load_model(path)") from None
         raise OrtrainError(f"{what}: {origin} is not an ONNX model: the protobuf does not parse "
                            f"({type(exc).__name__}: {exc}); the file is truncated or of another format") from exc
     return model
