@@ -27,21 +27,23 @@ def _i64(*values):
 
 
 def _one_sgd_step_matches_torch(nodes, x, out_shape, weights, forward, consts=None, opset=17, lr=0.1,
-                                in_shape=None):
+                                in_shape=None, training_forward=None):
     """Forward and weights after one SGD step on mean squared error, against PyTorch float64.
     ``in_shape``: the input's declared dimensions after the batch (names for free ones), by
-    default ``x``'s."""
+    default ``x``'s. ``training_forward``: the forward of a training step where it differs
+    (a batch norm's batch statistics)."""
     torch = torch_or_skip()
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in {**weights, **(consts or {})}.items()]
     in_shape = list(x.shape[1:]) if in_shape is None else in_shape
     proto = model(nodes, [vi("x", ["N", *in_shape])], [vi("out", ["N", *out_shape])], inits, opset=opset)
     tw = {k: torch.tensor(v.astype(np.float64), requires_grad=True) for k, v in weights.items()}
-    want = forward(torch.tensor(x.astype(np.float64)), tw)
+    predicted = forward(torch.tensor(x.astype(np.float64)), tw)
+    want = predicted if training_forward is None else training_forward(torch.tensor(x.astype(np.float64)), tw)
     y = np.random.default_rng(7).standard_normal(tuple(want.shape)).astype(np.float32)
     grads = torch.autograd.grad(((want - torch.tensor(y.astype(np.float64))) ** 2).mean(), list(tw.values()))
     m = ot.from_onnx(proto, trainable=list(weights))
     m.compile(optimizer=ot.optim.SGD(lr=lr), loss="mse")
-    np.testing.assert_allclose(m.predict(x), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.predict(x), predicted.detach().numpy(), rtol=1e-5, atol=1e-6)
     m.fit(x, y, batch_size=len(x), shuffle=False, verbose=0)
     got = dict(zip(m.weight_names(), m.get_weights(), strict=True))
     for (name, w0), g in zip(weights.items(), grads, strict=True):
@@ -940,6 +942,55 @@ def test_a_value_two_concatenations_read_trains(rng):
          _node("Concat", ["g", "x"], "b", axis=1), _node("Mul", ["a", "b"], "out")],
         _x(M), [2 * M], {"w": w, "v": v},
         lambda x, t: torch_cat([x, x @ t["w"]]) * torch_cat([x @ t["v"], x]))
+
+
+@pytest.mark.parametrize("norm", ["BatchNormalization", "LayerNormalization"])
+def test_a_data_input_joined_to_its_own_norm_trains(rng, norm):
+    # concat([x, bn(x)]) (a DenseNet block at the model's input): the concatenation's gradient and the
+    # norm's each wrote an "x_grad" ("Duplicate definition of name (x_grad)"); two norms of x too
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    w = rng.standard_normal((2 * M, 3)).astype(np.float32) * 0.5
+    s, b = (rng.standard_normal(M).astype(np.float32) for _ in range(2))
+    stats = {"mean": np.zeros(M, np.float32), "var": np.ones(M, np.float32)}
+    bn = norm == "BatchNormalization"
+    inputs = ["x", "s", "b", "mean", "var"] if bn else ["x", "s", "b"]
+
+    def normed(x, t, training):
+        return F.batch_norm(x, None if training else torch_tensor(stats["mean"]), None if training else
+                            torch_tensor(stats["var"]), t["s"], t["b"], training=training, eps=1e-5) if bn else \
+            F.layer_norm(x, (M,), t["s"], t["b"], eps=1e-5)
+    _one_sgd_step_matches_torch(
+        [_node(norm, inputs, "n", epsilon=1e-5), _node("Concat", ["x", "n"], "c", axis=1),
+         _node("MatMul", ["c", "w"], "out")],
+        _x(M), [3], {"w": w, "s": s, "b": b}, lambda x, t: torch_cat([x, normed(x, t, False)]) @ t["w"],
+        consts=stats if bn else None, training_forward=lambda x, t: torch_cat([x, normed(x, t, True)]) @ t["w"])
+    # two norms reading the input, and ortrain's own layers
+    _one_sgd_step_matches_torch(
+        [_node(norm, inputs, "n", epsilon=1e-5), _node(norm, inputs, "n2", epsilon=1e-5),
+         _node("Concat", ["n", "n2"], "c", axis=1), _node("MatMul", ["c", "w"], "out")],
+        _x(M), [3], {"w": w, "s": s, "b": b},
+        lambda x, t: torch_cat([normed(x, t, False)] * 2) @ t["w"], consts=stats if bn else None,
+        training_forward=lambda x, t: torch_cat([normed(x, t, True)] * 2) @ t["w"])
+    inp = ot.Input((M,))
+    layer = ot.layers.BatchNorm(epsilon=1e-5) if bn else ot.layers.LayerNorm(epsilon=1e-5)
+    native = ot.Model(inp, ot.layers.Dense(3)(ot.layers.Concatenate()([inp, layer(inp)])))
+    native.set_weights([s, b, *([stats["mean"], stats["var"]] if bn else []), w, np.zeros(3, np.float32)])
+    native.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x, y = _x(M), np.random.default_rng(3).standard_normal((N, 3)).astype(np.float32)
+    native.fit(x, y, batch_size=N, verbose=0)
+    t = {k: torch_tensor(v).requires_grad_() for k, v in {"w": w, "s": s, "b": b}.items()}
+    loss = ((torch_cat([torch_tensor(x), normed(torch_tensor(x), t, True)]) @ t["w"] - torch_tensor(y)) ** 2).mean()
+    grads = dict(zip(t, torch.autograd.grad(loss, list(t.values()))))
+    got = dict(zip(native.weight_names(), native.get_weights()))
+    for name, key in (("dense_0.kernel", "w"), (f"{layer.name}.gamma", "s"), (f"{layer.name}.beta", "b")):
+        np.testing.assert_allclose(got[name], t[key].detach().numpy() - 0.1 * grads[key].numpy(), rtol=1e-5,
+                                   atol=1e-6, err_msg=name)
+
+
+def torch_tensor(a):
+    import torch
+    return torch.tensor(a.astype(np.float64))
 
 
 def test_a_captured_step_over_two_concatenations_of_one_input_matches_torch():

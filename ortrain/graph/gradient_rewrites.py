@@ -55,41 +55,53 @@ def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.Mode
 
 def repeated_inputs_apart(model: onnx.ModelProto) -> onnx.ModelProto:
     """A value a node reads at two or more of its inputs (``Concat(h, x, x)``, ``MatMul(h, h)``), or
-    that two ``Concat`` nodes read (a data input joined to two hidden layers, DenseNet's skips), read
-    through an ``Identity`` at each place after the first: onnxruntime-training's gradient builder
-    names what it writes for an input after the input (``x_grad``, the ``Shape`` of a ``MatMul``'s
-    operands; a ``Concat``'s gradient names one for every input, whether or not it needs one) and
-    fails on the second definition of that name ("Duplicate definition of name"). The training
-    session's optimizer removes the ``Identity`` nodes again. ``model`` itself when no node repeats
-    an input and no two concatenations share one; nodes holding subgraphs are left as they are."""
-    def concat_reads(n):
-        # (the session's optimizer writes a Concat as com.microsoft's ConcatTraining)
-        return [i for i in n.input if i] if n.op_type in ("Concat", "ConcatTraining") else []
-
-    joined = [i for n in model.graph.node for i in set(concat_reads(n))]
+    that two of the nodes whose gradient writes one for an input whether or not it needs one read
+    (a concatenation, a batch or layer norm: a data input joined to two hidden layers, DenseNet's
+    skips, ``concat([x, batch_norm(x)])``), read through an ``Identity`` at each place after the
+    first: onnxruntime-training's gradient builder names what it writes for an input after the
+    input (``x_grad``, the ``Shape`` of a ``MatMul``'s operands) and fails on the second definition
+    of that name ("Duplicate definition of name"). The training session's optimizer removes the
+    ``Identity`` nodes again. ``model`` itself when no node repeats an input and no two such nodes
+    share one; nodes holding subgraphs are left as they are."""
+    joined = [i for n in model.graph.node for i in set(_written_for_every_input(n))]
     if not any(len(set(i for i in n.input if i)) < len([i for i in n.input if i]) for n in model.graph.node) and \
             len(set(joined)) == len(joined):
         return model
     out = copy.deepcopy(model)
     nodes = []
-    concatenated = set()  # values a Concat before read
+    written = set()  # values whose gradient a node before writes whether or not it is needed
     for k, node in enumerate(out.graph.node):
         seen = set()
-        is_concat = bool(concat_reads(node))
+        writes = set(_written_for_every_input(node))
         for j, name in enumerate(node.input if not subgraphs(node) else ()):
             if not name:
                 continue
-            if name in seen or (is_concat and name in concatenated):
+            if name in seen or (name in writes and name in written):
                 copy_name = f"{name}/repeated_input_{k}_{j}"
                 nodes.append(helper.make_node("Identity", [name], [copy_name], name=copy_name))
                 node.input[j] = copy_name
             seen.add(name)
-        if is_concat:
-            concatenated |= seen
+        written |= writes
         nodes.append(node)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def _written_for_every_input(node) -> list[str]:
+    """The inputs of ``node`` for which the gradient builder writes a gradient whether or not one
+    is needed: every input of a concatenation (the session's optimizer writes a ``Concat`` as
+    com.microsoft's ``ConcatTraining``), the data input of a batch or layer norm (the others are
+    their own weights)."""
+    if node.op_type in ("Concat", "ConcatTraining"):
+        return [i for i in node.input if i]
+    if node.op_type in _NORMS_WRITING_EVERY_INPUT and node.input and node.input[0]:
+        return [node.input[0]]
+    return []
+
+
+_NORMS_WRITING_EVERY_INPUT = ("BatchNormalization", "BatchNormInternal", "LayerNormalization",
+                              "SimplifiedLayerNormalization")
 
 
 def sum_after_gemm_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
