@@ -219,6 +219,51 @@ def test_single_output_layernorm_gets_its_statistics(rng):
         assert tr.step(x, y) < np.mean((want - y) ** 2)
 
 
+@pytest.mark.parametrize("form", ["cross_entropy", "nll_of_log_softmax", "weighted"])
+def test_a_loss_exported_inside_the_model_trains_as_in_torch(form):
+    # PyTorch writes F.cross_entropy as a one-output SoftmaxCrossEntropyLoss, whose gradient reads the
+    # log_prob output: training asserted in the gradient builder ("i < node_->OutputDefs().size()")
+    import io
+    import warnings
+
+    from conftest import torch_or_skip
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    class_weight = torch.tensor([0.5, 2.0, 1.0])
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = torch.nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            z = self.dense(x)
+            if form == "nll_of_log_softmax":
+                return F.nll_loss(F.log_softmax(z, 1), y, reduction="none")
+            return F.cross_entropy(z, y, reduction="none", weight=class_weight if form == "weighted" else None)
+    net = Net()
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.from_numpy(x), torch.from_numpy(y)), buf, dynamo=False, input_names=["x", "y"],
+                          output_names=["loss"], dynamic_axes={"x": {0: "b"}, "y": {0: "b"}, "loss": {0: "b"}})
+    model = ot.from_onnx(buf.getvalue())
+    np.testing.assert_allclose(model.predict([x, y]), net(torch.from_numpy(x), torch.from_numpy(y)).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    model.compile(optimizer=ot.optim.SGD(lr=0.5), loss="mae")  # against 0: the mean of the per-row losses
+    model.fit([x, y], np.zeros(8, np.float32), batch_size=8, epochs=2, shuffle=False, verbose=0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    for _ in range(2):
+        opt.zero_grad()
+        net(torch.from_numpy(x), torch.from_numpy(y)).abs().mean().backward()
+        opt.step()
+    for got, want in zip(model.get_weights(), (net.dense.weight, net.dense.bias)):
+        np.testing.assert_allclose(got.reshape(want.shape), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def _bn_train_first_loss(path, x, y):
     """Loss of the first training step from the original file: the reference evaluator runs its
     three-output BatchNormalization in training mode (batch statistics)."""

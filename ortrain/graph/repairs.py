@@ -6,7 +6,8 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
 
 * ``Sum`` has no gradient builder: it becomes a chain of ``Add`` (same broadcasting).
 * single-output ``LayerNormalization`` (opset 17 exports) has no gradient: it gets
-  the mean and inverse-std outputs the builder needs.
+  the mean and inverse-std outputs the builder needs; a ``SoftmaxCrossEntropyLoss`` (a loss
+  exported with the model) gets its ``log_prob`` output likewise.
 * ``BatchNormalization`` exported in training mode (three outputs) makes the eval
   graph invalid: it is written in inference form, running statistics as inputs.
   ortrain's training graph turns every batch norm into batch statistics anyway.
@@ -118,18 +119,29 @@ def sum_to_add(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 
 def layernorm_with_statistics(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """Give single-output ``LayerNormalization`` nodes their ``Mean`` and ``InvStdDev`` outputs."""
-    targets = [i for i, n in enumerate(model.graph.node) if n.op_type == "LayerNormalization" and len(n.output) < 3]
+    """Give single-output ``LayerNormalization`` nodes their ``Mean`` and ``InvStdDev`` outputs,
+    and ``SoftmaxCrossEntropyLoss`` nodes (a loss exported inside the model) their ``log_prob``:
+    the gradient builder reads these optional outputs, and asserted on a node without them
+    ("GradientBuilderBase::O ... i < node_->OutputDefs().size() was false")."""
+    def missing(n) -> list[str]:
+        wanted = _OUTPUTS_THE_GRADIENT_READS.get(n.op_type, ()) if n.domain in ("", "ai.onnx") else ()
+        return list(wanted[len(n.output) - 1:]) if len(n.output) else []
+
+    targets = [i for i, n in enumerate(model.graph.node) if missing(n)]
     if not targets:
         return model, 0
     out = copy.deepcopy(model)
     names = FreshNames(out)
     for i in targets:
         node = out.graph.node[i]
-        base = node.name or f"LayerNormalization_{i}"
-        while len(node.output) < 3:
-            node.output.append(names.fresh(f"{base}/{'mean' if len(node.output) == 1 else 'inv_std_dev'}"))
+        base = node.name or f"{node.op_type}_{i}"
+        for suffix in missing(node):
+            node.output.append(names.fresh(f"{base}/{suffix}"))
     return out, len(targets)
+
+
+# the optional outputs (after the first) of nodes whose gradient reads them
+_OUTPUTS_THE_GRADIENT_READS = {"LayerNormalization": ("mean", "inv_std_dev"), "SoftmaxCrossEntropyLoss": ("log_prob",)}
 
 
 def batchnorm_inference_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
