@@ -171,7 +171,8 @@ class TrainerSetup:
 
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, path) -> str:
-        """Weights, optimizer moments and step, learning rate, weight decay and counters (the
+        """Weights, optimizer moments (those of weights frozen here too) and step, learning rate,
+        weight decay and counters (the
         steps run, which seeded dropout goes on from), for a bit-exact resume, with two
         exceptions: the dropout masks of a model without a seed (drawn from onnxruntime's
         process-wide generator) and batches accumulated towards an update that has not happened
@@ -193,7 +194,7 @@ class TrainerSetup:
             props[artifacts_mod.CHECKPOINT_ARCHITECTURE] = self._architecture()
             # what the artifacts' key is made of, so a refused resume can say what differs
             props[_PROP + "key_parts"] = json.dumps(self._art.key_parts(self._architecture()), sort_keys=True)
-        self._session.save_checkpoint(path, props)
+        self._session.save_checkpoint(path, props, carried=self._carried)
         return str(path)
 
     def _architecture(self) -> str:
@@ -251,6 +252,9 @@ class TrainerSetup:
         return tr
 
     def _restore_counters(self, props: dict, data) -> None:
+        """The counters, rate and moments of weights frozen here that ``data`` (a trainer's checkpoint)
+        holds beside the session's own state."""
+        self._carried = {n: m for n, m in data.carried.items() if n not in self._trainable}
         self._n_steps = int(props[_PROP + "n_steps"])
         self._updates = int(props[_PROP + "updates"])
         self._lr = float(props[_PROP + "lr"])

@@ -269,6 +269,39 @@ def test_checkpoint_resume_is_bit_exact(tmp_path, rng):
         ot.Trainer(model, batch_size=16).save_checkpoint(tmp_path / "no" / "ck")
 
 
+def test_a_checkpoint_keeps_the_moments_of_weights_frozen_in_the_trainer(tmp_path, rng):
+    # the moments a trainer carries for weights frozen in it (they trained before) were not part of its
+    # checkpoint: a resumed trainer handed back fresh moments for them, and Adam restarted on them
+    x, y = rng.standard_normal((4, 4)).astype(np.float32), np.ones((4, 3), np.float32)
+    model = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    model.train_on_batch(x, y)
+    carried = model.train_state.moments["dense_0.bias"]
+    model.freeze("dense_0.bias")
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.step(x, y)
+        tr.save_checkpoint(tmp_path / "ck")
+        straight = tr.export_state()
+    with ot.Trainer.from_checkpoint(model, tmp_path / "ck", batch_size=4) as tr2:
+        resumed = tr2.export_state()
+    assert sorted(resumed.moments) == sorted(straight.moments) == ["dense_0.bias", "dense_0.kernel"]
+    for name in straight.moments:
+        for a, b in zip(resumed.moments[name], straight.moments[name]):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(resumed.moments["dense_0.bias"], carried):
+        np.testing.assert_array_equal(a, b)
+    # the file still opens in onnxruntime-training itself, and a tampered carried moment is refused
+    from onnxruntime.training.api import CheckpointState
+    CheckpointState.load_checkpoint(str(tmp_path / "ck"))
+    data = bytearray((tmp_path / "ck").read_bytes())
+    at = bytes(data).rfind(carried[1].tobytes())
+    assert at > 0
+    data[at] ^= 1
+    (tmp_path / "bad").write_bytes(bytes(data))
+    with pytest.raises(ot.OrtrainError, match="is damaged: its contents do not match the checksum"):
+        ot.Trainer.from_checkpoint(model, tmp_path / "bad", batch_size=4)
+
+
 def test_a_checkpoint_keeps_the_weight_decay_and_model_carries_no_stale_state(tmp_path):
     model = seed_model()
     model.compile(optimizer="adamw", loss="mse")

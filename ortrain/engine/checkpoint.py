@@ -32,6 +32,9 @@ ParameterOptimizerState, StringProperty, Tensor = _fbs.ParameterOptimizerState, 
 CHECKPOINT_VERSION = 2  # what onnxruntime-training 1.19.2 writes and reads
 _IDENTIFIER = b"ODTC"
 GROUP_NAME = "group0"
+# A second optimizer group, which onnxruntime-training leaves alone (its optimizer reads group0): the
+# moments of weights frozen in a trainer, which go on with them once they train again.
+CARRIED_GROUP = "ortrain.frozen"
 MOMENT_NAMES = ("momentum0", "momentum1")
 # A property of a trainer's checkpoint: the crc32 of everything else it holds, so that a changed
 # byte in a weight, a moment or a counter is told apart from training (the format has no checksum).
@@ -54,6 +57,7 @@ class CheckpointData:
     frozen: dict[str, np.ndarray] = field(default_factory=dict)
     optimizer: OptimizerState | None = None
     properties: dict[str, int | float | str] = field(default_factory=dict)
+    carried: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict)  # moments of frozen weights
 
 
 def _tensor_crc(t, crc: int) -> int:
@@ -185,17 +189,21 @@ def _parse(buf, weights: bool = True) -> CheckpointData:
     if weights:
         trainable = dict(_read_tensor(ms.RequiresGradParams(i)) for i in range(ms.RequiresGradParamsLength()))
         frozen = dict(_read_tensor(ms.FrozenParams(i)) for i in range(ms.FrozenParamsLength()))
-    optimizer = None
+    optimizer, carried = None, {}
     for g in range(ck.OptimizerGroupsLength()):
         group = ck.OptimizerGroups(g)
-        if group.GroupName().decode() != GROUP_NAME:
+        name = group.GroupName().decode()
+        if name not in (GROUP_NAME, CARRIED_GROUP):
             continue
         moments = {}
         for i in range(group.OptimizerStatesLength()):
             ps = group.OptimizerStates(i)
             named = dict(_read_tensor(ps.Momentums(j)) for j in range(ps.MomentumsLength()))
             moments[ps.ParamName().decode()] = tuple(named[n] for n in MOMENT_NAMES if n in named)
-        optimizer = OptimizerState(int(group.Step()), float(group.InitialLearningRate()), moments)
+        if name == CARRIED_GROUP:
+            carried = moments
+        else:
+            optimizer = OptimizerState(int(group.Step()), float(group.InitialLearningRate()), moments)
     properties: dict[str, int | float | str] = {}
     bag = ck.PropertyBag()
     if bag is not None:
@@ -208,7 +216,7 @@ def _parse(buf, weights: bool = True) -> CheckpointData:
         for i in range(bag.StringsLength()):
             p = bag.Strings(i)
             properties[p.Name().decode()] = p.Value().decode()
-    return CheckpointData(trainable, frozen, optimizer, properties)
+    return CheckpointData(trainable, frozen, optimizer, properties, carried)
 
 
 def _tensor(b: flatbuffers.Builder, name: str, array: np.ndarray) -> int:
@@ -267,13 +275,34 @@ def _properties(b: flatbuffers.Builder, props: dict) -> int:
     return PropertyBag.PropertyBagEnd(b)
 
 
+def _group(b: flatbuffers.Builder, name: str, step: int, initial_lr: float, moments: dict) -> int:
+    states = []
+    for pname, ms in moments.items():
+        name_off = b.CreateString(pname)
+        mom = _vector(b, [_tensor(b, MOMENT_NAMES[i], m) for i, m in enumerate(ms)])
+        ParameterOptimizerState.ParameterOptimizerStateStart(b)
+        ParameterOptimizerState.ParameterOptimizerStateAddParamName(b, name_off)
+        ParameterOptimizerState.ParameterOptimizerStateAddMomentums(b, mom)
+        states.append(ParameterOptimizerState.ParameterOptimizerStateEnd(b))
+    states_vec = _vector(b, states)
+    group_name = b.CreateString(name)
+    OptimizerGroup.OptimizerGroupStart(b)
+    OptimizerGroup.OptimizerGroupAddGroupName(b, group_name)
+    OptimizerGroup.OptimizerGroupAddStep(b, int(step))
+    OptimizerGroup.OptimizerGroupAddInitialLearningRate(b, float(initial_lr))
+    OptimizerGroup.OptimizerGroupAddOptimizerStates(b, states_vec)
+    return OptimizerGroup.OptimizerGroupEnd(b)
+
+
 def write_checkpoint(path: str | os.PathLike, data: CheckpointData) -> None:
     """Write ``data`` in the format onnxruntime-training 1.19.2 loads."""
+    groups_in = ([(GROUP_NAME, data.optimizer.step, data.optimizer.initial_lr, data.optimizer.moments)]
+                 if data.optimizer is not None else []) + \
+        ([(CARRIED_GROUP, 0, 0.0, data.carried)] if data.carried else [])
     size = sum(a.nbytes for a in data.trainable.values()) + sum(a.nbytes for a in data.frozen.values())
-    if data.optimizer is not None:
-        size += sum(m.nbytes for ms in data.optimizer.moments.values() for m in ms)
-    count = len(data.trainable) + len(data.frozen) + (
-        sum(len(ms) + 1 for ms in data.optimizer.moments.values()) if data.optimizer is not None else 0)
+    size += sum(m.nbytes for *_, moments in groups_in for ms in moments.values() for m in ms)
+    count = len(data.trainable) + len(data.frozen) + sum(len(ms) + 1 for *_, moments in groups_in
+                                                         for ms in moments.values())
     b = flatbuffers.Builder(size + 4096 + 256 * count)  # room for names and dims too: the builder never grows
     req = _vector(b, [_tensor(b, n, a) for n, a in data.trainable.items()])
     frozen = _vector(b, [_tensor(b, n, a) for n, a in data.frozen.items()])
@@ -281,24 +310,7 @@ def write_checkpoint(path: str | os.PathLike, data: CheckpointData) -> None:
     ModuleState.ModuleStateAddRequiresGradParams(b, req)
     ModuleState.ModuleStateAddFrozenParams(b, frozen)
     module_state = ModuleState.ModuleStateEnd(b)
-    groups = None
-    if data.optimizer is not None:
-        states = []
-        for pname, moments in data.optimizer.moments.items():
-            name_off = b.CreateString(pname)
-            mom = _vector(b, [_tensor(b, MOMENT_NAMES[i], m) for i, m in enumerate(moments)])
-            ParameterOptimizerState.ParameterOptimizerStateStart(b)
-            ParameterOptimizerState.ParameterOptimizerStateAddParamName(b, name_off)
-            ParameterOptimizerState.ParameterOptimizerStateAddMomentums(b, mom)
-            states.append(ParameterOptimizerState.ParameterOptimizerStateEnd(b))
-        states_vec = _vector(b, states)
-        group_name = b.CreateString(GROUP_NAME)
-        OptimizerGroup.OptimizerGroupStart(b)
-        OptimizerGroup.OptimizerGroupAddGroupName(b, group_name)
-        OptimizerGroup.OptimizerGroupAddStep(b, int(data.optimizer.step))
-        OptimizerGroup.OptimizerGroupAddInitialLearningRate(b, float(data.optimizer.initial_lr))
-        OptimizerGroup.OptimizerGroupAddOptimizerStates(b, states_vec)
-        groups = _vector(b, [OptimizerGroup.OptimizerGroupEnd(b)])
+    groups = _vector(b, [_group(b, *g) for g in groups_in]) if groups_in else None
     bag = _properties(b, data.properties) if data.properties else None
     Checkpoint.CheckpointStart(b)
     Checkpoint.CheckpointAddVersion(b, CHECKPOINT_VERSION)

@@ -21,7 +21,7 @@ from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine import denormals
 from ortrain.engine._runtime import C, OrtValue, release_freed_memory, runtime_path
-from ortrain.engine.checkpoint import CHECKSUM, CHECKSUM_PLACEHOLDER, read_checkpoint, write_checksum
+from ortrain.engine.checkpoint import CHECKSUM, CHECKSUM_PLACEHOLDER, read_checkpoint, write_checkpoint, write_checksum
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
@@ -449,9 +449,12 @@ class TrainingSession:
 
     # -- checkpoints and export -------------------------------------------------------
     @exclusive
-    def save_checkpoint(self, path, properties: dict | None = None, include_optimizer: bool = True) -> None:
+    def save_checkpoint(self, path, properties: dict | None = None, include_optimizer: bool = True,
+                        carried: dict | None = None) -> None:
         """Write the state with ``properties`` and, with them, :data:`CHECKSUM` of what it holds
-        (the runtime writes the file with a placeholder, whose bytes the checksum then replaces)."""
+        (the runtime writes the file with a placeholder, whose bytes the checksum then replaces).
+        ``carried``: moments of weights frozen here, which the file holds beside the runtime's own
+        (the runtime writes the file, which is then written again with them)."""
         self._live()
         for key, value in (properties or {}).items():
             self._state.add_property(key, value)
@@ -461,6 +464,10 @@ class TrainingSession:
         with atomic_path(path, "save_checkpoint(path)") as tmp:
             try:
                 C.save_checkpoint(self._state, tmp, include_optimizer and self._optimizer is not None)
+                if carried:
+                    data = read_checkpoint(tmp)
+                    data.carried = carried
+                    write_checkpoint(tmp, data)
                 if properties:
                     write_checksum(tmp)
             except (RuntimeError, OSError) as exc:  # a full disk, a file-size limit: the reason ends the message
