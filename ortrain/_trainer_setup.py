@@ -172,8 +172,8 @@ class TrainerSetup:
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, path) -> str:
         """Weights, optimizer moments (those of weights frozen here too) and step, learning rate,
-        weight decay and counters (the
-        steps run, which seeded dropout goes on from), for a bit-exact resume, with two
+        weight decay and counters (the steps run, which seeded dropout goes on from), for a
+        bit-exact resume, with two
         exceptions: the dropout masks of a model without a seed (drawn from onnxruntime's
         process-wide generator) and batches accumulated towards an update that has not happened
         (``nbatch_logical``; a resumed trainer starts a new period), for which it warns."""

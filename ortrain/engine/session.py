@@ -21,7 +21,13 @@ from ortrain._lifetime import exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine import denormals
 from ortrain.engine._runtime import C, OrtValue, release_freed_memory, runtime_path
-from ortrain.engine.checkpoint import CHECKSUM, CHECKSUM_PLACEHOLDER, read_checkpoint, write_checkpoint, write_checksum
+from ortrain.engine.checkpoint import (
+    CHECKSUM,
+    CHECKSUM_PLACEHOLDER,
+    read_checkpoint,
+    write_checkpoint,
+    write_checksum,
+)
 from ortrain.engine.device import Device, parse_device, session_options
 from ortrain.errors import FreedError, OrtrainError, ShapeError, UnsupportedOpError, describe_shape
 from ortrain.graph import TensorSpec, spec_of
