@@ -233,7 +233,9 @@ def _commit(model: Model, staged: Model):
     before = (model.optimizer, model.loss, model.metrics, model.weighted_metrics, model.train_state, model._lr_seen)
     model.compile(optimizer=staged.optimizer, loss=staged.loss, metrics=staged.metrics,
                   weighted_metrics=staged.weighted_metrics)
+    seen = model._lr_seen
     model.train_state = staged.train_state
+    model._lr_seen = seen  # a rate written before this fit is still this fit's to take
 
     def undo() -> None:
         model.optimizer, model.loss, model.metrics, model.weighted_metrics, model.train_state, model._lr_seen = before

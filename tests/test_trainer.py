@@ -302,6 +302,33 @@ def test_a_checkpoint_keeps_the_moments_of_weights_frozen_in_the_trainer(tmp_pat
         ot.Trainer.from_checkpoint(model, tmp_path / "bad", batch_size=4)
 
 
+@pytest.mark.parametrize("written", [False, True])
+def test_a_state_handed_back_to_the_model_brings_its_rate(written):
+    # a rate written to model.optimizer.lr at any time before (even the same value) won over the rate
+    # of the state handed back: the next fit trained at 0.003, not at the trainer's 0.5
+    x, y = np.ones((2, 4), np.float32), np.zeros((2, 3), np.float32)
+    model = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.003), loss="mse")
+    if written:
+        model.optimizer.lr = 0.003
+    with ot.Trainer(model, batch_size=2) as tr:
+        tr.set_lr(0.5)
+        tr.step(x, y)
+        model.set_weights(tr.get_weights())
+        model.train_state = tr.export_state()
+    assert model.optimizer.lr == 0.5
+    w, b = (a.copy() for a in model.get_weights())
+    model.fit(x, y, batch_size=2, verbose=0)
+    grad = 2 * (x @ w + b - y) / y.size
+    np.testing.assert_allclose(model.get_weights()[0], w - 0.5 * x.T @ grad, rtol=1e-6, atol=1e-7)
+    # a rate written after the hand-back is the next fit's, as ever
+    model.optimizer.lr = 0.1
+    w, b = (a.copy() for a in model.get_weights())
+    model.fit(x, y, batch_size=2, verbose=0)
+    np.testing.assert_allclose(model.get_weights()[0], w - 0.1 * x.T @ (2 * (x @ w + b - y) / y.size), rtol=1e-6,
+                               atol=1e-7)
+
+
 def test_a_checkpoint_keeps_the_weight_decay_and_model_carries_no_stale_state(tmp_path):
     model = seed_model()
     model.compile(optimizer="adamw", loss="mse")

@@ -240,7 +240,8 @@ class TrainingMixin:
     @train_state.setter
     def train_state(self, value) -> None:
         """A state to continue from (``trainer.export_state()``, or None for fresh moments): checked
-        against the model's weights, and refused while a fit runs (its trainer holds the state)."""
+        against the model's weights, and refused while a fit runs (its trainer holds the state). The
+        next fit trains at the state's rate: a write of ``optimizer.lr`` before it counts no more."""
         from ortrain.nn.saving import TrainState
         self._refuse_while_fitting("train_state", "set")
         if value is not None and not isinstance(value, TrainState):
@@ -253,6 +254,9 @@ class TrainingMixin:
                                f"{'with that shape' if known else 'at all'}: it is the state of another model; "
                                "nothing was changed")
         self._train_state = value
+        if value is not None and self.optimizer is not None:  # its rate is the one the next fit takes
+            self._lr_seen = (id(self.optimizer), self.optimizer.lr_writes)
+            self.optimizer._lr_now = ShownRate(self, self.optimizer)  # (a write showed its own)
 
     # -- the edit log: weights set since a running fit last took them ------------------------------
     def _take_edits(self) -> set[str]:
