@@ -525,6 +525,19 @@ def test_a_loss_over_no_elements_is_nan_as_in_pytorch():
             ot.capture(lambda loss=loss: loss(no_classes, no_classes))()
 
 
+def test_an_empty_param_reshaped_with_a_free_axis_and_an_int_past_int64():
+    # reshape((0, 3) -> (3, -1)) traced to a Reshape whose 0 the runtime read as "keep that axis" (a raw
+    # run-time error); P * 2**70 said "received int of dtype object"
+    e = ag.param(np.ones((0, 3), np.float32), name="e", trainable=False)
+    got = ot.capture(lambda: ag.reshape(e, (3, -1)))()
+    assert got.shape == np.ones((0, 3)).reshape(3, -1).shape == (3, 0) and got.dtype == np.float32
+    p = ag.param(np.ones(3, np.float32), name="p")
+    with pytest.raises(ot.ShapeError, match=r"mul: the constant 1180591620717411303424 lies beyond int64; write it "
+                                            r"as a float \(1.18059e\+21\)"):
+        ot.capture(lambda: p * 2 ** 70)()
+    np.testing.assert_array_equal(ot.capture(lambda: p * 2.0 ** 70)(), np.full(3, 2.0 ** 70, np.float32))
+
+
 def test_concat_casts_int_constants_as_the_binary_ops_do():
     cols = np.array([[1], [2], [3]])   # int64, as ag.add takes it beside a float32 tensor
     W = ag.param(W0, name="W", trainable=False)

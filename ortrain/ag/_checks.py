@@ -19,6 +19,9 @@ def as_tensor(value, where: str, like: Tensor | None = None) -> Tensor:
     if isinstance(value, Tensor):
         return value
     a = read_array(value, where)
+    if a.dtype == object and isinstance(value, int) and not isinstance(value, bool):  # past numpy's int range
+        raise ShapeError(f"{where}: the constant {value} lies beyond int64; write it as a float "
+                         f"({float(value):.6g}) to compute in float32")
     if a.dtype.kind not in "fiub":
         raise OrtrainError(f"{where}: expected an ag tensor, a number or a numeric array, received "
                            f"{type(value).__name__} of dtype {a.dtype}")

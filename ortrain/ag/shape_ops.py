@@ -167,8 +167,10 @@ def reshape(x, shape) -> Tensor:
         raise ShapeError(f"reshape: cannot reshape {describe_shape(x.shape)} ({x.size} elements) into "
                          f"{describe_shape(dims)} ({int(np.prod(dims, dtype=np.int64))} elements)")
     target = [int(d) for d in dims]
+    # a 0 in the shape is a size of 0, not ONNX's "as the input's" (allowzero, opset 14)
+    zero = {"allowzero": 1} if 0 in target else {}
     return Tensor(tuple(target), x.dtype, "reshape", (x,),
-                  lambda gb, names: gb.op("Reshape", [names[0], gb.const(target, np.int64, hint="shape")]))
+                  lambda gb, names: gb.op("Reshape", [names[0], gb.const(target, np.int64, hint="shape")], **zero))
 
 
 def transpose(x, *dims, perm=None) -> Tensor:
