@@ -538,6 +538,24 @@ def test_an_empty_param_reshaped_with_a_free_axis_and_an_int_past_int64():
     np.testing.assert_array_equal(ot.capture(lambda: p * 2.0 ** 70)(), np.full(3, 2.0 ** 70, np.float32))
 
 
+def test_numpy_ufuncs_on_a_tensor_keep_its_operators_and_name_the_ag_op_for_the_rest():
+    # np.exp(t) raised numpy's bare TypeError ("operand 'Tensor' does not support ufuncs")
+    p = ag.param(np.arange(1, 4, dtype=np.float32), name="p")
+    a = np.array([1.0, 2.0, 3.0], np.float32)
+    out = ot.capture(lambda: {"mul": a * p, "sub": a - p, "div": np.float32(2) / p, "pow": a ** p, "add": 1.5 + p,
+                              "matmul": np.eye(3, dtype=np.float32) @ p, "neg": np.negative(p), "abs": np.abs(p)})()
+    v = np.arange(1, 4, dtype=np.float32)
+    for name, want in {"mul": a * v, "sub": a - v, "div": 2 / v, "pow": a ** v, "add": 1.5 + v, "matmul": v,
+                       "neg": -v, "abs": v}.items():
+        np.testing.assert_allclose(out[name], want, rtol=1e-6, err_msg=name)
+    for call, hint in ((lambda: np.exp(p), r"np.exp on an ag tensor: .* write it with ag.exp\(...\)"),
+                       (lambda: np.sqrt(p), r"write it with ag.sqrt"), (lambda: np.add.reduce(p), r"np.add.reduce .*ag.sum"),
+                       (lambda: np.maximum(p, a), r"np.maximum on an ag tensor: .*the ag ops \(ot.ag\)"),
+                       (lambda: a > p, r"< on an ag tensor: ag records no comparisons")):
+        with pytest.raises(ot.OrtrainError, match=hint):
+            ot.capture(call)()
+
+
 def test_concat_casts_int_constants_as_the_binary_ops_do():
     cols = np.array([[1], [2], [3]])   # int64, as ag.add takes it beside a float32 tensor
     W = ag.param(W0, name="W", trainable=False)

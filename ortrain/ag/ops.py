@@ -69,6 +69,39 @@ def _pow_operator(a, p, modulo=None):
 
 
 Tensor.__pow__ = _pow_operator
+
+# numpy's ufuncs on a tensor: its operators stay the tensor's (``array * t`` is ``t.__rmul__(array)``,
+# comparisons and ``//`` are refused as for tensors); any other ufunc (``np.exp(t)``) is refused with
+# the ag op to use. (With ``__array_ufunc__ = None`` numpy deferred the operators but raised a bare
+# TypeError for the rest.)
+_UFUNC_OPERATORS = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide": "truediv", "divide": "truediv",
+                    "matmul": "matmul", "power": "pow", "floor_divide": "floordiv", "remainder": "mod",
+                    "equal": "eq", "not_equal": "ne"}
+_UFUNC_COMPARISONS = {"less": ("lt", "gt"), "less_equal": ("le", "ge"), "greater": ("gt", "lt"),
+                      "greater_equal": ("ge", "le")}
+
+
+def _array_ufunc(t, ufunc, method, *inputs, **kwargs):
+    name = ufunc.__name__
+    if method == "__call__" and not kwargs:
+        if name in ("negative", "absolute") and len(inputs) == 1:
+            return neg(t) if name == "negative" else abs(t)
+        if len(inputs) == 2 and (name in _UFUNC_OPERATORS or name in _UFUNC_COMPARISONS):
+            a, b = inputs
+            forward, reflected = _UFUNC_COMPARISONS.get(name, (_UFUNC_OPERATORS.get(name),) * 2)
+            return getattr(a, f"__{forward}__")(b) if isinstance(a, Tensor) else \
+                getattr(b, f"__r{reflected}__" if name in _UFUNC_OPERATORS else f"__{reflected}__")(a)
+    import ortrain.ag as ag_module
+    op = {"absolute": "abs", "true_divide": "div", "subtract": "sub", "multiply": "mul", "negative": "neg",
+          "square": "square"}.get(name, name)
+    if method != "__call__":  # np.add.reduce(t) is a sum, np.multiply.outer(a, b) a product of reshapes
+        op = "sum" if (name, method) == ("add", "reduce") else ""
+    hint = f"ag.{op}(...)" if op in ag_module.__all__ else "the ag ops (ot.ag)"
+    raise OrtrainError(f"np.{name}{'' if method == '__call__' else '.' + method} on an ag tensor: numpy computes "
+                       f"on values, which a traced tensor has not; write it with {hint}")
+
+
+Tensor.__array_ufunc__ = _array_ufunc
 Tensor.__rpow__ = lambda a, base: _power_of("pow", base, a)
 Tensor.__abs__ = lambda a: abs(a)
 Tensor.T = property(lambda a: transpose(a))

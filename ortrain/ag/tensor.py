@@ -36,7 +36,8 @@ class Tensor:
     """
 
     __slots__ = ("shape", "dtype", "op", "inputs", "_emit", "__weakref__")
-    # numpy must not broadcast an ndarray over a Tensor: ``array * t`` calls ``t.__rmul__``.
+    # numpy must not broadcast an ndarray over a Tensor: ``array * t`` calls ``t.__rmul__``
+    # (ag.ops replaces this with the ufunc dispatch that keeps it so and refuses the rest by name).
     __array_ufunc__ = None
 
     def __init__(self, shape: tuple, dtype, op: str, inputs: tuple = (), emit=None):
