@@ -92,23 +92,23 @@ def _special_kind(path: Path) -> str | None:
 
 
 def unexpanded_home(path) -> str | None:
-    """Why a folder path that starts with ``~`` (``"~/runs"`` quoted in a shell or written in a
-    config) would not be what was meant: nothing expanded it, and the folder made would be one named
-    ``~`` in the current one. None where it does not start so, or a folder of that name exists."""
-    parts = Path(path).parts
-    if not parts or not parts[0].startswith("~") or os.path.lexists(parts[0]):
+    """Why a folder path given as starting with ``~`` (``"~/runs"`` quoted in a shell or written in
+    a config) would not be what was meant: nothing expanded it, and the folder made would be one
+    named ``~`` in the current one. None where it does not start so (``./~/runs`` names that folder
+    on purpose), or a folder of that name exists."""
+    given = os.fspath(path)
+    first = given.split(os.sep)[0]
+    if not given.startswith("~") or os.path.lexists(first):
         return None
-    return (f"starts with {parts[0]!r}, which is no home folder here (nothing expanded it) and would be made as a "
-            "folder of that name in the current one; give os.path.expanduser(path), or leave ~ unquoted in a shell")
+    return (f"starts with {first!r}, which is no home folder here (nothing expanded it) and would be made as a "
+            "folder of that name in the current one; give os.path.expanduser(path), or leave ~ unquoted in a shell "
+            f"(./{given} names such a folder)")
 
 
 def not_a_folder(target: Path) -> str | None:
-    """Why ``target`` cannot be a folder ("is a file", "lies under the file ...", a leading ``~``
-    that would make a folder named ``~``), or None when it and its parents are folders or do not
-    exist yet. One look at each path: a publisher may be renaming the target right now."""
-    home = unexpanded_home(target)
-    if home is not None:
-        return home
+    """Why ``target`` cannot be a folder ("is a file", "lies under the file ...", "is a symbolic link
+    to ..., which does not exist"), or None when it and its parents are folders or do not exist
+    yet. One look at each path: a publisher may be renaming the target right now."""
     for path in (target, *target.parents):
         try:
             mode = os.stat(path).st_mode

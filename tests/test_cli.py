@@ -1347,6 +1347,6 @@ def test_a_folder_path_with_a_leading_tilde_or_a_link_to_nothing_is_refused(work
     with pytest.raises(ot.OrtrainError, match=r"out_dir: '~/b' starts with '~', which is no home folder here"):
         ot.artifacts.build(ot.from_onnx("mlp.onnx"), loss="mse", out_dir="~/b")
     assert not (workdir / "~").exists()
-    # a folder named ~ that is there is taken as it is
-    (workdir / "~").mkdir()
-    assert cli("train", *base, "--out", "~/r") == 0 and (workdir / "~" / "r" / "run.json").is_file()
+    # ./~ names a folder called ~ on purpose, and once there, ~/r is taken as in it
+    assert cli("train", *base, "--out", "./~/r") == 0 and (workdir / "~" / "r" / "run.json").is_file()
+    assert cli("train", *base, "--out", "~/r2") == 0 and (workdir / "~" / "r2" / "run.json").is_file()

@@ -944,8 +944,9 @@ def test_a_value_two_concatenations_read_trains(rng):
         lambda x, t: torch_cat([x, x @ t["w"]]) * torch_cat([x @ t["v"], x]))
 
 
+@pytest.mark.parametrize("form", ["concat", "two_norms", "layers"])
 @pytest.mark.parametrize("norm", ["BatchNormalization", "LayerNormalization"])
-def test_a_data_input_joined_to_its_own_norm_trains(rng, norm):
+def test_a_data_input_joined_to_its_own_norm_trains(rng, norm, form):
     # concat([x, bn(x)]) (a DenseNet block at the model's input): the concatenation's gradient and the
     # norm's each wrote an "x_grad" ("Duplicate definition of name (x_grad)"); two norms of x too
     torch = torch_or_skip()
@@ -956,22 +957,28 @@ def test_a_data_input_joined_to_its_own_norm_trains(rng, norm):
     bn = norm == "BatchNormalization"
     inputs = ["x", "s", "b", "mean", "var"] if bn else ["x", "s", "b"]
 
-    def normed(x, t, training):
+    def normed(x, t, training, k=""):
         return F.batch_norm(x, None if training else torch_tensor(stats["mean"]), None if training else
-                            torch_tensor(stats["var"]), t["s"], t["b"], training=training, eps=1e-5) if bn else \
-            F.layer_norm(x, (M,), t["s"], t["b"], eps=1e-5)
-    _one_sgd_step_matches_torch(
-        [_node(norm, inputs, "n", epsilon=1e-5), _node("Concat", ["x", "n"], "c", axis=1),
-         _node("MatMul", ["c", "w"], "out")],
-        _x(M), [3], {"w": w, "s": s, "b": b}, lambda x, t: torch_cat([x, normed(x, t, False)]) @ t["w"],
-        consts=stats if bn else None, training_forward=lambda x, t: torch_cat([x, normed(x, t, True)]) @ t["w"])
-    # two norms reading the input, and ortrain's own layers
-    _one_sgd_step_matches_torch(
-        [_node(norm, inputs, "n", epsilon=1e-5), _node(norm, inputs, "n2", epsilon=1e-5),
-         _node("Concat", ["n", "n2"], "c", axis=1), _node("MatMul", ["c", "w"], "out")],
-        _x(M), [3], {"w": w, "s": s, "b": b},
-        lambda x, t: torch_cat([normed(x, t, False)] * 2) @ t["w"], consts=stats if bn else None,
-        training_forward=lambda x, t: torch_cat([normed(x, t, True)] * 2) @ t["w"])
+                            torch_tensor(stats["var"]), t["s" + k], t["b" + k], training=training, eps=1e-5) if bn \
+            else F.layer_norm(x, (M,), t["s" + k], t["b" + k], eps=1e-5)
+    if form == "concat":
+        _one_sgd_step_matches_torch(
+            [_node(norm, inputs, "n", epsilon=1e-5), _node("Concat", ["x", "n"], "c", axis=1),
+             _node("MatMul", ["c", "w"], "out")],
+            _x(M), [3], {"w": w, "s": s, "b": b}, lambda x, t: torch_cat([x, normed(x, t, False)]) @ t["w"],
+            consts=stats if bn else None, training_forward=lambda x, t: torch_cat([x, normed(x, t, True)]) @ t["w"])
+        return
+    if form == "two_norms":  # each with its own weights
+        s2, b2 = (rng.standard_normal(M).astype(np.float32) for _ in range(2))
+        _one_sgd_step_matches_torch(
+            [_node(norm, inputs, "n", epsilon=1e-5), _node(norm, [i + "2" if i != "x" else i for i in inputs], "n2",
+                                                           epsilon=1e-5),
+             _node("Concat", ["n", "n2"], "c", axis=1), _node("MatMul", ["c", "w"], "out")],
+            _x(M), [3], {"w": w, "s": s, "b": b, "s2": s2, "b2": b2},
+            lambda x, t: torch_cat([normed(x, t, False), normed(x, t, False, "2")]) @ t["w"],
+            consts={**stats, "mean2": stats["mean"], "var2": stats["var"]} if bn else None,
+            training_forward=lambda x, t: torch_cat([normed(x, t, True), normed(x, t, True, "2")]) @ t["w"])
+        return
     inp = ot.Input((M,))
     layer = ot.layers.BatchNorm(epsilon=1e-5) if bn else ot.layers.LayerNorm(epsilon=1e-5)
     native = ot.Model(inp, ot.layers.Dense(3)(ot.layers.Concatenate()([inp, layer(inp)])))

@@ -271,7 +271,7 @@ def _read_toml(path: str) -> dict:
                              "folder name ('.' for the config file's folder)")
         if key in ("model", "artifacts", "out", "data", "val_data"):
             for v in [value] if isinstance(value, str) else value:
-                if Path(v).parts and Path(v).parts[0].startswith("~") and not (base / Path(v).parts[0]).exists():
+                if v.startswith("~") and not (base / v.split(os.sep)[0]).exists():
                     raise UsageError(f"CONFIG: key {key!r} holds {v!r}, whose leading {Path(v).parts[0]!r} is no home "
                                      "folder here (a config's paths are taken from its folder, and nothing expands ~); "
                                      "write the whole path")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortrain._files import atomic_path, not_a_folder
+from ortrain._files import atomic_path, not_a_folder, unexpanded_home
 from ortrain.errors import OrtrainError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -141,10 +141,10 @@ def _jsonable(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def check_out_dir(out: Path, what: str, option: str = "--out") -> None:
-    """``option`` (``--out``) must be a directory or a path where one can be made: not a file, not
-    under one."""
-    why = not_a_folder(out)
+def check_out_dir(out: str, what: str, option: str = "--out") -> None:
+    """``option`` (``--out``, as given) must be a directory or a path where one can be made: not a
+    file, not under one, not a leading ``~`` nothing expanded."""
+    why = unexpanded_home(out) or not_a_folder(Path(out))
     if why is not None:
         raise UsageError(f"{option}: {str(out)!r} {why}; {what} needs a directory, choose another path")
 

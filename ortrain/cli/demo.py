@@ -72,8 +72,8 @@ def split(x, y, test_fraction: float, seed: int):
 
 def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int = 1, echo=print) -> dict:
     start = time.perf_counter()
+    check_out_dir(out, "the demo")
     out_dir = Path(out)
-    check_out_dir(out_dir, "the demo")
     _refuse_others(out_dir)
     made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -150,7 +150,7 @@ def export(opts) -> dict:
 
 def artifacts(opts) -> dict:
     model_file(opts.model, "MODEL")
-    check_out_dir(Path(opts.output), "writing artifacts", "-o")
+    check_out_dir(opts.output, "writing artifacts", "-o")
     try:  # the manifest alone: artifacts of another version are replaced too
         before = read_json(Path(opts.output) / "manifest.json", "manifest").get("key")
     except (OrtrainError, AttributeError):

@@ -77,8 +77,8 @@ def train(cfg: dict) -> dict:
         model_file(cfg["model"], "--model")
     if not cfg.get("resume") and cfg.get("artifacts"):
         artifacts_dir(cfg["artifacts"])
+    check_out_dir(cfg["out"], "a run")
     out = Path(cfg["out"])
-    check_out_dir(out, "a run")
     x, y, w = load_data(cfg["data"])
     if y is None:
         raise UsageError(f"--data: {', '.join(cfg['data'])} holds no labels 'y'")

@@ -120,12 +120,15 @@ def sum_to_add(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 
 def layernorm_with_statistics(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Give single-output ``LayerNormalization`` nodes their ``Mean`` and ``InvStdDev`` outputs,
-    and ``SoftmaxCrossEntropyLoss`` nodes (a loss exported inside the model) their ``log_prob``:
+    and ``SoftmaxCrossEntropyLoss`` nodes (a loss exported inside the model) their ``log_prob``
+    (left out at the end, or named ""):
     the gradient builder reads these optional outputs, and asserted on a node without them
     ("GradientBuilderBase::O ... i < node_->OutputDefs().size() was false")."""
-    def missing(n) -> list[str]:
+    def missing(n) -> list[tuple[int, str]]:
+        """(position, name suffix) of each optional output left out: past the end, or named ""."""
         wanted = _OUTPUTS_THE_GRADIENT_READS.get(n.op_type, ()) if n.domain in ("", "ai.onnx") else ()
-        return list(wanted[len(n.output) - 1:]) if len(n.output) else []
+        return [(k, suffix) for k, suffix in enumerate(wanted, start=1)
+                if n.output and (k >= len(n.output) or not n.output[k])]
 
     targets = [i for i, n in enumerate(model.graph.node) if missing(n)]
     if not targets:
@@ -135,8 +138,11 @@ def layernorm_with_statistics(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     for i in targets:
         node = out.graph.node[i]
         base = node.name or f"{node.op_type}_{i}"
-        for suffix in missing(node):
-            node.output.append(names.fresh(f"{base}/{suffix}"))
+        for k, suffix in missing(node):
+            if k < len(node.output):
+                node.output[k] = names.fresh(f"{base}/{suffix}")
+            else:
+                node.output.append(names.fresh(f"{base}/{suffix}"))
     return out, len(targets)
 
 
