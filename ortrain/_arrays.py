@@ -555,6 +555,7 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
     if batch is not None:
         return _run_fixed(runner, specs, xs, extra_feeds, batch)
     slices = row_slices(xs[0].shape[0], batch_size)
+    later, seen = [], {}  # outputs with a free axis after the first: (shape, rows) of a run of each
     if len(slices) > 1:
         data = [s.name for s in specs]
         for name, shape in runner.inputs_without_batch(data).items():
@@ -566,10 +567,11 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
         for name, shape in runner.declared_without_batch(data).items():
             raise _batchless(name, f"the graph declares its shape {shape}", batch_size)
         rows = {len(xs[0][sl]) for sl in slices}
-        unnamed = runner.batch_unnamed(data)
-        if unnamed and len(rows) == 1 and min(rows) > 1:
+        unnamed, later = runner.batch_unnamed(data), runner.later_axes_free()
+        if (unnamed or later) and len(rows) == 1 and min(rows) > 1:
             # every chunk has the same rows: an output of a fixed first size equal to them would pass
             # the check below, so one run on a row fewer tells whether that axis follows the batch
+            # (and whether a free later axis does: the loop below compares the chunks' sizes with it)
             fewer = slice(0, min(rows) - 1)
             feeds = {s.name: a[fewer] for s, a in zip(specs, xs)}
             feeds.update(extra_feeds or {})
@@ -581,6 +583,7 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
             for name, out in zip(runner.output_names, outs):
                 if name in unnamed and (out.ndim == 0 or out.shape[0] != fewer.stop):
                     raise _batchless(name, f"it gave shape {out.shape} for {fewer.stop} rows", batch_size)
+            seen = {name: (out.shape, fewer.stop) for name, out in zip(runner.output_names, outs) if name in later}
     chunks = []
     for sl in slices:
         feeds = {s.name: a[sl] for s, a in zip(specs, xs)}
@@ -591,6 +594,11 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
         for name, out in zip(runner.output_names, outs):
             if len(slices) > 1 and (out.ndim == 0 or out.shape[0] != rows):
                 raise _batchless(name, f"it gave shape {out.shape} for a chunk of {rows} rows", batch_size)
+            if len(slices) > 1 and name in later:
+                shape, before = seen.setdefault(name, (out.shape, rows))
+                if shape[1:] != out.shape[1:]:
+                    raise _batchless(name, f"it gave shape {shape} for {before} rows and {out.shape} for {rows}: "
+                                     "an axis after the first follows the rows", batch_size)
         chunks.append(outs)
     return _joined(chunks)
 
@@ -655,6 +663,6 @@ def _refuse_mixed_rows(run, part: list[np.ndarray], outs: list[np.ndarray], n: i
 
 def _batchless(name: str, seen: str, batch_size) -> OrtrainError:
     return OrtrainError(
-        f"batch_size: expected every output to have the batch as its first axis, to join the "
-        f"predictions of chunks of {batch_size} rows, but output {name!r} has not ({seen}); fix: pass "
+        f"batch_size: expected every output to have the batch as its first axis (and only there), to join "
+        f"the predictions of chunks of {batch_size} rows, but output {name!r} has not ({seen}); fix: pass "
         f"batch_size=None to run all rows at once")

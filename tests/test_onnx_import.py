@@ -613,9 +613,12 @@ def test_predict_in_chunks_refuses_outputs_without_a_batch_axis(tmp_path, rng):
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
              helper.make_node("Transpose", ["y"], ["yt"]),
              helper.make_node("ReduceSum", ["y"], ["s"], keepdims=0),
-             helper.make_node("Reshape", ["y", "flat"], ["f"])]
+             helper.make_node("Reshape", ["y", "flat"], ["f"]),
+             helper.make_node("MatMul", ["y", "yt"], ["g"])]
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+    # (a (N, N) similarity matrix: its chunks were its diagonal blocks, stacked into (10, 4) without a word)
     for outputs, name, seen in (([_vi("y", [None, 2]), _vi("yt", [2, "N"])], "yt", "declares its shape \\(2, 'N'\\)"),
+                                ([_vi("y", [None, 2]), _vi("g", ["N", "N"])], "g", "declares its shape \\('N', 'N'\\)"),
                                 ([_vi("y", [None, 2]), _vi("s", [])], "s", "declares its shape \\(\\)"),
                                 ([_vi("f", [None]), _vi("y", [None, 2])], "f", "gave shape \\(8,\\) for a chunk of 4 rows")):
         path = tmp_path / f"{name}.onnx"
@@ -626,7 +629,7 @@ def test_predict_in_chunks_refuses_outputs_without_a_batch_axis(tmp_path, rng):
                                                   f"first axis.*output '{name}' has not \\(.*{seen}.*batch_size=None"):
             model.predict(x, batch_size=4)
         y = x @ w
-        want = {"y": y, "yt": y.T, "s": y.sum(), "f": y.reshape(-1)}
+        want = {"y": y, "yt": y.T, "s": y.sum(), "f": y.reshape(-1), "g": y @ y.T}
         for out, got in zip(outputs, model.predict(x)):
             np.testing.assert_allclose(got, want[out.name], rtol=1e-5, atol=1e-6)
         for out, got in zip(outputs, model.predict(x, batch_size=10)):  # one chunk: nothing to join
@@ -645,6 +648,43 @@ def test_predict_in_chunks_refuses_outputs_without_a_batch_axis(tmp_path, rng):
     onnx.save(_model(nodes[:1], [_vi("x", ["N", 3])], [_vi("y", [1, 2])], inits[:1]), path)
     x = rng.standard_normal((10, 3)).astype(np.float32)
     np.testing.assert_allclose(ot.from_onnx(str(path)).predict(x, batch_size=4), x @ w, rtol=1e-5, atol=1e-6)
+
+
+def test_predict_in_chunks_refuses_an_output_whose_later_axis_follows_the_rows(rng):
+    # a (batch, batch) matrix whose second axis an export left free without the batch's name (PyTorch's
+    # legacy exporter): its chunks were its diagonal blocks, stacked into (10, 4) without a word. The
+    # sizes of the runs tell, for chunks of equal rows (a run on a row fewer) and unequal ones alike.
+    from ortrain._arrays import run_chunks
+    from ortrain.graph import TensorSpec
+
+    class GramRunner:  # what run_chunks asks of a session, for a graph declaring ("N", free) only
+        output_names = ["g", "y"]
+
+        def inputs_without_batch(self, data):
+            return {}
+
+        def declared_without_batch(self, data):
+            return {}
+
+        def batch_unnamed(self, data):
+            return []
+
+        def later_axes_free(self):
+            return ["g", "y"]
+
+        def run(self, feeds):
+            x = feeds["x"]
+            return [x @ x.T, x * 2]
+
+    x = rng.standard_normal((10, 3)).astype(np.float32)
+    specs = [TensorSpec("x", np.float32, (None, 3))]
+    for batch_size, seen in ((5, r"\(4, 4\) for 4 rows and \(5, 5\) for 5"), (4, r"\(4, 4\) for 4 rows and \(2, 2\) for 2")):
+        with pytest.raises(ot.OrtrainError, match=f"output 'g' has not \\(it gave shape {seen}: an axis after the "
+                                                  "first follows the rows\\)"):
+            run_chunks(GramRunner(), specs, [x], None, batch_size)
+    GramRunner.output_names, GramRunner.later_axes_free = ["y"], lambda self: ["y"]
+    GramRunner.run = lambda self, feeds: [feeds["x"] * 2]
+    np.testing.assert_array_equal(run_chunks(GramRunner(), specs, [x], None, 4)[0], x * 2)  # a free later axis that keeps
 
 
 def test_running_statistics_named_in_frozen_stay_fixed_as_model_freeze_keeps_them(tmp_path, rng):

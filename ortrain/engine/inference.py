@@ -42,17 +42,18 @@ class InferenceRunner:
             self._stepped = []
 
     def declared_without_batch(self, data_inputs: list[str]) -> dict[str, tuple]:
-        """Outputs whose declared shape says the batch is not their first axis, by name, with that
-        shape: a scalar, or a fixed first size with the batch's name on a later axis (a transpose).
-        A fixed first size alone is no proof (an export may leave a stale one), so the sizes a run
-        gives are what :func:`~ortrain._arrays.run_chunks` checks then."""
+        """Outputs whose declared shape says the batch is not their first axis alone, by name, with
+        that shape: a scalar, or the batch's name on a later axis (a transpose; a (batch, batch)
+        similarity matrix, whose chunks would be its diagonal blocks). A fixed first size alone is no
+        proof (an export may leave a stale one), so the sizes a run gives are what
+        :func:`~ortrain._arrays.run_chunks` checks then."""
         batch_names = {i.shape[0] for i in self._sess.get_inputs()
                        if i.name in data_inputs and isinstance(i.shape, list) and i.shape and
                        isinstance(i.shape[0], str)}
         found = {}
         for o in self._sess.get_outputs():
             shape = o.shape if isinstance(o.shape, list) else None
-            if shape is not None and (not shape or (isinstance(shape[0], int) and batch_names & set(shape[1:]))):
+            if shape is not None and (not shape or batch_names & set(shape[1:])):
                 found[o.name] = tuple(shape)
         return found
 
@@ -73,6 +74,13 @@ class InferenceRunner:
                  isinstance(i.shape, list) and i.shape and isinstance(i.shape[0], str)}
         return [o.name for o in self._sess.get_outputs()
                 if not (isinstance(o.shape, list) and o.shape and o.shape[0] in names)]
+
+    def later_axes_free(self) -> list[str]:
+        """Outputs with an axis after the first whose size the graph leaves free (a name, or none):
+        whether it follows the batch (a (batch, batch) matrix an exporter left unnamed) only runs on
+        other row counts tell (:func:`~ortrain._arrays.run_chunks` compares them)."""
+        return [o.name for o in self._sess.get_outputs()
+                if isinstance(o.shape, list) and any(not isinstance(d, int) for d in o.shape[1:])]
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         sess = self._sess  # once: a free() from another thread may clear it meanwhile
