@@ -567,8 +567,9 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
         for name, shape in runner.declared_without_batch(data).items():
             raise _batchless(name, f"the graph declares its shape {shape}", batch_size)
         rows = {len(xs[0][sl]) for sl in slices}
-        unnamed, later = runner.batch_unnamed(data), runner.later_axes_free()
-        if (unnamed or later) and len(rows) == 1 and min(rows) > 1:
+        told = getattr(runner, "rows_told", set())
+        unnamed, later = runner.batch_unnamed(data), [n for n in runner.later_axes_free() if n not in told]
+        if (unnamed or later) and len(rows) == 1 and min(rows) > 1:  # (a runner keeps what runs told)
             # every chunk has the same rows: an output of a fixed first size equal to them would pass
             # the check below, so one run on a row fewer tells whether that axis follows the batch
             # (and whether a free later axis does: the loop below compares the chunks' sizes with it)
@@ -599,6 +600,8 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
                 if shape[1:] != out.shape[1:]:
                     raise _batchless(name, f"it gave shape {shape} for {before} rows and {out.shape} for {rows}: "
                                      "an axis after the first follows the rows", batch_size)
+                if before != rows:
+                    told.add(name)
         chunks.append(outs)
     return _joined(chunks)
 

@@ -33,6 +33,9 @@ class InferenceRunner:
             raise OrtrainError(f"onnxruntime could not load the forward graph: {str(exc).splitlines()[0]}") from exc
         self.input_names = [i.name for i in self._sess.get_inputs()]
         self.output_names = [o.name for o in self._sess.get_outputs()]
+        # outputs whose free later axes runs on two row counts found not to follow the rows
+        # (:func:`~ortrain._arrays.run_chunks` asks no more runs of them)
+        self.rows_told: set[str] = set()
         # inputs read by recurrent layers; a serialized graph is parsed only if it may hold one
         if isinstance(model, onnx.ModelProto):
             self._stepped = sorted(recurrent_reads(model))
