@@ -11,7 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ortrain._files import CAN_LOCK, lock_file, not_a_folder
+from ortrain._files import CAN_LOCK, lock_file, not_a_folder, unexpanded_home
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain.errors import OrtrainError
 
@@ -36,6 +36,9 @@ def set_cache_dir(path) -> None:
     global _cache_root
     if path is not None and (not isinstance(path, (str, os.PathLike)) or not os.fspath(path)):
         raise OrtrainError(f"set_cache_dir(path=...): expected a folder path or None, received {path!r}")
+    home = unexpanded_home(path) if path is not None else None
+    if home is not None:
+        raise OrtrainError(f"set_cache_dir(path=...): {os.fspath(path)!r} {home} (the cache is unchanged)")
     if path is not None:
         above = Path(os.path.abspath(path))
         while not above.exists() and above.parent != above:  # the folder is made when first used

@@ -1346,6 +1346,10 @@ def test_a_folder_path_with_a_leading_tilde_or_a_link_to_nothing_is_refused(work
     assert not (workdir / "~").exists() and not (workdir / "gone").exists()
     with pytest.raises(ot.OrtrainError, match=r"out_dir: '~/b' starts with '~', which is no home folder here"):
         ot.artifacts.build(ot.from_onnx("mlp.onnx"), loss="mse", out_dir="~/b")
+    cache = ot.artifacts.cache_dir()
+    with pytest.raises(ot.OrtrainError, match=r"set_cache_dir\(path=...\): '~/c' starts with '~'.*the cache is unchanged"):
+        ot.artifacts.set_cache_dir("~/c")
+    assert ot.artifacts.cache_dir() == cache
     assert not (workdir / "~").exists()
     # ./~ names a folder called ~ on purpose, and once there, ~/r is taken as in it
     assert cli("train", *base, "--out", "./~/r") == 0 and (workdir / "~" / "r" / "run.json").is_file()
