@@ -875,6 +875,30 @@ def test_a_ceil_mode_pool_whose_dropped_window_no_form_can_drop_is_refused_namin
         ot.from_onnx(str(tmp_path / "pool.onnx"))
 
 
+@pytest.mark.parametrize("pool,hazard", [
+    ("MaxPool2d(2, 2, padding=1, ceil_mode=True)", "starts in the end padding"),
+    ("AvgPool2d(2, 2, ceil_mode=True)", "overhangs the padded input"),
+    ("AvgPool2d(3, 2, padding=1, ceil_mode=True)", "overhangs the padded input"),
+    ("MaxPool2d(3, 2, ceil_mode=True)", None), ("AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)", None)])
+def test_a_ceil_mode_pool_of_free_image_sizes_where_the_runtimes_could_differ_is_refused(tmp_path, pool, hazard):
+    # exported with dynamic image sizes, such a pool imported without a word: predict gave (4, 1, 4, 4) where
+    # PyTorch and the exported file in current onnxruntime give (4, 1, 3, 3), and training ran on that
+    torch = torch_or_skip()
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 1, 1), eval(f"torch.nn.{pool}"))
+    torch.onnx.export(net, (torch.zeros(2, 1, 6, 6),), str(tmp_path / "p.onnx"), dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "b", 2: "h", 3: "w"}})
+    if hazard is not None:
+        with pytest.raises(ot.UnsupportedOpError, match=f"node '.*': with ceil_mode and spatial axis 0 of a size the "
+                                                        f"file leaves free .* its last window {hazard}.*Export the "
+                                                        "model with fixed spatial sizes"):
+            ot.from_onnx(str(tmp_path / "p.onnx"))
+        return
+    m = ot.from_onnx(str(tmp_path / "p.onnx"))  # no size makes the runtimes differ: it imports and matches
+    for size in (5, 6, 7):
+        x = torch.randn(3, 1, size, size)
+        np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_ceil_mode_pool_after_one_that_drops_a_window_is_planned_on_the_sizes_it_gets(tmp_path):
     # every pool was planned on one shape inference of the file, which keeps the first pool's dropped
     # window: the second was planned for a longer input (predictions 2.5x PyTorch's, or another shape)

@@ -529,7 +529,10 @@ def _spec_pool_plan(node, shape):
     padding trimmed on those axes. None where it needs neither, onnxruntime would refuse the padding
     (as large as the kernel), or the spatial sizes are not known."""
     attributes = pool_attributes(node, shape)
-    if attributes is None or any(type(d) is not int for d in shape[2:]):
+    if attributes is None:
+        return None
+    if any(type(d) is not int for d in shape[2:]):
+        _refuse_free_sizes_that_differ(node, shape, attributes)
         return None
     kernel, strides, dilations, pads = attributes
     rank = len(kernel)
@@ -577,6 +580,32 @@ def _spec_pool_plan(node, shape):
             "no padding onnxruntime takes (below the kernel) makes the two agree. Export the pool without ceil_mode "
             "(pad its input to the size the windows cover), or give the input a size the windows cover")
     return None
+
+
+def _refuse_free_sizes_that_differ(node, shape, attributes) -> None:
+    """A ``ceil_mode`` pool with a spatial size the file leaves free, on an axis where for some sizes
+    onnxruntime 1.19.2 computes otherwise than the specification and PyTorch: a last window that
+    starts in the end padding (possible where stride + end padding exceeds the window), which they
+    drop; or, counting padding in an average, a last window overhanging the padded input (possible
+    with a stride above 1), which they divide by the cells inside. The form that agrees depends on
+    the size, and training through a dropped window of padding alone corrupts memory: refused."""
+    kernel, strides, dilations, pads = attributes
+    rank = len(kernel)
+    counted = node.op_type == "AveragePool" and attribute(node, "count_include_pad", 0)
+    for axis, size in enumerate(shape[2:]):
+        if type(size) is int:
+            continue
+        reach, stride, end = (kernel[axis] - 1) * dilations[axis] + 1, strides[axis], pads[rank + axis]
+        if stride + end > reach or (counted and stride > 1):
+            why = "starts in the end padding, which the ONNX specification and PyTorch drop" if stride + end > reach \
+                else "overhangs the padded input, whose average they divide by the cells inside it, not the kernel"
+            raise UnsupportedOpError(
+                f"{node.op_type} node {node.name or node.output[0]!r}: with ceil_mode and spatial axis {axis} of a "
+                f"size the file leaves free ({size!r}), for some sizes its last window {why} (kernel {kernel}, "
+                f"strides {strides}, pads {pads}), and onnxruntime 1.19.2 computes it otherwise; the form that agrees "
+                "depends on the size. Export the model with fixed spatial sizes (dynamic axes on the batch only), "
+                "which from_onnx rewrites exactly, or the pool without ceil_mode"
+                + ("" if stride + end > reach else " or with count_include_pad=False"))
 
 
 def empty_reductions_as_identity(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:

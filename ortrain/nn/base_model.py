@@ -506,7 +506,8 @@ class Model(TrainingMixin):
     def export_onnx(self, path) -> str:
         """Write an inference graph: no loss, dropout in inference mode (its nodes pass their input
         through, as in any ONNX runtime; kept so that an import trains with them again), running
-        batch-norm statistics, a free batch size. ``producer_name``/``producer_version`` name
+        batch-norm statistics, a free batch size (an imported graph whose export fixed the batch keeps
+        it: its nodes are built for that many rows). ``producer_name``/``producer_version`` name
         ortrain; a model imported from another producer's file says which in ``doc_string``."""
         path = checked_target(path, "export_onnx(path)")
         fg = self.forward_graph()
