@@ -173,10 +173,11 @@ class TrainerSetup:
     def save_checkpoint(self, path) -> str:
         """Weights, optimizer moments (those of weights frozen here too) and step, learning rate,
         weight decay and counters (the steps run, which seeded dropout goes on from), for a
-        bit-exact resume, with two
-        exceptions: the dropout masks of a model without a seed (drawn from onnxruntime's
-        process-wide generator) and batches accumulated towards an update that has not happened
-        (``nbatch_logical``; a resumed trainer starts a new period), for which it warns."""
+        bit-exact resume, with two exceptions: the dropout masks of a model without a seed (each
+        session draws them from a key of its own, so a resumed trainer draws others; seed the model
+        or ``ot.set_seed`` for the same masks), and batches accumulated towards an update that has
+        not happened (``nbatch_logical``; a resumed trainer starts a new period), for which it
+        warns."""
         self._live()
         path = checked_target(path, "save_checkpoint(path)")
         if self._accum:
