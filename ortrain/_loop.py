@@ -62,6 +62,7 @@ class Loop:
         # its end: another thread that saves or copies the model waits for it (:meth:`paired`)
         self._turn = threading.RLock()
         self._thread = None  # the thread the fit runs on (run sets it)
+        self._accum_told = None  # the step at which a read part-way through an nbatch_logical period warned
         self._steps_at_start = trainer.n_steps
         base = trainer._model
         self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
@@ -435,7 +436,9 @@ class Loop:
         part-way through an ``nbatch_logical`` period (a callback's save or copy), it leaves out the
         gradients accumulated since the last update, as ``save_checkpoint`` does, and warns so."""
         tr = self.trainer
-        if self.stepped and tr._accum and tr.nbatch_logical > tr.batch_size:
+        if self.stepped and tr._accum and tr.nbatch_logical > tr.batch_size and \
+                self._accum_told != tr.n_steps:  # once a step (a pickle reads it twice)
+            self._accum_told = tr.n_steps
             warn(f"model.train_state (read by a save or copy) is read {tr._accum} batch(es) into an accumulation "
                  f"period of nbatch_logical={tr.nbatch_logical}: their gradients are not part of it, and a fit "
                  "continued from it starts a new period; save at the end of a period (after every "
