@@ -569,22 +569,25 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
         rows = {len(xs[0][sl]) for sl in slices}
         told = getattr(runner, "rows_told", set())
         unnamed, later = runner.batch_unnamed(data), [n for n in runner.later_axes_free() if n not in told]
-        if (unnamed or later) and len(rows) == 1 and min(rows) > 1:  # (a runner keeps what runs told)
+        if (unnamed or later) and len(rows) == 1:  # (a runner keeps what runs told)
             # every chunk has the same rows: an output of a fixed first size equal to them would pass
-            # the check below, so one run on a row fewer tells whether that axis follows the batch
-            # (and whether a free later axis does: the loop below compares the chunks' sizes with it)
-            fewer = slice(0, min(rows) - 1)
-            feeds = {s.name: a[fewer] for s, a in zip(specs, xs)}
+            # the check below, so one run on other rows (one fewer; two for chunks of one) tells
+            # whether that axis follows the batch (and whether a free later axis does: the loop below
+            # compares the chunks' sizes with it)
+            other = slice(0, min(rows) - 1 if min(rows) > 1 else 2)
+            feeds = {s.name: a[other] for s, a in zip(specs, xs)}
             feeds.update(extra_feeds or {})
             try:
                 outs = runner.run(feeds)
             except OrtrainError as exc:  # a graph for certain row counts only: no telling
-                raise _batchless(unnamed[0], f"a run on {fewer.stop} rows, to tell, failed: "
-                                 f"{str(exc).splitlines()[0][:160]}", batch_size) from None
-            for name, out in zip(runner.output_names, outs):
-                if name in unnamed and (out.ndim == 0 or out.shape[0] != fewer.stop):
-                    raise _batchless(name, f"it gave shape {out.shape} for {fewer.stop} rows", batch_size)
-            seen = {name: (out.shape, fewer.stop) for name, out in zip(runner.output_names, outs) if name in later}
+                if unnamed:
+                    raise _batchless(unnamed[0], f"a run on {other.stop} rows, to tell, failed: "
+                                     f"{str(exc).splitlines()[0][:160]}", batch_size) from None
+                outs = None  # the later axes stay untold, as they were before this check
+            for name, out in zip(runner.output_names, outs or ()):
+                if name in unnamed and (out.ndim == 0 or out.shape[0] != other.stop):
+                    raise _batchless(name, f"it gave shape {out.shape} for {other.stop} rows", batch_size)
+            seen = {name: (out.shape, other.stop) for name, out in zip(runner.output_names, outs or ()) if name in later}
     chunks = []
     for sl in slices:
         feeds = {s.name: a[sl] for s, a in zip(specs, xs)}

@@ -102,7 +102,7 @@ def unexpanded_home(path) -> str | None:
         return None
     return (f"starts with {first!r}, which is no home folder here (nothing expanded it) and would be made as a "
             "folder of that name in the current one; give os.path.expanduser(path), or leave ~ unquoted in a shell "
-            f"(./{given} names such a folder)")
+            f"(the string './{given}' names such a folder; a Path drops its './')")
 
 
 def not_a_folder(target: Path) -> str | None:

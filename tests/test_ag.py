@@ -551,7 +551,10 @@ def test_numpy_ufuncs_on_a_tensor_keep_its_operators_and_name_the_ag_op_for_the_
     for call, hint in ((lambda: np.exp(p), r"np.exp on an ag tensor: .* write it with ag.exp\(...\)"),
                        (lambda: np.sqrt(p), r"write it with ag.sqrt"), (lambda: np.add.reduce(p), r"np.add.reduce .*ag.sum"),
                        (lambda: np.maximum(p, a), r"np.maximum on an ag tensor: .*the ag ops \(ot.ag\)"),
-                       (lambda: a > p, r"< on an ag tensor: ag records no comparisons")):
+                       (lambda: a > p, r"< on an ag tensor: ag records no comparisons"),
+                       (lambda: a == p, r"== on an ag tensor: ag records no comparisons"),
+                       (lambda: np.float64(0) != p, r"!= on an ag tensor"),
+                       (lambda: np.divide(p, 2, out=np.zeros(3)), r"np.divide on an ag tensor: .*ag.div\(...\)")):
         with pytest.raises(ot.OrtrainError, match=hint):
             ot.capture(call)()
 

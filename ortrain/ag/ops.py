@@ -75,10 +75,10 @@ Tensor.__pow__ = _pow_operator
 # the ag op to use. (With ``__array_ufunc__ = None`` numpy deferred the operators but raised a bare
 # TypeError for the rest.)
 _UFUNC_OPERATORS = {"add": "add", "subtract": "sub", "multiply": "mul", "true_divide": "truediv", "divide": "truediv",
-                    "matmul": "matmul", "power": "pow", "floor_divide": "floordiv", "remainder": "mod",
-                    "equal": "eq", "not_equal": "ne"}
+                    "matmul": "matmul", "power": "pow", "floor_divide": "floordiv", "remainder": "mod"}
+# (the tensor's own comparison, with the operands swapped where the array comes first)
 _UFUNC_COMPARISONS = {"less": ("lt", "gt"), "less_equal": ("le", "ge"), "greater": ("gt", "lt"),
-                      "greater_equal": ("ge", "le")}
+                      "greater_equal": ("ge", "le"), "equal": ("eq", "eq"), "not_equal": ("ne", "ne")}
 
 
 def _array_ufunc(t, ufunc, method, *inputs, **kwargs):
@@ -92,8 +92,8 @@ def _array_ufunc(t, ufunc, method, *inputs, **kwargs):
             return getattr(a, f"__{forward}__")(b) if isinstance(a, Tensor) else \
                 getattr(b, f"__r{reflected}__" if name in _UFUNC_OPERATORS else f"__{reflected}__")(a)
     import ortrain.ag as ag_module
-    op = {"absolute": "abs", "true_divide": "div", "subtract": "sub", "multiply": "mul", "negative": "neg",
-          "square": "square"}.get(name, name)
+    op = {"absolute": "abs", "true_divide": "div", "divide": "div", "subtract": "sub", "multiply": "mul",
+          "negative": "neg"}.get(name, name)
     if method != "__call__":  # np.add.reduce(t) is a sum, np.multiply.outer(a, b) a product of reshapes
         op = "sum" if (name, method) == ("add", "reduce") else ""
     hint = f"ag.{op}(...)" if op in ag_module.__all__ else "the ag ops (ot.ag)"

@@ -593,9 +593,19 @@ def _refuse_free_sizes_that_differ(node, shape, attributes) -> None:
     rank = len(kernel)
     counted = node.op_type == "AveragePool" and attribute(node, "count_include_pad", 0)
     for axis, size in enumerate(shape[2:]):
-        if type(size) is int:
+        reach, stride, begin, end = (kernel[axis] - 1) * dilations[axis] + 1, strides[axis], pads[axis], pads[rank + axis]
+        if type(size) is int:  # the rewrite needs every size: a fixed axis where the two differ is refused too
+            last = -(-(size + begin + end - reach) // stride) * stride  # where the last window starts
+            if last >= size + begin or (counted and last - begin + reach > size + end):
+                free = next(a for a, d in enumerate(shape[2:]) if type(d) is not int)
+                raise UnsupportedOpError(
+                    f"{node.op_type} node {node.name or node.output[0]!r}: with ceil_mode its last window on "
+                    f"spatial axis {axis} (size {size}) {'starts in the end padding' if last >= size + begin else 'overhangs the padded input'}, "
+                    f"where onnxruntime 1.19.2 computes otherwise than the ONNX specification and PyTorch, and "
+                    f"spatial axis {free} has a size the file leaves free ({shape[2 + free]!r}), so from_onnx cannot "
+                    "write the pool in the form that agrees. Export the model with fixed spatial sizes (dynamic axes "
+                    "on the batch only), or the pool without ceil_mode")
             continue
-        reach, stride, end = (kernel[axis] - 1) * dilations[axis] + 1, strides[axis], pads[rank + axis]
         if stride + end > reach or (counted and stride > 1):
             why = "starts in the end padding, which the ONNX specification and PyTorch drop" if stride + end > reach \
                 else "overhangs the padded input, whose average they divide by the cells inside it, not the kernel"
