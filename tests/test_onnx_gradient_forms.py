@@ -791,6 +791,41 @@ def test_a_scatter_that_adds_trains_as_pytorch(rng, op):
 
 
 @pytest.mark.torch
+@pytest.mark.parametrize("activation", ["Softplus", "Hardswish"])
+def test_a_max_pool_after_an_activation_written_as_arithmetic_trains(tmp_path, activation):
+    # the gradient builder lost the shape of the pool's input after these forms, and opening the
+    # training session killed the process (SIGSEGV, in MaxPoolGrad's kernel): the fit runs in a child
+    import json
+    import subprocess
+    import sys
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 1), getattr(torch.nn, activation)(), torch.nn.MaxPool2d(2),
+                              torch.nn.Flatten())
+    x = torch.randn(4, 2, 6, 6)
+    y = torch.randn(4, 18)
+    torch.onnx.export(net, (x,), str(tmp_path / "m.onnx"), dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "batch"}})
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "y.npy", y.numpy())
+    child = (f"import json, numpy as np, ortrain as ot\n"
+             f"m = ot.from_onnx({str(tmp_path / 'm.onnx')!r})\n"
+             "m.compile(optimizer=ot.optim.SGD(lr=0.1), loss='mse')\n"
+             f"m.fit(np.load({str(tmp_path / 'x.npy')!r}), np.load({str(tmp_path / 'y.npy')!r}), batch_size=4, "
+             "epochs=2, shuffle=False, verbose=0)\n"
+             "print(json.dumps([w.tolist() for w in m.get_weights()]))\n")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+    for g, want in zip(got, [p.detach().numpy() for p in net.parameters()]):
+        np.testing.assert_allclose(np.reshape(g, want.shape), want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_max_pool_counting_its_indices_column_major_trains_as_pytorch(rng):
     # storage_order=1 only sets how the indices count, but the runtime's gradient read them row-major:
     # the gradient landed on the wrong cells (relative error 1.0 against PyTorch)

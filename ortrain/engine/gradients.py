@@ -67,7 +67,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         unnamed = unnamed_broadcast_dims(unconfirmed_sizes_dropped(control_flow_out_of_the_walk(model)))
         with denormals.kept():  # the optimizer opens a session, which sets the flush on the first thread
             optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads | whole, so))
-        optimized = repeated_inputs_apart(optimized)
+        optimized = max_pool_inputs_typed(repeated_inputs_apart(optimized))
         builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads | whole, outputs[0], so)
         builder.build()
     except Exception as exc:  # the builder reports everything as RuntimeError / Fail
@@ -196,3 +196,26 @@ def write_initial_checkpoint(path: str | os.PathLike, trainable: dict[str, np.nd
     t = [numpy_helper.from_array(np.ascontiguousarray(a), n).SerializeToString() for n, a in trainable.items()]
     f = [numpy_helper.from_array(np.ascontiguousarray(a), n).SerializeToString() for n, a in frozen.items()]
     C.save_checkpoint(t, f, runtime_path(path, "checkpoint"), False)
+
+
+def max_pool_inputs_typed(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with the shapes of its ``MaxPool`` inputs declared (``value_info``, from onnx's
+    inference) where it declares none: the gradient builder types a ``MaxPoolGrad``'s output by the
+    pool's input, and onnxruntime-training's kernel reads its shape when the session opens; where the
+    builder's own inference had lost it (after the arithmetic forms of ``Softplus`` or
+    ``HardSwish``), opening the training session killed the process (SIGSEGV)."""
+    pooled = {n.input[0] for n in model.graph.node if n.op_type == "MaxPool" and n.input}
+    declared = {v.name for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
+    missing = pooled - declared
+    if not missing:
+        return model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot type: the builder's inference stands
+        return model
+    found = [v for v in inferred.graph.value_info if v.name in missing and v.type.tensor_type.HasField("shape")]
+    if not found:
+        return model
+    out = copy.deepcopy(model)
+    out.graph.value_info.extend(found)
+    return out
