@@ -943,6 +943,84 @@ def test_a_ceil_mode_pool_of_free_image_sizes_where_the_runtimes_could_differ_is
         np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False):
+    """predict, then one SGD step on mean squared error, of ``net`` exported to ``path`` and imported,
+    against PyTorch."""
+    import warnings
+    torch = torch_or_skip()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            torch.onnx.export(net, (x,), str(path), dynamo=True, optimize=False, input_names=["x"],
+                              dynamic_shapes=({0: torch.export.Dim("batch")},))
+        else:
+            torch.onnx.export(net, (x,), str(path), dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    m = ot.from_onnx(str(path))
+    np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    y = torch.randn_like(net(x))
+    m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    m.fit(x.numpy(), y.detach().numpy(), batch_size=len(x), shuffle=False, verbose=0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(net(x), y).backward()
+    opt.step()
+    got = dict(zip(m.weight_names(), m.get_weights(), strict=True))
+    named = dict(net.named_parameters())
+    renamed = [a for n, a in got.items() if n not in named]  # a Linear's weight the legacy exporter transposed
+    for name, w in named.items():
+        have = got[name] if name in got else next(a.T for a in renamed if a.T.shape == tuple(w.shape))
+        np.testing.assert_allclose(have.reshape(w.shape), w.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("form", ["upsample_avg_pool", "upsample_adaptive", "upsample_bilinear", "upsample_ceil_pool",
+                                  "reshape_avg_pool", "dynamo_mean_ceil_pool", "group_norm_after_dropped_window"])
+def test_sizes_the_exporters_computations_hide_from_onnxs_inference(tmp_path, form):
+    # After an Upsample (computed Resize sizes), a reshape(x.shape[0], 2, -1) or the dynamo exporter's
+    # mean(-1, keepdim=True) (its axes a Reshape of a constant), onnx's inference lost every size:
+    # valid fixed-size models were refused ("give the model a static channel count", "export with
+    # fixed spatial sizes"), or a ceil_mode pool kept onnxruntime 1.19.2's form (0.364 where PyTorch
+    # gives 0.545). An output size an exporter declared with a pool's dropped window kept made fit ask
+    # for targets of (4, 5) where the model gives (4, 4).
+    torch = torch_or_skip()
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class Reshaped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.p = nn.Conv1d(1, 2, 1), nn.AvgPool1d(2)
+
+        def forward(self, x):
+            return self.p(self.c(x).reshape(x.shape[0], 2, -1))
+
+    class MeanAdded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.p = nn.Conv1d(1, 1, 1), nn.AvgPool1d(3, 2, 1, ceil_mode=True)
+
+        def forward(self, x):
+            h = self.c(x)
+            return self.p(h + h.mean(-1, keepdim=True)).flatten(1)
+
+    class Normed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.p = nn.Linear(3, 8), nn.MaxPool2d(1, 2, ceil_mode=True)
+            self.g = nn.GroupNorm(1, 1, affine=False)
+
+        def forward(self, x):
+            h = self.p(self.l(x))
+            return (self.g(h) + h).flatten(1)
+    up = [nn.Conv2d(1, 2, 1), nn.Upsample(scale_factor=2)]
+    net, shape = {"upsample_avg_pool": (nn.Sequential(*up, nn.AvgPool2d(2, 2)), (4, 1, 4, 4)),
+                  "upsample_adaptive": (nn.Sequential(*up, nn.AdaptiveAvgPool2d(2)), (4, 1, 4, 4)),
+                  "upsample_bilinear": (nn.Sequential(*up, nn.Upsample(scale_factor=2, mode="bilinear")), (4, 1, 4, 4)),
+                  "upsample_ceil_pool": (nn.Sequential(*up, nn.MaxPool2d(3, 2, 1, ceil_mode=True)), (4, 1, 5, 5)),
+                  "reshape_avg_pool": (Reshaped(), (4, 1, 6)), "dynamo_mean_ceil_pool": (MeanAdded(), (4, 1, 6)),
+                  "group_norm_after_dropped_window": (Normed(), (4, 1, 1, 3))}[form]
+    _one_step_of_an_export_matches_torch(net, torch.randn(*shape), tmp_path / "m.onnx", dynamo=form.startswith("dynamo"))
+
+
 def test_a_ceil_mode_pool_after_one_that_drops_a_window_is_planned_on_the_sizes_it_gets(tmp_path):
     # every pool was planned on one shape inference of the file, which keeps the first pool's dropped
     # window: the second was planned for a longer input (predictions 2.5x PyTorch's, or another shape)

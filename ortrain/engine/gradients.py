@@ -36,7 +36,7 @@ from ortrain.graph.gradient_rewrites import (
     unconfirmed_sizes_dropped,
     unnamed_broadcast_dims,
 )
-from ortrain.graph.passes import subgraphs
+from ortrain.graph.passes import inferred_shapes, subgraphs
 
 _NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)")
 
@@ -209,11 +209,9 @@ def max_pool_inputs_typed(model: onnx.ModelProto) -> onnx.ModelProto:
     missing = pooled - declared
     if not missing:
         return model
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - a graph onnx cannot type: the builder's inference stands
-        return model
-    found = [v for v in inferred.graph.value_info if v.name in missing and v.type.tensor_type.HasField("shape")]
+    inferred = inferred_shapes(model)  # (None where onnx cannot type the graph: the builder's inference stands)
+    found = [v for v in inferred.graph.value_info if v.name in missing and v.type.tensor_type.HasField("shape")] \
+        if inferred is not None else []
     if not found:
         return model
     out = copy.deepcopy(model)

@@ -184,7 +184,7 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
 
     if not any(is_pool(n) for n in model.graph.node):
         return model
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = inferred_shapes(model) or model
 
     def as_conv(i, node):
         shape = _shape_of(inferred, node.input[0])
@@ -422,6 +422,77 @@ def int64_constants(model: onnx.ModelProto, also_int32: bool = False) -> dict[st
                 elif a.name == "value_int":
                     found[n.output[0]] = np.array(a.i, np.int64)
     return found
+
+
+def inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` with onnx's inferred shapes, the small integer values the graph computes from
+    constants alone folded first (the axes of a ``ReduceMean`` that the dynamo exporter writes as a
+    ``Reshape`` of a constant, which onnx's inference does not follow: every size after it was
+    unknown) and constant values propagated (a ``Reshape`` to ``[Shape(x)[0], 2, -1]`` keeps its 2),
+    or without these where they fail; None where onnx cannot type the graph."""
+    folded = _int_constants_folded(model)
+    for data_prop in (True, False):
+        try:
+            return onnx.shape_inference.infer_shapes(folded, data_prop=data_prop)
+        except Exception:  # noqa: BLE001 - a graph onnx cannot type
+            continue
+    return None
+
+
+_FOLDED_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Concat", "Identity", "Cast")
+
+
+def _int_constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with the nodes of :data:`_FOLDED_OPS` that compute small integer values from
+    constants alone written as ``Constant`` nodes (for onnx's inference only); ``model`` itself
+    where there are none."""
+    known = int64_constants(model, also_int32=True)
+    folded = {}
+    for i, node in enumerate(model.graph.node):
+        if node.op_type not in _FOLDED_OPS or node.domain not in ("", "ai.onnx") or len(node.output) != 1 or \
+                not node.input or not all(x in known for x in node.input if x):
+            continue
+        try:
+            value = _fold(node, [known[x] if x else None for x in node.input])
+        except Exception:  # noqa: BLE001 - a form this small folder does not take: left to the inference
+            continue
+        if value is not None and value.dtype.kind in "iu" and value.size <= 64:
+            known[node.output[0]] = folded[i] = value
+    if not folded:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for i, value in folded.items():
+        node = out.graph.node[i]
+        node.CopyFrom(helper.make_node("Constant", [], [node.output[0]], name=node.name,
+                                       value=numpy_helper.from_array(value, node.output[0])))
+    return out
+
+
+def _fold(node: onnx.NodeProto, values: list) -> np.ndarray | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    x = values[0]
+    if node.op_type in ("Identity",):
+        return x
+    if node.op_type == "Cast":
+        return x.astype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+    if node.op_type == "Concat":
+        return np.concatenate([v for v in values if v is not None], axis=attrs.get("axis", 0))
+    if node.op_type == "Reshape":
+        shape = [int(d) for d in values[1]]
+        if not attrs.get("allowzero", 0):
+            shape = [x.shape[k] if d == 0 and k < x.ndim else d for k, d in enumerate(shape)]
+        return np.reshape(x, shape)
+    axes = values[1] if len(values) > 1 and values[1] is not None else attrs.get("axes")
+    if node.op_type == "Unsqueeze":
+        out = x
+        for a in sorted(int(a) % (x.ndim + len(axes)) for a in axes):
+            out = np.expand_dims(out, a)
+        return out
+    if node.op_type == "Squeeze":
+        return np.squeeze(x, axis=tuple(int(a) for a in axes)) if axes is not None else np.squeeze(x)
+    return None
+
 
 
 def float32_values(model: onnx.ModelProto) -> set[str]:

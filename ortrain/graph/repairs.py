@@ -57,7 +57,15 @@ from ortrain.graph.builder import FreshNames
 from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS, pool_attributes
 from ortrain.graph.layer_forms import conv_with_explicit_pads
 from ortrain.graph.opsets import default_opset
-from ortrain.graph.passes import SAME, attribute, elem_types, replace_nodes, subgraphs, text_attribute
+from ortrain.graph.passes import (
+    SAME,
+    attribute,
+    elem_types,
+    inferred_shapes,
+    replace_nodes,
+    subgraphs,
+    text_attribute,
+)
 from ortrain.graph.sequences import split_to_sequence_as_split
 from ortrain.graph.shapes import Shapes
 
@@ -519,7 +527,28 @@ def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
                               lambda i, n, plan=plan: rewrite(i, n, plan))
         del model.graph.value_info[:]  # sizes inferred with the window kept, after it
         count += 1
-    return model, count
+    return (_output_sizes_after_pools(model) if count else model), count
+
+
+def _output_sizes_after_pools(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with the sizes its outputs declare brought to those of its pools' new forms: an
+    exporter's (and onnx's) inference keeps a window the specification drops, so a declared output
+    after such a pool was a row or column too long (fit refused targets of the right shape)."""
+    bare = copy.deepcopy(model)
+    for o in bare.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    inferred = {o.name: o for o in (inferred_shapes(bare) or bare).graph.output}
+    out = None
+    for k, o in enumerate(model.graph.output):
+        found = inferred.get(o.name)
+        if found is None or not found.type.tensor_type.HasField("shape") or \
+                len(found.type.tensor_type.shape.dim) != len(o.type.tensor_type.shape.dim):
+            continue
+        for j, (d, f) in enumerate(zip(o.type.tensor_type.shape.dim, found.type.tensor_type.shape.dim)):
+            if d.HasField("dim_value") and f.HasField("dim_value") and d.dim_value != f.dim_value:
+                out = out or copy.deepcopy(model)
+                out.graph.output[k].type.tensor_type.shape.dim[j].dim_value = f.dim_value
+    return out or model
 
 
 def _spec_pool_plan(node, shape):

@@ -13,7 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.graph.builder import OPSET
-from ortrain.graph.passes import int64_constants, node_inputs
+from ortrain.graph.passes import inferred_shapes, int64_constants, node_inputs
 
 __all__ = ["Shapes", "output_shape_at"]
 
@@ -30,17 +30,17 @@ class Shapes:
         if self._declared is None:
             self._declared = _declared(self._model.graph)
         found = self._declared.get(name)  # what the graph says; onnx's inference only for the rest
-        if found is None or found[0] is None:  # nothing declared, or a type without a shape
+        if found is None or found[0] is None or None in found[0]:  # nothing declared, no shape, or a part
             if self._inferred is None:
-                try:
-                    self._inferred = _declared(onnx.shape_inference.infer_shapes(self._model).graph)
-                except Exception:  # a graph onnx cannot type: what it declares is all there is
-                    self._inferred = self._declared
+                self._inferred = _inferred(self._model) or self._declared
             inferred = self._inferred.get(name)
             if found is None:
                 found = inferred
             elif inferred is not None and inferred[0] is not None:
-                found = (inferred[0], found[1] or inferred[1])
+                if found[0] is None or len(found[0]) != len(inferred[0]):
+                    found = (inferred[0], found[1] or inferred[1])
+                else:  # the dimensions a declaration leaves unknown (an exporter's, after a computed resize)
+                    found = ([d if d is not None else i for d, i in zip(found[0], inferred[0])], found[1] or inferred[1])
         return found or (None, 0)
 
     def shape(self, name: str) -> list | None:
@@ -63,6 +63,13 @@ class Shapes:
 
     def elem_type(self, name: str) -> int:
         return self._info(name)[1]
+
+
+def _inferred(model: onnx.ModelProto) -> dict | None:
+    """What onnx's inference finds of ``model``'s values (:func:`_declared`'s table, see
+    :func:`~ortrain.graph.passes.inferred_shapes`); None where it does not run."""
+    inferred = inferred_shapes(model)
+    return _declared(inferred.graph) if inferred is not None else None
 
 
 def _declared(g) -> dict[str, tuple[list | None, int]]:
