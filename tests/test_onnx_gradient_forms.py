@@ -943,6 +943,17 @@ def test_a_ceil_mode_pool_of_free_image_sizes_where_the_runtimes_could_differ_is
         np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_ceil_mode_pool_whose_input_shape_nothing_tells_is_planned_as_of_free_sizes():
+    # a pool whose input's rank onnx's inference could not find was left in onnxruntime 1.19.2's form
+    from ortrain.graph.repairs import _spec_pool_plan
+    risky = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2], strides=[2], pads=[1, 1], ceil_mode=1)
+    with pytest.raises(ot.UnsupportedOpError, match=r"MaxPool node 'y': with ceil_mode and spatial axis 0 of a size "
+                                                    r"the file leaves free \(None\)"):
+        _spec_pool_plan(risky, None)
+    safe = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3], strides=[2], ceil_mode=1)
+    assert _spec_pool_plan(safe, None) is None
+
+
 def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False):
     """predict, then one SGD step on mean squared error, of ``net`` exported to ``path`` and imported,
     against PyTorch."""

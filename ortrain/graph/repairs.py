@@ -557,6 +557,8 @@ def _spec_pool_plan(node, shape):
     and a rescale where overhanging windows count padding; else, where a window is dropped, the end
     padding trimmed on those axes. None where it needs neither, onnxruntime would refuse the padding
     (as large as the kernel), or the spatial sizes are not known."""
+    if shape is None:  # nothing known of the input: every size is as good as free
+        shape = [None] * (2 + len(attribute(node, "kernel_shape", [])))
     attributes = pool_attributes(node, shape)
     if attributes is None:
         return None
