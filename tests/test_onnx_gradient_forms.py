@@ -791,39 +791,65 @@ def test_a_scatter_that_adds_trains_as_pytorch(rng, op):
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("activation", ["Softplus", "Hardswish"])
-def test_a_max_pool_after_an_activation_written_as_arithmetic_trains(tmp_path, activation):
-    # the gradient builder lost the shape of the pool's input after these forms, and opening the
-    # training session killed the process (SIGSEGV, in MaxPoolGrad's kernel): the fit runs in a child
+@pytest.mark.parametrize("form", ["softplus", "hardswish", "view_as_image", "view_as_image_dynamo", "concat_softplus"])
+def test_a_max_pool_whose_input_the_gradient_builder_loses_trains(tmp_path, form):
+    # the gradient builder lost the shape of the pool's input (after Softplus's or HardSwish's
+    # arithmetic forms, a Concat, a view to x.size(0)), and opening the training session killed the
+    # process (SIGSEGV, in MaxPoolGrad's kernel), or its gradient had 0 cells: the fit runs in a child
     import json
     import subprocess
     import sys
     torch = torch_or_skip()
+    nn = torch.nn
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(2, 2, 1), getattr(torch.nn, activation)(), torch.nn.MaxPool2d(2),
-                              torch.nn.Flatten())
-    x = torch.randn(4, 2, 6, 6)
-    y = torch.randn(4, 18)
-    torch.onnx.export(net, (x,), str(tmp_path / "m.onnx"), dynamo=False, input_names=["x"],
-                      dynamic_axes={"x": {0: "batch"}})
+
+    class ViewAsImage(nn.Module):  # LeNet's flat input
+        def __init__(self):
+            super().__init__()
+            self.c, self.p, self.l = nn.Conv2d(1, 2, 3, padding=1), nn.MaxPool2d(2), nn.Linear(32, 3)
+
+        def forward(self, x):
+            return self.l(self.p(torch.relu(self.c(x.view(x.size(0), 1, 8, 8)))).flatten(1))
+
+    class ConcatSoftplus(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.a, self.p = nn.Linear(6, 6), nn.Softplus(), nn.MaxPool1d(2)
+
+        def forward(self, x):
+            h = self.l(x)
+            return self.p(self.a(torch.cat([h, h], 1))).flatten(1)
+    act = {"softplus": nn.Softplus, "hardswish": nn.Hardswish}.get(form)
+    net, x = ((nn.Sequential(nn.Conv2d(2, 2, 1), act(), nn.MaxPool2d(2), nn.Flatten()), torch.randn(4, 2, 6, 6))
+              if act is not None else (ViewAsImage(), torch.randn(4, 64)) if form.startswith("view")
+              else (ConcatSoftplus(), torch.randn(4, 2, 6)))
+    y = torch.randn_like(net(x))
+    if form.endswith("dynamo"):
+        torch.onnx.export(net, (x,), str(tmp_path / "m.onnx"), dynamo=True, optimize=False, input_names=["x"],
+                          dynamic_shapes=({0: torch.export.Dim("batch")},))
+    else:
+        torch.onnx.export(net, (x,), str(tmp_path / "m.onnx"), dynamo=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}})
     np.save(tmp_path / "x.npy", x.numpy())
-    np.save(tmp_path / "y.npy", y.numpy())
+    np.save(tmp_path / "y.npy", y.detach().numpy())
     child = (f"import json, numpy as np, ortrain as ot\n"
              f"m = ot.from_onnx({str(tmp_path / 'm.onnx')!r})\n"
              "m.compile(optimizer=ot.optim.SGD(lr=0.1), loss='mse')\n"
              f"m.fit(np.load({str(tmp_path / 'x.npy')!r}), np.load({str(tmp_path / 'y.npy')!r}), batch_size=4, "
              "epochs=2, shuffle=False, verbose=0)\n"
-             "print(json.dumps([w.tolist() for w in m.get_weights()]))\n")
+             "print(json.dumps({n: w.tolist() for n, w in zip(m.weight_names(), m.get_weights())}))\n")
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = {n: np.array(w) for n, w in json.loads(done.stdout.strip().splitlines()[-1]).items()}
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     for _ in range(2):
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
         opt.step()
-    for g, want in zip(got, [p.detach().numpy() for p in net.parameters()]):
-        np.testing.assert_allclose(np.reshape(g, want.shape), want, rtol=1e-5, atol=1e-6)
+    renamed = [a for n, a in got.items() if n not in dict(net.named_parameters())]  # a Linear's weight, transposed
+    for name, w in net.named_parameters():
+        have = got[name] if name in got else next(a.T for a in renamed if a.T.shape == tuple(w.shape))
+        np.testing.assert_allclose(have.reshape(w.shape), w.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_a_max_pool_counting_its_indices_column_major_trains_as_pytorch(rng):

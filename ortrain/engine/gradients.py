@@ -67,7 +67,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
         unnamed = unnamed_broadcast_dims(unconfirmed_sizes_dropped(control_flow_out_of_the_walk(model)))
         with denormals.kept():  # the optimizer opens a session, which sets the flush on the first thread
             optimized = onnx.load_from_string(C.get_optimized_model(unnamed.SerializeToString(), grads | whole, so))
-        optimized = max_pool_inputs_typed(repeated_inputs_apart(optimized))
+        optimized = max_pool_inputs_typed(repeated_inputs_apart(optimized), unnamed)
         builder = C.GradientGraphBuilder(optimized.SerializeToString(), {outputs[0]}, grads | whole, outputs[0], so)
         builder.build()
     except Exception as exc:  # the builder reports everything as RuntimeError / Fail
@@ -198,22 +198,31 @@ def write_initial_checkpoint(path: str | os.PathLike, trainable: dict[str, np.nd
     C.save_checkpoint(t, f, runtime_path(path, "checkpoint"), False)
 
 
-def max_pool_inputs_typed(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with the shapes of its ``MaxPool`` inputs declared (``value_info``, from onnx's
-    inference) where it declares none: the gradient builder types a ``MaxPoolGrad``'s output by the
-    pool's input, and onnxruntime-training's kernel reads its shape when the session opens; where the
-    builder's own inference had lost it (after the arithmetic forms of ``Softplus`` or
-    ``HardSwish``), opening the training session killed the process (SIGSEGV)."""
+def max_pool_inputs_typed(model: onnx.ModelProto, before: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (the session optimizer's graph) with the shapes of its ``MaxPool`` inputs declared
+    (``value_info``) where it declares none, as onnx's inference finds them in ``before``, the graph
+    the optimizer was given (in the optimized one it stops at com.microsoft ops: a
+    ``ConcatTraining``, a fused activation): the gradient builder types a ``MaxPoolGrad``'s output by
+    the pool's input, and onnxruntime-training's kernel reads its shape when the session opens;
+    where the builder's own inference had lost it (after the arithmetic forms of ``Softplus`` or
+    ``HardSwish``, after a reshape to ``x.shape[0]``), opening the training session killed the
+    process (SIGSEGV)."""
     pooled = {n.input[0] for n in model.graph.node if n.op_type == "MaxPool" and n.input}
     declared = {v.name for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
     missing = pooled - declared
     if not missing:
         return model
-    inferred = inferred_shapes(model)  # (None where onnx cannot type the graph: the builder's inference stands)
-    found = [v for v in inferred.graph.value_info if v.name in missing and v.type.tensor_type.HasField("shape")] \
-        if inferred is not None else []
+    found = {}
+    for source in (before, model):  # (a value the optimizer made is typed in its own graph, if at all)
+        inferred = inferred_shapes(source)  # None where onnx cannot type the graph
+        for v in inferred.graph.value_info if inferred is not None else ():
+            dims = v.type.tensor_type.shape.dim if v.type.tensor_type.HasField("shape") else []
+            # every size after the batch known: the kernel reads a size it is not told as 0
+            if v.name in missing and v.name not in found and len(dims) > 1 and \
+                    all(d.HasField("dim_value") for d in dims[1:]):
+                found[v.name] = v
     if not found:
         return model
     out = copy.deepcopy(model)
-    out.graph.value_info.extend(found)
+    out.graph.value_info.extend(found.values())
     return out

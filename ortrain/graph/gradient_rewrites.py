@@ -122,9 +122,15 @@ def sum_after_gemm_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
 def max_pool_grad_as_scatter(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` (a training graph) with the ``MaxPoolGrad`` of every pool whose input has a free
     dimension after the batch (by the shapes of ``forward``, the standard-ONNX graph it was built
-    from) written as a scatter; ``model`` itself when there is none."""
+    from), or whose output the training graph does not declare with every size after the batch
+    (the kernel sizes its output from that declaration when the session opens: one missing killed
+    the process, one free gave a gradient of 0 cells), written as a scatter; ``model`` itself when
+    there is none."""
     producer = {o: n for n in model.graph.node for o in n.output}
     shapes = None
+    typed = {v.name for v in [*model.graph.value_info, *model.graph.output]
+             if v.type.tensor_type.HasField("shape") and len(v.type.tensor_type.shape.dim) > 1
+             and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim[1:])}
 
     def pool_of(node):
         pool = producer.get(node.input[1]) if node.op_type == "MaxPoolGrad" and len(node.input) > 1 else None
@@ -137,7 +143,7 @@ def max_pool_grad_as_scatter(model: onnx.ModelProto, forward: onnx.ModelProto) -
             return False
         shapes = shapes or Shapes(forward)
         shape = shapes.shape(pool.input[0])
-        return shape is None or any(type(d) is not int for d in shape[1:])
+        return shape is None or any(type(d) is not int for d in shape[1:]) or node.output[0] not in typed
 
     def as_scatter(i, node):
         pool = pool_of(node)
