@@ -980,9 +980,9 @@ def test_a_ceil_mode_pool_whose_input_shape_nothing_tells_is_planned_as_of_free_
     assert _spec_pool_plan(safe, None) is None
 
 
-def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False):
-    """predict, then one SGD step on mean squared error, of ``net`` exported to ``path`` and imported,
-    against PyTorch."""
+def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False, training=False):
+    """predict, then one SGD step on mean squared error, of ``net`` exported to ``path`` (``training``:
+    in training mode, unfolded) and imported, against PyTorch."""
     import warnings
     torch = torch_or_skip()
     with warnings.catch_warnings():
@@ -991,8 +991,11 @@ def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False):
             torch.onnx.export(net, (x,), str(path), dynamo=True, optimize=False, input_names=["x"],
                               dynamic_shapes=({0: torch.export.Dim("batch")},))
         else:
-            torch.onnx.export(net, (x,), str(path), dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+            torch.onnx.export(net, (x,), str(path), dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "batch"}},
+                              **({"training": torch.onnx.TrainingMode.TRAINING, "do_constant_folding": False}
+                                 if training else {}))
     m = ot.from_onnx(str(path))
+    before = {n: w.copy() for n, w in zip(m.weight_names(), m.get_weights(), strict=True)}
     np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
     y = torch.randn_like(net(x))
     m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
@@ -1002,6 +1005,7 @@ def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False):
     torch.nn.functional.mse_loss(net(x), y).backward()
     opt.step()
     got = dict(zip(m.weight_names(), m.get_weights(), strict=True))
+    assert any(not np.array_equal(got[n], before[n]) for n in got)  # the step moved the weights
     named = dict(net.named_parameters())
     renamed = [a for n, a in got.items() if n not in named]  # a Linear's weight the legacy exporter transposed
     for name, w in named.items():
@@ -1010,7 +1014,8 @@ def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False):
 
 
 @pytest.mark.parametrize("form", ["upsample_avg_pool", "upsample_adaptive", "upsample_bilinear", "upsample_ceil_pool",
-                                  "reshape_avg_pool", "dynamo_mean_ceil_pool", "group_norm_after_dropped_window"])
+                                  "reshape_avg_pool", "dynamo_mean_ceil_pool", "group_norm_after_dropped_window",
+                                  "training_export_resize_after_dropped_window"])
 def test_sizes_the_exporters_computations_hide_from_onnxs_inference(tmp_path, form):
     # After an Upsample (computed Resize sizes), a reshape(x.shape[0], 2, -1) or the dynamo exporter's
     # mean(-1, keepdim=True) (its axes a Reshape of a constant), onnx's inference lost every size:
@@ -1048,14 +1053,26 @@ def test_sizes_the_exporters_computations_hide_from_onnxs_inference(tmp_path, fo
         def forward(self, x):
             h = self.p(self.l(x))
             return (self.g(h) + h).flatten(1)
+    class Resized(nn.Module):  # a training-mode export concatenates the resize's scales: fit asked for (4, 60)
+        def __init__(self):
+            super().__init__()
+            self.ap, self.up = nn.AvgPool2d(2, 3, ceil_mode=True), nn.Upsample(scale_factor=2.0)
+            self.c = nn.Conv2d(4, 1, 1, padding=1)
+
+        def forward(self, x):
+            h = self.ap(x).transpose(2, 1)
+            h = torch.cat([torch.cat([h, h], 1)] * 2, 2)
+            return self.c(self.up(h)).flatten(1)
     up = [nn.Conv2d(1, 2, 1), nn.Upsample(scale_factor=2)]
     net, shape = {"upsample_avg_pool": (nn.Sequential(*up, nn.AvgPool2d(2, 2)), (4, 1, 4, 4)),
                   "upsample_adaptive": (nn.Sequential(*up, nn.AdaptiveAvgPool2d(2)), (4, 1, 4, 4)),
                   "upsample_bilinear": (nn.Sequential(*up, nn.Upsample(scale_factor=2, mode="bilinear")), (4, 1, 4, 4)),
                   "upsample_ceil_pool": (nn.Sequential(*up, nn.MaxPool2d(3, 2, 1, ceil_mode=True)), (4, 1, 5, 5)),
                   "reshape_avg_pool": (Reshaped(), (4, 1, 6)), "dynamo_mean_ceil_pool": (MeanAdded(), (4, 1, 6)),
-                  "group_norm_after_dropped_window": (Normed(), (4, 1, 1, 3))}[form]
-    _one_step_of_an_export_matches_torch(net, torch.randn(*shape), tmp_path / "m.onnx", dynamo=form.startswith("dynamo"))
+                  "group_norm_after_dropped_window": (Normed(), (4, 1, 1, 3)),
+                  "training_export_resize_after_dropped_window": (Resized(), (4, 2, 4, 3))}[form]
+    _one_step_of_an_export_matches_torch(net, torch.randn(*shape), tmp_path / "m.onnx", dynamo=form.startswith("dynamo"),
+                                         training=form.startswith("training"))
 
 
 def test_a_ceil_mode_pool_after_one_that_drops_a_window_is_planned_on_the_sizes_it_gets(tmp_path):

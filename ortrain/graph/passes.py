@@ -442,11 +442,22 @@ def inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
 _FOLDED_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Concat", "Identity", "Cast")
 
 
+def _small_float_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The float values of at most 64 elements a ``Constant`` node fixes, by name."""
+    found = {}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            t = n.attribute[0].t
+            if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) and int(np.prod(t.dims)) <= 64:
+                found[n.output[0]] = numpy_helper.to_array(t)
+    return found
+
+
 def _int_constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with the nodes of :data:`_FOLDED_OPS` that compute small integer values from
-    constants alone written as ``Constant`` nodes (for onnx's inference only); ``model`` itself
-    where there are none."""
-    known = int64_constants(model, also_int32=True)
+    """``model`` with the nodes of :data:`_FOLDED_OPS` that compute small integer values (or a few
+    floats: a resize's scales the TorchScript exporter concatenates) from constants alone written as
+    ``Constant`` nodes (for onnx's inference only); ``model`` itself where there are none."""
+    known = {**_small_float_constants(model), **int64_constants(model, also_int32=True)}
     folded = {}
     for i, node in enumerate(model.graph.node):
         if node.op_type not in _FOLDED_OPS or node.domain not in ("", "ai.onnx") or len(node.output) != 1 or \
@@ -456,7 +467,7 @@ def _int_constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
             value = _fold(node, [known[x] if x else None for x in node.input])
         except Exception:  # noqa: BLE001 - a form this small folder does not take: left to the inference
             continue
-        if value is not None and value.dtype.kind in "iu" and value.size <= 64:
+        if value is not None and value.dtype.kind in "iuf" and value.size <= 64:
             known[node.output[0]] = folded[i] = value
     if not folded:
         return model
