@@ -91,14 +91,14 @@ def _special_kind(path: Path) -> str | None:
     return None
 
 
-def unexpanded_home(path) -> str | None:
+def unexpanded_home(path, base: str | os.PathLike = "") -> str | None:
     """Why a folder path given as starting with ``~`` (``"~/runs"`` quoted in a shell or written in
     a config) would not be what was meant: nothing expanded it, and the folder made would be one
-    named ``~`` in the current one. None where it does not start so (``./~/runs`` names that folder
-    on purpose), or a folder of that name exists."""
+    named ``~`` in the current one (or in ``base``, which the path is taken from). None where it does
+    not start so (``./~/runs`` names that folder on purpose), or a folder of that name exists."""
     given = os.fspath(path)
     first = given.split(os.sep)[0]
-    if not given.startswith("~") or os.path.lexists(first):
+    if not given.startswith("~") or os.path.lexists(os.path.join(base, first)):
         return None
     return (f"starts with {first!r}, which is no home folder here (nothing expanded it) and would be made as a "
             "folder of that name in the current one; give os.path.expanduser(path), or leave ~ unquoted in a shell "

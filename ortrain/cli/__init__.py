@@ -226,6 +226,7 @@ _PATH_KEYS = ("model", "artifacts", "out", "data", "val_data")
 def _read_toml(path: str) -> dict:
     from pathlib import Path
 
+    from ortrain._files import unexpanded_home
     from ortrain.cli._common import UsageError
     if sys.version_info >= (3, 11):
         import tomllib
@@ -271,7 +272,7 @@ def _read_toml(path: str) -> dict:
                              "folder name ('.' for the config file's folder)")
         if key in ("model", "artifacts", "out", "data", "val_data"):
             for v in [value] if isinstance(value, str) else value:
-                if v.startswith("~") and not (base / v.split(os.sep)[0]).exists():
+                if unexpanded_home(v, base) is not None:
                     raise UsageError(f"CONFIG: key {key!r} holds {v!r}, whose leading {Path(v).parts[0]!r} is no home "
                                      "folder here (a config's paths are taken from its folder, and nothing expands ~); "
                                      "write the whole path")
