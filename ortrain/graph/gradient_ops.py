@@ -375,8 +375,13 @@ def window_past_input(node: onnx.NodeProto, shape) -> tuple[int, int, int, int] 
         if type(size) is not int:
             continue
         reach = (kernel[axis] - 1) * dilations[axis] + 1
-        span = size + pads[axis] + pads[axis + rank] - reach
-        out = -(-span // strides[axis]) + 1
-        if (out - 1) * strides[axis] >= size + pads[axis]:
+        if ceil_last_start(size, reach, strides[axis], pads[axis], pads[axis + rank]) >= size + pads[axis]:
             return axis, size, reach, strides[axis]
     return None
+
+
+def ceil_last_start(size: int, reach: int, stride: int, begin: int, end: int) -> int:
+    """Where a ``ceil_mode`` pool's last window starts, counted from the start of the padding
+    before the input: past ``size + begin`` the specification and PyTorch drop it, and past
+    ``size + end`` padded cells it overhangs the padded input (onnxruntime 1.19.2 computes both)."""
+    return -(-(size + begin + end - reach) // stride) * stride

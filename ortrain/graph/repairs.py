@@ -54,7 +54,7 @@ from onnx import helper, numpy_helper
 
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph.builder import FreshNames
-from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS, pool_attributes
+from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS, ceil_last_start, pool_attributes
 from ortrain.graph.layer_forms import conv_with_explicit_pads
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import (
@@ -572,8 +572,9 @@ def _spec_pool_plan(node, shape):
     for axis, size in enumerate(shape[2:]):
         k, d, stride, b, e = kernel[axis], dilations[axis], strides[axis], begin[axis], end[axis]
         reach = (k - 1) * d + 1
-        out = -(-(size + b + e - reach) // stride) + 1
-        dropped.append((out - 1) * stride >= size + b)  # the specification drops such a last window
+        last = ceil_last_start(size, reach, stride, b, e)
+        out = last // stride + 1
+        dropped.append(last >= size + b)  # the specification drops such a last window
         out -= dropped[-1]
         outs.append(out)
         reaches.append(max(0, (out - 1) * stride + reach - size - b))  # the end padding the windows reach
@@ -626,7 +627,7 @@ def _refuse_free_sizes_that_differ(node, shape, attributes) -> None:
     for axis, size in enumerate(shape[2:]):
         reach, stride, begin, end = (kernel[axis] - 1) * dilations[axis] + 1, strides[axis], pads[axis], pads[rank + axis]
         if type(size) is int:  # the rewrite needs every size: a fixed axis where the two differ is refused too
-            last = -(-(size + begin + end - reach) // stride) * stride  # where the last window starts
+            last = ceil_last_start(size, reach, stride, begin, end)
             if last >= size + begin or (counted and last - begin + reach > size + end):
                 free = next(a for a, d in enumerate(shape[2:]) if type(d) is not int)
                 raise UnsupportedOpError(
