@@ -791,6 +791,16 @@ def test_a_scatter_that_adds_trains_as_pytorch(rng, op):
 
 
 @pytest.mark.torch
+def _assert_weights_are_torchs(got: dict, net) -> None:
+    """ortrain's weights by name (``got``) equal ``net``'s parameters; a Linear's weight the legacy
+    exporter renamed and transposed is found by its shape."""
+    named = dict(net.named_parameters())
+    renamed = [a for n, a in got.items() if n not in named]
+    for name, w in named.items():
+        have = got[name] if name in got else next(a.T for a in renamed if a.T.shape == tuple(w.shape))
+        np.testing.assert_allclose(have.reshape(w.shape), w.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("form", ["softplus", "hardswish", "view_as_image", "view_as_image_dynamo", "concat_softplus"])
 def test_a_max_pool_whose_input_the_gradient_builder_loses_trains(tmp_path, form):
     # the gradient builder lost the shape of the pool's input (after Softplus's or HardSwish's
@@ -846,10 +856,7 @@ def test_a_max_pool_whose_input_the_gradient_builder_loses_trains(tmp_path, form
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(x), y).backward()
         opt.step()
-    renamed = [a for n, a in got.items() if n not in dict(net.named_parameters())]  # a Linear's weight, transposed
-    for name, w in net.named_parameters():
-        have = got[name] if name in got else next(a.T for a in renamed if a.T.shape == tuple(w.shape))
-        np.testing.assert_allclose(have.reshape(w.shape), w.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    _assert_weights_are_torchs(got, net)
 
 
 def test_a_max_pool_counting_its_indices_column_major_trains_as_pytorch(rng):
@@ -1006,11 +1013,7 @@ def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False, training=Fa
     opt.step()
     got = dict(zip(m.weight_names(), m.get_weights(), strict=True))
     assert any(not np.array_equal(got[n], before[n]) for n in got)  # the step moved the weights
-    named = dict(net.named_parameters())
-    renamed = [a for n, a in got.items() if n not in named]  # a Linear's weight the legacy exporter transposed
-    for name, w in named.items():
-        have = got[name] if name in got else next(a.T for a in renamed if a.T.shape == tuple(w.shape))
-        np.testing.assert_allclose(have.reshape(w.shape), w.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    _assert_weights_are_torchs(got, net)
 
 
 @pytest.mark.parametrize("form", ["upsample_avg_pool", "upsample_adaptive", "upsample_bilinear", "upsample_ceil_pool",

@@ -430,7 +430,7 @@ def inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     ``Reshape`` of a constant, which onnx's inference does not follow: every size after it was
     unknown) and constant values propagated (a ``Reshape`` to ``[Shape(x)[0], 2, -1]`` keeps its 2),
     or without these where they fail; None where onnx cannot type the graph."""
-    folded = _int_constants_folded(model)
+    folded = _small_constants_folded(model)
     for data_prop in (True, False):
         try:
             return onnx.shape_inference.infer_shapes(folded, data_prop=data_prop)
@@ -453,7 +453,7 @@ def _small_float_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return found
 
 
-def _int_constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
+def _small_constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with the nodes of :data:`_FOLDED_OPS` that compute small integer values (or a few
     floats: a resize's scales the TorchScript exporter concatenates) from constants alone written as
     ``Constant`` nodes (for onnx's inference only); ``model`` itself where there are none."""
