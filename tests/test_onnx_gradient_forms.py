@@ -224,15 +224,80 @@ def test_a_scalar_first_output_and_a_constant_named_trainable_are_refused_by_nam
         ot.from_onnx(proto, trainable=["p"])
 
 
-def test_pad_with_an_axes_input_is_refused_at_import(rng):
+def test_pad_with_an_axes_input_trains(rng):
     # opset 18's axes input: the artifacts failed to load ("Pads has incorrect number of values")
+    torch = torch_or_skip()
     w = rng.standard_normal(M).astype(np.float32)
     nodes = [_node("Mul", ["x", "w"], "h"), _node("Pad", ["h", "pads", "", "axes"], "out")]
-    proto = model(nodes, [vi("x", ["N", M])], [vi("out", ["N", M + 2])],
-                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(_i64(1, 1), "pads"),
-                   numpy_helper.from_array(_i64(1), "axes")], opset=18)
-    with pytest.raises(ot.UnsupportedOpError, match=r"Pad with an axes input \(opset 18\) \(nodes: "):
+    _one_sgd_step_matches_torch(nodes, _x(M), [M + 3], {"w": w}, lambda x, t: torch.nn.functional.pad(x * t["w"], (1, 2)),
+                                consts={"pads": _i64(1, 2), "axes": _i64(-1)}, opset=18)
+
+
+@pytest.mark.parametrize("mode, torch_mode, opset", [("reflect", "reflect", 17), ("edge", "replicate", 17),
+                                                     ("wrap", "circular", 19)])
+@pytest.mark.parametrize("sizes", ["fixed", "free"])
+def test_pad_in_reflect_edge_and_wrap_modes_trains(rng, mode, torch_mode, opset, sizes):
+    # the builder takes constant pads only; the rows a pad repeats must add their gradients back
+    torch = torch_or_skip()
+    w = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    nodes = [_node("Mul", ["x", "w"], "h"), _node("Pad", ["h", "pads"], "out", mode=mode)]
+    free = sizes == "free"
+    _one_sgd_step_matches_torch(
+        nodes, _x(2, 4, 5), [2, "H2", "W2"] if free else [2, 7, 9], {"w": w},
+        lambda x, t: torch.nn.functional.pad(x * t["w"], (1, 3, 2, 1), mode=torch_mode),
+        consts={"pads": _i64(0, 0, 2, 1, 0, 0, 1, 3)}, opset=opset, in_shape=[2, "H", "W"] if free else None)
+
+
+def test_a_reflection_pad_exported_by_torch_trains_and_exports(rng, tmp_path):
+    # the TorchScript exporter computes the pads from constants (a reversed Slice, a Cast)
+    torch = torch_or_skip()
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.ReflectionPad2d((1, 2, 2, 1)),
+                              torch.nn.ReplicationPad2d(1), torch.nn.Conv2d(3, 2, 3), torch.nn.Flatten())
+    x = torch.randn(4, 2, 7, 8)
+    torch.onnx.export(net, (x,), str(tmp_path / "pad.onnx"), dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "b"}})
+    m = ot.from_onnx(tmp_path / "pad.onnx")
+    np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    y = np.random.default_rng(1).standard_normal(tuple(net(x).shape)).astype(np.float32)
+    m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    m.fit(x.numpy(), y, batch_size=4, shuffle=False, verbose=0)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    torch.nn.functional.mse_loss(net(x), torch.tensor(y)).backward()
+    opt.step()
+    for got, p in zip(m.get_weights(), net.parameters(), strict=True):
+        np.testing.assert_allclose(got, p.detach().numpy(), rtol=1e-5, atol=1e-6)
+    m.export_onnx(tmp_path / "trained.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "trained.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": x.numpy()})[0], net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form, message", [
+    ("computed pads", r"Pad in 'reflect' mode with pads computed in the graph \(nodes: pad\)"),
+    ("negative pads", r"Pad in 'reflect' mode with negative pads \(nodes: pad\)"),
+    ("computed axes", r"Pad with an axes input \(opset 18\) computed in the graph")])
+def test_pads_the_training_graph_cannot_write_are_refused_at_import(rng, form, message):
+    w = rng.standard_normal(M).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(_i64(0, 2, 0, -1), "pads"),
+             numpy_helper.from_array(_i64(0), "zero")]
+    nodes = [_node("Mul", ["x", "w"], "h")]
+    if form == "computed pads":  # from the input's own size
+        nodes += [_node("Shape", ["x"], "s"), _node("Concat", ["zero", "s", "zero", "zero"], "p", axis=0),
+                  _node("Div", ["p", "p"], "pads_c"), _node("Pad", ["h", "pads_c"], "out", name="pad", mode="reflect")]
+    elif form == "negative pads":
+        nodes += [_node("Pad", ["h", "pads"], "out", name="pad", mode="reflect")]
+    else:
+        nodes += [_node("Shape", ["x"], "s"), _node("Sub", ["s", "s"], "axes_c"),
+                  _node("Slice", ["axes_c", "zero", "one"], "axis"),
+                  _node("Pad", ["h", "two", "", "axis"], "out", name="pad", mode="reflect")]
+        inits += [numpy_helper.from_array(_i64(1), "one"), numpy_helper.from_array(_i64(1, 1), "two")]
+    proto = model(nodes, [vi("x", ["N", M])], [vi("out", ["N", None])], inits, opset=18)
+    before = proto.SerializeToString()
+    with pytest.raises(ot.UnsupportedOpError, match=message):
         ot.from_onnx(proto)
+    assert proto.SerializeToString() == before
 
 
 @pytest.mark.parametrize("affine", ["no bias", "constant weights", "shared frozen weights", "expanded from a shape"])

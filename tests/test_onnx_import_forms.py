@@ -111,9 +111,13 @@ def _i64(name, values):
 
 
 FORMS = {
-    "Pad in 'reflect' mode": _one_op_model(
-        [helper.make_node("Pad", ["h", "pads"], ["y"], name="pad", mode="reflect")], [None, 5],
-        [_i64("pads", [0, 1, 0, 1])]),
+    # amounts from the input's own size (3 - 2: a pad of 1 each side); constant amounts train
+    "Pad in 'reflect' mode with pads computed in the graph": _one_op_model(
+        [helper.make_node("Shape", ["x"], ["size"], start=1),
+         helper.make_node("Sub", ["size", "two"], ["one"]),
+         helper.make_node("Concat", ["zero", "one", "zero", "one"], ["pads"], axis=0),
+         helper.make_node("Pad", ["h", "pads"], ["y"], name="pad", mode="reflect")], [None, 5],
+        [_i64("two", [2]), _i64("zero", [0])]),
     "Slice with a negative step": _one_op_model(
         [helper.make_node("Slice", ["h", "starts", "ends", "axes", "steps"], ["y"], name="flip")], [None, 3],
         [_i64("starts", [-1]), _i64("ends", [-(2 ** 62)]), _i64("axes", [1]), _i64("steps", [-1])]),

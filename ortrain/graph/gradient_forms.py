@@ -9,7 +9,7 @@ that stand for the node. A form that cannot be rewritten because a shape is unkn
 naming the node.
 
 This module holds the ``FORMS`` table and :func:`for_training`; the forms themselves are in
-:mod:`ortrain.graph.tensor_forms` (MatMul, Pow, Where, Split, Transpose, reductions, ReduceMax/Min, Einsum),
+:mod:`ortrain.graph.tensor_forms` (MatMul, Pow, Where, Split, Transpose, reductions, ReduceMax/Min, Einsum, Pad, adding scatters),
 :mod:`ortrain.graph.layer_forms` (Conv, LayerNormalization, LSTM, GRU),
 :mod:`ortrain.graph.upsampling_forms` (Resize, ConvTranspose: gradient kernels on CUDA only) and
 :mod:`ortrain.graph.norm_forms` (InstanceNormalization and GroupNormalization, which have no gradient
@@ -42,6 +42,8 @@ from ortrain.graph.tensor_forms import (
     _global_max_as_top_k,
     _matmul_as_matrix,
     _matmul_needs,
+    _pad_as_gathers,
+    _pad_needs,
     _pow_needs,
     _pow_widened,
     _reduce_kept,
@@ -120,4 +122,5 @@ FORMS: dict[str, Form] = {
     "GroupNormalization": Form(_norm_needs, _group_norm_decomposed),
     "ScatterElements": Form(_scatter_add_needs, _scatter_add_split),
     "ScatterND": Form(_scatter_add_needs, _scatter_add_split),
+    "Pad": Form(_pad_needs, _pad_as_gathers),
 }

@@ -27,14 +27,16 @@ from ortrain.errors import UnsupportedOpError
 from ortrain.graph.passes import (
     attribute,
     elem_types,
+    inferred_shapes,
     int64_constants,
     node_inputs,
     subgraph_reads,
     text_attribute,
 )
+from ortrain.graph.shapes import folded_value
 
 __all__ = ["FORM_OPS", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "gradient_reach", "may_stop_gradients",
-           "nodes_without_gradient", "recurrent_weights_differentiated_whole", "recurrent_forms_not_run_in_training",
+           "nodes_without_gradient", "pad_plan", "recurrent_weights_differentiated_whole", "recurrent_forms_not_run_in_training",
            "pool_attributes", "refuse_empty_pool_windows", "refuse_recurrent_forms", "untrainable_form"]
 
 # Ops without a gradient that every training graph holds in other ops (gradient_forms.FORMS)
@@ -135,17 +137,59 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     needed = ancestors(model, target)
     consts = int64_constants(model, also_int32=True)  # ONNX takes a slice's steps, a pad's pads... in either
     missing: dict[str, list[str]] = {}
+    ranks = None
     for i, node in candidates:
         if not any(o in needed for o in node.output):
             continue
         known = node.op_type in GRADIENT_OPS or node.op_type in FORM_OPS
-        what = untrainable_form(node, consts) if known else node.op_type
+        rank = None
+        if node.op_type == "Pad" and (text_attribute(node, "mode", "constant") != "constant" or
+                                      len(node.input) > 3 and node.input[3]):
+            # torch computes a reflect pad's amounts from constants; the axes need the rank
+            for name in node.input[1::2]:
+                if name and name not in consts:
+                    folded = folded_value(model, name)
+                    if folded is not None and np.asarray(folded).dtype.kind == "i":
+                        consts[name] = np.asarray(folded, np.int64)
+            if len(node.input) > 3 and node.input[3]:
+                ranks = ranks if ranks is not None else _ranks(model)
+                rank = ranks.get(node.input[0])
+        what = untrainable_form(node, consts, rank) if known else node.op_type
         if what:
             missing.setdefault(what, []).append(node.name or f"{node.op_type}#{i}")
     return missing
 
 
-def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank of each value onnx's inference (:func:`~ortrain.graph.passes.inferred_shapes`) finds."""
+    typed = inferred_shapes(model)
+    g = (typed or model).graph
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in (*g.input, *g.value_info, *g.output)
+            if v.type.tensor_type.HasField("shape")}
+
+
+def pad_plan(node: onnx.NodeProto, value, rank: int | None = None) -> list[tuple[int, int]] | None:
+    """A ``Pad``'s ``(before, after)`` amounts on each axis, where its ``pads`` (and ``axes``) are
+    constants (``value(name)``: the array, or None); None where they are not, or where an ``axes``
+    input leaves the rank to be known (``rank``). Negative axes count from the end."""
+    pads = value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    if pads is None:
+        return None
+    pads = [int(v) for v in np.ravel(pads)]
+    half = len(pads) // 2
+    has_axes = len(node.input) > 3 and bool(node.input[3])
+    axes = value(node.input[3]) if has_axes else None
+    if not has_axes:
+        return list(zip(pads[:half], pads[half:]))
+    if axes is None or rank is None:
+        return None
+    plan = [(0, 0)] * rank
+    for k, axis in enumerate(int(a) for a in np.ravel(axes)):
+        plan[axis % rank] = (pads[k], pads[half + k])
+    return plan
+
+
+def untrainable_form(node: onnx.NodeProto, consts: dict, rank: int | None = None) -> str | None:
     """How ``node``, of an op the gradient builder knows, still cannot be trained through in
     onnxruntime-training 1.19.2, or None: its builder takes only ``Pad`` in mode ``constant``,
     differentiates ``ScatterElements``/``ScatterND`` as overwrites whatever their ``reduction`` (an
@@ -155,14 +199,24 @@ def untrainable_form(node: onnx.NodeProto, consts: dict) -> str | None:
     with an ``axes`` input, and its gradient kernels fail on negative ``Slice`` steps and run
     ``LSTM``/``GRU`` forward only and without ``sequence_lens``.
     Steps and axes are seen where an int64 initializer or ``Constant`` holds them.
-    ``consts``: the graph's int64 constants (``passes.int64_constants``)."""
+    ``consts``: the graph's int64 constants (``passes.int64_constants``); ``rank``: the input's,
+    where known (a ``Pad``'s ``axes`` need it)."""
     op = node.op_type
     if op == "Pad":
+        # ortrain's training graphs write the other modes and an axes input in ops the builder takes
+        # (tensor_forms._pad_as_gathers) where the amounts are constants
         mode = text_attribute(node, "mode", "constant")
-        if mode != "constant":
+        has_axes = len(node.input) > 3 and bool(node.input[3])
+        if mode == "constant" and not has_axes:
+            return None
+        plan = pad_plan(node, lambda name: consts.get(name), rank)
+        if mode not in ("constant", "reflect", "edge", "wrap"):
             return f"Pad in {mode!r} mode"
-        if len(node.input) > 3 and node.input[3]:
-            return "Pad with an axes input (opset 18)"
+        if plan is None:
+            return f"Pad in {mode!r} mode with pads computed in the graph" if not has_axes else \
+                "Pad with an axes input (opset 18) computed in the graph, or over a tensor of unknown rank"
+        if mode != "constant" and any(b < 0 or e < 0 for b, e in plan):
+            return f"Pad in {mode!r} mode with negative pads"
     elif op == "Slice" and len(node.input) > 4 and node.input[4] in consts and (consts[node.input[4]] < 0).any():
         return "Slice with a negative step"
     elif op == "ReduceL2" and not attribute(node, "keepdims", 1) and not attribute(node, "axes", None) and \

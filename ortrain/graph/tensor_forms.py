@@ -2,7 +2,8 @@
 ``MatMul`` with a 1-D operand, ``Pow`` and ``Where`` with a broadcast operand, ``Split`` with an
 unread output, ``Transpose`` without ``perm``, ``ReduceL2``/``ReduceLogSumExp`` without ``keepdims``,
 ``ReduceMax``/``ReduceMin`` (no gradient at all: a ``TopK``), ``Einsum`` (none either: matrix
-products); and :func:`matmul_vectors_as_matrices` for the graphs that only run forward.
+products), ``Pad`` in the modes other than ``constant`` or with an ``axes`` input, ``ScatterElements``/``ScatterND``
+that add; and :func:`matmul_vectors_as_matrices` for the graphs that only run forward.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.errors import UnsupportedOpError
+from ortrain.graph.gradient_ops import pad_plan
 from ortrain.graph.passes import attribute, replace_nodes, text_attribute
 from ortrain.graph.shapes import _Graph, _where
 
@@ -450,3 +452,53 @@ def _scatter_add_split(node, i: int, p: str, g: _Graph):
              added,
              helper.make_node("Add", [data, p + "added"], [node.output[0]], name=p + "Add")]
     return nodes, []
+
+
+# -- Pad in reflect, edge or wrap mode, or with an axes input ------------------------------------
+
+def _pad_needs(node, g: _Graph) -> bool:
+    return text_attribute(node, "mode", "constant") != "constant" or \
+        (len(node.input) > 3 and bool(node.input[3]))
+
+
+def _pad_as_gathers(node, i: int, p: str, g: _Graph):
+    """``Pad`` in ``reflect``, ``edge`` or ``wrap`` mode, which onnxruntime-training 1.19.2's builder
+    refuses (it takes ``constant`` only), as a ``Concat`` on each padded axis of the input and two
+    ``Gather``-s of it: the rows the pad repeats, counted from the start before it and from the
+    end after it, so no axis length need be known (reflect: ``b..1`` and ``-2..-1-e``; edge: ``0``
+    and ``-1``; wrap: ``-b..-1`` and ``0..e-1``). Their gradient adds each repeated row's back into
+    it, as PyTorch's ``ReflectionPad``/``ReplicationPad``/``CircularPad`` do. A ``Pad`` with an
+    ``axes`` input (opset 18), which the builder also refuses, gets every axis's amounts instead.
+    Pads that are not constants, or negative in these modes, leave the node as it is (refused by
+    :func:`~ortrain.graph.gradient_ops.untrainable_form` where a gradient must cross it)."""
+    shape = g.shapes.shape(node.input[0])
+    plan = pad_plan(node, lambda name: g.consts[name] if name in g.consts else g.constant(name),
+                    None if shape is None else len(shape))
+    mode = text_attribute(node, "mode", "constant")
+    if plan is None or (mode != "constant" and any(b < 0 or e < 0 for b, e in plan)):
+        return [node], []
+    if mode == "constant":
+        flat = [b for b, _ in plan] + [e for _, e in plan]
+        inputs = [node.input[0], p + "pads"] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
+        return [helper.make_node("Pad", inputs, list(node.output), name=node.name or p + "Pad", mode="constant")], \
+            [numpy_helper.from_array(np.array(flat, np.int64), p + "pads")]
+    nodes, inits = [], []
+    x = node.input[0]
+    padded = [(axis, b, e) for axis, (b, e) in enumerate(plan) if b or e]
+    for k, (axis, b, e) in enumerate(padded):
+        before = {"reflect": range(b, 0, -1), "edge": [0] * b, "wrap": range(-b, 0)}[mode]
+        after = {"reflect": range(-2, -2 - e, -1), "edge": [-1] * e, "wrap": range(e)}[mode]
+        parts = {}
+        for side, rows in (("before", before), ("after", after)):
+            if len(rows):
+                inits.append(numpy_helper.from_array(np.array(list(rows), np.int64), f"{p}{side}_rows_{axis}"))
+                nodes.append(helper.make_node("Gather", [x, f"{p}{side}_rows_{axis}"], [f"{p}{side}_{axis}"],
+                                              name=f"{p}Gather_{side}_{axis}", axis=axis))
+                parts[side] = [f"{p}{side}_{axis}"]
+        out = node.output[0] if k == len(padded) - 1 else f"{p}padded_{axis}"
+        nodes.append(helper.make_node("Concat", parts.get("before", []) + [x] + parts.get("after", []), [out],
+                                      name=f"{p}Concat_{axis}", axis=axis))
+        x = out
+    if not padded:
+        nodes.append(helper.make_node("Identity", [x], list(node.output), name=p + "Identity"))
+    return nodes, inits
