@@ -614,6 +614,15 @@ def _spec_pool_plan(node, shape):
     return None
 
 
+def _free_size(size) -> str:
+    """How a pool input's unknown size is said: a name the file gives it, or none (onnx's inference
+    names the sizes it cannot follow through a computation ``unk__N``)."""
+    if isinstance(size, str) and not size.startswith("unk__"):
+        return f"a size the file leaves free ({size!r})"
+    return ("a size not known before run time (one the file leaves free, or one computed where onnx's shape "
+            "inference cannot follow)")
+
+
 def _refuse_free_sizes_that_differ(node, shape, attributes) -> None:
     """A ``ceil_mode`` pool with a spatial size the file leaves free, on an axis where for some sizes
     onnxruntime 1.19.2 computes otherwise than the specification and PyTorch: a last window that
@@ -634,7 +643,7 @@ def _refuse_free_sizes_that_differ(node, shape, attributes) -> None:
                     f"{node.op_type} node {node.name or node.output[0]!r}: with ceil_mode its last window on "
                     f"spatial axis {axis} (size {size}) {'starts in the end padding' if last >= size + begin else 'overhangs the padded input'}, "
                     f"where onnxruntime 1.19.2 computes otherwise than the ONNX specification and PyTorch, and "
-                    f"spatial axis {free} has a size the file leaves free ({shape[2 + free]!r}), so from_onnx cannot "
+                    f"spatial axis {free} has {_free_size(shape[2 + free])}, so from_onnx cannot "
                     "write the pool in the form that agrees. Export the model with fixed spatial sizes (dynamic axes "
                     "on the batch only), or the pool without ceil_mode")
             continue
@@ -642,8 +651,8 @@ def _refuse_free_sizes_that_differ(node, shape, attributes) -> None:
             why = "starts in the end padding, which the ONNX specification and PyTorch drop" if stride + end > reach \
                 else "overhangs the padded input, whose average they divide by the cells inside it, not the kernel"
             raise UnsupportedOpError(
-                f"{node.op_type} node {node.name or node.output[0]!r}: with ceil_mode and spatial axis {axis} of a "
-                f"size the file leaves free ({size!r}), for some sizes its last window {why} (kernel {kernel}, "
+                f"{node.op_type} node {node.name or node.output[0]!r}: with ceil_mode and spatial axis {axis} of "
+                f"{_free_size(size)}, for some sizes its last window {why} (kernel {kernel}, "
                 f"strides {strides}, pads {pads}), and onnxruntime 1.19.2 computes it otherwise; the form that agrees "
                 "depends on the size. Export the model with fixed spatial sizes (dynamic axes on the batch only), "
                 "which from_onnx rewrites exactly, or the pool without ceil_mode"
