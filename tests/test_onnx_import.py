@@ -219,10 +219,13 @@ def test_single_output_layernorm_gets_its_statistics(rng):
         assert tr.step(x, y) < np.mean((want - y) ** 2)
 
 
-@pytest.mark.parametrize("form", ["cross_entropy", "nll_of_log_softmax", "weighted"])
+@pytest.mark.parametrize("form", ["cross_entropy", "nll_of_log_softmax", "weighted", "weighted by a buffer",
+                                  "nll weighted by a buffer"])
 def test_a_loss_exported_inside_the_model_trains_as_in_torch(form):
     # PyTorch writes F.cross_entropy as a one-output SoftmaxCrossEntropyLoss, whose gradient reads the
-    # log_prob output: training asserted in the gradient builder ("i < node_->OutputDefs().size()")
+    # log_prob output: training asserted in the gradient builder ("i < node_->OutputDefs().size()").
+    # Class weights held in a buffer (an initializer) were taken for a trainable weight, which the
+    # loss gives no gradient: the builder failed ("failed to find NodeArg by name: w_grad")
     import io
     import warnings
 
@@ -236,12 +239,16 @@ def test_a_loss_exported_inside_the_model_trains_as_in_torch(form):
         def __init__(self):
             super().__init__()
             self.dense = torch.nn.Linear(4, 3)
+            self.register_buffer("class_weight", class_weight * 1.5)
 
         def forward(self, x, y):
             z = self.dense(x)
             if form == "nll_of_log_softmax":
                 return F.nll_loss(F.log_softmax(z, 1), y, reduction="none")
-            return F.cross_entropy(z, y, reduction="none", weight=class_weight if form == "weighted" else None)
+            if form == "nll weighted by a buffer":
+                return F.nll_loss(F.log_softmax(z, 1), y, weight=self.class_weight, reduction="none")
+            weight = {"weighted": class_weight, "weighted by a buffer": self.class_weight}.get(form)
+            return F.cross_entropy(z, y, reduction="none", weight=weight)
     net = Net()
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)
@@ -251,6 +258,7 @@ def test_a_loss_exported_inside_the_model_trains_as_in_torch(form):
         torch.onnx.export(net, (torch.from_numpy(x), torch.from_numpy(y)), buf, dynamo=False, input_names=["x", "y"],
                           output_names=["loss"], dynamic_axes={"x": {0: "b"}, "y": {0: "b"}, "loss": {0: "b"}})
     model = ot.from_onnx(buf.getvalue())
+    assert model.weight_names() == ["dense.weight", "dense.bias"]
     np.testing.assert_allclose(model.predict([x, y]), net(torch.from_numpy(x), torch.from_numpy(y)).detach().numpy(),
                                rtol=1e-5, atol=1e-6)
     model.compile(optimizer=ot.optim.SGD(lr=0.5), loss="mae")  # against 0: the mean of the per-row losses

@@ -62,6 +62,9 @@ GRADIENT_OPS = frozenset({
 NON_DIFFERENTIABLE_INPUTS = {
     "BatchNormalization": {3, 4}, "Clip": {1, 2}, "ConstantOfShape": {0}, "Dropout": {1, 2},
     "Expand": {1}, "Gather": {1}, "GatherElements": {1}, "GatherND": {1}, "OneHot": {0, 1, 2},
+    # a loss's labels and class weights (the runtime's gradients give them none)
+    "SoftmaxCrossEntropyLoss": {1, 2}, "NegativeLogLikelihoodLoss": {1, 2},
+    "SoftmaxCrossEntropy": {1}, "SparseSoftmaxCrossEntropy": {1, 2}, "SoftmaxCrossEntropyLossInternal": {1, 2, 3},
     "Pad": {1, 2, 3}, "Pow": {1}, "Range": {0, 1, 2}, "ReduceL2": {1}, "ReduceMean": {1}, "ReduceSum": {1},
     "RandomNormalLike": {0}, "RandomUniformLike": {0}, "EyeLike": {0},  # only the input's shape is read
     "Reshape": {1}, "Resize": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1}, "Squeeze": {1}, "Tile": {1},
