@@ -41,9 +41,15 @@ def set_cache_dir(path) -> None:
         raise OrtrainError(f"set_cache_dir(path=...): {os.fspath(path)!r} {home} (the cache is unchanged)")
     if path is not None:
         above = Path(os.path.abspath(path))
-        while not above.exists() and above.parent != above:  # the folder is made when first used
-            above = above.parent
-        if above.exists() and not above.is_dir():
+        try:
+            while not above.exists() and above.parent != above:  # the folder is made when first used
+                above = above.parent
+            is_file = above.exists() and not above.is_dir()
+        except OSError as exc:  # a folder above it that may not be searched
+            raise OrtrainError(f"set_cache_dir(path=...): {os.fspath(path)!r} cannot be reached ({exc.strerror or exc} "
+                               f"at {str(above)!r}); give a folder this process may search and write in (the "
+                               "cache is unchanged)") from None
+        if is_file:
             raise OrtrainError(f"set_cache_dir(path=...): {os.fspath(path)!r} "
                                f"{'is' if above == Path(os.path.abspath(path)) else 'lies under'} the file "
                                f"{str(above)!r}, not a folder; give a folder path (the cache is unchanged)")

@@ -491,6 +491,26 @@ def test_a_relative_cache_dir_stays_where_it_was_set(tmp_path, monkeypatch):
         ot.artifacts.set_cache_dir("")
 
 
+def test_a_cache_dir_under_a_folder_that_may_not_be_searched_is_refused(tmp_path, monkeypatch):
+    # a raw PermissionError came from Path.exists (tests may run with the right to search any folder,
+    # so the refusal to search is played by Path.exists itself)
+    from pathlib import Path
+    locked = tmp_path / "locked"
+    real_exists = Path.exists
+
+    def exists(self, *args, **kwargs):
+        if str(self).startswith(str(locked) + os.sep):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_exists(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "exists", exists)
+    before = ot.artifacts.cache_dir()
+    with pytest.raises(ot.OrtrainError, match=r"set_cache_dir\(path=...\): '.*locked/cache' cannot be reached "
+                                              r"\(Permission denied at '.*locked/cache'\); give a folder this process "
+                                              r"may search .*\(the cache is unchanged\)"):
+        ot.artifacts.set_cache_dir(locked / "cache")
+    assert ot.artifacts.cache_dir() == before
+
+
 def test_a_live_trainer_predicts_after_its_cache_entry_is_removed(rng):
     import shutil
     model = dense_model(3, 2)

@@ -480,6 +480,10 @@ def test_keras_names_calls_and_weight_files(rng, tmp_path):
     np.testing.assert_array_equal(wrong.get_weights()[0], before[0])
     with pytest.raises(ot.OrtrainError, match="load_weights: no such file"):
         model.load_weights(tmp_path / "none.npz")
+    # a folder, or a file this process may not read: said so, not "not a weights file" (a raw numpy lead)
+    with pytest.raises(ot.OrtrainError, match=r"load_weights: '.*' cannot be read \(Is a directory\); give a "
+                                              r"weights file of save_weights this process may read"):
+        model.load_weights(tmp_path)
     np.save(tmp_path / "one.npy", np.zeros(3))
     model.save(tmp_path / "m.ortrain")
     for path in (tmp_path / "one.npy", tmp_path / "m.ortrain"):   # named, nothing changes

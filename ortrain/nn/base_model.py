@@ -550,6 +550,9 @@ class Model(TrainingMixin):
             loaded = np.load(path, allow_pickle=False)
         except FileNotFoundError:
             raise OrtrainError(f"load_weights: no such file {str(path)!r}") from None
+        except (PermissionError, IsADirectoryError) as exc:
+            raise OrtrainError(f"load_weights: {str(path)!r} cannot be read ({exc.strerror}); give a weights file "
+                               "of save_weights this process may read") from None
         except zipfile.BadZipFile as exc:  # a zip, cut short
             raise OrtrainError(f"{damaged} ({exc})") from exc
         except (OSError, ValueError) as exc:  # not numpy's format
