@@ -759,3 +759,38 @@ def test_trainable_naming_only_running_statistics_is_refused():
     model = ot.from_onnx(path, trainable=["1.*"])  # a glob reaching weights and statistics: the weights train
     roles = {p.name: p.role for p in model.params()}
     assert roles["1.weight"] == "trainable" and roles["1.running_mean"] == "buffer" and roles["0.weight"] == "frozen"
+
+
+@pytest.mark.parametrize("op, dtype", [("Equal", onnx.TensorProto.UINT8), ("Less", onnx.TensorProto.INT16),
+                                       ("GreaterOrEqual", onnx.TensorProto.UINT32),
+                                       ("Greater", onnx.TensorProto.BFLOAT16)])
+def test_a_comparison_of_a_type_the_runtime_cannot_compare_predicts_trains_and_exports(rng, tmp_path, op, dtype):
+    # the dynamo exporter writes torch.eye(3) as an Equal of uint8 ranges: onnxruntime 1.19.2 has no kernel
+    # for it, and neither predict nor training opened ("Could not find an implementation for Equal(19)")
+    import onnxruntime as ort
+    i64 = {n: numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+           {"zero": 0, "three": 3, "one": 1, "axis": [1]}.items()}
+    w = _f32(rng, 3, 3)
+    nodes = [helper.make_node("Range", ["zero", "three", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rows"], to=dtype),
+             helper.make_node("Unsqueeze", ["rows", "axis"], ["column"]),
+             helper.make_node(op, ["column", "rows"], ["mask"]),
+             helper.make_node("Cast", ["mask"], ["maskf"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Unsqueeze", ["h", "axis"], ["h3"]),
+             helper.make_node("Add", ["h3", "maskf"], ["y"])]
+    proto = _model(nodes, [_vi("x", ["N", 3])], [_vi("y", ["N", 3, 3])],
+                   [numpy_helper.from_array(w, "w"), *i64.values()], opset=19)
+    x = _f32(rng, 4, 3)
+    cmp = {"Equal": np.equal, "Less": np.less, "GreaterOrEqual": np.greater_equal, "Greater": np.greater}[op]
+    mask = cmp(np.arange(3)[:, None], np.arange(3)).astype(np.float32)
+    model = ot.from_onnx(proto)
+    np.testing.assert_allclose(model.predict(x), (x @ w)[:, None, :] + mask, rtol=1e-6)
+    target = _f32(rng, 4, 3, 3)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    model.fit(x, target, batch_size=4, verbose=0)
+    grad = 2 * x.T @ (((x @ w)[:, None, :] + mask - target).sum(axis=1)) / target.size
+    np.testing.assert_allclose(model.get_weights()[0], w - 0.1 * grad, rtol=1e-5, atol=1e-6)
+    model.export_onnx(tmp_path / "m.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], model.predict(x), rtol=1e-6)

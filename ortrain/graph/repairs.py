@@ -36,6 +36,9 @@ gradient builder or the eval graph it derives cannot take some valid ONNX:
   the specification says.
 * ``Split`` by ``num_outputs`` (opset 18) whose last part is empty (6 into 4 parts: 2, 2, 2, 0), which
   onnxruntime 1.19.2 refuses at run time: the sizes, given as an input (:func:`split_sizes_given`).
+* A comparison of 8- or 16-bit integers, ``uint32`` or ``bfloat16``, which onnxruntime 1.19.2 has
+  no kernel for (the dynamo exporter's ``torch.eye``): its inputs cast to a wider type
+  (:func:`comparisons_widened`).
 * ``LSTM`` and ``GRU`` naming their default activations as the spec spells them (``"Sigmoid"``),
   which onnxruntime-training's kernels refuse (they compare lower-case names): the attribute goes.
 
@@ -71,7 +74,7 @@ from ortrain.graph.shapes import Shapes
 
 __all__ = ["repair", "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form",
            "dropout_with_training_input", "gelu_tanh_as_arithmetic", "activations_as_arithmetic",
-           "dilated_same_conv_with_pads", "split_outputs_named", "split_sizes_given", "read_as_scalars"]
+           "dilated_same_conv_with_pads", "split_outputs_named", "comparisons_widened", "split_sizes_given", "read_as_scalars"]
 
 
 def read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
@@ -693,6 +696,38 @@ _ELEMENTWISE_PART = {"ReduceSum": "Identity", "ReduceMean": "Identity", "ReduceM
                      "ReduceSumSquare": "Mul"}
 
 
+_COMPARISONS = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
+# the types onnxruntime 1.19.2 has no comparison kernel for, and the wider type each compares alike in
+# (uint64 has none: no wider integer holds it)
+_COMPARED_WIDER = {onnx.TensorProto.UINT8: onnx.TensorProto.INT32, onnx.TensorProto.INT8: onnx.TensorProto.INT32,
+                   onnx.TensorProto.UINT16: onnx.TensorProto.INT32, onnx.TensorProto.INT16: onnx.TensorProto.INT32,
+                   onnx.TensorProto.UINT32: onnx.TensorProto.INT64, onnx.TensorProto.BFLOAT16: onnx.TensorProto.FLOAT}
+
+
+def comparisons_widened(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A comparison (``Equal``, ``Less``...) of 8- or 16-bit integers, ``uint32`` or ``bfloat16``,
+    which onnxruntime 1.19.2 has no kernel for (the dynamo exporter writes ``torch.eye`` as an
+    ``Equal`` of ``uint8`` ranges: neither prediction nor training opened), compares its inputs cast to
+    a type that holds every value of theirs (``int32``, ``int64``, ``float``): the same answers."""
+    if not any(n.op_type in _COMPARISONS for n in model.graph.node):
+        return model, 0
+    types = elem_types(model, lenient=True)
+    fresh = FreshNames(model).fresh
+
+    def narrow(n) -> bool:
+        return n.op_type in _COMPARISONS and types.get(n.input[0]) in _COMPARED_WIDER
+
+    def rewrite(i, node):
+        to = _COMPARED_WIDER[types[node.input[0]]]
+        casts = [helper.make_node("Cast", [x], [fresh(f"{x}/widened")], name=fresh(f"{node.name or node.op_type}/Cast"),
+                                  to=to) for x in node.input]
+        compared = helper.make_node(node.op_type, [c.output[0] for c in casts], list(node.output), name=node.name)
+        return [*casts, compared], []
+
+    matched = sum(map(narrow, model.graph.node))
+    return (replace_nodes(model, narrow, rewrite), matched) if matched else (model, 0)
+
+
 def _attributes_dropped(model: onnx.ModelProto, matches, names) -> tuple[onnx.ModelProto, int]:
     """``model`` without the attributes ``names`` on the nodes ``matches`` picks, and their count."""
     targets = [i for i, n in enumerate(model.graph.node) if matches(n)]
@@ -729,7 +764,7 @@ def repair(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
     for fn in (split_to_sequence_as_split, sum_to_add, layernorm_with_statistics, batchnorm_inference_form, dropout_with_training_input,
                gelu_tanh_as_arithmetic, activations_as_arithmetic, dilated_same_conv_with_pads,
                split_outputs_named, split_sizes_given, default_recurrent_activations_dropped, row_major_max_pools,
-               ceil_pools_in_spec_form, empty_reductions_as_identity):
+               ceil_pools_in_spec_form, empty_reductions_as_identity, comparisons_widened):
         model, n = fn(model)
         if n:
             report[fn.__name__] = n
