@@ -96,7 +96,7 @@ class TrainerSetup:
         # Without optimizer state to carry, the session opens on the artifacts' own checkpoint and
         # the model's weights are copied in afterwards: much cheaper than writing a checkpoint
         # (half a second for ResNet-50), and the artifacts were built for exactly these weights' names.
-        copy_weights = checkpoint is None and (state is None or not state.moments)
+        copy_weights = checkpoint is None and (state is None or not (state.moments or state.step))
         # Moments of weights that do not train here (frozen for now) travel on to the next fit; a
         # checkpoint given to resume from holds the whole state.
         self._carried = {n: m for n, m in state.moments.items() if n not in self._trainable} \
@@ -159,12 +159,13 @@ class TrainerSetup:
         trainable = {n: weights[n] for n in self._trainable}
         others = {p.name: weights[p.name] for p in self._params if p.role != "trainable"}
         optimizer = None
-        if state is not None and state.moments:
+        if state is not None and (state.moments or state.step):
             # As Keras keeps an optimizer's per-weight state: a weight that trained before keeps its
             # moments, one that starts training now (unfrozen) starts from zero, and the update count
-            # (which bias correction reads) is the optimizer's, shared by all.
-            zero = next(iter(state.moments.values()))
-            moments = {n: state.moments[n] if n in state.moments else tuple(np.zeros_like(w) for _ in zero)
+            # (which bias correction reads) is the optimizer's, shared by all. (An SGD state loaded with
+            # optimizer.load_state holds no moments, only the count.)
+            width = len(next(iter(state.moments.values()))) if state.moments else model.optimizer.runtime_moments
+            moments = {n: state.moments[n] if n in state.moments else tuple(np.zeros_like(w) for _ in range(width))
                        for n, w in trainable.items()}
             optimizer = engine.OptimizerState(state.step, float(state.lr), moments)
         engine.write_checkpoint(path, engine.CheckpointData(trainable, others, optimizer))

@@ -1567,6 +1567,54 @@ def test_a_rate_restored_by_load_state_between_fits_is_the_next_fits():
     assert model.fit(x, y, batch_size=8, epochs=1, verbose=0).history["lr"] == [0.01]
 
 
+@pytest.mark.parametrize("schedule", ["StepDecay", "CosineDecay"])
+def test_a_schedule_resumed_after_load_state_continues_the_same_curve(schedule):
+    # load_state counted the state's rate (the schedule's last) as one written, and the schedule took it
+    # for its base: the resumed fit trained at 0.0125 and 0.00625 where the uninterrupted one trains at
+    # 0.025 and 0.0125
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal((8, 3)).astype(np.float32)
+
+    def model():
+        m = mlp()
+        m.compile(optimizer=ot.optim.Adam(lr=0.1), loss="mse")
+        return m
+
+    def curve():
+        return [ot.callbacks.StepDecay(drop=0.5, every=1) if schedule == "StepDecay"
+                else ot.callbacks.CosineDecay(total_epochs=4)]
+    straight, resumed = model(), model()
+    straight.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False, callbacks=curve())
+    resumed.set_weights(straight.get_weights())
+    resumed.optimizer.load_state(straight.optimizer.state())
+    assert resumed.optimizer.lr == straight.optimizer.lr  # the state's rate, as after the fit itself
+    want = straight.fit(x, y, batch_size=4, epochs=4, initial_epoch=2, verbose=0, shuffle=False, callbacks=curve())
+    got = resumed.fit(x, y, batch_size=4, epochs=4, initial_epoch=2, verbose=0, shuffle=False, callbacks=curve())
+    assert got.history["lr"] == want.history["lr"]
+    for a, b in zip(resumed.get_weights(), straight.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_trainer_checkpoint_after_an_sgd_state_loaded_with_load_state_resumes(tmp_path):
+    # SGD's loaded state holds no moments, only the update count, which the trainer's session did not
+    # get: its checkpoint was refused ("2 updates recorded, the optimizer state holds 1")
+    x, y = np.ones((4, 4), np.float32), np.zeros((4, 3), np.float32)
+    model = mlp()
+    model.compile(optimizer=ot.optim.SGD(lr=0.01), loss="mse")
+    model.fit(x, y, batch_size=4, verbose=0)
+    model.optimizer.load_state(model.optimizer.state())
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.step(x, y)
+        tr.save_checkpoint(tmp_path / "s.ckpt")
+        tr.step(x, y)
+        want = tr.get_weights()
+    with ot.Trainer.from_checkpoint(model, tmp_path / "s.ckpt", batch_size=4) as resumed:
+        assert (resumed.n_steps, resumed.n_updates) == (2, 2)
+        resumed.step(x, y)
+        for a, b in zip(resumed.get_weights(), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("weighted_training", [False, True])
 def test_the_first_validation_batch_is_read_before_training_whatever_the_batches(weighted_training):
     x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)

@@ -187,6 +187,9 @@ class TrainingMixin:
                    for n in self._optimizer_weights()} if width else {}
         from ortrain.nn.saving import TrainState
         self._train_state = TrainState(step, lr, moments, n_steps=n_steps, draws=draws)
+        if self.optimizer is not None:  # (not while compile hands an optimizer's loaded state over)
+            self._lr_seen = (id(self.optimizer), self.optimizer.lr_writes)  # the state's rate is the next fit's
+            self.optimizer._lr_now = ShownRate(self, self.optimizer)
 
     def _weight_shapes(self) -> dict[str, tuple]:
         return {p.name: tuple(p.shape) for p in self._base_params()}

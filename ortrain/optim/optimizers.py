@@ -114,6 +114,8 @@ class Optimizer:
 
     name = "optimizer"
     has_moments = False
+    # the per-weight buffers onnxruntime-training's update graph keeps (its SGD one it never reads)
+    runtime_moments = 1
     default_lr = 1e-3
     _left_out_of_state: dict = {}  # hyperparameters state() omits at these values
 
@@ -325,12 +327,14 @@ class Optimizer:
             counted = not self.params and ("n_steps" in state or "draws" in state)  # not a captured step's
             self._counts = {"n_steps": n_steps, "draws": draws} if counted else None
             self._for_next = not self.params  # for the model it is compiled into next
-        self._lr = lr
+        if model is None:
+            self._lr = lr
+            self.lr_writes += 1
+            self._lr_now = None
+        # (a compiled model's state holds the rate, which its next fit starts at, as after a fit: the
+        # rate it was compiled with stays a schedule's base, StepDecay(initial_lr=None)'s)
         for key, value in hyper.items():
             setattr(self, key, value)
-        self.lr_writes += 1
-        if model is None:
-            self._lr_now = None
         # A live capture reads the loaded moments at its next call, instead of its own.
         self._state_source = None
         self._state_version += 1
@@ -387,6 +391,7 @@ class Adam(Optimizer):
 
     name = "adam"
     has_moments = True
+    runtime_moments = 2
     default_weight_decay = 0.0
 
     def __init__(self, params=None, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
