@@ -443,7 +443,7 @@ class Loop:
                  f"period of nbatch_logical={tr.nbatch_logical}: their gradients are not part of it, and a fit "
                  "continued from it starts a new period; save at the end of a period (after every "
                  f"{tr.nbatch_logical // tr.batch_size} batches) for an exact continuation", RuntimeWarning)
-        return tr.export_state() if self.stepped else None
+        return tr._state() if self.stepped else None
 
     def _live_updates(self):
         """The model's optimizer step count while this fit runs: the trainer's once it has stepped."""
@@ -485,7 +485,7 @@ class Loop:
                     # keeps its weights too. A fit that took no step leaves the optimizer state as it
                     # was, and a rate written on model.optimizer still to be taken up by the next fit.
                     with self._turn:
-                        state = tr.export_state() if self.stepped else None
+                        state = tr._state() if self.stepped else None
                         _ = self.model  # brings the weights over (a callback may have set some)
                         if self.stepped:
                             self._model._train_state = state  # not the setter, which refuses it mid-fit

@@ -406,10 +406,22 @@ class Trainer(TrainerSetup, Releasable):
 
     def export_state(self) -> TrainState:
         """The optimizer state, for a model to carry into its next ``fit``: the moments of the
-        weights trained here, and those of weights frozen here as the model brought them."""
+        weights trained here, and those of weights frozen here as the model brought them (copies).
+        Batches accumulated towards an update that has not happened (``nbatch_logical``) are not
+        part of it, as of :meth:`save_checkpoint`, which warns."""
         self._live()
-        return TrainState(self._updates, self._lr, {**self._carried, **self._session.optimizer_moments()},
-                          self._n_steps, self._session.draws)
+        if self._accum:
+            warn(f"export_state: {self._accum} accumulated batch(es) towards the next update are not part of "
+                 "the state (nor counted in its n_steps), and a fit continued from it starts a new accumulation "
+                 "period; export on an accumulation boundary (after every "
+                 f"{self.nbatch_logical // self.batch_size} batches) for an exact continuation")
+        return self._state()
+
+    def _state(self) -> TrainState:
+        """:meth:`export_state` without its warning (a fit's hand-over says its own)."""
+        carried = {n: tuple(np.array(m) for m in ms) for n, ms in self._carried.items()}  # the model's, not shared
+        return TrainState(self._updates, self._lr, {**carried, **self._session.optimizer_moments()},
+                          self._n_steps - self._accum, self._session.draws)
 
     # -- batch norm ----------------------------------------------------------------------------
     def calibrate_bn(self, x) -> None:

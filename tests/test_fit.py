@@ -1716,14 +1716,14 @@ def test_a_ctrl_c_while_fit_writes_back_still_writes_weights_and_state_together(
     for m in (ref, model):
         m.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
     ref.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    real, calls = ot.Trainer.export_state, []
+    real, calls = ot.Trainer._state, []
 
     def interrupted(self):
         calls.append(1)
         if len(calls) == 1:  # Ctrl-C lands in the write-back
             raise KeyboardInterrupt
         return real(self)
-    monkeypatch.setattr(ot.Trainer, "export_state", interrupted)
+    monkeypatch.setattr(ot.Trainer, "_state", interrupted)
     with pytest.raises(KeyboardInterrupt):
         model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     assert model.train_state.n_steps == ref.train_state.n_steps == 4

@@ -972,3 +972,40 @@ def test_a_renamed_model_resumes_its_checkpoint(rng, tmp_path):
         resumed.step(x, y)
         for a, b in zip(resumed.get_weights(), want, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_export_state_hands_over_copies_of_the_moments_of_weights_frozen_here():
+    # the moments of a weight frozen in the trainer were the model's own arrays: an edit of the exported
+    # state changed the constructor's model (which a Trainer never changes) and the trainer's checkpoints
+    x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
+    model = ot.Sequential([ot.layers.Dense(4, activation="tanh"), ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=4, verbose=0)
+    model.freeze("dense_1.*")
+    before = {n: [m.copy() for m in ms] for n, ms in model.train_state.moments.items()}
+    with ot.Trainer(model, batch_size=4) as tr:
+        state = tr.export_state()
+        state.moments["dense_1.bias"][0][:] = 7.0
+        assert not np.any(tr.export_state().moments["dense_1.bias"][0] == 7.0)
+    for name, ms in model.train_state.moments.items():
+        for a, b in zip(ms, before[name], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_export_state_part_way_through_an_accumulation_period_warns_and_counts_only_whole_periods():
+    # it left the accumulated batches out without a word and still counted them (3 where a checkpoint
+    # at the same point records 2), so a fit continued from it updated a batch late
+    rng = np.random.default_rng(0)
+    model = dense_model(3, 2)
+    with ot.Trainer(model, batch_size=4, nbatch_logical=8) as tr:
+        for _ in range(3):
+            tr.step(rng.standard_normal((4, 3)).astype(np.float32), np.zeros((4, 2), np.float32))
+        with pytest.warns(UserWarning, match=r"export_state: 1 accumulated batch\(es\) towards the next update are "
+                                             r"not part of the state \(nor counted in its n_steps\)"):
+            state = tr.export_state()
+        assert (state.n_steps, state.step) == (2, 1)
+        tr.step(rng.standard_normal((4, 3)).astype(np.float32), np.zeros((4, 2), np.float32))
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # on a boundary: no warning
+            assert tr.export_state().n_steps == 4
