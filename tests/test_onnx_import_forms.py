@@ -921,3 +921,30 @@ def test_stacked_recurrent_layers_exported_by_dynamo_train_at_any_length(rng, ki
                                     dynamic_shapes={"x": {0: dynamic, 1: dynamic}}, verbose=False)
     model = ot.from_onnx(program.model_proto)
     _train_side_by_side(torch, net, model, [(f32(rng, 4, steps, 4), f32(rng, 4, 2)) for steps in (3, 7)], lr=0.1)
+
+
+@pytest.mark.parametrize("statistics", ["tiled", "read", "identity"])
+def test_a_batch_norm_over_statistics_the_graph_computes_is_said_to_keep_them(rng, statistics, recwarn):
+    # the dynamo exporter writes InstanceNorm(track_running_stats=True) as a batch norm over its buffers
+    # tiled once per sample: training matched PyTorch, but the buffers never moved, without a word
+    c = 3
+    inits = [numpy_helper.from_array(a, n) for n, a in
+             {"w": f32(rng, 4, 2 * c), "gamma": np.ones(2 * c, np.float32), "beta": np.zeros(2 * c, np.float32),
+              "running_mean": np.zeros(c, np.float32), "running_var": np.ones(c, np.float32),
+              "mean_2c": np.zeros(2 * c, np.float32), "var_2c": np.ones(2 * c, np.float32),
+              "reps": np.array([2], np.int64)}.items()]
+    stats = {"tiled": [helper.make_node("Tile", ["running_mean", "reps"], ["mean"]),
+                       helper.make_node("Tile", ["running_var", "reps"], ["var"])],
+             "read": [helper.make_node("Identity", ["mean_2c"], ["mean"]), helper.make_node("Identity", ["var_2c"], ["var"])],
+             "identity": [helper.make_node("Identity", ["mean_2c"], ["mean"]),
+                          helper.make_node("Identity", ["gamma"], ["var"])]}[statistics]
+    proto = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), *stats,
+                    helper.make_node("BatchNormalization", ["h", "gamma", "beta", "mean", "var"], ["y"], name="bn")],
+                   [vi("x", ["N", 4])], [vi("y", ["N", 2 * c])], inits)
+    ot.from_onnx(proto)
+    said = [str(w.message) for w in recwarn if "computed in the graph" in str(w.message)]
+    if statistics == "tiled":
+        assert said and said[0].startswith("from_onnx: batch norm 'bn' reads its running statistics computed in the "
+                                           "graph from the buffers")
+    else:
+        assert said == []

@@ -576,6 +576,33 @@ def _warn_still_statistics(proto: onnx.ModelProto, frozen) -> None:
              "model with a momentum (PyTorch's momentum=0.1 is ONNX's 0.9)")
 
 
+def _warn_computed_statistics(proto: onnx.ModelProto) -> None:
+    """A ``BatchNormalization`` (of inference form) whose running mean or variance the graph computes
+    from its buffers, instead of reading them: PyTorch's ``InstanceNorm(track_running_stats=True)``,
+    which the dynamo exporter writes as a batch norm over statistics tiled once per sample. Training
+    computes the batch's statistics as PyTorch does, but nothing can write the computed values back
+    into the buffers, so they stay as they are where PyTorch's move."""
+    g = proto.graph
+    held = {t.name for t in g.initializer} | {i.name for i in g.input}
+    producers = {o: n for n in g.node for o in n.output}
+
+    def computed(name: str) -> bool:
+        node = producers.get(name)
+        while node is not None and node.op_type == "Identity":  # a fresh batch norm's Identity(gamma)
+            node = producers.get(node.input[0])
+        return node is not None and node.op_type != "Constant" and name not in held
+
+    found = [repr(n.name or n.output[0]) for n in g.node if n.op_type == "BatchNormalization"
+             and n.domain in ("", "ai.onnx") and len(n.output) == 1 and any(computed(i) for i in n.input[3:5] if i)]
+    if found:
+        warn(f"from_onnx: batch norm {', '.join(found)} {'reads its' if len(found) == 1 else 'read their'} running "
+             "statistics computed in the graph from the buffers (as the dynamo exporter writes PyTorch's "
+             "InstanceNorm(track_running_stats=True)): training uses the batch's statistics as PyTorch does, but the "
+             "buffers stay as they are, where PyTorch's move, so predictions after training differ. Export "
+             "InstanceNorm with track_running_stats=False (each sample's own statistics, in training and prediction "
+             "alike) for predictions that follow training")
+
+
 def _warn_partial_gradients(fg: ForwardGraph) -> None:
     """Warn of trainable weights also read into an input whose gradient the runtime leaves out
     (a learned clipping bound that also scales, PACT's): their gradient counts their other uses
@@ -957,6 +984,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _warn_random_outside_training(proto)
     _normal_epsilons(proto)
     _warn_still_statistics(proto, frozen)
+    _warn_computed_statistics(proto)
     proto, _ = free_batch_dimension(proto, data)
     proto, _ = free_output_dimensions(proto)
     check_model(proto, "imported model")
