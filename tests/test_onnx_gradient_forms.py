@@ -248,6 +248,25 @@ def test_pad_in_reflect_edge_and_wrap_modes_trains(rng, mode, torch_mode, opset,
         consts={"pads": _i64(0, 0, 2, 1, 0, 0, 1, 3)}, opset=opset, in_shape=[2, "H", "W"] if free else None)
 
 
+@pytest.mark.parametrize("mode, pads", [("wrap", (5, 0)), ("reflect", (0, 4)), ("reflect", (1, 0))])
+def test_a_pad_past_what_its_mode_repeats_is_refused_for_training_by_name(rng, mode, pads):
+    # the training graph's Gathers failed at the first step, naming an internal node ("idx=-5 must be within
+    # [-4,3]"); reflect reaches size - 1 rows, wrap size (the third: reflect of an axis of size 1)
+    size = 1 if pads == (1, 0) else 4
+    w = rng.standard_normal((3, size)).astype(np.float32)
+    nodes = [_node("Mul", ["x", "w"], "h"), _node("Pad", ["h", "pads"], "out", name="pad", mode=mode)]
+    proto = model(nodes, [vi("x", ["N", 3, size])], [vi("out", ["N", 3, size + sum(pads)])],
+                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(_i64(0, 0, pads[0], 0, 0, pads[1]), "pads")],
+                  opset=19)
+    m = ot.from_onnx(proto)
+    m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with pytest.raises(ot.UnsupportedOpError, match=rf"Pad node 'pad' pads axis 2 \(size {size}\) by {max(pads)} in "
+                                                    rf"'{mode}' mode, which reaches at most {size - (mode == 'reflect')}"):
+        m.fit(np.ones((2, 3, size), np.float32), np.zeros((2, 3, size + sum(pads)), np.float32), batch_size=2,
+              verbose=0)
+    np.testing.assert_array_equal(m.get_weights()[0], w)
+
+
 def test_a_reflection_pad_exported_by_torch_trains_and_exports(rng, tmp_path):
     # the TorchScript exporter computes the pads from constants (a reversed Slice, a Cast)
     torch = torch_or_skip()
