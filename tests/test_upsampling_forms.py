@@ -418,6 +418,26 @@ def test_resizes_of_opsets_before_11_keep_their_sampling(tmp_path, op, opset, mo
     np.testing.assert_allclose(served.run(None, {"x": x})[0], want, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("opset", [7, 9])
+def test_old_resizes_whose_outputs_the_converter_renames_keep_their_sampling(opset):
+    # an Upsample read by a later node: onnx's converter renames its output, and the sampling was looked up
+    # by the old name, so a linear one sampled half_pixel (0 .25 .75 1.25 where onnxruntime gives 0 .5 1 1.5)
+    def up(x, out, mode):
+        if opset < 9:
+            return [helper.make_node("Upsample", [x], [out], mode=mode, scales=[1.0, 1.0, 2.0, 2.0])]
+        return [helper.make_node("Upsample", [x, "scales"], [out], mode=mode)]
+    nodes = [*up("x", "u", "linear"), helper.make_node("Mul", ["u", "w"], ["h"]), *up("h", "v", "nearest"),
+             helper.make_node("Mul", ["v", "w"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([1.5], np.float32), "w")]
+    if opset >= 9:
+        inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+    proto = _model(nodes, [vi("x", [None, 1, 4, 4])], [vi("y", [None, 1, 16, 16])], inits, opset=opset)
+    proto.ir_version = 6
+    x = np.arange(32, dtype=np.float32).reshape(2, 1, 4, 4)
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ot.from_onnx(proto).predict(x), want, rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.parametrize("scales, computed", [([1, 1, 3, 3], True), ([1, 1, 4, 2], True), ([1, 1, 4, 0.5], False),
                                               ([1, 1, 2.5, 0.6], False)])
 def test_an_old_nearest_resize_whose_rounding_no_mode_states_keeps_the_converters_form(scales, computed):

@@ -47,13 +47,17 @@ def _asymmetric_resizes(model: onnx.ModelProto) -> dict[str, bytes | None]:
 
 
 def _keep_asymmetric(model: onnx.ModelProto, outputs: dict[str, bytes | None]) -> None:
-    """Give the ``Resize`` nodes converted from ``outputs`` their old sampling: onnx's converter keeps
-    only the mode, and opset 11 reads a missing coordinate mode as ``half_pixel`` (a linear resize
+    """Give the ``Resize`` nodes converted from ``outputs`` (in the graph's order) their old
+    sampling: onnx's converter keeps only the mode, and opset 11 reads a missing coordinate mode as ``half_pixel`` (a linear resize
     of a row of 0..3 by 2 was ``0 .25 .75 ...`` where onnxruntime computes ``0 .5 1 ...``)."""
-    for node in model.graph.node:
-        if node.op_type == "Resize" and node.output and outputs.get(node.output[0]) is not None:
+    resizes = [n for n in model.graph.node if n.op_type == "Resize" and n.output]
+    # by name, or in order where the converter renamed the outputs (it does for Upsample of opset 9)
+    # and made one Resize of each node
+    by_order = len(resizes) == len(outputs) and not any(n.output[0] in outputs for n in resizes)
+    for k, node in enumerate(resizes):
+        sampled = list(outputs.values())[k] if by_order else outputs.get(node.output[0])
+        if sampled is not None:
             settings = {"coordinate_transformation_mode": b"asymmetric"}
-            sampled = outputs[node.output[0]]
             if sampled != b"linear":  # nearest: the converter's form is kept where no mode fits (None)
                 settings["nearest_mode"] = sampled
             for attr in node.attribute:
