@@ -267,6 +267,17 @@ def test_a_pad_past_what_its_mode_repeats_is_refused_for_training_by_name(rng, m
     np.testing.assert_array_equal(m.get_weights()[0], w)
 
 
+def test_an_old_reflect_pad_with_a_value_attribute_imports_and_trains(rng):
+    # opset 10's Pad takes a value in any mode; onnx's converter moves it to an input in constant mode only,
+    # and from_onnx called the model it built invalid
+    torch = torch_or_skip()
+    w = rng.standard_normal(M).astype(np.float32)
+    nodes = [_node("Mul", ["x", "w"], "h"), _node("Pad", ["h"], "out", mode="reflect", pads=[0, 1, 0, 2], value=0.0)]
+    _one_sgd_step_matches_torch(nodes, _x(M), [M + 3], {"w": w},
+                                lambda x, t: torch.nn.functional.pad((x * t["w"])[:, None], (1, 2), mode="reflect")[:, 0],
+                                opset=10)
+
+
 def test_a_reflection_pad_exported_by_torch_trains_and_exports(rng, tmp_path):
     # the TorchScript exporter computes the pads from constants (a reversed Slice, a Cast)
     torch = torch_or_skip()

@@ -94,6 +94,25 @@ def _without_test_flags(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _pad_values_of_constant_mode_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A ``Pad`` of opsets before 11 in ``reflect`` or ``edge`` mode loses its ``value`` attribute,
+    which only the ``constant`` mode reads: onnx's converter moves it to an input in that mode alone,
+    and left it in the others, where the converted model is invalid."""
+    def stray(n) -> bool:
+        mode = next((a.s for a in n.attribute if a.name == "mode"), b"constant")
+        return n.op_type == "Pad" and mode != b"constant" and any(a.name == "value" for a in n.attribute)
+
+    if not any(stray(n) for n in model.graph.node):
+        return model
+    out = copy.deepcopy(model)
+    for node in out.graph.node:
+        if stray(node):
+            kept = [a for a in node.attribute if a.name != "value"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+    return out
+
+
 def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
     """Convert opsets older than ``target`` (and newer than onnxruntime reads) with onnx's converter.
 
@@ -107,6 +126,8 @@ def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProt
         resized = _asymmetric_resizes(model) if have < 11 else {}
         if have < 7:
             model = _without_test_flags(model)
+        if have < 11:
+            model = _pad_values_of_constant_mode_only(model)
         try:
             out = version_converter.convert_version(model, want)
         except Exception as exc:
