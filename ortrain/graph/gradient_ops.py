@@ -140,7 +140,7 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
     needed = ancestors(model, target)
     consts = int64_constants(model, also_int32=True)  # ONNX takes a slice's steps, a pad's pads... in either
     missing: dict[str, list[str]] = {}
-    ranks = None
+    ranks = types = None
     for i, node in candidates:
         if not any(o in needed for o in node.output):
             continue
@@ -157,6 +157,12 @@ def nodes_without_gradient(model: onnx.ModelProto, trainable, target: str | None
             if len(node.input) > 3 and node.input[3]:
                 ranks = ranks if ranks is not None else _ranks(model)
                 rank = ranks.get(node.input[0])
+            types = types if types is not None else elem_types(model, lenient=True)
+            if types.get(node.input[0]) == TensorProto.DOUBLE and text_attribute(node, "mode", "constant") != "constant":
+                missing.setdefault(f"Pad in {text_attribute(node, 'mode', 'constant')!r} mode over float64 values (its training "
+                                   "form, a Concat, has no float64 gradient kernel)", []).append(
+                                       node.name or f"{node.op_type}#{i}")
+                continue
         what = untrainable_form(node, consts, rank) if known else node.op_type
         if what:
             missing.setdefault(what, []).append(node.name or f"{node.op_type}#{i}")

@@ -57,7 +57,12 @@ from onnx import helper, numpy_helper
 
 from ortrain.errors import OrtrainError, UnsupportedOpError
 from ortrain.graph.builder import FreshNames
-from ortrain.graph.gradient_ops import DEFAULT_RECURRENT_ACTIVATIONS, ceil_last_start, pool_attributes
+from ortrain.graph.gradient_ops import (
+    DEFAULT_RECURRENT_ACTIVATIONS,
+    ceil_last_start,
+    pad_plan,
+    pool_attributes,
+)
 from ortrain.graph.layer_forms import conv_with_explicit_pads
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import (
@@ -65,16 +70,17 @@ from ortrain.graph.passes import (
     attribute,
     elem_types,
     inferred_shapes,
+    int64_constants,
     replace_nodes,
     subgraphs,
     text_attribute,
 )
 from ortrain.graph.sequences import split_to_sequence_as_split
-from ortrain.graph.shapes import Shapes
+from ortrain.graph.shapes import Shapes, folded_value
 
 __all__ = ["repair", "sum_to_add", "layernorm_with_statistics", "batchnorm_inference_form",
            "dropout_with_training_input", "gelu_tanh_as_arithmetic", "activations_as_arithmetic",
-           "dilated_same_conv_with_pads", "split_outputs_named", "comparisons_widened", "split_sizes_given", "read_as_scalars"]
+           "dilated_same_conv_with_pads", "split_outputs_named", "comparisons_widened", "refuse_pads_past_their_rows", "split_sizes_given", "read_as_scalars"]
 
 
 def read_as_scalars(model: onnx.ModelProto, names: list[str]) -> None:
@@ -694,6 +700,34 @@ def empty_reductions_as_identity(model: onnx.ModelProto) -> tuple[onnx.ModelProt
 _ELEMENTWISE_PART = {"ReduceSum": "Identity", "ReduceMean": "Identity", "ReduceMax": "Identity",
                      "ReduceMin": "Identity", "ReduceProd": "Identity", "ReduceLogSumExp": "Identity",
                      "ReduceSumSquare": "Mul"}
+
+
+def refuse_pads_past_their_rows(model: onnx.ModelProto) -> None:
+    """Refuse a ``Pad`` in ``reflect`` mode by as many rows as its (known) axis has, or more, or in
+    ``wrap`` mode by more: onnxruntime 1.19.2's kernel reads past its input there (values from
+    memory, changing from run to run), where PyTorch and current onnxruntime refuse a reflect pad,
+    and the specification repeats rows again for a wrap."""
+    reflecting = [n for n in model.graph.node if n.op_type == "Pad" and text_attribute(n, "mode", "constant")
+                  in ("reflect", "wrap")]
+    if not reflecting:
+        return
+    shapes = Shapes(model)
+    consts = int64_constants(model)
+    for node in reflecting:
+        shape = shapes.shape(node.input[0])
+        plan = pad_plan(node, lambda name: consts[name] if name in consts else folded_value(model, name),
+                        None if shape is None else len(shape))
+        if plan is None or shape is None:
+            continue
+        mode = text_attribute(node, "mode", "constant")
+        for axis, ((b, e), size) in enumerate(zip(plan, shape)):
+            most = (size - 1 if mode == "reflect" else size) if type(size) is int else None
+            if most is not None and max(b, e) > most:
+                raise UnsupportedOpError(
+                    f"Pad node {node.name or node.output[0]!r} pads axis {axis} (size {size}) by {max(b, e)} in "
+                    f"{mode!r} mode, which repeats at most {most} rows there; onnxruntime 1.19.2 reads past the "
+                    "input for it (PyTorch and current onnxruntime refuse it). Pad less, or in 'edge' or 'constant' "
+                    "mode")
 
 
 _COMPARISONS = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")

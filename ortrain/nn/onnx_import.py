@@ -50,7 +50,12 @@ from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.opsets import upgrade_opset
 from ortrain.graph.passes import all_nodes, attribute, node_inputs, subgraphs
-from ortrain.graph.repairs import batchnorm_inference_form, read_as_scalars, repair
+from ortrain.graph.repairs import (
+    batchnorm_inference_form,
+    read_as_scalars,
+    refuse_pads_past_their_rows,
+    repair,
+)
 
 __all__ = ["canonical_forward", "from_onnx", "reassign_roles"]
 
@@ -980,6 +985,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _check_data_inputs(proto, data)
     _warn_batch_not_first(proto, data)
     proto, _ = repair(proto)
+    refuse_pads_past_their_rows(proto)
     _seed_random_ops(proto)
     _warn_random_outside_training(proto)
     _normal_epsilons(proto)
