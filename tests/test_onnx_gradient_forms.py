@@ -1132,7 +1132,7 @@ def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False, training=Fa
 
 @pytest.mark.parametrize("form", ["upsample_avg_pool", "upsample_adaptive", "upsample_bilinear", "upsample_ceil_pool",
                                   "reshape_avg_pool", "dynamo_mean_ceil_pool", "group_norm_after_dropped_window",
-                                  "training_export_resize_after_dropped_window"])
+                                  "training_export_resize_after_dropped_window", "dynamo_view_ceil_pool"])
 def test_sizes_the_exporters_computations_hide_from_onnxs_inference(tmp_path, form):
     # After an Upsample (computed Resize sizes), a reshape(x.shape[0], 2, -1) or the dynamo exporter's
     # mean(-1, keepdim=True) (its axes a Reshape of a constant), onnx's inference lost every size:
@@ -1170,6 +1170,14 @@ def test_sizes_the_exporters_computations_hide_from_onnxs_inference(tmp_path, fo
         def forward(self, x):
             h = self.p(self.l(x))
             return (self.g(h) + h).flatten(1)
+    class Viewed(nn.Module):  # the dynamo exporter declares the view's sizes, which onnx cannot follow: refused
+        def __init__(self):
+            super().__init__()
+            self.p, self.l = nn.MaxPool2d(2, 2, padding=1, ceil_mode=True), nn.Linear(18, 3)
+
+        def forward(self, x):
+            return self.l(self.p(x.view(x.size(0), 2, 5, 5)).flatten(1))
+
     class Resized(nn.Module):  # a training-mode export concatenates the resize's scales: fit asked for (4, 60)
         def __init__(self):
             super().__init__()
@@ -1187,7 +1195,8 @@ def test_sizes_the_exporters_computations_hide_from_onnxs_inference(tmp_path, fo
                   "upsample_ceil_pool": (nn.Sequential(*up, nn.MaxPool2d(3, 2, 1, ceil_mode=True)), (4, 1, 5, 5)),
                   "reshape_avg_pool": (Reshaped(), (4, 1, 6)), "dynamo_mean_ceil_pool": (MeanAdded(), (4, 1, 6)),
                   "group_norm_after_dropped_window": (Normed(), (4, 1, 1, 3)),
-                  "training_export_resize_after_dropped_window": (Resized(), (4, 2, 4, 3))}[form]
+                  "training_export_resize_after_dropped_window": (Resized(), (4, 2, 4, 3)),
+                  "dynamo_view_ceil_pool": (Viewed(), (4, 50))}[form]
     _one_step_of_an_export_matches_torch(net, torch.randn(*shape), tmp_path / "m.onnx", dynamo=form.startswith("dynamo"),
                                          training=form.startswith("training"))
 
