@@ -146,7 +146,7 @@ def _write(directory: Path, key: str, fg: ForwardGraph, loss: losses.Loss, opt: 
            weighting: str | None, weights_sha256: str) -> None:
     _check_trainable(fg)
     lm, io = loss_model(fg, loss, weighting)
-    lm = for_training(lm, run=engine.run_model)
+    lm = for_training(lm, run=engine.run_model, trainable=fg.names("trainable"))
     frozen = fg.names("frozen") + fg.names("buffer")
     # onnx.checker validates what ortrain writes itself (the loss model here, the optimizer graph,
     # forward.onnx); the gradient graphs come from onnxruntime-training and hold its own training

@@ -482,6 +482,28 @@ def test_an_average_pool_with_dilations_is_refused_by_name(rng):
         ot.Trainer(m, batch_size=2)
 
 
+@pytest.mark.parametrize("pool", ["3-D", "dilated", "channels unknown"])
+def test_an_average_pool_no_gradient_reaches_keeps_its_op_and_the_weights_after_it_train(rng, pool):
+    # refused for training as a form ortrain cannot write, even with nothing trainable before it (and
+    # the advice, freeze the weights before it, did not help)
+    torch = torch_or_skip()
+    F = torch.nn.functional
+    if pool == "3-D":
+        attrs, shape, out = {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}, (2, 4, 4, 4), [2, 2, 2, 2]
+        ref = lambda x: F.avg_pool3d(x, 2)  # noqa: E731
+    elif pool == "dilated":
+        attrs, shape, out = {"kernel_shape": [2], "dilations": [2]}, (3, 5), [3, 3]
+        ref = lambda x: (x[..., :-2] + x[..., 2:]) / 2  # noqa: E731
+    else:
+        attrs, shape, out = {"kernel_shape": [2, 2], "strides": [2, 2]}, (2, 4, 4), [2, 2, 2]
+        ref = lambda x: F.avg_pool2d(x, 2)  # noqa: E731
+    w = rng.standard_normal(out[-1]).astype(np.float32)
+    nodes = [_node("AveragePool", ["x"], "p", **attrs), _node("Mul", ["p", "w"], "out")]
+    in_shape = ["C", *shape[1:]] if pool == "channels unknown" else None
+    _one_sgd_step_matches_torch(nodes, _x(*shape), out, {"w": w}, lambda x, t: ref(x) * t["w"], in_shape=in_shape,
+                                opset=19 if pool == "dilated" else 17)
+
+
 def test_a_recurrent_layer_with_sequence_lengths_is_refused_at_import(rng):
     # its gradient kernel fails at the first step ("onnxruntime could not run the training step")
     h = 3

@@ -67,11 +67,12 @@ from ortrain.graph.upsampling_forms import (
 __all__ = ["FORMS", "for_training", "gradient_forms"]
 
 
-def for_training(model: onnx.ModelProto, run=None) -> onnx.ModelProto:
+def for_training(model: onnx.ModelProto, run=None, trainable=None) -> onnx.ModelProto:
     """Rewrites that only the training and eval graphs need (the exported model is left alone).
     ``run`` runs a small model in onnxruntime, for the forms that read the runtime's arithmetic
-    off it (``Resize``); without it, a model holding such an op is refused."""
-    return name_batch_dimension(gradient_forms(average_pool_as_conv(model), run))
+    off it (``Resize``); without it, a model holding such an op is refused. ``trainable``: the
+    weights that train, where known (an average pool no gradient reaches keeps its op)."""
+    return name_batch_dimension(gradient_forms(average_pool_as_conv(model, trainable), run))
 
 
 # Each rewrite: (node, its index, a prefix for new names, the graph) -> (nodes, initializers)

@@ -166,7 +166,7 @@ def replace_nodes(model: onnx.ModelProto, match, expand, constants=()) -> onnx.M
     return out
 
 
-def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
+def average_pool_as_conv(model: onnx.ModelProto, trainable=None) -> onnx.ModelProto:
     """Rewrite 1-D and 2-D AveragePool nodes as a depthwise Conv with constant weights.
 
     onnxruntime-training 1.19.2's CPU ``AveragePoolGrad`` sizes its output from the
@@ -177,7 +177,8 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     height of 1). It needs the channels; the spatial sizes only where windows differ in size
     (``ceil_mode``, ``auto_pad`` SAME, padding not counted). Only the training and eval graphs
     get this form; exported models keep AveragePool. A pool this rewrite cannot express is
-    refused rather than left to crash the process.
+    refused rather than left to crash the process, unless no gradient reaches it: its input computed
+    from none of the ``trainable`` weights (where given), it keeps its op and runs forward only.
     """
     def is_pool(n) -> bool:
         return n.op_type == "AveragePool"
@@ -185,8 +186,22 @@ def average_pool_as_conv(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(is_pool(n) for n in model.graph.node):
         return model
     inferred = inferred_shapes(model) or model
+    trained = None
+    if trainable is not None:  # the values a gradient can reach: those computed from a trainable weight
+        trained = set(trainable)
+        for n in model.graph.node:
+            if any(i in trained for i in node_inputs(n)):
+                trained.update(o for o in n.output if o)
 
     def as_conv(i, node):
+        try:
+            return _as_conv(i, node)
+        except UnsupportedOpError:
+            if trained is not None and node.input[0] not in trained:
+                return [node], []
+            raise
+
+    def _as_conv(i, node):
         shape = _shape_of(inferred, node.input[0])
         if any(d != 1 for d in attribute(node, "dilations", [])):
             _refuse_pool(node, i, f"it has dilations {list(attribute(node, 'dilations', []))}, and ortrain trains "
