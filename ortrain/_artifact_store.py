@@ -94,8 +94,9 @@ def _publish_lock(target: Path):
     """
     why = not_a_folder(target)
     if why is not None and _in_cache(target):
+        fix = "make it searchable" if why.startswith("cannot be reached") else "remove that file"
         raise OrtrainError(f"the artifact cache {str(cache_dir())!r} cannot hold an entry at {str(target)!r}, which "
-                           f"{why}; remove that file, or choose another cache with ot.artifacts.set_cache_dir(path) "
+                           f"{why}; {fix}, or choose another cache with ot.artifacts.set_cache_dir(path) "
                            "or XDG_CACHE_HOME")
     if why is not None:
         raise OrtrainError(f"out_dir: {str(target)!r} {why}; artifacts need a directory, choose another path")

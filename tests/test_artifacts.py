@@ -453,6 +453,17 @@ def test_a_file_where_a_cache_entry_goes_names_the_cache(tmp_path):
     assert entry.is_file() and model.train_state is None
 
 
+def test_a_cache_that_cannot_be_searched_is_said_so(monkeypatch):
+    # the advice was "remove that file", where the cache is a folder this process may not search (played
+    # by not_a_folder itself: tests may run with the right to search any folder)
+    from ortrain import _artifact_store as store_mod
+    monkeypatch.setattr(store_mod, "not_a_folder", lambda target: "cannot be reached (Permission denied)")
+    with pytest.raises(ot.OrtrainError, match=r"the artifact cache '.*' cannot hold an entry at '.*', which cannot be "
+                                              r"reached \(Permission denied\); make it searchable, or choose another "
+                                              r"cache"):
+        ot.artifacts.build(dense_model(3, 2), loss="mse", optimizer="adam")
+
+
 def test_a_loaded_record_and_a_build_record_outlive_a_change_of_directory(tmp_path, monkeypatch):
     # a record of artifacts.load("relative") failed after os.chdir with "does not exist (moved or deleted?)"
     monkeypatch.chdir(tmp_path)

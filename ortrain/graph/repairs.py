@@ -741,8 +741,9 @@ def refuse_pads_past_their_rows(model: onnx.ModelProto) -> None:
                 raise UnsupportedOpError(
                     f"Pad node {node.name or node.output[0]!r} pads axis {axis} (size {size}) by {max(b, e)} in "
                     f"{mode!r} mode, which repeats at most {most} rows there; onnxruntime 1.19.2 reads past the "
-                    "input for it (PyTorch and current onnxruntime refuse it). Pad less, or in 'edge' or 'constant' "
-                    "mode")
+                    "input for it (" + ("PyTorch and current onnxruntime refuse it" if mode == "reflect" else
+                                        "the specification wraps around again") +
+                    "). Pad less, or in 'edge' or 'constant' mode")
 
 
 _COMPARISONS = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
