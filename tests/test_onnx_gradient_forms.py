@@ -1237,6 +1237,21 @@ def test_a_ceil_mode_pool_after_one_that_drops_a_window_is_planned_on_the_sizes_
     np.testing.assert_allclose(m.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("size", [(5, 6), (8, 6)])
+def test_two_ceil_mode_pools_of_a_file_saved_with_onnxs_inferred_sizes_match_torch(size):
+    # the sizes onnx's inference saved with the file keep the first pool's dropped window; once that pool
+    # was rewritten they were trusted for the second one: (1, 1, 2, 2) where PyTorch gives (1, 1, 1, 2)
+    torch = torch_or_skip()
+    pool = {"kernel_shape": [3, 4], "strides": [3, 3], "pads": [1, 1, 1, 1], "ceil_mode": 1, "count_include_pad": 1}
+    proto = model([_node("AveragePool", ["x"], "p", **pool), _node("Relu", ["p"], "r"),
+                   _node("AveragePool", ["r"], "out", **pool)], [vi("x", ["N", 1, *size])], [vi("out", None)])
+    proto = onnx.shape_inference.infer_shapes(proto)
+    x = np.random.default_rng(0).standard_normal((2, 1, *size)).astype(np.float32)
+    p = torch.nn.AvgPool2d((3, 4), 3, 1, ceil_mode=True, count_include_pad=True)
+    np.testing.assert_allclose(ot.from_onnx(proto).predict(x), p(torch.relu(p(torch.from_numpy(x)))).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_a_max_pool_window_of_padding_alone_is_refused_before_training(tmp_path):
     # onnxruntime-training's gradient of such a window wrote outside its buffer: a segfault, or "double
     # free or corruption" later in the process

@@ -51,9 +51,9 @@ def _keep_asymmetric(model: onnx.ModelProto, outputs: dict[str, bytes | None]) -
     sampling: onnx's converter keeps only the mode, and opset 11 reads a missing coordinate mode as ``half_pixel`` (a linear resize
     of a row of 0..3 by 2 was ``0 .25 .75 ...`` where onnxruntime computes ``0 .5 1 ...``)."""
     resizes = [n for n in model.graph.node if n.op_type == "Resize" and n.output]
-    # by name, or in order where the converter renamed the outputs (it does for Upsample of opset 9)
-    # and made one Resize of each node
-    by_order = len(resizes) == len(outputs) and not any(n.output[0] in outputs for n in resizes)
+    # in order where the converter made one Resize of each node (it renames some outputs: an Upsample
+    # of opset 9 read by another node), else by name
+    by_order = len(resizes) == len(outputs)
     for k, node in enumerate(resizes):
         sampled = list(outputs.values())[k] if by_order else outputs.get(node.output[0])
         if sampled is not None:

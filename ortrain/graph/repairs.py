@@ -521,7 +521,7 @@ def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
     done, count = set(), 0
     while True:
         planning = copy.deepcopy(model)
-        _sizes_after_pools_dropped(planning, candidate)
+        _sizes_after_pools_dropped(planning)
         shapes, target = Shapes(planning), None
         for node in planning.graph.node:
             if candidate(node) and node.output[0] not in done:
@@ -535,19 +535,20 @@ def ceil_pools_in_spec_form(model: onnx.ModelProto) -> tuple[onnx.ModelProto, in
         name, plan = target
         model = replace_nodes(model, lambda n, name=name: candidate(n) and n.output[0] == name,
                               lambda i, n, plan=plan: rewrite(i, n, plan))
-        _sizes_after_pools_dropped(model, candidate)  # sizes inferred with the window kept, after it
+        _sizes_after_pools_dropped(model)  # sizes inferred with the window kept, after it
         count += 1
     return (_output_sizes_after_pools(model) if count else model), count
 
 
-def _sizes_after_pools_dropped(model: onnx.ModelProto, pool) -> None:
+def _sizes_after_pools_dropped(model: onnx.ModelProto) -> None:
     """Drop the sizes ``model`` declares (its value_info) for values computed from the output of a
-    node ``pool`` picks, which an exporter inferred with the window the specification drops; those
-    before every such pool stay (a dynamo export's ``view(x.size(0), 2, 5, 5)``, whose sizes onnx's
-    own inference cannot follow through the computed shape)."""
+    pool, which an exporter (or onnx's inference, saved with the file) may have inferred with a
+    window the specification drops, also after a pool already rewritten; those before every pool
+    stay (a dynamo export's ``view(x.size(0), 2, 5, 5)``, whose sizes onnx's own inference cannot
+    follow through the computed shape)."""
     after = set()
     for node in model.graph.node:  # topological order
-        if pool(node) or any(i in after for i in node_inputs(node)):
+        if node.op_type in ("MaxPool", "AveragePool") or any(i in after for i in node_inputs(node)):
             after.update(o for o in node.output if o)
     kept = [v for v in model.graph.value_info if v.name not in after]
     del model.graph.value_info[:]
