@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ortrain.graph.passes import BROADCASTING, attribute, int64_constants
+from ortrain.graph.passes import BROADCASTING, _small_constants_folded, attribute, int64_constants
 from ortrain.graph.shapes import folded_value
 
 __all__ = ["free_batch_dimension", "free_output_dimensions"]
@@ -186,9 +186,39 @@ def free_output_dimensions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, lis
     return (out, changed) if out is not None else (model, [])
 
 
-def _outputs_at(model: onnx.ModelProto, size: int) -> list | None:
+def free_output_batch(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """Declare free the first dimension of an output that the file declares fixed while every data
+    input's batch is free, where onnx's inference finds it follows the batch or cannot find it;
+    returns the model and the outputs changed. TorchScript's exporter declares an output it was not
+    told is dynamic with the example's batch (``[2, 3]`` for inputs ``[batch, 32]``): predictions ran
+    at any batch, but the loss's labels took the 2 (fit refused 4 rows with the runtime's message).
+    An output whose batch the graph fixes (a ``Reshape`` to ``[2, -1]``) keeps it."""
+    weights = {t.name for t in model.graph.initializer}
+    data = [vi for vi in model.graph.input if vi.name not in weights]
+    if not data or any(isinstance((_dims(vi) or [1])[0], int) for vi in data) or \
+            not any(isinstance((_dims(o) or [None])[0], int) for o in model.graph.output):
+        return model, []
+    found = [_outputs_at(model, 5, batch) for batch in (4, 6)]
+    if found[0] is None or found[1] is None:
+        return model, []
+    out, changed = None, []
+    for i, declared in enumerate(model.graph.output):
+        want, a, b = _dims(declared), found[0][i], found[1][i]
+        if not want or not isinstance(want[0], int):
+            continue
+        if a and b and isinstance(a[0], int) and a[0] == b[0]:
+            continue  # the graph fixes it
+        out = out or copy.deepcopy(model)
+        out.graph.output[i].type.tensor_type.shape.dim[0].Clear()
+        out.graph.output[i].type.tensor_type.shape.dim[0].dim_param = "batch"
+        changed.append(declared.name)
+    return (out, changed) if out is not None else (model, [])
+
+
+def _outputs_at(model: onnx.ModelProto, size: int, batch: int = 2) -> list | None:
     """The outputs' dimensions by onnx's shape inference with every free input dimension (the
-    batch at 2) set to ``size``; None when inference fails."""
+    batch at ``batch``) set to ``size``, after folding the small values the graph computes from
+    constants alone; None when inference fails."""
     probe = copy.deepcopy(model)
     del probe.graph.value_info[:]
     for vi in probe.graph.output:
@@ -197,9 +227,9 @@ def _outputs_at(model: onnx.ModelProto, size: int) -> list | None:
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
             if not d.HasField("dim_value"):
                 d.Clear()
-                d.dim_value = 2 if axis == 0 else size
+                d.dim_value = batch if axis == 0 else size
     try:
-        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(_small_constants_folded(probe), data_prop=True)
     except Exception:  # what the file declares stands; onnxruntime has the last word
         return None
     return [_dims(vi) for vi in inferred.graph.output]

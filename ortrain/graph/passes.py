@@ -454,7 +454,8 @@ def inferred_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return None
 
 
-_FOLDED_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Concat", "Identity", "Cast")
+_FOLDED_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Concat", "Identity", "Cast", "Add", "Sub", "Mul", "Div", "Mod",
+               "Neg")
 
 
 def _small_float_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -504,6 +505,19 @@ def _fold(node: onnx.NodeProto, values: list) -> np.ndarray | None:
         return x.astype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
     if node.op_type == "Concat":
         return np.concatenate([v for v in values if v is not None], axis=attrs.get("axis", 0))
+    if node.op_type == "Neg":
+        return -x
+    if node.op_type in ("Add", "Sub", "Mul", "Div", "Mod"):  # the sizes TorchScript computes (unflatten's Mod)
+        a, b = np.asarray(x), np.asarray(values[1])
+        if a.dtype != b.dtype:
+            return None
+        if a.dtype.kind in "iu" and node.op_type in ("Div", "Mod") and (b == 0).any():
+            return None
+        if node.op_type == "Div" and a.dtype.kind in "iu":  # integer division truncates, as onnxruntime's
+            return (np.abs(a) // np.abs(b) * np.sign(a) * np.sign(b)).astype(a.dtype)
+        if node.op_type == "Mod":  # the divisor's sign (fmod=0, integers only), or the dividend's (fmod=1)
+            return np.fmod(a, b) if attrs.get("fmod", 0) else (np.mod(a, b) if a.dtype.kind in "iu" else None)
+        return {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[node.op_type](a, b)
     if node.op_type == "Reshape":
         shape = [int(d) for d in values[1]]
         if not attrs.get("allowzero", 0):

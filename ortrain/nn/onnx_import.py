@@ -44,7 +44,7 @@ from ortrain._names import picked
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, UnsupportedOpError
 from ortrain.graph import check_model
-from ortrain.graph.batch_dimension import free_batch_dimension, free_output_dimensions
+from ortrain.graph.batch_dimension import free_batch_dimension, free_output_batch, free_output_dimensions
 from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
@@ -993,6 +993,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _warn_computed_statistics(proto)
     proto, _ = free_batch_dimension(proto, data)
     proto, _ = free_output_dimensions(proto)
+    proto, _ = free_output_batch(proto)
     check_model(proto, "imported model")
     _check_runtime_kernels(proto)
     fg = canonical_forward(proto, trainable, frozen, stash, order, folded, buffers, tensors_of_torch)
