@@ -796,12 +796,14 @@ def test_a_comparison_of_a_type_the_runtime_cannot_compare_predicts_trains_and_e
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], model.predict(x), rtol=1e-6)
 
 
-@pytest.mark.parametrize("form", ["declared", "unflatten"])
-def test_an_output_declared_with_the_examples_batch_trains_at_any_batch(rng, form):
+@pytest.mark.parametrize("form, width", [("declared", 3), ("unflatten", 3), ("unflatten", 300)])
+def test_an_output_declared_with_the_examples_batch_trains_at_any_batch(rng, form, width):
     # TorchScript declares an output it was not told is dynamic with the example's batch ([2, 3] for inputs
     # [batch, 8]): predict ran at 4 rows, but fit refused them with the runtime's message ("ortrain.label
-    # ... Got: 4 Expected: 2"); unflatten's sizes come through a Mod of constants, which onnx cannot follow
-    w = _f32(rng, 4, 3)
+    # ... Got: 4 Expected: 2"); unflatten's sizes come through a Mod of constants and a Slice of the input's
+    # shape, which onnx's inference cannot follow: a run on zeros tells (also with a weight large enough
+    # to be kept out of the graph while importing, 4 x 300)
+    w = _f32(rng, 4, width)
     i64 = lambda n, v: numpy_helper.from_array(np.array(v, np.int64), n)  # noqa: E731
     if form == "declared":
         nodes, inits = [helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")]
@@ -816,20 +818,35 @@ def test_an_output_declared_with_the_examples_batch_trains_at_any_batch(rng, for
                  helper.make_node("MatMul", ["h", "w"], ["y"])]
         inits = [numpy_helper.from_array(w, "w"), i64("one", [1]), i64("two", [2]), i64("zero", [0]),
                  i64("big", [2 ** 62]), i64("parts", [2, 4])]
-    proto = _model(nodes, [_vi("x", ["batch", 4 if form == "declared" else 8])], [_vi("y", [2, 3])], inits)
+    proto = _model(nodes, [_vi("x", ["batch", 4 if form == "declared" else 8])], [_vi("y", [2, width])], inits)
     model = ot.from_onnx(proto)
     x = _f32(rng, 4, 4 if form == "declared" else 8)
     h = x if form == "declared" else x.reshape(4, 2, 4).sum(1)
-    y = np.zeros((4, 3), np.float32)
+    y = np.zeros((4, width), np.float32)
     model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
     model.fit(x, y, batch_size=4, verbose=0)
     np.testing.assert_allclose(model.get_weights()[0], w - 0.1 * 2 * h.T @ (h @ w - y) / y.size, rtol=1e-5, atol=1e-6)
 
 
 def test_an_output_whose_batch_the_graph_fixes_keeps_it(rng):
-    # a Reshape to [2, -1] fixes the rows whatever the input's: the declared 2 stays
-    i64 = numpy_helper.from_array(np.array([2, -1], np.int64), "two_rows")
-    proto = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "two_rows"], ["y"])],
-                   [_vi("x", ["batch", 4])], [_vi("y", [2, 6])], [numpy_helper.from_array(_f32(rng, 4, 3), "w"), i64])
+    # a Reshape to [2, -1] fixes the rows whatever the input's; a mean over the rows expanded to a shape
+    # onnx's inference cannot follow keeps one row (declaring it free let fit broadcast it over the targets)
+    from ortrain.engine.inference import run_model
     from ortrain.graph.batch_dimension import free_output_batch
-    assert free_output_batch(proto) == (proto, [])
+    w = numpy_helper.from_array(_f32(rng, 4, 3), "w")
+    two_rows = numpy_helper.from_array(np.array([2, -1], np.int64), "two_rows")
+    proto = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "two_rows"], ["y"])],
+                   [_vi("x", ["batch", 4])], [_vi("y", [2, 6])], [w, two_rows])
+    assert free_output_batch(proto, ["x"], run=run_model) == (proto, [])
+    i64 = {n: numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+           {"zero": [0], "one": [1], "three": [3]}.items()}
+    proto = _model([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                    helper.make_node("ReduceMean", ["h"], ["m"], axes=[0], keepdims=1),
+                    helper.make_node("Shape", ["x"], ["s"], end=1), helper.make_node("Mul", ["s", "zero"], ["none"]),
+                    helper.make_node("Max", ["none", "one"], ["rows"]),  # 1, by a Max inference cannot follow
+                    helper.make_node("Concat", ["rows", "three"], ["shape"], axis=0),
+                    helper.make_node("Expand", ["m", "shape"], ["y"])],
+                   [_vi("x", ["batch", 4])], [_vi("y", [1, 3])], [w, *i64.values()], opset=15)
+    from ortrain.graph.batch_dimension import _outputs_at
+    assert not isinstance(_outputs_at(proto, 5, 4)[0][0], int)  # (the case: inference cannot tell)
+    assert free_output_batch(proto, ["x"], run=run_model) == (proto, [])

@@ -186,33 +186,67 @@ def free_output_dimensions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, lis
     return (out, changed) if out is not None else (model, [])
 
 
-def free_output_batch(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """Declare free the first dimension of an output that the file declares fixed while every data
-    input's batch is free, where onnx's inference finds it follows the batch or cannot find it;
-    returns the model and the outputs changed. TorchScript's exporter declares an output it was not
-    told is dynamic with the example's batch (``[2, 3]`` for inputs ``[batch, 32]``): predictions ran
-    at any batch, but the loss's labels took the 2 (fit refused 4 rows with the runtime's message).
-    An output whose batch the graph fixes (a ``Reshape`` to ``[2, -1]``) keeps it."""
-    weights = {t.name for t in model.graph.initializer}
-    data = [vi for vi in model.graph.input if vi.name not in weights]
+def free_output_batch(model: onnx.ModelProto, data_inputs: list[str], run=None) -> tuple[onnx.ModelProto, list[str]]:
+    """Declare free the first dimension of an output that the file declares fixed while the batch of
+    every data input (``data_inputs``) is free, where it follows the batch: by onnx's inference, or
+    where that cannot follow it, by the rows of a run at two batch sizes on zeros (``run(model,
+    feeds) -> outputs``, where given); returns the model and the outputs changed. TorchScript's
+    exporter declares an output it was not told is dynamic with the example's batch (``[2, 3]`` for
+    inputs ``[batch, 32]``): predictions ran at any batch, but the loss's labels took the 2 (fit
+    refused 4 rows with the runtime's message). An output whose rows the graph fixes (a ``Reshape``
+    to ``[2, -1]``, a mean over the batch) keeps them, and so does every output where neither
+    inference nor a run tells."""
+    data = [vi for vi in model.graph.input if vi.name in set(data_inputs)]
     if not data or any(isinstance((_dims(vi) or [1])[0], int) for vi in data) or \
             not any(isinstance((_dims(o) or [None])[0], int) for o in model.graph.output):
         return model, []
-    found = [_outputs_at(model, 5, batch) for batch in (4, 6)]
+    sizes = (4, 6)
+    found = [_outputs_at(model, 5, batch) for batch in sizes]
     if found[0] is None or found[1] is None:
         return model, []
+    ran, tried = None, False
     out, changed = None, []
     for i, declared in enumerate(model.graph.output):
         want, a, b = _dims(declared), found[0][i], found[1][i]
         if not want or not isinstance(want[0], int):
             continue
-        if a and b and isinstance(a[0], int) and a[0] == b[0]:
-            continue  # the graph fixes it
+        rows = (a[0], b[0]) if a and b else (None, None)
+        if not all(isinstance(r, int) for r in rows) and run is not None:  # inference cannot follow them
+            if not tried:
+                ran, tried = _rows_at_run_time(model, set(data_inputs), sizes, run), True
+            rows = tuple(r[i] for r in ran) if ran else rows
+        if rows != sizes:
+            continue  # fixed by the graph, or not known to follow the batch: as declared
         out = out or copy.deepcopy(model)
         out.graph.output[i].type.tensor_type.shape.dim[0].Clear()
         out.graph.output[i].type.tensor_type.shape.dim[0].dim_param = "batch"
         changed.append(declared.name)
     return (out, changed) if out is not None else (model, [])
+
+
+def _rows_at_run_time(model: onnx.ModelProto, data: set[str], sizes, run) -> list | None:
+    """The outputs' rows (``[batch][output]``) in a run of ``model`` on zeros at each batch size of
+    ``sizes`` (other free data dimensions at 5, other inputs, such as weights kept out of the graph,
+    at their declared shapes); None where a run fails or an input's shape is not known."""
+    weights = {t.name for t in model.graph.initializer}
+    found = []
+    for batch in sizes:
+        feeds = {}
+        for vi in model.graph.input:
+            dims = _dims(vi)
+            if vi.name in weights:
+                continue
+            if dims is None or (vi.name not in data and not all(isinstance(d, int) for d in dims)):
+                return None
+            shape = [batch if k == 0 and vi.name in data else d if isinstance(d, int) else 5
+                     for k, d in enumerate(dims)]
+            feeds[vi.name] = np.zeros(shape, onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+        try:
+            outputs = run(model, feeds)
+        except Exception:  # noqa: BLE001 - zeros the graph refuses: what the file declares stands
+            return None
+        found.append([np.shape(o)[0] if np.ndim(o) else None for o in outputs])
+    return found
 
 
 def _outputs_at(model: onnx.ModelProto, size: int, batch: int = 2) -> list | None:
