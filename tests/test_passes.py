@@ -277,3 +277,28 @@ def test_where_operands_are_widened_only_where_a_gradient_may_be_broadcast():
     assert gradient_forms(masked) is masked
     widened = gradient_forms(where_model("w"))
     assert [n.op_type for n in widened.graph.node].count("Expand") == 2   # over the mask's shape, then the fill's
+
+
+@pytest.mark.parametrize("op, attrs, dtype", [
+    (op, attrs, dtype) for op, attrs in [("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("Mod", {}),
+                                         ("Mod", {"fmod": 1}), ("Neg", {})]
+    for dtype in (np.int64, np.int32, np.float32) if not (op == "Mod" and not attrs and dtype is np.float32)])
+def test_small_constants_are_folded_as_onnxruntime_computes_them(op, attrs, dtype):
+    # the folder feeds onnx's shape inference (a TorchScript unflatten's sizes come through a Mod): an integer
+    # Div truncates and Mod takes the divisor's sign, as onnxruntime's kernels do (ONNX takes fmod=0 for
+    # integers only)
+    import onnxruntime as ort
+
+    from ortrain.graph.passes import _fold
+    a = np.array([7, -7, 6, -6, 0, 5], dtype)
+    b = np.array([2, 2, -4, -4, 3, -3], dtype)
+    inputs = ["a"] if op == "Neg" else ["a", "b"]
+    node = helper.make_node(op, inputs, ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(
+        np.dtype(dtype)), None)], [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b")])
+    want = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {})[0]
+    got = _fold(node, [a] if op == "Neg" else [a, b])
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    assert _fold(helper.make_node("Div", ["a", "b"], ["y"]), [a, np.zeros_like(b)]) is None  # left to the runtime
