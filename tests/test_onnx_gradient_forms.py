@@ -1154,7 +1154,8 @@ def _one_step_of_an_export_matches_torch(net, x, path, dynamo=False, training=Fa
 
 @pytest.mark.parametrize("form", ["upsample_avg_pool", "upsample_adaptive", "upsample_bilinear", "upsample_ceil_pool",
                                   "reshape_avg_pool", "dynamo_mean_ceil_pool", "group_norm_after_dropped_window",
-                                  "training_export_resize_after_dropped_window", "dynamo_view_ceil_pool"])
+                                  "training_export_resize_after_dropped_window", "dynamo_view_ceil_pool",
+                                  "reflect_pad_ceil_pool"])
 def test_sizes_the_exporters_computations_hide_from_onnxs_inference(tmp_path, form):
     # After an Upsample (computed Resize sizes), a reshape(x.shape[0], 2, -1) or the dynamo exporter's
     # mean(-1, keepdim=True) (its axes a Reshape of a constant), onnx's inference lost every size:
@@ -1218,7 +1219,10 @@ def test_sizes_the_exporters_computations_hide_from_onnxs_inference(tmp_path, fo
                   "reshape_avg_pool": (Reshaped(), (4, 1, 6)), "dynamo_mean_ceil_pool": (MeanAdded(), (4, 1, 6)),
                   "group_norm_after_dropped_window": (Normed(), (4, 1, 1, 3)),
                   "training_export_resize_after_dropped_window": (Resized(), (4, 2, 4, 3)),
-                  "dynamo_view_ceil_pool": (Viewed(), (4, 50))}[form]
+                  "dynamo_view_ceil_pool": (Viewed(), (4, 50)),
+                  # TorchScript computes the pad's amounts through ConstantOfShape, a reversed Slice, Transpose
+                  "reflect_pad_ceil_pool": (nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReflectionPad2d(1),
+                                                          nn.MaxPool2d(2, 2, padding=1, ceil_mode=True)), (4, 1, 7, 7))}[form]
     _one_step_of_an_export_matches_torch(net, torch.randn(*shape), tmp_path / "m.onnx", dynamo=form.startswith("dynamo"),
                                          training=form.startswith("training"))
 

@@ -485,6 +485,16 @@ def _small_constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         if value is not None and value.dtype.kind in "iuf" and value.size <= 64:
             known[node.output[0]] = folded[i] = value
+    # a Pad's amounts TorchScript computes from constants through ops this folder does not take
+    # (ConstantOfShape, a reversed Slice, Transpose): onnx's reference evaluator folds them
+    producers = {o: k for k, n in enumerate(model.graph.node) for o in n.output}
+    for node in model.graph.node:
+        pads = node.input[1] if node.op_type == "Pad" and len(node.input) > 1 else ""
+        if pads and pads not in known and pads in producers:
+            from ortrain.graph.shapes import folded_value
+            value = folded_value(model, pads)
+            if value is not None and np.asarray(value).dtype.kind == "i":
+                known[pads] = folded[producers[pads]] = np.asarray(value, np.int64)
     if not folded:
         return model
     out = onnx.ModelProto()
