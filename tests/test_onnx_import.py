@@ -850,3 +850,30 @@ def test_an_output_whose_batch_the_graph_fixes_keeps_it(rng):
     from ortrain.graph.batch_dimension import _outputs_at
     assert not isinstance(_outputs_at(proto, 5, 4)[0][0], int)  # (the case: inference cannot tell)
     assert free_output_batch(proto, ["x"], run=run_model) == (proto, [])
+
+
+def test_a_graph_whose_run_on_zeros_may_not_end_is_not_run_to_find_its_outputs_rows():
+    # a Loop that ends once a sum of |x| reaches 1 never ends on zeros: from_onnx hung in the probe
+    from ortrain.graph.batch_dimension import _rows_at_run_time
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "inc"], ["s_out"]),
+                              helper.make_node("Less", ["s_out", "one"], ["c_out"]),
+                              helper.make_node("Identity", ["s_out"], ["scan"])], "body",
+                             [_vi("i", [], onnx.TensorProto.INT64), _vi("c", [], onnx.TensorProto.BOOL), _vi("s_in", [])],
+                             [_vi("c_out", [], onnx.TensorProto.BOOL), _vi("s_out", []), _vi("scan", [])],
+                             [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    proto = _model([helper.make_node("Abs", ["x"], ["ax"]), helper.make_node("ReduceSum", ["ax"], ["inc"], keepdims=0),
+                    helper.make_node("Loop", ["", "t", "z"], ["fin", "sc"], body=body),
+                    helper.make_node("Unsqueeze", ["sc", "ax1"], ["sc2"]), helper.make_node("Mul", ["sc2", "w"], ["y"])],
+                   [_vi("x", ["N", 3])], [_vi("y", [2, 3])],
+                   [numpy_helper.from_array(np.array(True), "t"), numpy_helper.from_array(np.array(0.0, np.float32), "z"),
+                    numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+                    numpy_helper.from_array(np.ones((1, 3), np.float32), "w")])
+
+    runs = []
+
+    def run(model, feeds):
+        runs.append(feeds)
+        raise RuntimeError("not run here")
+    assert _rows_at_run_time(proto, {"x"}, (4, 6), run) is None and runs == []
+    model = ot.from_onnx(proto)
+    assert model.predict(np.full((2, 3), 0.3, np.float32)).shape == (1, 3)  # (4 steps of 1.8 reach 1 at the first)

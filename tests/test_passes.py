@@ -302,3 +302,22 @@ def test_small_constants_are_folded_as_onnxruntime_computes_them(op, attrs, dtyp
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
     assert _fold(helper.make_node("Div", ["a", "b"], ["y"]), [a, np.zeros_like(b)]) is None  # left to the runtime
+
+
+def test_a_pads_amount_from_one_output_of_a_split_is_not_folded_into_another():
+    # the Pad's amounts were folded into a Constant named after the producer's first output, which then
+    # held the wrong part, and nothing wrote the Pad's own any more
+    from ortrain.graph.passes import _small_constants_folded
+    parts = numpy_helper.from_array(np.array([-1, 6, 0, 1, 0, 1], np.int64), "all")
+    sizes = numpy_helper.from_array(np.array([2, 4], np.int64), "sizes")
+    g = helper.make_graph([helper.make_node("Split", ["all", "sizes"], ["p0", "p1"], axis=0),
+                           helper.make_node("Pad", ["x", "p1"], ["y"], mode="reflect")], "g",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 4])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [parts, sizes])
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    folded = _small_constants_folded(proto)
+    producers = {o: n for n in folded.graph.node for o in n.output}
+    assert {"p0", "p1", "y"} <= set(producers)
+    for name, want in (("p0", [-1, 6]), ("p1", [0, 1, 0, 1])):
+        if producers[name].op_type == "Constant":
+            assert numpy_helper.to_array(producers[name].attribute[0].t).tolist() == want

@@ -224,10 +224,52 @@ def free_output_batch(model: onnx.ModelProto, data_inputs: list[str], run=None) 
     return (out, changed) if out is not None else (model, [])
 
 
+# Ops whose run on zeros may not end (a loop until a value is reached) or size a tensor from values:
+# a graph holding one is not run to find its outputs' rows
+_NOT_RUN_ON_ZEROS = frozenset({"Loop", "Scan", "If", "Range", "ConstantOfShape", "Expand", "Tile", "NonZero",
+                               "Compress", "Unique", "TopK", "OneHot", "Resize", "Upsample", "Pad", "Slice",
+                               "NonMaxSuppression", "SequenceConstruct", "SplitToSequence"})
+
+
+_ALWAYS_VALUES = frozenset({"Loop", "Scan", "If", "NonZero", "Compress", "Unique", "NonMaxSuppression",
+                            "SequenceConstruct", "SplitToSequence"})
+
+
+def _sizes_from_constants_or_shapes(model: onnx.ModelProto, node) -> bool:
+    """Whether the inputs ``node`` reads as sizes or indices (all but its first; all of a ``Range``'s
+    or ``ConstantOfShape``'s) are computed from constants and tensors' shapes alone, not from values."""
+    if node.op_type in _ALWAYS_VALUES:
+        return False
+    g = model.graph
+    fixed = {t.name for t in g.initializer}
+    producers = {o: n for n in g.node for o in n.output}
+    reads = list(node.input) if node.op_type in ("Range", "ConstantOfShape") else list(node.input[1:])
+    seen, stack = set(), [r for r in reads if r]
+    while stack:
+        name = stack.pop()
+        if name in seen or name in fixed:
+            continue
+        seen.add(name)
+        producer = producers.get(name)
+        if producer is None:  # a graph input's values
+            return False
+        if producer.op_type in ("Shape", "Size", "Constant"):
+            continue
+        if producer.op_type in _ALWAYS_VALUES:
+            return False
+        stack.extend(i for i in producer.input if i)
+    return True
+
+
 def _rows_at_run_time(model: onnx.ModelProto, data: set[str], sizes, run) -> list | None:
     """The outputs' rows (``[batch][output]``) in a run of ``model`` on zeros at each batch size of
     ``sizes`` (other free data dimensions at 5, other inputs, such as weights kept out of the graph,
-    at their declared shapes); None where a run fails or an input's shape is not known."""
+    at their declared shapes); None where a run fails or an input's shape is not known, and for a
+    graph with an op whose run on zeros could loop without end or size a tensor from the values
+    (``_NOT_RUN_ON_ZEROS``) or read a value computed from the data as a size."""
+    if any(n.op_type in _NOT_RUN_ON_ZEROS and not _sizes_from_constants_or_shapes(model, n)
+           for n in model.graph.node):
+        return None
     weights = {t.name for t in model.graph.initializer}
     found = []
     for batch in sizes:

@@ -490,7 +490,7 @@ def _small_constants_folded(model: onnx.ModelProto) -> onnx.ModelProto:
     producers = {o: k for k, n in enumerate(model.graph.node) for o in n.output}
     for node in model.graph.node:
         pads = node.input[1] if node.op_type == "Pad" and len(node.input) > 1 else ""
-        if pads and pads not in known and pads in producers:
+        if pads and pads not in known and pads in producers and len(model.graph.node[producers[pads]].output) == 1:
             from ortrain.graph.shapes import folded_value
             value = folded_value(model, pads)
             if value is not None and np.asarray(value).dtype.kind == "i":
