@@ -13,7 +13,7 @@ from onnx import numpy_helper
 from ortrain.graph.passes import BROADCASTING, _small_constants_folded, attribute, int64_constants
 from ortrain.graph.shapes import folded_value
 
-__all__ = ["free_batch_dimension", "free_output_dimensions"]
+__all__ = ["free_batch_dimension", "free_output_batch", "free_output_dimensions"]
 
 BATCH = "batch"
 
@@ -224,25 +224,18 @@ def free_output_batch(model: onnx.ModelProto, data_inputs: list[str], run=None) 
     return (out, changed) if out is not None else (model, [])
 
 
-# Ops whose run on zeros may not end (a loop until a value is reached) or size a tensor from values:
-# a graph holding one is not run to find its outputs' rows
-_NOT_RUN_ON_ZEROS = frozenset({"Loop", "Scan", "If", "Range", "ConstantOfShape", "Expand", "Tile", "NonZero",
-                               "Compress", "Unique", "TopK", "OneHot", "Resize", "Upsample", "Pad", "Slice",
-                               "NonMaxSuppression", "SequenceConstruct", "SplitToSequence"})
-
-
-_ALWAYS_VALUES = frozenset({"Loop", "Scan", "If", "NonZero", "Compress", "Unique", "NonMaxSuppression",
+# Ops a run on zeros may not end in (a loop until a value is reached), or whose outputs' sizes follow
+# values; and ops that read sizes or indices, which must come from constants and shapes alone for such a run
+_VALUES_DECIDE = frozenset({"Loop", "Scan", "If", "NonZero", "Compress", "Unique", "NonMaxSuppression",
                             "SequenceConstruct", "SplitToSequence"})
+_READ_SIZES = frozenset({"Range", "ConstantOfShape", "Expand", "Tile", "TopK", "OneHot", "Resize", "Upsample", "Pad",
+                         "Slice"})
 
 
-def _sizes_from_constants_or_shapes(model: onnx.ModelProto, node) -> bool:
+def _sizes_from_constants_or_shapes(node, producers: dict, fixed: set[str]) -> bool:
     """Whether the inputs ``node`` reads as sizes or indices (all but its first; all of a ``Range``'s
-    or ``ConstantOfShape``'s) are computed from constants and tensors' shapes alone, not from values."""
-    if node.op_type in _ALWAYS_VALUES:
-        return False
-    g = model.graph
-    fixed = {t.name for t in g.initializer}
-    producers = {o: n for n in g.node for o in n.output}
+    or ``ConstantOfShape``'s) are computed from constants (``fixed``, or ``Constant`` nodes) and
+    tensors' shapes alone, not from values (``producers``: each value's node)."""
     reads = list(node.input) if node.op_type in ("Range", "ConstantOfShape") else list(node.input[1:])
     seen, stack = set(), [r for r in reads if r]
     while stack:
@@ -251,13 +244,10 @@ def _sizes_from_constants_or_shapes(model: onnx.ModelProto, node) -> bool:
             continue
         seen.add(name)
         producer = producers.get(name)
-        if producer is None:  # a graph input's values
+        if producer is None or producer.op_type in _VALUES_DECIDE:  # a graph input's values
             return False
-        if producer.op_type in ("Shape", "Size", "Constant"):
-            continue
-        if producer.op_type in _ALWAYS_VALUES:
-            return False
-        stack.extend(i for i in producer.input if i)
+        if producer.op_type not in ("Shape", "Size", "Constant"):
+            stack.extend(i for i in producer.input if i)
     return True
 
 
@@ -266,11 +256,13 @@ def _rows_at_run_time(model: onnx.ModelProto, data: set[str], sizes, run) -> lis
     ``sizes`` (other free data dimensions at 5, other inputs, such as weights kept out of the graph,
     at their declared shapes); None where a run fails or an input's shape is not known, and for a
     graph with an op whose run on zeros could loop without end or size a tensor from the values
-    (``_NOT_RUN_ON_ZEROS``) or read a value computed from the data as a size."""
-    if any(n.op_type in _NOT_RUN_ON_ZEROS and not _sizes_from_constants_or_shapes(model, n)
+    (``_VALUES_DECIDE``) or read a value computed from the data as a size (``_READ_SIZES``)."""
+    weights = {t.name for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    if any(n.op_type in _VALUES_DECIDE or
+           (n.op_type in _READ_SIZES and not _sizes_from_constants_or_shapes(n, producers, weights))
            for n in model.graph.node):
         return None
-    weights = {t.name for t in model.graph.initializer}
     found = []
     for batch in sizes:
         feeds = {}
