@@ -116,36 +116,36 @@ class CaptureStep(TracedCall):
         norm = None
         drawn = session.draws
         before = self._step
-        with session._lock:  # once for the whole step (the session's own calls would take it three times)
+        # A captured step's session is reached only under tensor.TURNS, which the caller holds (calls,
+        # free, and opt.state() reading the moments): its own lock is not taken on the hot path.
+        try:
+            denormals.enter()  # subnormals flushed, once for the step's calls
             try:
-                denormals.enter()  # subnormals flushed, once for the step's calls
-                try:
-                    session._train_step_into(feeds)
-                except Exception as exc:
-                    raise OrtrainError(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") \
-                        from exc
-                if self._ranges:
-                    self._check_ranges(outs[len(self._keys):])
-                loss = outs[0].copy()
-                if not math.isfinite(loss):
-                    self._refuse("loss", float(loss))
-                if self._max_norm is not None:
-                    norm = self._clip()
-                session._optimizer_step()
-                self._advance()  # counted with the update, under the lock: an interrupt cannot part them
-                session._zero_grad()
-            except BaseException as exc:
-                # Nothing but the gradients moved: they are dropped. An interrupt that came just after
-                # the update ran counts it.
-                if self._step > before:  # counted: the gradients alone may be left
-                    session.zero_grad()
-                elif session.abandon_step(exc, before):
-                    self._advance()
-                else:  # a refused step: the next call draws its dropout masks again
-                    session.undraw(drawn)
-                raise
-            finally:
-                denormals.leave()
+                session._train_step_into(feeds)
+            except Exception as exc:
+                raise OrtrainError(f"capture_step: the training graph failed: {str(exc).splitlines()[0]}") \
+                    from exc
+            if self._ranges:
+                self._check_ranges(outs[len(self._keys):])
+            loss = outs[0].copy()
+            if not math.isfinite(loss):
+                self._refuse("loss", float(loss))
+            if self._max_norm is not None:
+                norm = self._clip()
+            session._update()  # the update, then the gradients zeroed
+            self._advance()  # an interrupt that came just before this count: abandon_step counts the update
+        except BaseException as exc:
+            # Nothing but the gradients moved: they are dropped. An interrupt that came just after
+            # the update ran counts it.
+            if self._step > before:  # counted: the gradients alone may be left
+                session.zero_grad()
+            elif session.abandon_step(exc, before):
+                self._advance()
+            else:  # a refused step: the next call draws its dropout masks again
+                session.undraw(drawn)
+            raise
+        finally:
+            denormals.leave()
         if not self._dict and norm is None:
             return loss
         out = {"loss": loss}
@@ -383,14 +383,16 @@ class CaptureStep(TracedCall):
         return {**self._carried, **live}
 
     def _read_moments(self) -> dict:
-        """``opt.state()`` reads the live moments through this while the step is alive."""
-        session = self._session
-        if session is not None:
-            try:
-                return self._moments_of(session)
-            except FreedError:
-                pass
-        return self._opt._moments  # freed meanwhile, by another thread: free() handed them over first
+        """``opt.state()`` reads the live moments through this while the step is alive: between calls,
+        whichever thread reads them (a call takes the session's calls and its count together)."""
+        with tensor.TURNS:
+            session = self._session
+            if session is not None:
+                try:
+                    return self._moments_of(session)
+                except FreedError:
+                    pass
+            return self._opt._moments  # freed meanwhile, by another thread: free() handed them over first
 
     def __repr__(self) -> str:
         state = "not yet traced" if self.__dict__.get("_session") is None else f"step={self._step}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -463,6 +464,46 @@ def test_optimizer_state_read_while_another_thread_frees_the_capture():
     assert failures == []
 
 
+def test_optimizer_state_read_while_another_thread_steps_is_one_steps_count_and_moments():
+    # a captured step takes no lock of its session: opt.state() from another thread reads its
+    # count and moments between two calls, never the moments of one update with another's count
+    import threading
+    W = ag.param(_w0(), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    train = ot.capture_step(_mse_of(W), optimizer=opt)
+    ref = NumpyAdam([_w0()], lr=0.1)
+
+    def grad(w):
+        return 2 * (w @ X - Y) @ X.T / Y.size
+
+    want = {0: (np.zeros_like(_w0()), np.zeros_like(_w0()))}
+    for k in range(1, 201):
+        ref.step([grad(ref.p[0])])
+        want[k] = (ref.m[0].copy(), ref.v[0].copy())
+    seen, stop = [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            state = opt.state()
+            if "W" in state["moments"]:
+                seen.append((state["step"], state["moments"]["W"]["m"], state["moments"]["W"]["v"]))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(200):
+            train(x=X, y=Y)
+            time.sleep(0.0002)  # a turn for the reader between calls
+    finally:
+        stop.set()
+        reader.join()
+    assert len({k for k, _, _ in seen}) > 3  # the reads fell between many calls
+    for k, m, v in seen:
+        np.testing.assert_allclose(m, want[k][0], rtol=1e-4, atol=1e-7, err_msg=f"step {k}")
+        np.testing.assert_allclose(v, want[k][1], rtol=1e-4, atol=1e-10, err_msg=f"step {k}")
+    train.free()
+
+
 def test_set_max_grad_norm_without_retracing():
     W = ag.param(_w0() * 50, name="W")
     traced = []
@@ -682,7 +723,7 @@ def test_clipping_takes_a_finite_norm_beyond_float32_squares():
     step.free()
 
 
-@pytest.mark.parametrize("where", ["train_step_into", "optimizer_step"])
+@pytest.mark.parametrize("where", ["train_step_into", "update"])
 def test_an_interrupt_leaves_the_step_counter_matching_the_weights(monkeypatch, where):
     def run(interrupt):
         W = ag.param(_w0(), name="W")
@@ -690,7 +731,7 @@ def test_an_interrupt_leaves_the_step_counter_matching_the_weights(monkeypatch, 
         step = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x), y), optimizer=opt)
         step(x=X, y=Y)
         if interrupt:
-            real = getattr(step._session, "_" + where)   # the step calls it holding the session's lock
+            real = getattr(step._session, "_" + where)   # the step calls it under tensor.TURNS
 
             def interrupted(*args):
                 real(*args)
@@ -699,7 +740,7 @@ def test_an_interrupt_leaves_the_step_counter_matching_the_weights(monkeypatch, 
             with pytest.raises(KeyboardInterrupt):
                 step(x=X * 2, y=Y)
             monkeypatch.undo()
-        elif where == "optimizer_step":  # the interrupted update ran and counts
+        elif where == "update":  # the interrupted update ran and counts
             step(x=X * 2, y=Y)
         state = (opt.state()["step"], W.numpy().copy())
         after = step(x=X * 3, y=Y)  # no gradient of the interrupted call left over

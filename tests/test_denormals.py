@@ -100,26 +100,104 @@ def test_a_gradient_norm_of_underflowing_squares_is_summed_in_float64():
     assert norm == pytest.approx(2e-20, rel=1e-6, abs=0)  # the gradient is x: sqrt(4 * 1e-40)
 
 
+def _libm_switch(monkeypatch):
+    monkeypatch.setattr(denormals, "enter", denormals._libm_enter)
+    monkeypatch.setattr(denormals, "leave", denormals._libm_leave)
+
+
+needs_native = pytest.mark.skipif(denormals._switch is None, reason="the flush is switched by libm here")
+SWITCHES = [pytest.param("native", marks=needs_native), "libm"]
+
+
 @needs_flush
-def test_an_interrupt_right_after_the_flush_is_set_still_puts_the_callers_environment_back(monkeypatch):
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_an_interrupt_right_after_the_flush_is_set_still_puts_the_callers_environment_back(monkeypatch, switch):
     # enter() ran outside the try: a Ctrl-C landing just after it set the flush left the caller's
     # thread flushing for good (and every later call "restored" that)
     model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
     x = np.ones((2, 3), np.float32)
     want = model.predict(x)
-    real_set = denormals._set
+    name = "_switch_enter" if switch == "native" else "_set"
+    real = getattr(denormals, name)
     calls = []
 
-    def interrupted_set(env):
-        real_set(env)
+    def interrupted(state):
+        real(state)
         calls.append(1)
         if len(calls) == 1:  # the flush is set: Python's signal check raises here
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(denormals, "_set", interrupted_set)
+    if switch == "libm":
+        _libm_switch(monkeypatch)
+    monkeypatch.setattr(denormals, name, interrupted)
     with pytest.raises(KeyboardInterrupt):
         model.predict(x)
-    monkeypatch.undo()
-    assert _keeps_subnormals()
+    assert calls and _keeps_subnormals() and denormals.open_calls() == 0
+    monkeypatch.setattr(denormals, name, real)
     np.testing.assert_array_equal(model.predict(x), want)
-    assert _keeps_subnormals() and denormals._local.state[0] == 0
+    assert _keeps_subnormals() and denormals.open_calls() == 0
+
+
+def _libm():
+    import ctypes
+    import ctypes.util
+    return ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+
+
+@needs_flush
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_the_switch_nests_and_puts_back_the_callers_rounding_and_flags(monkeypatch, switch):
+    if switch == "libm":
+        _libm_switch(monkeypatch)
+    libm = _libm()
+    upward = {"x86_64": 0x800, "amd64": 0x800, "aarch64": 0x400000, "arm64": 0x400000}.get(
+        __import__("platform").machine().lower())
+    if upward is None:
+        pytest.skip("rounding modes unknown on this machine")
+    inexact = {0x800: 0x20, 0x400000: 0x10}[upward]
+    third = np.float32(1) / np.float32(3)
+    down = np.nextafter(third, np.float32(0))
+    libm.feclearexcept(inexact)
+    assert libm.fesetround(upward) == 0
+    try:
+        third_up = np.float32(1) / np.float32(3)  # the caller's own rounding: upward
+        assert third_up > down
+        raised_before = libm.fetestexcept(inexact)
+        denormals.leave()  # a leave with no enter open changes nothing
+        assert libm.fegetround() == upward and _keeps_subnormals()
+        denormals.enter()
+        assert not _keeps_subnormals() and denormals.open_calls() == 1
+        denormals.enter()  # nested: the inner pair switches nothing
+        denormals.leave()
+        assert not _keeps_subnormals() and denormals.open_calls() == 1
+        libm.feclearexcept(inexact)
+        denormals.leave()
+        assert _keeps_subnormals() and denormals.open_calls() == 0
+        assert libm.fegetround() == upward
+        assert libm.fetestexcept(inexact) == raised_before  # the caller's flags as they were at enter
+    finally:
+        libm.fesetround(0)
+    seen, go = [], threading.Event()
+
+    def other_thread():  # each thread keeps its own count and its own environment
+        go.wait()
+        denormals.enter()
+        seen.append((denormals.open_calls(), _keeps_subnormals()))
+        denormals.leave()
+        seen.append((denormals.open_calls(), _keeps_subnormals()))
+
+    thread = threading.Thread(target=other_thread)  # started before the flush: Linux copies it to new threads
+    thread.start()
+    denormals.enter()
+    try:
+        go.set()
+        thread.join()
+        assert not _keeps_subnormals() and denormals.open_calls() == 1
+    finally:
+        denormals.leave()
+    assert seen == [(1, False), (0, True)] and _keeps_subnormals()
+
+
+@needs_native
+def test_the_native_switch_is_the_one_in_use_where_it_loads():
+    assert denormals.enter is denormals._switched_enter and denormals.leave is denormals._switched_leave

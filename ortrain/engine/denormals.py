@@ -10,8 +10,14 @@ and on the thread that creates the first session of the process, for good.
 That thread is the caller's, whose numpy and PyTorch should keep IEEE arithmetic. So the flag
 is asked for (the runtime's threads take it), and the calling thread's floating-point
 environment is put back after every session ortrain creates; it flushes only while one of
-ortrain's runtime calls runs (:func:`enter` / :func:`leave`, about a microsecond). Where the
-environment cannot be reached (not Linux on x86-64 or ARM64), subnormals are computed as they are.
+ortrain's runtime calls runs (:func:`enter` / :func:`leave`). Where the environment cannot be
+reached (not Linux on x86-64 or ARM64), subnormals are computed as they are.
+
+On x86-64 the switch is two machine-code functions of a few instructions each (below), called
+through ctypes: an enter and leave pair costs 0.3 us against 0.8 us for libm's ``fegetenv`` and
+``fesetenv``, which also store and load the x87 environment; within a small captured step (16 us)
+the difference measured 0.9 us. They are written once into a page of their own, which is then made
+read-only and executable. Where the system refuses executable memory, libm's functions are used.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import mmap
 import platform
 import sys
 import threading
@@ -55,6 +62,52 @@ else:
     _get = _set = None
 
 
+# enter(uint32_t state[2]) and leave(uint32_t state[2]), state = {open enter calls, the caller's MXCSR};
+# only the outermost pair switches, as in the libm version below (GNU as, Intel syntax):
+#   enter:  mov eax, [rdi]        ; the open calls before this one
+#           add dword ptr [rdi], 1
+#           test eax, eax
+#           jne 1f
+#           stmxcsr [rdi+4]       ; the caller's MXCSR, kept in state[1]
+#           mov eax, [rdi+4]
+#           or eax, 0x8040        ; flush-to-zero and denormals-are-zero
+#           mov [rsp-4], eax      ; (the red zone: a leaf function may use it)
+#           ldmxcsr [rsp-4]
+#     1:    ret
+#   leave:  mov eax, [rdi]
+#           test eax, eax         ; no enter open (one interrupted before it counted): nothing
+#           je 2f
+#           sub eax, 1
+#           mov [rdi], eax
+#           jne 2f
+#           ldmxcsr [rdi+4]       ; the outermost: the caller's MXCSR back, its flags as they were
+#     2:    ret
+_X86_64_SWITCH = bytes.fromhex("8b07830701 85c0 7515 0fae5f04 8b4704 0d40800000 894424fc 0fae5424fc c3"
+                               "8b07 85c0 740b 83e801 8907 7504 0fae5704 c3".replace(" ", ""))
+_X86_64_LEAVE_AT = 0x1F
+
+
+def _native_switch():
+    """The two functions above, or None where they cannot run here."""
+    if not sys.platform.startswith("linux") or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        protect = libc.mprotect
+        protect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        protect.restype = ctypes.c_int
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        page.write(_X86_64_SWITCH)
+        start = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        if protect(start, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_EXEC) != 0:  # executable memory refused
+            return None
+    except (OSError, AttributeError, ValueError, TypeError):
+        return None
+    # no argtypes: the state goes as a byref() (the quickest call), the result is not read
+    function = ctypes.CFUNCTYPE(None)
+    return page, function(start), function(start + _X86_64_LEAVE_AT)
+
+
 @contextlib.contextmanager
 def kept():
     """Put the calling thread's floating-point environment back after the block: around the
@@ -86,7 +139,26 @@ def _thread_state() -> list:
     return state
 
 
-def enter() -> None:
+def _switched_enter() -> None:
+    """Flush subnormals on the calling thread until the matching :func:`leave` (calls nest: the
+    outermost pair switches). Call it inside the ``try`` whose ``finally`` calls :func:`leave`,
+    so that an interrupt (Ctrl-C) arriving anywhere in between still puts the environment back."""
+    try:
+        state = _local.switch
+    except AttributeError:
+        counts = _local.counts = (ctypes.c_uint32 * 2)()
+        state = _local.switch = ctypes.byref(counts)
+    _switch_enter(state)
+
+
+def _switched_leave() -> None:
+    """Close the innermost :func:`enter`: the outermost puts the caller's environment back."""
+    state = getattr(_local, "switch", None)
+    if state is not None:
+        _switch_leave(state)
+
+
+def _libm_enter() -> None:
     """Flush subnormals on the calling thread until the matching :func:`leave` (calls nest: the
     outermost pair switches). Call it inside the ``try`` whose ``finally`` calls :func:`leave`,
     so that an interrupt (Ctrl-C) arriving anywhere in between still puts the environment back."""
@@ -103,7 +175,7 @@ def enter() -> None:
         _set(state[2])
 
 
-def leave() -> None:
+def _libm_leave() -> None:
     """Close the innermost :func:`enter`: the outermost puts the caller's environment back."""
     state = getattr(_local, "state", None)
     if state is None or state[0] <= 0:  # an enter interrupted before it counted
@@ -111,6 +183,23 @@ def leave() -> None:
     state[0] -= 1
     if state[0] == 0:
         _set(state[1])
+
+
+_switch = _native_switch() if _get is not None else None  # the page stays mapped while the process runs
+if _switch is not None:
+    _, _switch_enter, _switch_leave = _switch
+    enter, leave = _switched_enter, _switched_leave
+else:
+    enter, leave = _libm_enter, _libm_leave
+
+
+def open_calls() -> int:
+    """How many :func:`enter` calls are open on the calling thread."""
+    if enter is _switched_enter:
+        counts = getattr(_local, "counts", None)
+        return 0 if counts is None else counts[0]
+    state = getattr(_local, "state", None)
+    return 0 if state is None else state[0]
 
 
 def flushing(fn):

@@ -336,7 +336,8 @@ class TrainingSession:
 
     def _train_step_into(self, feeds) -> None:
         """A train step (no input checks) writing its outputs into the arrays of :meth:`bind_train_outputs`."""
-        self._live()
+        if self._freed:
+            self._live()
         if self._stepped:
             refuse_empty_steps((name, feeds[i]) for i, name in self._stepped)
         vec, arrays, unconfirmed = self._bound
@@ -393,6 +394,17 @@ class TrainingSession:
     def _zero_grad(self) -> None:
         """The next train step overwrites the gradient buffers instead of adding to them."""
         self._live()
+        self._module.lazy_reset_grad()
+
+    def _update(self) -> None:
+        """:meth:`_optimizer_step` then :meth:`_zero_grad`: one call on a hot path."""
+        if self._freed or self._optimizer is None:
+            self._optimizer_step()  # raises what it says
+        self.writes += 1
+        try:
+            self._optimizer.optimizer_step()
+        except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
+            raise runtime_failure(exc, "optimizer step") from exc
         self._module.lazy_reset_grad()
 
     zero_grad = exclusive(_zero_grad)

@@ -271,8 +271,10 @@ class Optimizer:
             held = _held(model.train_state)
             step, moments, extra = held["_step"], held["_moments"], held["_counts"]
         else:
-            source = self._state_source  # read once: a captured step freed meanwhile clears it
-            step, moments = self._step, (source() if source is not None else self._moments)
+            from ortrain.ag import tensor
+            with tensor.TURNS:  # between a captured step's calls: its count and moments together
+                source = self._state_source  # read once: a captured step freed meanwhile clears it
+                step, moments = self._step, (source() if source is not None else self._moments)
             extra = dict(self._counts or {})  # kept from a model gone
         names = ("m", "v")
         return {
