@@ -208,3 +208,29 @@ def test_artifacts_from_an_onnx_file_train_through_from_artifacts(tmp_path):
     with ot.Trainer.from_artifacts(art.directory, batch_size=4) as tr:
         losses = [tr.step(ref["x"][4 * i:4 * i + 4], ref["y"][4 * i:4 * i + 4]) for i in range(STEPS)]
     np.testing.assert_allclose(losses, ref["losses"], rtol=1e-4, atol=1e-5)
+
+
+def test_an_output_with_the_batch_on_its_second_axis_is_refused_for_training_and_changes_nothing(tmp_path):
+    # (3, N) from a transpose: fit stated an impossible expected label shape "(7, N)" for labels of
+    # the output's own shape, and ran labels of the input's rows into the runtime's error
+    from onnx import TensorProto
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    w = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["z"]), h.make_node("Transpose", ["z"], ["y"], perm=[1, 0])],
+                     "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [3, "N"])], [nh.from_array(w, "W")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "t.onnx")
+    model = ot.from_onnx(tmp_path / "t.onnx")
+    model.compile(optimizer="adam", loss="mse")
+    x = np.ones((7, 4), np.float32)
+    np.testing.assert_allclose(model.predict(x), (x @ w).T, rtol=1e-6)  # predict is unaffected
+    want = "output 'y' has shape \\(3, N\\): its first axis is fixed at 3 while the batch of the inputs is free"
+    for y in (np.zeros((3, 7), np.float32), np.zeros((7, 3), np.float32)):
+        with pytest.raises(ot.ShapeError, match=want):
+            model.fit(x, y, epochs=1, batch_size=7, verbose=0)
+        with pytest.raises(ot.ShapeError, match=want):
+            model.evaluate(x, y, verbose=0)
+    with ot.Trainer(model, batch_size=7) as tr, pytest.raises(ot.ShapeError, match=want):
+        tr.step(x, np.zeros((3, 7), np.float32))
+    np.testing.assert_array_equal(model.get_weights()[0], w)

@@ -28,7 +28,7 @@ from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, los
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain._warnings import warn
 from ortrain.data import prepare_arrays, refuse_non_finite_weights
-from ortrain.errors import FreedError, OrtrainError
+from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph import TensorSpec
 from ortrain.graph.forward import to_inference, with_weights
 from ortrain.graph.shapes import output_shape_at
@@ -545,6 +545,14 @@ class TrainingMixin:
         the batch (a sequence of any length), the labels must hold those of the prediction for
         these inputs (onnxruntime would read other labels without a word, or fail in the step)."""
         spec = self._label_spec()
+        out = self.output_specs[0]
+        if out.shape and out.shape[0] is not None and None in out.shape[1:] and \
+                any(s.shape and s.shape[0] is None for s in self.input_specs):
+            # e.g. (3, N) from a transpose: no label rows can be cut from y batch by batch
+            raise ShapeError(f"output {out.name!r} has shape {describe_shape(out.shape)}: its first axis is fixed at "
+                             f"{out.shape[0]} while the batch of the inputs is free, so its rows are not the "
+                             "samples. fit, evaluate and Trainer take one label row per input row; put the batch "
+                             "first in the model's output (e.g. transpose it back in the model before exporting)")
         if all(d is not None for d in spec.shape[1:]):
             return spec
         out = self._output_shape_for(input_shapes)
