@@ -171,11 +171,12 @@ class Trainer(TrainerSetup, Releasable):
         feeds.append(self._scale)
         session = self._session
         with session._lock:  # once for the step's calls
+            flush = denormals.here()
             try:
-                denormals.enter()  # subnormals flushed, once for the step's calls
+                denormals.on(flush)  # subnormals flushed, once for the step's calls
                 fetches = self._run_step(session, feeds)
             finally:
-                denormals.leave()
+                denormals.off(flush)
         return fetches
 
     def _run_step(self, session, feeds):

@@ -504,6 +504,111 @@ def test_optimizer_state_read_while_another_thread_steps_is_one_steps_count_and_
     train.free()
 
 
+def test_a_gradient_reset_failing_after_the_update_counts_the_update():
+    # the reset after the update raised a raw RuntimeError, and the update went uncounted: the
+    # weights and moments of 4 updates with opt.step == 3 (every later bias correction off)
+    w0 = _w0()
+    W = ag.param(w0, name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    step = ot.capture_step(_mse_of(W), optimizer=opt)
+    ref = NumpyAdam([w0], lr=0.1)
+
+    def grad(w):
+        return 2 * (w @ X - Y) @ X.T / Y.size
+
+    class FailingReset:  # the runtime's module, whose gradient reset fails once
+        def __init__(self, real):
+            self.real = real
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def lazy_reset_grad(self):
+            step._session._module = self.real
+            raise RuntimeError("injected")
+
+    for i in range(4):
+        if i == 1:
+            step._session._module = FailingReset(step._session._module)
+            with pytest.raises(ot.OrtrainError, match="could not run the gradient reset: injected"):
+                step(x=X, y=Y)
+        else:
+            step(x=X, y=Y)
+        ref.step([grad(ref.p[0])])
+    state = opt.state()
+    assert state["step"] == 4
+    np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state["moments"]["W"]["v"], ref.v[0], rtol=1e-4, atol=1e-9)
+    step.free()
+
+
+def _constant_gradient_step(beta1=0.999):
+    """A captured step whose gradient is a constant ``c``: Adam's first moment after k updates is
+    ``c * (1 - beta1**k)`` whatever the weights. Returns the step, its input, its optimizer and
+    the number of updates a state's moments hold."""
+    c = np.tile(np.float32([[0.5, -1.0, 2.0, 0.25]]), (1, 1 << 12))
+    W = ag.param(np.zeros(c.shape, np.float32), name="W")
+    opt = ot.optim.Adam([W], betas=(beta1, 0.999))
+    step = ot.capture_step(lambda c: ag.sum(ag.mul(W, c)), optimizer=opt)
+
+    def updates_in(state):
+        m = state["moments"]["W"]["m"][0, :4].astype(np.float64)
+        return np.log(1 - m / c[0, :4]) / np.log(beta1)
+    return step, c, opt, updates_in
+
+
+def _steps_until(step, c, stop):
+    while not stop.is_set():
+        step(c=c)
+        time.sleep(0.0001)  # turns for the other thread too (the lock is not fair)
+
+
+def test_an_optimizer_copied_while_another_thread_steps_holds_one_steps_count_and_moments():
+    # __getstate__ copied the count, then waited for the moments while more steps ran: a copy read
+    # "step 37, moments of step 43"
+    import copy
+    import pickle
+    import threading
+    step, c, opt, updates_in = _constant_gradient_step()
+    step(c=c)
+    stop = threading.Event()
+    stepper = threading.Thread(target=_steps_until, args=(step, c, stop))
+    stepper.start()
+    try:
+        for copies in range(100):
+            twin = pickle.loads(pickle.dumps(opt)) if copies % 2 else copy.deepcopy(opt)
+            state = twin.state()
+            np.testing.assert_allclose(updates_in(state), state["step"], atol=0.05)
+    finally:
+        stop.set()
+        stepper.join()
+    assert opt.step > 1
+    step.free()
+
+
+def test_load_state_while_another_thread_steps_keeps_the_loaded_count_with_the_loaded_moments():
+    # load_state set the count and moments without waiting for the step in flight, which then wrote
+    # its own count over the loaded one: "step 3, moments of step 1", trained on from there
+    import threading
+    step, c, opt, updates_in = _constant_gradient_step()
+    step(c=c)
+    saved = opt.state()
+    stop = threading.Event()
+    stepper = threading.Thread(target=_steps_until, args=(step, c, stop))
+    stepper.start()
+    try:
+        for _ in range(800):
+            opt.load_state(saved)
+            state = opt.state()
+            np.testing.assert_allclose(updates_in(state), state["step"], atol=0.05)
+    finally:
+        stop.set()
+        stepper.join()
+    state = opt.state()
+    np.testing.assert_allclose(updates_in(state), state["step"], atol=0.1)
+    step.free()
+
+
 def test_set_max_grad_norm_without_retracing():
     W = ag.param(_w0() * 50, name="W")
     traced = []

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from conftest import torch_or_skip
+from helpers import NumpyAdam
 
 import ortrain as ot
 from ortrain.engine import denormals
@@ -101,8 +102,9 @@ def test_a_gradient_norm_of_underflowing_squares_is_summed_in_float64():
 
 
 def _libm_switch(monkeypatch):
-    monkeypatch.setattr(denormals, "enter", denormals._libm_enter)
-    monkeypatch.setattr(denormals, "leave", denormals._libm_leave)
+    monkeypatch.setattr(denormals, "here", denormals._libm_here)
+    monkeypatch.setattr(denormals, "on", denormals._libm_on)
+    monkeypatch.setattr(denormals, "off", denormals._libm_off)
 
 
 needs_native = pytest.mark.skipif(denormals._switch is None, reason="the flush is switched by libm here")
@@ -112,13 +114,14 @@ SWITCHES = [pytest.param("native", marks=needs_native), "libm"]
 @needs_flush
 @pytest.mark.parametrize("switch", SWITCHES)
 def test_an_interrupt_right_after_the_flush_is_set_still_puts_the_callers_environment_back(monkeypatch, switch):
-    # enter() ran outside the try: a Ctrl-C landing just after it set the flush left the caller's
+    # the switch ran outside the try: a Ctrl-C landing just after it set the flush left the caller's
     # thread flushing for good (and every later call "restored" that)
     model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
     x = np.ones((2, 3), np.float32)
     want = model.predict(x)
-    name = "_switch_enter" if switch == "native" else "_set"
-    real = getattr(denormals, name)
+    if switch == "libm":
+        _libm_switch(monkeypatch)
+    real = denormals.on
     calls = []
 
     def interrupted(state):
@@ -127,15 +130,56 @@ def test_an_interrupt_right_after_the_flush_is_set_still_puts_the_callers_enviro
         if len(calls) == 1:  # the flush is set: Python's signal check raises here
             raise KeyboardInterrupt
 
-    if switch == "libm":
-        _libm_switch(monkeypatch)
-    monkeypatch.setattr(denormals, name, interrupted)
+    monkeypatch.setattr(denormals, "on", interrupted)
     with pytest.raises(KeyboardInterrupt):
         model.predict(x)
     assert calls and _keeps_subnormals() and denormals.open_calls() == 0
-    monkeypatch.setattr(denormals, name, real)
+    monkeypatch.setattr(denormals, "on", real)
     np.testing.assert_array_equal(model.predict(x), want)
     assert _keeps_subnormals() and denormals.open_calls() == 0
+
+
+@needs_native
+def test_an_interrupt_pending_as_a_captured_step_ends_is_raised_after_the_environment_is_back(monkeypatch):
+    # Python raises a pending interrupt at its next check; the switch back was a Python function,
+    # whose first instruction is one: a Ctrl-C arriving just before it left the thread flushing for
+    # good. The signal here arrives during straight-line code (one long string repeat) just before
+    # the step's last lines, so the next check is the first after the step's try block.
+    import signal
+
+    from ortrain import ag
+    w0 = np.array([[0.5, -1.0, 2.0]], np.float32)
+    x = np.array([[1.0], [2.0], [-1.0]], np.float32)
+    W = ag.param(w0, name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    step = ot.capture_step(lambda x: ag.sum(ag.matmul(W, x)), optimizer=opt)
+    step(x=x)
+    real = step._session._update
+
+    def update_then_signal():
+        real()
+        signal.setitimer(signal.ITIMER_REAL, 0.002)
+        filler = "a" * 200_000_000  # no check inside: the signal stays pending
+        del filler
+
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)  # a SIGALRM raises as Ctrl-C does
+    try:
+        monkeypatch.setattr(step._session, "_update", update_then_signal)
+        with pytest.raises(KeyboardInterrupt):
+            step(x=x)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    monkeypatch.undo()
+    assert _keeps_subnormals() and denormals.open_calls() == 0
+    ref = NumpyAdam([w0], lr=0.1)
+    for _ in range(2):  # the interrupted update ran and counts
+        ref.step([x.T])
+    assert opt.step == 2
+    np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-6, atol=1e-7)
+    step(x=x)
+    assert _keeps_subnormals() and denormals.open_calls() == 0
+    step.free()
 
 
 def _libm():
@@ -163,41 +207,46 @@ def test_the_switch_nests_and_puts_back_the_callers_rounding_and_flags(monkeypat
         third_up = np.float32(1) / np.float32(3)  # the caller's own rounding: upward
         assert third_up > down
         raised_before = libm.fetestexcept(inexact)
-        denormals.leave()  # a leave with no enter open changes nothing
+        flush = denormals.here()
+        denormals.off(flush)  # an off() with no on() open changes nothing
         assert libm.fegetround() == upward and _keeps_subnormals()
-        denormals.enter()
+        denormals.on(flush)
         assert not _keeps_subnormals() and denormals.open_calls() == 1
-        denormals.enter()  # nested: the inner pair switches nothing
-        denormals.leave()
+        denormals.on(flush)  # nested: the inner pair switches nothing
+        denormals.off(flush)
         assert not _keeps_subnormals() and denormals.open_calls() == 1
         libm.feclearexcept(inexact)
-        denormals.leave()
+        denormals.off(flush)
         assert _keeps_subnormals() and denormals.open_calls() == 0
         assert libm.fegetround() == upward
-        assert libm.fetestexcept(inexact) == raised_before  # the caller's flags as they were at enter
+        assert libm.fetestexcept(inexact) == raised_before  # the caller's flags as they were at on()
     finally:
         libm.fesetround(0)
     seen, go = [], threading.Event()
 
     def other_thread():  # each thread keeps its own count and its own environment
         go.wait()
-        denormals.enter()
+        mine = denormals.here()
+        denormals.on(mine)
         seen.append((denormals.open_calls(), _keeps_subnormals()))
-        denormals.leave()
+        denormals.off(mine)
         seen.append((denormals.open_calls(), _keeps_subnormals()))
 
     thread = threading.Thread(target=other_thread)  # started before the flush: Linux copies it to new threads
     thread.start()
-    denormals.enter()
+    flush = denormals.here()
+    denormals.on(flush)
     try:
         go.set()
         thread.join()
         assert not _keeps_subnormals() and denormals.open_calls() == 1
     finally:
-        denormals.leave()
+        denormals.off(flush)
     assert seen == [(1, False), (0, True)] and _keeps_subnormals()
 
 
 @needs_native
 def test_the_native_switch_is_the_one_in_use_where_it_loads():
-    assert denormals.enter is denormals._switched_enter and denormals.leave is denormals._switched_leave
+    # the switch back is a C call: no Python frame whose start could raise an interrupt before it
+    assert denormals.here is denormals._native_here
+    assert denormals.on is denormals._switch[1] and denormals.off is denormals._switch[2]

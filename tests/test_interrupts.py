@@ -50,8 +50,8 @@ def test_a_captured_step_interrupted_after_its_update_counts_it(rng, monkeypatch
     def grad(w):
         return 2 * (w @ x - y) @ x.T / y.size
 
-    # the update ran; the interrupt comes as the step leaves its lock (the count came after it there)
-    monkeypatch.setattr(denormals, "leave", _then_interrupt(denormals.leave))
+    # the update ran; the interrupt comes as the step switches the flush back (the count came before)
+    monkeypatch.setattr(denormals, "off", _then_interrupt(denormals.off))
     with pytest.raises(KeyboardInterrupt):
         train(x=x, y=y)
     monkeypatch.undo()

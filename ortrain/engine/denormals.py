@@ -10,11 +10,11 @@ and on the thread that creates the first session of the process, for good.
 That thread is the caller's, whose numpy and PyTorch should keep IEEE arithmetic. So the flag
 is asked for (the runtime's threads take it), and the calling thread's floating-point
 environment is put back after every session ortrain creates; it flushes only while one of
-ortrain's runtime calls runs (:func:`enter` / :func:`leave`). Where the environment cannot be
+ortrain's runtime calls runs (:func:`on` / :func:`off`, below). Where the environment cannot be
 reached (not Linux on x86-64 or ARM64), subnormals are computed as they are.
 
 On x86-64 the switch is two machine-code functions of a few instructions each (below), called
-through ctypes: an enter and leave pair costs 0.3 us against 0.8 us for libm's ``fegetenv`` and
+through ctypes: an on and off pair costs 0.3 us against 0.8 us for libm's ``fegetenv`` and
 ``fesetenv``, which also store and load the x87 environment; within a small captured step (16 us)
 the difference measured 0.9 us. They are written once into a page of their own, which is then made
 read-only and executable. Where the system refuses executable memory, libm's functions are used.
@@ -62,9 +62,9 @@ else:
     _get = _set = None
 
 
-# enter(uint32_t state[2]) and leave(uint32_t state[2]), state = {open enter calls, the caller's MXCSR};
+# on(uint32_t state[2]) and off(uint32_t state[2]), state = {open on() calls, the caller's MXCSR};
 # only the outermost pair switches, as in the libm version below (GNU as, Intel syntax):
-#   enter:  mov eax, [rdi]        ; the open calls before this one
+#   on:     mov eax, [rdi]        ; the open calls before this one
 #           add dword ptr [rdi], 1
 #           test eax, eax
 #           jne 1f
@@ -74,8 +74,8 @@ else:
 #           mov [rsp-4], eax      ; (the red zone: a leaf function may use it)
 #           ldmxcsr [rsp-4]
 #     1:    ret
-#   leave:  mov eax, [rdi]
-#           test eax, eax         ; no enter open (one interrupted before it counted): nothing
+#   off:    mov eax, [rdi]
+#           test eax, eax         ; no on() open: nothing
 #           je 2f
 #           sub eax, 1
 #           mov [rdi], eax
@@ -84,7 +84,7 @@ else:
 #     2:    ret
 _X86_64_SWITCH = bytes.fromhex("8b07830701 85c0 7515 0fae5f04 8b4704 0d40800000 894424fc 0fae5424fc c3"
                                "8b07 85c0 740b 83e801 8907 7504 0fae5704 c3".replace(" ", ""))
-_X86_64_LEAVE_AT = 0x1F
+_X86_64_OFF_AT = 0x1F
 
 
 def _native_switch():
@@ -105,7 +105,7 @@ def _native_switch():
         return None
     # no argtypes: the state goes as a byref() (the quickest call), the result is not read
     function = ctypes.CFUNCTYPE(None)
-    return page, function(start), function(start + _X86_64_LEAVE_AT)
+    return page, function(start), function(start + _X86_64_OFF_AT)
 
 
 @contextlib.contextmanager
@@ -127,7 +127,7 @@ _local = threading.local()
 
 
 def _thread_state() -> list:
-    """The thread's own: how many :func:`enter` calls are open, the environment to put back and the
+    """The thread's own: how many :func:`on` calls are open, the environment to put back and the
     flushing one (as ``byref``s: the rest of the environment as at the thread's first call, only
     its flush word is written after), views of the two flush words, and the buffers themselves."""
     saved, flushed = ctypes.create_string_buffer(_SIZE), ctypes.create_string_buffer(_SIZE)
@@ -139,35 +139,27 @@ def _thread_state() -> list:
     return state
 
 
-def _switched_enter() -> None:
-    """Flush subnormals on the calling thread until the matching :func:`leave` (calls nest: the
-    outermost pair switches). Call it inside the ``try`` whose ``finally`` calls :func:`leave`,
-    so that an interrupt (Ctrl-C) arriving anywhere in between still puts the environment back."""
+def _native_here():
+    """The calling thread's state for the native switch: a ``byref`` of its two counters."""
     try:
-        state = _local.switch
+        return _local.switch
     except AttributeError:
         counts = _local.counts = (ctypes.c_uint32 * 2)()
         state = _local.switch = ctypes.byref(counts)
-    _switch_enter(state)
+        return state
 
 
-def _switched_leave() -> None:
-    """Close the innermost :func:`enter`: the outermost puts the caller's environment back."""
-    state = getattr(_local, "switch", None)
-    if state is not None:
-        _switch_leave(state)
-
-
-def _libm_enter() -> None:
-    """Flush subnormals on the calling thread until the matching :func:`leave` (calls nest: the
-    outermost pair switches). Call it inside the ``try`` whose ``finally`` calls :func:`leave`,
-    so that an interrupt (Ctrl-C) arriving anywhere in between still puts the environment back."""
-    if _get is None:
-        return
+def _libm_here():
+    """The calling thread's state for libm's switch (None where there is none)."""
     try:
-        state = _local.state
+        return _local.state
     except AttributeError:
-        state = _thread_state()
+        return None if _get is None else _thread_state()
+
+
+def _libm_on(state) -> None:
+    if state is None:
+        return
     state[0] += 1
     if state[0] == 1:
         _get(state[1])
@@ -175,27 +167,38 @@ def _libm_enter() -> None:
         _set(state[2])
 
 
-def _libm_leave() -> None:
-    """Close the innermost :func:`enter`: the outermost puts the caller's environment back."""
-    state = getattr(_local, "state", None)
-    if state is None or state[0] <= 0:  # an enter interrupted before it counted
+def _libm_off(state) -> None:
+    if state is None or state[0] <= 0:  # an on() interrupted before it counted
         return
     state[0] -= 1
     if state[0] == 0:
         _set(state[1])
 
 
+# The switch, used as
+#
+#     flush = denormals.here()   # before the try: nothing is switched yet
+#     try:
+#         denormals.on(flush)    # subnormals flushed on this thread (calls nest: the outermost switches)
+#         ...                    # the runtime's calls
+#     finally:
+#         denormals.off(flush)   # the caller's environment back after the outermost
+#
+# On the native path on() and off() are the machine-code functions themselves: Python raises an
+# interrupt (Ctrl-C) only at its checks, which come at a function's start and after a call, never
+# between the finally's start and a call into C. So off() always runs, and an interrupt anywhere in
+# the block still puts the environment back. (libm's off() is a Python function: an interrupt landing
+# at its very start leaves the thread flushing.)
 _switch = _native_switch() if _get is not None else None  # the page stays mapped while the process runs
 if _switch is not None:
-    _, _switch_enter, _switch_leave = _switch
-    enter, leave = _switched_enter, _switched_leave
+    here, on, off = _native_here, _switch[1], _switch[2]
 else:
-    enter, leave = _libm_enter, _libm_leave
+    here, on, off = _libm_here, _libm_on, _libm_off
 
 
 def open_calls() -> int:
-    """How many :func:`enter` calls are open on the calling thread."""
-    if enter is _switched_enter:
+    """How many :func:`on` calls are open on the calling thread."""
+    if here is _native_here:
         counts = getattr(_local, "counts", None)
         return 0 if counts is None else counts[0]
     state = getattr(_local, "state", None)
@@ -203,14 +206,15 @@ def open_calls() -> int:
 
 
 def flushing(fn):
-    """``fn`` run between :func:`enter` and :func:`leave`: a call into the runtime."""
+    """``fn`` run with subnormals flushed: a call into the runtime."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        flush = here()
         try:
-            enter()
+            on(flush)
             return fn(*args, **kwargs)
         finally:
-            leave()
+            off(flush)
     return call
 
 

@@ -91,13 +91,14 @@ class InferenceRunner:
             raise FreedError("this inference session was freed")
         if self._stepped:
             refuse_empty_steps((name, feeds[name]) for name in self._stepped if name in feeds)
+        flush = denormals.here()
         try:
-            denormals.enter()
+            denormals.on(flush)
             return sess.run(outputs or self.output_names, feeds)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "forward graph") from exc
         finally:
-            denormals.leave()
+            denormals.off(flush)
 
     def free(self) -> None:
         self._sess = None

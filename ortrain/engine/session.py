@@ -394,7 +394,10 @@ class TrainingSession:
     def _zero_grad(self) -> None:
         """The next train step overwrites the gradient buffers instead of adding to them."""
         self._live()
-        self._module.lazy_reset_grad()
+        try:
+            self._module.lazy_reset_grad()
+        except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
+            raise runtime_failure(exc, "gradient reset") from exc
 
     def _update(self) -> None:
         """:meth:`_optimizer_step` then :meth:`_zero_grad`: one call on a hot path."""
@@ -405,7 +408,10 @@ class TrainingSession:
             self._optimizer.optimizer_step()
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "optimizer step") from exc
-        self._module.lazy_reset_grad()
+        try:
+            self._module.lazy_reset_grad()
+        except Exception as exc:  # the update ran: the caller's abandon_step counts it
+            raise runtime_failure(exc, "gradient reset") from exc
 
     zero_grad = exclusive(_zero_grad)
 
@@ -521,13 +527,12 @@ class TrainingSession:
     @exclusive
     def abandon_step(self, exc: BaseException, updates_before: int) -> bool:
         """After a step that raised ``exc``: drop the gradients (the runtime may have added the
-        batch's), and say whether the update ran all the same. Only an interrupt (Ctrl-C), which
-        Python raises once a runtime call has returned, can come after it; the optimizer's own
-        count, compared with ``updates_before``, tells (False when it cannot be read, so the
-        interrupt is what propagates)."""
-        self.zero_grad()
-        if isinstance(exc, Exception):
-            return False
+        batch's), and say whether the update ran all the same: an interrupt (Ctrl-C), which Python
+        raises once a runtime call has returned, or a failure of a call after it (the gradients'
+        reset) can come after it. The optimizer's own count, compared with ``updates_before``,
+        tells (False when it cannot be read, so that ``exc`` is what propagates)."""
+        with contextlib.suppress(Exception):  # a reset failing again: ``exc`` propagates
+            self.zero_grad()
         try:
             state = self.optimizer_state()
         except Exception:

@@ -8,6 +8,7 @@ call, and of the moments that :meth:`Optimizer.state` returns.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 
@@ -168,7 +169,9 @@ class Optimizer:
         if not is_step(value):
             raise OrtrainError(f"opt.step: expected the number of updates taken, an int from 0 to 2**62 - 1, "
                                f"received {value!r}; nothing changed (it stays {self._step})")
-        self._step = int(value)
+        from ortrain.ag import tensor
+        with tensor.TURNS:  # between a captured step's calls, which count their updates into it
+            self._step = int(value)
 
     def _link(self, model) -> None:
         """Compiled into ``model`` (or a fit of it): ``step``, ``state()`` and ``load_state`` read
@@ -221,16 +224,18 @@ class Optimizer:
 
     def __getstate__(self) -> dict:
         # A copy or a pickle holds the optimizer's values, not links to a running fit or capture.
-        state = dict(self.__dict__)
+        from ortrain.ag import tensor
+        with tensor.TURNS:  # between a captured step's calls: its count and moments together
+            state = dict(self.__dict__)
+            source = self._state_source
+            if source is not None:
+                state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms) for p, ms in source().items()}
+                state["_state_source"] = None
         model = self._compiled_model()
         if model is not None:  # what the model's optimizer state holds now
             state.update(_held(model.train_state))
         state["_model"] = state["_model_id"] = state["_kept_for"] = None
         state["_lr_now"] = self._lr_now if isinstance(self._lr_now, _Shown) else None
-        if self._state_source is not None:
-            state["_moments"] = {p: tuple(np.array(m, copy=True) for m in ms)
-                                 for p, ms in self._state_source().items()}
-            state["_state_source"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -322,24 +327,28 @@ class Optimizer:
                 raise OrtrainError(f"load_state: {key!r} expected an int >= 0 (as state() returns it), "
                                    f"received {value!r}; nothing was changed")
         n_steps, draws = int(n_steps), None if draws is None else int(draws)
-        if model is not None:  # checked against the weights and a running fit before anything is set
-            model._load_optimizer_state(int(step), lr, moments, n_steps, draws)
-        else:  # (the counts kept for the model it is compiled into next, as a state() from a model holds them)
-            self._moments, self._step = moments, int(step)
-            counted = not self.params and ("n_steps" in state or "draws" in state)  # not a captured step's
-            self._counts = {"n_steps": n_steps, "draws": draws} if counted else None
-            self._for_next = not self.params  # for the model it is compiled into next
-        if model is None:
-            self._lr = lr
-            self.lr_writes += 1
-            self._lr_now = None
-        # (a compiled model's state holds the rate, which its next fit starts at, as after a fit: the
-        # rate it was compiled with stays a schedule's base, StepDecay(initial_lr=None)'s)
-        for key, value in hyper.items():
-            setattr(self, key, value)
-        # A live capture reads the loaded moments at its next call, instead of its own.
-        self._state_source = None
-        self._state_version += 1
+        from ortrain.ag import tensor
+        # A captured step's optimizer changes between its calls, which count their updates into it (a
+        # compiled model's fit has its own lock, which a fit callback may hold while it runs a capture)
+        with tensor.TURNS if model is None else contextlib.nullcontext():
+            if model is not None:  # checked against the weights and a running fit before anything is set
+                model._load_optimizer_state(int(step), lr, moments, n_steps, draws)
+            else:  # (the counts kept for the model it is compiled into next, as a state() from a model holds them)
+                self._moments, self._step = moments, int(step)
+                counted = not self.params and ("n_steps" in state or "draws" in state)  # not a captured step's
+                self._counts = {"n_steps": n_steps, "draws": draws} if counted else None
+                self._for_next = not self.params  # for the model it is compiled into next
+            if model is None:
+                self._lr = lr
+                self.lr_writes += 1
+                self._lr_now = None
+            # (a compiled model's state holds the rate, which its next fit starts at, as after a fit: the
+            # rate it was compiled with stays a schedule's base, StepDecay(initial_lr=None)'s)
+            for key, value in hyper.items():
+                setattr(self, key, value)
+            # A live capture reads the loaded moments at its next call, instead of its own.
+            self._state_source = None
+            self._state_version += 1
 
     def _checked_hyperparameters(self, hyper) -> dict:
         """The attributes ``hyper`` (from :meth:`state`) sets, checked as the constructor checks them;
