@@ -182,19 +182,22 @@ class Capture(TracedCall):
 
     def __call__(self, *args, **kwargs):
         """Run the forward graph on the named input arrays with the params' current values."""
-        feeds = self._arrive(args, kwargs, self._runner is not None)
-        named = self._named
-        for i, name in enumerate(self._used):
-            named[name] = feeds[i]
-        # between captured steps, buffer writes and assigns from other threads: the params are fed
-        # as they live in the sessions, and a run must read all of an update or none of it
+        # One call at a time, between captured steps, buffer writes and assigns from other threads:
+        # the inputs go through buffers of this capture's own, and the params are fed as they live
+        # in the sessions (a run reads all of an update or none of it)
         with tensor.TURNS:
+            feeds = self._arrive(args, kwargs, self._runner is not None)
+            named = self._named
+            for i, name in enumerate(self._used):
+                named[name] = feeds[i]
             for p in self._params:
                 named[p.name] = p._current()
             try:
                 outs = self._runner.run(named)
             except OrtrainError as exc:
                 raise OrtrainError(str(exc)) from exc
+            finally:
+                named.clear()  # the caller's arrays are not kept
         if self._ranges:
             self._check_ranges(outs[len(self._keys):])
         if not self._dict:
@@ -212,14 +215,16 @@ class Capture(TracedCall):
         self._set_specs(traced, traced.used)
 
     def free(self) -> None:
-        """Release the session; later calls raise ``ot.FreedError``. Freeing twice is harmless."""
-        if self._freed:
-            return
-        self._freed = True
-        if self._runner is not None:
-            self._runner.free()
-        self._runner = None
-        self._named = {}
+        """Release the session; later calls raise ``ot.FreedError``. Freeing twice is harmless. A call
+        running in another thread finishes first."""
+        with tensor.TURNS:
+            if self._freed:
+                return
+            self._freed = True
+            if self._runner is not None:
+                self._runner.free()
+            self._runner = None
+            self._named = {}
 
     def __repr__(self) -> str:
         traced = self.__dict__.get("_runner") is not None or "_params" in self.__dict__
