@@ -7,7 +7,6 @@ import errno
 import os
 import re
 import secrets
-import shutil
 import stat
 import sys
 import tempfile
@@ -250,10 +249,27 @@ def scratch_dir(prefix: str = "ortrain-"):
 
 def _remove_tree(path) -> None:
     try:
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_files(path)
     except BaseException:  # an interrupt midway: finish, then let it through
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_files(path)
         raise
+
+
+def _remove_files(path) -> None:
+    """Remove a scratch directory (private: nobody else can link into it) without
+    ``shutil.rmtree``, which in Python 3.11 closes a directory's descriptor twice when an interrupt
+    lands as it closes it: the interrupt became ``OSError: Bad file descriptor``, and in a threaded
+    program the second close can close a file another thread has just opened."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files + dirs:
+            entry = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                if name in dirs and not os.path.islink(entry):
+                    os.rmdir(entry)
+                else:
+                    os.unlink(entry)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def _locked(fd: int) -> bool:

@@ -181,23 +181,24 @@ class TrainerSetup:
         warns."""
         self._live()
         path = checked_target(path, "save_checkpoint(path)")
-        if self._accum:
-            warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
-                 "part of the checkpoint (nor counted in its n_steps), and a trainer resumed from it starts "
-                 "a new accumulation period (its updates fall on other steps); save on an accumulation "
-                 "boundary for an exact resume")
-        props = {
-            _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps - self._accum, _PROP + "updates": self._updates,
-            _PROP + "draws": self._session.draws,
-            _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
-            artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss),
-            artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]}
-        if self._architecture():
-            props[artifacts_mod.CHECKPOINT_ARCHITECTURE] = self._architecture()
-            # what the artifacts' key is made of, so a refused resume can say what differs
-            props[_PROP + "key_parts"] = json.dumps(self._art.key_parts(self._architecture()), sort_keys=True)
-        self._session.save_checkpoint(path, props, carried=self._carried)
-        return str(path)
+        with self._session._lock:  # the counters and the state of one step, whichever thread steps
+            if self._accum:
+                warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
+                     "part of the checkpoint (nor counted in its n_steps), and a trainer resumed from it starts "
+                     "a new accumulation period (its updates fall on other steps); save on an accumulation "
+                     "boundary for an exact resume")
+            props = {
+                _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps - self._accum, _PROP + "updates": self._updates,
+                _PROP + "draws": self._session.draws,
+                _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
+                artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss),
+                artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]}
+            if self._architecture():
+                props[artifacts_mod.CHECKPOINT_ARCHITECTURE] = self._architecture()
+                # what the artifacts' key is made of, so a refused resume can say what differs
+                props[_PROP + "key_parts"] = json.dumps(self._art.key_parts(self._architecture()), sort_keys=True)
+            self._session.save_checkpoint(path, props, carried=self._carried)
+            return str(path)
 
     def _architecture(self) -> str:
         """The artifacts' seed-free architecture digest, read once; empty when their forward graph

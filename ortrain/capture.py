@@ -116,6 +116,7 @@ class CaptureStep(TracedCall):
             norm = None
             drawn = session.draws
             before = self._step
+            updating = False
             flush = denormals.here()
             try:
                 denormals.on(flush)  # subnormals flushed, once for the step's calls
@@ -131,19 +132,24 @@ class CaptureStep(TracedCall):
                     self._refuse("loss", float(loss))
                 if self._max_norm is not None:
                     norm = self._clip()
+                updating = True
                 session._update()  # the update, then the gradients zeroed
-                # counted (as _advance does): an interrupt that came just before, abandon_step counts
+                # counted: an interrupt that came just before, abandon_step counts it
                 if _live_steps[0] > 1:
                     _world[0] += 1
                     self._world_seen = _world[0]
-                opt._step = self._step = before + 1  # the optimizer's count first, as in _advance
+                # the optimizer's count, then this step's own, which the except below reads
+                opt._step = self._step = before + 1
             except BaseException as exc:
                 # Nothing but the gradients moved: they are dropped. An interrupt that came just after
                 # the update ran counts it.
                 if self._step > before:  # counted: the gradients alone may be left
                     session.zero_grad()
-                elif session.abandon_step(exc, before):
-                    self._advance()
+                elif session.abandon_step(exc, before, updating):  # no call after it: a Ctrl-C can't part them
+                    if _live_steps[0] > 1:
+                        _world[0] += 1
+                        self._world_seen = _world[0]
+                    opt._step = self._step = before + 1
                 else:  # a refused step: the next call draws its dropout masks again
                     session.undraw(drawn)
                 raise
@@ -157,16 +163,6 @@ class CaptureStep(TracedCall):
             if norm is not None:
                 out["grad_norm"] = np.array(norm, np.float32)
             return out
-
-    def _advance(self) -> None:
-        """Count an update: for other live captured steps a change, the optimizer's step, and this
-        step's own last (what an interrupted step reads to know whether the update was counted; the
-        optimizer's is set, not added to, so counting it again gives the same)."""
-        if _live_steps[0] > 1:
-            _world[0] += 1
-            self._world_seen = _world[0]
-        self._opt._step = self._step + 1
-        self._step += 1
 
     def _clip(self) -> float:
         grads = self._grads

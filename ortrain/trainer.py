@@ -411,7 +411,7 @@ class Trainer(TrainerSetup, Releasable):
         Batches accumulated towards an update that has not happened (``nbatch_logical``) are not
         part of it, as of :meth:`save_checkpoint`, which warns."""
         self._live()
-        if self._accum:
+        if self._accum:  # (read again under the session's lock by _state)
             warn(f"export_state: {self._accum} accumulated batch(es) towards the next update are not part of "
                  "the state (nor counted in its n_steps), and a fit continued from it starts a new accumulation "
                  "period; export on an accumulation boundary (after every "
@@ -421,8 +421,9 @@ class Trainer(TrainerSetup, Releasable):
     def _state(self) -> TrainState:
         """:meth:`export_state` without its warning (a fit's hand-over says its own)."""
         carried = {n: tuple(np.array(m) for m in ms) for n, ms in self._carried.items()}  # the model's, not shared
-        return TrainState(self._updates, self._lr, {**carried, **self._session.optimizer_moments()},
-                          self._n_steps - self._accum, self._session.draws)
+        with self._session._lock:  # the counters and the moments of one step, whichever thread steps
+            return TrainState(self._updates, self._lr, {**carried, **self._session.optimizer_moments()},
+                              self._n_steps - self._accum, self._session.draws)
 
     # -- batch norm ----------------------------------------------------------------------------
     def calibrate_bn(self, x) -> None:

@@ -1193,3 +1193,50 @@ def test_a_capture_freed_from_another_thread_gives_its_callers_freed_error_only(
             t.join(timeout=10)
         assert not any(t.is_alive() for t in threads)
     assert errors == []
+
+
+def test_a_refused_step_does_not_read_the_optimizer_state_back(monkeypatch):
+    # the count is read back (through a checkpoint written to disk) only where the update may have run
+    W = ag.param(_w0(), name="W")
+    step = ot.capture_step(_mse_of(W), optimizer=ot.optim.Adam([W], lr=0.1))
+    step(x=X, y=Y)
+    reads = []
+    real = step._session.optimizer_state
+    monkeypatch.setattr(step._session, "optimizer_state", lambda: reads.append(1) or real())
+    with pytest.raises(ot.NonFiniteError):
+        step(x=X, y=np.full_like(Y, 3e38))
+    assert reads == []
+    step.free()
+
+
+def test_a_second_interrupt_during_the_recovery_of_an_interrupted_captured_update_still_counts_it(monkeypatch):
+    w0 = _w0()
+    W = ag.param(w0, name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    step = ot.capture_step(_mse_of(W), optimizer=opt)
+    ref = NumpyAdam([w0], lr=0.1)
+    step(x=X, y=Y)
+    ref.step([2 * (ref.p[0] @ X - Y) @ X.T / Y.size])
+    session = step._session
+    real_update, real_read = session._update, session.optimizer_state
+    reads = []
+
+    def update_then_interrupt():
+        real_update()
+        raise KeyboardInterrupt
+
+    def read_interrupted_once():
+        reads.append(1)
+        if len(reads) == 1:
+            raise KeyboardInterrupt("a second Ctrl-C")
+        return real_read()
+
+    monkeypatch.setattr(session, "_update", update_then_interrupt)
+    monkeypatch.setattr(session, "optimizer_state", read_interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        step(x=X, y=Y)
+    monkeypatch.undo()
+    ref.step([2 * (ref.p[0] @ X - Y) @ X.T / Y.size])
+    assert len(reads) == 2 and opt.step == 2
+    np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-5, atol=1e-6)
+    step.free()

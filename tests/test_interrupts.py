@@ -151,8 +151,7 @@ def test_scratch_folders_go_when_an_interrupt_comes_as_they_are_made_or_removed(
     monkeypatch.undo()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert list(tmp_path.iterdir()) == []
-    import shutil
-    real = shutil.rmtree
+    real = os.unlink
     calls = []
 
     def interrupted_once(path, *args, **kwargs):
@@ -160,7 +159,7 @@ def test_scratch_folders_go_when_an_interrupt_comes_as_they_are_made_or_removed(
         if len(calls) == 1:
             raise KeyboardInterrupt   # before it removed anything
         return real(path, *args, **kwargs)
-    monkeypatch.setattr(shutil, "rmtree", interrupted_once)
+    monkeypatch.setattr(os, "unlink", interrupted_once)
     with pytest.raises(KeyboardInterrupt):
         with _files.scratch_dir() as d:
             (d / "state").write_bytes(b"weights and moments")
@@ -293,3 +292,22 @@ def test_an_input_renamed_after_the_model_was_built_leaves_the_model_as_built(rn
     x = rng.standard_normal((4, 3)).astype(np.float32)
     model.fit(x, np.ones((4, 2), np.float32), verbose=0)
     assert model.input_specs[0].name == "input" and model.predict(x).shape == (4, 2)
+
+
+def test_a_scratch_folder_is_removed_with_its_subfolders_but_not_through_its_links(tmp_path, monkeypatch):
+    # removed without shutil.rmtree, which Python 3.11 makes close a descriptor twice on an interrupt
+    from ortrain._files import scratch_dir
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept.txt").write_text("x")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with scratch_dir() as d:
+        (d / "a" / "b").mkdir(parents=True)
+        (d / "a" / "b" / "f.bin").write_bytes(b"1")
+        (d / "g.bin").write_bytes(b"2")
+        (d / "link").symlink_to(outside, target_is_directory=True)
+        (d / "a" / "filelink").symlink_to(outside / "kept.txt")
+        made = d
+    assert not made.exists()
+    assert (outside / "kept.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside"]

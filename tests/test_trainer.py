@@ -1009,3 +1009,91 @@ def test_export_state_part_way_through_an_accumulation_period_warns_and_counts_o
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # on a boundary: no warning
             assert tr.export_state().n_steps == 4
+
+
+def _constant_gradient_trainer():
+    """A Trainer whose gradient stays constant: mean |x W - 1000| with small weights and rate has
+    the gradient -mean(x) for every weight, so Adam's first moment after k updates is
+    g * (1 - 0.9**k), whatever the weights. Returns the trainer, a batch, and the updates that a
+    state's moments hold."""
+    model = ot.Sequential([L.Dense(1, use_bias=False)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(lr=1e-6), loss="mae")
+    x = np.tile(np.float32([[0.5, 1.0, 2.0, 0.25]]), (16, 1))
+    y = np.full((16, 1), 1000.0, np.float32)
+    g = -x.mean(0)
+
+    def updates_in(moments):
+        m = next(iter(moments.values()))[0].reshape(-1).astype(np.float64)
+        return np.log(1 - m / g) / np.log(0.9)
+    return ot.Trainer(model, batch_size=16), x, y, updates_in
+
+
+def test_export_state_and_save_checkpoint_from_another_thread_hold_one_steps_counters_and_moments(tmp_path):
+    # the counters were read before the session's lock, the moments after it: a checkpoint saved
+    # without error was refused at load ("197 updates recorded, the optimizer state holds 300"),
+    # and export_state paired one step's count with another's moments
+    import threading
+    import time
+    tr, x, y, updates_in = _constant_gradient_trainer()
+    tr.step(x, y)
+    stop = threading.Event()
+
+    def steps():
+        while not stop.is_set():
+            tr.step(x, y)
+            time.sleep(0.0001)  # turns for the other thread too (the lock is not fair)
+
+    stepper = threading.Thread(target=steps)
+    stepper.start()
+    paths = []
+    try:
+        for i in range(40):
+            state = tr.export_state()
+            assert state.step == state.n_steps
+            np.testing.assert_allclose(updates_in(state.moments), state.step, atol=0.02)
+            if i % 4 == 0:
+                paths.append(tr.save_checkpoint(tmp_path / f"c{i}"))
+    finally:
+        stop.set()
+        stepper.join()
+    for path in paths:
+        resumed = ot.Trainer.from_checkpoint(tr.model(), path, batch_size=16)
+        state = resumed.export_state()
+        np.testing.assert_allclose(updates_in(state.moments), state.step, atol=0.02)
+        resumed.free()
+    tr.free()
+
+
+def test_a_second_interrupt_during_the_recovery_of_an_interrupted_update_still_counts_it(monkeypatch):
+    # the count's read back was stopped by a second Ctrl-C: the weights moved, n_updates did not,
+    # and every later checkpoint was refused at load
+    x, y = seed_data()
+    batches = [(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(3)]
+    with ot.Trainer(seed_model(), batch_size=16) as good, ot.Trainer(seed_model(), batch_size=16) as tr:
+        for b in batches[:2]:
+            good.step(*b)
+        tr.step(*batches[0])
+        session = tr._session
+        real_update, real_read = session._optimizer_step, session.optimizer_state
+        reads = []
+
+        def update_then_interrupt():
+            real_update()
+            raise KeyboardInterrupt
+
+        def read_interrupted_once():
+            reads.append(1)
+            if len(reads) == 1:
+                raise KeyboardInterrupt("a second Ctrl-C")
+            return real_read()
+
+        monkeypatch.setattr(session, "_optimizer_step", update_then_interrupt)
+        monkeypatch.setattr(session, "optimizer_state", read_interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            tr.step(*batches[1])
+        monkeypatch.undo()
+        assert len(reads) == 2
+        assert (tr.n_steps, tr.n_updates) == (good.n_steps, good.n_updates) == (2, 2)
+        for a, b in zip(tr.model().get_weights(), good.model().get_weights()):
+            np.testing.assert_array_equal(a, b)
+        assert tr.step(*batches[2]) == good.step(*batches[2])

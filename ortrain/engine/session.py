@@ -130,6 +130,19 @@ def _reason(exc: Exception) -> str:
     return reason.strip() or type(exc).__name__
 
 
+def _despite_interrupts(fn, attempts: int = 5):
+    """``fn()``, called again when an interrupt (Ctrl-C) stops it: for the clean-up after a step
+    an interrupt already stopped, which a user pressing Ctrl-C again must not leave half done."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception:
+            raise
+        except BaseException:
+            if attempt == attempts - 1:
+                raise
+
+
 def runtime_failure(exc: Exception, what: str) -> OrtrainError:
     """An :class:`OrtrainError` for a run the runtime refused (an index out of range that no check
     before the run could see, say), carrying the runtime's reason."""
@@ -525,16 +538,20 @@ class TrainingSession:
         return state.moments if state is not None else {}
 
     @exclusive
-    def abandon_step(self, exc: BaseException, updates_before: int) -> bool:
+    def abandon_step(self, exc: BaseException, updates_before: int, updating: bool = True) -> bool:
         """After a step that raised ``exc``: drop the gradients (the runtime may have added the
-        batch's), and say whether the update ran all the same: an interrupt (Ctrl-C), which Python
-        raises once a runtime call has returned, or a failure of a call after it (the gradients'
-        reset) can come after it. The optimizer's own count, compared with ``updates_before``,
-        tells (False when it cannot be read, so that ``exc`` is what propagates)."""
+        batch's), and say whether the update ran all the same. ``updating``: the update had been
+        called, and then an interrupt (Ctrl-C), which Python raises once a runtime call has
+        returned, or a failure of a call after it (the gradients' reset) may have come after it ran;
+        the optimizer's own count, compared with ``updates_before``, tells (False when it cannot be
+        read, so that ``exc`` is what propagates). A second interrupt during all this does not stop
+        it: it is one more Ctrl-C on the way out."""
         with contextlib.suppress(Exception):  # a reset failing again: ``exc`` propagates
-            self.zero_grad()
+            _despite_interrupts(self.zero_grad)
+        if not updating:
+            return False
         try:
-            state = self.optimizer_state()
+            state = _despite_interrupts(self.optimizer_state)
         except Exception:
             return False
         return state is not None and state.step > updates_before
