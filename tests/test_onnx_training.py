@@ -234,3 +234,27 @@ def test_an_output_with_the_batch_on_its_second_axis_is_refused_for_training_and
     with ot.Trainer(model, batch_size=7) as tr, pytest.raises(ot.ShapeError, match=want):
         tr.step(x, np.zeros((3, 7), np.float32))
     np.testing.assert_array_equal(model.get_weights()[0], w)
+
+
+def test_an_output_with_a_fixed_first_size_still_trains_at_batches_of_that_size(tmp_path):
+    # the refusal above is for batches whose rows cannot be the output's: at batches of exactly the
+    # fixed size (a file declaring an output at its export's example batch, which import cannot free,
+    # trained at that batch) the graph trains as it is written, against a numpy reference
+    from onnx import TensorProto
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    w = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["z"]), h.make_node("Transpose", ["z"], ["y"], perm=[1, 0])],
+                     "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [3, "N"])], [nh.from_array(w, "W")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "t.onnx")
+    model = ot.from_onnx(tmp_path / "t.onnx")
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) / 12
+    y = np.ones((3, 3), np.float32)
+    with ot.Trainer(model, batch_size=3) as tr:
+        loss = tr.step(x, y)
+        trained = tr.model().get_weights()[0]
+    d = (x @ w).T - y
+    np.testing.assert_allclose(loss, np.mean(d ** 2), rtol=1e-5)
+    np.testing.assert_allclose(trained, w - 0.1 * 2 * x.T @ d.T / y.size, rtol=1e-5, atol=1e-6)

@@ -546,9 +546,10 @@ class TrainingMixin:
         these inputs (onnxruntime would read other labels without a word, or fail in the step)."""
         spec = self._label_spec()
         out = self.output_specs[0]
-        if out.shape and out.shape[0] is not None and None in out.shape[1:] and \
-                any(s.shape and s.shape[0] is None for s in self.input_specs):
-            # e.g. (3, N) from a transpose: no label rows can be cut from y batch by batch
+        if out.shape and out.shape[0] is not None and None in out.shape[1:] and input_shapes and \
+                input_shapes[0][:1] != (out.shape[0],) and any(s.shape and s.shape[0] is None for s in self.input_specs):
+            # e.g. (3, N) from a transpose: no label rows can be cut from y batch by batch (a file that
+            # declares an output at its example's batch, which could not be freed, trains at that batch)
             raise ShapeError(f"output {out.name!r} has shape {describe_shape(out.shape)}: its first axis is fixed at "
                              f"{out.shape[0]} while the batch of the inputs is free, so its rows are not the "
                              "samples. fit, evaluate and Trainer take one label row per input row; put the batch "
