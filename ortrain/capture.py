@@ -32,6 +32,7 @@ from ortrain.ag.calls import Capture, TracedCall
 from ortrain.ag.tensor import Buffer, Param
 from ortrain.ag.tracer import example_inputs, trace
 from ortrain.engine import denormals
+from ortrain.engine.session import despite_interrupts
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph import spec_of
 from ortrain.graph.repairs import read_as_scalars
@@ -145,7 +146,8 @@ class CaptureStep(TracedCall):
                 # the update ran counts it.
                 if self._step > before:  # counted: the gradients alone may be left
                     session.zero_grad()
-                elif session.abandon_step(exc, before, updating):  # no call after it: a Ctrl-C can't part them
+                # (a second Ctrl-C during the recovery does not stop it; no call after it, so none parts the two)
+                elif despite_interrupts(lambda exc=exc: session.abandon_step(exc, before, updating)):
                     if _live_steps[0] > 1:
                         _world[0] += 1
                         self._world_seen = _world[0]

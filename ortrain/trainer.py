@@ -37,6 +37,7 @@ from ortrain._trainer_setup import TrainerSetup
 from ortrain._warnings import warn
 from ortrain.data import refuse_non_finite_weights
 from ortrain.engine import denormals
+from ortrain.engine.session import despite_interrupts
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError
 from ortrain.graph.forward import to_inference
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
@@ -199,7 +200,7 @@ class Trainer(TrainerSetup, Releasable):
             session._zero_grad()
             self._accum = 0
         except BaseException as exc:
-            if session.abandon_step(exc, self._updates):  # it dropped the gradients
+            if despite_interrupts(lambda exc=exc: session.abandon_step(exc, self._updates)):  # it dropped the gradients
                 self._updates += 1  # the update ran before the interrupt arrived
                 self._n_steps += 1
                 self._accum = 0

@@ -530,7 +530,8 @@ def test_a_gradient_reset_failing_after_the_update_counts_the_update():
     for i in range(4):
         if i == 1:
             step._session._module = FailingReset(step._session._module)
-            with pytest.raises(ot.OrtrainError, match="could not run the gradient reset: injected"):
+            with pytest.raises(ot.OrtrainError, match=r"gradient reset after the update \(the update ran and is "
+                                                      r"counted\): injected"):
                 step(x=X, y=Y)
         else:
             step(x=X, y=Y)
@@ -1238,5 +1239,71 @@ def test_a_second_interrupt_during_the_recovery_of_an_interrupted_captured_updat
     monkeypatch.undo()
     ref.step([2 * (ref.p[0] @ X - Y) @ X.T / Y.size])
     assert len(reads) == 2 and opt.step == 2
+    np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-5, atol=1e-6)
+    step.free()
+
+
+def test_a_capture_collected_while_another_thread_holds_the_turn_does_not_wait_for_it():
+    # free() waits for the turn; the collector, which may run in a thread holding a lock the
+    # turn's holder waits on, frees without it (a collected capture has no call running)
+    import gc
+    import threading
+    I3 = ag.param(np.eye(3, dtype=np.float32), name="I3")
+    fwd = ot.capture(lambda x: ag.matmul(x, I3))
+    fwd(x=np.ones((2, 3), np.float32))
+    fwd.cycle = fwd  # collected only by the cycle collector
+    runner = fwd._runner
+    del fwd
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_turn():
+        with ag.tensor.TURNS:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_the_turn)
+    holder.start()
+    held.wait(10)
+    collector = threading.Thread(target=gc.collect)
+    collector.start()
+    collector.join(5)
+    stuck = collector.is_alive()
+    release.set()
+    holder.join()
+    collector.join()
+    assert not stuck
+    assert runner._sess is None  # its session was released
+
+
+def test_a_second_interrupt_at_the_start_of_the_recovery_still_counts_the_update(monkeypatch):
+    # a second Ctrl-C landing as the recovery began (its lock's wrapper) lost the count
+    w0 = _w0()
+    W = ag.param(w0, name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    step = ot.capture_step(_mse_of(W), optimizer=opt)
+    ref = NumpyAdam([w0], lr=0.1)
+    for _ in range(2):
+        ref.step([2 * (ref.p[0] @ X - Y) @ X.T / Y.size])
+    step(x=X, y=Y)
+    session = step._session
+    real_update, real_abandon = session._update, session.abandon_step
+    starts = []
+
+    def update_then_interrupt():
+        real_update()
+        raise KeyboardInterrupt
+
+    def abandon_interrupted_at_its_start(*args):
+        starts.append(1)
+        if len(starts) == 1:
+            raise KeyboardInterrupt("a second Ctrl-C")
+        return real_abandon(*args)
+
+    monkeypatch.setattr(session, "_update", update_then_interrupt)
+    monkeypatch.setattr(session, "abandon_step", abandon_interrupted_at_its_start)
+    with pytest.raises(KeyboardInterrupt):
+        step(x=X, y=Y)
+    monkeypatch.undo()
+    assert len(starts) == 2 and opt.step == 2
     np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-5, atol=1e-6)
     step.free()

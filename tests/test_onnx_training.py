@@ -258,3 +258,14 @@ def test_an_output_with_a_fixed_first_size_still_trains_at_batches_of_that_size(
     d = (x @ w).T - y
     np.testing.assert_allclose(loss, np.mean(d ** 2), rtol=1e-5)
     np.testing.assert_allclose(trained, w - 0.1 * 2 * x.T @ d.T / y.size, rtol=1e-5, atol=1e-6)
+    # fit cuts 9 rows into batches of 3, each trained as the graph computes it
+    model2 = ot.from_onnx(tmp_path / "t.onnx")
+    model2.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    x9 = np.random.default_rng(2).standard_normal((9, 4)).astype(np.float32)
+    y9 = np.random.default_rng(3).standard_normal((9, 3)).astype(np.float32)
+    model2.fit(x9, y9, batch_size=3, epochs=1, shuffle=False, verbose=0)
+    ref = w.astype(np.float64)
+    for i in range(0, 9, 3):
+        xb, yb = x9[i:i + 3], y9[i:i + 3]
+        ref = ref - 0.1 * 2 * xb.T @ ((xb @ ref).T - yb).T / yb.size
+    np.testing.assert_allclose(model2.get_weights()[0], ref, rtol=1e-5, atol=1e-6)

@@ -8,6 +8,7 @@ dict building, no casting when the arrays already match), and a mismatch raises
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import numpy as np
@@ -218,13 +219,22 @@ class Capture(TracedCall):
         """Release the session; later calls raise ``ot.FreedError``. Freeing twice is harmless. A call
         running in another thread finishes first."""
         with tensor.TURNS:
-            if self._freed:
-                return
-            self._freed = True
-            if self._runner is not None:
-                self._runner.free()
-            self._runner = None
-            self._named = {}
+            self._free()
+
+    def __del__(self):
+        # Collected, no call can be running on it (a call holds it): no turn to wait for, which could
+        # deadlock, the collector running in a thread that holds a lock a running call waits on.
+        with contextlib.suppress(Exception):
+            self._free()
+
+    def _free(self) -> None:
+        if self.__dict__.get("_freed", True):
+            return
+        self._freed = True
+        runner, self._runner = self.__dict__.get("_runner"), None
+        if runner is not None:
+            runner.free()
+        self._named = {}
 
     def __repr__(self) -> str:
         traced = self.__dict__.get("_runner") is not None or "_params" in self.__dict__

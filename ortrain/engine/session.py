@@ -130,7 +130,7 @@ def _reason(exc: Exception) -> str:
     return reason.strip() or type(exc).__name__
 
 
-def _despite_interrupts(fn, attempts: int = 5):
+def despite_interrupts(fn, attempts: int = 5):
     """``fn()``, called again when an interrupt (Ctrl-C) stops it: for the clean-up after a step
     an interrupt already stopped, which a user pressing Ctrl-C again must not leave half done."""
     for attempt in range(attempts):
@@ -424,7 +424,7 @@ class TrainingSession:
         try:
             self._module.lazy_reset_grad()
         except Exception as exc:  # the update ran: the caller's abandon_step counts it
-            raise runtime_failure(exc, "gradient reset") from exc
+            raise runtime_failure(exc, "gradient reset after the update (the update ran and is counted)") from exc
 
     zero_grad = exclusive(_zero_grad)
 
@@ -547,11 +547,11 @@ class TrainingSession:
         read, so that ``exc`` is what propagates). A second interrupt during all this does not stop
         it: it is one more Ctrl-C on the way out."""
         with contextlib.suppress(Exception):  # a reset failing again: ``exc`` propagates
-            _despite_interrupts(self.zero_grad)
+            despite_interrupts(self.zero_grad)
         if not updating:
             return False
         try:
-            state = _despite_interrupts(self.optimizer_state)
+            state = despite_interrupts(self.optimizer_state)
         except Exception:
             return False
         return state is not None and state.step > updates_before

@@ -546,14 +546,18 @@ class TrainingMixin:
         these inputs (onnxruntime would read other labels without a word, or fail in the step)."""
         spec = self._label_spec()
         out = self.output_specs[0]
-        if out.shape and out.shape[0] is not None and None in out.shape[1:] and input_shapes and \
-                input_shapes[0][:1] != (out.shape[0],) and any(s.shape and s.shape[0] is None for s in self.input_specs):
-            # e.g. (3, N) from a transpose: no label rows can be cut from y batch by batch (a file that
-            # declares an output at its example's batch, which could not be freed, trains at that batch)
+        fixed = out.shape[0] if out.shape else None
+        if fixed and None in out.shape[1:] and input_shapes and input_shapes[0] and input_shapes[0][0] % fixed and \
+                any(s.shape and s.shape[0] is None for s in self.input_specs):
+            # e.g. (3, N) from a transpose: no label rows can be cut from y batch by batch. (An output the
+            # file declares at its export's example batch, which import could not free, trains in
+            # batches of that size, as a graph whose batch the export fixed: rows a multiple of it.)
             raise ShapeError(f"output {out.name!r} has shape {describe_shape(out.shape)}: its first axis is fixed at "
-                             f"{out.shape[0]} while the batch of the inputs is free, so its rows are not the "
-                             "samples. fit, evaluate and Trainer take one label row per input row; put the batch "
-                             "first in the model's output (e.g. transpose it back in the model before exporting)")
+                             f"{fixed} while the batch of the inputs is free, so its rows are not the samples of "
+                             f"{input_shapes[0][0]} rows of input. fit, evaluate and Trainer take one label row per "
+                             f"input row (in batches of exactly {fixed} rows, such an output trains as the graph "
+                             "computes it); put the batch first in the model's output (e.g. transpose it back in "
+                             "the model before exporting)")
         if all(d is not None for d in spec.shape[1:]):
             return spec
         out = self._output_shape_for(input_shapes)
