@@ -16,7 +16,6 @@ weights behave as one program run in call order.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
@@ -220,19 +219,6 @@ class CaptureStep(TracedCall):
     def optimizer(self) -> Optimizer:
         """The optimizer given to :func:`capture_step`."""
         return self._opt
-
-    def free(self) -> None:
-        """Release the session; params keep their trained values and ``opt.state()`` its moments.
-        Later calls raise ``ot.FreedError``; freeing twice is harmless. A call running in another
-        thread (a first one recording ``fn``, too) finishes first."""
-        with tensor.TURNS:
-            self._free()
-
-    def __del__(self):
-        # Collected, no call can be running on it (a call holds it): no turn to wait for, which could
-        # deadlock, the collector running in a thread that holds a lock a running call waits on.
-        with contextlib.suppress(Exception):
-            self._free()
 
     def _free(self) -> None:
         if self._freed:

@@ -153,3 +153,21 @@ def forks_that_hang(tmp_path, setup: str, busy: str, in_child: str, forks: int =
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, (run.returncode, run.stdout, run.stderr[-2000:])
     return run.stdout.strip()
+
+
+def then_interrupted(fn):
+    """``fn``, then a KeyboardInterrupt: a Ctrl-C that Python raises once the runtime's call returned."""
+    def wrapped(*args, **kwargs):
+        fn(*args, **kwargs)
+        raise KeyboardInterrupt
+    return wrapped
+
+
+def interrupted_first(fn, calls: list):
+    """``fn`` whose first call a second Ctrl-C stops before it starts; ``calls`` counts the calls."""
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt("a second Ctrl-C")
+        return fn(*args, **kwargs)
+    return wrapped

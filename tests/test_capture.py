@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 from conftest import torch_or_skip
-from helpers import NumpyAdam, forks_that_hang
+from helpers import NumpyAdam, forks_that_hang, interrupted_first, then_interrupted
 
 import ortrain as ot
 from ortrain import ag
@@ -1218,22 +1218,9 @@ def test_a_second_interrupt_during_the_recovery_of_an_interrupted_captured_updat
     ref = NumpyAdam([w0], lr=0.1)
     step(x=X, y=Y)
     ref.step([2 * (ref.p[0] @ X - Y) @ X.T / Y.size])
-    session = step._session
-    real_update, real_read = session._update, session.optimizer_state
-    reads = []
-
-    def update_then_interrupt():
-        real_update()
-        raise KeyboardInterrupt
-
-    def read_interrupted_once():
-        reads.append(1)
-        if len(reads) == 1:
-            raise KeyboardInterrupt("a second Ctrl-C")
-        return real_read()
-
-    monkeypatch.setattr(session, "_update", update_then_interrupt)
-    monkeypatch.setattr(session, "optimizer_state", read_interrupted_once)
+    session, reads = step._session, []
+    monkeypatch.setattr(session, "_update", then_interrupted(session._update))
+    monkeypatch.setattr(session, "optimizer_state", interrupted_first(session.optimizer_state, reads))
     with pytest.raises(KeyboardInterrupt):
         step(x=X, y=Y)
     monkeypatch.undo()
@@ -1285,22 +1272,9 @@ def test_a_second_interrupt_at_the_start_of_the_recovery_still_counts_the_update
     for _ in range(2):
         ref.step([2 * (ref.p[0] @ X - Y) @ X.T / Y.size])
     step(x=X, y=Y)
-    session = step._session
-    real_update, real_abandon = session._update, session.abandon_step
-    starts = []
-
-    def update_then_interrupt():
-        real_update()
-        raise KeyboardInterrupt
-
-    def abandon_interrupted_at_its_start(*args):
-        starts.append(1)
-        if len(starts) == 1:
-            raise KeyboardInterrupt("a second Ctrl-C")
-        return real_abandon(*args)
-
-    monkeypatch.setattr(session, "_update", update_then_interrupt)
-    monkeypatch.setattr(session, "abandon_step", abandon_interrupted_at_its_start)
+    session, starts = step._session, []
+    monkeypatch.setattr(session, "_update", then_interrupted(session._update))
+    monkeypatch.setattr(session, "abandon_step", interrupted_first(session.abandon_step, starts))
     with pytest.raises(KeyboardInterrupt):
         step(x=X, y=Y)
     monkeypatch.undo()

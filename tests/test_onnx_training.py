@@ -227,8 +227,10 @@ def test_an_output_with_the_batch_on_its_second_axis_is_refused_for_training_and
     np.testing.assert_allclose(model.predict(x), (x @ w).T, rtol=1e-6)  # predict is unaffected
     want = "output 'y' has shape \\(3, N\\): its first axis is fixed at 3 while the batch of the inputs is free"
     for y in (np.zeros((3, 7), np.float32), np.zeros((7, 3), np.float32)):
-        with pytest.raises(ot.ShapeError, match=want):
+        with pytest.raises(ot.ShapeError, match="fixes its batch at 3 rows .*on its first output"):
             model.fit(x, y, epochs=1, batch_size=7, verbose=0)
+        with pytest.raises(ot.ShapeError, match=want):
+            model.fit(x, y, epochs=1, verbose=0)
         with pytest.raises(ot.ShapeError, match=want):
             model.evaluate(x, y, verbose=0)
     with ot.Trainer(model, batch_size=7) as tr, pytest.raises(ot.ShapeError, match=want):
@@ -269,3 +271,12 @@ def test_an_output_with_a_fixed_first_size_still_trains_at_batches_of_that_size(
         xb, yb = x9[i:i + 3], y9[i:i + 3]
         ref = ref - 0.1 * 2 * xb.T @ ((xb @ ref).T - yb).T / yb.size
     np.testing.assert_allclose(model2.get_weights()[0], ref, rtol=1e-5, atol=1e-6)
+    # other batch sizes are refused before anything runs (they reached the runtime's dimension error)
+    before = model2.get_weights()[0].copy()
+    for call in (model2.fit, model2.evaluate):
+        with pytest.raises(ot.ShapeError, match="fixes its batch at 3 rows .*received batch_size=9"):
+            call(x9, y9, batch_size=9, verbose=0)
+    np.testing.assert_array_equal(model2.get_weights()[0], before)
+    trained = model2.get_weights()[0]
+    want_loss = np.mean([np.mean(((x9[i:i + 3] @ trained).T - y9[i:i + 3]) ** 2) for i in range(0, 9, 3)])
+    np.testing.assert_allclose(model2.evaluate(x9, y9, verbose=0)["loss"], want_loss, rtol=1e-5)  # batches of 3

@@ -7,7 +7,15 @@ import textwrap
 import numpy as np
 import pytest
 from conftest import torch_or_skip
-from helpers import NumpyAdam, dense_model, forks_that_hang, linear_mse_grads, softmax
+from helpers import (
+    NumpyAdam,
+    dense_model,
+    forks_that_hang,
+    interrupted_first,
+    linear_mse_grads,
+    softmax,
+    then_interrupted,
+)
 
 import ortrain as ot
 
@@ -1073,22 +1081,9 @@ def test_a_second_interrupt_during_the_recovery_of_an_interrupted_update_still_c
         for b in batches[:2]:
             good.step(*b)
         tr.step(*batches[0])
-        session = tr._session
-        real_update, real_read = session._optimizer_step, session.optimizer_state
-        reads = []
-
-        def update_then_interrupt():
-            real_update()
-            raise KeyboardInterrupt
-
-        def read_interrupted_once():
-            reads.append(1)
-            if len(reads) == 1:
-                raise KeyboardInterrupt("a second Ctrl-C")
-            return real_read()
-
-        monkeypatch.setattr(session, "_optimizer_step", update_then_interrupt)
-        monkeypatch.setattr(session, "optimizer_state", read_interrupted_once)
+        session, reads = tr._session, []
+        monkeypatch.setattr(session, "_optimizer_step", then_interrupted(session._optimizer_step))
+        monkeypatch.setattr(session, "optimizer_state", interrupted_first(session.optimizer_state, reads))
         with pytest.raises(KeyboardInterrupt):
             tr.step(*batches[1])
         monkeypatch.undo()

@@ -159,6 +159,22 @@ class TracedCall(Releasable):
         if self._freed:
             raise FreedError(f"this {self._where} was freed; capture the function again")
 
+    def free(self) -> None:
+        """Release the session; later calls raise ``ot.FreedError``, and freeing twice is harmless. A
+        call running in another thread (a first one recording ``fn``, too) finishes first. A captured
+        step's params keep their trained values, and ``opt.state()`` its moments."""
+        with tensor.TURNS:
+            self._free()
+
+    def __del__(self):
+        # Collected, no call can be running on it (a call holds it): no turn to wait for, which could
+        # deadlock, the collector running in a thread that holds a lock a running call waits on.
+        with contextlib.suppress(Exception):
+            self._free()
+
+    def _free(self) -> None:
+        raise NotImplementedError
+
     @property
     def freed(self) -> bool:
         """Whether :meth:`free` was called."""
@@ -214,18 +230,6 @@ class Capture(TracedCall):
         self._keys, self._dict = traced.keys, traced.returns_dict
         self._named = {}
         self._set_specs(traced, traced.used)
-
-    def free(self) -> None:
-        """Release the session; later calls raise ``ot.FreedError``. Freeing twice is harmless. A call
-        running in another thread finishes first."""
-        with tensor.TURNS:
-            self._free()
-
-    def __del__(self):
-        # Collected, no call can be running on it (a call holds it): no turn to wait for, which could
-        # deadlock, the collector running in a thread that holds a lock a running call waits on.
-        with contextlib.suppress(Exception):
-            self._free()
 
     def _free(self) -> None:
         if self.__dict__.get("_freed", True):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import threading
 import weakref
 from typing import TYPE_CHECKING
@@ -492,7 +493,7 @@ class TrainingMixin:
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
         n = xs[0].shape[0]
-        batch_size = check_fixed_rows(self.input_specs, n, "x", batch_size) or batch_size
+        batch_size = check_fixed_rows(self._batch_specs(), n, "x", batch_size) or batch_size
         runner = self._runner("evaluate", None if w is None else "sample")
         specs = self.input_specs
         total = 0.0
@@ -532,6 +533,17 @@ class TrainingMixin:
         if key not in found:
             found[key] = output_shape_at(self._base_proto(), {p.name for p in self.params()}, key)
         return found[key] or declared
+
+    def _batch_specs(self) -> list[TensorSpec]:
+        """The input specs as fit and evaluate cut batches: where the first output's first axis is
+        fixed at k while the inputs' batch is free (an output kept at its export's example batch, or
+        a transposed one), every run takes exactly k rows, as in a graph whose inputs fix the batch."""
+        specs = self.input_specs
+        out = self.output_specs[0].shape
+        if out and out[0] is not None and None in out[1:] and specs and all(s.shape and s.shape[0] is None
+                                                                              for s in specs):
+            return [dataclasses.replace(s, shape=(out[0], *s.shape[1:])) for s in specs]
+        return specs
 
     def _label_spec(self) -> TensorSpec:
         """The loss's label input for this model's first output."""
