@@ -521,7 +521,7 @@ def check_fixed_rows(specs, n: int, argument: str, batch_size, split: bool = Fal
     fix = "or re-export the model with a dynamic batch axis"
     if batch_size is not None and batch_size != batch:
         raise ShapeError(f"batch_size: the model's graph fixes its batch at {batch} rows (an export without a "
-                         f"dynamic batch axis, on its inputs or on its first output), received batch_size={batch_size}; leave batch_size out (it "
+                         f"dynamic batch axis), received batch_size={batch_size}; leave batch_size out (it "
                          f"takes {batch}), {fix}")
     if n % batch:
         drop = (f"choose a validation_split that leaves multiples of {batch} rows on both sides" if split else

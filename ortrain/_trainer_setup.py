@@ -142,6 +142,7 @@ class TrainerSetup:
         # at each batch's sizes; other outputs pay nothing per step.
         self._free_labels = any(d is None for d in art.label.shape[1:])
         self._labels_at = {}
+        self._rows_fixed_by_output = model._fixed_output_rows() is not None  # each batch's rows checked
         loss = model.loss
         self._probabilities_unseen = hasattr(loss, "from_logits") and not loss.from_logits
         self._one_hot_labels = getattr(loss, "name", "") == "categorical_crossentropy"  # for a label error's fix

@@ -409,7 +409,7 @@ def validation_iterator(model, data, steps, batch_size: int, argument: str = "va
         xs, ys, ws = prepare_arrays(model, data[0], data[1], data[2] if len(data) == 3 else None, xa, ya, wa,
                                     weight_shape)
         refuse_non_finite_weights(ws, wa, "nothing was trained")
-        batch_size = check_fixed_rows(model._batch_specs(), xs[0].shape[0], xa, None) or batch_size
+        batch_size = check_fixed_rows(model.input_specs, xs[0].shape[0], xa, None) or batch_size
         return EpochIterator(ArraySource(xs, ys, ws, batch_size), steps)
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], np.ndarray):
         items = ", ".join(describe_value(v) for v in data)

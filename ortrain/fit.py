@@ -143,7 +143,7 @@ def train(trainer: Trainer, data, y=None, *, sample_weight=None, epochs: int = 1
         if sample_weight is not None and trainer._weight_spec is None:
             raise OrtrainError(f"{wa}: this trainer has no loss weights; {trainer._how_to_weigh()}")
         xs, ys, ws = prepare_arrays(base, data, y, sample_weight, xa, ya, wa, weight_shape)
-        check_fixed_rows(base._batch_specs(), len(ys), xa, trainer.batch_size)
+        check_fixed_rows(base.input_specs, len(ys), xa, trainer.batch_size)
         refuse_non_finite_arrays(base, xs, ys, ws, (xa, ya, wa))
         source, samples = ArraySource(xs, ys, ws, trainer.batch_size, shuffle=checked_flag(shuffle, "shuffle")), len(ys)
     vit = validation_iterator(base, validation_data, validation_steps, trainer.batch_size,
@@ -427,7 +427,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
                                           steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                                           class_weight=class_weight, validation_freq=validation_freq)
     bs = _count(batch_size, "batch_size")
-    fixed = check_fixed_rows(model._batch_specs(), 0, "x", bs)  # a graph's fixed batch is the batch size
+    model._check_rows_per_batch(bs)
+    fixed = check_fixed_rows(model.input_specs, 0, "x", bs)  # a graph's fixed batch is the batch size
     bs = fixed or bs or DEFAULT_BATCH_SIZE
     epochs, initial_epoch = _epochs(epochs, initial_epoch)
     steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
@@ -447,14 +448,14 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     else:
         (xs, ys, ws), held = split_arrays(arrays, validation_split)
         if fixed and held is not None:
-            check_fixed_rows(model._batch_specs(), len(held[1]), "x (the rows validation_split holds out)", bs,
+            check_fixed_rows(model.input_specs, len(held[1]), "x (the rows validation_split holds out)", bs,
                              split=True)
         if held is not None:
             refuse_non_finite_weights(held[2], "sample_weight (rows held out by validation_split)",
                                       "nothing was trained")
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
     if fixed:
-        check_fixed_rows(model._batch_specs(), len(ys), "x" if held is None else
+        check_fixed_rows(model.input_specs, len(ys), "x" if held is None else
                          "x (the rows validation_split leaves for training)", bs, split=held is not None)
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class

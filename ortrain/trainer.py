@@ -148,9 +148,11 @@ class Trainer(TrainerSetup, Releasable):
         """The label input for a batch of these inputs, for an output with free positions: found once
         for each set of sizes."""
         key = tuple(a.shape[1:] for a in xs)
+        if self._rows_fixed_by_output:
+            key += (xs[0].shape[0],)
         spec = self._labels_at.get(key)
         if spec is None:
-            spec = self._labels_at[key] = self._model._label_spec_for([a.shape for a in xs])
+            spec = self._labels_at[key] = self._model._label_spec_for([a.shape for a in xs], whole=False)
         return spec
 
     def _sample_weight(self, w, rows: int, labels: np.ndarray) -> np.ndarray:

@@ -225,58 +225,57 @@ def test_an_output_with_the_batch_on_its_second_axis_is_refused_for_training_and
     model.compile(optimizer="adam", loss="mse")
     x = np.ones((7, 4), np.float32)
     np.testing.assert_allclose(model.predict(x), (x @ w).T, rtol=1e-6)  # predict is unaffected
-    want = "output 'y' has shape \\(3, N\\): its first axis is fixed at 3 while the batch of the inputs is free"
+    want = "output 'y' has shape \\(3, N\\), the inputs' batch on a later axis, so its rows are not the samples"
     for y in (np.zeros((3, 7), np.float32), np.zeros((7, 3), np.float32)):
-        with pytest.raises(ot.ShapeError, match="fixes its batch at 3 rows .*on its first output"):
-            model.fit(x, y, epochs=1, batch_size=7, verbose=0)
-        with pytest.raises(ot.ShapeError, match=want):
-            model.fit(x, y, epochs=1, verbose=0)
-        with pytest.raises(ot.ShapeError, match=want):
-            model.evaluate(x, y, verbose=0)
+        for batch_size in (None, 3, 7):
+            with pytest.raises(ot.ShapeError, match=want):
+                model.fit(x, y, epochs=1, batch_size=batch_size, verbose=0)
+            with pytest.raises(ot.ShapeError, match=want):
+                model.evaluate(x, y, batch_size=batch_size, verbose=0)
     with ot.Trainer(model, batch_size=7) as tr, pytest.raises(ot.ShapeError, match=want):
         tr.step(x, np.zeros((3, 7), np.float32))
     np.testing.assert_array_equal(model.get_weights()[0], w)
 
 
-def test_an_output_with_a_fixed_first_size_still_trains_at_batches_of_that_size(tmp_path):
-    # the refusal above is for batches whose rows cannot be the output's: at batches of exactly the
-    # fixed size (a file declaring an output at its export's example batch, which import cannot free,
-    # trained at that batch) the graph trains as it is written, against a numpy reference
+def test_an_output_with_a_fixed_first_size_trains_in_batches_of_exactly_that_size(tmp_path):
+    # an output the file declares with a fixed first axis, without naming the batch on another (an
+    # output kept at its export's example batch): fit, evaluate and Trainer take batches of exactly
+    # that size, given (nothing in the shapes tells it from a transposed output), and refuse others
+    # before anything runs (they reached the runtime's dimension error); trained against numpy
     from onnx import TensorProto
     from onnx import helper as h
     from onnx import numpy_helper as nh
     w = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
     g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["z"]), h.make_node("Transpose", ["z"], ["y"], perm=[1, 0])],
                      "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [3, "N"])], [nh.from_array(w, "W")])
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [3, "K"])], [nh.from_array(w, "W")])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "t.onnx")
     model = ot.from_onnx(tmp_path / "t.onnx")
     model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
-    x = np.arange(12, dtype=np.float32).reshape(3, 4) / 12
-    y = np.ones((3, 3), np.float32)
-    with ot.Trainer(model, batch_size=3) as tr:
-        loss = tr.step(x, y)
-        trained = tr.model().get_weights()[0]
-    d = (x @ w).T - y
-    np.testing.assert_allclose(loss, np.mean(d ** 2), rtol=1e-5)
-    np.testing.assert_allclose(trained, w - 0.1 * 2 * x.T @ d.T / y.size, rtol=1e-5, atol=1e-6)
-    # fit cuts 9 rows into batches of 3, each trained as the graph computes it
-    model2 = ot.from_onnx(tmp_path / "t.onnx")
-    model2.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
     x9 = np.random.default_rng(2).standard_normal((9, 4)).astype(np.float32)
     y9 = np.random.default_rng(3).standard_normal((9, 3)).astype(np.float32)
-    model2.fit(x9, y9, batch_size=3, epochs=1, shuffle=False, verbose=0)
+    with ot.Trainer(model, batch_size=3) as tr:
+        loss = tr.step(x9[:3], y9[:3])
+        with pytest.raises(ot.ShapeError, match="every batch must hold exactly 3 rows; received 6 rows in a batch"):
+            ot.Trainer(model, batch_size=6).step(x9[:6], y9[:6])
+        trained = tr.model().get_weights()[0]
+    d = (x9[:3] @ w).T - y9[:3]
+    np.testing.assert_allclose(loss, np.mean(d ** 2), rtol=1e-5)
+    np.testing.assert_allclose(trained, w - 0.1 * 2 * x9[:3].T @ d.T / d.size, rtol=1e-5, atol=1e-6)
+    for call in (model.fit, model.evaluate):
+        for batch_size in (None, 9):
+            with pytest.raises(ot.ShapeError, match=f"every batch must hold exactly 3 rows; received "
+                                                    f"batch_size={batch_size}. Pass batch_size=3"):
+                call(x9, y9, batch_size=batch_size, verbose=0)
+    np.testing.assert_array_equal(model.get_weights()[0], w)
+    with pytest.raises(ot.ShapeError, match="every batch must hold exactly 3 rows; received 8 rows"):
+        model.fit(x9[:8], y9[:8], batch_size=3, verbose=0)
+    model.fit(x9, y9, batch_size=3, epochs=1, shuffle=False, verbose=0)
     ref = w.astype(np.float64)
     for i in range(0, 9, 3):
         xb, yb = x9[i:i + 3], y9[i:i + 3]
         ref = ref - 0.1 * 2 * xb.T @ ((xb @ ref).T - yb).T / yb.size
-    np.testing.assert_allclose(model2.get_weights()[0], ref, rtol=1e-5, atol=1e-6)
-    # other batch sizes are refused before anything runs (they reached the runtime's dimension error)
-    before = model2.get_weights()[0].copy()
-    for call in (model2.fit, model2.evaluate):
-        with pytest.raises(ot.ShapeError, match="fixes its batch at 3 rows .*received batch_size=9"):
-            call(x9, y9, batch_size=9, verbose=0)
-    np.testing.assert_array_equal(model2.get_weights()[0], before)
-    trained = model2.get_weights()[0]
+    np.testing.assert_allclose(model.get_weights()[0], ref, rtol=1e-5, atol=1e-6)
+    trained = model.get_weights()[0]
     want_loss = np.mean([np.mean(((x9[i:i + 3] @ trained).T - y9[i:i + 3]) ** 2) for i in range(0, 9, 3)])
-    np.testing.assert_allclose(model2.evaluate(x9, y9, verbose=0)["loss"], want_loss, rtol=1e-5)  # batches of 3
+    np.testing.assert_allclose(model.evaluate(x9, y9, batch_size=3, verbose=0)["loss"], want_loss, rtol=1e-5)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import threading
 import weakref
 from typing import TYPE_CHECKING
@@ -493,7 +492,8 @@ class TrainingMixin:
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
         n = xs[0].shape[0]
-        batch_size = check_fixed_rows(self._batch_specs(), n, "x", batch_size) or batch_size
+        self._check_rows_per_batch(batch_size)
+        batch_size = check_fixed_rows(self.input_specs, n, "x", batch_size) or batch_size
         runner = self._runner("evaluate", None if w is None else "sample")
         specs = self.input_specs
         total = 0.0
@@ -534,16 +534,45 @@ class TrainingMixin:
             found[key] = output_shape_at(self._base_proto(), {p.name for p in self.params()}, key)
         return found[key] or declared
 
-    def _batch_specs(self) -> list[TensorSpec]:
-        """The input specs as fit and evaluate cut batches: where the first output's first axis is
-        fixed at k while the inputs' batch is free (an output kept at its export's example batch, or
-        a transposed one), every run takes exactly k rows, as in a graph whose inputs fix the batch."""
-        specs = self.input_specs
-        out = self.output_specs[0].shape
+    def _check_rows_per_batch(self, batch_size) -> None:
+        """Where the first output's first axis is fixed at k while the inputs' batch is free, fit and
+        evaluate need ``batch_size=k``, given: an output the export declared at its example batch
+        trains so, and nothing from the shapes tells it from a transposed one, whose rows are not
+        samples (the one a file names as such is refused by :meth:`_label_spec_for`)."""
+        fixed = self._fixed_output_rows()
+        if fixed is None or batch_size == fixed or self._batch_not_first():
+            return
+        out = self.output_specs[0]
+        raise ShapeError(f"batch_size: output {out.name!r} has shape {describe_shape(out.shape)}: its first axis is "
+                         f"fixed at {fixed} while the inputs' batch is free, so every batch must hold exactly {fixed} "
+                         f"rows; received batch_size={batch_size}. Pass batch_size={fixed} if that axis is the batch "
+                         "(an output the export declared at its example batch), or put the batch first in the "
+                         "model's output (a transposed output's rows are not samples)")
+
+    def _fixed_output_rows(self) -> int | None:
+        """k where the first output's first axis is fixed at k while a later one and every input's
+        batch are free (a later check tells the batch kept at an example's size from a transpose)."""
+        out, specs = self.output_specs[0].shape, self.input_specs
         if out and out[0] is not None and None in out[1:] and specs and all(s.shape and s.shape[0] is None
                                                                               for s in specs):
-            return [dataclasses.replace(s, shape=(out[0], *s.shape[1:])) for s in specs]
-        return specs
+            return out[0]
+        return None
+
+    def _batch_not_first(self) -> bool:
+        """Whether the file names one of the first output's later axes as the inputs name their batch
+        (a transposed or sequence-first output, (3, N) for inputs (N, 4)): its rows are not samples."""
+        proto = self.__dict__.get("_proto")
+        if proto is None:
+            return False
+
+        def named(vi, axis: int) -> str:
+            dims = vi.type.tensor_type.shape.dim
+            return dims[axis].dim_param if axis < len(dims) else ""
+
+        params = {p.name for p in self.params()}
+        batch = {named(vi, 0) for vi in proto.graph.input if vi.name not in params} - {""}
+        out = proto.graph.output[0]
+        return bool(batch & {named(out, i) for i in range(1, len(out.type.tensor_type.shape.dim))})
 
     def _label_spec(self) -> TensorSpec:
         """The loss's label input for this model's first output."""
@@ -552,24 +581,29 @@ class TrainingMixin:
         pred = self.output_specs[0]
         return TensorSpec("y", self.loss.label_dtype, self.loss.label_shape(pred.shape))
 
-    def _label_spec_for(self, input_shapes) -> TensorSpec:
+    def _label_spec_for(self, input_shapes, whole: bool = True) -> TensorSpec:
         """The label input for inputs of ``input_shapes``: where the output has free dimensions after
         the batch (a sequence of any length), the labels must hold those of the prediction for
-        these inputs (onnxruntime would read other labels without a word, or fail in the step)."""
+        these inputs (onnxruntime would read other labels without a word, or fail in the step).
+        ``whole``: the shapes are whole arrays, which calls cut into batches (else one batch's)."""
         spec = self._label_spec()
         out = self.output_specs[0]
-        fixed = out.shape[0] if out.shape else None
-        if fixed and None in out.shape[1:] and input_shapes and input_shapes[0] and input_shapes[0][0] % fixed and \
-                any(s.shape and s.shape[0] is None for s in self.input_specs):
-            # e.g. (3, N) from a transpose: no label rows can be cut from y batch by batch. (An output the
-            # file declares at its export's example batch, which import could not free, trains in
-            # batches of that size, as a graph whose batch the export fixed: rows a multiple of it.)
-            raise ShapeError(f"output {out.name!r} has shape {describe_shape(out.shape)}: its first axis is fixed at "
-                             f"{fixed} while the batch of the inputs is free, so its rows are not the samples of "
-                             f"{input_shapes[0][0]} rows of input. fit, evaluate and Trainer take one label row per "
-                             f"input row (in batches of exactly {fixed} rows, such an output trains as the graph "
-                             "computes it); put the batch first in the model's output (e.g. transpose it back in "
-                             "the model before exporting)")
+        fixed = self._fixed_output_rows()
+        if fixed is not None and input_shapes and input_shapes[0]:
+            rows = input_shapes[0][0]
+            if self._batch_not_first():  # (3, N): no label rows can be cut from y batch by batch
+                raise ShapeError(f"output {out.name!r} has shape {describe_shape(out.shape)}, the inputs' batch on a "
+                                 "later axis, so its rows are not the samples. fit, evaluate and Trainer take one "
+                                 "label row per input row; put the batch first in the model's output (e.g. transpose "
+                                 "it back in the model before exporting)")
+            if (rows % fixed if whole else rows != fixed):
+                # an output the file declares at its export's example batch, which import could not free,
+                # trains in batches of that size, as a graph whose batch the export fixed
+                raise ShapeError(f"output {out.name!r} has shape {describe_shape(out.shape)}: the export fixed its "
+                                 f"first axis at {fixed} while the inputs' batch is free, so every batch must hold "
+                                 f"exactly {fixed} rows; received {rows} rows{'' if whole else ' in a batch'} "
+                                 f"(give batches of {fixed} rows, or re-export the model with a dynamic batch axis "
+                                 "on that output)")
         if all(d is not None for d in spec.shape[1:]):
             return spec
         out = self._output_shape_for(input_shapes)
