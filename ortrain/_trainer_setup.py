@@ -140,9 +140,9 @@ class TrainerSetup:
         self._outputs = [s.name for s in model.output_specs]
         # Labels of an output with free dimensions after the batch are checked against the prediction
         # at each batch's sizes; other outputs pay nothing per step.
-        self._free_labels = any(d is None for d in art.label.shape[1:])
-        self._labels_at = {}
         self._rows_fixed_by_output = model._fixed_output_rows() is not None  # each batch's rows checked
+        self._free_labels = any(d is None for d in art.label.shape[1:]) or self._rows_fixed_by_output
+        self._labels_at = {}
         loss = model.loss
         self._probabilities_unseen = hasattr(loss, "from_logits") and not loss.from_logits
         self._one_hot_labels = getattr(loss, "name", "") == "categorical_crossentropy"  # for a label error's fix

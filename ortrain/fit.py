@@ -426,8 +426,9 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
                                           validation_data=validation_data, initial_epoch=initial_epoch,
                                           steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                                           class_weight=class_weight, validation_freq=validation_freq)
-    bs = _count(batch_size, "batch_size")
-    model._check_rows_per_batch(bs)
+    bs = given = _count(batch_size, "batch_size")
+    if given is not None:
+        model._check_rows_per_batch(given)
     fixed = check_fixed_rows(model.input_specs, 0, "x", bs)  # a graph's fixed batch is the batch size
     bs = fixed or bs or DEFAULT_BATCH_SIZE
     epochs, initial_epoch = _epochs(epochs, initial_epoch)
@@ -439,6 +440,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     CallbackList(callbacks or ())  # checks the objects before anything runs
     cw = class_weights(class_weight, model)
     arrays = prepare_arrays(model, x, y, sample_weight, "x", "y", "sample_weight")
+    if given is None:
+        model._check_rows_per_batch(None, len(arrays[1]))
     held = None
     if validation_data is not None:
         check_split(validation_split)  # then ignored, as in Keras

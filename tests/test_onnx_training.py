@@ -263,9 +263,9 @@ def test_an_output_with_a_fixed_first_size_trains_in_batches_of_exactly_that_siz
     np.testing.assert_allclose(loss, np.mean(d ** 2), rtol=1e-5)
     np.testing.assert_allclose(trained, w - 0.1 * 2 * x9[:3].T @ d.T / d.size, rtol=1e-5, atol=1e-6)
     for call in (model.fit, model.evaluate):
-        for batch_size in (None, 9):
-            with pytest.raises(ot.ShapeError, match=f"every batch must hold exactly 3 rows; received "
-                                                    f"batch_size={batch_size}. Pass batch_size=3"):
+        for batch_size, received in ((None, "9 rows in one batch"), (9, "batch_size=9")):
+            with pytest.raises(ot.ShapeError, match=f"every batch must hold exactly 3 rows; received {received}. "
+                                                    r"Give batches of 3 rows \(batch_size=3\)"):
                 call(x9, y9, batch_size=batch_size, verbose=0)
     np.testing.assert_array_equal(model.get_weights()[0], w)
     with pytest.raises(ot.ShapeError, match="every batch must hold exactly 3 rows; received 8 rows"):
@@ -279,3 +279,12 @@ def test_an_output_with_a_fixed_first_size_trains_in_batches_of_exactly_that_siz
     trained = model.get_weights()[0]
     want_loss = np.mean([np.mean(((x9[i:i + 3] @ trained).T - y9[i:i + 3]) ** 2) for i in range(0, 9, 3)])
     np.testing.assert_allclose(model.evaluate(x9, y9, batch_size=3, verbose=0)["loss"], want_loss, rtol=1e-5)
+    # one batch of exactly 3 rows needs no batch size: test_on_batch, a generator's batches
+    np.testing.assert_allclose(model.test_on_batch(x9[:3], y9[:3]),
+                               np.mean(((x9[:3] @ trained).T - y9[:3]) ** 2), rtol=1e-5)
+    batches = [(x9[i:i + 3], y9[i:i + 3]) for i in range(0, 9, 3)]
+    np.testing.assert_allclose(model.evaluate(iter(batches), steps=3, verbose=0)["loss"], want_loss, rtol=1e-5)
+    # labels without a free axis (class indices): a Trainer batch of another size is refused too
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with ot.Trainer(model, batch_size=6) as tr, pytest.raises(ot.ShapeError, match="exactly 3 rows; received 6 rows"):
+        tr.step(x9[:6], np.zeros(6, np.int64))

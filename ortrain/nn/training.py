@@ -492,7 +492,7 @@ class TrainingMixin:
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
         n = xs[0].shape[0]
-        self._check_rows_per_batch(batch_size)
+        self._check_rows_per_batch(batch_size, n)
         batch_size = check_fixed_rows(self.input_specs, n, "x", batch_size) or batch_size
         runner = self._runner("evaluate", None if w is None else "sample")
         specs = self.input_specs
@@ -534,20 +534,22 @@ class TrainingMixin:
             found[key] = output_shape_at(self._base_proto(), {p.name for p in self.params()}, key)
         return found[key] or declared
 
-    def _check_rows_per_batch(self, batch_size) -> None:
+    def _check_rows_per_batch(self, batch_size, rows: int | None = None) -> None:
         """Where the first output's first axis is fixed at k while the inputs' batch is free, fit and
-        evaluate need ``batch_size=k``, given: an output the export declared at its example batch
-        trains so, and nothing from the shapes tells it from a transposed one, whose rows are not
-        samples (the one a file names as such is refused by :meth:`_label_spec_for`)."""
+        evaluate need ``batch_size=k``, given, or (``rows``, without a batch size) one batch of
+        exactly k rows: an output the export declared at its example batch trains so, and nothing
+        in the shapes tells it from a transposed one, whose rows are not samples (the one a file
+        names as such is refused by :meth:`_label_spec_for`)."""
         fixed = self._fixed_output_rows()
-        if fixed is None or batch_size == fixed or self._batch_not_first():
+        if fixed is None or batch_size == fixed or (batch_size is None and rows == fixed) or self._batch_not_first():
             return
         out = self.output_specs[0]
+        received = f"batch_size={batch_size}" if batch_size is not None else f"{rows} rows in one batch"
         raise ShapeError(f"batch_size: output {out.name!r} has shape {describe_shape(out.shape)}: its first axis is "
                          f"fixed at {fixed} while the inputs' batch is free, so every batch must hold exactly {fixed} "
-                         f"rows; received batch_size={batch_size}. Pass batch_size={fixed} if that axis is the batch "
-                         "(an output the export declared at its example batch), or put the batch first in the "
-                         "model's output (a transposed output's rows are not samples)")
+                         f"rows; received {received}. Give batches of {fixed} rows (batch_size={fixed}) if that "
+                         "axis is the batch (an output the export declared at its example batch), or put the batch "
+                         "first in the model's output (a transposed output's rows are not samples)")
 
     def _fixed_output_rows(self) -> int | None:
         """k where the first output's first axis is fixed at k while a later one and every input's
