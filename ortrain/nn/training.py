@@ -543,8 +543,10 @@ class TrainingMixin:
         fixed = self._fixed_output_rows()
         if fixed is None or batch_size == fixed or (batch_size is None and rows == fixed) or self._batch_not_first():
             return
+        self._refuse_rows(fixed, f"batch_size={batch_size}" if batch_size is not None else f"{rows} rows in one batch")
+
+    def _refuse_rows(self, fixed: int, received: str):
         out = self.output_specs[0]
-        received = f"batch_size={batch_size}" if batch_size is not None else f"{rows} rows in one batch"
         raise ShapeError(f"batch_size: output {out.name!r} has shape {describe_shape(out.shape)}: its first axis is "
                          f"fixed at {fixed} while the inputs' batch is free, so every batch must hold exactly {fixed} "
                          f"rows; received {received}. Give batches of {fixed} rows (batch_size={fixed}) if that "
@@ -598,14 +600,8 @@ class TrainingMixin:
                                  "later axis, so its rows are not the samples. fit, evaluate and Trainer take one "
                                  "label row per input row; put the batch first in the model's output (e.g. transpose "
                                  "it back in the model before exporting)")
-            if (rows % fixed if whole else rows != fixed):
-                # an output the file declares at its export's example batch, which import could not free,
-                # trains in batches of that size, as a graph whose batch the export fixed
-                raise ShapeError(f"output {out.name!r} has shape {describe_shape(out.shape)}: the export fixed its "
-                                 f"first axis at {fixed} while the inputs' batch is free, so every batch must hold "
-                                 f"exactly {fixed} rows; received {rows} rows{'' if whole else ' in a batch'} "
-                                 f"(give batches of {fixed} rows, or re-export the model with a dynamic batch axis "
-                                 "on that output)")
+            if (rows % fixed if whole else rows != fixed):  # (whole arrays are cut into batches of it)
+                self._refuse_rows(fixed, f"{rows} rows" + ("" if whole else " in a batch"))
         if all(d is not None for d in spec.shape[1:]):
             return spec
         out = self._output_shape_for(input_shapes)

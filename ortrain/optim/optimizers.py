@@ -27,6 +27,13 @@ from ortrain.optim.graphs import adamw_graph, sgd_graph
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "get", "check_lr", "check_weight_decay"]
 
 
+def _turns():
+    """The lock captured steps take turns by (``ortrain.ag.tensor.TURNS``, read at each use: a forked
+    child replaces it), which a captured step's optimizer is read and written under."""
+    from ortrain.ag import tensor  # (ortrain.ag imports the optimizers)
+    return tensor.TURNS
+
+
 def is_step(value) -> bool:
     """An optimizer's update count: an int >= 0 that int64 holds with room to count on."""
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and 0 <= value < 2 ** 62
@@ -169,8 +176,7 @@ class Optimizer:
         if not is_step(value):
             raise OrtrainError(f"opt.step: expected the number of updates taken, an int from 0 to 2**62 - 1, "
                                f"received {value!r}; nothing changed (it stays {self._step})")
-        from ortrain.ag import tensor
-        with tensor.TURNS:  # between a captured step's calls, which count their updates into it
+        with _turns():  # between a captured step's calls, which count their updates into it
             self._step = int(value)
 
     def _link(self, model) -> None:
@@ -224,8 +230,7 @@ class Optimizer:
 
     def __getstate__(self) -> dict:
         # A copy or a pickle holds the optimizer's values, not links to a running fit or capture.
-        from ortrain.ag import tensor
-        with tensor.TURNS:  # between a captured step's calls: its count and moments together
+        with _turns():  # between a captured step's calls: its count and moments together
             state = dict(self.__dict__)
             source = self._state_source
             if source is not None:
@@ -276,8 +281,7 @@ class Optimizer:
             held = _held(model.train_state)
             step, moments, extra = held["_step"], held["_moments"], held["_counts"]
         else:
-            from ortrain.ag import tensor
-            with tensor.TURNS:  # between a captured step's calls: its count and moments together
+            with _turns():  # between a captured step's calls: its count and moments together
                 source = self._state_source  # read once: a captured step freed meanwhile clears it
                 step, moments = self._step, (source() if source is not None else self._moments)
             extra = dict(self._counts or {})  # kept from a model gone
@@ -327,10 +331,9 @@ class Optimizer:
                 raise OrtrainError(f"load_state: {key!r} expected an int >= 0 (as state() returns it), "
                                    f"received {value!r}; nothing was changed")
         n_steps, draws = int(n_steps), None if draws is None else int(draws)
-        from ortrain.ag import tensor
         # A captured step's optimizer changes between its calls, which count their updates into it (a
         # compiled model's fit has its own lock, which a fit callback may hold while it runs a capture)
-        with tensor.TURNS if model is None else contextlib.nullcontext():
+        with _turns() if model is None else contextlib.nullcontext():
             if model is not None:  # checked against the weights and a running fit before anything is set
                 model._load_optimizer_state(int(step), lr, moments, n_steps, draws)
             else:  # (the counts kept for the model it is compiled into next, as a state() from a model holds them)
