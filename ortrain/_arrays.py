@@ -20,8 +20,10 @@ def read_array(value, argument: str) -> np.ndarray:
     """``value`` as numpy reads it, uncast; what numpy cannot read (a ragged nested list) is refused.
     A torch tensor that requires grad is read detached (its values), and pandas' nullable columns
     (``Float64``, ``Int64``) as floats with NaN where a value is missing."""
-    if isinstance(value, np.ndarray):
+    if type(value) is np.ndarray:
         return value
+    if isinstance(value, np.ndarray):
+        return _plain(value, argument)
     if batch_source_like(value):
         raise ShapeError(f"{argument}: expected an array, received a {type(value).__name__}, which gives batches "
                          f"one at a time: a source of (x, y) batches goes alone to fit or evaluate (fit(batches), "
@@ -43,6 +45,19 @@ def read_array(value, argument: str) -> np.ndarray:
         raise ShapeError(f"{argument}: expected an array (nested lists need rows of equal length), received a "
                          f"{type(value).__name__} numpy cannot make one from ({str(exc).split('.')[0]}){hint}") \
             from None
+
+
+def _plain(value: np.ndarray, argument: str) -> np.ndarray:
+    """An ndarray subclass as the plain array of its values (``np.asarray``): a matrix keeps its
+    shape, where its own methods keep two dimensions (a column's ``reshape(-1)`` is a row), and a
+    masked array with masked entries is refused, its hidden values being read by some parts and
+    the mask by others."""
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        n = int(np.ma.count_masked(value))
+        raise ShapeError(f"{argument}: expected an array of values, received a masked array with {n} masked "
+                         f"entr{'y' if n == 1 else 'ies'}, whose hidden values would be read as data; fill them "
+                         "(a.filled(value)), leave those rows out, or give them a sample_weight of 0")
+    return np.asarray(value)
 
 
 def batch_source_like(value) -> bool:

@@ -408,7 +408,9 @@ def _scalars_held_as_rank_one(proto, names: list[str]):
 def capture_step(fn, optimizer=None, params=None, max_grad_norm=None) -> CaptureStep:
     """Capture a whole training step: ``fn``'s forward pass, its backward pass and the update.
 
-    ``fn`` takes named tensors and returns the loss tensor or a dict with a ``"loss"`` entry.
+    ``fn`` takes named tensors and returns the loss tensor or a dict with a ``"loss"`` entry; it
+    takes data only through its arguments and reads no values back (``param.numpy()``,
+    ``assign`` and ``buf.write`` inside it are refused: they would run once, as it is traced).
     The first call traces it with the given arrays (which fix the input names, shapes and
     dtypes: a later call may pass float64 for float32 or int32 for int64, which are cast, but an
     integer array for a float input or the reverse raises ``ShapeError``) and builds two graphs, forward with backward, then the optimizer's update; every

@@ -107,6 +107,42 @@ def test_sgd_is_refused_clearly_and_changes_nothing():
     np.testing.assert_array_equal(W.numpy(), _w0())
 
 
+def test_reading_or_writing_a_param_inside_fn_is_refused_and_changes_nothing():
+    # W.numpy() inside fn was recorded as a constant of the first call: a "detached" target kept
+    # the first weights (losses 2.25, 1.44, 0.82 where the live target gives 2.25, 3.24, 4.40)
+    Xn = np.full((3, 4), 2.0, np.float32)
+    W = ag.param(np.full((2, 3), 0.5, np.float32), name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    buf = ag.buffer(np.ones((4, 3), np.float32), name="table")
+    for fn, call in ((lambda x, x_next: ag.mse_loss(W @ x, ag.matmul(W.numpy(), x_next)), r"W\.numpy\(\)"),
+                     (lambda x, x_next: ag.mse_loss(W @ x, W @ x_next * float(buf.numpy().sum())),
+                      r"table\.numpy\(\)"),
+                     (lambda x, x_next: (W.assign(np.zeros((2, 3))), ag.mse_loss(W @ x, W @ x_next))[1],
+                      r"W\.assign\(value\)"),
+                     (lambda x, x_next: (buf.write(0, np.zeros(3)), ag.mse_loss(W @ x, W @ x_next))[1],
+                      r"table\.write\(rows, values\)")):
+        with pytest.raises(ot.OrtrainError, match=rf"capture_step: {call} inside fn .*as fn is recorded.*frozen "
+                                                  r"ag\.param\(\.\.\., trainable=False\) and assign\(\) it"):
+            ot.capture_step(fn, optimizer=opt)(x=X, x_next=Xn)
+        np.testing.assert_array_equal(W.numpy(), np.full((2, 3), 0.5, np.float32))
+        np.testing.assert_array_equal(buf.numpy(), np.ones((4, 3), np.float32))
+        assert opt.step == 0 and opt.state()["moments"] == {}
+    with pytest.raises(ot.OrtrainError, match=r"capture: table\.numpy\(\) inside fn"):
+        ot.capture(lambda x: ag.sum(x) * float(buf.numpy().sum()))(x=X)
+    # the form the message advises: a frozen target assigned between calls, read at each call
+    target = ag.param(W.numpy(), name="target", trainable=False)
+    train = ot.capture_step(lambda x, x_next: ag.mse_loss(W @ x, target @ x_next), optimizer=opt)
+    for _ in range(3):
+        w = W.numpy()
+        np.testing.assert_allclose(float(train(x=X, x_next=Xn)), np.mean((w @ X - w @ Xn) ** 2), rtol=1e-6)
+        target.assign(W.numpy())
+    assert opt.step == 3
+    # outside fn both work as before
+    W.assign(np.zeros((2, 3)))
+    buf.write(0, np.zeros(3))
+    assert not W.numpy().any() and not buf.numpy()[0].any()
+
+
 def test_a_held_param_listed_in_params_is_frozen_and_keeps_its_moments():
     W, b = ag.param(_w0(), name="W"), ag.param(np.zeros((2, 1), np.float32), name="b")
     opt = ot.optim.Adam([W, b], lr=0.1)

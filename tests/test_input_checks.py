@@ -487,3 +487,42 @@ def test_a_bfloat16_tensor_is_read_as_the_float32_it_holds():
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xb.float(), xb.float()[:, :3]), batch_size=4)
     with pytest.raises(ot.ShapeError, match="received a DataLoader, which gives batches one at a time"):
         m.predict(loader)
+
+
+def test_ndarray_subclasses_are_read_as_their_values_and_masked_entries_are_refused():
+    # A masked array reached the metrics as such while the graph read its hidden values (accuracy
+    # 0.5 beside the loss of the unmasked labels, 0.625 for int32 labels); an np.matrix column of
+    # labels was refused as "received (1, 8)" (its reshape(-1) stays two-dimensional).
+    rng = np.random.default_rng(0)
+    x = rng.random((8, 4)).astype(np.float32)
+    labels = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    model = ot.Sequential([L.Dense(3, activation="softmax")], input_shape=(4,), seed=0)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    kernel, bias = model.get_weights()
+    z = x.astype(np.float64) @ kernel + bias
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    reference = {"loss": -np.log(p[np.arange(8), labels]).mean(), "accuracy": np.mean(p.argmax(1) == labels)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)  # numpy's about np.matrix itself
+        matrices = (np.matrix(labels).T, np.matrix(x))
+    for xs, ys in ((x, matrices[0]), (matrices[1], labels), (np.ma.array(x), np.ma.array(labels)),
+                   (x, np.ma.array(labels.astype(np.int32), mask=np.zeros(8, bool)))):
+        got = model.evaluate(xs, ys, verbose=0)
+        assert got["loss"] == pytest.approx(reference["loss"], rel=1e-6)
+        assert got["accuracy"] == reference["accuracy"]
+    hidden = np.ma.array(labels, mask=np.eye(1, 8, dtype=bool)[0])
+    with ot.Trainer(model, batch_size=8) as tr:
+        before = _state(tr)
+        for call in (lambda: tr.step(x, hidden), lambda: tr.eval(x, hidden),
+                     lambda: tr.step(np.ma.array(x, mask=x > 0.9), labels)):
+            with pytest.raises(ot.ShapeError, match=r"(x|y): expected an array of values, received a masked array "
+                                                    r"with \d+ masked entr(y|ies), whose hidden values would be read "
+                                                    r"as data; fill them \(a\.filled\(value\)\)"):
+                call()
+        _assert_unchanged(tr, before)
+    for kwargs in ({"y": hidden}, {"y": labels, "sample_weight": np.ma.array(np.ones(8), mask=hidden.mask)}):
+        with pytest.raises(ot.ShapeError, match="received a masked array with 1 masked entry"):
+            model.fit(x, kwargs.pop("y"), verbose=0, **kwargs)
+    np.testing.assert_array_equal(model.get_weights()[0], kernel)
+    assert model.optimizer.step == 0

@@ -99,6 +99,19 @@ def _fresh_turns_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_turns_in_child)
 
+# What the calling thread is recording (ortrain.ag.tracer.trace sets it around fn): a param's value
+# read or written there happens once, at the recording, and is not part of the graph.
+RECORDING = threading.local()
+
+
+def _refuse_while_recording(call: str, why: str) -> None:
+    where = getattr(RECORDING, "where", None)
+    if where is not None:
+        raise OrtrainError(f"{where}: {call} inside fn {why}: fn must not read values back or write them. Use the "
+                           "param itself in ag ops (its value at each call); for a value that must not train (a "
+                           "target network) use a frozen ag.param(..., trainable=False) and assign() it between "
+                           "calls, or pass the array as an input")
+
 
 def _refusing(op: str):
     """An operator ag does not record: Python's own (``==`` compares the objects, so ``W * (k == 0)``
@@ -174,12 +187,17 @@ class Param(Tensor):
 
     def numpy(self) -> np.ndarray:
         """A copy of the current value (the trained value while a captured step holds the param),
-        read between captured steps, never during one run from another thread."""
+        read between captured steps, never during one run from another thread. Refused inside a
+        captured ``fn``, where the value read would be recorded as a constant."""
+        _refuse_while_recording(f"{self.name}.numpy()", "reads the value once, as fn is recorded, and every later "
+                                "call would compute with that copy")
         with TURNS:
             return np.array(self._current(), copy=True)
 
     def assign(self, value) -> None:
         """Overwrite the whole value (e.g. copy online weights into a target network); no re-recording."""
+        _refuse_while_recording(f"{self.name}.assign(value)", "would write once, as fn is recorded, not at "
+                                "each call")
         a = as_array(value, self.dtype, f"{self.name}.assign(value)")
         if a.shape != self.shape:
             raise ShapeError(f"{self.name}.assign(value): expected shape {describe_shape(self.shape)}, received "
@@ -240,6 +258,7 @@ class Buffer(Param):
         """Write ``values`` into ``rows``: an int (the first of ``len(values)`` consecutive rows),
         a slice, or a sequence of row indices. Bad rows or values change nothing."""
         where = f"{self.name}.write"
+        _refuse_while_recording(f"{where}(rows, values)", "would write once, as fn is recorded, not at each call")
         if not self.shape:
             raise ShapeError(f"{where}: a 0-d buffer has no rows")
         a = as_array(values, self.dtype, f"{where}(values)")

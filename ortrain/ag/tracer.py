@@ -18,7 +18,7 @@ from ortrain._arrays import as_array, read_array
 from ortrain._dag import post_order
 from ortrain.ag.losses import check_loss
 from ortrain.ag.ops import reshape
-from ortrain.ag.tensor import FLOAT, INT, Buffer, Const, Input, Param, Tensor
+from ortrain.ag.tensor import FLOAT, INT, RECORDING, Buffer, Const, Input, Param, Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import GraphBuilder, TensorSpec
 from ortrain.graph.forward import reserved_input_name
@@ -98,7 +98,13 @@ def _outputs(result, training: bool, where: str) -> tuple[dict[str, Tensor], boo
 def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Traced:
     """Record ``fn(**inputs)`` with inputs shaped like ``arrays`` and emit its ONNX graph."""
     inputs = {n: Input(n, a.shape, a.dtype) for n, a in arrays.items()}
-    outputs, returns_dict = _outputs(fn(**inputs), training, where)
+    outer = getattr(RECORDING, "where", None)
+    RECORDING.where = where
+    try:
+        result = fn(**inputs)
+    finally:
+        RECORDING.where = outer
+    outputs, returns_dict = _outputs(result, training, where)
     order = topological_order(list(outputs.values()))
 
     gb = GraphBuilder(name="ortrain_ag", prefix="ag/")
