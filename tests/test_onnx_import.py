@@ -877,3 +877,29 @@ def test_a_graph_whose_run_on_zeros_may_not_end_is_not_run_to_find_its_outputs_r
     assert _rows_at_run_time(proto, {"x"}, (4, 6), run) is None and runs == []
     model = ot.from_onnx(proto)
     assert model.predict(np.full((2, 3), 0.3, np.float32)).shape == (1, 3)  # (4 steps of 1.8 reach 1 at the first)
+
+
+@pytest.mark.parametrize("elem", [onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32,
+                                  onnx.TensorProto.UINT64])
+def test_16_bit_and_unsigned_integer_inputs_predict_and_train(elem):
+    # 16-bit PCM audio cast inside the model: from_onnx refused the file ("ONNX element type INT16
+    # is not supported"), which stock onnxruntime runs
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 2)).astype(np.float32)
+    nodes = [helper.make_node("Cast", ["pcm"], ["xf"], to=onnx.TensorProto.FLOAT),
+             helper.make_node("Mul", ["xf", "s"], ["xs"]), helper.make_node("MatMul", ["xs", "w"], ["out"])]
+    proto = _model(nodes, [_vi("pcm", ["b", 4], elem)], [_vi("out", ["b", 2])],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(1 / 32768, np.float32), "s")])
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    x = np.array([[1000, 2000, 32767, 3], [5, 6, 7, 8], [0, 40, 9, 300]]).astype(dtype)
+    model = ot.from_onnx(proto)
+    assert model.input_specs[0].dtype == dtype
+    np.testing.assert_allclose(model.predict(x), ReferenceEvaluator(proto).run(None, {"pcm": x})[0], rtol=1e-6)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    y = rng.standard_normal((3, 2)).astype(np.float32)
+    model.fit(x.astype(np.int64), y, batch_size=3, epochs=1, shuffle=False, verbose=0)  # int64 data is cast
+    xs = x.astype(np.float64) / 32768
+    np.testing.assert_allclose(model.get_weights()[0], w - 0.1 * 2 * xs.T @ (xs @ w - y) / y.size, rtol=1e-6,
+                               atol=1e-7)
+    with pytest.raises(ot.ShapeError, match=rf"x: holds (-1|70000), beyond the range of {dtype.name}"):
+        model.predict(np.array([[-1, 0, 0, 0]]) if dtype.kind == "u" else np.array([[70000, 0, 0, 0]]))

@@ -135,7 +135,8 @@ REFUSALS = {
                        "has no data inputs"),
     "string input": (lambda tmp, rng: _model([helper.make_node("Identity", ["s"], ["y"])],
                                              [_vi("s", [None], TensorProto.STRING)], [_vi("y", [None], TensorProto.STRING)]),
-                     "ONNX element type STRING is not supported"),
+                     r"input 's': ONNX element type STRING is not supported by ortrain; the inputs ortrain feeds are "
+                     r"float32, float64, float16, 8- to 64-bit integers and bool"),
     "sequence input": (lambda tmp, rng: _model([helper.make_node("SequenceLength", ["s"], ["y"])],
                                                [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)],
                                                [_vi("y", [], TensorProto.INT64)]), "input 's' is not a tensor"),

@@ -30,7 +30,11 @@ _NP_TO_ONNX = {
     np.dtype(np.float16): TensorProto.FLOAT16,
     np.dtype(np.int64): TensorProto.INT64,
     np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int16): TensorProto.INT16,
     np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.uint64): TensorProto.UINT64,
+    np.dtype(np.uint32): TensorProto.UINT32,
+    np.dtype(np.uint16): TensorProto.UINT16,
     np.dtype(np.uint8): TensorProto.UINT8,
     np.dtype(np.bool_): TensorProto.BOOL,
 }

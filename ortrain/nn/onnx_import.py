@@ -702,7 +702,12 @@ def _check_data_inputs(model: onnx.ModelProto, data: list[str]) -> None:
         if vi.name in data:
             if not vi.type.HasField("tensor_type"):
                 raise OrtrainError(f"from_onnx: input {vi.name!r} is not a tensor; ortrain feeds tensors only")
-            spec_of(vi)  # raises for element types ortrain cannot feed
+            try:
+                spec_of(vi)
+            except OrtrainError as exc:  # an element type ortrain cannot feed (strings, complex, float8)
+                taken = "float32, float64, float16, 8- to 64-bit integers and bool"
+                raise OrtrainError(f"from_onnx: input {vi.name!r}: {exc}; the inputs ortrain feeds are {taken}: "
+                                   "give the model an input of one of those (cast inside it if needed)") from None
             shape = vi.type.tensor_type
             if shape.HasField("shape") and not shape.shape.dim:
                 raise ShapeError(
