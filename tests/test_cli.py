@@ -463,8 +463,12 @@ def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(
     (["eval", "--artifacts", "train.npz", "--data", "test.npz"], 2,
      "--artifacts: 'train.npz' is a file; give the artifacts directory (the one holding manifest.json)"),
     (["export", "--artifacts", "art", "--checkpoint", "art", "-o", "e.onnx"], 2,
-     "--checkpoint: 'art' is a directory; give a checkpoint file in it"),
+     "--checkpoint: 'art' is a directory; give a checkpoint file in it (a run's are checkpoints/epoch-NNNN.ckpt)"),
     (["train", "number.toml"], 2, "CONFIG: key 'data' expects a string or a list of strings, received 5"),
+    # two files were named as one
+    (["eval", "--artifacts", "art", "--data", "test.npz", "test.npz"], 2,
+     "--data: expected one FILE.npz, or X.npy [Y.npy]; received 'test.npz' 'test.npz' ('test.npz' is not an .npy "
+     "file)"),
     (["artifacts", "mlp.onnx", "-o", "/proc/art", "--loss", "mse"], 1, "-o: '/proc/art' cannot be written"),
 ])
 def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
@@ -890,7 +894,12 @@ def test_an_empty_path_is_refused_as_a_usage_error(workdir, capsys, args, flag):
     before = sorted(p.name for p in workdir.iterdir())
     assert cli(*args) == 2
     err = capsys.readouterr().err
-    assert f": error: {flag}" in err and "a path, received an empty string; give a file or folder name" in err
+    assert f": error: {flag}" in err and "a path, received an empty string; give a" in err
+    # the hint names what the flag takes: '.' was offered to -o of predict and export, which then refused it
+    folder = flag in ("--out", "--artifacts", "--run", "CONFIG: key 'out'") or args[0] == "artifacts" and flag == "-o"
+    assert ("folder name ('.' for the" in err) == folder and ("give a file name" in err) == (not folder)
+    if flag == "-o" and args[0] in ("predict", "export"):
+        assert f"(e.g. '{'predictions.npy' if args[0] == 'predict' else 'model.onnx'}')" in err
     assert len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in workdir.iterdir()) == before
 

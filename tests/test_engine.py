@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import re
 import textwrap
 
 import numpy as np
@@ -252,3 +253,26 @@ def test_library_export_matches_forward(tmp_path, rng):
     got = ort.InferenceSession(str(tmp_path / "inf.onnx"), providers=["CPUExecutionProvider"]).run(
         [art.prediction], {"input": x})[0]
     np.testing.assert_allclose(got, model.predict(x), rtol=1e-6, atol=1e-6)
+
+
+def test_a_changed_byte_in_a_checkpoint_is_reported_as_damage_naming_the_file(tmp_path):
+    # a changed element-type field said only "ONNX element type UNDEFINED is not supported by
+    # ortrain": no file, no damage, no fix
+    path = tmp_path / "c"
+    engine.write_checkpoint(path, engine.CheckpointData({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, {},
+                                                        None, {}))
+    good = path.read_bytes()
+    messages = []
+    for offset in range(len(good)):
+        for bit in (0x01, 0x10):
+            damaged = bytearray(good)
+            damaged[offset] ^= bit
+            path.write_bytes(bytes(damaged))
+            try:
+                engine.read_checkpoint(path)
+            except ot.OrtrainError as exc:
+                messages.append(str(exc))
+    typed = [m for m in messages if "element type" in m]
+    assert typed and all(re.search(r"checkpoint '.*' cannot be read: its contents do not parse \(ValueError: tensor "
+                                   r"'w' has ONNX element type \w+\); it is damaged", m) for m in typed)
+    assert all(str(path) in m for m in messages)

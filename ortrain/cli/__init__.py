@@ -268,8 +268,9 @@ def _read_toml(path: str) -> dict:
                 expected = str(exc).split(", received")[0]
                 raise UsageError(f"CONFIG: key {key!r} {expected}, received {value!r}") from None
         if key in _PATH_KEYS and _empty_path(value):
-            raise UsageError(f"CONFIG: key {key!r} expects a path, received an empty string; give a file or "
-                             "folder name ('.' for the config file's folder)")
+            hint = ("a folder name ('.' for the config file's folder)" if key in ("artifacts", "out") else
+                    "a file name")
+            raise UsageError(f"CONFIG: key {key!r} expects a path, received an empty string; give {hint}")
         if key in ("model", "artifacts", "out", "data", "val_data"):
             for v in [value] if isinstance(value, str) else value:
                 if unexpanded_home(v, base) is not None:
@@ -321,8 +322,11 @@ def _refuse_empty_paths(opts) -> None:
     for dest, flag in _PATH_FLAGS.items():
         if _empty_path(getattr(opts, dest, None)):
             flag = "MODEL" if (opts.command, dest) == ("artifacts", "model") else flag
-            raise UsageError(f"{flag}: expected a path, received an empty string; give a file or folder name "
-                             "('.' for the current folder)")
+            folder = dest in ("artifacts", "out", "run") or (opts.command, dest) == ("artifacts", "output")
+            example = {"predict": "predictions.npy", "export": "model.onnx"}.get(opts.command, "")
+            hint = ("give a folder name ('.' for the current folder)" if folder else
+                    f"give a file name{f' (e.g. {example!r})' if dest == 'output' and example else ''}")
+            raise UsageError(f"{flag}: expected a path, received an empty string; {hint}")
 
 
 def _dispatch(opts) -> dict:

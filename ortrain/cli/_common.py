@@ -58,7 +58,9 @@ def load_data(paths: list[str], argument: str = "--data") -> tuple[np.ndarray, n
     arrays = []
     for p in paths:
         if not p.endswith(".npy"):
-            raise UsageError(f"{argument}: expected one FILE.npz, or X.npy [Y.npy]; received {p!r}")
+            given = " ".join(repr(q) for q in paths)
+            raise UsageError(f"{argument}: expected one FILE.npz, or X.npy [Y.npy]; received {given}"
+                             + (f" ({p!r} is not an .npy file)" if len(paths) > 1 else ""))
         a = _load(p, argument)
         if not isinstance(a, np.ndarray):
             raise UsageError(f"{argument}: {p!r} is an .npz archive; give it alone, or name it .npz")

@@ -51,7 +51,7 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
     if checkpoint is not None and not os.path.isfile(checkpoint):
         if os.path.isdir(checkpoint):
             raise UsageError(f"--checkpoint: {checkpoint!r} is a directory; give a checkpoint file in it (a run's "
-                             "are checkpoints/step-*.ckpt)")
+                             "are checkpoints/epoch-NNNN.ckpt)")
         raise UsageError(f"--checkpoint: no such file {checkpoint!r}")
     return art.model(checkpoint, metrics=metrics)
 

@@ -118,9 +118,12 @@ def _read_tensor(t) -> tuple[str, np.ndarray]:
     name = t.Name().decode()
     dims = tuple(int(t.Dims(i)) for i in range(t.DimsLength()))
     if t.ExternalDataOffset() != -1:
-        raise OrtrainError(f"checkpoint tensor {name!r} is stored in an external data file, which ortrain "
+        raise OrtrainError(f"tensor {name!r} is stored in an external data file, which ortrain "
                            "does not read; save the checkpoint again below 2 GB")
-    dtype = np.dtype(np_dtype(t.DataType())).newbyteorder("<")
+    try:
+        dtype = np.dtype(np_dtype(t.DataType())).newbyteorder("<")
+    except OrtrainError as exc:  # a changed byte, or a type no checkpoint of these graphs holds: not readable
+        raise ValueError(f"tensor {name!r} has {str(exc).split(' is not')[0]}") from None
     raw = t.RawDataAsNumpy() if t.RawDataLength() else np.zeros(0, np.uint8)
     # one copy out of the file's buffer (a view of it may be unaligned), in the machine's byte order
     return name, np.frombuffer(raw, dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="))
@@ -159,8 +162,8 @@ def _read_mapped(path, buf, verify: bool, weights: bool) -> CheckpointData:
                            f"(missing the 'ODTC' file identifier){hint}")
     try:
         data = _parse(buf, weights)
-    except OrtrainError:  # an intact file ortrain cannot use: its own reason
-        raise
+    except OrtrainError as exc:  # a file that parses, which ortrain cannot use: its own reason, with the file
+        raise OrtrainError(f"checkpoint {os.fspath(path)!r}: {exc}") from exc
     except Exception as exc:  # a truncated or corrupted flatbuffer raises anything from struct to IndexError
         if isinstance(exc, struct.error) and "actual buffer size" in str(exc):
             reason = f"the file ends early ({len(buf)} bytes; a copy or a write cut short?)"
@@ -178,13 +181,14 @@ def _read_mapped(path, buf, verify: bool, weights: bool) -> CheckpointData:
 def _parse(buf, weights: bool = True) -> CheckpointData:
     ck = Checkpoint.Checkpoint.GetRootAs(buf, 0)
     if ck.Version() != CHECKPOINT_VERSION:
-        raise OrtrainError(f"checkpoint format version {ck.Version()} is not the version {CHECKPOINT_VERSION} "
-                           "that onnxruntime-training 1.19.2 writes")
+        raise OrtrainError(f"its format version is {ck.Version()}, not the version {CHECKPOINT_VERSION} that "
+                           "onnxruntime-training 1.19.2 writes: it is damaged, or was written by another version; "
+                           "use another checkpoint")
     ms = ck.ModuleState()
     if ms is None:
-        raise OrtrainError("checkpoint has no module state (weights)")
+        raise OrtrainError("it has no module state (weights); use another checkpoint")
     if ms.IsNominalState():
-        raise OrtrainError("checkpoint is a nominal checkpoint without weights")
+        raise OrtrainError("it is a nominal checkpoint, without weights; use a checkpoint that holds them")
     trainable, frozen = {}, {}
     if weights:
         trainable = dict(_read_tensor(ms.RequiresGradParams(i)) for i in range(ms.RequiresGradParamsLength()))
