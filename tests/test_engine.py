@@ -1,9 +1,9 @@
 """The engine: environment checks, torch-free loading, devices, sessions, checkpoints, bad feeds."""
 
 import os
+import re
 import subprocess
 import sys
-import re
 import textwrap
 
 import numpy as np

@@ -2425,3 +2425,30 @@ def test_per_output_label_forms_reach_generators_and_trainers_too():
         np.testing.assert_allclose(tr.eval(x[:1], [np.zeros((1, 3))]), tr.eval(x[:1], np.zeros((1, 1, 3))), rtol=0)
     with pytest.raises(ot.ShapeError, match="one row per row of x"):  # rows that disagree, named as such
         model().fit(x[:3], [y[:5]], verbose=0)
+
+
+def test_keras_positional_order_is_refused_naming_the_argument_it_reached():
+    # Keras' evaluate(x, y, batch_size, verbose) and fit's tenth argument (class_weight) land on
+    # sample_weight here: the refusals spoke of a sample_weight shape or of a model's outputs
+    x, y = np.ones((8, 4), np.float32), np.zeros(8, np.int64)
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    before = model.get_weights()
+    for verbose in (0, "auto"):
+        with pytest.raises(ot.OrtrainError, match=rf"evaluate: sample_weight expected one weight per sample, received "
+                                                  rf"{verbose!r}; the arguments after batch_size are sample_weight, "
+                                                  r"then verbose \(Keras' are verbose, then sample_weight\)"):
+            model.evaluate(x, y, 4, verbose)
+    with pytest.raises(ot.OrtrainError, match=r"fit: sample_weight expected one weight per sample, received a dict; "
+                                              r".*pass class_weight=\{class index: weight\} by keyword"):
+        model.fit(x, y, 4, 1, 0, None, 0.0, None, True, {0: 1.0})
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert model.optimizer.step == 0
+    # by keyword both work, and weigh as numpy says: class 0's weight 2 doubles each row's loss
+    logits = x @ before[0] + before[1]
+    nll = np.log(np.exp(logits).sum(1)) - logits[:, 0]
+    assert model.evaluate(x, y, 4, verbose=0, sample_weight=np.full(8, 2.0))["loss"] == \
+        pytest.approx(2 * nll.mean(), rel=1e-6)
+    hist = model.fit(x, y, 8, 1, 0, class_weight={0: 2.0}, shuffle=False)
+    assert hist.history["loss"][0] == pytest.approx(2 * nll.mean(), rel=1e-6)

@@ -903,3 +903,38 @@ def test_16_bit_and_unsigned_integer_inputs_predict_and_train(elem):
                                atol=1e-7)
     with pytest.raises(ot.ShapeError, match=rf"x: holds (-1|70000), beyond the range of {dtype.name}"):
         model.predict(np.array([[-1, 0, 0, 0]]) if dtype.kind == "u" else np.array([[70000, 0, 0, 0]]))
+
+
+@pytest.mark.parametrize("elem", [onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16])
+def test_a_float64_or_float16_model_says_why_it_cannot_train(elem, tmp_path):
+    # every refusal named another cause: "the model has no weights" for trainable=, a freeze message
+    # cut off at "weights are ", "every weight is frozen ... unfreeze some weights" from the builder,
+    # "make a float output the first one" of a float output; predictions were right
+    rng = np.random.default_rng(0)
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    w, b = rng.standard_normal((4, 3)).astype(dtype), rng.standard_normal(3).astype(dtype)
+    proto = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["out"])],
+                   [_vi("x", ["n", 4], elem)], [_vi("out", ["n", 3], elem)],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    name = {onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.FLOAT16: "float16"}[elem]
+    with pytest.warns(UserWarning, match=rf"from_onnx: 2 {name} initializers a gradient reaches \('w', 'b'\) stay "
+                                         r"constant: ortrain trains float32 weights only; export the model in "
+                                         r"float32 .*model\.float\(\) before torch\.onnx\.export"):
+        model = ot.from_onnx(proto)
+    x = rng.standard_normal((5, 4)).astype(dtype)
+    np.testing.assert_allclose(model.predict(x), ReferenceEvaluator(proto).run(None, {"x": x})[0],
+                               rtol=1e-3 if name == "float16" else 1e-12)
+    with pytest.raises(ot.OrtrainError, match=rf"trainable: 'w' is a constant, not a weight: it holds {name} "
+                                              r"values, and ortrain trains float32 weights only"), \
+            pytest.warns(UserWarning, match="stay constant"):
+        ot.from_onnx(proto, trainable=["w"])
+    with pytest.raises(ot.OrtrainError, match=r"freeze: 'w' matches no layer or weight; the model has no weights$"):
+        model.freeze(["w"])
+    with pytest.raises(ot.OrtrainError, match=r"nothing to train: the model has no weights \(ortrain trains float32 "
+                                              r"initializers a gradient reaches; float16 and float64 ones stay"), \
+            pytest.warns(UserWarning, match="stay constant"):
+        ot.artifacts.build(proto, loss="mse", optimizer="sgd", out_dir=tmp_path / "art")
+    assert not (tmp_path / "art").exists()
+    with pytest.raises(ot.OrtrainError, match=rf"the outputs are 'out' \({name}\)\. Export the model in float32"):
+        model.compile(optimizer="sgd", loss="mse")
+    assert model.optimizer is None

@@ -340,8 +340,8 @@ class Model(TrainingMixin):
             elif isinstance(item, str):
                 hits = picked(names, item)
                 if not hits:
-                    raise OrtrainError(f"{verb}: {item!r} matches no layer or weight; weights are "
-                                       f"{', '.join(names)}")
+                    shown = f"weights are {', '.join(names)}" if names else "the model has no weights"
+                    raise OrtrainError(f"{verb}: {item!r} matches no layer or weight; {shown}")
                 out += hits
             else:
                 raise OrtrainError(f"{verb}: expected layers, layer names, weight names or glob patterns, "

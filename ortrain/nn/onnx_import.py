@@ -77,10 +77,13 @@ def _patterns(value, argument: str) -> list[str] | None:
     return items
 
 
+_OTHER_FLOATS = (onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 NO_GRADIENT = ("no gradient reaches it (it is read only as a shape, ratio, exponent or the like, which "
                "onnxruntime-training does not differentiate)")
 NON_FINITE = ("it holds inf or NaN (an additive attention mask of 0 and -inf, say), which a training step would "
               "spread as NaN through every weight")
+OTHER_FLOAT = ("it holds {dtype} values, and ortrain trains float32 weights only; export the model in float32 to "
+               "train it (in PyTorch, model.float() before torch.onnx.export)")
 FOLDED = ("PyTorch's dynamo exporter folded it from shapes and constants, none of them a parameter (a ones or zeros "
           "scale such as InstanceNorm(affine=False)'s), so PyTorch does not train it")
 
@@ -408,7 +411,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     keep_inputs = [vi for vi in model.graph.input if vi.name not in set(inits) and vi.name not in stash]
     del model.graph.input[:]
     model.graph.input.extend(keep_inputs)
-    params, weights, constants, unreached, several = [], {}, [], {}, set()
+    params, weights, constants, unreached, several, other_floats = [], {}, [], {}, set(), []
     values = {t.name: t for t in model.graph.initializer} | stash
     scalars = _trainable_scalars(trainable, values, differentiable)
     for name, value in values.items():
@@ -432,10 +435,22 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
             constants.append(value if tensor else numpy_helper.from_array(value, name))
         else:
             constants.append(value if tensor else numpy_helper.from_array(value, name))
+            other = onnx.TensorProto.DataType.Name(value.data_type).lower() if tensor and \
+                value.data_type in _OTHER_FLOATS else value.dtype.name if not tensor and value.dtype.kind == "f" else None
+            if other and not is_float and rank >= 1 and name in differentiable:
+                unreached[name] = OTHER_FLOAT.format(dtype={"double": "float64"}.get(other, other))
+                other_floats.append(name)
             if is_float and rank >= 1:
                 unreached[name] = NO_GRADIENT
                 if int(np.prod(value.dims if tensor else value.shape)) > 1:
                     several.add(name)
+    if other_floats:
+        kinds = sorted({unreached[n].split(" values")[0].split()[-1] for n in other_floats})
+        shown = ", ".join(map(repr, other_floats[:5])) + (", ..." if len(other_floats) > 5 else "")
+        warn(f"from_onnx: {len(other_floats)} {'/'.join(kinds)} initializer{'s' if len(other_floats) > 1 else ''} "
+             f"a gradient reaches ({shown}) stay{'s' if len(other_floats) == 1 else ''} constant: ortrain trains "
+             "float32 weights only; export the model in float32 to train them (in PyTorch, model.float() before "
+             "torch.onnx.export)", UserWarning)
     # an exponent of several values is a parameter's form (exporters write constant exponents as one value)
     exponents = sorted(several & _exponent_sources(model))
     if exponents:

@@ -314,9 +314,11 @@ class TrainingMixin:
         first = self.output_specs[0]
         if np.dtype(first.dtype) != np.float32:
             names = ", ".join(f"{s.name!r} ({np.dtype(s.dtype).name})" for s in self.output_specs)
+            fix = ("Export the model in float32 (in PyTorch, model.float() before torch.onnx.export): ortrain "
+                   "computes losses and trains weights in float32" if np.dtype(first.dtype).kind == "f" else
+                   "Make a float output the first one (e.g. return the logits before the arg-max)")
             raise OrtrainError(f"compile: the loss is computed on the model's first output, which must be float32; "
-                               f"the outputs are {names}. Make a float output the first one (e.g. return the "
-                               "logits before the arg-max)")
+                               f"the outputs are {names}. {fix}")
         if not first.shape:
             raise OrtrainError(f"compile: the loss is computed on the model's first output, which has no batch "
                                f"dimension ({first.name!r} has shape ()); ortrain trains outputs with one row per "
@@ -367,6 +369,11 @@ class TrainingMixin:
         :func:`ortrain.fit.fit_model`. Returns the :class:`History`; a later ``fit`` continues
         with the same optimizer state."""
         from ortrain.fit import fit_model  # fit's loop builds Trainers, which import the model
+        if isinstance(sample_weight, dict) and sample_weight and class_weight is None and \
+                all(isinstance(k, (int, np.integer)) for k in sample_weight):  # Keras' tenth argument, in place
+            raise OrtrainError("fit: sample_weight expected one weight per sample, received a dict; fit's arguments "
+                               "after shuffle are sample_weight, initial_epoch, ... (Keras' are class_weight, then "
+                               "sample_weight): pass class_weight={class index: weight} by keyword")
         return fit_model(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
                          validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
                          sample_weight=sample_weight, initial_epoch=initial_epoch,
@@ -452,6 +459,10 @@ class TrainingMixin:
         the list ``[loss, *metrics]``.
         """
         checked_flag(return_dict, "evaluate(return_dict=...)")
+        if isinstance(sample_weight, (int, float, str)):  # one number weighs no samples: Keras' verbose, in place
+            raise OrtrainError(f"evaluate: sample_weight expected one weight per sample, received {sample_weight!r}; "
+                               "the arguments after batch_size are sample_weight, then verbose (Keras' are verbose, "
+                               "then sample_weight): pass them by keyword (verbose=0)")
         positive_int(batch_size, "batch_size", allow_none=True)
         positive_int(steps, "steps", allow_none=True)
         ms = metrics_mod.resolve(self.metrics, self.loss, self.weighted_metrics)
