@@ -202,6 +202,12 @@ class Artifacts:
             raise OrtrainError(f"the checkpoint{where} holds weights of other shapes than the artifacts in "
                                f"{str(self.directory)!r}: {', '.join(misfits[:4])}; use the artifacts it was "
                                "trained with")
+        retyped = [f"{p.name} ({weights[p.name].dtype.name})" for p in self.params
+                   if p.name in weights and weights[p.name].dtype != np.dtype(p.dtype)]
+        if retyped:  # every weight of ortrain's graphs is float32: a changed type byte (no checksum caught it)
+            named = where or ("" if checkpoint is not None else f" {os.fspath(self.checkpoint)!r}")
+            raise OrtrainError(f"the checkpoint{named} holds weights of other types than the artifacts' float32: "
+                               f"{', '.join(retyped[:4])}; it is damaged: use another checkpoint or a copy of this one")
         missing = sorted({p.name for p in self.params} - set(weights))
         if missing:
             raise OrtrainError(f"the checkpoint lacks weights {missing[:5]} of these artifacts")

@@ -612,3 +612,29 @@ def test_a_place_where_folders_cannot_be_made_is_refused_not_retried_forever(tmp
             ot.artifacts.build(model, loss="mse", optimizer="adam")
     finally:
         ot.artifacts.set_cache_dir(previous)
+
+
+def test_a_checkpoint_weight_whose_type_byte_changed_is_refused_as_damaged(tmp_path):
+    # int32 and (since inputs of those types are taken) uint32 parse as weights of that type: the
+    # artifacts' own checkpoint has no checksum, and the model reached onnxruntime's Gemm type error
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    art = ot.artifacts.build(model, loss="mse", optimizer="adam", out_dir=tmp_path / "art")
+    good = open(art.checkpoint, "rb").read()
+    path, refused = tmp_path / "changed.ckpt", set()
+    for offset in (i for i, byte in enumerate(good) if byte == onnx.TensorProto.FLOAT):
+        for elem in (onnx.TensorProto.INT32, onnx.TensorProto.UINT32):
+            changed = bytearray(good)
+            changed[offset] = elem
+            path.write_bytes(bytes(changed))
+            try:
+                art.model(path)
+            except ot.OrtrainError as exc:
+                found = re.search(r"holds weights of other types than the artifacts' float32: (dense_0\.\w+) "
+                                  r"\(u?int32\); it is damaged", str(exc))
+                if found:
+                    assert str(path) in str(exc)
+                    refused.add(found.group(1))
+                else:
+                    assert "Gemm" not in str(exc) and "bound to different types" not in str(exc)
+    assert refused == {"dense_0.kernel", "dense_0.bias"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import time
 import warnings
 
@@ -129,6 +131,22 @@ def test_reading_or_writing_a_param_inside_fn_is_refused_and_changes_nothing():
         assert opt.step == 0 and opt.state()["moments"] == {}
     with pytest.raises(ot.OrtrainError, match=r"capture: table\.numpy\(\) inside fn"):
         ot.capture(lambda x: ag.sum(x) * float(buf.numpy().sum()))(x=X)
+    # a copy of a param, and another captured call, inside fn also ran once (a copied target kept
+    # its first value; a step run inside a capture's fn updated once for four calls)
+    for copying in (copy.copy, copy.deepcopy, lambda p: pickle.loads(pickle.dumps(p))):
+        with pytest.raises(ot.OrtrainError, match=r"capture: a copy of W \(copy, deepcopy or pickle\) inside fn reads "
+                                                  r"the value once"):
+            ot.capture(lambda x, c=copying: ag.sum(c(W) @ x))(x=X)
+    inner = ot.capture(lambda x: ag.sum(W @ x))
+    for fn in (lambda x, x_next: ag.mse_loss(W @ x, W @ x_next * float(inner(x=X))),
+               lambda x, x_next: (ot.capture_step(lambda x: ag.mse_loss(W @ x, Xn[:2]), optimizer=opt)(x=X),
+                                  ag.mse_loss(W @ x, W @ x_next))[1]):
+        with pytest.raises(ot.OrtrainError, match=r"(capture|capture_step) called inside the fn of a capture being "
+                                                  r"recorded: it would run once"):
+            ot.capture_step(fn, optimizer=opt)(x=X, x_next=Xn)
+        np.testing.assert_array_equal(W.numpy(), np.full((2, 3), 0.5, np.float32))
+        assert opt.step == 0 and opt.state()["moments"] == {}
+    assert float(inner(x=X)) == pytest.approx(float((W.numpy() @ X).sum()))  # outside fn it runs as before
     # the form the message advises: a frozen target assigned between calls, read at each call
     target = ag.param(W.numpy(), name="target", trainable=False)
     train = ot.capture_step(lambda x, x_next: ag.mse_loss(W @ x, target @ x_next), optimizer=opt)

@@ -518,7 +518,7 @@ def test_ndarray_subclasses_are_read_as_their_values_and_masked_entries_are_refu
                      lambda: tr.step(np.ma.array(x, mask=x > 0.9), labels)):
             with pytest.raises(ot.ShapeError, match=r"(x|y): expected an array of values, received a masked array "
                                                     r"with \d+ masked entr(y|ies), whose hidden values would be read "
-                                                    r"as data; fill them \(a\.filled\(value\)\)"):
+                                                    r"as data; fill them first \(a\.filled\(value\)\)"):
                 call()
         _assert_unchanged(tr, before)
     for kwargs in ({"y": hidden}, {"y": labels, "sample_weight": np.ma.array(np.ones(8), mask=hidden.mask)}):

@@ -17,7 +17,7 @@ from ortrain import engine
 from ortrain._arrays import as_array, read_array
 from ortrain._lifetime import Releasable
 from ortrain.ag import tensor
-from ortrain.ag.tensor import Param
+from ortrain.ag.tensor import RECORDING_DEPTH, Param
 from ortrain.ag.tracer import example_inputs, trace
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph.forward import to_inference
@@ -87,6 +87,10 @@ class TracedCall(Releasable):
         the first call, and check the arrays against the traced inputs."""
         if self._freed:
             self._live()
+        if RECORDING_DEPTH[0]:  # held by this thread's recording (recordings hold the turns this call holds)
+            raise OrtrainError(f"{self._where} called inside the fn of a capture being recorded: it would run once, "
+                               "as that fn is recorded, not at each of its calls (a step's update, once); call it "
+                               "outside fn, before or after the other capture's call")
         if args:
             kwargs = self._bind(args, kwargs)
         if not built:

@@ -94,14 +94,17 @@ def _fresh_turns_in_child() -> None:
     exist in the child, which would wait for it forever (read as ``tensor.TURNS`` at each use)."""
     global TURNS
     TURNS = threading.RLock()
+    RECORDING_DEPTH[0] = 0  # a recording thread of the parent does not exist in the child
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_turns_in_child)
 
 # What the calling thread is recording (ortrain.ag.tracer.trace sets it around fn): a param's value
-# read or written there happens once, at the recording, and is not part of the graph.
+# read or written there happens once, at the recording, and is not part of the graph. Recordings run
+# under TURNS, so a captured call that finds RECORDING_DEPTH above 0 with TURNS held is inside one.
 RECORDING = threading.local()
+RECORDING_DEPTH = [0]
 
 
 def _refuse_while_recording(call: str, why: str) -> None:
@@ -218,6 +221,8 @@ class Param(Tensor):
     def __reduce__(self):
         # A copy (copy, deepcopy, pickle) is a new param of the same name holding the current value,
         # held by no captured step.
+        _refuse_while_recording(f"a copy of {self.name} (copy, deepcopy or pickle)", "reads the value once, as fn "
+                                "is recorded, and every later call would compute with that copy")
         with TURNS:  # the value between captured runs, as numpy() reads it
             value = np.array(self._current(), copy=True)
         return _rebuilt, (type(self), value, self.name, self.trainable)

@@ -18,7 +18,7 @@ from ortrain._arrays import as_array, read_array
 from ortrain._dag import post_order
 from ortrain.ag.losses import check_loss
 from ortrain.ag.ops import reshape
-from ortrain.ag.tensor import FLOAT, INT, RECORDING, Buffer, Const, Input, Param, Tensor
+from ortrain.ag.tensor import FLOAT, INT, RECORDING, RECORDING_DEPTH, Buffer, Const, Input, Param, Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import GraphBuilder, TensorSpec
 from ortrain.graph.forward import reserved_input_name
@@ -100,9 +100,11 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
     inputs = {n: Input(n, a.shape, a.dtype) for n, a in arrays.items()}
     outer = getattr(RECORDING, "where", None)
     RECORDING.where = where
+    RECORDING_DEPTH[0] += 1  # (under TURNS, as every recording)
     try:
         result = fn(**inputs)
     finally:
+        RECORDING_DEPTH[0] -= 1
         RECORDING.where = outer
     outputs, returns_dict = _outputs(result, training, where)
     order = topological_order(list(outputs.values()))

@@ -370,7 +370,8 @@ class TrainingMixin:
         with the same optimizer state."""
         from ortrain.fit import fit_model  # fit's loop builds Trainers, which import the model
         if isinstance(sample_weight, dict) and sample_weight and class_weight is None and \
-                all(isinstance(k, (int, np.integer)) for k in sample_weight):  # Keras' tenth argument, in place
+                all(isinstance(k, (int, np.integer)) and isinstance(v, (int, float, np.number))
+                    for k, v in sample_weight.items()):  # Keras' tenth argument (class_weight), in its place
             raise OrtrainError("fit: sample_weight expected one weight per sample, received a dict; fit's arguments "
                                "after shuffle are sample_weight, initial_epoch, ... (Keras' are class_weight, then "
                                "sample_weight): pass class_weight={class index: weight} by keyword")
