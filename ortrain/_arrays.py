@@ -56,7 +56,7 @@ def _plain(value: np.ndarray, argument: str) -> np.ndarray:
         n = int(np.ma.count_masked(value))
         raise ShapeError(f"{argument}: expected an array of values, received a masked array with {n} masked "
                          f"entr{'y' if n == 1 else 'ies'}, whose hidden values would be read as data; fill them "
-                         "first (a.filled(value)), or pass the array without the entries it masks")
+                         "first (a.filled(value)), or leave out the samples that hold them")
     return np.asarray(value)
 
 

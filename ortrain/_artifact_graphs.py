@@ -42,10 +42,10 @@ def _check_weighting(weighting) -> None:
 
 def _check_trainable(fg: ForwardGraph) -> None:
     if not fg.params:
-        raise OrtrainError("nothing to train: the model has no weights. ortrain trains the float32 initializers "
-                           "of rank 1 or more that a gradient reaches; a float32 scalar trains where from_onnx's "
-                           "trainable= names it, and float16 and float64 initializers stay constants (export such a "
-                           "model in float32)")
+        raise OrtrainError("nothing to train: the model has no weights; add a layer that has some. Of an imported "
+                           "model ortrain trains the float32 initializers of rank 1 or more that a gradient reaches "
+                           "(a float32 scalar where from_onnx's trainable= names it); float16 and float64 "
+                           "initializers stay constants (export such a model in float32)")
     if not fg.names("trainable"):
         raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights "
                            "(model.unfreeze(...), or layer.trainable = True for layers set trainable=False)")

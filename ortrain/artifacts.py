@@ -179,7 +179,7 @@ class Artifacts:
         ``weighted_metrics`` (as ``compile`` takes them)."""
         from ortrain.nn.graph_model import GraphModel
         data = checkpoint if isinstance(checkpoint, engine.CheckpointData) else \
-            engine.read_checkpoint(self.checkpoint if checkpoint is None else checkpoint)
+            engine.read_checkpoint(self.checkpoint if checkpoint is None else checkpoint, verify=True)
         where = f" {os.fspath(checkpoint)!r}" if isinstance(checkpoint, (str, os.PathLike)) else ""
         trained_with = data.properties.get(CHECKPOINT_LOSS)
         if trained_with is not None and trained_with != loss_text(self.loss):

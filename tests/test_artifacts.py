@@ -638,3 +638,27 @@ def test_a_checkpoint_weight_whose_type_byte_changed_is_refused_as_damaged(tmp_p
                 else:
                     assert "Gemm" not in str(exc) and "bound to different types" not in str(exc)
     assert refused == {"dense_0.kernel", "dense_0.bias"}
+
+
+def test_artifacts_model_checks_a_trainer_checkpoints_checksum(tmp_path):
+    # Artifacts.model (and the CLI's eval, predict and export --checkpoint) read a trainer's
+    # checkpoint without its checksum: a flipped bit in a weight gave "loss: inf" and exit 0, where
+    # Trainer.from_artifacts refused the same file
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    art = ot.artifacts.build(model, loss="mse", optimizer="adam", out_dir=tmp_path / "art")
+    tr = ot.Trainer.from_artifacts(art.directory, batch_size=8)
+    tr.step(np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32))
+    path = tmp_path / "t.ckpt"
+    tr.save_checkpoint(path)
+    kernel = tr.get_weights()[0]
+    np.testing.assert_array_equal(art.model(path).get_weights()[0], kernel)
+    good = path.read_bytes()
+    at = good.index(kernel.astype("<f4").tobytes())
+    for offset in (at + 3, at + 4 * kernel.size - 1):  # the exponent byte of the first and last value
+        changed = bytearray(good)
+        changed[offset] ^= 0x40
+        path.write_bytes(bytes(changed))
+        with pytest.raises(ot.OrtrainError, match=rf"checkpoint '{re.escape(str(path))}' is damaged: its contents do "
+                                                  r"not match the checksum"):
+            art.model(path)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import copy
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import time
 import warnings
 
@@ -141,8 +145,8 @@ def test_reading_or_writing_a_param_inside_fn_is_refused_and_changes_nothing():
     for fn in (lambda x, x_next: ag.mse_loss(W @ x, W @ x_next * float(inner(x=X))),
                lambda x, x_next: (ot.capture_step(lambda x: ag.mse_loss(W @ x, Xn[:2]), optimizer=opt)(x=X),
                                   ag.mse_loss(W @ x, W @ x_next))[1]):
-        with pytest.raises(ot.OrtrainError, match=r"(capture|capture_step) called inside the fn of a capture being "
-                                                  r"recorded: it would run once"):
+        with pytest.raises(ot.OrtrainError, match=r"(capture|capture_step) called while this thread records another "
+                                                  r"capture's fn: called inside that fn, it would run once"):
             ot.capture_step(fn, optimizer=opt)(x=X, x_next=Xn)
         np.testing.assert_array_equal(W.numpy(), np.full((2, 3), 0.5, np.float32))
         assert opt.step == 0 and opt.state()["moments"] == {}
@@ -1335,3 +1339,37 @@ def test_a_second_interrupt_at_the_start_of_the_recovery_still_counts_the_update
     assert len(starts) == 2 and opt.step == 2
     np.testing.assert_allclose(W.numpy(), ref.p[0], rtol=1e-5, atol=1e-6)
     step.free()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_inside_fn_can_call_captures_after_the_recording(tmp_path):
+    # the child's count of recordings went below 0 (reset at the fork, then lowered as fn returned),
+    # and every capture or captured step in it was refused as "inside a recording"
+    script = tmp_path / "fork_in_fn.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import numpy as np
+        import ortrain as ot
+        from ortrain import ag
+        from ortrain.ag import tensor
+        W = ag.param(np.full((2, 3), 0.5, np.float32), name="W")
+        X = np.ones((3, 4), np.float32)
+        child = []
+        def fn(x):
+            if os.fork() == 0:
+                child.append(True)
+            return ag.sum(W @ x)
+        try:
+            first = float(ot.capture(fn)(x=X))
+            second = float(ot.capture(lambda x: ag.sum(W @ x) * 2.0)(x=X))
+            ok = tensor.RECORDING_DEPTH[0] == 0 and first == 12.0 and second == 24.0
+        except Exception as exc:
+            print(type(exc).__name__, exc, flush=True)
+            ok = False
+        if child:
+            os._exit(0 if ok else 3)
+        _, status = os.wait()
+        print("parent", ok, "child", os.waitstatus_to_exitcode(status), flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert out.stdout.strip().splitlines()[-1] == "parent True child 0", out.stdout + out.stderr

@@ -2439,8 +2439,9 @@ def test_keras_positional_order_is_refused_naming_the_argument_it_reached():
                                                   rf"{verbose!r}; the arguments after batch_size are sample_weight, "
                                                   r"then verbose \(Keras' are verbose, then sample_weight\)"):
             model.evaluate(x, y, 4, verbose)
-    with pytest.raises(ot.OrtrainError, match=r"fit: sample_weight expected one weight per sample, received a dict; "
-                                              r".*pass class_weight=\{class index: weight\} by keyword"):
+    with pytest.raises(ot.OrtrainError, match=r"fit: sample_weight expected one weight per sample, received a dict "
+                                              r"of numbers: class weights \(\{class index: weight\}\) go in "
+                                              r"class_weight=, by keyword"):
         model.fit(x, y, 4, 1, 0, None, 0.0, None, True, {0: 1.0})
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)

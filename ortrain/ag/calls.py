@@ -88,9 +88,10 @@ class TracedCall(Releasable):
         if self._freed:
             self._live()
         if RECORDING_DEPTH[0]:  # held by this thread's recording (recordings hold the turns this call holds)
-            raise OrtrainError(f"{self._where} called inside the fn of a capture being recorded: it would run once, "
-                               "as that fn is recorded, not at each of its calls (a step's update, once); call it "
-                               "outside fn, before or after the other capture's call")
+            raise OrtrainError(f"{self._where} called while this thread records another capture's fn: called inside "
+                               "that fn, it would run once, as fn is recorded, not at each of its calls (a step's "
+                               "update, once); call it outside fn, before or after the other capture's call (from a "
+                               "signal handler, after the recording: the first call of the other capture)")
         if args:
             kwargs = self._bind(args, kwargs)
         if not built:

@@ -100,11 +100,12 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
     inputs = {n: Input(n, a.shape, a.dtype) for n, a in arrays.items()}
     outer = getattr(RECORDING, "where", None)
     RECORDING.where = where
-    RECORDING_DEPTH[0] += 1  # (under TURNS, as every recording)
+    depth = RECORDING_DEPTH[0]
+    RECORDING_DEPTH[0] = depth + 1  # (under TURNS, as every recording)
     try:
         result = fn(**inputs)
     finally:
-        RECORDING_DEPTH[0] -= 1
+        RECORDING_DEPTH[0] = depth  # (not a decrement: a child forked inside fn starts again from 0)
         RECORDING.where = outer
     outputs, returns_dict = _outputs(result, training, where)
     order = topological_order(list(outputs.values()))

@@ -372,9 +372,10 @@ class TrainingMixin:
         if isinstance(sample_weight, dict) and sample_weight and class_weight is None and \
                 all(isinstance(k, (int, np.integer)) and isinstance(v, (int, float, np.number))
                     for k, v in sample_weight.items()):  # Keras' tenth argument (class_weight), in its place
-            raise OrtrainError("fit: sample_weight expected one weight per sample, received a dict; fit's arguments "
-                               "after shuffle are sample_weight, initial_epoch, ... (Keras' are class_weight, then "
-                               "sample_weight): pass class_weight={class index: weight} by keyword")
+            raise OrtrainError("fit: sample_weight expected one weight per sample, received a dict of numbers: class "
+                               "weights ({class index: weight}) go in class_weight=, by keyword (fit's arguments after "
+                               "shuffle are sample_weight, initial_epoch, ...; Keras' are class_weight, then "
+                               "sample_weight)")
         return fit_model(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
                          validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
                          sample_weight=sample_weight, initial_epoch=initial_epoch,
