@@ -294,6 +294,8 @@ def checked_int(value, argument: str, *, minimum: int = 1, allow_none: bool = Fa
     """
     if value is None and allow_none:
         return None
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+        value = value.item()  # a 0-d integer array, as kernel sizes and Python's range() take it
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise OrtrainError(f"{argument}: expected {kind}{' or None' if allow_none else ''}, received {value!r}")

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 
 from ortrain import engine, losses, optim
+from ortrain._arrays import checked_flag
 from ortrain._artifact_graphs import (
     LABEL,
     LOSS_SCALE,
@@ -352,6 +353,7 @@ def _build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, traina
     """:func:`build`, calling ``accept_key`` (when given) with the key and a function returning its
     :func:`key_parts` before anything is written; it may refuse the key by raising."""
     _check_weighting(weighting)
+    checked_flag(refresh_checkpoint, "refresh_checkpoint")
     if out_dir is not None and (not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir)):
         raise OrtrainError(f"out_dir: expected a directory path (str or os.PathLike) or None for the cache, "
                            f"received {out_dir!r}")

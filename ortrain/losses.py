@@ -28,6 +28,7 @@ from ortrain._arrays import (
     FLOAT32_TINY,
     as_array,
     as_float32,
+    checked_flag,
     is_real,
     label_positions,
     prepare_labels,
@@ -247,7 +248,7 @@ class CategoricalCrossentropy(Loss):
     sums_last_axis = True
 
     def __init__(self, from_logits: bool = False):
-        self.from_logits = bool(from_logits)
+        self.from_logits = checked_flag(from_logits, "CategoricalCrossentropy(from_logits=...)")
 
     def config(self):
         return {"name": self.name, "from_logits": self.from_logits}
@@ -271,7 +272,7 @@ class SparseCategoricalCrossentropy(Loss):
     label_dtype = np.dtype(np.int64)
 
     def __init__(self, from_logits: bool = False):
-        self.from_logits = bool(from_logits)
+        self.from_logits = checked_flag(from_logits, "SparseCategoricalCrossentropy(from_logits=...)")
 
     def config(self):
         return {"name": self.name, "from_logits": self.from_logits}
@@ -304,7 +305,7 @@ class BinaryCrossentropy(Loss):
     name = "binary_crossentropy"
 
     def __init__(self, from_logits: bool = False):
-        self.from_logits = bool(from_logits)
+        self.from_logits = checked_flag(from_logits, "BinaryCrossentropy(from_logits=...)")
 
     def config(self):
         return {"name": self.name, "from_logits": self.from_logits}

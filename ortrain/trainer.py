@@ -291,6 +291,7 @@ class Trainer(TrainerSetup, Releasable):
         (the default) takes a batch of any number of rows; :meth:`eval` pins it to ``batch_size``.
         Raises :class:`ShapeError` for a batch whose shape does not fit."""
         self._live()
+        rows = positive_int(rows, "eval_with_outputs(rows=...)", allow_none=True)
         fetches, _, _ = self._eval(x, y, sample_weight, rows)
         return float(fetches[1].numpy()), fetches[2].numpy()
 

@@ -280,3 +280,77 @@ def test_the_named_calls_pickle_as_before():
               ot.Trainer.save_checkpoint, ot.Trainer.step, ot.Model.set_weights, ot.Sequential.add]:
         assert pickle.loads(pickle.dumps(f)) is f, f
     assert pickle.loads(pickle.dumps(ot.Trainer.from_checkpoint)) == ot.Trainer.from_checkpoint
+
+
+def test_keepdims_takes_booleans_only_and_matches_numpy():
+    # keepdims=2 was recorded as kept, (3, 1), and computed as dropped, (3,): x - sum(x, 1, keepdims)
+    # broadcast along the other axis without a word ([-3, -11, -19] where numpy gives [-3, -2, -1])
+    a = np.arange(9, dtype=np.float32).reshape(3, 3)
+    for keep in (True, 1, np.bool_(True)):
+        np.testing.assert_allclose(ot.capture(lambda x, k=keep: ag.sub(x, ag.sum(x, axis=1, keepdims=k)))(x=a),
+                                   a - a.sum(axis=1, keepdims=True))
+        np.testing.assert_allclose(ot.capture(lambda x, k=keep: ag.sub(x, ag.mean(x, dim=1, keepdim=k)))(x=a),
+                                   a - a.mean(axis=1, keepdims=True), rtol=1e-6)
+    for keep in (2, -1, "yes", None, 1.0):
+        for op in (ag.sum, ag.mean):
+            with pytest.raises(ot.OrtrainError, match=rf"{op.__name__}: keepdims: expected True or False, "
+                                                      rf"received {re.escape(repr(keep))}"):
+                ot.capture(lambda x, k=keep, op=op: op(x, axis=1, keepdims=k))(x=a)
+
+
+def test_flags_sizes_names_and_streams_are_checked_where_they_are_given(tmp_path):
+    # each was taken by truthiness or stored as given, and failed later or meant something else:
+    # from_logits="False" trained from logits, name=3 failed in every fit with a raw TypeError,
+    # ProgressBar(file="log.txt") died inside tqdm
+    flags = [(lambda v: ot.losses.CategoricalCrossentropy(from_logits=v), "CategoricalCrossentropy(from_logits=...)"),
+             (lambda v: ot.losses.SparseCategoricalCrossentropy(from_logits=v),
+              "SparseCategoricalCrossentropy(from_logits=...)"),
+             (lambda v: ot.losses.BinaryCrossentropy(from_logits=v), "BinaryCrossentropy(from_logits=...)"),
+             (lambda v: ot.callbacks.EarlyStopping(restore_best_weights=v), "EarlyStopping(restore_best_weights=...)"),
+             (lambda v: ot.callbacks.ModelCheckpoint(str(tmp_path / "m"), save_best_only=v),
+              "ModelCheckpoint(save_best_only=...)"),
+             (lambda v: ot.callbacks.CSVLogger(str(tmp_path / "log.csv"), append=v), "CSVLogger(append=...)")]
+    for make, argument in flags:
+        for value in ("False", float("nan"), 2, None):
+            with pytest.raises(ot.OrtrainError, match=rf"{re.escape(argument)}: expected True or False, received "
+                                                      rf"{re.escape(repr(value))}"):
+                make(value)
+        make(np.bool_(False))
+    model = ot.Sequential([ot.layers.Dense(np.array(3))], input_shape=(4,), seed=0)  # a 0-d int array is an int
+    with pytest.raises(ot.OrtrainError, match=r"count_params\(trainable_only=...\): expected True or False"):
+        model.count_params("yes")
+    assert model.count_params() == 15  # 4 x 3 + 3
+    with pytest.raises(ot.OrtrainError, match="refresh_checkpoint: expected True or False, received 'no'"):
+        ot.artifacts.build(model, loss="mse", refresh_checkpoint="no", out_dir=tmp_path / "art")
+    assert not (tmp_path / "art").exists()
+    for name in (3, ""):
+        with pytest.raises(ot.OrtrainError, match=rf"Sequential\(name=...\): expected a non-empty string .*received "
+                                                  rf"{re.escape(repr(name))}"):
+            ot.Sequential([ot.layers.Dense(2)], input_shape=(4,), name=name)
+        inp = ot.Input((4,))
+        with pytest.raises(ot.OrtrainError, match=r"Model\(name=...\): expected a non-empty string"):
+            ot.Model(inp, ot.layers.Dense(2)(inp), name=name)
+    with pytest.raises(ot.OrtrainError, match=r"ProgressBar\(file=...\): expected a stream with write\(\) .*received "
+                                              r"'log.txt': open it first"):
+        ot.callbacks.ProgressBar(file="log.txt")
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    for call in (lambda: model.predict(x, verbose=7), lambda: model.evaluate(x, y, verbose="x")):
+        with pytest.raises(ot.OrtrainError, match="verbose: expected 0"):
+            call()
+    hist = model.fit(x, y, epochs=np.array(2), batch_size=np.array(8), verbose=0)
+    assert len(hist.history["loss"]) == 2 and model.optimizer.step == 2
+    with ot.Trainer(model, batch_size=8) as tr:
+        for rows in (-1, "2", 0):
+            with pytest.raises(ot.OrtrainError, match=rf"eval_with_outputs\(rows=...\): expected a positive int or "
+                                                      rf"None, received {re.escape(repr(rows))}"):
+                tr.eval_with_outputs(x, y, rows=rows)
+        loss, out = tr.eval_with_outputs(x, y, rows=8)
+        assert out.shape == (8, 3) and loss == pytest.approx(float(np.mean(model.predict(x) ** 2)), rel=1e-6)
+    path = tmp_path / "m.onnx"
+    model.export_onnx(path)
+    with pytest.raises(ot.OrtrainError, match="input_names: expected a list of graph input names, received 3"):
+        ot.from_onnx(path, input_names=3)
+    with pytest.raises(ot.OrtrainError, match=r"trainable= and frozen= both list 'dense_0\.kernel'"):
+        ot.from_onnx(path, trainable=["dense_0.kernel"], frozen=["dense_0.kernel"])
+    assert ot.from_onnx(path, trainable=["*"], frozen=["dense_0.bias"]).trainable_weight_names == ["dense_0.kernel"]

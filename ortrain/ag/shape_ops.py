@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from ortrain._arrays import one_of_two_names, read_array
+from ortrain._arrays import checked_flag, one_of_two_names, read_array
 from ortrain._warnings import warn
 from ortrain.ag._checks import FIRST_AXIS, _axis, _either, _float, _ints, _node, _shapes, as_tensor
 from ortrain.ag.elementwise import add, div
@@ -106,6 +106,14 @@ def _reduce(op_type: str, x: Tensor, axes: tuple, keepdims: bool):
     return emit
 
 
+def _keep(keepdims, op: str) -> bool:
+    """``keepdims`` as a bool: True, False, or 1 and 0 as numpy takes them; anything else (2 was
+    recorded as kept and computed as dropped) is refused."""
+    if isinstance(keepdims, (int, np.integer)) and not isinstance(keepdims, (bool, np.bool_)) and keepdims in (0, 1):
+        return bool(keepdims)
+    return checked_flag(keepdims, f"{op}: keepdims")
+
+
 def _reduced(x: Tensor, axes: tuple, keepdims: bool) -> tuple:
     if keepdims:
         return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
@@ -121,7 +129,7 @@ def sum(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None 
     """
     x = as_tensor(x, "sum")
     axis = one_of_two_names("sum", "axis", axis, None, "dim", dim)
-    keepdims = one_of_two_names("sum", "keepdims", keepdims, False, "keepdim", keepdim)
+    keepdims = _keep(one_of_two_names("sum", "keepdims", keepdims, False, "keepdim", keepdim), "sum")
     axes = _reduce_axes("sum", x, axis)
     if not x.ndim or not axes:
         return x
@@ -138,7 +146,7 @@ def mean(x, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool | None
     x = as_tensor(x, "mean")
     _float("mean", x)
     axis = one_of_two_names("mean", "axis", axis, None, "dim", dim)
-    keepdims = one_of_two_names("mean", "keepdims", keepdims, False, "keepdim", keepdim)
+    keepdims = _keep(one_of_two_names("mean", "keepdims", keepdims, False, "keepdim", keepdim), "mean")
     axes = _reduce_axes("mean", x, axis)
     if not x.ndim or not axes:
         return x

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from ortrain._arrays import checked_flag
 from ortrain._files import write_advice
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
@@ -49,7 +50,7 @@ class CSVLogger(Callback):
                                f"{filename!r}")
         self.filename = os.fspath(filename)
         self.separator = separator
-        self.append = bool(append)
+        self.append = checked_flag(append, "CSVLogger(append=...)")
         self._file = None
         self._writer = None
         self.keys = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ortrain._arrays import checked_flag
 from ortrain.callbacks._monitor import Monitor, check_non_negative_int, check_threshold
 from ortrain.callbacks.base import Callback
 
@@ -31,7 +32,7 @@ class EarlyStopping(Callback):
         self.patience = check_non_negative_int(patience, "patience", "EarlyStopping")
         self.start_from_epoch = check_non_negative_int(start_from_epoch, "start_from_epoch", "EarlyStopping")
         self.baseline = check_threshold(baseline, "baseline", "EarlyStopping", "the value to beat")
-        self.restore_best_weights = bool(restore_best_weights)
+        self.restore_best_weights = checked_flag(restore_best_weights, "EarlyStopping(restore_best_weights=...)")
         self.verbose = verbose
         self.on_train_begin()
 

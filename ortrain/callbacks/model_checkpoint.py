@@ -62,8 +62,8 @@ class ModelCheckpoint(Callback):
             raise OrtrainError("ModelCheckpoint: give save_weights_only=True (the weights, model.save_weights) or "
                                f"save_model={save_model!r}, not both")
         self.filepath = os.fspath(filepath)
-        self.save_best_only = bool(save_best_only)
-        self.save_model = None if save_model is None else bool(save_model)
+        self.save_best_only = checked_flag(save_best_only, "ModelCheckpoint(save_best_only=...)")
+        self.save_model = None if save_model is None else checked_flag(save_model, "ModelCheckpoint(save_model=...)")
         self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint")
         threshold = check_threshold(initial_value_threshold, "initial_value_threshold", "ModelCheckpoint",
                                     "the value the first save must beat")

@@ -9,6 +9,7 @@ job), prints one line per epoch. ``verbose=0`` prints nothing.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
@@ -56,11 +57,19 @@ class _NoTerminal:
     def isatty() -> bool:
         return False
 
+    @staticmethod
+    def write(text: str) -> int:  # never called: check_verbose only builds the callback
+        return len(text)
+
 
 class ProgressLines(Callback):
     """One line per epoch: steps, time, samples per second and the epoch's logs."""
 
     def __init__(self, file=None):
+        if file is not None and not callable(getattr(file, "write", None)):
+            hint = f": open it first, file=open({file!r}, 'w')" if isinstance(file, (str, os.PathLike)) else ""
+            raise OrtrainError(f"{type(self).__name__}(file=...): expected a stream with write() such as sys.stdout "
+                               f"(or None for sys.stdout), received {file!r}{hint}")
         self.file = file if file is not None else sys.stdout
 
     def on_epoch_begin(self, epoch, logs=None):

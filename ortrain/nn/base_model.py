@@ -51,10 +51,18 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", name).lower().replace("2_d", "2d")
 
 
+def checked_model_name(name, where: str) -> None:
+    """A model's name goes into its ONNX files: a non-empty string, or None for the default."""
+    if name is not None and (not isinstance(name, str) or not name):
+        raise OrtrainError(f"{where}(name=...): expected a non-empty string (or None for the default name), "
+                           f"received {name!r}")
+
+
 class Model(TrainingMixin):
     """A functional model: ``ot.Model(inputs, outputs)`` over tensors from ``ot.Input`` and layer calls."""
 
     def __init__(self, inputs, outputs, name: str | None = None):
+        checked_model_name(name, "Model")
         ins = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         if not ins or not outs or not all(isinstance(t, SymbolicTensor) for t in ins + outs):
@@ -207,6 +215,7 @@ class Model(TrainingMixin):
     def count_params(self, trainable_only: bool = False) -> int:
         """How many numbers the weights hold, trainable or not (Keras counts a batch norm's
         running statistics too); ``trainable_only`` counts the trainable ones."""
+        checked_flag(trainable_only, "count_params(trainable_only=...)")
         return int(sum(int(np.prod(p.shape, dtype=np.int64)) for p in self.params()
                        if not trainable_only or p.role == "trainable"))
 

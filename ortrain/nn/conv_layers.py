@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortrain._arrays import checked_flag, is_integer
+from ortrain._arrays import checked_flag, is_integer, positive_int
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
 
@@ -27,8 +27,7 @@ def _int_tuple(value, n: int, what: str) -> tuple:
 
 def _conv_arguments(layer: str, filters, kernel_size, strides, padding) -> tuple:
     """``(filters, kernel_size, strides, padding)`` of a convolution layer, checked."""
-    if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
-        raise OrtrainError(f"{layer}(filters=...): expected a positive int, received {filters!r}")
+    filters = positive_int(filters, f"{layer}(filters=...)")
     if padding not in ("valid", "same"):
         raise OrtrainError(f"{layer}(padding=...): expected 'valid' or 'same', received {padding!r}")
     return (int(filters), _int_tuple(kernel_size, 2, f"{layer}(kernel_size=...)"),

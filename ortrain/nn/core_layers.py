@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ortrain import _random
-from ortrain._arrays import FLOAT32_TINY, as_float32, checked_flag, is_real
+from ortrain._arrays import FLOAT32_TINY, as_float32, checked_flag, is_real, positive_int
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
 
@@ -38,9 +38,7 @@ class Dense(Layer):
 
     def __init__(self, units: int, activation=None, use_bias: bool = True, name=None, seed=None):
         super().__init__(name, seed)
-        if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units < 1:
-            raise OrtrainError(f"Dense(units=...): expected a positive int, received {units!r}")
-        self.units = int(units)
+        self.units = positive_int(units, "Dense(units=...)")
         self.activation = check_activation(activation)
         self.use_bias = checked_flag(use_bias, f"{type(self).__name__}(use_bias=...)")
 
@@ -216,10 +214,8 @@ class Embedding(Layer):
 
     def __init__(self, input_dim: int, output_dim: int, name=None, seed=None):
         super().__init__(name, seed)
-        for what, v in (("input_dim", input_dim), ("output_dim", output_dim)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise OrtrainError(f"Embedding({what}=...): expected a positive int, received {v!r}")
-        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+        self.input_dim = positive_int(input_dim, "Embedding(input_dim=...)")
+        self.output_dim = positive_int(output_dim, "Embedding(output_dim=...)")
 
     def _build(self, input_shapes, rng):
         self.weights["embeddings"] = rng.uniform(-0.05, 0.05, (self.input_dim, self.output_dim)).astype(np.float32)

@@ -179,6 +179,10 @@ def reassign_roles(fg: ForwardGraph, trainable=None, frozen=None, unreached=None
     picks one.
     """
     t, f = _patterns(trainable, "trainable"), _patterns(frozen, "frozen")
+    both = sorted(set(t or ()) & set(f or ()))
+    if both:  # (a glob in one and names in the other, trainable=["*"], frozen=["conv1.*"], is the usual form)
+        raise OrtrainError(f"trainable= and frozen= both list {', '.join(map(repr, both))}; list "
+                           f"{'it' if len(both) == 1 else 'them'} in one of the two")
     names = [p.name for p in fg.params]
     unreached = unreached or {}
     for pats, arg in ((t, "trainable"), (f, "frozen")):
@@ -683,6 +687,8 @@ def _select_inputs(model: onnx.ModelProto, input_names, stash: dict) -> tuple[on
     if input_names is None:
         data = [n for n in graph_inputs if n not in inits]
     else:
+        if not isinstance(input_names, (str, list, tuple)):
+            raise OrtrainError(f"input_names: expected a list of graph input names, received {input_names!r}")
         data = [input_names] if isinstance(input_names, str) else list(input_names)
         if not data or not all(isinstance(n, str) for n in data) or len(set(data)) != len(data):
             raise OrtrainError(f"input_names: expected distinct graph input names, received {input_names!r}")

@@ -11,7 +11,7 @@ from ortrain._arrays import checked_int, is_integer
 from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain.errors import OrtrainError
 from ortrain.nn.base_layer import Layer
-from ortrain.nn.base_model import Model
+from ortrain.nn.base_model import Model, checked_model_name
 from ortrain.nn.symbolic import Input, SymbolicTensor
 
 __all__ = ["NotBuiltError", "Sequential"]
@@ -31,6 +31,7 @@ class Sequential(Model):
 
     def __init__(self, layers=None, input_shape=None, name: str | None = None, seed: int | None = None,
                  input_dtype=None):
+        checked_model_name(name, "Sequential")
         if isinstance(layers, (Layer, str, bytes, Mapping)) or (layers is not None and not hasattr(layers, "__iter__")):
             fix = "; wrap a single layer in a list" if isinstance(layers, Layer) else ""
             raise OrtrainError(f"Sequential(layers=...): expected a list of layers, received "

@@ -27,6 +27,7 @@ from ortrain._arrays import (
 from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, loss_model
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain._warnings import warn
+from ortrain.callbacks.progress import check_verbose
 from ortrain.data import prepare_arrays, refuse_non_finite_weights
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph import TensorSpec
@@ -442,6 +443,7 @@ class TrainingMixin:
         Keras code and shows nothing.
         """
         positive_int(batch_size, "batch_size", allow_none=True)
+        check_verbose(verbose)
         xs = prepare_inputs(rows_free(self.input_specs), x, "x", bounds=self.index_bounds())
         outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
@@ -466,6 +468,7 @@ class TrainingMixin:
                                "the arguments after batch_size are sample_weight, then verbose (Keras' are verbose, "
                                "then sample_weight): pass them by keyword (verbose=0)")
         positive_int(batch_size, "batch_size", allow_none=True)
+        check_verbose(verbose)
         positive_int(steps, "steps", allow_none=True)
         ms = metrics_mod.resolve(self.metrics, self.loss, self.weighted_metrics)
         total, n = 0.0, 0
