@@ -1132,6 +1132,8 @@ def test_an_option_on_the_command_line_replaces_the_choice_a_config_made_the_oth
                                                                                   "matches no weight"),
     (["artifacts", "mlp.onnx", "-o", "A", "--loss", "mse", "--frozen", "*"], "unfreeze some weights (--trainable, "
                                                                              "--frozen)"),
+    (["artifacts", "mlp.onnx", "-o", "A", "--loss", "mse", "--trainable", "dense_0.*", "--frozen", "dense_0.*"],
+     "ortrain artifacts: --trainable and --frozen both list 'dense_0.*'"),
     (["predict", "--model", "junk.onnx", "--data", "x.npy"], "ortrain predict: --model: 'junk.onnx' is not an ONNX "
                                                              "model"),
     (["artifacts", "mlp.onnx", "-o", "other", "--loss", "mse"], "ortrain artifacts: -o '"),

@@ -1,6 +1,7 @@
 """The public surface of API.md: names exist, signatures and defaults are the contract's."""
 
 import inspect
+import io
 import re
 
 import numpy as np
@@ -330,9 +331,11 @@ def test_flags_sizes_names_and_streams_are_checked_where_they_are_given(tmp_path
         inp = ot.Input((4,))
         with pytest.raises(ot.OrtrainError, match=r"Model\(name=...\): expected a non-empty string"):
             ot.Model(inp, ot.layers.Dense(2)(inp), name=name)
-    with pytest.raises(ot.OrtrainError, match=r"ProgressBar\(file=...\): expected a stream with write\(\) .*received "
-                                              r"'log.txt': open it first"):
+    with pytest.raises(ot.OrtrainError, match=r"ProgressBar\(file=...\): expected a text stream with write\(\) "
+                                              r".*received 'log.txt': open it first"):
         ot.callbacks.ProgressBar(file="log.txt")
+    with pytest.raises(ot.OrtrainError, match=r"ProgressLines\(file=...\): expected a text stream"):
+        ot.callbacks.ProgressLines(file=io.BytesIO())  # a fit wrote its first line and died there
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
     for call in (lambda: model.predict(x, verbose=7), lambda: model.evaluate(x, y, verbose="x")):
@@ -349,8 +352,18 @@ def test_flags_sizes_names_and_streams_are_checked_where_they_are_given(tmp_path
         assert out.shape == (8, 3) and loss == pytest.approx(float(np.mean(model.predict(x) ** 2)), rel=1e-6)
     path = tmp_path / "m.onnx"
     model.export_onnx(path)
-    with pytest.raises(ot.OrtrainError, match="input_names: expected a list of graph input names, received 3"):
-        ot.from_onnx(path, input_names=3)
+    for names in (3, {"input"}):
+        with pytest.raises(ot.OrtrainError, match=rf"input_names: expected a list of graph input names in the order "
+                                                  rf"to feed them, received {re.escape(repr(names))}"):
+            ot.from_onnx(path, input_names=names)
+    for names in (["input"], {"input": 0}.keys(), np.array(["input"]), iter(["input"])):  # any ordered names
+        assert [s.name for s in ot.from_onnx(path, input_names=names).input_specs] == ["input"]
+    with pytest.raises(ot.OrtrainError, match=r"from_onnx\(name=...\): expected a non-empty string"):
+        ot.from_onnx(path, name="")
+    # a name set on a model after it was built, which a constructor refuses, is saved and loads as the default
+    model.name = ""
+    model.save(tmp_path / "unnamed.ortrain")
+    assert ot.load_model(tmp_path / "unnamed.ortrain").name == "model"
     with pytest.raises(ot.OrtrainError, match=r"trainable= and frozen= both list 'dense_0\.kernel'"):
         ot.from_onnx(path, trainable=["dense_0.kernel"], frozen=["dense_0.kernel"])
     assert ot.from_onnx(path, trainable=["*"], frozen=["dense_0.bias"]).trainable_weight_names == ["dense_0.kernel"]

@@ -8,6 +8,7 @@ job), prints one line per epoch. ``verbose=0`` prints nothing.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import sys
@@ -66,10 +67,11 @@ class ProgressLines(Callback):
     """One line per epoch: steps, time, samples per second and the epoch's logs."""
 
     def __init__(self, file=None):
-        if file is not None and not callable(getattr(file, "write", None)):
+        binary = isinstance(file, (io.RawIOBase, io.BufferedIOBase)) or "b" in str(getattr(file, "mode", ""))
+        if file is not None and (binary or not callable(getattr(file, "write", None))):
             hint = f": open it first, file=open({file!r}, 'w')" if isinstance(file, (str, os.PathLike)) else ""
-            raise OrtrainError(f"{type(self).__name__}(file=...): expected a stream with write() such as sys.stdout "
-                               f"(or None for sys.stdout), received {file!r}{hint}")
+            raise OrtrainError(f"{type(self).__name__}(file=...): expected a text stream with write() such as "
+                               f"sys.stdout (or None for sys.stdout), received {file!r}{hint}")
         self.file = file if file is not None else sys.stdout
 
     def on_epoch_begin(self, epoch, logs=None):

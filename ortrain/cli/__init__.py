@@ -410,6 +410,7 @@ _AS_OPTIONS = (
     (re.compile(r"^out_dir '"), "-o '"),
     (re.compile(r"^out_dir: "), "-o: "),
     (re.compile(r"^(trainable|frozen|metrics): "), r"--\1: "),
+    (re.compile(r"^trainable= and frozen= both list "), "--trainable and --frozen both list "),
     (re.compile(r"^export_onnx\(path\): "), "-o: "),
     (re.compile(r"^batch_size: (.*)received batch_size=(\d+); leave batch_size out \(it takes (\d+)\)"),
      r"--batch-size: \1received --batch-size \2; give --batch-size \3"),

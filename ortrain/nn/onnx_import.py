@@ -687,9 +687,14 @@ def _select_inputs(model: onnx.ModelProto, input_names, stash: dict) -> tuple[on
     if input_names is None:
         data = [n for n in graph_inputs if n not in inits]
     else:
-        if not isinstance(input_names, (str, list, tuple)):
-            raise OrtrainError(f"input_names: expected a list of graph input names, received {input_names!r}")
-        data = [input_names] if isinstance(input_names, str) else list(input_names)
+        try:  # a list, a tuple, dict keys, an array of names; not a set, which has no order
+            data = [input_names] if isinstance(input_names, str) else \
+                None if isinstance(input_names, (set, frozenset)) else list(input_names)
+        except TypeError:
+            data = None
+        if data is None:
+            raise OrtrainError(f"input_names: expected a list of graph input names in the order to feed them, "
+                               f"received {input_names!r}")
         if not data or not all(isinstance(n, str) for n in data) or len(set(data)) != len(data):
             raise OrtrainError(f"input_names: expected distinct graph input names, received {input_names!r}")
         unknown = [n for n in data if n not in graph_inputs]
@@ -999,7 +1004,9 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     Raises :class:`~ortrain.OrtrainError` for files that are damaged or unsafe and
     :class:`~ortrain.UnsupportedOpError` naming every op and node without a gradient.
     """
+    from ortrain.nn.base_model import checked_model_name
     from ortrain.nn.graph_model import GraphModel
+    checked_model_name(name, "from_onnx")
     proto = load_untrusted(model)
     _refuse_outputs_that_are_no_tensors(proto)
     folded = folded_constants(proto)

@@ -114,6 +114,13 @@ class _NoDraws:
         return np.zeros(size if size is not None else (), np.float32)
 
 
+def _saved_name(record: dict) -> str | None:
+    """The name a model was saved with; one a constructor would refuse (an empty string set on the
+    model after it was built) gives the default name instead."""
+    name = record.get("name")
+    return name if isinstance(name, str) and name else None
+
+
 def model_from_record(record: dict, weights: dict, aux: dict):
     from ortrain.nn.graph_model import GraphModel
     from ortrain.nn.layers import layer_from_config
@@ -125,7 +132,7 @@ def model_from_record(record: dict, weights: dict, aux: dict):
         proto = onnx.load_from_string(aux["extra"]["graph.onnx"])
         params = tuple(ParamSpec.from_json(p) for p in record["params"])
         model = GraphModel(ForwardGraph(proto, params, {p.name: weights[p.name] for p in params}),
-                           name=record["name"])
+                           name=_saved_name(record) or "onnx_model")
     else:
         layers = [layer_from_config(d["class"], d["config"], d.get("softmax_axis")) for d in record["layers"]]
         for lyr, d in zip(layers, record["layers"]):
@@ -145,7 +152,7 @@ def model_from_record(record: dict, weights: dict, aux: dict):
             lyr = layers[node["layer"]]
             lyr.build([t.shape for t in args], scratch)
             tensors.append(lyr(args if lyr.n_inputs is None else args[0]))
-        model = Model(inputs, [ref(r) for r in record["outputs"]], name=record["name"])
+        model = Model(inputs, [ref(r) for r in record["outputs"]], name=_saved_name(record))
         if record.get("sequential"):
             model.__class__ = Sequential
         missing = sorted(set(model.weight_names()) - set(weights))
