@@ -1361,3 +1361,19 @@ def test_batch_logs_hold_the_epochs_running_means_as_keras_3s_do(rng):
         assert got["acc"] == pytest.approx(hits[:seen].mean(), rel=1e-6)
     assert hist.history["loss"][0] == pytest.approx(logs[-1]["loss"], rel=1e-6)
     assert hist.history["acc"][0] == pytest.approx(logs[-1]["acc"], rel=1e-6)
+
+
+def test_a_callbacks_verbose_is_checked_where_it_is_given(tmp_path):
+    # verbose="x", {} or NaN were taken as given and printed (or not) by truthiness
+    makers = {"LearningRateScheduler": lambda v: ot.callbacks.LearningRateScheduler(lambda e, lr: lr, verbose=v),
+              "StepDecay": lambda v: ot.callbacks.StepDecay(0.1, verbose=v),
+              "CosineDecay": lambda v: ot.callbacks.CosineDecay(4, verbose=v),
+              "EarlyStopping": lambda v: ot.callbacks.EarlyStopping(verbose=v),
+              "ReduceLROnPlateau": lambda v: ot.callbacks.ReduceLROnPlateau(verbose=v),
+              "ModelCheckpoint": lambda v: ot.callbacks.ModelCheckpoint(str(tmp_path / "m_{epoch}"), verbose=v)}
+    for owner, make in makers.items():
+        for good in (0, 1, True, np.int64(1)):
+            assert make(good).verbose == int(good)
+        for bad in ("x", {}, float("nan"), 5, None):
+            with pytest.raises(ot.OrtrainError, match=rf"{owner}\(verbose=...\): expected 0 \(quiet\) or 1"):
+                make(bad)

@@ -1,5 +1,6 @@
 """Layers: forward values against numpy, training steps against PyTorch."""
 
+import re
 import warnings
 
 import numpy as np
@@ -652,3 +653,13 @@ def test_use_bias_takes_true_or_false_only():
             make("False")
     assert ot.Sequential([ot.layers.Dense(3, use_bias=np.False_)], input_shape=(2,)).weight_names() == \
         ["dense_0.kernel"]
+
+
+def test_a_weight_too_large_to_hold_is_refused_with_its_size():
+    # numpy's raw MemoryError ("Unable to allocate 29.1 TiB ... float64") or ValueError ("array is too big")
+    for layer, shape in ((lambda: ot.layers.Dense(10**12), (4, 10**12)),
+                         (lambda: ot.layers.Embedding(10**12, 4), (10**12, 4))):
+        with pytest.raises(ot.OrtrainError, match=rf"a weight of shape {re.escape(str(shape))} holds "
+                                                  r"4,000,000,000,000 numbers \(14,901\.2 GiB in float32\), which this "
+                                                  r"machine cannot allocate"):
+            ot.Sequential([layer()], input_shape=(4,), input_dtype="int64" if shape[1] == 4 else None)

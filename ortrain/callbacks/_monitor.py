@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ortrain._arrays import checked_int, is_real
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
@@ -77,3 +79,13 @@ def check_threshold(value, argument: str, owner: str, what: str) -> float | None
 
 def check_non_negative_int(value, argument: str, owner: str) -> int:
     return checked_int(value, f"{owner}({argument}=...)", minimum=0)
+
+
+def check_callback_verbose(value, owner: str) -> int:
+    """A callback's ``verbose``, as Keras takes it: 0 (quiet) or 1 (a line when it acts), True and
+    False too; anything else (a string is truthy) is refused."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1, 2):
+        return int(value)
+    raise OrtrainError(f"{owner}(verbose=...): expected 0 (quiet) or 1 (a line when it acts), received {value!r}")

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from ortrain._arrays import checked_flag
-from ortrain.callbacks._monitor import Monitor, check_non_negative_int, check_threshold
+from ortrain.callbacks._monitor import (
+    Monitor,
+    check_callback_verbose,
+    check_non_negative_int,
+    check_threshold,
+)
 from ortrain.callbacks.base import Callback
 
 __all__ = ["EarlyStopping"]
@@ -33,7 +38,7 @@ class EarlyStopping(Callback):
         self.start_from_epoch = check_non_negative_int(start_from_epoch, "start_from_epoch", "EarlyStopping")
         self.baseline = check_threshold(baseline, "baseline", "EarlyStopping", "the value to beat")
         self.restore_best_weights = checked_flag(restore_best_weights, "EarlyStopping(restore_best_weights=...)")
-        self.verbose = verbose
+        self.verbose = check_callback_verbose(verbose, "EarlyStopping")
         self.on_train_begin()
 
     def on_train_begin(self, logs=None):

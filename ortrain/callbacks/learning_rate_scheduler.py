@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+from ortrain.callbacks._monitor import check_callback_verbose
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 from ortrain.optim import check_lr
@@ -36,7 +37,7 @@ class LearningRateScheduler(Callback):
             raise OrtrainError(f"LearningRateScheduler(schedule=...): expected a function (epoch, lr) -> lr, "
                                f"received {schedule!r}")
         self.schedule = schedule
-        self.verbose = verbose
+        self.verbose = check_callback_verbose(verbose, type(self).__name__)
         self._two_args = _n_args(schedule) >= 2
 
     def _rate(self, epoch: int, lr: float) -> float:

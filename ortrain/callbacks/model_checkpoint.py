@@ -7,7 +7,7 @@ import re
 import string
 
 from ortrain._arrays import checked_flag
-from ortrain.callbacks._monitor import Monitor, check_threshold, skips_validation
+from ortrain.callbacks._monitor import Monitor, check_callback_verbose, check_threshold, skips_validation
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 
@@ -69,7 +69,7 @@ class ModelCheckpoint(Callback):
                                     "the value the first save must beat")
         if threshold is not None:
             self.monitor.best = threshold
-        self.verbose = verbose
+        self.verbose = check_callback_verbose(verbose, "ModelCheckpoint")
         self.saved: list[str] = []
 
     def _check_fit(self):

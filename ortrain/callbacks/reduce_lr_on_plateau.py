@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ortrain._arrays import is_real
-from ortrain.callbacks._monitor import Monitor, check_non_negative_int
+from ortrain.callbacks._monitor import Monitor, check_callback_verbose, check_non_negative_int
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 from ortrain.optim import check_lr
@@ -27,7 +27,7 @@ class ReduceLROnPlateau(Callback):
         self.patience = check_non_negative_int(patience, "patience", "ReduceLROnPlateau")
         self.cooldown = check_non_negative_int(cooldown, "cooldown", "ReduceLROnPlateau")
         self.min_lr = check_lr(min_lr, "ReduceLROnPlateau(min_lr=...)")
-        self.verbose = verbose
+        self.verbose = check_callback_verbose(verbose, "ReduceLROnPlateau")
         self.on_train_begin()
 
     def on_train_begin(self, logs=None):

@@ -87,7 +87,19 @@ def read_only(a: np.ndarray) -> np.ndarray:
 
 def glorot_uniform(rng: np.random.Generator, shape: tuple, fan_in: int, fan_out: int) -> np.ndarray:
     limit = math.sqrt(6.0 / (fan_in + fan_out))
-    return rng.uniform(-limit, limit, size=shape).astype(np.float32)
+    return uniform_weight(rng, -limit, limit, shape)
+
+
+def uniform_weight(rng: np.random.Generator, low: float, high: float, shape: tuple) -> np.ndarray:
+    """A float32 weight drawn uniformly; one too large to hold is refused with its size, not numpy's
+    raw MemoryError."""
+    try:
+        return rng.uniform(low, high, size=shape).astype(np.float32)
+    except (MemoryError, ValueError) as exc:
+        size = math.prod(int(d) for d in shape)
+        raise OrtrainError(f"a weight of shape {tuple(int(d) for d in shape)} holds {size:,} numbers "
+                           f"({size * 4 / 2**30:,.1f} GiB in float32), which this machine cannot allocate "
+                           f"({type(exc).__name__}); give the layer fewer units, filters or rows") from None
 
 
 class EmitContext:

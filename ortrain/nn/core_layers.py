@@ -10,7 +10,7 @@ import numpy as np
 from ortrain import _random
 from ortrain._arrays import FLOAT32_TINY, as_float32, checked_flag, is_real, positive_int
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
-from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform
+from ortrain.nn.base_layer import Layer, check_activation, emit_activation, glorot_uniform, uniform_weight
 
 __all__ = ["Activation", "BatchNorm", "Dense", "Dropout", "Embedding", "LayerNorm"]
 
@@ -218,7 +218,7 @@ class Embedding(Layer):
         self.output_dim = positive_int(output_dim, "Embedding(output_dim=...)")
 
     def _build(self, input_shapes, rng):
-        self.weights["embeddings"] = rng.uniform(-0.05, 0.05, (self.input_dim, self.output_dim)).astype(np.float32)
+        self.weights["embeddings"] = uniform_weight(rng, -0.05, 0.05, (self.input_dim, self.output_dim))
         self.roles["embeddings"] = "trainable"
 
     def output_shape(self, input_shapes):
