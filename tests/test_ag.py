@@ -667,3 +667,35 @@ def test_indexing_a_tensor_is_refused_with_the_ops_that_do_it():
         with pytest.raises(ot.OrtrainError, match=r"ag records no indexing or slicing .*ag.get_rows\(t, idx\)"):
             ot.capture_step(lambda index=index: ag.sum(index()), optimizer=ot.optim.Adam([w]))()
     assert np.array_equal(w.numpy(), np.ones((3, 2), np.float32))
+
+
+def test_integer_constants_in_a_matrix_product_are_float32_as_in_elementwise_ops():
+    # W.T @ [1, 2, 3] and np.eye(3, dtype=int) @ W were refused ("matmul: expected float32 tensors,
+    # received int64"), where W * [1, 2, 3] takes the constant as float32
+    w0 = np.arange(6, dtype=np.float32).reshape(2, 3) / 10
+    W = ag.param(w0.copy(), name="W")
+    x = np.ones((1, 3), np.float32)
+    np.testing.assert_allclose(ot.capture(lambda x: ag.sum(x) * (W @ [1, 2, 3]))(x=x), 3 * (w0 @ [1, 2, 3]),
+                               rtol=1e-6)
+    np.testing.assert_allclose(ot.capture(lambda x: x @ (np.eye(3, dtype=int) @ W.T))(x=x), x @ w0.T, rtol=1e-6)
+    np.testing.assert_allclose(ot.capture(lambda x: ag.linear(x, W, [1, 2]))(x=x), x @ w0.T + [1, 2], rtol=1e-6)
+    # one SGD-like Adam step: the first update is -lr * sign(gradient), the gradient 2 (W c - y) c^T / 2
+    opt = ot.optim.Adam([W], lr=0.1)
+    c, y = np.array([1, 0, 2]), np.zeros(2, np.float32)
+    step = ot.capture_step(lambda y: ag.mse_loss(W @ c.tolist(), y), optimizer=opt)
+    assert float(step(y=y)) == pytest.approx(np.mean((w0 @ c) ** 2), rel=1e-6)
+    grad = np.outer(w0 @ c - y, c)
+    np.testing.assert_allclose(W.numpy(), w0 - 0.1 * np.sign(grad), atol=1e-6)
+
+
+def test_an_axis_of_a_0d_tensor_is_refused_clearly():
+    # softmax(axis=0) of a 0-d tensor reached onnxruntime's shape inference error; transpose(t, 0, 0)
+    # raised a bare IndexError
+    s = np.array(2.0, np.float32)
+    for fn, name, axis in ((lambda x: ag.softmax(x, axis=0), "softmax", 0),
+                           (lambda x: ag.log_softmax(x, dim=0), "log_softmax", 0),
+                           (lambda x: ag.transpose(x, 0, 0), "transpose", 0)):
+        with pytest.raises(ot.ShapeError, match=rf"{name}: a 0-d tensor has no axis {axis}; give it one first: "
+                                                r"ag\.reshape\(t, \(1,\)\)"):
+            ot.capture(fn)(x=s)
+    assert float(ot.capture(lambda x: ag.transpose(x))(x=s)) == 2.0  # no axes to reverse, as numpy

@@ -93,8 +93,12 @@ def _either(where: str, axis, dim, default: int):
     return one_of_two_names(where, "axis", axis, UNSET, "dim", dim)
 
 
-def _axis(where: str, axis, ndim: int) -> int:
+def _axis(where: str, axis, ndim: int, scalar: bool = True) -> int:
+    """``axis`` counted from 0; ``scalar=False`` for ops that need a real axis, which a 0-d tensor lacks
+    (a reduction over axis 0 of one is the value itself, as in PyTorch)."""
     a = _int(where, "axis", axis)
+    if not scalar and ndim == 0:
+        raise ShapeError(f"{where}: a 0-d tensor has no axis {a}; give it one first: ag.reshape(t, (1,))")
     if not -ndim <= a < max(ndim, 1):
         raise ShapeError(f"{where}: axis {a} is out of range for a tensor of {ndim} dimensions")
     return a % max(ndim, 1)

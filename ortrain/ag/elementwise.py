@@ -224,7 +224,7 @@ def softmax(x, axis: int = LAST_AXIS, *, dim: int | None = None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``axis`` (the last by default; ``dim`` is PyTorch's name)."""
     x = as_tensor(x, "softmax")
     _float("softmax", x)
-    a = _axis("softmax", _either("softmax", axis, dim, -1), x.ndim)
+    a = _axis("softmax", _either("softmax", axis, dim, -1), x.ndim, scalar=False)
     return Tensor(x.shape, x.dtype, "softmax", (x,), _node("Softmax", axis=a))
 
 
@@ -232,7 +232,7 @@ def log_softmax(x, axis: int = LAST_AXIS, *, dim: int | None = None) -> Tensor:
     """``log(softmax(x))`` along ``axis`` (the last by default; ``dim`` in PyTorch), computed stably."""
     x = as_tensor(x, "log_softmax")
     _float("log_softmax", x)
-    a = _axis("log_softmax", _either("log_softmax", axis, dim, -1), x.ndim)
+    a = _axis("log_softmax", _either("log_softmax", axis, dim, -1), x.ndim, scalar=False)
     return Tensor(x.shape, x.dtype, "log_softmax", (x,), _node("LogSoftmax", axis=a))
 
 

@@ -37,9 +37,19 @@ def _matmul_shape(a: Tensor, b: Tensor) -> tuple:
     return out
 
 
+def _float_operand(value, where: str) -> Tensor:
+    """A tensor as it is, or a constant as float32, integers included (``W.T @ [1, 2, 3]``), as the
+    elementwise ops take constants beside float32 tensors."""
+    t = as_tensor(value, where)
+    if isinstance(t, Const) and t.dtype != FLOAT:
+        return Const(t.value.astype(np.float32))
+    return t
+
+
 def matmul(a, b) -> Tensor:
-    """Matrix product with numpy's ``@`` rules (1-d operands, broadcast batch dimensions)."""
-    a, b = as_tensor(a, "matmul"), as_tensor(b, "matmul")
+    """Matrix product with numpy's ``@`` rules (1-d operands, broadcast batch dimensions); an integer
+    constant operand is taken as float32."""
+    a, b = _float_operand(a, "matmul"), _float_operand(b, "matmul")
     _float("matmul", a, b)
     out = _matmul_shape(a, b)
     if a.ndim > 1 and b.ndim > 1:
@@ -54,7 +64,7 @@ def matmul(a, b) -> Tensor:
 def linear(x, weight, bias=None) -> Tensor:
     """``x @ weight.T + bias`` as ``torch.nn.functional.linear``: ``weight`` is ``(out, in)``,
     ``x`` is ``(..., in)``, ``bias`` is ``(out,)``."""
-    x, weight = as_tensor(x, "linear"), as_tensor(weight, "linear")
+    x, weight = _float_operand(x, "linear"), _float_operand(weight, "linear")
     if weight.ndim != 2:
         raise ShapeError(f"linear: weight expected shape (out, in), received {describe_shape(weight.shape)}")
     if not x.shape or x.shape[-1] != weight.shape[1]:
@@ -191,7 +201,7 @@ def transpose(x, *dims, perm=None) -> Tensor:
     if len(dims) == 1:
         perm = dims[0]
     elif len(dims) == 2:  # torch.transpose(x, d0, d1): a swap
-        a, b = (_axis("transpose", d, x.ndim) for d in dims)
+        a, b = (_axis("transpose", d, x.ndim, scalar=False) for d in dims)
         perm = list(range(x.ndim))
         perm[a], perm[b] = perm[b], perm[a]
     elif dims:
