@@ -1372,7 +1372,7 @@ def test_a_callbacks_verbose_is_checked_where_it_is_given(tmp_path):
               "ReduceLROnPlateau": lambda v: ot.callbacks.ReduceLROnPlateau(verbose=v),
               "ModelCheckpoint": lambda v: ot.callbacks.ModelCheckpoint(str(tmp_path / "m_{epoch}"), verbose=v)}
     for owner, make in makers.items():
-        for good in (0, 1, True, np.int64(1)):
+        for good in (0, 1, 2, True, np.int64(1), np.array(1)):
             assert make(good).verbose == int(good)
         for bad in ("x", {}, float("nan"), 5, None):
             with pytest.raises(ot.OrtrainError, match=rf"{owner}\(verbose=...\): expected 0 \(quiet\) or 1"):

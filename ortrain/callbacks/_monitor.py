@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ortrain._arrays import checked_int, is_real
+from ortrain._arrays import checked_int, is_integer, is_real
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
 
@@ -86,6 +86,7 @@ def check_callback_verbose(value, owner: str) -> int:
     False too; anything else (a string is truthy) is refused."""
     if isinstance(value, (bool, np.bool_)):
         return int(value)
-    if isinstance(value, (int, np.integer)) and value in (0, 1, 2):
+    if is_integer(value) and int(value) in (0, 1, 2):  # (a 0-d integer array too, as fit takes it)
         return int(value)
-    raise OrtrainError(f"{owner}(verbose=...): expected 0 (quiet) or 1 (a line when it acts), received {value!r}")
+    raise OrtrainError(f"{owner}(verbose=...): expected 0 (quiet) or 1 (a line when it acts; 2 as well), "
+                       f"received {value!r}")
