@@ -492,6 +492,15 @@ def _mse_of(W):
     return lambda x, y: ag.mse_loss(W @ x, y)
 
 
+def _adam_step_and_reference():
+    """A param, its Adam optimizer (lr 0.1), a captured mean-squared-error step and a float64 numpy
+    Adam from the same weights."""
+    w0 = _w0()
+    W = ag.param(w0, name="W")
+    opt = ot.optim.Adam([W], lr=0.1)
+    return W, opt, ot.capture_step(_mse_of(W), optimizer=opt), NumpyAdam([w0], lr=0.1)
+
+
 def test_optimizer_state_read_while_another_thread_frees_the_capture():
     # opt.state() from one thread while another frees the captured step reads the moments either
     # live or as handed over by free(), never a half-freed session (it raised AttributeError).
@@ -565,11 +574,7 @@ def test_optimizer_state_read_while_another_thread_steps_is_one_steps_count_and_
 def test_a_gradient_reset_failing_after_the_update_counts_the_update():
     # the reset after the update raised a raw RuntimeError, and the update went uncounted: the
     # weights and moments of 4 updates with opt.step == 3 (every later bias correction off)
-    w0 = _w0()
-    W = ag.param(w0, name="W")
-    opt = ot.optim.Adam([W], lr=0.1)
-    step = ot.capture_step(_mse_of(W), optimizer=opt)
-    ref = NumpyAdam([w0], lr=0.1)
+    W, opt, step, ref = _adam_step_and_reference()
 
     def grad(w):
         return 2 * (w @ X - Y) @ X.T / Y.size
@@ -1269,11 +1274,7 @@ def test_a_refused_step_does_not_read_the_optimizer_state_back(monkeypatch):
 
 
 def test_a_second_interrupt_during_the_recovery_of_an_interrupted_captured_update_still_counts_it(monkeypatch):
-    w0 = _w0()
-    W = ag.param(w0, name="W")
-    opt = ot.optim.Adam([W], lr=0.1)
-    step = ot.capture_step(_mse_of(W), optimizer=opt)
-    ref = NumpyAdam([w0], lr=0.1)
+    W, opt, step, ref = _adam_step_and_reference()
     step(x=X, y=Y)
     ref.step([2 * (ref.p[0] @ X - Y) @ X.T / Y.size])
     session, reads = step._session, []
@@ -1322,11 +1323,7 @@ def test_a_capture_collected_while_another_thread_holds_the_turn_does_not_wait_f
 
 def test_a_second_interrupt_at_the_start_of_the_recovery_still_counts_the_update(monkeypatch):
     # a second Ctrl-C landing as the recovery began (its lock's wrapper) lost the count
-    w0 = _w0()
-    W = ag.param(w0, name="W")
-    opt = ot.optim.Adam([W], lr=0.1)
-    step = ot.capture_step(_mse_of(W), optimizer=opt)
-    ref = NumpyAdam([w0], lr=0.1)
+    W, opt, step, ref = _adam_step_and_reference()
     for _ in range(2):
         ref.step([2 * (ref.p[0] @ X - Y) @ X.T / Y.size])
     step(x=X, y=Y)

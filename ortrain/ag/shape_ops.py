@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from ortrain._arrays import checked_flag, one_of_two_names, read_array
+from ortrain._arrays import checked_flag, is_integer, one_of_two_names, read_array
 from ortrain._warnings import warn
 from ortrain.ag._checks import FIRST_AXIS, _axis, _either, _float, _ints, _node, _shapes, as_tensor
 from ortrain.ag.elementwise import add, div
@@ -119,7 +119,7 @@ def _reduce(op_type: str, x: Tensor, axes: tuple, keepdims: bool):
 def _keep(keepdims, op: str) -> bool:
     """``keepdims`` as a bool: True, False, or 1 and 0 as numpy takes them; anything else (2 was
     recorded as kept and computed as dropped) is refused."""
-    if isinstance(keepdims, (int, np.integer)) and not isinstance(keepdims, (bool, np.bool_)) and keepdims in (0, 1):
+    if is_integer(keepdims) and int(keepdims) in (0, 1):
         return bool(keepdims)
     return checked_flag(keepdims, f"{op}: keepdims")
 

@@ -107,6 +107,10 @@ RECORDING = threading.local()
 RECORDING_DEPTH = [0]
 
 
+_READS = "reads the value once, as fn is recorded, and every later call would compute with that copy"
+_WRITES = "would write once, as fn is recorded, not at each call"
+
+
 def _refuse_while_recording(call: str, why: str) -> None:
     where = getattr(RECORDING, "where", None)
     if where is not None:
@@ -192,15 +196,13 @@ class Param(Tensor):
         """A copy of the current value (the trained value while a captured step holds the param),
         read between captured steps, never during one run from another thread. Refused inside a
         captured ``fn``, where the value read would be recorded as a constant."""
-        _refuse_while_recording(f"{self.name}.numpy()", "reads the value once, as fn is recorded, and every later "
-                                "call would compute with that copy")
+        _refuse_while_recording(f"{self.name}.numpy()", _READS)
         with TURNS:
             return np.array(self._current(), copy=True)
 
     def assign(self, value) -> None:
         """Overwrite the whole value (e.g. copy online weights into a target network); no re-recording."""
-        _refuse_while_recording(f"{self.name}.assign(value)", "would write once, as fn is recorded, not at "
-                                "each call")
+        _refuse_while_recording(f"{self.name}.assign(value)", _WRITES)
         a = as_array(value, self.dtype, f"{self.name}.assign(value)")
         if a.shape != self.shape:
             raise ShapeError(f"{self.name}.assign(value): expected shape {describe_shape(self.shape)}, received "
@@ -221,8 +223,7 @@ class Param(Tensor):
     def __reduce__(self):
         # A copy (copy, deepcopy, pickle) is a new param of the same name holding the current value,
         # held by no captured step.
-        _refuse_while_recording(f"a copy of {self.name} (copy, deepcopy or pickle)", "reads the value once, as fn "
-                                "is recorded, and every later call would compute with that copy")
+        _refuse_while_recording(f"a copy of {self.name} (copy, deepcopy or pickle)", _READS)
         with TURNS:  # the value between captured runs, as numpy() reads it
             value = np.array(self._current(), copy=True)
         return _rebuilt, (type(self), value, self.name, self.trainable)
@@ -263,7 +264,7 @@ class Buffer(Param):
         """Write ``values`` into ``rows``: an int (the first of ``len(values)`` consecutive rows),
         a slice, or a sequence of row indices. Bad rows or values change nothing."""
         where = f"{self.name}.write"
-        _refuse_while_recording(f"{where}(rows, values)", "would write once, as fn is recorded, not at each call")
+        _refuse_while_recording(f"{where}(rows, values)", _WRITES)
         if not self.shape:
             raise ShapeError(f"{where}: a 0-d buffer has no rows")
         a = as_array(values, self.dtype, f"{where}(values)")

@@ -77,7 +77,15 @@ def _patterns(value, argument: str) -> list[str] | None:
     return items
 
 
-_OTHER_FLOATS = (onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+_OTHER_FLOATS = {onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.FLOAT16: "float16",
+                 onnx.TensorProto.BFLOAT16: "bfloat16"}
+def _other_float(value) -> str | None:
+    """The name of a float type other than float32 an initializer (or a stashed array) holds, else None."""
+    if isinstance(value, onnx.TensorProto):
+        return _OTHER_FLOATS.get(value.data_type)
+    return value.dtype.name if value.dtype.kind == "f" and value.dtype != np.float32 else None
+
+
 NO_GRADIENT = ("no gradient reaches it (it is read only as a shape, ratio, exponent or the like, which "
                "onnxruntime-training does not differentiate)")
 NON_FINITE = ("it holds inf or NaN (an additive attention mask of 0 and -inf, say), which a training step would "
@@ -439,18 +447,17 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
             constants.append(value if tensor else numpy_helper.from_array(value, name))
         else:
             constants.append(value if tensor else numpy_helper.from_array(value, name))
-            other = onnx.TensorProto.DataType.Name(value.data_type).lower() if tensor and \
-                value.data_type in _OTHER_FLOATS else value.dtype.name if not tensor and value.dtype.kind == "f" else None
-            if other and not is_float and rank >= 1 and name in differentiable:
-                unreached[name] = OTHER_FLOAT.format(dtype={"double": "float64"}.get(other, other))
-                other_floats.append(name)
+            other = None if is_float or rank < 1 or name not in differentiable else _other_float(value)
+            if other:
+                unreached[name] = OTHER_FLOAT.format(dtype=other)
+                other_floats.append((name, other))
             if is_float and rank >= 1:
                 unreached[name] = NO_GRADIENT
                 if int(np.prod(value.dims if tensor else value.shape)) > 1:
                     several.add(name)
     if other_floats:
-        kinds = sorted({unreached[n].split(" values")[0].split()[-1] for n in other_floats})
-        shown = ", ".join(map(repr, other_floats[:5])) + (", ..." if len(other_floats) > 5 else "")
+        kinds = sorted({kind for _, kind in other_floats})
+        shown = ", ".join(repr(n) for n, _ in other_floats[:5]) + (", ..." if len(other_floats) > 5 else "")
         warn(f"from_onnx: {len(other_floats)} {'/'.join(kinds)} initializer{'s' if len(other_floats) > 1 else ''} "
              f"a gradient reaches ({shown}) stay{'s' if len(other_floats) == 1 else ''} constant: ortrain trains "
              "float32 weights only; export the model in float32 to train them (in PyTorch, model.float() before "
