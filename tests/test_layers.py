@@ -380,6 +380,9 @@ def test_a_0d_array_is_a_number():
     (lambda: ot.Sequential(L.Dense(2), input_shape=(3,)), r"Sequential\(layers=...\): expected a list of layers, "
                                                           r"received Dense; wrap a single layer in a list"),
     (lambda: ot.Input((4,), dtype="floatt"), r"Input\(dtype=...\): expected 'float32' or 'int64', received 'floatt'"),
+    (lambda: ot.Input((4,), dtype="int32"), r"expected 'float32' or 'int64', received 'int32'; declare integer inputs "
+     r"\(token ids for an Embedding\) as 'int64': data of other integer types is cast"),
+    (lambda: ot.Input((4,), dtype=np.float64), r"received <class 'numpy.float64'>; declare float inputs as 'float32'"),
     (lambda: ot.Input((4,), name=3), r"Input\(name=...\): expected a non-empty string, received 3"),
     (lambda: L.Reshape((1.9, 8)), r"Reshape\(target_shape=...\): expected a tuple of ints, received \(1.9, 8\)"),
     (lambda: L.Reshape("28"), r"Reshape\(target_shape=...\): expected a tuple of ints, received '28'"),
@@ -657,9 +660,12 @@ def test_use_bias_takes_true_or_false_only():
 
 def test_a_weight_too_large_to_hold_is_refused_with_its_size():
     # numpy's raw MemoryError ("Unable to allocate 29.1 TiB ... float64") or ValueError ("array is too big")
-    for layer, shape in ((lambda: ot.layers.Dense(10**12), (4, 10**12)),
-                         (lambda: ot.layers.Embedding(10**12, 4), (10**12, 4))):
-        with pytest.raises(ot.OrtrainError, match=rf"a weight of shape {re.escape(str(shape))} holds "
+    for layer, shape in ((lambda: ot.layers.Dense(10**12, name="wide"), (4, 10**12)),
+                         (lambda: ot.layers.Embedding(10**12, 4, name="wide"), (10**12, 4))):
+        kind = "Dense" if shape[1] != 4 else "Embedding"
+        with pytest.raises(ot.OrtrainError, match=rf"^layer 'wide' \({kind}\): a weight of shape {re.escape(str(shape))} holds "
                                                   r"4,000,000,000,000 numbers \(14,901\.2 GiB in float32\), which this "
                                                   r"machine cannot allocate"):
             ot.Sequential([layer()], input_shape=(4,), input_dtype="int64" if shape[1] == 4 else None)
+    with pytest.raises(ot.OrtrainError, match=r"^a Dense layer: a weight of shape \(3, 1000000000000\)"):
+        ot.Sequential([ot.layers.Dense(3), ot.layers.Dense(10**12)], input_shape=(4,))

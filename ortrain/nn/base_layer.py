@@ -90,6 +90,10 @@ def glorot_uniform(rng: np.random.Generator, shape: tuple, fan_in: int, fan_out:
     return uniform_weight(rng, -limit, limit, shape)
 
 
+class _TooLarge(OrtrainError):
+    """A weight the machine cannot allocate; :meth:`Layer.build` names the layer."""
+
+
 def uniform_weight(rng: np.random.Generator, low: float, high: float, shape: tuple) -> np.ndarray:
     """A float32 weight drawn uniformly; one too large to hold is refused with its size, not numpy's
     raw MemoryError."""
@@ -97,7 +101,7 @@ def uniform_weight(rng: np.random.Generator, low: float, high: float, shape: tup
         return rng.uniform(low, high, size=shape).astype(np.float32)
     except (MemoryError, ValueError) as exc:
         size = math.prod(int(d) for d in shape)
-        raise OrtrainError(f"a weight of shape {tuple(int(d) for d in shape)} holds {size:,} numbers "
+        raise _TooLarge(f"a weight of shape {tuple(int(d) for d in shape)} holds {size:,} numbers "
                            f"({size * 4 / 2**30:,.1f} GiB in float32), which this machine cannot allocate "
                            f"({type(exc).__name__}); give the layer fewer units, filters or rows") from None
 
@@ -260,8 +264,11 @@ class Layer:
         try:
             self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
             self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
-        except BaseException:
+        except BaseException as exc:
             self.unbuild()
+            if isinstance(exc, _TooLarge):
+                which = f"layer {self.name!r} ({type(self).__name__})" if self.name else f"a {type(self).__name__} layer"
+                raise OrtrainError(f"{which}: {exc}") from None
             raise
         finally:
             del self._stack_seed

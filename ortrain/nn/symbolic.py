@@ -67,7 +67,12 @@ def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  #
     except TypeError:
         dt = None
     if dt not in (np.dtype(np.float32), np.dtype(np.int64)):
-        raise OrtrainError(f"Input(dtype=...): expected 'float32' or 'int64', received {dtype!r}")
+        fix = ""
+        if dt is not None and dt.kind in "iub":
+            fix = "; declare integer inputs (token ids for an Embedding) as 'int64': data of other integer types is cast"
+        elif dt is not None and dt.kind == "f":
+            fix = "; declare float inputs as 'float32': data of other float types is cast"
+        raise OrtrainError(f"Input(dtype=...): expected 'float32' or 'int64', received {dtype!r}{fix}")
     if name is not None and (not isinstance(name, str) or not name):
         raise OrtrainError(f"Input(name=...): expected a non-empty string, received {name!r}")
     return SymbolicTensor((None,) + shape, dt, name=name)
