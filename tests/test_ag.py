@@ -686,6 +686,11 @@ def test_integer_constants_in_a_matrix_product_are_float32_as_in_elementwise_ops
     assert float(step(y=y)) == pytest.approx(np.mean((w0 @ c) ** 2), rel=1e-6)
     grad = np.outer(w0 @ c - y, c)
     np.testing.assert_allclose(W.numpy(), w0 - 0.1 * np.sign(grad), atol=1e-6)
+    # an integer input (not a constant) stays refused, naming it and its shape as given (the
+    # message named matmul and the transposed shape (3, 2))
+    with pytest.raises(ot.ShapeError, match=r"^linear: expected float32 tensors, received the input 'k', an integer "
+                                            r"array of shape \(2, 3\) .* pass k= as float32"):
+        ot.capture(lambda x, k: ag.linear(x, k))(x=x, k=np.ones((2, 3), np.int64))
 
 
 def test_an_axis_of_a_0d_tensor_is_refused_clearly():

@@ -65,6 +65,7 @@ def linear(x, weight, bias=None) -> Tensor:
     """``x @ weight.T + bias`` as ``torch.nn.functional.linear``: ``weight`` is ``(out, in)``,
     ``x`` is ``(..., in)``, ``bias`` is ``(out,)``."""
     x, weight = _float_operand(x, "linear"), _float_operand(weight, "linear")
+    _float("linear", x, weight)  # before the transpose hides an input's name and shape as given
     if weight.ndim != 2:
         raise ShapeError(f"linear: weight expected shape (out, in), received {describe_shape(weight.shape)}")
     if not x.shape or x.shape[-1] != weight.shape[1]:
