@@ -1091,7 +1091,12 @@ def test_exported_files_name_ortrain_as_their_producer(tmp_path):
     assert (saved.producer_name, saved.producer_version) == ("ortrain", ot.__version__)
     assert saved.doc_string == f"Exported by ortrain {ot.__version__} from model 'sequential'"
     saved.producer_name, saved.producer_version = "pytorch", "2.13.0"   # as a torch export names itself
-    imported = ot.from_onnx(saved)
+    saved.doc_string = "Classifier.\nLabels: cat, dog"                  # the user's own text
+    imported = ot.from_onnx(saved, name="tuned")
     again = onnx.load(imported.export_onnx(tmp_path / "again.onnx"))
     assert (again.producer_name, again.producer_version) == ("ortrain", ot.__version__)
-    assert again.doc_string.endswith("(imported from a file by pytorch 2.13.0)")
+    # the user's text was replaced, and a re-import's export forgot where the model came from
+    line = f"Exported by ortrain {ot.__version__} from model 'tuned' (imported from a file by pytorch 2.13.0)"
+    assert again.doc_string == f"{line}\n\nClassifier.\nLabels: cat, dog"
+    third = onnx.load(ot.from_onnx(again, name="tuned").export_onnx(tmp_path / "third.onnx"))
+    assert third.doc_string == again.doc_string

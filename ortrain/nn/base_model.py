@@ -319,7 +319,7 @@ class Model(TrainingMixin):
         for i, t in enumerate(self._outputs):
             gb.op("Identity", [values[id(t)]], outputs=[self._output_name(i)])
             gb.add_output(self._output_name(i), t.dtype, t.shape)
-        return gb.to_model(doc=f"ortrain model {self.name}", check=False)
+        return gb.to_model(check=False)
 
     def forward_graph(self) -> ForwardGraph:
         held = self._untrainable_layers_weights()
@@ -517,15 +517,15 @@ class Model(TrainingMixin):
         through, as in any ONNX runtime; kept so that an import trains with them again), running
         batch-norm statistics, a free batch size (an imported graph whose export fixed the batch keeps
         it: its nodes are built for that many rows). ``producer_name``/``producer_version`` name
-        ortrain; a model imported from another producer's file says which in ``doc_string``."""
+        ortrain; ``doc_string`` names ortrain and the model on its first line, with the producer of the
+        file a model was imported from (kept over a re-import of an exported file), and keeps the
+        imported file's own text after it."""
         path = checked_target(path, "export_onnx(path)")
         fg = self.forward_graph()
         # From the graph before freezing: batch norms with frozen statistics stay BatchNormalization
         # nodes (the same outputs in inference), so an importer still sees their statistics as such.
         proto = name_free_dimensions(with_weights(to_inference(self._base_proto()), fg.weights))
-        source = " ".join(p for p in (proto.producer_name, proto.producer_version) if p)
-        proto.doc_string = f"Exported by ortrain {__version__} from model {self.name!r}" + \
-            (f" (imported from a file by {source})" if source and proto.producer_name != "ortrain" else "")
+        proto.doc_string = _exported_doc_string(proto, self.name)
         proto.producer_name, proto.producer_version = "ortrain", __version__
         check_model(proto, "exported model")
         with atomic_path(path, "export_onnx(path)") as tmp:
@@ -651,3 +651,22 @@ name_unknown_arguments(Model)  # ot.Model(inputs, outputs, nmae=...) names the a
 names_unknown_arguments_of_methods(Model, "get_layer", "count_params", "weight_names", "get_weights", "set_weights",
                                    "weights_digest", "index_bounds", "forward_graph", "freeze", "unfreeze",
                                    "freeze_bn_stats", "unfreeze_bn_stats", "predict_on_batch", "copy", "summary")
+
+
+_PROVENANCE = re.compile(r"Exported by ortrain \S+ from model .*?(?: \(imported from a file by (?P<source>.*)\))?")
+
+
+def _exported_doc_string(proto: onnx.ModelProto, name: str) -> str:
+    """An exported file's ``doc_string``: a line naming ortrain, the model and the producer of the file
+    it came from (carried over from an earlier export's line), then the file's own text."""
+    first, _, rest = proto.doc_string.partition("\n")
+    earlier = _PROVENANCE.fullmatch(first) if proto.producer_name == "ortrain" else None
+    if earlier is not None:
+        source, text = earlier.group("source"), rest.strip("\n")
+    else:
+        source = " ".join(p for p in (proto.producer_name, proto.producer_version) if p) \
+            if proto.producer_name != "ortrain" else None
+        text = proto.doc_string.strip("\n")
+    line = f"Exported by ortrain {__version__} from model {name!r}" + \
+        (f" (imported from a file by {source})" if source else "")
+    return f"{line}\n\n{text}" if text.strip() else line

@@ -993,7 +993,10 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
 
     ``trainable``/``frozen``: weight names or glob patterns (``"fc.*"``); ``trainable`` given
     means only those train. ``input_names``: the graph inputs to feed, in the order
-    ``predict``/``fit`` take them (default: every graph input without an initializer).
+    ``predict``/``fit`` take them (default: every graph input without an initializer); the
+    model's graph and ``export_onnx``'s file list its inputs in that order (onnxruntime feeds by
+    name, so a session fed by name is not affected). An input with a default value (an
+    initializer) that ``input_names`` lists becomes a plain input, and the exported file needs it.
 
     Which initializers train: float32 tensors of rank >= 1 that a gradient from the outputs
     reaches (not through integer or boolean values, such as a mask read through ``Equal``) and
