@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from conftest import torch_or_skip
 from helpers import torch_steps
@@ -236,3 +237,38 @@ def test_calibrating_a_shared_backbone_takes_each_layer_from_every_call():
     ha, hb = hidden(xa), hidden(xb)
     np.testing.assert_allclose(w["batch_norm_1.running_mean"], (ha.mean(0) + hb.mean(0)) / 2, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(w["batch_norm_1.running_var"], (ha.var(0) + hb.var(0)) / 2, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 2, 2), (2, 3, 2, 1, 2)])
+def test_a_batch_norm_over_five_or_more_dimensions_trains_as_pytorch(shape, tmp_path):
+    # (N, 3, 2, 2, 2) was refused as not "(batch, channels, ...)"; ONNX and Keras take any rank
+    torch = torch_or_skip()
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((4, *shape)) * 2 + 1).astype(np.float32)
+    y = rng.standard_normal((4, *shape)).astype(np.float32)
+    model = ot.Sequential([ot.layers.BatchNorm(momentum=0.9)], input_shape=shape)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    c = shape[0]
+    gamma = torch.ones(c, dtype=torch.float64, requires_grad=True)
+    beta = torch.zeros(c, dtype=torch.float64, requires_grad=True)
+    mean, var = torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64)
+    xt, yt = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+    for _ in range(2):
+        out = torch.nn.functional.batch_norm(xt, mean, var, gamma, beta, training=True, momentum=0.1, eps=1e-3)
+        ((out - yt) ** 2).mean().backward()
+        with torch.no_grad():
+            for p in (gamma, beta):
+                p -= 0.1 * p.grad
+                p.grad = None
+    g, b, m, v = model.get_weights()
+    np.testing.assert_allclose(g, gamma.detach().numpy(), atol=1e-6)
+    np.testing.assert_allclose(b, beta.detach().numpy(), atol=1e-6)
+    np.testing.assert_allclose(m, mean.numpy(), atol=1e-6)  # the mean's update; the variance's is Keras' (biased)
+    biased = x.astype(np.float64).var(axis=tuple(i for i in range(x.ndim) if i != 1))
+    np.testing.assert_allclose(v, 0.81 + 0.19 * biased, rtol=1e-6)  # two updates of Keras' (biased) rule
+    expected = ((x - m.reshape(c, *[1] * (len(shape) - 1))) / np.sqrt(v.reshape(c, *[1] * (len(shape) - 1)) + 1e-3)
+                * g.reshape(c, *[1] * (len(shape) - 1)) + b.reshape(c, *[1] * (len(shape) - 1)))
+    np.testing.assert_allclose(model.predict(x), expected, atol=1e-5)
+    session = ort.InferenceSession(model.export_onnx(tmp_path / "bn.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {session.get_inputs()[0].name: x})[0], model.predict(x))

@@ -341,10 +341,49 @@ def test_a_refused_layer_call_leaves_the_layer_as_it_was():
     assert conv.weights == {} and conv(ot.Input((3, 8, 8))).shape == (None, 2, 3, 3)
 
 
-@pytest.mark.parametrize("pool", [L.MaxPool2D, L.AvgPool2D])
-def test_same_padding_pools_need_known_sizes(pool):
-    with pytest.raises(ot.ShapeError, match=r"padding='same'\) needs a known height and width"):
-        pool(2, padding="same")(ot.Input((3, None, None)))
+def test_same_padding_needs_known_sizes_where_its_pads_depend_on_them():
+    free = ot.Input((3, None, None))
+    with pytest.raises(ot.ShapeError, match=r"^MaxPool2D\(padding='same', strides=\(2, 2\)\) needs a known height "
+                                            r"\(its pads depend on the size at a stride above 1\)"):
+        L.MaxPool2D(2, padding="same")(free)
+    with pytest.raises(ot.ShapeError, match=r"^Conv2D\(padding='same', strides=\(1, 2\)\) needs a known width"):
+        L.Conv2D(2, 3, strides=(1, 2), padding="same")(ot.Input((3, 5, None)))
+    with pytest.raises(ot.ShapeError, match=r"^AvgPool2D\(padding='same'\) needs a known height and width \(the "
+                                            r"padded cells are left out"):
+        L.AvgPool2D(2, strides=1, padding="same")(free)
+    assert L.MaxPool2D(3, strides=1, padding="same")(free).shape == (None, 3, None, None)
+
+
+@pytest.mark.parametrize("padding", ["valid", "same", "SAME"])
+def test_conv2d_takes_free_image_sizes_as_pytorch(padding, tmp_path):
+    # Conv2D refused any free height or width ("inputs with known sizes"), where Conv2DTranspose, the
+    # valid pools and Keras' Conv2D take them; "SAME" was refused where Keras lowercases it
+    torch = torch_or_skip()
+    rng = np.random.default_rng(0)
+    image = ot.Input((2, None, None))
+    conv = L.Conv2D(3, (2, 3), padding=padding)
+    model = ot.Model(image, L.GlobalAvgPool2D()(conv(image)))
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    w0, b0 = model.get_weights()
+    assert conv.padding == padding.lower()
+    for size in ((6, 5), (3, 4)):
+        x = rng.standard_normal((2, 2, *size)).astype(np.float32)
+        y = rng.standard_normal((2, 3)).astype(np.float32)
+        model.set_weights([w0, b0])
+        predicted = model.predict(x)
+        model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+        w = torch.tensor(w0, dtype=torch.float64, requires_grad=True)
+        b = torch.tensor(b0, dtype=torch.float64, requires_grad=True)
+        xt = torch.tensor(x, dtype=torch.float64)
+        if padding != "valid":  # TensorFlow's same at stride 1: the odd pad at the end (1 row, 0 + 2 columns)
+            xt = torch.nn.functional.pad(xt, (1, 1, 0, 1))
+        out = torch.nn.functional.conv2d(xt, w, b).mean(dim=(2, 3))
+        ((out - torch.tensor(y, dtype=torch.float64)) ** 2).mean().backward()
+        np.testing.assert_allclose(predicted, out.detach().numpy(), atol=1e-6)
+        np.testing.assert_allclose(model.get_weights()[0], (w - 0.1 * w.grad).detach().numpy(), atol=1e-6)
+    session = ort.InferenceSession(model.export_onnx(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((3, 2, 9, 7)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x})[0], model.predict(x), atol=1e-6)
 
 
 def test_numbers_are_numpy_or_python_and_nothing_else():

@@ -28,10 +28,31 @@ def _int_tuple(value, n: int, what: str) -> tuple:
 def _conv_arguments(layer: str, filters, kernel_size, strides, padding) -> tuple:
     """``(filters, kernel_size, strides, padding)`` of a convolution layer, checked."""
     filters = positive_int(filters, f"{layer}(filters=...)")
-    if padding not in ("valid", "same"):
-        raise OrtrainError(f"{layer}(padding=...): expected 'valid' or 'same', received {padding!r}")
     return (int(filters), _int_tuple(kernel_size, 2, f"{layer}(kernel_size=...)"),
-            _int_tuple(strides, 2, f"{layer}(strides=...)"), padding)
+            _int_tuple(strides, 2, f"{layer}(strides=...)"), _padding(padding, layer))
+
+
+def _padding(padding, layer: str) -> str:
+    """``'valid'`` or ``'same'``, in any case (Keras lowercases it)."""
+    if not isinstance(padding, str) or padding.lower() not in ("valid", "same"):
+        raise OrtrainError(f"{layer}(padding=...): expected 'valid' or 'same', received {padding!r}")
+    return padding.lower()
+
+
+def _refuse_free_same(layer, shape: tuple) -> None:
+    """``padding='same'`` over a free height or width is taken at stride 1 only, where its pads do not
+    depend on the size."""
+    free = [i for i in range(2) if shape[2 + i] is None and layer.strides[i] > 1]
+    if layer.padding == "same" and free:
+        axis = "height" if free[0] == 0 else "width"
+        raise ShapeError(f"{type(layer).__name__}(padding='same', strides={layer.strides}) needs a known {axis} "
+                         f"(its pads depend on the size at a stride above 1), received {describe_shape(shape)}; "
+                         f"give the input its size, or use strides=1 or padding='valid'")
+    if layer.padding == "same" and None in shape[2:] and getattr(layer, "op_type", "") == "AveragePool":
+        # the windows at the edges average fewer cells; the runtime's gradient needs the sizes for that
+        raise ShapeError(f"AvgPool2D(padding='same') needs a known height and width (the padded cells are left "
+                         f"out of the edge windows' means), received {describe_shape(shape)}; give the input its "
+                         f"size or use padding='valid'")
 
 
 def _conv_weights(layer, rng, shape: tuple, fan_in: int, fan_out: int) -> None:
@@ -48,6 +69,10 @@ def _conv_out(n, k, s, pad_total):
 
 
 def _same_pads(n, k, s):
+    """TensorFlow's ``same`` pads (the odd one at the end); of a free size ``n`` only at stride 1,
+    where they do not depend on it."""
+    if n is None:
+        return (k - 1) // 2, k - 1 - (k - 1) // 2
     out = -(-n // s)
     total = max((out - 1) * s + k - n, 0)
     return total // 2, total - total // 2
@@ -58,6 +83,8 @@ SOFTMAX_ACTIVATIONS = ("softmax", "log_softmax")
 
 class Conv2D(Layer):
     """2-D convolution over ``(batch, channels, height, width)``; kernel ``(filters, in, kh, kw)``.
+    The height and width may be free (``ot.Input((c, None, None))``) except with ``padding="same"``
+    at a stride above 1, whose pads depend on them. ``padding`` is read in any case, as Keras'.
 
     ``activation="softmax"`` (and ``log_softmax``) normalises over the filters, axis 1: each
     pixel's classes, as Keras' does over its channels-last filters."""
@@ -80,9 +107,10 @@ class Conv2D(Layer):
 
     def _build(self, input_shapes, rng):
         shape = input_shapes[0]
-        if len(shape) != 4 or any(d is None for d in shape[1:]):
-            raise ShapeError(f"Conv2D expects (batch, channels, height, width) inputs with known sizes, "
+        if len(shape) != 4 or shape[1] is None:
+            raise ShapeError(f"Conv2D expects (batch, channels, height, width) inputs with known channels, "
                              f"received {describe_shape(shape)}")
+        _refuse_free_same(self, shape)
         cin = shape[1]
         kh, kw = self.kernel_size
         _conv_weights(self, rng, (self.filters, cin, kh, kw), cin * kh * kw, self.filters * kh * kw)
@@ -242,9 +270,7 @@ class _Pool2D(Layer):
         self.pool_size = _int_tuple(pool_size, 2, f"{type(self).__name__}(pool_size=...)")
         self.strides = _int_tuple(strides if strides is not None else self.pool_size, 2,
                                   f"{type(self).__name__}(strides=...)")
-        if padding not in ("valid", "same"):
-            raise OrtrainError(f"{type(self).__name__}(padding=...): expected 'valid' or 'same', received {padding!r}")
-        self.padding = padding
+        self.padding = _padding(padding, type(self).__name__)
 
     def _pads(self, shape):
         if self.padding == "valid":
@@ -256,9 +282,7 @@ class _Pool2D(Layer):
         if len(input_shapes[0]) != 4:
             raise ShapeError(f"{type(self).__name__} expects (batch, channels, height, width) inputs, "
                              f"received {describe_shape(input_shapes[0])}")
-        if self.padding == "same" and None in input_shapes[0][2:]:
-            raise ShapeError(f"{type(self).__name__}(padding='same') needs a known height and width, received "
-                             f"{describe_shape(input_shapes[0])}; give the input its size or use padding='valid'")
+        _refuse_free_same(self, input_shapes[0])
 
     def output_shape(self, input_shapes):
         shape = input_shapes[0]

@@ -154,7 +154,7 @@ class BatchNorm(Layer):
 
     def _build(self, input_shapes, rng):
         shape = input_shapes[0]
-        if len(shape) not in (2, 3, 4) or shape[1] is None:
+        if len(shape) < 2 or shape[1] is None:
             raise ShapeError(f"BatchNorm expects (batch, features) or (batch, channels, ...) inputs, "
                              f"received {describe_shape(shape)}")
         c = shape[1]
