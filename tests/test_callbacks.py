@@ -281,7 +281,7 @@ def keras_plateau(values, lr, factor, patience, cooldown, min_delta, min_lr):
 def test_reduce_lr_on_plateau_matches_the_rule():
     values = [5, 4, 4, 4, 4, 3.99995, 4, 4, 4, 4, 2, 2, 2]
     model = sgd_model(lr=0.1)
-    cb = ot.callbacks.ReduceLROnPlateau(monitor="score", factor=0.5, patience=2, cooldown=1, min_lr=0.02)
+    cb = ot.callbacks.ReduceLROnPlateau(monitor="score", mode="min", factor=0.5, patience=2, cooldown=1, min_lr=0.02)
     hist = ot.fit_generator(model, batches(1, 4), epochs=len(values), callbacks=[Inject("score", values), cb],
                             verbose=0)
     want = keras_plateau(values, 0.1, 0.5, 2, 1, 1e-4, 0.02)
@@ -296,7 +296,7 @@ def test_reduce_lr_on_plateau_keeps_a_negative_min_delta_as_keras_does():
     # worse than the best still counts as an improvement (the size was taken: an improvement of 0.5)
     values = [4, 4.3, 4.6, 4.9, 5.2, 5.5, 6.5, 7.5, 8.5]
     model = sgd_model(lr=0.1)
-    cb = ot.callbacks.ReduceLROnPlateau(monitor="score", factor=0.5, patience=2, min_delta=-0.5)
+    cb = ot.callbacks.ReduceLROnPlateau(monitor="score", mode="min", factor=0.5, patience=2, min_delta=-0.5)
     hist = ot.fit_generator(model, batches(1, 4), epochs=len(values), callbacks=[Inject("score", values), cb],
                             verbose=0)
     want = keras_plateau(values, 0.1, 0.5, 2, 0, -0.5, 0.0)
@@ -309,7 +309,7 @@ def test_reduce_lr_on_plateau_keeps_a_negative_min_delta_as_keras_does():
 
 def test_early_stopping_restores_the_best_weights():
     rec = Recorder()
-    stop = ot.callbacks.EarlyStopping(monitor="score", patience=2, restore_best_weights=True)
+    stop = ot.callbacks.EarlyStopping(monitor="score", mode="min", patience=2, restore_best_weights=True)
     model = sgd_model()
     hist = ot.fit_generator(model, batches(2, 4), epochs=10, verbose=0,
                             callbacks=[Inject("score", [3, 1, 2, 1.5, 0.1, 0.1]), stop, rec])
@@ -348,7 +348,7 @@ def test_early_stopping_baseline_and_warmup():
         stop = ot.callbacks.EarlyStopping(monitor="acc", patience=2, baseline=baseline)
         hist = ot.fit_generator(model, batches(1, 4), epochs=10, verbose=0, callbacks=[Inject("acc", values), stop])
         assert stop.monitor.mode == "max" and hist.epoch == epochs
-    stop = ot.callbacks.EarlyStopping(monitor="score", patience=0, start_from_epoch=3)
+    stop = ot.callbacks.EarlyStopping(monitor="score", mode="min", patience=0, start_from_epoch=3)
     hist = ot.fit_generator(model, batches(1, 4), epochs=10, verbose=0,
                             callbacks=[Inject("score", [1, 2, 3, 4, 5, 6]), stop])
     assert hist.epoch == [0, 1, 2, 3, 4]
@@ -481,7 +481,7 @@ def test_model_checkpoint_of_a_weighted_cross_entropy_fit_resumes_with_loss_mask
 
 def test_model_checkpoint_best_only_with_formatted_names(tmp_path):
     model = sgd_model()
-    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "best-{epoch:02d}-{score:.1f}", monitor="score",
+    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "best-{epoch:02d}-{score:.1f}", monitor="score", mode="min",
                                         save_best_only=True)
     ot.fit_generator(model, batches(1, 4), epochs=5, verbose=0,
                      callbacks=[Inject("score", [3.0, 2.0, 2.5, 1.0, 1.0]), ckpt])
@@ -498,7 +498,7 @@ def test_model_checkpoint_keeps_its_best_across_fits_and_takes_a_threshold(tmp_p
     the best of the fits before (it saved its worse first epoch over the best file), and
     initial_value_threshold is the value the first save must beat."""
     model = sgd_model()
-    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "best-{epoch}", monitor="score", save_best_only=True)
+    ckpt = ot.callbacks.ModelCheckpoint(tmp_path / "best-{epoch}", monitor="score", mode="min", save_best_only=True)
     ot.fit_generator(model, batches(1, 4), epochs=2, verbose=0, callbacks=[Inject("score", [3.0, 2.0]), ckpt])
     ot.fit_generator(model, batches(1, 4), epochs=5, initial_epoch=2, verbose=0,
                      callbacks=[Inject("score", [None, None, 9.0, 2.0, 1.5]), ckpt])
@@ -970,6 +970,19 @@ def test_model_checkpoint_paths_are_checked_before_anything_trains(tmp_path):
             np.testing.assert_array_equal(a, b)
     with pytest.raises(ot.OrtrainError, match=r"ModelCheckpoint\(filepath=...\): expected a file path"):
         ot.callbacks.ModelCheckpoint(None)
+
+
+def test_model_checkpoint_names_a_validation_value_a_callback_logs_without_validation_data(tmp_path):
+    # {val_f1} that a callback adds to the logs was refused before training ("this fit has no
+    # validation data"); Keras formats the path from each epoch's logs and writes m-1-0.5, m-2-0.6
+    class LogF1(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logs["val_f1"] = [0.5, 0.6][epoch]
+
+    model = sgd_model()
+    ot.fit_generator(model, batches(1, 4), epochs=2, verbose=0,
+                     callbacks=[LogF1(), ot.callbacks.ModelCheckpoint(tmp_path / "m-{epoch}-{val_f1:.1f}")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m-1-0.5", "m-2-0.6"]
 
 
 def test_a_callback_refusing_the_fit_leaves_what_earlier_callbacks_would_have_changed(tmp_path):

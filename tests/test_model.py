@@ -936,6 +936,30 @@ def test_metric_names_as_given_keep_their_checks(tmp_path):
     for monitor in ("val_Acc", "val_ACCURACY", "val_acc"):   # accuracy improves upwards, whatever its case
         assert ot.callbacks.EarlyStopping(monitor=monitor).monitor.mode == "max"
 
+    for monitor in ("loss", "val_loss", "output_1_loss", "val_mae", "mse", "weighted_mean_squared_error"):
+        assert ot.callbacks.EarlyStopping(monitor=monitor).monitor.mode == "min"
+
+
+@pytest.mark.parametrize("make", [ot.callbacks.EarlyStopping, ot.callbacks.ReduceLROnPlateau,
+                                  lambda **kw: ot.callbacks.ModelCheckpoint("best", save_best_only=True, **kw)])
+def test_mode_auto_refuses_a_value_whose_name_does_not_tell_its_direction(make):
+    # A score a callback logs ("val_f1") was minimised: EarlyStopping stopped while it grew, ReduceLROnPlateau
+    # cut the rate at every improvement and ModelCheckpoint kept the worst epoch. Keras 3 refuses it too.
+    with pytest.raises(ot.OrtrainError, match=r"\(monitor='val_f1', mode='auto'\): cannot tell whether 'val_f1' "
+                                              r"improves by growing or by shrinking .* pass mode='max' for a score"):
+        make(monitor="val_f1")
+    x = np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32)
+
+    class LogF1(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logs["val_f1"] = 0.5 + 0.1 * epoch   # better every epoch
+
+    model = ot.Sequential([L.Dense(3, activation="softmax")], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="sparse_categorical_crossentropy")
+    stop = ot.callbacks.EarlyStopping(monitor="val_f1", mode="max", patience=1)
+    history = model.fit(x, np.arange(32) % 3, batch_size=16, epochs=4, verbose=0, callbacks=[LogF1(), stop])
+    assert len(history.epoch) == 4 and stop.best == pytest.approx(0.8)
+
 
 def test_evaluate_takes_a_generator_of_batches_as_keras_does(rng):
     x, y = rng.random((20, 4)).astype(np.float32), rng.random((20, 2)).astype(np.float32)

@@ -132,7 +132,7 @@ def test_callbacks_watching_val_loss_skip_epochs_without_it_quietly(tmp_path):
     # a value that is never logged still warns, as before
     with pytest.warns(UserWarning, match=r"EarlyStopping monitors 'val_los', which is not logged"):
         classifier().fit(x, y, batch_size=8, epochs=2, validation_data=(xv, yv), validation_freq=2, verbose=0,
-                         callbacks=[ot.callbacks.EarlyStopping(monitor="val_los")])
+                         callbacks=[ot.callbacks.EarlyStopping(monitor="val_los", mode="min")])
 
 
 def test_model_checkpoint_naming_a_val_value_is_refused_when_some_epochs_skip_validation(tmp_path):

@@ -30,8 +30,11 @@ class Monitor:
         self.name = monitor
         self.owner = owner
         if mode == "auto":
-            # Accuracy-like values grow as the model improves; losses and errors shrink.
-            mode = "max" if "acc" in monitor.lower() else "min"  # metrics keep their names: "val_Acc" too
+            mode = auto_mode(monitor)
+            if mode is None:  # Keras 3 refuses these too; tf.keras 2 minimised them, a grown F1 as a worse one
+                raise OrtrainError(f"{owner}(monitor={monitor!r}, mode='auto'): cannot tell whether {monitor!r} "
+                                   "improves by growing or by shrinking (mode='auto' knows losses, accuracies, mae "
+                                   "and mse); pass mode='max' for a score such as F1 or AUC, mode='min' for an error")
         self.mode = mode
         self.min_delta = float(min_delta) if signed_delta else abs(float(min_delta))
         self.reset()
@@ -59,6 +62,20 @@ class Monitor:
 
     def improved(self, current: float) -> bool:
         return self.better(current, self.best)
+
+
+def auto_mode(monitor: str) -> str | None:
+    """The direction in which a logged value improves, by its name: losses and the error metrics
+    (``mae``, ``mse``) shrink, accuracies grow (metrics keep the names compile was given: ``"Acc"``,
+    ``"weighted_accuracy"`` too); None for a name that does not tell."""
+    name = monitor.lower().removeprefix("val_")
+    if name.endswith("loss"):
+        return "min"
+    if "acc" in name:
+        return "max"
+    if name.removeprefix("weighted_") in ("mae", "mse", "mean_absolute_error", "mean_squared_error"):
+        return "min"
+    return None
 
 
 def skips_validation(loop, epoch: int | None) -> bool:

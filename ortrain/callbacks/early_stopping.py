@@ -16,7 +16,8 @@ __all__ = ["EarlyStopping"]
 
 class EarlyStopping(Callback):
     """Stop training once ``monitor`` has not improved by more than ``min_delta`` for ``patience``
-    epochs.
+    epochs. ``mode="auto"`` reads the direction from the name: losses, ``mae`` and ``mse`` shrink,
+    accuracies grow; another name (a score a callback logs, such as ``val_f1``) needs ``mode``.
 
     ``baseline``: the value must beat it too before patience starts over, so training stops once
     ``patience`` epochs went by without beating it, improving or not: the rule Keras documents

@@ -42,6 +42,10 @@ class ModelCheckpoint(Callback):
     ``.npz`` of the weights by name, which ``model.load_weights`` reads, whatever the file's
     extension). ``save_freq`` takes ``"epoch"`` only.
 
+    ``save_best_only`` saves nothing after an epoch whose logs lack the monitored value, and warns
+    that it is not logged. ``mode="auto"`` reads the direction from the name: losses, ``mae`` and
+    ``mse`` shrink, accuracies grow; another name (a score a callback logs) needs ``mode``.
+
     With ``validation_freq`` an epoch without validation logs no ``val_`` values: ``save_best_only``
     monitoring one skips that epoch, and a ``filepath`` naming one is refused when training begins
     unless only validated epochs save (``save_best_only=True`` monitoring a ``val_`` value).
@@ -91,7 +95,8 @@ class ModelCheckpoint(Callback):
             path = self.filepath.format(epoch=1, **logged)
         except KeyError as exc:
             name, path = str(exc.args[0]), None
-            if name.startswith("val_") and not any(k.startswith("val_") for k in logged):
+            # a validation value of what the fit logs; another name (val_f1) a callback may log
+            if name.startswith("val_") and name[4:] in logged and not any(k.startswith("val_") for k in logged):
                 raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} names {name!r}, and this fit has "
                                    "no validation data; pass validation_data or validation_split, or drop it from "
                                    "the path") from None

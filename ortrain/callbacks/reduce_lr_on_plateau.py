@@ -16,7 +16,8 @@ class ReduceLROnPlateau(Callback):
     multiply the learning rate by ``factor`` (not below ``min_lr``), then wait ``cooldown``
     epochs before counting again. The new rate applies from the next epoch. An epoch without the
     value (with ``validation_freq``, one that is not validated) is skipped: ``patience`` and
-    ``cooldown`` count the epochs that log it, as in Keras."""
+    ``cooldown`` count the epochs that log it, as in Keras. ``mode="auto"`` reads the direction
+    from the name (losses, ``mae`` and ``mse`` shrink, accuracies grow); another name needs ``mode``."""
 
     def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, mode: str = "auto",
                  min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0.0, verbose: int = 0):
