@@ -204,15 +204,21 @@ def staged_weights(weights, like: dict[str, tuple[tuple, np.dtype]], whose: str)
     return staged
 
 
-def of_the_output(outputs: list[str], value, argument: str, ranks: range | tuple):
+def of_the_output(outputs: list[str], value, argument: str, ranks: range | tuple, weights: bool = False):
     """Keras' per-output forms of labels or weights, for the first output, the one ortrain trains:
     a list of one array of one of the ``ranks`` the whole array may have (batch axis included), or a
     dict keyed by that output's name, as the array (a list of one array of a lower rank is one
     sample's, read as before). A dict keyed otherwise is refused, naming what is taken; anything
-    else passes as it is."""
+    else passes as it is. Of ``weights``, a list of one array per output is refused too (labels have
+    their own refusal of several arrays)."""
     if isinstance(value, (list, tuple)):
         if len(value) == 1 and getattr(value[0], "ndim", None) in ranks:  # (ranks count the batch axis)
             return value[0]
+        # one array per output (a list of rows, each an array of one value, stays rows)
+        if weights and 1 < len(value) <= len(outputs) and all(getattr(v, "ndim", None) in ranks and len(v) > 1 for v in value):
+            raise OrtrainError(f"{argument}: received a list of {len(value)} arrays, Keras' form for several "
+                               f"outputs; ortrain trains the model's first output ({outputs[0]!r}) and takes its "
+                               f"{argument} alone: give {argument}=array (the other outputs have no loss)")
     elif isinstance(value, dict):
         if list(value) == [outputs[0]]:
             return value[outputs[0]]

@@ -121,6 +121,10 @@ def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
     if not idle:
         return fg
     shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
+    if len(idle) == len(trainable):  # not "every weight is frozen": none is
+        raise OrtrainError(f"nothing to train: the loss is computed on the first output {outputs[0].name!r}, which "
+                           f"no trainable weight affects ({shown} feed only other outputs); make an output that "
+                           "depends on weights the first one")
     warn(f"weights {shown} do not affect the loss, which is computed on the first output "
          f"{outputs[0].name!r}; they are not trained")
     params = tuple(ParamSpec(p.name, p.shape, p.dtype, "frozen" if p.name in idle else p.role) for p in fg.params)

@@ -1124,3 +1124,47 @@ def test_exported_files_name_ortrain_as_their_producer(tmp_path):
     assert again.doc_string == f"{line}\n\nClassifier.\nLabels: cat, dog"
     third = onnx.load(ot.from_onnx(again, name="tuned").export_onnx(tmp_path / "third.onnx"))
     assert third.doc_string == again.doc_string
+
+
+def test_keras_per_output_and_nested_forms_are_refused_saying_what_ortrain_takes():
+    # Each got a message about something else: "expected tensors from ot.Input(...)" for a dict of
+    # inputs, "expected ot.layers objects" for a model in a Sequential, "received ['mae']" for metrics
+    # per output, and a (2, 8) array with a hint about loss_mask for sample weights per output; a
+    # model whose first output no weight affects was told to unfreeze weights, none being frozen.
+    a, b = ot.Input((3,), name="a"), ot.Input((2,), name="b")
+    h = L.Dense(2)(L.Concatenate()([a, b]))
+    with pytest.raises(ot.OrtrainError, match=r"Model\(inputs=...\): received a dict \(keys \['a', 'b'\]\); pass a "
+                                              r"list of tensors in input order"):
+        ot.Model({"a": a, "b": b}, h)
+    with pytest.raises(ot.OrtrainError, match=r"Model\(outputs=...\): received a dict \(keys \['cls'\]\)"):
+        ot.Model([a, b], {"cls": h})
+    with pytest.raises(ot.OrtrainError, match=r"Model\(outputs=...\): received a nested structure"):
+        ot.Model([a, b], [h, [h]])
+    inner = ot.Sequential([L.Dense(3)], input_shape=(4,))
+    with pytest.raises(ot.OrtrainError, match=r"Sequential: received a model .* list its layers instead, "
+                                              r"ot.Sequential\(model.layers \+ \[...\]\)"):
+        ot.Sequential([inner, L.Dense(1)], input_shape=(4,))
+    x = ot.Input((3,), name="x")
+    h = L.Dense(2)(x)
+    model = ot.Model(x, [h, L.Dense(1)(h)])
+    for metrics in ([["mae"], ["mse"]], {"output_0": "mae"}):
+        with pytest.raises(ot.OrtrainError, match=r"^metrics: received .*, metrics per output \(Keras' form for "
+                                                  r"several outputs\); .* pass one list of names"):
+            model.compile(optimizer="sgd", loss="mse", metrics=metrics)
+    model.compile(optimizer="sgd", loss="mse")
+    xs, ys, before = np.ones((8, 3), np.float32), np.ones((8, 2), np.float32), model.get_weights()
+    per_output = r"^sample_weight: received a list of 2 arrays, Keras' form for several outputs; .* first output"
+    for call in (lambda: model.fit(xs, ys, sample_weight=[np.ones(8), np.ones(8)], verbose=0),
+                 lambda: model.evaluate(xs, ys, sample_weight=[np.ones(8), np.ones(8)]),
+                 lambda: model.train_on_batch(xs, ys, sample_weight=(np.ones(8), np.ones(8)))):
+        with pytest.raises(ot.OrtrainError, match=per_output):
+            call()
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+    with pytest.warns(UserWarning, match="do not affect the loss"):
+        model.fit(xs, ys, sample_weight=[1.0] * 8, verbose=0)  # a list of numbers is one weight per sample
+    passed = ot.Model(x, [x, L.Dense(1, name="q")(x)])
+    passed.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.OrtrainError, match=r"^nothing to train: the loss is computed on the first output "
+                                              r"'output_0', which no trainable weight affects \(q.kernel, q.bias"):
+        passed.fit(xs, np.ones((8, 3), np.float32), verbose=0)

@@ -168,7 +168,7 @@ def _rename_reads(graph: onnx.GraphProto, renamed: dict[str, str]) -> None:
 
 def chain_shared_statistics(training: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
     """A batch norm applied more than once (a shared layer, one backbone over two inputs) updates its
-    running statistics once per application, in the order of the calls, as Keras and PyTorch do.
+    running statistics once per application, in the order of the calls, as PyTorch does.
 
     The runtime's training-mode ``BatchNormInternal`` writes the new statistics into the buffers it
     reads (its outputs 1 and 2 alias inputs 3 and 4), so applications that read the same buffers

@@ -63,6 +63,13 @@ class Model(TrainingMixin):
 
     def __init__(self, inputs, outputs, name: str | None = None):
         checked_model_name(name, "Model")
+        for argument, given in (("inputs", inputs), ("outputs", outputs)):
+            if isinstance(given, dict):  # Keras' models keyed by name
+                raise OrtrainError(f"Model({argument}=...): received a dict (keys {sorted(map(str, given))}); pass a "
+                                   f"list of tensors in {argument[:-1]} order (a model keyed by name is not supported; "
+                                   "data may still be given as a dict keyed by input name)")
+            if isinstance(given, (list, tuple)) and any(isinstance(t, (list, tuple, dict)) for t in given):
+                raise OrtrainError(f"Model({argument}=...): received a nested structure; pass a flat list of tensors")
         ins = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         if not ins or not outs or not all(isinstance(t, SymbolicTensor) for t in ins + outs):

@@ -184,6 +184,10 @@ def _checked_input(first, input_shape, input_dtype):
 
 
 def _check_layer(lyr) -> None:
+    if hasattr(lyr, "layers") and hasattr(lyr, "weight_names"):  # Keras' Sequential([generator, discriminator])
+        raise OrtrainError(f"Sequential: received a model ({lyr!r}) among the layers; a model used as a layer is not "
+                           "supported: list its layers instead, ot.Sequential(model.layers + [...]) (they keep "
+                           "their weights and are shared with it)")
     if not isinstance(lyr, Layer):
         raise OrtrainError(f"Sequential: expected ot.layers objects (after an optional ot.Input), received "
                            f"{lyr!r}; e.g. ot.Sequential([ot.Input((4,)), ot.layers.Dense(2)])")
