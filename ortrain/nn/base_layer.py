@@ -98,7 +98,7 @@ def uniform_weight(rng: np.random.Generator, low: float, high: float, shape: tup
     """A float32 weight drawn uniformly; one too large to hold is refused with its size, not numpy's
     raw MemoryError."""
     try:
-        return rng.uniform(low, high, size=shape).astype(np.float32)
+        return rng.uniform(low, high, size=shape).astype(np.float32, copy=False)  # (a copy's zeros: as they are)
     except (MemoryError, ValueError) as exc:
         size = math.prod(int(d) for d in shape)
         raise _TooLarge(f"a weight of shape {tuple(int(d) for d in shape)} holds {size:,} numbers "

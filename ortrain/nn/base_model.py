@@ -9,6 +9,7 @@ the forward graph in a plain ``InferenceSession``.
 
 from __future__ import annotations
 
+import collections
 import re
 import zipfile
 
@@ -85,10 +86,7 @@ class Model(TrainingMixin):
                                f"({missing[0]!r}); pass every ot.Input the outputs use")
         self._init_state(name or "model")
         self._inputs, self._outputs, self._nodes = ins, outs, nodes
-        self.layers: list[Layer] = []
-        for node in nodes:
-            if all(node.layer is not lyr for lyr in self.layers):
-                self.layers.append(node.layer)
+        self.layers: list[Layer] = list({id(node.layer): node.layer for node in nodes}.values())  # first calls' order
         self._name_layers()
         self._check_input_names()
         self._given_input_names = tuple(t.name for t in self._inputs)
@@ -133,8 +131,8 @@ class Model(TrainingMixin):
                 lyr.name = candidate
                 lyr._auto_named = True
                 taken.add(candidate)
-        names = [lyr.name for lyr in self.layers]
-        dup = {n for n in names if names.count(n) > 1}
+        names = collections.Counter(lyr.name for lyr in self.layers)
+        dup = {n for n, count in names.items() if count > 1}
         if dup:
             automatic = [n for n in sorted(dup) if any(lyr.name == n and lyr.__dict__.get("_auto_named")
                                                        for lyr in self.layers)]
@@ -152,13 +150,13 @@ class Model(TrainingMixin):
         sync_live(self)
         return {f"{lyr.name}.{s}": a for lyr in self.layers for s, a in lyr.weights.items()}
 
-    def _store_weight(self, name: str, value: np.ndarray) -> None:
-        layer_name, suffix = name.rsplit(".", 1)
-        for lyr in self.layers:
-            if lyr.name == layer_name:
-                lyr.weights.put(suffix, value)  # counted as a change: models sharing the layer see it
-                return
-        raise KeyError(name)
+    def _store_weights(self, staged) -> None:
+        """``(name, array)`` pairs into the layers' weights, found by name once (a scan of the layers
+        for each weight made set_weights quadratic in depth)."""
+        layers = {lyr.name: lyr for lyr in self.layers}
+        for name, value in staged:
+            layer_name, suffix = name.rsplit(".", 1)
+            layers[layer_name].weights.put(suffix, value)  # counted as a change: models sharing the layer see it
 
     def params(self) -> list[ParamSpec]:
         """Weights in documented order, with their current roles (freezing applied: ``freeze`` and
@@ -251,8 +249,7 @@ class Model(TrainingMixin):
         table = self._weight_table()
         staged = staged_weights(weights, {n: (table[n].shape, table[n].dtype) for n in names},
                                 f"the model has {names}")
-        for name, a in staged:
-            self._store_weight(name, a)  # recorded as an edit, which a fit in progress takes over
+        self._store_weights(staged)  # recorded as edits, which a fit in progress takes over
         self._changed()
 
     def _changed(self) -> None:
@@ -342,11 +339,13 @@ class Model(TrainingMixin):
     def _resolve(self, what, verb: str) -> list[str]:
         items = what if isinstance(what, (list, tuple, set)) else [what]
         names = self.weight_names()
+        known = set(names)
         layer_names = {lyr.name: lyr for lyr in getattr(self, "layers", [])}
+        held = {id(lyr) for lyr in layer_names.values()}
         out = []
         for item in items:
             if isinstance(item, Layer):
-                if all(item is not lyr for lyr in layer_names.values()):
+                if id(item) not in held:
                     named = f"layer {item.name!r}" if item.name else f"a {type(item).__name__} layer"
                     raise OrtrainError(f"{verb}: {named} is not part of this model; pass this model's layers "
                                        f"or weight names ({', '.join(layer_names)})")
@@ -354,7 +353,7 @@ class Model(TrainingMixin):
             elif isinstance(item, str) and item in layer_names:
                 out += [f"{item}.{s}" for s in layer_names[item].weights]
             elif isinstance(item, str):
-                hits = picked(names, item)
+                hits = [item] if item in known else picked(names, item)
                 if not hits:
                     shown = f"weights are {', '.join(names)}" if names else "the model has no weights"
                     raise OrtrainError(f"{verb}: {item!r} matches no layer or weight; {shown}")

@@ -42,11 +42,12 @@ class GraphModel(Model):
         sync_live(self)
         return dict(self._weights)
 
-    def _store_weight(self, name: str, value: np.ndarray) -> None:
-        if name not in self._weights:
-            raise KeyError(name)
-        self._weights[name] = value
-        self._edits.add(name)
+    def _store_weights(self, staged) -> None:
+        for name, value in staged:
+            if name not in self._weights:
+                raise KeyError(name)
+            self._weights[name] = value
+            self._edits.add(name)
 
     def _take_edits(self) -> set[str]:
         edits, self._edits = self._edits, set()

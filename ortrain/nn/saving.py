@@ -51,14 +51,15 @@ class TrainState:
                 f"moments={{{moments}}})")
 
 
-def _tensor_ref(model, t):
-    for i, inp in enumerate(model._inputs):
-        if inp is t:
-            return ["input", i]
-    for j, node in enumerate(model._nodes):
-        if node.output is t:
-            return ["node", j]
-    raise OrtrainError("internal: tensor not found in the model graph")
+def _tensor_refs(model) -> dict[int, list]:
+    """Where each tensor of ``model``'s graph comes from, by the tensor's id: ``["input", i]`` or
+    ``["node", j]`` (the first of each, as the graph lists them)."""
+    refs: dict[int, list] = {}
+    for j, node in reversed(list(enumerate(model._nodes))):
+        refs[id(node.output)] = ["node", j]
+    for i, inp in reversed(list(enumerate(model._inputs))):
+        refs[id(inp)] = ["input", i]
+    return refs
 
 
 def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, dict]:
@@ -81,9 +82,10 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
                              **({} if lyr.trainable else {"trainable": False})} for lyr in model.layers]
         record["inputs"] = [{"name": model._given_input_name(i), "shape": list(t.shape[1:]), "dtype": t.dtype.name}
                             for i, t in enumerate(model._inputs)]
-        record["nodes"] = [{"layer": layer_index[id(n.layer)], "inputs": [_tensor_ref(model, t) for t in n.inputs]}
+        refs = _tensor_refs(model)
+        record["nodes"] = [{"layer": layer_index[id(n.layer)], "inputs": [refs[id(t)] for t in n.inputs]}
                            for n in model._nodes]
-        record["outputs"] = [_tensor_ref(model, t) for t in model._outputs]
+        record["outputs"] = [refs[id(t)] for t in model._outputs]
     record["compile"] = None if not model.compiled else {
         "loss": model.loss.config(), "optimizer": model.optimizer.config(), "metrics": list(model.metrics),
         "weighted_metrics": list(model.weighted_metrics)}

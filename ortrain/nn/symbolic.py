@@ -78,6 +78,23 @@ def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  #
     return SymbolicTensor((None,) + shape, dt, name=name)
 
 
+def _first_call_tensors(layer) -> list[SymbolicTensor]:
+    called = layer.__dict__.get("_first_call")
+    if called is None:
+        return []
+    inputs, output = called
+    return [*(inputs if isinstance(inputs, list) else [inputs]), output]
+
+
+def tensors_in_order(tensors, layers=()) -> list[SymbolicTensor]:
+    """Every tensor that ``tensors`` and the first calls of ``layers`` lead to (through the layers'
+    inputs and their first calls), each after those it is computed from. A pickle or deep copy
+    that takes them in this order first recurses one layer deep at a time; through the chain of
+    a deep model's tensors, it overflowed Python's stack from some 80 layers on."""
+    roots = [*tensors, *(t for lyr in layers for t in _first_call_tensors(lyr))]
+    return post_order(roots, lambda t: [*t.node.inputs, *_first_call_tensors(t.node.layer)] if t.node else ())
+
+
 def _topological(outputs: list[SymbolicTensor]) -> tuple[list[_Node], list[SymbolicTensor]]:
     """Nodes in dependency order and the input tensors reached."""
     tensors = post_order(outputs, lambda t: t.node.inputs if t.node is not None else ())

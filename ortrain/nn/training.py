@@ -35,6 +35,7 @@ from ortrain.graph.forward import to_inference, with_weights
 from ortrain.graph.shapes import output_shape_at
 from ortrain.history import History
 from ortrain.nn.base_layer import EDITS, sync_live
+from ortrain.nn.symbolic import tensors_in_order
 
 if TYPE_CHECKING:
     from ortrain.nn.base_model import Model
@@ -70,6 +71,9 @@ def _live_or_none(read):
         return None
 
 
+_TENSOR_ORDER = "_tensors_in_order"  # the key under which a copy's state lists its tensors first
+
+
 class TrainingMixin:
     """Training, prediction and evaluation for :class:`~ortrain.nn.base_model.Model`, with the
     state they keep on the model."""
@@ -100,7 +104,10 @@ class TrainingMixin:
 
     def _state_now(self) -> dict:
         sync_live(self)  # a copy taken during a fit holds its trained weights
-        state = dict(self.__dict__)
+        # the model's tensors first, in order: see tensors_in_order
+        order = tensors_in_order([*self.__dict__.get("_inputs", ()), *self.__dict__.get("_outputs", ())],
+                                 self.__dict__.get("layers", ()))
+        state = {_TENSOR_ORDER: order, **self.__dict__}
         state["_runners"] = {}
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = state["_live_pair"] = None
         state.pop("_fit_thread", None)  # a copy is not fitting
@@ -132,6 +139,8 @@ class TrainingMixin:
         return new
 
     def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state.pop(_TENSOR_ORDER, None)
         self.__dict__.update(state)
         if "_layer_frozen_stats" not in state:  # pickled before frozen layers' statistics were kept apart
             self._layer_frozen_stats = self._frozen_layer_stats()
@@ -396,8 +405,8 @@ class TrainingMixin:
         ``model.history`` is left as it was.
 
         Each call is a whole ``fit``: it builds a trainer, opens the training session and writes
-        the weights and optimizer state back, some 10 ms for a small model and a few tenths of a
-        second for millions of weights, tens to hundreds of times a step. A loop of steps (a GAN,
+        the weights and optimizer state back, some 20-50 ms for a small model and seconds for
+        tens of millions of weights, tens to hundreds of times a step. A loop of steps (a GAN,
         reinforcement learning) belongs in an :class:`ortrain.Trainer`, which keeps its session; two
         trainers over models that share layers each train their own copy, so hand the shared weights
         across after each step with :meth:`ortrain.Trainer.set_weights`."""
