@@ -1001,7 +1001,9 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     Which initializers train: float32 tensors of rank >= 1 that a gradient from the outputs
     reaches (not through integer or boolean values, such as a mask read through ``Equal``) and
     whose values are all finite (an additive mask of 0 and -inf stays a constant); batch-norm
-    running statistics are buffers; other tensors the file marks as PyTorch buffers are frozen
+    running statistics are buffers, which ``frozen=`` may name to keep them fixed (the batch norm
+    then normalises by them in training, as a frozen Keras batch norm, not by the batch as PyTorch's
+    ``requires_grad=False``; a pattern that picks them warns); other tensors the file marks as PyTorch buffers are frozen
     unless ``trainable=`` names them; scalars, integers and shapes are constants, though ``trainable=`` may name a
     float32 scalar exactly to train it (a glob such as ``"*"`` never picks one: exporters write
     formula constants, such as GELU's 0.5, as scalars). Initializers nothing reads are dropped.
@@ -1060,6 +1062,13 @@ def freeze_named_statistics(model, frozen, copy: bool = False):
     patterns = _patterns(frozen, "frozen")
     named = _picked_by(patterns or (), model.weight_names())
     stats = [p.name for p in model._base_params() if p.role == "buffer" and p.name in named]
+    by_glob = [s for s in stats if s not in (patterns or ())]
+    if by_glob:  # a PyTorch user freezing "layer1.*" means requires_grad=False, which keeps batch statistics
+        shown = ", ".join(by_glob[:4]) + (f" and {len(by_glob) - 4} more" if len(by_glob) > 4 else "")
+        warn(f"from_onnx(frozen=...): the patterns pick the running statistics {shown}: they stay as they are, "
+             "and their batch norms normalise by them in training too, as a frozen Keras BatchNormalization "
+             "(PyTorch's requires_grad=False keeps normalising by the batch); to freeze the weights alone, "
+             "name them, e.g. 'layer1.*.weight' and 'layer1.*.bias'")
     if stats:
         model = model.copy() if copy else model
         model._freeze(stats, "from_onnx(frozen=...)")
