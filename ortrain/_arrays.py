@@ -204,18 +204,26 @@ def staged_weights(weights, like: dict[str, tuple[tuple, np.dtype]], whose: str)
     return staged
 
 
-def of_the_output(outputs: list[str], value, argument: str, ranks: range | tuple, weights: bool = False):
+def _rank(value) -> int | None:
+    try:
+        return np.ndim(value)
+    except ValueError:  # ragged
+        return None
+
+
+def of_the_output(outputs: list[str], value, argument: str, ranks: range | tuple, rows: int | None = None):
     """Keras' per-output forms of labels or weights, for the first output, the one ortrain trains:
     a list of one array of one of the ``ranks`` the whole array may have (batch axis included), or a
     dict keyed by that output's name, as the array (a list of one array of a lower rank is one
     sample's, read as before). A dict keyed otherwise is refused, naming what is taken; anything
-    else passes as it is. Of ``weights``, a list of one array per output is refused too (labels have
-    their own refusal of several arrays)."""
+    else passes as it is. Given the batch's ``rows`` (of weights: labels have their own refusal of
+    several arrays), a list of one array of those rows per output is refused too; a list of as
+    many arrays as rows stays rows (weights per position)."""
     if isinstance(value, (list, tuple)):
         if len(value) == 1 and getattr(value[0], "ndim", None) in ranks:  # (ranks count the batch axis)
             return value[0]
-        # one array per output (a list of rows, each an array of one value, stays rows)
-        if weights and 1 < len(value) <= len(outputs) and all(getattr(v, "ndim", None) in ranks and len(v) > 1 for v in value):
+        if rows is not None and 1 < len(value) <= len(outputs) and len(value) != rows and \
+                all(_rank(v) in ranks and len(v) == rows for v in value):
             raise OrtrainError(f"{argument}: received a list of {len(value)} arrays, Keras' form for several "
                                f"outputs; ortrain trains the model's first output ({outputs[0]!r}) and takes its "
                                f"{argument} alone: give {argument}=array (the other outputs have no loss)")

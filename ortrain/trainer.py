@@ -125,7 +125,7 @@ class Trainer(TrainerSetup, Releasable):
             y = of_the_output(self._outputs, y, "y", (len(spec.shape),))
         if isinstance(sample_weight, (list, tuple, dict)) and self._weight_spec is not None:
             sample_weight = of_the_output(self._outputs, sample_weight, "sample_weight",
-                                          range(1, len(self._weight_spec.shape) + 1), weights=True)
+                                          range(1, len(self._weight_spec.shape) + 1), rows=rows)
         labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked,
                                 one_hot=self._one_hot_labels)
         feeds = xs + [labels]

@@ -961,6 +961,18 @@ def test_mode_auto_refuses_a_value_whose_name_does_not_tell_its_direction(make):
     assert len(history.epoch) == 4 and stop.best == pytest.approx(0.8)
 
 
+def test_model_checkpoint_takes_any_monitored_name_where_it_does_not_compare_values(tmp_path):
+    # every epoch saves without save_best_only, whatever the monitored name (val_auc, lr), as in Keras
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    model = ot.Sequential([L.Dense(1)], input_shape=(4,), seed=0)
+    model.compile(optimizer="sgd", loss="mse")
+    for monitor in ("val_auc", "lr"):
+        (tmp_path / monitor).mkdir()
+        ckpt = ot.callbacks.ModelCheckpoint(tmp_path / monitor / "m-{epoch}", monitor=monitor)
+        model.fit(x, x[:, :1], epochs=2, verbose=0, callbacks=[ckpt])
+        assert sorted(p.name for p in (tmp_path / monitor).iterdir()) == ["m-1", "m-2"]
+
+
 def test_evaluate_takes_a_generator_of_batches_as_keras_does(rng):
     x, y = rng.random((20, 4)).astype(np.float32), rng.random((20, 2)).astype(np.float32)
     w = rng.uniform(0.5, 2.0, 20).astype(np.float32)
@@ -1124,9 +1136,12 @@ def test_exported_files_name_ortrain_as_their_producer(tmp_path):
     assert again.doc_string == f"{line}\n\nClassifier.\nLabels: cat, dog"
     third = onnx.load(ot.from_onnx(again, name="tuned").export_onnx(tmp_path / "third.onnx"))
     assert third.doc_string == again.doc_string
+    third.doc_string = f"{line} - checked by QA"   # the user's text on ortrain's line is the user's too
+    fourth = onnx.load(ot.from_onnx(third, name="tuned").export_onnx(tmp_path / "fourth.onnx"))
+    assert fourth.doc_string == f"Exported by ortrain {ot.__version__} from model 'tuned'\n\n{line} - checked by QA"
 
 
-def test_keras_per_output_and_nested_forms_are_refused_saying_what_ortrain_takes():
+def test_keras_per_output_and_nested_forms_are_refused_saying_what_ortrain_takes(tmp_path):
     # Each got a message about something else: "expected tensors from ot.Input(...)" for a dict of
     # inputs, "expected ot.layers objects" for a model in a Sequential, "received ['mae']" for metrics
     # per output, and a (2, 8) array with a hint about loss_mask for sample weights per output; a
@@ -1144,12 +1159,15 @@ def test_keras_per_output_and_nested_forms_are_refused_saying_what_ortrain_takes
     with pytest.raises(ot.OrtrainError, match=r"Sequential: received a model .* list its layers instead, "
                                               r"ot.Sequential\(model.layers \+ \[...\]\)"):
         ot.Sequential([inner, L.Dense(1)], input_shape=(4,))
+    imported = ot.from_onnx(onnx.load(inner.export_onnx(tmp_path / "inner.onnx")))
+    with pytest.raises(ot.OrtrainError, match=r"an imported model \(from_onnx\) has no layers to list"):
+        ot.Sequential([imported, L.Dense(1)], input_shape=(4,))
     x = ot.Input((3,), name="x")
     h = L.Dense(2)(x)
     model = ot.Model(x, [h, L.Dense(1)(h)])
     for metrics in ([["mae"], ["mse"]], {"output_0": "mae"}):
-        with pytest.raises(ot.OrtrainError, match=r"^metrics: received .*, metrics per output \(Keras' form for "
-                                                  r"several outputs\); .* pass one list of names"):
+        with pytest.raises(ot.OrtrainError, match=r"^metrics: received .*, metrics by output \(Keras' form for "
+                                                  r"named or several outputs\); .* pass one list of names"):
             model.compile(optimizer="sgd", loss="mse", metrics=metrics)
     model.compile(optimizer="sgd", loss="mse")
     xs, ys, before = np.ones((8, 3), np.float32), np.ones((8, 2), np.float32), model.get_weights()
@@ -1163,6 +1181,16 @@ def test_keras_per_output_and_nested_forms_are_refused_saying_what_ortrain_takes
         np.testing.assert_array_equal(got, want)
     with pytest.warns(UserWarning, match="do not affect the loss"):
         model.fit(xs, ys, sample_weight=[1.0] * 8, verbose=0)  # a list of numbers is one weight per sample
+    with pytest.raises(ot.OrtrainError, match=per_output):  # lists of numbers, one per output
+        model.fit(xs, ys, sample_weight=[[1.0] * 8, [1.0] * 8], verbose=0)
+    # a list of as many weight rows as the batch has rows stays rows (per position), as many as outputs
+    seq = ot.Input((5, 3))
+    positions = ot.Model(seq, [L.Dense(1)(seq), L.Dense(2)(seq)])
+    positions.compile(optimizer="sgd", loss="mse")
+    rows = [np.array([1, 1, 1, 0, 0], np.float32), np.ones(5, np.float32)]
+    seqs, targets = np.ones((2, 5, 3), np.float32), np.ones((2, 5, 1), np.float32)
+    assert positions.evaluate(seqs, targets, sample_weight=rows) == \
+        positions.evaluate(seqs, targets, sample_weight=np.stack(rows))
     passed = ot.Model(x, [x, L.Dense(1, name="q")(x)])
     passed.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ot.OrtrainError, match=r"^nothing to train: the loss is computed on the first output "

@@ -16,10 +16,12 @@ MODES = ("auto", "min", "max")
 
 
 class Monitor:
-    def __init__(self, monitor: str, mode: str, min_delta: float, owner: str, signed_delta: bool = False):
+    def __init__(self, monitor: str, mode: str, min_delta: float, owner: str, signed_delta: bool = False,
+                 compares: bool = True):
         """``signed_delta``: a negative ``min_delta`` is kept as given (Keras' ReduceLROnPlateau: a
         value a little worse than the best still counts as an improvement); otherwise its size is
-        taken, as Keras' EarlyStopping takes it."""
+        taken, as Keras' EarlyStopping takes it. Without ``compares`` (a callback that does not compare
+        the values) a name that does not tell its direction is taken, and read as one that shrinks."""
         if not isinstance(monitor, str) or not monitor:
             raise OrtrainError(f"{owner}(monitor=...): expected the name of a logged value such as 'val_loss', "
                                f"received {monitor!r}")
@@ -30,7 +32,7 @@ class Monitor:
         self.name = monitor
         self.owner = owner
         if mode == "auto":
-            mode = auto_mode(monitor)
+            mode = auto_mode(monitor) or (None if compares else "min")
             if mode is None:  # Keras 3 refuses these too; tf.keras 2 minimised them, a grown F1 as a worse one
                 raise OrtrainError(f"{owner}(monitor={monitor!r}, mode='auto'): cannot tell whether {monitor!r} "
                                    "improves by growing or by shrinking (mode='auto' knows losses, accuracies, mae "

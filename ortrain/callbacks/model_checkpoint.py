@@ -43,8 +43,8 @@ class ModelCheckpoint(Callback):
     extension). ``save_freq`` takes ``"epoch"`` only.
 
     ``save_best_only`` saves nothing after an epoch whose logs lack the monitored value, and warns
-    that it is not logged. ``mode="auto"`` reads the direction from the name: losses, ``mae`` and
-    ``mse`` shrink, accuracies grow; another name (a score a callback logs) needs ``mode``.
+    that it is not logged. With it, ``mode="auto"`` reads the direction from the name: losses,
+    ``mae`` and ``mse`` shrink, accuracies grow; another name (a score a callback logs) needs ``mode``.
 
     With ``validation_freq`` an epoch without validation logs no ``val_`` values: ``save_best_only``
     monitoring one skips that epoch, and a ``filepath`` naming one is refused when training begins
@@ -68,7 +68,8 @@ class ModelCheckpoint(Callback):
         self.filepath = os.fspath(filepath)
         self.save_best_only = checked_flag(save_best_only, "ModelCheckpoint(save_best_only=...)")
         self.save_model = None if save_model is None else checked_flag(save_model, "ModelCheckpoint(save_model=...)")
-        self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint")
+        # the direction matters only to save_best_only (every epoch saves without it, whatever the name)
+        self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint", compares=self.save_best_only)
         threshold = check_threshold(initial_value_threshold, "initial_value_threshold", "ModelCheckpoint",
                                     "the value the first save must beat")
         if threshold is not None:

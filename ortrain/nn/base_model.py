@@ -659,7 +659,9 @@ names_unknown_arguments_of_methods(Model, "get_layer", "count_params", "weight_n
                                    "freeze_bn_stats", "unfreeze_bn_stats", "predict_on_batch", "copy", "summary")
 
 
-_PROVENANCE = re.compile(r"Exported by ortrain \S+ from model .*?(?: \(imported from a file by (?P<source>.*)\))?")
+# the model's name as repr writes it; text after it on the line is the user's, and so is the line
+_PROVENANCE = re.compile(r"Exported by ortrain \S+ from model (?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")"
+                         r"(?: \(imported from a file by (?P<source>.*)\))?")
 
 
 def _exported_doc_string(proto: onnx.ModelProto, name: str) -> str:

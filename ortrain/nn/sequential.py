@@ -185,9 +185,12 @@ def _checked_input(first, input_shape, input_dtype):
 
 def _check_layer(lyr) -> None:
     if hasattr(lyr, "layers") and hasattr(lyr, "weight_names"):  # Keras' Sequential([generator, discriminator])
+        fix = ("list its layers instead, ot.Sequential(model.layers + [...]) (they keep their weights and are "
+               "shared with it)") if lyr.layers else \
+            ("an imported model (from_onnx) has no layers to list: add the layers to the model in the framework it "
+             "came from and export it again, or train it alone")
         raise OrtrainError(f"Sequential: received a model ({lyr!r}) among the layers; a model used as a layer is not "
-                           "supported: list its layers instead, ot.Sequential(model.layers + [...]) (they keep "
-                           "their weights and are shared with it)")
+                           f"supported: {fix}")
     if not isinstance(lyr, Layer):
         raise OrtrainError(f"Sequential: expected ot.layers objects (after an optional ot.Input), received "
                            f"{lyr!r}; e.g. ot.Sequential([ot.Input((4,)), ot.layers.Dense(2)])")

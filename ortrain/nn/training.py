@@ -318,8 +318,8 @@ class TrainingMixin:
         for argument, names in (("metrics", metrics), ("weighted_metrics", weighted_metrics)):
             if isinstance(names, dict) or (isinstance(names, (list, tuple)) and
                                            any(isinstance(n, (list, tuple, dict)) for n in names)):
-                raise OrtrainError(f"{argument}: received {names!r}, metrics per output (Keras' form for several "
-                                   "outputs); ortrain computes the loss and metrics on the model's first output "
+                raise OrtrainError(f"{argument}: received {names!r}, metrics by output (Keras' form for named or "
+                                   "several outputs); ortrain computes the loss and metrics on the model's first output "
                                    "only: pass one list of names, e.g. ['mae']")
             if names is not None and not isinstance(names, (str, list, tuple)):
                 raise OrtrainError(f"{argument}: expected a list of names such as ['accuracy'], received {names!r}")
