@@ -137,6 +137,15 @@ def test_deep_models_deep_copy_and_pickle_within_pythons_recursion_limit():
             assert (copied.layers[0].input is copied._inputs[0]) == (model.layers[0].input is model._inputs[0])
             assert (copied.layers[-1].output is copied._outputs[0]) == \
                 (model.layers[-1].output is model._outputs[0])
+    # a layer or a tensor alone brings the chain before it (each lists its nearest tensors first)
+    last = stacked.layers[-1]
+    for copied in (copy.deepcopy(last), pickle.loads(pickle.dumps(last))):
+        assert copied.output.node.layer is copied and copied.output.shape == last.output.shape
+        np.testing.assert_array_equal(copied.kernel, last.kernel)
+    layer, model = pickle.loads(pickle.dumps((stacked.layers[-1], stacked)))
+    assert layer is model.layers[-1]
+    assert len(pickle.loads(pickle.dumps(stacked.layers))) == 300
+    assert copy.deepcopy(residual.layers[-1].output).shape == (None, 1)
     copied = copy.deepcopy(residual)
     features = ot.Model(copied.layers[0].input, copied.layers[5].output)
     np.testing.assert_array_equal(features.predict(a), ot.Model(residual.layers[0].input,

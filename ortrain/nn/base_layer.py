@@ -14,7 +14,7 @@ from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 from ortrain.graph.activations import sigmoid
-from ortrain.nn.symbolic import SymbolicTensor
+from ortrain.nn.symbolic import SymbolicTensor, ordered_state, unordered_state
 
 __all__ = ["ACTIVATIONS", "EDITS", "EmitContext", "Layer", "Weights"]
 
@@ -389,6 +389,12 @@ class Layer:
             raise OrtrainError(f"layer {self.name or type(self).__name__!r} has not been called on a tensor yet: it has "
                                "no input or output; call it, layer(ot.Input(shape)), or use it in a model")
         return called
+
+    def __getstate__(self) -> dict:
+        return ordered_state(self.__dict__, (), [self])  # see ordered_state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(unordered_state(state))
 
     def __repr__(self) -> str:
         try:

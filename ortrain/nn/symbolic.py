@@ -3,6 +3,8 @@ layer calls add (``_Node``), ``Input`` and the dependency order a model runs the
 
 from __future__ import annotations
 
+import collections
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,6 +52,12 @@ class SymbolicTensor:
     def __repr__(self) -> str:
         return f"SymbolicTensor(shape={describe_shape(self.shape)}, dtype={self.dtype.name})"
 
+    def __getstate__(self) -> dict:
+        return ordered_state(self.__dict__, [self])  # see ordered_state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(unordered_state(state))
+
 
 @names_unknown_arguments_of
 def Input(shape, dtype="float32", name: str | None = None) -> SymbolicTensor:  # noqa: N802 - Keras' name
@@ -86,13 +94,82 @@ def _first_call_tensors(layer) -> list[SymbolicTensor]:
     return [*(inputs if isinstance(inputs, list) else [inputs]), output]
 
 
-def tensors_in_order(tensors, layers=()) -> list[SymbolicTensor]:
+def tensors_in_order(tensors, layers=(), taken=frozenset(), nearest: int | None = None) -> list[SymbolicTensor]:
     """Every tensor that ``tensors`` and the first calls of ``layers`` lead to (through the layers'
-    inputs and their first calls), each after those it is computed from. A pickle or deep copy
-    that takes them in this order first recurses one layer deep at a time; through the chain of
-    a deep model's tensors, it overflowed Python's stack from some 80 layers on."""
+    inputs and their first calls), each after those it is computed from, short of those whose id
+    is in ``taken`` and what leads to them; with ``nearest``, only that many, the nearest ones."""
+    def inputs_of(t):
+        return [*t.node.inputs, *_first_call_tensors(t.node.layer)] if t.node and id(t) not in taken else ()
     roots = [*tensors, *(t for lyr in layers for t in _first_call_tensors(lyr))]
-    return post_order(roots, lambda t: [*t.node.inputs, *_first_call_tensors(t.node.layer)] if t.node else ())
+    if nearest is not None:  # breadth first from the roots
+        near, queue = {}, collections.deque(roots)
+        while queue and len(near) < nearest:
+            t = queue.popleft()
+            if id(t) not in near:
+                near[id(t)] = t
+                queue.extend(inputs_of(t))
+        inputs_of_all = inputs_of
+
+        def inputs_of(t):
+            return [i for i in inputs_of_all(t) if id(i) in near]
+    return [t for t in post_order(roots, inputs_of) if id(t) not in taken]
+
+
+# A pickle or deep copy of a model, a layer or a tensor recursed through the chain of tensors and
+# layers before it, and overflowed Python's stack from some 80 layers on. Their states list those
+# tensors first, each after those it is computed from, so that the copy recurses one layer deep at
+# a time; the tensors a copy in progress has listed are not listed again by the states inside it
+# (which would cost the whole chain for each layer) until the mark at the end of the state that
+# listed them is copied. A model lists all of its tensors; a layer or a tensor the nearest NEAREST
+# (each of those lists the next ones in turn: one more level of recursion every NEAREST tensors,
+# and a list of a deep model's layers copied in linear time).
+NEAREST = 64
+_ORDER, _END = "_tensors_in_order", "_end_of_tensors_in_order"
+_listed = threading.local()  # ids of the tensors listed by the states being copied in this thread
+
+
+def ordered_state(state: dict, tensors=(), layers=(), nearest: int | None = NEAREST) -> dict:
+    """``state`` (an object's, for a copy) with the tensors ``tensors`` and ``layers`` lead to listed
+    first (the ``nearest``, or all with None), and the mark that ends their listing last;
+    :func:`unordered_state` takes both out."""
+    taken = getattr(_listed, "ids", None)
+    if taken is None:
+        taken = _listed.ids = set()
+    order = tensors_in_order(tensors, layers, taken, nearest)
+    if not order:
+        return state
+    ids = frozenset(id(t) for t in order)
+    taken |= ids
+    return {_ORDER: order, **state, _END: _EndOfOrder(ids)}
+
+
+def unordered_state(state: dict) -> dict:
+    state = dict(state)
+    state.pop(_ORDER, None)
+    end = state.pop(_END, None)
+    if end is not None:  # copy.copy hands the state over as it is: the mark was not copied
+        end.end()
+    return state
+
+
+class _EndOfOrder:
+    """Copied last of a state: the tensors its state listed may be listed again."""
+
+    def __init__(self, ids=frozenset()):
+        self.ids = ids
+
+    def end(self) -> None:
+        taken = getattr(_listed, "ids", None)
+        if taken is not None:
+            taken -= self.ids
+
+    def __reduce__(self):
+        self.end()
+        return _EndOfOrder, ()
+
+    def __deepcopy__(self, memo):
+        self.end()
+        return _EndOfOrder()
 
 
 def _topological(outputs: list[SymbolicTensor]) -> tuple[list[_Node], list[SymbolicTensor]]:

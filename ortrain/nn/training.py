@@ -35,7 +35,7 @@ from ortrain.graph.forward import to_inference, with_weights
 from ortrain.graph.shapes import output_shape_at
 from ortrain.history import History
 from ortrain.nn.base_layer import EDITS, sync_live
-from ortrain.nn.symbolic import tensors_in_order
+from ortrain.nn.symbolic import ordered_state, unordered_state
 
 if TYPE_CHECKING:
     from ortrain.nn.base_model import Model
@@ -71,9 +71,6 @@ def _live_or_none(read):
         return None
 
 
-_TENSOR_ORDER = "_tensors_in_order"  # the key under which a copy's state lists its tensors first
-
-
 class TrainingMixin:
     """Training, prediction and evaluation for :class:`~ortrain.nn.base_model.Model`, with the
     state they keep on the model."""
@@ -104,10 +101,8 @@ class TrainingMixin:
 
     def _state_now(self) -> dict:
         sync_live(self)  # a copy taken during a fit holds its trained weights
-        # the model's tensors first, in order: see tensors_in_order
-        order = tensors_in_order([*self.__dict__.get("_inputs", ()), *self.__dict__.get("_outputs", ())],
-                                 self.__dict__.get("layers", ()))
-        state = {_TENSOR_ORDER: order, **self.__dict__}
+        state = ordered_state(self.__dict__, [*self.__dict__.get("_inputs", ()), *self.__dict__.get("_outputs", ())],
+                              self.__dict__.get("layers", ()), nearest=None)  # see ordered_state
         state["_runners"] = {}
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = state["_live_pair"] = None
         state.pop("_fit_thread", None)  # a copy is not fitting
@@ -139,8 +134,7 @@ class TrainingMixin:
         return new
 
     def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        state.pop(_TENSOR_ORDER, None)
+        state = unordered_state(state)
         self.__dict__.update(state)
         if "_layer_frozen_stats" not in state:  # pickled before frozen layers' statistics were kept apart
             self._layer_frozen_stats = self._frozen_layer_stats()
