@@ -708,3 +708,7 @@ def test_a_weight_too_large_to_hold_is_refused_with_its_size():
             ot.Sequential([layer()], input_shape=(4,), input_dtype="int64" if shape[1] == 4 else None)
     with pytest.raises(ot.OrtrainError, match=r"^a Dense layer: a weight of shape \(3, 1000000000000\)"):
         ot.Sequential([ot.layers.Dense(3), ot.layers.Dense(10**12)], input_shape=(4,))
+    for norm in (ot.layers.BatchNorm, ot.layers.LayerNorm):  # numpy's raw MemoryError
+        with pytest.raises(ot.OrtrainError, match=rf"^a {norm.__name__} layer: its weights for inputs "
+                                                  r"\(N, 1000000000000\) are more than this machine can allocate"):
+            ot.Sequential([norm()], input_shape=(10**12,))

@@ -266,9 +266,12 @@ class Layer:
             self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
         except BaseException as exc:
             self.unbuild()
+            which = f"layer {self.name!r} ({type(self).__name__})" if self.name else f"a {type(self).__name__} layer"
             if isinstance(exc, _TooLarge):
-                which = f"layer {self.name!r} ({type(self).__name__})" if self.name else f"a {type(self).__name__} layer"
                 raise OrtrainError(f"{which}: {exc}") from None
+            if isinstance(exc, MemoryError):  # a batch norm's statistics of a huge channel count
+                raise OrtrainError(f"{which}: its weights for inputs {', '.join(describe_shape(s) for s in input_shapes)} are "
+                                   "more than this machine can allocate (MemoryError); give it smaller inputs") from None
             raise
         finally:
             del self._stack_seed
