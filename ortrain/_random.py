@@ -13,7 +13,9 @@ _rng = np.random.default_rng()
 
 @names_unknown_arguments_of
 def set_seed(seed: int | None) -> None:
-    """Seed ortrain's generator (weights, shuffling, dropout seeds); ``None`` re-randomises."""
+    """Seed ortrain's generator (weights, shuffling, dropout seeds) for what is drawn from now on:
+    call it before building a model, whose unseeded dropout layers take their seeds when built;
+    ``None`` re-randomises."""
     global _seed, _rng
     _seed = checked_int(seed, "set_seed", minimum=0, allow_none=True)
     _rng = np.random.default_rng(_seed)

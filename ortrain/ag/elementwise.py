@@ -10,7 +10,7 @@ from onnx import TensorProto
 from ortrain._arrays import checked_seed, is_real, one_of_two_names, read_array
 from ortrain._random import draw_seed
 from ortrain.ag._checks import LAST_AXIS, _axis, _either, _float, _node, as_tensor, broadcast
-from ortrain.ag.tensor import FLOAT, INT, Tensor
+from ortrain.ag.tensor import FLOAT, INT, RECORDING, Tensor
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.graph import MS_DOMAIN
 from ortrain.graph.activations import sigmoid as graph_sigmoid
@@ -255,8 +255,8 @@ def dropout(x, rate: float = 0.5, *, p: float | None = None, seed: int | None = 
     seed = checked_seed(seed, "dropout(seed=...)")
     if rate == 0:
         return x
-    if seed is None:
-        seed = draw_seed()
+    if seed is None:  # a forward-only capture draws no masks, and leaves ot.set_seed's generator alone
+        seed = draw_seed() if getattr(RECORDING, "training", True) else 0
 
     def emit(gb, names):
         ratio = gb.const(float(rate), hint="ratio")

@@ -98,15 +98,15 @@ def _outputs(result, training: bool, where: str) -> tuple[dict[str, Tensor], boo
 def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Traced:
     """Record ``fn(**inputs)`` with inputs shaped like ``arrays`` and emit its ONNX graph."""
     inputs = {n: Input(n, a.shape, a.dtype) for n, a in arrays.items()}
-    outer = getattr(RECORDING, "where", None)
-    RECORDING.where = where
+    outer = getattr(RECORDING, "where", None), getattr(RECORDING, "training", True)
+    RECORDING.where, RECORDING.training = where, training
     depth = RECORDING_DEPTH[0]
     RECORDING_DEPTH[0] = depth + 1  # (under TURNS, as every recording)
     try:
         result = fn(**inputs)
     finally:
         RECORDING_DEPTH[0] = depth  # (not a decrement: a child forked inside fn starts again from 0)
-        RECORDING.where = outer
+        RECORDING.where, RECORDING.training = outer
     outputs, returns_dict = _outputs(result, training, where)
     order = topological_order(list(outputs.values()))
 

@@ -104,6 +104,12 @@ def model_record(model, with_weights: bool = True) -> tuple[dict, dict | None, d
     record["_extra"] = sorted(extra)
     from ortrain.nn.model import Sequential
     record["sequential"] = isinstance(model, Sequential)
+    if record["sequential"] and model.__dict__.get("_seed") is not None and "_pending" in model.__dict__:
+        # a seeded stack: layers added after a load or copy draw what they would have drawn here
+        index = {id(lyr): i for i, lyr in enumerate(model.layers)}
+        record["stack"] = {"seed": model._seed, "rng": model._rng.bit_generator.state,
+                           "drawn_before": sorted([index[k], s] for k, s in model.__dict__.get("_drawn_before", {}).items()
+                                                  if k in index)}
     return record, weights, {"opt": opt_arrays, "extra": extra}
 
 
@@ -157,6 +163,12 @@ def model_from_record(record: dict, weights: dict, aux: dict):
         model = Model(inputs, [ref(r) for r in record["outputs"]], name=_saved_name(record))
         if record.get("sequential"):
             model.__class__ = Sequential
+            stack = record.get("stack")
+            if stack is not None:  # as Sequential._adopt, keeping the saved stack's seed and draws
+                model._pending, model._seed = (model._inputs[0], None, None, model.name), stack["seed"]
+                model._rng = np.random.default_rng(stack["seed"])
+                model._rng.bit_generator.state = stack["rng"]
+                model._drawn_before = {id(layers[i]): s for i, s in stack["drawn_before"]}
         missing = sorted(set(model.weight_names()) - set(weights))
         if missing:
             raise OrtrainError(f"saved model lacks weights {missing}")

@@ -130,6 +130,9 @@ class TrainingMixin:
         state = self.__getstate__()
         if state.get("optimizer") is not None:
             state["optimizer"] = copy.copy(state["optimizer"])
+        for key in ("_rng", "_drawn_before"):  # a seeded Sequential's stack: the copy's add() draws its own
+            if key in state:
+                state[key] = copy.deepcopy(state[key])
         new.__setstate__(state)
         return new
 
