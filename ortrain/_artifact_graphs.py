@@ -26,6 +26,7 @@ from ortrain.graph.gradient_ops import (
     refuse_empty_pool_windows,
     refuse_recurrent_forms,
 )
+from ortrain.graph.passes import all_nodes
 
 LABEL = "ortrain.label"
 SAMPLE_WEIGHT = "ortrain.sample_weight"
@@ -40,12 +41,26 @@ def _check_weighting(weighting) -> None:
         raise OrtrainError(f"weighting: expected None, 'sample' or 'element', received {weighting!r}")
 
 
+QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+                 "MatMulInteger", "ConvInteger")
+
+
+def _refuse_quantized(fg: ForwardGraph) -> None:
+    """A quantized model (QDQ or QLinear nodes) predicts; onnxruntime-training's QDQ pass fails on it
+    with an internal message, and no gradient crosses its quantization."""
+    quantized = sorted({n.op_type for n in all_nodes(fg.proto.graph) if n.op_type in QUANTIZED_OPS})
+    if quantized:
+        raise OrtrainError(f"the model is quantized ({', '.join(quantized)} nodes): onnxruntime-training cannot "
+                           "train it (it predicts); train the float model, then quantize it")
+
+
 def _check_trainable(fg: ForwardGraph) -> None:
     if not fg.params:
         raise OrtrainError("nothing to train: the model has no weights; add a layer that has some. Of an imported "
                            "model ortrain trains the float32 initializers of rank 1 or more that a gradient reaches "
                            "(a float32 scalar where from_onnx's trainable= names it); float16 and float64 "
-                           "initializers stay constants (export such a model in float32)")
+                           "initializers stay constants (export such a model in float32), and so do weights "
+                           "written as Constant nodes (store them as initializers)")
     if not fg.names("trainable"):
         raise OrtrainError("nothing to train: every weight is frozen or a buffer; unfreeze some weights "
                            "(model.unfreeze(...), or layer.trainable = True for layers set trainable=False)")

@@ -43,6 +43,7 @@ from ortrain._artifact_graphs import (
     _check_weighting,
     _forward_graph,
     _freeze_unreachable,
+    _refuse_quantized,
     _weights_digest,
     _write,
 )
@@ -357,7 +358,9 @@ def _build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, traina
     if out_dir is not None and (not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir)):
         raise OrtrainError(f"out_dir: expected a directory path (str or os.PathLike) or None for the cache, "
                            f"received {out_dir!r}")
-    fg = _freeze_unreachable(_forward_graph(model_or_onnx, trainable, frozen))
+    fg = _forward_graph(model_or_onnx, trainable, frozen)
+    _refuse_quantized(fg)
+    fg = _freeze_unreachable(fg)
     _check_trainable(fg)
     loss = losses.get(loss)
     opt = optim.get(optimizer)

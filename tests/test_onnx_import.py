@@ -949,3 +949,48 @@ def test_a_float64_or_float16_model_says_why_it_cannot_train(elem, tmp_path):
     with pytest.raises(ot.OrtrainError, match=rf"the outputs are 'out' \({name}\)\. Export the model in float32"):
         model.compile(optimizer="sgd", loss="mse")
     assert model.optimizer is None
+
+
+def test_files_from_the_wild_declared_rank_duplicate_names_and_quantized_models(rng, tmp_path):
+    # An output declared (N, 1, 3) that computes (N, 3) took labels of the declared shape, which the
+    # loss broadcast against the predictions (every sample's label against every prediction: 1.2362
+    # where the rows paired give 1.2187); two nodes of one name imported and then failed in
+    # onnxruntime; a quantized model failed training inside onnxruntime's QDQ pass.
+    import onnxruntime as ort
+    w = (rng.standard_normal((4, 3)) * 0.5).astype(np.float32)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    y = rng.standard_normal((5, 3)).astype(np.float32)
+    declared = _model([helper.make_node("MatMul", ["x", "w"], ["o"])], [_vi("x", ["N", 4])], [_vi("o", ["N", 1, 3])],
+                      [numpy_helper.from_array(w, "w")])
+    with pytest.warns(UserWarning, match=r"output 'o' is declared with shape \(N, 1, 3\) but computes \(N, 3\)"):
+        model = ot.from_onnx(declared)
+    assert model.output_specs[0].shape == (None, 3)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=5) as tr:
+        assert tr.step(x, y) == pytest.approx(np.mean((x @ w - y) ** 2), rel=1e-6)
+        np.testing.assert_allclose(tr.get_weights()[0], w - 0.1 * 2 * x.T @ (x @ w - y) / y.size, atol=1e-6)
+    twice = _model([helper.make_node("MatMul", ["x", "w"], ["h"], name="n"),
+                    helper.make_node("Relu", ["h"], ["r"], name="n"),
+                    helper.make_node("MatMul", ["r", "v"], ["o"], name="n_1")],
+                   [_vi("x", ["N", 4])], [_vi("o", ["N", 3])],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w[:3].copy(), "v")])
+    model = ot.from_onnx(twice)
+    np.testing.assert_allclose(model.predict(x), np.maximum(x @ w, 0) @ w[:3], rtol=1e-6)
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, y, batch_size=5, verbose=0)
+    saved = onnx.load(model.export_onnx(tmp_path / "twice.onnx"))
+    assert [n.name for n in saved.graph.node] == ["n", "n_2", "n_1"]
+    session = ort.InferenceSession(str(tmp_path / "twice.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], model.predict(x), rtol=1e-6)
+    quantized = _model([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                        helper.make_node("QuantizeLinear", ["h", "s", "z"], ["q"]),
+                        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["o"])],
+                       [_vi("x", ["N", 4])], [_vi("o", ["N", 3])],
+                       [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+                        numpy_helper.from_array(np.array(0, np.uint8), "z")])
+    model = ot.from_onnx(quantized)
+    assert model.predict(x).shape == (5, 3)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.OrtrainError, match=r"the model is quantized \(DequantizeLinear, QuantizeLinear nodes\): "
+                                              r"onnxruntime-training cannot train it \(it predicts\)"):
+        model.fit(x, y, verbose=0)

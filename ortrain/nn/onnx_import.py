@@ -901,10 +901,20 @@ def _check_shapes(fg) -> None:
         reason = " ".join(str(exc).split())
         raise ShapeError(f"the model's shapes or types do not fit together: {reason}; fix the model or its "
                          "export") from None
+    computed = {o.name: o.type.tensor_type for o in inferred.graph.output}
     found = {o.name: o.type.tensor_type.shape.dim for o in inferred.graph.output}
     free = {d.dim_param for vi in fg.proto.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
     for out in fg.proto.graph.output:
         dims, known = out.type.tensor_type.shape.dim, found.get(out.name)
+        if known is not None and len(known) != len(dims) and out.type.tensor_type.HasField("shape") and \
+                computed[out.name].HasField("shape"):
+            # declared (N, 1, 3), computing (N, 3): labels of the declared shape broadcast against the
+            # predictions (every sample's label against every prediction); onnxruntime returns the computed
+            warn(f"from_onnx: output {out.name!r} is declared with shape {_dims_text(dims)} but computes "
+                 f"{_dims_text(known)} from the inputs and weights; the computed shape is taken, as onnxruntime "
+                 "takes it")
+            out.type.tensor_type.shape.CopyFrom(computed[out.name].shape)
+            continue
         if known is None or len(known) != len(dims):
             continue
         for i, (d, k) in enumerate(zip(dims, known)):
@@ -917,6 +927,28 @@ def _check_shapes(fg) -> None:
     if len(kept) != len(fg.proto.graph.value_info):
         del fg.proto.graph.value_info[:]
         fg.proto.graph.value_info.extend(kept)
+
+
+def _unique_node_names(proto: onnx.ModelProto) -> None:
+    """A node named as an earlier one gets a numbered name (``name_1``): onnxruntime refuses a graph
+    holding two nodes of one name, which the file's checker lets through; unnamed nodes stay so."""
+    nodes = list(all_nodes(proto.graph))
+    taken = {n.name for n in nodes if n.name}
+    seen: set[str] = set()
+    for node in nodes:
+        if not node.name:
+            continue
+        if node.name in seen:
+            k = 1
+            while f"{node.name}_{k}" in taken:
+                k += 1
+            node.name = f"{node.name}_{k}"
+            taken.add(node.name)
+        seen.add(node.name)
+
+
+def _dims_text(dims) -> str:
+    return "(" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims) + ")"
 
 
 def _differs(declared, inferred, free: set[str]) -> bool:
@@ -1020,6 +1052,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     from ortrain.nn.graph_model import GraphModel
     checked_model_name(name, "from_onnx")
     proto = load_untrusted(model)
+    _unique_node_names(proto)
     _refuse_outputs_that_are_no_tensors(proto)
     folded = folded_constants(proto)
     buffers, tensors_of_torch = torch_buffers(proto), torch_tensors(proto)
