@@ -114,8 +114,10 @@ def _layer_norm_decomposed(node, i: int, p: str, g: _Graph):
     if shape is None:
         raise UnsupportedOpError(f"LayerNormalization node {node.name or i!r} has weights onnxruntime-training's "
                                  "gradient cannot take (constant or shared), or its statistics are read, and its "
-                                 "input's rank is not known, so ortrain cannot write it out in plain ops. Export "
-                                 "with known ranks")
+                                 f"input's rank is not known, so ortrain cannot write it out in plain ops. Export "
+                                 f"with known ranks, or give the file a value_info of {node.input[0]!r} with its shape "
+                                 "(onnx's shape inference stops at ops it does not know, such as com.microsoft ones "
+                                 "an onnxruntime-optimized file holds)")
     rank = len(shape)
     axes = list(range(attribute(node, "axis", -1) % rank, rank))
     eps = attribute(node, "epsilon", 1e-5)
