@@ -16,7 +16,7 @@ from ortrain._arrays import sample_weight_shape
 from ortrain._manifest import FORMAT, finish, versions
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
-from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model
+from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model, opsets
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend, reserved_input_name
 from ortrain.graph.gradient_forms import for_training
 from ortrain.graph.gradient_ops import (
@@ -41,17 +41,23 @@ def _check_weighting(weighting) -> None:
         raise OrtrainError(f"weighting: expected None, 'sample' or 'element', received {weighting!r}")
 
 
-QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
-                 "MatMulInteger", "ConvInteger")
-
-
 def _refuse_quantized(fg: ForwardGraph) -> None:
-    """A quantized model (QDQ or QLinear nodes) predicts; onnxruntime-training's QDQ pass fails on it
-    with an internal message, and no gradient crosses its quantization."""
-    quantized = sorted({n.op_type for n in all_nodes(fg.proto.graph) if n.op_type in QUANTIZED_OPS})
-    if quantized:
-        raise OrtrainError(f"the model is quantized ({', '.join(quantized)} nodes): onnxruntime-training cannot "
-                           "train it (it predicts); train the float model, then quantize it")
+    """Below opset 21 onnxruntime-training's QDQ pass turns each ``QuantizeLinear`` into fake
+    quantization for quantization-aware training, and fails with an internal message on every
+    form ortrain hands it (a pair on an activation, a ``QuantizeLinear`` feeding a QLinear op).
+    Weight-only quantized models (a ``DequantizeLinear`` of a constant weight) train; a gradient
+    that would cross a quantized op is refused by name where the graphs are built."""
+    opset = opsets.default_opset(fg.proto)
+    if opset >= 21:  # the pass matches QuantizeLinear of versions 10, 13 and 19 only
+        return
+    quantize = [n.name or f"QuantizeLinear#{i}" for i, n in enumerate(all_nodes(fg.proto.graph))
+                if n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx")]
+    if quantize:
+        shown = ", ".join(quantize[:5]) + (f" and {len(quantize) - 5} more" if len(quantize) > 5 else "")
+        raise OrtrainError(f"the model quantizes activations (QuantizeLinear nodes: {shown}): onnxruntime-training "
+                           f"1.19.2 cannot train it at opset {opset} (its quantization-aware-training pass fails on "
+                           "it; the model predicts); train the float model, then quantize it. Weight-only "
+                           "quantized models (DequantizeLinear of constant weights) train")
 
 
 def _check_trainable(fg: ForwardGraph) -> None:

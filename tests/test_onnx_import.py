@@ -991,6 +991,53 @@ def test_files_from_the_wild_declared_rank_duplicate_names_and_quantized_models(
     model = ot.from_onnx(quantized)
     assert model.predict(x).shape == (5, 3)
     model.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(ot.OrtrainError, match=r"the model is quantized \(DequantizeLinear, QuantizeLinear nodes\): "
-                                              r"onnxruntime-training cannot train it \(it predicts\)"):
+    with pytest.raises(ot.OrtrainError, match=r"the model quantizes activations \(QuantizeLinear nodes: "
+                                              r"QuantizeLinear#1\): onnxruntime-training 1.19.2 cannot train it at "
+                                              r"opset 17 .*train the float model, then quantize it"):
         model.fit(x, y, verbose=0)
+
+
+def _quantized_twins(rng, opset, quantize_input):
+    """A model whose first weight is stored int8 (DequantizeLinear of a constant) and, with
+    ``quantize_input``, whose input passes a QuantizeLinear -> DequantizeLinear pair; and its float
+    twin, the int8 weight dequantized by numpy (the input is fake-quantized by the caller)."""
+    wq = rng.integers(-100, 100, (4, 8)).astype(np.int8)
+    v = (rng.standard_normal((8, 3)) * 0.3).astype(np.float32)
+    scale = np.array(0.02, np.float32)
+    inits = [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(scale, "ws"),
+             numpy_helper.from_array(np.array(0, np.int8), "wz"), numpy_helper.from_array(v, "v"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
+             numpy_helper.from_array(np.array(3, np.int8), "xz")]
+    first = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"])] if quantize_input else []
+    nodes = [*first, helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"]),
+             helper.make_node("MatMul", ["xd" if quantize_input else "x", "w"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "v"], ["o"])]
+    quantized = _model(nodes, [_vi("x", ["N", 4])], [_vi("o", ["N", 3])], inits, opset=opset)
+    twin = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                   helper.make_node("MatMul", ["r", "v"], ["o"])], [_vi("x", ["N", 4])], [_vi("o", ["N", 3])],
+                  [numpy_helper.from_array(wq.astype(np.float32) * scale, "w"), numpy_helper.from_array(v, "v")])
+    return quantized, twin
+
+
+@pytest.mark.parametrize("opset, quantize_input", [(17, False), (21, False), (21, True)])
+def test_weight_only_quantized_and_opset_21_qdq_models_train_as_their_float_twins(rng, opset, quantize_input):
+    # A DequantizeLinear of a constant int8 weight (a weight-only quantized model) was refused as a
+    # quantized model, where it trains: its float weights move as in the float model whose constant
+    # weight numpy dequantized. From opset 21 onnxruntime's quantization-aware-training pass leaves a
+    # QuantizeLinear alone, and a quantized input trains as the input quantized by numpy.
+    quantized, twin = _quantized_twins(rng, opset, quantize_input)
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    y = rng.standard_normal((16, 3)).astype(np.float32)
+    fed = np.clip(np.round(x / np.float32(0.05)) + 3, -128, 127).astype(np.float32) * np.float32(0.05) - \
+        np.float32(3 * 0.05) if quantize_input else x
+    losses = []
+    for proto, data in ((quantized, x), (twin, fed)):
+        model = ot.from_onnx(proto, trainable=["v"])
+        model.compile(optimizer="adam", loss="mse")
+        losses.append(model.fit(data, y, batch_size=8, epochs=3, shuffle=False, verbose=0).history["loss"])
+        trained = model.get_weights()[-1]
+        if proto is quantized:
+            got = trained
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    np.testing.assert_allclose(got, trained, atol=1e-6)
