@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +26,12 @@ class _Node:
 
     def __init__(self, layer, inputs, output):
         self.layer, self.inputs, self.output = layer, inputs, output
+
+    def __getstate__(self) -> tuple:  # pickle protocols 0 and 1 take __slots__ only this way
+        return self.layer, self.inputs, self.output
+
+    def __setstate__(self, state: tuple) -> None:
+        self.layer, self.inputs, self.output = state
 
 
 class SymbolicTensor:
@@ -125,22 +132,30 @@ def tensors_in_order(tensors, layers=(), taken=frozenset(), nearest: int | None 
 # and a list of a deep model's layers copied in linear time).
 NEAREST = 64
 _ORDER, _END = "_tensors_in_order", "_end_of_tensors_in_order"
-_listed = threading.local()  # ids of the tensors listed by the states being copied in this thread
+# In this thread, the ids of the tensors listed by states being copied, each to the (weak reference
+# to the) mark that ends its listing. A copy that fails half-way never copies its marks: they are
+# dropped with its states, and their entries with them, so no later copy finds them taken.
+_listed = threading.local()
+
+
+def _marks() -> dict:
+    marks = getattr(_listed, "marks", None)
+    if marks is None:
+        marks = _listed.marks = {}
+    return marks
 
 
 def ordered_state(state: dict, tensors=(), layers=(), nearest: int | None = NEAREST) -> dict:
     """``state`` (an object's, for a copy) with the tensors ``tensors`` and ``layers`` lead to listed
     first (the ``nearest``, or all with None), and the mark that ends their listing last;
     :func:`unordered_state` takes both out."""
-    taken = getattr(_listed, "ids", None)
-    if taken is None:
-        taken = _listed.ids = set()
-    order = tensors_in_order(tensors, layers, taken, nearest)
+    marks = _marks()
+    order = tensors_in_order(tensors, layers, marks, nearest)
     if not order:
         return state
-    ids = frozenset(id(t) for t in order)
-    taken |= ids
-    return {_ORDER: order, **state, _END: _EndOfOrder(ids)}
+    mark = _EndOfOrder()
+    mark.listing(marks, frozenset(id(t) for t in order))
+    return {_ORDER: order, **state, _END: mark}
 
 
 def unordered_state(state: dict) -> dict:
@@ -155,13 +170,22 @@ def unordered_state(state: dict) -> dict:
 class _EndOfOrder:
     """Copied last of a state: the tensors its state listed may be listed again."""
 
-    def __init__(self, ids=frozenset()):
-        self.ids = ids
+    def __init__(self):
+        self._end = None
+
+    def listing(self, marks: dict, ids: frozenset) -> None:
+        def end(_=None):
+            for i in ids:
+                if marks.get(i) is ref:  # not where a later state listed it again
+                    del marks[i]
+        ref = weakref.ref(self, end)
+        for i in ids:
+            marks[i] = ref
+        self._end = end
 
     def end(self) -> None:
-        taken = getattr(_listed, "ids", None)
-        if taken is not None:
-            taken -= self.ids
+        if self._end is not None:
+            self._end()
 
     def __reduce__(self):
         self.end()

@@ -103,6 +103,9 @@ class TrainingMixin:
         sync_live(self)  # a copy taken during a fit holds its trained weights
         state = ordered_state(self.__dict__, [*self.__dict__.get("_inputs", ()), *self.__dict__.get("_outputs", ())],
                               self.__dict__.get("layers", ()), nearest=None)  # see ordered_state
+        drawn = state.get("_drawn_before")
+        if drawn:  # a seeded Sequential's stack, by layer: the copy's pop() rewinds at its own layers
+            state["_drawn_before"] = [(lyr, drawn[id(lyr)]) for lyr in self.layers if id(lyr) in drawn]
         state["_runners"] = {}
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = state["_live_pair"] = None
         state.pop("_fit_thread", None)  # a copy is not fitting
@@ -130,14 +133,17 @@ class TrainingMixin:
         state = self.__getstate__()
         if state.get("optimizer") is not None:
             state["optimizer"] = copy.copy(state["optimizer"])
-        for key in ("_rng", "_drawn_before"):  # a seeded Sequential's stack: the copy's add() draws its own
-            if key in state:
-                state[key] = copy.deepcopy(state[key])
+        if "_rng" in state:  # a seeded Sequential's stack: the copy's add() draws its own
+            state["_rng"] = copy.deepcopy(state["_rng"])
+        if isinstance(state.get("_drawn_before"), list):
+            state["_drawn_before"] = [(lyr, copy.deepcopy(drawn)) for lyr, drawn in state["_drawn_before"]]
         new.__setstate__(state)
         return new
 
     def __setstate__(self, state: dict) -> None:
         state = unordered_state(state)
+        if isinstance(state.get("_drawn_before"), list):
+            state["_drawn_before"] = {id(lyr): drawn for lyr, drawn in state["_drawn_before"]}
         self.__dict__.update(state)
         if "_layer_frozen_stats" not in state:  # pickled before frozen layers' statistics were kept apart
             self._layer_frozen_stats = self._frozen_layer_stats()
