@@ -985,6 +985,25 @@ def test_model_checkpoint_names_a_validation_value_a_callback_logs_without_valid
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m-1-0.5", "m-2-0.6"]
 
 
+def test_model_checkpoint_reads_the_direction_when_save_best_only_is_set_after_construction(tmp_path):
+    # ModelCheckpoint(monitor="val_f1") then save_best_only = True minimised the F1 score (a worse
+    # one saved) without a word; set in the constructor it is refused
+    model = sgd_model()
+    before = model.get_weights()
+    late = ot.callbacks.ModelCheckpoint(tmp_path / "best", monitor="val_f1")
+    late.save_best_only = True
+    with pytest.raises(ot.OrtrainError, match=r"ModelCheckpoint\(monitor='val_f1', mode='auto'\): cannot tell "
+                                              r"whether 'val_f1' improves"):
+        ot.fit_generator(model, batches(1, 4), epochs=1, verbose=0, callbacks=[late])
+    assert not list(tmp_path.iterdir())
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    late = ot.callbacks.ModelCheckpoint(tmp_path / "best", monitor="loss")
+    late.save_best_only = True
+    ot.fit_generator(model, batches(1, 4), epochs=2, verbose=0, callbacks=[late])
+    assert late.saved and set(late.saved) == {str(tmp_path / "best")}
+
+
 def test_a_callback_refusing_the_fit_leaves_what_earlier_callbacks_would_have_changed(tmp_path):
     # Every callback's checks run before any on_train_begin: CSVLogger has not truncated its file,
     # and the model has no optimizer state, when a ModelCheckpoint listed after it is refused.

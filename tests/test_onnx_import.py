@@ -965,6 +965,10 @@ def test_files_from_the_wild_declared_rank_duplicate_names_and_quantized_models(
     with pytest.warns(UserWarning, match=r"output 'o' is declared with shape \(N, 1, 3\) but computes \(N, 3\)"):
         model = ot.from_onnx(declared)
     assert model.output_specs[0].shape == (None, 3)
+    fixed = _model([helper.make_node("MatMul", ["x", "w"], ["o"])], [_vi("x", [5, 4])], [_vi("o", [5, 1, 3])],
+                   [numpy_helper.from_array(w, "w")])
+    with pytest.warns(UserWarning, match=r"output 'o' is declared with shape \(5, 1, 3\) but computes"):
+        ot.from_onnx(fixed)  # the file's declaration, not the freed batch's name
     model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
     with ot.Trainer(model, batch_size=5) as tr:
         assert tr.step(x, y) == pytest.approx(np.mean((x @ w - y) ** 2), rel=1e-6)

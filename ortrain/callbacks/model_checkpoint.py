@@ -70,6 +70,7 @@ class ModelCheckpoint(Callback):
         self.save_model = None if save_model is None else checked_flag(save_model, "ModelCheckpoint(save_model=...)")
         # the direction matters only to save_best_only (every epoch saves without it, whatever the name)
         self.monitor = Monitor(monitor, mode, 0.0, "ModelCheckpoint", compares=self.save_best_only)
+        self._mode = mode
         threshold = check_threshold(initial_value_threshold, "initial_value_threshold", "ModelCheckpoint",
                                     "the value the first save must beat")
         if threshold is not None:
@@ -91,6 +92,8 @@ class ModelCheckpoint(Callback):
         # without validation data or a folder is refused now, before anything trains (a name another
         # callback may add to the logs is looked up at the epoch's end).
         logged = dict.fromkeys(self.params.get("metrics") or (), 0.0)
+        if self.save_best_only and self.__dict__.get("_mode") == "auto":  # set after construction
+            Monitor(self.monitor.name, "auto", 0.0, "ModelCheckpoint", compares=True)  # refuses a name it cannot read
         self._check_validation_freq()
         try:
             path = self.filepath.format(epoch=1, **logged)

@@ -877,7 +877,7 @@ def _warn_random_outside_training(proto: onnx.ModelProto) -> None:
              "model for inference from PyTorch's eval mode", UserWarning)
 
 
-def _check_shapes(fg) -> None:
+def _check_shapes(fg, declared: dict | None = None) -> None:
     """Shapes and types that cannot fit together (a ``MatMul`` of 4 columns into 5 rows, an int64
     tensor into a float op) are refused here, naming the node, instead of failing later in the
     runtime's gradient builder without saying where.
@@ -910,7 +910,8 @@ def _check_shapes(fg) -> None:
                 computed[out.name].HasField("shape"):
             # declared (N, 1, 3), computing (N, 3): labels of the declared shape broadcast against the
             # predictions (every sample's label against every prediction); onnxruntime returns the computed
-            warn(f"from_onnx: output {out.name!r} is declared with shape {_dims_text(dims)} but computes "
+            shown = (declared or {}).get(out.name) or _dims_text(dims)  # the file's, before the batch was freed
+            warn(f"from_onnx: output {out.name!r} is declared with shape {shown} but computes "
                  f"{_dims_text(known)} from the inputs and weights; the computed shape is taken, as onnxruntime "
                  "takes it")
             out.type.tensor_type.shape.CopyFrom(computed[out.name].shape)
@@ -1052,6 +1053,8 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     from ortrain.nn.graph_model import GraphModel
     checked_model_name(name, "from_onnx")
     proto = load_untrusted(model)
+    declared = {o.name: _dims_text(o.type.tensor_type.shape.dim) for o in proto.graph.output
+                if o.type.tensor_type.HasField("shape")}
     _unique_node_names(proto)
     _refuse_outputs_that_are_no_tensors(proto)
     folded = folded_constants(proto)
@@ -1077,7 +1080,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _check_runtime_kernels(proto)
     fg = canonical_forward(proto, trainable, frozen, stash, order, folded, buffers, tensors_of_torch)
     _rename_reserved(fg)
-    _check_shapes(fg)
+    _check_shapes(fg, declared)
     _check_gradients(fg)
     _warn_partial_gradients(fg)
     if name is None:
