@@ -1183,6 +1183,10 @@ def test_keras_per_output_and_nested_forms_are_refused_saying_what_ortrain_takes
         model.fit(xs, ys, sample_weight=[1.0] * 8, verbose=0)  # a list of numbers is one weight per sample
     with pytest.raises(ot.OrtrainError, match=per_output):  # lists of numbers, one per output
         model.fit(xs, ys, sample_weight=[[1.0] * 8, [1.0] * 8], verbose=0)
+    # a batch of as many rows as outputs: the list is read as rows, and its refusal names both forms
+    with pytest.raises(ot.ShapeError, match=r"received \(2, 2\); .* one array per output \(Keras' form for "
+                                            r"several outputs\), give the first output's alone"):
+        model.fit(xs[:2], ys[:2], sample_weight=[np.ones(2), np.ones(2)], verbose=0)
     # a list of as many weight rows as the batch has rows stays rows (per position), as many as outputs
     seq = ot.Input((5, 3))
     positions = ot.Model(seq, [L.Dense(1)(seq), L.Dense(2)(seq)])
