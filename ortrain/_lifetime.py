@@ -11,6 +11,14 @@ import weakref
 from ortrain.errors import OrtrainError
 
 _locked = weakref.WeakSet()  # objects whose lock exclusive() takes
+_kept = weakref.WeakSet()  # holders of runtime sessions that a forked child must never destroy
+
+
+def kept_in_forked_children(owner) -> None:
+    """Have a forked child run ``owner._after_fork_in_child()``: a session whose threads were busy
+    at the fork (a call in flight, or its threads still spinning after one) crashes the child that
+    destroys it, so the child keeps it (the system takes the memory back when the child ends)."""
+    _kept.add(owner)
 
 
 def new_lock(owner) -> threading.RLock:
@@ -22,11 +30,34 @@ def new_lock(owner) -> threading.RLock:
 
 
 def _fresh_locks_in_child() -> None:
+    # every owner, each on its own: one that fails here (half made by a thread of the parent that
+    # the child does not have) must not leave the next ones with the parent's locks and objects
     for owner in list(_locked):
-        owner._lock = threading.RLock()
-        after = getattr(owner, "_after_fork_in_child", None)
-        if after is not None:
-            after()
+        try:
+            held = owner.__dict__.get("_lock")
+            # held by another thread of the parent: a call of onnxruntime's was in flight
+            busy = held is not None and not held.acquire(blocking=False)
+            owner._lock = threading.RLock()
+            after = getattr(owner, "_after_fork_in_child", None)
+            if after is not None:
+                after()
+            if busy:
+                owner._busy_at_fork()
+        except Exception:  # noqa: BLE001,S112 - nothing may stop the others' repair in the child
+            continue
+    for owner in list(_kept):
+        try:
+            owner._after_fork_in_child()
+        except Exception:  # noqa: BLE001,S112 - as above
+            continue
+
+
+def busy_at_fork(what: str) -> str:
+    """Why an object whose runtime call was in flight in another thread at a fork is unusable in the child."""
+    return (f"this process was forked while another thread of its parent was running this {what} (a call in "
+            "flight); onnxruntime's threads for that call do not exist in the child, which would wait for them "
+            "forever, so the child cannot use it: fork while no call runs, use multiprocessing's 'spawn' start "
+            "method, or open a new one in the child")
 
 
 if hasattr(os, "register_at_fork"):

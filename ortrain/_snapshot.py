@@ -9,7 +9,7 @@ import numpy as np
 
 from ortrain import engine
 from ortrain._arrays import positive_int, prepare_inputs, rows_free, run_chunks
-from ortrain._lifetime import Releasable, exclusive, new_lock
+from ortrain._lifetime import Releasable, busy_at_fork, exclusive, new_lock
 from ortrain.errors import FreedError
 
 __all__ = ["Snapshot"]
@@ -37,7 +37,12 @@ class Snapshot(Releasable):
 
     def _live(self):
         if self._freed:
-            raise FreedError("this snapshot was freed; take a new one with trainer.snapshot()")
+            raise FreedError(self.__dict__.get("_why_freed") or "this snapshot was freed; take a new one with "
+                             "trainer.snapshot()")
+
+    def _busy_at_fork(self) -> None:  # (its runner's session is kept: see kept_in_forked_children)
+        self._why_freed = busy_at_fork("snapshot")
+        self._freed = True
 
     # A copy (copy, deepcopy, pickle) holds its own weights and opens its own session when it first
     # predicts: a shallow copy sharing the weights would move with the original's update_target.

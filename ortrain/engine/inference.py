@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import onnx
 
+from ortrain._lifetime import busy_at_fork, kept_in_forked_children
 from ortrain.engine import denormals
 from ortrain.engine._runtime import ort
 from ortrain.engine.device import Device, parse_device, session_options
@@ -31,6 +34,8 @@ class InferenceRunner:
                 self._sess = ort.InferenceSession(data, sess_options=session_options(threads), providers=providers)
         except Exception as exc:
             raise OrtrainError(f"onnxruntime could not load the forward graph: {str(exc).splitlines()[0]}") from exc
+        self._running: set[int] = set()  # the threads in run(): a forked child cannot use a session busy at the fork
+        kept_in_forked_children(self)
         self.input_names = [i.name for i in self._sess.get_inputs()]
         self.output_names = [o.name for o in self._sess.get_outputs()]
         # outputs whose free later axes runs on two row counts found not to follow the rows
@@ -88,20 +93,36 @@ class InferenceRunner:
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         sess = self._sess  # once: a free() from another thread may clear it meanwhile
         if sess is None:
-            raise FreedError("this inference session was freed")
+            raise FreedError(self.__dict__.get("_why_freed") or "this inference session was freed")
         if self._stepped:
             refuse_empty_steps((name, feeds[name]) for name in self._stepped if name in feeds)
         flush = denormals.here()
+        me = threading.get_ident()
         try:
+            self._running.add(me)
             denormals.on(flush)
             return sess.run(outputs or self.output_names, feeds)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
             raise runtime_failure(exc, "forward graph") from exc
         finally:
+            self._running.discard(me)
             denormals.off(flush)
 
     def free(self) -> None:
         self._sess = None
+
+    @property
+    def freed(self) -> bool:
+        return self._sess is None
+
+    def _after_fork_in_child(self) -> None:
+        import ctypes
+        session = self.__dict__.get("_sess")
+        if session is not None:  # (see kept_in_forked_children)
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(session))
+            if self.__dict__.get("_running"):  # another thread of the parent was running it
+                self._why_freed = busy_at_fork("prediction session")
+                self._sess = None
 
 
 def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

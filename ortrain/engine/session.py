@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from ortrain._files import atomic_path, scratch_dir, write_advice
-from ortrain._lifetime import exclusive, new_lock
+from ortrain._lifetime import busy_at_fork, exclusive, new_lock
 from ortrain._warnings import warn
 from ortrain.engine import denormals
 from ortrain.engine._runtime import C, OrtValue, release_freed_memory, runtime_path
@@ -255,7 +255,12 @@ class TrainingSession:
     # -- lifetime ---------------------------------------------------------------------
     def _live(self):
         if self._freed:
-            raise FreedError("this training session was freed")
+            raise FreedError(self.__dict__.get("_why_freed") or "this training session was freed")
+
+    def _busy_at_fork(self) -> None:
+        # (its runtime objects were kept by _after_fork_in_child: never destroyed in the child)
+        self._why_freed = busy_at_fork("training session")
+        self._freed = True
 
     def _after_fork_in_child(self) -> None:
         """onnxruntime-training's module crashes a forked child that destroys it (by ``free``, by
@@ -263,7 +268,8 @@ class TrainingSession:
         reference more, so none is ever destroyed; the child can still step them, and the
         system takes its memory back when it ends."""
         import ctypes
-        for obj in (self._module, self._optimizer, self._state):
+        # a session another thread of the parent was opening at the fork has only some of them
+        for obj in (self.__dict__.get("_module"), self.__dict__.get("_optimizer"), self.__dict__.get("_state")):
             if obj is not None:
                 ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
