@@ -187,6 +187,7 @@ def _with_compile_overrides(model: Model, loss, optimizer) -> Model:
 
 
 _FIT_CLAIMS = threading.Lock()
+_LAYER_FITS: dict = {}  # id of a layer a running fit trains -> (that fit's claim, its model's name)
 
 
 def _one_fit_at_a_time(call: str):
@@ -209,15 +210,39 @@ def _one_fit_at_a_time(call: str):
             finally:
                 if isinstance(model, Model) and model.__dict__.get("_fit_thread") is claim:
                     del model.__dict__["_fit_thread"]
+                with _FIT_CLAIMS:
+                    for key in [k for k, (c, _) in _LAYER_FITS.items() if c is claim]:
+                        del _LAYER_FITS[key]
         return run
     return wrap
 
 
+def _trained_layers(model: Model) -> list:
+    layers = model.__dict__.get("layers") or ()
+    if not layers:
+        return []
+    trained = set(model.trainable_weight_names)
+    return [lyr for lyr in layers if any(f"{lyr.name}.{s}" in trained for s in lyr.weights)]
+
+
 def _hold(model: Model, call: str, claim: tuple) -> None:
+    trained = _trained_layers(model)
     with _FIT_CLAIMS:
         owner = model.__dict__.get("_fit_thread")
         if owner is None and model.__dict__.get("_live_state") is None:
+            # a layer it trains that another thread's fit trains too (a model sharing it): each fit
+            # trains its own copy, and the one ending last would write its weights over the other's
+            other = next(((lyr, _LAYER_FITS[id(lyr)]) for lyr in trained if id(lyr) in _LAYER_FITS
+                          and _LAYER_FITS[id(lyr)][0][0] != claim[0]), None)
+            if other is not None:
+                lyr, (_, name) = other
+                raise OrtrainError(f"{call}: layer {lyr.name!r} trains in a fit of model {name!r} running in another "
+                                   "thread, which shares it; each fit trains its own copy of it, and the one ending "
+                                   "last would write its weights over the other's. Fit the models one after the "
+                                   "other, freeze the shared layer in one of them, or fit a copy: model.copy()")
             model.__dict__["_fit_thread"] = claim
+            for lyr in trained:
+                _LAYER_FITS.setdefault(id(lyr), (claim, model.name))  # a fit around this one keeps its own
             return
     where = "called from a callback?" if owner is None or owner[0] == claim[0] else "in another thread"
     raise OrtrainError(f"{call}: this model is fitting already ({where}); its running fit would write its own "

@@ -2453,3 +2453,79 @@ def test_keras_positional_order_is_refused_naming_the_argument_it_reached():
         pytest.approx(2 * nll.mean(), rel=1e-6)
     hist = model.fit(x, y, 8, 1, 0, class_weight={0: 2.0}, shuffle=False)
     assert hist.history["loss"][0] == pytest.approx(2 * nll.mean(), rel=1e-6)
+
+
+def test_set_weights_from_one_thread_reads_all_old_or_all_new_in_another(rng):
+    # set_weights stored layer after layer: a predict or get_weights in another thread saw some
+    # layers old and some new (a fifth of 40,000 predictions equalled neither weight set)
+    import time
+    x = rng.random((8, 16)).astype(np.float32)
+    model = ot.Sequential([ot.layers.Dense(16, activation="tanh") for _ in range(12)], input_shape=(16,), seed=1)
+    sets = [[(rng.standard_normal(a.shape) * 0.3).astype(np.float32) for a in model.get_weights()] for _ in range(2)]
+    wants = []
+    for weights in sets:
+        model.set_weights(weights)
+        wants.append(model.predict(x))
+    stop, torn, reads = [], [], [0]
+
+    def setter():
+        k = 0
+        while not stop:
+            model.set_weights(sets[k % 2])
+            model.layers[3].set_weights(sets[k % 2][6:8])
+            k += 1
+
+    def reader():
+        while not stop:
+            p, w = model.predict(x), model.get_weights()
+            reads[0] += 1
+            if not any(np.array_equal(p, want) for want in wants):
+                torn.append("predict")
+            if not any(all(np.array_equal(a, b) for a, b in zip(w, s)) for s in sets):
+                torn.append("get_weights")
+    threads = [threading.Thread(target=setter), threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    stop.append(True)
+    for t in threads:
+        t.join()
+    assert reads[0] > 50 and not torn, (reads[0], torn[:5])
+
+
+def test_a_fit_of_a_model_sharing_a_trained_layer_with_a_fit_in_another_thread_is_refused(rng):
+    # Both fits ran, each training its own copy of the shared layer; the one ending last wrote its
+    # weights over the other's (model A's training of the layer was lost without a word)
+    inp = ot.Input((4,))
+    shared = ot.layers.Dense(4, activation="tanh", name="shared")
+    a = ot.Model(inp, ot.layers.Dense(1, name="head_a")(shared(inp)), name="A")
+    b = ot.Model(inp, ot.layers.Dense(1, name="head_b")(shared(inp)), name="B")
+    for m in (a, b):
+        m.compile(optimizer="adam", loss="mse")
+    x = rng.random((16, 4)).astype(np.float32)
+    y = x[:, :1].copy()
+    started, go = threading.Event(), threading.Event()
+
+    class Hold(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            started.set()
+            go.wait(60)
+
+    t = threading.Thread(target=lambda: a.fit(x, y, epochs=1, verbose=0, callbacks=[Hold()]))
+    t.start()
+    try:
+        assert started.wait(60)
+        before = b.get_weights()
+        with pytest.raises(ot.OrtrainError, match=r"^fit: layer 'shared' trains in a fit of model 'A' running in "
+                                                  r"another thread, which shares it; .* model.copy\(\)"):
+            b.fit(x, y, epochs=1, verbose=0)
+        for got, want in zip(b.get_weights(), before):
+            np.testing.assert_array_equal(got, want)
+        assert b.optimizer.step == 0
+        b.freeze([shared])  # frozen in B, the layer is A's alone to train
+        b.fit(x, y, epochs=1, verbose=0)
+        b.unfreeze([shared])
+    finally:
+        go.set()
+        t.join()
+    b.fit(x, y, epochs=1, verbose=0)  # after A's fit ended

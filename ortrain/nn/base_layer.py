@@ -5,6 +5,7 @@ the :class:`EmitContext` it emits through, and the helpers layers share (activat
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -119,6 +120,9 @@ class EmitContext:
         return f"{layer.name}.{suffix}"
 
 
+# Held around a write of several weights (set_weights) and around reads of several (a model's
+# weight table, get_weights): a reader in another thread sees all of them old or all new.
+WEIGHTS_LOCK = threading.RLock()
 EDITS = [0]  # weights set on any layer so far: a running fit looks at its layers only when it moved
 
 # The models a fit is training, and their layers, by id -> the fit's sync: reading their weights
@@ -303,7 +307,9 @@ class Layer:
     def get_weights(self) -> list[np.ndarray]:
         """Copies of this layer's weights, in ``weights`` order, as Keras' ``layer.get_weights()``
         (during a fit of its model, the trained values)."""
-        return [a.copy() for a in self.weights.values()]
+        with WEIGHTS_LOCK:
+            arrays = list(self.weights.values())
+        return [a.copy() for a in arrays]
 
     @property
     def trainable_weights(self) -> list[np.ndarray]:
@@ -345,8 +351,9 @@ class Layer:
                 raise ShapeError(f"set_weights: {self.name}.{name} expected shape "
                                  f"{describe_shape(self.weights[name].shape)}, received {describe_shape(a.shape)}")
             staged.append((name, a))
-        for name, a in staged:  # checked and copied: stored as they are; the models using the layer see it
-            self.weights.put(name, a)
+        with WEIGHTS_LOCK:
+            for name, a in staged:  # checked and copied: stored as they are; the models using the layer see it
+                self.weights.put(name, a)
 
     def _build(self, input_shapes, rng) -> None:
         pass

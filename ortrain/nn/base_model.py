@@ -33,7 +33,7 @@ from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats, name_f
 from ortrain.graph.repairs import activations_as_arithmetic
 from ortrain.metrics import logged_names as metrics_logged_names
 from ortrain.nn import training as _training
-from ortrain.nn.base_layer import EmitContext, Layer, sync_live
+from ortrain.nn.base_layer import WEIGHTS_LOCK, EmitContext, Layer, sync_live
 from ortrain.nn.core_layers import Embedding
 from ortrain.nn.saving import model_from_record, model_record, save_model
 from ortrain.nn.symbolic import SymbolicTensor, _topological
@@ -148,7 +148,8 @@ class Model(TrainingMixin):
 
     def _weight_table(self) -> dict[str, np.ndarray]:
         sync_live(self)
-        return {f"{lyr.name}.{s}": a for lyr in self.layers for s, a in lyr.weights.items()}
+        with WEIGHTS_LOCK:
+            return {f"{lyr.name}.{s}": a for lyr in self.layers for s, a in lyr.weights.items()}
 
     def _store_weights(self, staged) -> None:
         """``(name, array)`` pairs into the layers' weights, found by name once (a scan of the layers
@@ -249,8 +250,9 @@ class Model(TrainingMixin):
         table = self._weight_table()
         staged = staged_weights(weights, {n: (table[n].shape, table[n].dtype) for n in names},
                                 f"the model has {names}")
-        self._store_weights(staged)  # recorded as edits, which a fit in progress takes over
-        self._changed()
+        with WEIGHTS_LOCK:  # a prediction or get_weights in another thread sees all old or all new
+            self._store_weights(staged)  # recorded as edits, which a fit in progress takes over
+            self._changed()
 
     def _changed(self) -> None:
         self._version += 1

@@ -10,7 +10,7 @@ from ortrain.errors import OrtrainError
 from ortrain.graph import TensorSpec, spec_of
 from ortrain.graph.forward import ForwardGraph, ParamSpec
 from ortrain.graph.shapes import output_shape_at
-from ortrain.nn.base_layer import sync_live
+from ortrain.nn.base_layer import WEIGHTS_LOCK, sync_live
 from ortrain.nn.base_model import Model, check_print_fn
 
 
@@ -40,7 +40,8 @@ class GraphModel(Model):
 
     def _weight_table(self) -> dict[str, np.ndarray]:
         sync_live(self)
-        return dict(self._weights)
+        with WEIGHTS_LOCK:
+            return dict(self._weights)
 
     def _store_weights(self, staged) -> None:
         for name, value in staged:
