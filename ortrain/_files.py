@@ -231,20 +231,67 @@ def scratch_dir(prefix: str = "ortrain-"):
     interrupt (Ctrl-C) as it is made or removed leaves nothing behind (``tempfile.mkdtemp``'s
     name is lost to an interrupt that comes as it returns)."""
     parent = tempfile.gettempdir()
+    _remove_scratch_left_behind(parent, prefix)
+    held = None
     while True:
         path = os.path.join(parent, f"{prefix}{secrets.token_hex(8)}")
         try:
             os.mkdir(path, 0o700)
+            held = _held_dir(path)  # while it is in use: one nobody holds was left by a kill
             break
         except FileExistsError:
             continue
         except BaseException:
             _remove_tree(path)  # an interrupt after mkdir made it
+            if held is not None:
+                os.close(held)
             raise
     try:
         yield Path(path)
     finally:
-        _remove_tree(path)
+        try:
+            _remove_tree(path)
+        finally:
+            if held is not None:
+                os.close(held)
+
+
+def _held_dir(path: str) -> int | None:
+    """A descriptor of directory ``path`` locked exclusively, or None where it cannot be locked."""
+    if not CAN_LOCK:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    if not _locked(fd):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_scratch_left_behind(parent: str, prefix: str) -> None:
+    """Remove the scratch directories that processes killed while using them left in ``parent`` (a
+    checkpoint's size each): those of this user no process holds locked and none changed for a
+    minute (one just made is locked a moment later). Once per folder and process."""
+    key = ("scratch", os.path.abspath(parent), prefix)
+    if key in _SWEPT or not CAN_LOCK:
+        return
+    _SWEPT.add(key)
+    named = re.compile(re.escape(prefix) + r"[0-9a-f]{16}")
+    now = time.time()
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if not named.fullmatch(entry.name):
+                continue
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or \
+                        now - info.st_mtime < LEFT_BEHIND_AFTER_S:
+                    continue
+                fd = os.open(entry.path, os.O_RDONLY)
+                try:
+                    if _locked(fd):
+                        _remove_files(entry.path)
+                finally:
+                    os.close(fd)
 
 
 def _remove_tree(path) -> None:
@@ -290,7 +337,7 @@ _SHORT_STEM = "ortrain-temporary"  # stands for a name too long to repeat
 LEFT_BEHIND_AFTER_S = 60.0  # a temporary untouched this long and unlocked is no write in progress
 
 
-_SWEPT: set[str] = set()  # folders this process has looked through already
+_SWEPT: set = set()  # folders (and scratch folders) this process has looked through already
 # atomic_path's, of any file: ".<name>.<12 hex>.tmp<the name's suffix>" (none where that is longer than
 # _SUFFIX_MAX bytes), or for a name near the file system's limit ".ortrain-temporary.<12 hex>.tmp<suffix>"
 _ANY_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp(?P<suffix>\.[^.]+)?")

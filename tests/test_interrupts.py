@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -311,3 +312,38 @@ def test_a_scratch_folder_is_removed_with_its_subfolders_but_not_through_its_lin
     assert not made.exists()
     assert (outside / "kept.txt").read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside"]
+
+
+@pytest.mark.skipif(not _files.CAN_LOCK, reason="needs POSIX locks")
+def test_scratch_folders_a_killed_process_left_are_removed_by_the_next_process(tmp_path, monkeypatch):
+    # A process killed during a fit, optimizer.state() or export_state left its scratch folder (a
+    # checkpoint's size: 25 MB for a million weights) in TMPDIR, and nothing removed it
+    import fcntl
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_files, "_SWEPT", set())
+    old = time.time() - 2 * _files.LEFT_BEHIND_AFTER_S
+
+    def made(name, age=old):
+        d = tmp_path / name
+        d.mkdir()
+        (d / ".checkpoint.0123456789ab.tmp").write_bytes(b"x" * 1000)
+        os.utime(d, (age, age))
+        return d
+    left = made("ortrain-0123456789abcdef")
+    young = made("ortrain-1123456789abcdef", age=time.time())  # being made: not locked yet
+    in_use = made("ortrain-2123456789abcdef")  # a live process holds it
+    mine = made("ortrain-notes")  # not a scratch folder's name
+    held = os.open(in_use, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with _files.scratch_dir() as d:
+            assert d.exists()
+            probe = os.open(d, os.O_RDONLY)  # in use, it is locked: another process's sweep leaves it
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.close(probe)
+    finally:
+        os.close(held)
+    assert not left.exists()
+    assert young.exists() and in_use.exists() and mine.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (young, in_use, mine))
