@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
 import threading
+import time
 import weakref
 
 from ortrain.errors import OrtrainError
@@ -62,6 +64,22 @@ def busy_at_fork(what: str) -> str:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_locks_in_child)
+
+QUIET_AT_EXIT_S = 5.0  # the longest the interpreter's exit waits for calls in flight in daemon threads
+
+
+def _quiet_at_exit() -> None:
+    """At the interpreter's exit (only daemon threads are left): wait for the calls in flight of every
+    session and keep their locks, so that a daemon thread's next call waits instead of running while
+    onnxruntime's objects are torn down (which aborts the process)."""
+    deadline = time.monotonic() + QUIET_AT_EXIT_S
+    for owner in list(_locked):
+        lock = owner.__dict__.get("_lock")
+        if lock is not None:
+            lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_quiet_at_exit)
 
 
 def exclusive(method):

@@ -861,6 +861,34 @@ def test_a_fork_while_other_threads_open_or_run_sessions_leaves_the_child_a_clea
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stdout, run.stderr[-2000:])
 
 
+def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_path):
+    # A daemon thread predicting (model, snapshot or trainer) when the main thread ended aborted the
+    # process in onnxruntime's teardown ("terminate called without an active exception", rc 134)
+    script = tmp_path / "exit_daemon.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, threading, time
+        import numpy as np
+        atexit.register(lambda: print("late", float(m.predict(x).sum()) == want))  # runs after ortrain's
+        import ortrain as ot
+        x, y = np.ones((64, 256), np.float32), np.zeros((64, 4), np.float32)
+        m = ot.Sequential([ot.layers.Dense(256, activation="relu"), ot.layers.Dense(4)], input_shape=(256,), seed=1)
+        m.compile(optimizer="adam", loss="mse")
+        tr = ot.Trainer(m, batch_size=64)
+        snap = tr.snapshot()
+        want = float(m.predict(x).sum())
+        atexit.register(lambda: print("early", float(snap.predict(x).sum()) == want))
+        def loop(f):
+            while True:
+                f()
+        for f in (lambda: m.predict(x), lambda: snap.predict(x), lambda: tr.predict(x), lambda: m.evaluate(x, y)):
+            threading.Thread(target=loop, args=(f,), daemon=True).start()
+        time.sleep(0.5)
+        """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == ["early", "True", "late", "True"], \
+        (run.returncode, run.stdout, run.stderr[-2000:])
+
+
 def test_a_snapshot_freed_from_another_thread_raises_freed_error_only(rng):
     import threading
     import time

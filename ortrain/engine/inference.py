@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import threading
+import time
+import weakref
 
 import numpy as np
 import onnx
 
-from ortrain._lifetime import busy_at_fork, kept_in_forked_children
+from ortrain._lifetime import QUIET_AT_EXIT_S, busy_at_fork, kept_in_forked_children
 from ortrain.engine import denormals
 from ortrain.engine._runtime import ort
 from ortrain.engine.device import Device, parse_device, session_options
@@ -36,6 +39,7 @@ class InferenceRunner:
             raise OrtrainError(f"onnxruntime could not load the forward graph: {str(exc).splitlines()[0]}") from exc
         self._running: set[int] = set()  # the threads in run(): a forked child cannot use a session busy at the fork
         kept_in_forked_children(self)
+        _RUNNERS.add(self)
         self.input_names = [i.name for i in self._sess.get_inputs()]
         self.output_names = [o.name for o in self._sess.get_outputs()]
         # outputs whose free later axes runs on two row counts found not to follow the rows
@@ -100,6 +104,9 @@ class InferenceRunner:
         me = threading.get_ident()
         try:
             self._running.add(me)
+            if _EXITING and threading.current_thread() is not threading.main_thread():
+                self._running.discard(me)
+                threading.Event().wait()  # a daemon thread at the interpreter's exit: see _quiet_at_exit
             denormals.on(flush)
             return sess.run(outputs or self.output_names, feeds)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
@@ -123,6 +130,23 @@ class InferenceRunner:
             if self.__dict__.get("_running"):  # another thread of the parent was running it
                 self._why_freed = busy_at_fork("prediction session")
                 self._sess = None
+
+
+_RUNNERS = weakref.WeakSet()
+_EXITING: list = []  # set at the interpreter's exit
+
+
+def _quiet_at_exit() -> None:
+    """At the interpreter's exit only daemon threads are left: wait for their runs in flight, and
+    have their next ones wait, so that none runs while onnxruntime is torn down (which aborts the
+    process: "terminate called without an active exception")."""
+    _EXITING.append(True)
+    deadline = time.monotonic() + QUIET_AT_EXIT_S
+    while time.monotonic() < deadline and any(r.__dict__.get("_running") for r in list(_RUNNERS)):
+        time.sleep(0.002)
+
+
+atexit.register(_quiet_at_exit)
 
 
 def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
