@@ -283,6 +283,12 @@ class TrainerSetup:
         ckpt = art.checkpoint if checkpoint is None else Path(checkpoint)
         data = engine.read_checkpoint(ckpt, verify=True)
         own = checkpoint is not None and Path(checkpoint).resolve() == Path(art.checkpoint).resolve()
+        if checkpoint is not None and not own and not any(k.startswith(_PROP) for k in data.properties):
+            raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} holds none of the records ortrain writes (the "
+                               "artifacts' key, the step and update counts): it was not written by "
+                               "Trainer.save_checkpoint (onnxruntime's CheckpointState.save_checkpoint writes "
+                               "weights and moments only); start from the artifacts and give it the weights, "
+                               "tr.set_weights({name: array}), read from onnxruntime's CheckpointState")
         if checkpoint is not None and not own and data.properties.get(_PROP + "key") != art.key:
             raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} was not written for the artifacts in "
                                f"{os.fspath(art.directory)!r} (they were built for another model, loss or optimizer, "

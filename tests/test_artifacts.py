@@ -662,3 +662,28 @@ def test_artifacts_model_checks_a_trainer_checkpoints_checksum(tmp_path):
         with pytest.raises(ot.OrtrainError, match=rf"checkpoint '{re.escape(str(path))}' is damaged: its contents do "
                                                   r"not match the checksum"):
             art.model(path)
+
+
+def test_a_checkpoint_onnxruntime_saved_is_refused_saying_it_lacks_ortrains_records(tmp_path):
+    # a checkpoint a raw onnxruntime-training loop saved over ortrain's artifacts was refused as
+    # "not written for the artifacts (built for another model, loss or optimizer)": it was, but it
+    # carries none of ortrain's records; its weights are the raw loop's, which set_weights takes
+    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+    model = dense_model(4, 2)
+    art = ot.artifacts.build(model, loss="mse", optimizer=ot.optim.Adam(lr=0.05), out_dir=tmp_path / "art")
+    state = CheckpointState.load_checkpoint(str(art.checkpoint))
+    module = Module(str(art.directory / "training.onnx"), state, str(art.directory / "eval.onnx"))
+    opt = Optimizer(str(art.directory / "optimizer.onnx"), module)
+    module.train()
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
+    module(x, y, np.ones((), np.float32))
+    opt.step()
+    CheckpointState.save_checkpoint(state, str(tmp_path / "raw.ckpt"), include_optimizer_state=True)
+    with pytest.raises(ot.OrtrainError, match=r"checkpoint '.*raw.ckpt' holds none of the records ortrain writes .* "
+                                              r"not written by Trainer.save_checkpoint .* tr.set_weights"):
+        ot.Trainer.from_artifacts(art, batch_size=8, checkpoint=tmp_path / "raw.ckpt")
+    raw = CheckpointState.load_checkpoint(str(tmp_path / "raw.ckpt"))
+    with ot.Trainer.from_artifacts(art, batch_size=8) as tr:
+        tr.set_weights({n: raw.parameters[n].data for n in tr.weight_names()})
+        for got, name in zip(tr.get_weights(), tr.weight_names()):
+            np.testing.assert_array_equal(got, raw.parameters[name].data)
