@@ -118,10 +118,6 @@ class InferenceRunner:
     def free(self) -> None:
         self._sess = None
 
-    @property
-    def freed(self) -> bool:
-        return self._sess is None
-
     def _after_fork_in_child(self) -> None:
         import ctypes
         session = self.__dict__.get("_sess")

@@ -436,7 +436,7 @@ class TrainingMixin:
     def _runner(self, kind: str = "predict", weighting=None):
         key = (kind, weighting, self._weights_stamp())
         runner = self._runners.get(key)
-        if runner is None or runner.freed:  # (freed: in a child forked while another thread ran it)
+        if runner is None or runner._sess is None:  # (freed: in a child forked while another thread ran it)
             fg = self.forward_graph()
             if kind == "predict":
                 proto = to_inference(fg.proto)
