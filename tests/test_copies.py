@@ -257,6 +257,61 @@ def test_a_failed_pickle_leaves_later_copies_of_deep_models_alone():
         copy.deepcopy(deep())
 
 
+def test_a_failed_copy_whose_exception_is_kept_leaves_later_copies_of_deep_models_alone():
+    # The states of a copy that failed live as long as its exception (Python's REPL keeps the last
+    # one, Jupyter all of them), and their marks with them: the next copies recursed past the limit
+    import copy
+    import pickle
+    import threading
+
+    x = ot.Input((2,))
+    h = x
+    for _ in range(1500):
+        h = L.Dense(2)(h)
+    model = ot.Model(x, h)
+    model.lock = threading.Lock()  # what no copy can take
+    kept = []
+    for attempt in (copy.deepcopy, pickle.dumps):
+        try:
+            attempt(model)
+        except TypeError as exc:
+            kept.append(exc)
+    assert len(kept) == 2
+    del model.lock
+    a = np.random.default_rng(0).standard_normal((2, 2)).astype(np.float32)
+    np.testing.assert_array_equal(copy.deepcopy(model).predict(a), model.predict(a))
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(model)).predict(a), model.predict(a))
+
+
+def test_pickles_of_models_from_before_the_nodes_had_a_state_of_their_own_load():
+    # The nodes of ortrain 0.1.0's first pickles were saved as Python saves a class with __slots__,
+    # (None, {slot: value}); they failed to load once the nodes wrote a state of their own
+    import copyreg
+    import io
+    import pickle
+
+    from ortrain.nn.symbolic import _Node
+
+    class AsBefore(pickle.Pickler):
+        def reducer_override(self, obj):
+            if type(obj) is _Node:
+                return copyreg.__newobj__, (_Node,), (None, {k: getattr(obj, k) for k in _Node.__slots__})
+            return NotImplemented
+
+    x = ot.Input((4,))
+    functional = ot.Model(x, L.Dense(2)(L.Dense(3, activation="tanh")(x)))
+    sequential = ot.Sequential([L.Dense(2)], input_shape=(4,))
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for protocol in (2, 4, 5):
+        buffer = io.BytesIO()
+        AsBefore(buffer, protocol=protocol).dump([functional, sequential])
+        assert buffer.getvalue() != pickle.dumps([functional, sequential], protocol=protocol)
+        loaded = pickle.loads(buffer.getvalue())
+        for before, after in zip([functional, sequential], loaded, strict=True):
+            np.testing.assert_array_equal(after.predict(a), before.predict(a))
+            assert after.weight_names() == before.weight_names()
+
+
 def test_a_forward_only_capture_with_dropout_leaves_the_seeded_generator_alone():
     # ot.capture applies no dropout, yet drew a mask seed from ot.set_seed's generator, changing
     # every model built after it

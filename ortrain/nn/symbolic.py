@@ -30,7 +30,9 @@ class _Node:
     def __getstate__(self) -> tuple:  # pickle protocols 0 and 1 take __slots__ only this way
         return self.layer, self.inputs, self.output
 
-    def __setstate__(self, state: tuple) -> None:
+    def __setstate__(self, state) -> None:
+        if len(state) == 2:  # pickled by ortrain 0.1.0 before __getstate__: (None, {slot: value})
+            state = tuple(state[1][k] for k in self.__slots__)
         self.layer, self.inputs, self.output = state
 
 
@@ -150,7 +152,10 @@ def ordered_state(state: dict, tensors=(), layers=(), nearest: int | None = NEAR
     first (the ``nearest``, or all with None), and the mark that ends their listing last;
     :func:`unordered_state` takes both out."""
     marks = _marks()
-    order = tensors_in_order(tensors, layers, marks, nearest)
+    # All (a model's) are listed even where marked: a copy around this one that listed some has
+    # copied them by then (each costs a reference), and a copy that failed while its exception is
+    # kept (Python's REPL keeps the last one, Jupyter all) keeps its states and their marks alive
+    order = tensors_in_order(tensors, layers, marks if nearest is not None else frozenset(), nearest)
     if not order:
         return state
     mark = _EndOfOrder()
