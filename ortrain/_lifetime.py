@@ -66,17 +66,40 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 QUIET_AT_EXIT_S = 5.0  # the longest the interpreter's exit waits for calls in flight in daemon threads
+# The idents of the daemon threads left running when the interpreter's exit began: from then on, a
+# call of theirs into a session waits for good (see _quiet_at_exit). Threads that atexit handlers
+# start later are not among them, and run as before.
+LEFT_AT_EXIT: set[int] = set()
+_waits_at_exit: list = []  # functions(deadline) that wait for calls in flight no lock covers
+
+
+def wait_at_exit(wait) -> None:
+    """Have the interpreter's exit call ``wait(deadline)`` (a ``time.monotonic()`` time) once the
+    daemon threads left running are known (see :func:`_quiet_at_exit`)."""
+    _waits_at_exit.append(wait)
+
+
+def park_if_left_at_exit() -> None:
+    """Wait for good if this thread is a daemon thread the interpreter's exit left running: it would
+    call onnxruntime while the runtime's objects are torn down (which aborts the process)."""
+    if threading.get_ident() in LEFT_AT_EXIT:
+        threading.Event().wait()
 
 
 def _quiet_at_exit() -> None:
-    """At the interpreter's exit (only daemon threads are left): wait for the calls in flight of every
-    session and keep their locks, so that a daemon thread's next call waits instead of running while
-    onnxruntime's objects are torn down (which aborts the process)."""
+    """At the interpreter's exit (only daemon threads are left): have their next calls into a session
+    wait for good, and wait (QUIET_AT_EXIT_S at most) for their calls in flight."""
+    me = threading.current_thread()
+    LEFT_AT_EXIT.update(t.ident for t in threading.enumerate() if t.daemon and t is not me)
+    if not LEFT_AT_EXIT:
+        return
     deadline = time.monotonic() + QUIET_AT_EXIT_S
     for owner in list(_locked):
         lock = owner.__dict__.get("_lock")
-        if lock is not None:
-            lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        if lock is not None and lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            lock.release()  # a call after this one sees LEFT_AT_EXIT (exclusive looks under the lock)
+    for wait in _waits_at_exit:
+        wait(deadline)
 
 
 atexit.register(_quiet_at_exit)
@@ -87,6 +110,10 @@ def exclusive(method):
     thread's ``free`` waits for a call in flight, and the call after it raises ``FreedError``."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
+        with self._lock:
+            if not LEFT_AT_EXIT:
+                return method(self, *args, **kwargs)
+        park_if_left_at_exit()  # (not holding the lock, which a later atexit handler may want)
         with self._lock:
             return method(self, *args, **kwargs)
     return call

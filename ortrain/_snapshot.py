@@ -73,13 +73,19 @@ class Snapshot(Releasable):
         self._live()
         return [self._weights[p.name].copy() for p in self._params]
 
-    @exclusive
     def predict(self, x, batch_size=None) -> np.ndarray | list[np.ndarray]:
         """Outputs for any number of rows: one array, or a list in output order for several outputs.
         Raises :class:`ShapeError` for inputs of the wrong shape, :class:`FreedError` after :meth:`free`."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
+        # converted before the lock is taken: an input slow to give its data (a lazy array, a
+        # memory map) does not hold up another thread's update_target or free
         xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds)
+        return self._predict(xs, batch_size)
+
+    @exclusive
+    def _predict(self, xs: list[np.ndarray], batch_size) -> np.ndarray | list[np.ndarray]:
+        self._live()
         if self._runner is None:
             self._runner = engine.InferenceRunner(self._forward, device=self._device, threads=self._threads)
         outs = run_chunks(self._runner, self._inputs, xs, self._weights, batch_size)

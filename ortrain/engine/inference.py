@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 import weakref
@@ -10,7 +9,13 @@ import weakref
 import numpy as np
 import onnx
 
-from ortrain._lifetime import QUIET_AT_EXIT_S, busy_at_fork, kept_in_forked_children
+from ortrain._lifetime import (
+    LEFT_AT_EXIT,
+    busy_at_fork,
+    kept_in_forked_children,
+    park_if_left_at_exit,
+    wait_at_exit,
+)
 from ortrain.engine import denormals
 from ortrain.engine._runtime import ort
 from ortrain.engine.device import Device, parse_device, session_options
@@ -104,9 +109,9 @@ class InferenceRunner:
         me = threading.get_ident()
         try:
             self._running.add(me)
-            if _EXITING and threading.current_thread() is not threading.main_thread():
+            if LEFT_AT_EXIT and me in LEFT_AT_EXIT:
                 self._running.discard(me)
-                threading.Event().wait()  # a daemon thread at the interpreter's exit: see _quiet_at_exit
+                park_if_left_at_exit()
             denormals.on(flush)
             return sess.run(outputs or self.output_names, feeds)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
@@ -129,20 +134,19 @@ class InferenceRunner:
 
 
 _RUNNERS = weakref.WeakSet()
-_EXITING: list = []  # set at the interpreter's exit
 
 
-def _quiet_at_exit() -> None:
-    """At the interpreter's exit only daemon threads are left: wait for their runs in flight, and
-    have their next ones wait, so that none runs while onnxruntime is torn down (which aborts the
-    process: "terminate called without an active exception")."""
-    _EXITING.append(True)
-    deadline = time.monotonic() + QUIET_AT_EXIT_S
-    while time.monotonic() < deadline and any(r.__dict__.get("_running") for r in list(_RUNNERS)):
+def _runs_at_exit(deadline: float) -> None:
+    """Wait until ``deadline`` at most for the runs in flight of the daemon threads the interpreter's
+    exit left running (their next ones wait for good: see ortrain._lifetime.LEFT_AT_EXIT), so that
+    none runs while onnxruntime is torn down (which aborts the process: "terminate called without an
+    active exception")."""
+    while time.monotonic() < deadline and any(LEFT_AT_EXIT & r.__dict__.get("_running", set())
+                                              for r in list(_RUNNERS)):
         time.sleep(0.002)
 
 
-atexit.register(_quiet_at_exit)
+wait_at_exit(_runs_at_exit)
 
 
 def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
