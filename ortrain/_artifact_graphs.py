@@ -45,8 +45,9 @@ def _refuse_quantized(fg: ForwardGraph) -> None:
     """Below opset 21 onnxruntime-training's QDQ pass turns each ``QuantizeLinear`` into fake
     quantization for quantization-aware training, and fails with an internal message on every
     form ortrain hands it (a pair on an activation, a ``QuantizeLinear`` feeding a QLinear op).
-    Weight-only quantized models (a ``DequantizeLinear`` of a constant weight) train; a gradient
-    that would cross a quantized op is refused by name where the graphs are built."""
+    Weight-only quantized models (a ``DequantizeLinear`` of a constant weight) train. At opset 21
+    the weights after the last ``QuantizeLinear`` train; those before stay constants (no gradient
+    crosses its integers), which ``from_onnx`` warns of, naming the nodes."""
     opset = opsets.default_opset(fg.proto)
     if opset >= 21:  # the pass matches QuantizeLinear of versions 10, 13 and 19 only
         return
@@ -55,9 +56,10 @@ def _refuse_quantized(fg: ForwardGraph) -> None:
     if quantize:
         shown = ", ".join(quantize[:5]) + (f" and {len(quantize) - 5} more" if len(quantize) > 5 else "")
         raise OrtrainError(f"the model quantizes activations (QuantizeLinear nodes: {shown}): onnxruntime-training "
-                           f"1.19.2 cannot train it at opset {opset} (its quantization-aware-training pass fails on "
-                           "it; the model predicts); train the float model, then quantize it. Weight-only "
-                           "quantized models (DequantizeLinear of constant weights) train")
+                           "1.19.2 cannot train it below opset 21 (its quantization-aware-training pass fails on "
+                           "it; the model predicts); train the float model, then quantize it, or export it at opset "
+                           "21, where the weights after the last QuantizeLinear train. Weight-only quantized models "
+                           "(DequantizeLinear of constant weights) train")
 
 
 def _check_trainable(fg: ForwardGraph) -> None:

@@ -992,12 +992,14 @@ def test_files_from_the_wild_declared_rank_duplicate_names_and_quantized_models(
                        [_vi("x", ["N", 4])], [_vi("o", ["N", 3])],
                        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0.05, np.float32), "s"),
                         numpy_helper.from_array(np.array(0, np.uint8), "z")])
-    model = ot.from_onnx(quantized)
+    with pytest.warns(UserWarning, match=r"1 float32 initializer before quantized activations \('w'\) stays"):
+        model = ot.from_onnx(quantized)
     assert model.predict(x).shape == (5, 3)
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ot.OrtrainError, match=r"the model quantizes activations \(QuantizeLinear nodes: "
-                                              r"QuantizeLinear#1\): onnxruntime-training 1.19.2 cannot train it at "
-                                              r"opset 17 .*train the float model, then quantize it"):
+                                              r"QuantizeLinear#1\): onnxruntime-training 1.19.2 cannot train it below "
+                                              r"opset 21 .*train the float model, then quantize it, or export it at "
+                                              r"opset 21"):
         model.fit(x, y, verbose=0)
 
 
@@ -1045,3 +1047,32 @@ def test_weight_only_quantized_and_opset_21_qdq_models_train_as_their_float_twin
             got = trained
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
     np.testing.assert_allclose(got, trained, atol=1e-6)
+
+
+def test_weights_before_a_quantized_activation_are_named_as_constants_with_the_node_that_stops_them(rng):
+    # At opset 21 a float weight before a QuantizeLinear silently stayed a constant (no gradient
+    # crosses its integers), and naming it in trainable= said it was read "as a shape, ratio, exponent"
+    w1 = (rng.standard_normal((4, 4)) * 0.5).astype(np.float32)
+    w2 = (rng.standard_normal((4, 2)) * 0.5).astype(np.float32)
+    scale, zero = np.float32(0.05), np.uint8(128)
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]),
+             helper.make_node("QuantizeLinear", ["h", "s", "z"], ["hq"], name="q_mid"),
+             helper.make_node("DequantizeLinear", ["hq", "s", "z"], ["hd"]),
+             helper.make_node("MatMul", ["hd", "W2"], ["y"])]
+    proto = _model(nodes, [_vi("x", ["N", 4])], [_vi("y", ["N", 2])],
+                   [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(np.array(scale), "s"),
+                    numpy_helper.from_array(np.array(zero), "z"), numpy_helper.from_array(w2, "W2")], opset=21)
+    with pytest.warns(UserWarning, match=r"\('W1'\) stays constant: a gradient would cross QuantizeLinear "
+                                         r"\('q_mid'\).*only the weights after the last one train"):
+        model = ot.from_onnx(proto)
+    assert model.weight_names() == ["W2"]
+    with pytest.raises(ot.OrtrainError, match=r"trainable: 'W1' is a constant, not a weight: its gradient would "
+                                              r"cross QuantizeLinear 'q_mid'"):
+        ot.from_onnx(proto, trainable=["W1", "W2"])
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    y = rng.standard_normal((8, 2)).astype(np.float32)
+    hd = (np.clip(np.round(x @ w1 / scale) + 128, 0, 255) - 128).astype(np.float32) * scale  # numpy's Q then DQ
+    np.testing.assert_allclose(model.predict(x), hd @ w2, rtol=1e-5, atol=1e-6)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(model.get_weights()[0], w2 - 0.1 * 2 * hd.T @ (hd @ w2 - y) / y.size, atol=1e-6)

@@ -106,15 +106,20 @@ def may_stop_gradients(model: onnx.ModelProto, weights) -> bool:
 _DRAWS = frozenset({"Bernoulli", "Multinomial"})
 
 
-def gradient_reach(model: onnx.ModelProto, targets=None) -> set[str]:
+def gradient_reach(model: onnx.ModelProto, targets=None, straight_through=()) -> set[str]:
     """The values a gradient from ``targets`` (default: every graph output) flows into: backwards
     through the inputs of nodes one of whose float outputs it reaches, except at positions no
     gradient enters (``NON_DIFFERENTIABLE_INPUTS``), and into what their subgraphs read from
     outside. Integer and boolean values (shapes, a comparison's mask, an arg-max) stop it, so a
-    float tensor read only through ``Equal`` is a constant. Values of unknown type count as float."""
+    float tensor read only through ``Equal`` is a constant, except that nodes of the op types
+    ``straight_through`` names pass it to their first input (what a gradient would reach through
+    ``QuantizeLinear``'s integers). Values of unknown type count as float."""
     types = elem_types(model, lenient=True)
     reach = set(targets) if targets is not None else {o.name for o in model.graph.output}
     for node in reversed(model.graph.node):  # topological order, so consumers come first
+        if node.op_type in straight_through and any(o in reach for o in node.output):
+            reach.add(node.input[0])  # the value quantized; not its scale or zero point
+            continue
         if node.op_type in _DRAWS or \
                 not any(o in reach and types.get(o, TensorProto.FLOAT) in _FLOATS for o in node.output):
             continue

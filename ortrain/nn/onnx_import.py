@@ -92,6 +92,8 @@ NON_FINITE = ("it holds inf or NaN (an additive attention mask of 0 and -inf, sa
               "spread as NaN through every weight")
 OTHER_FLOAT = ("it holds {dtype} values, and ortrain trains float32 weights only; export the model in float32 to "
                "train it (in PyTorch, model.float() before torch.onnx.export)")
+QUANTIZED = ("its gradient would cross QuantizeLinear {node!r}, whose integer output onnxruntime-training does not "
+             "differentiate (it has no straight-through gradient for quantization-aware training)")
 FOLDED = ("PyTorch's dynamo exporter folded it from shapes and constants, none of them a parameter (a ones or zeros "
           "scale such as InstanceNorm(affine=False)'s), so PyTorch does not train it")
 
@@ -355,6 +357,21 @@ def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
     return used, gradient_reach(model), buffers
 
 
+def _reached_through_quantize(model: onnx.ModelProto, differentiable: set[str]) -> dict[str, str]:
+    """The values a gradient from the outputs would reach only through a ``QuantizeLinear``'s integer
+    output, each to the name of the first such node after it (in the graph's order)."""
+    quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    if not quantize:
+        return {}
+    through = gradient_reach(model, straight_through=("QuantizeLinear",)) - differentiable
+    found = {}
+    for i, node in enumerate(quantize):
+        label = node.name or f"QuantizeLinear#{i}"
+        for name in gradient_reach(model, targets=node.input[:1]) & through:
+            found.setdefault(name, label)
+    return found
+
+
 def _finite(a: np.ndarray) -> bool:
     """Whether every value is finite. An inf or NaN makes the sum inf or NaN, and summing is cheaper
     than a mask of the whole array; only a sum that overflowed needs the exact look."""
@@ -418,6 +435,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     first = list(order) if order else [t.name for t in model.graph.initializer] + list(stash)
     copies = _untie_identities(model, stash, tensors_of_torch)
     used, differentiable, bn_stats = _uses(model)
+    quantized = _reached_through_quantize(model, differentiable)
     inits = [t.name for t in model.graph.initializer]
     # IR 3 files list initializers among the graph inputs too.
     keep_inputs = [vi for vi in model.graph.input if vi.name not in set(inits) and vi.name not in stash]
@@ -451,7 +469,9 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
             if other:
                 unreached[name] = OTHER_FLOAT.format(dtype=other)
                 other_floats.append((name, other))
-            if is_float and rank >= 1:
+            if is_float and rank >= 1 and name in quantized:
+                unreached[name] = QUANTIZED.format(node=quantized[name])
+            elif is_float and rank >= 1:
                 unreached[name] = NO_GRADIENT
                 if int(np.prod(value.dims if tensor else value.shape)) > 1:
                     several.add(name)
@@ -462,6 +482,14 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
              f"a gradient reaches ({shown}) stay{'s' if len(other_floats) == 1 else ''} constant: ortrain trains "
              "float32 weights only; export the model in float32 to train them (in PyTorch, model.float() before "
              "torch.onnx.export)", UserWarning)
+    held = [name for name in values if name in quantized and unreached.get(name, "").startswith("its gradient")]
+    if held and trainable is None:
+        nodes = sorted({quantized[name] for name in held})
+        warn(f"from_onnx: {len(held)} float32 initializer{'s' if len(held) > 1 else ''} before quantized activations "
+             f"({', '.join(map(repr, held[:5]))}{', ...' if len(held) > 5 else ''}) stay{'s' if len(held) == 1 else ''} constant: a gradient would "
+             f"cross QuantizeLinear ({', '.join(map(repr, nodes[:3]))}{', ...' if len(nodes) > 3 else ''}), which "
+             "onnxruntime-training does not differentiate, so only the weights after the last one train; train the "
+             "float model, then quantize it (or give trainable= the weights meant to train)", UserWarning)
     # an exponent of several values is a parameter's form (exporters write constant exponents as one value)
     exponents = sorted(several & _exponent_sources(model))
     if exponents:
