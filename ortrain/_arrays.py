@@ -490,7 +490,8 @@ def prepare_sample_weight(w, shape, argument: str = "sample_weight", rows: int |
             hint = ("; for one weight per output unit (a mask over a (batch, time) output) give the model an "
                     "output of shape (batch, time, 1), which takes one weight per position, or for mean squared "
                     "error use loss_mask=<outputs>")
-        if isinstance(w, (list, tuple)) and len(w) > 1 and all(isinstance(v, np.ndarray) for v in w):
+        if isinstance(w, (list, tuple)) and len(w) > 1 and \
+                all(isinstance(v, np.ndarray) and v.ndim >= 1 and (rows is None or len(v) == rows) for v in w):
             hint += ("; if the list holds one array per output (Keras' form for several outputs), give the first "
                      "output's alone: ortrain trains that output only")
         raise ShapeError(f"{argument}: expected shape {accepted} ({what}), received "

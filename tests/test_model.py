@@ -1187,6 +1187,9 @@ def test_keras_per_output_and_nested_forms_are_refused_saying_what_ortrain_takes
     with pytest.raises(ot.ShapeError, match=r"received \(2, 2\); .* one array per output \(Keras' form for "
                                             r"several outputs\), give the first output's alone"):
         model.fit(xs[:2], ys[:2], sample_weight=[np.ones(2), np.ones(2)], verbose=0)
+    # a list of per-sample weights one row short is no list of per-output arrays: no such hint
+    with pytest.raises(ot.ShapeError, match=r"received \(7, 1\)$"):
+        model.fit(xs, ys, sample_weight=[np.ones(1)] * 7, verbose=0)
     # a list of as many weight rows as the batch has rows stays rows (per position), as many as outputs
     seq = ot.Input((5, 3))
     positions = ot.Model(seq, [L.Dense(1)(seq), L.Dense(2)(seq)])
