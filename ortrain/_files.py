@@ -226,10 +226,12 @@ def _drop_made(path) -> None:
 
 
 @contextlib.contextmanager
-def scratch_dir(prefix: str = "ortrain-"):
+def scratch_dir(prefix: str = "ortrain-scratch-"):
     """A private (0700) temporary directory, removed on exit. Named before it is made, so that an
     interrupt (Ctrl-C) as it is made or removed leaves nothing behind (``tempfile.mkdtemp``'s
-    name is lost to an interrupt that comes as it returns)."""
+    name is lost to an interrupt that comes as it returns). Locked while in use; the prefix is not
+    that of earlier versions (``ortrain-``), whose folders are not locked in use and so are never
+    taken for ones a killed process left."""
     parent = tempfile.gettempdir()
     _remove_scratch_left_behind(parent, prefix)
     held = None

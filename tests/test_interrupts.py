@@ -329,10 +329,11 @@ def test_scratch_folders_a_killed_process_left_are_removed_by_the_next_process(t
         (d / ".checkpoint.0123456789ab.tmp").write_bytes(b"x" * 1000)
         os.utime(d, (age, age))
         return d
-    left = made("ortrain-0123456789abcdef")
-    young = made("ortrain-1123456789abcdef", age=time.time())  # being made: not locked yet
-    in_use = made("ortrain-2123456789abcdef")  # a live process holds it
-    mine = made("ortrain-notes")  # not a scratch folder's name
+    left = made("ortrain-scratch-0123456789abcdef")
+    young = made("ortrain-scratch-1123456789abcdef", age=time.time())  # being made: not locked yet
+    in_use = made("ortrain-scratch-2123456789abcdef")  # a live process holds it
+    mine = made("ortrain-scratch-notes")  # not a scratch folder's name
+    earlier = made("ortrain-3123456789abcdef")  # an earlier version's, which never locks its folder in use
     held = os.open(in_use, os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
@@ -345,5 +346,5 @@ def test_scratch_folders_a_killed_process_left_are_removed_by_the_next_process(t
     finally:
         os.close(held)
     assert not left.exists()
-    assert young.exists() and in_use.exists() and mine.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (young, in_use, mine))
+    assert young.exists() and in_use.exists() and mine.exists() and earlier.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (young, in_use, mine, earlier))
