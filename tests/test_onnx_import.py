@@ -1003,20 +1003,22 @@ def test_files_from_the_wild_declared_rank_duplicate_names_and_quantized_models(
         model.fit(x, y, verbose=0)
 
 
-def _quantized_twins(rng, opset, quantize_input):
-    """A model whose first weight is stored int8 (DequantizeLinear of a constant) and, with
-    ``quantize_input``, whose input passes a QuantizeLinear -> DequantizeLinear pair; and its float
-    twin, the int8 weight dequantized by numpy (the input is fake-quantized by the caller)."""
+def _quantized_twins(rng, opset, quantize_input, per_channel=False):
+    """A model whose first weight is stored int8 (DequantizeLinear of a constant; with
+    ``per_channel``, a scale and zero point per output column) and, with ``quantize_input``, whose
+    input passes a QuantizeLinear -> DequantizeLinear pair; and its float twin, the int8 weight
+    dequantized by numpy (the input is fake-quantized by the caller)."""
     wq = rng.integers(-100, 100, (4, 8)).astype(np.int8)
     v = (rng.standard_normal((8, 3)) * 0.3).astype(np.float32)
-    scale = np.array(0.02, np.float32)
+    scale = np.linspace(0.01, 0.03, 8, dtype=np.float32) if per_channel else np.array(0.02, np.float32)
+    zero = np.zeros(8, np.int8) if per_channel else np.array(0, np.int8)
     inits = [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(scale, "ws"),
-             numpy_helper.from_array(np.array(0, np.int8), "wz"), numpy_helper.from_array(v, "v"),
+             numpy_helper.from_array(zero, "wz"), numpy_helper.from_array(v, "v"),
              numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
              numpy_helper.from_array(np.array(3, np.int8), "xz")]
     first = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"])] if quantize_input else []
-    nodes = [*first, helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"]),
+    nodes = [*first, helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=1),
              helper.make_node("MatMul", ["xd" if quantize_input else "x", "w"], ["h"]),
              helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "v"], ["o"])]
     quantized = _model(nodes, [_vi("x", ["N", 4])], [_vi("o", ["N", 3])], inits, opset=opset)
@@ -1026,13 +1028,18 @@ def _quantized_twins(rng, opset, quantize_input):
     return quantized, twin
 
 
-@pytest.mark.parametrize("opset, quantize_input", [(17, False), (21, False), (21, True)])
-def test_weight_only_quantized_and_opset_21_qdq_models_train_as_their_float_twins(rng, opset, quantize_input):
+@pytest.mark.parametrize("opset, quantize_input, per_channel",
+                         [(17, False, False), (17, False, True), (21, False, False), (21, True, True)])
+def test_weight_only_quantized_and_opset_21_qdq_models_train_as_their_float_twins(rng, opset, quantize_input,
+                                                                                   per_channel):
     # A DequantizeLinear of a constant int8 weight (a weight-only quantized model) was refused as a
     # quantized model, where it trains: its float weights move as in the float model whose constant
     # weight numpy dequantized. From opset 21 onnxruntime's quantization-aware-training pass leaves a
-    # QuantizeLinear alone, and a quantized input trains as the input quantized by numpy.
-    quantized, twin = _quantized_twins(rng, opset, quantize_input)
+    # QuantizeLinear alone, and a quantized input trains as the input quantized by numpy. A scale per
+    # channel (a float vector) was taken for a weight, and the model refused: DequantizeLinear has no
+    # gradient.
+    quantized, twin = _quantized_twins(rng, opset, quantize_input, per_channel)
+    assert ot.from_onnx(quantized).weight_names() == ["v"]  # the scales and zero points stay constants
     x = rng.standard_normal((16, 4)).astype(np.float32)
     y = rng.standard_normal((16, 3)).astype(np.float32)
     fed = np.clip(np.round(x / np.float32(0.05)) + 3, -128, 127).astype(np.float32) * np.float32(0.05) - \

@@ -69,6 +69,7 @@ NON_DIFFERENTIABLE_INPUTS = {
     "RandomNormalLike": {0}, "RandomUniformLike": {0}, "EyeLike": {0},  # only the input's shape is read
     "Reshape": {1}, "Resize": {1, 2, 3}, "Slice": {1, 2, 3, 4}, "Split": {1}, "Squeeze": {1}, "Tile": {1},
     "TopK": {1}, "Unsqueeze": {1}, "Upsample": {1},
+    "DequantizeLinear": {1, 2},  # a quantized weight's scale and zero point (per channel: float vectors)
 }
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
