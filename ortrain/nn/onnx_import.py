@@ -48,7 +48,7 @@ from ortrain.graph.batch_dimension import free_batch_dimension, free_output_batc
 from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
-from ortrain.graph.opsets import upgrade_opset
+from ortrain.graph.opsets import default_opset, upgrade_opset
 from ortrain.graph.passes import all_nodes, attribute, node_inputs, subgraphs
 from ortrain.graph.repairs import (
     batchnorm_inference_form,
@@ -92,7 +92,7 @@ NON_FINITE = ("it holds inf or NaN (an additive attention mask of 0 and -inf, sa
               "spread as NaN through every weight")
 OTHER_FLOAT = ("it holds {dtype} values, and ortrain trains float32 weights only; export the model in float32 to "
                "train it (in PyTorch, model.float() before torch.onnx.export)")
-QUANTIZED = ("its gradient would cross QuantizeLinear {node!r}, whose integer output onnxruntime-training does not "
+QUANTIZED = ("its gradient would cross {node}, whose integer output onnxruntime-training does not "
              "differentiate (it has no straight-through gradient for quantization-aware training)")
 FOLDED = ("PyTorch's dynamo exporter folded it from shapes and constants, none of them a parameter (a ones or zeros "
           "scale such as InstanceNorm(affine=False)'s), so PyTorch does not train it")
@@ -357,19 +357,31 @@ def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
     return used, gradient_reach(model), buffers
 
 
+_QUANTIZE = ("QuantizeLinear", "DynamicQuantizeLinear")  # ops whose output is integers
+
+
 def _reached_through_quantize(model: onnx.ModelProto, differentiable: set[str]) -> dict[str, str]:
-    """The values a gradient from the outputs would reach only through a ``QuantizeLinear``'s integer
-    output, each to the name of the first such node after it (in the graph's order)."""
-    quantize = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
-    if not quantize:
+    """The values a gradient from the outputs would reach only through a quantizing op's integer
+    output, each to the name of the first such node after it (in the graph's order). QuantizeLinear
+    counts from opset 21 (below, onnxruntime-training refuses a model that has one)."""
+    nodes = list(model.graph.node)
+    ops = _QUANTIZE if default_opset(model) >= 21 else ("DynamicQuantizeLinear",)
+    if not any(n.op_type in ops for n in nodes):
         return {}
-    through = gradient_reach(model, straight_through=("QuantizeLinear",)) - differentiable
-    found = {}
-    for i, node in enumerate(quantize):
-        label = node.name or f"QuantizeLinear#{i}"
-        for name in gradient_reach(model, targets=node.input[:1]) & through:
-            found.setdefault(name, label)
-    return found
+    first = {}  # value -> index in ``nodes`` of the first quantizing node it leads to
+    for i in reversed(range(len(nodes))):  # consumers first
+        node = nodes[i]
+        if node.op_type in ops:
+            after = i
+        else:
+            after = min((first[o] for o in node.output if o in first), default=None)
+        if after is not None:
+            for name in node.input[:1] if node.op_type in ops else node.input:
+                if name and first.get(name, len(nodes)) > after:
+                    first[name] = after
+    through = gradient_reach(model, straight_through=ops) - differentiable
+    return {name: f"{nodes[i].name or f'{nodes[i].op_type}#{i}'!r} ({nodes[i].op_type})"
+            for name, i in first.items() if name in through}
 
 
 def _finite(a: np.ndarray) -> bool:
@@ -482,14 +494,17 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
              f"a gradient reaches ({shown}) stay{'s' if len(other_floats) == 1 else ''} constant: ortrain trains "
              "float32 weights only; export the model in float32 to train them (in PyTorch, model.float() before "
              "torch.onnx.export)", UserWarning)
-    held = [name for name in values if name in quantized and unreached.get(name, "").startswith("its gradient")]
+    frozen_names = {n for pat in _patterns(frozen, "frozen") or () for n in picked(list(quantized), pat)}
+    held = [name for name in values if name in quantized and name not in frozen_names and
+            unreached.get(name, "").startswith("its gradient") and
+            int(np.prod(values[name].dims if isinstance(values[name], onnx.TensorProto) else values[name].shape)) > 1]
     if held and trainable is None:
         nodes = sorted({quantized[name] for name in held})
         warn(f"from_onnx: {len(held)} float32 initializer{'s' if len(held) > 1 else ''} before quantized activations "
-             f"({', '.join(map(repr, held[:5]))}{', ...' if len(held) > 5 else ''}) stay{'s' if len(held) == 1 else ''} constant: a gradient would "
-             f"cross QuantizeLinear ({', '.join(map(repr, nodes[:3]))}{', ...' if len(nodes) > 3 else ''}), which "
-             "onnxruntime-training does not differentiate, so only the weights after the last one train; train the "
-             "float model, then quantize it (or give trainable= the weights meant to train)", UserWarning)
+             f"({', '.join(map(repr, held[:5]))}{', ...' if len(held) > 5 else ''}) stay{'s' if len(held) == 1 else ''} "
+             f"constant: a gradient would cross {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''}, whose "
+             "integers onnxruntime-training does not differentiate, so only the weights after the last one train; train the float model, then quantize it (name the weights after it in trainable= "
+             "or these in frozen= to silence this)", UserWarning)
     # an exponent of several values is a parameter's form (exporters write constant exponents as one value)
     exponents = sorted(several & _exponent_sources(model))
     if exponents:
