@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import functools
 import os
+import re
 import threading
 import time
 import weakref
@@ -52,6 +53,8 @@ def _fresh_locks_in_child() -> None:
             owner._after_fork_in_child()
         except Exception:  # noqa: BLE001,S112 - as above
             continue
+    LEFT_AT_EXIT.clear()  # (a fork during the exit: the child's threads are its own)
+    _held.clear()
 
 
 def busy_at_fork(what: str) -> str:
@@ -65,39 +68,61 @@ def busy_at_fork(what: str) -> str:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
-QUIET_AT_EXIT_S = 5.0  # the longest the interpreter's exit waits for calls in flight in daemon threads
-# The idents of the daemon threads left running when the interpreter's exit began: from then on, a
-# call of theirs into a session waits for good (see _quiet_at_exit). Threads that atexit handlers
-# start later are not among them, and run as before.
-LEFT_AT_EXIT: set[int] = set()
+QUIET_AT_EXIT_S = 5.0  # the longest the interpreter's exit waits for calls in flight in other threads
+HELD_AT_EXIT_S = 10.0  # the longest a thread left running at the exit is held before its next call
+# The threads (objects: the system reuses the idents of ended ones) left running when the
+# interpreter's exit began (daemon threads, and threads earlier atexit handlers started and left):
+# their next call into a session waits (see _quiet_at_exit). Threads that atexit handlers start
+# later are not among them, and run as usual.
+LEFT_AT_EXIT: set[threading.Thread] = set()
+_held: set[int] = set()  # the idents of the threads held now
 _waits_at_exit: list = []  # functions(deadline) that wait for calls in flight no lock covers
 
 
 def wait_at_exit(wait) -> None:
     """Have the interpreter's exit call ``wait(deadline)`` (a ``time.monotonic()`` time) once the
-    daemon threads left running are known (see :func:`_quiet_at_exit`)."""
+    threads left running are known (see :func:`_quiet_at_exit`)."""
     _waits_at_exit.append(wait)
 
 
-def park_if_left_at_exit() -> None:
-    """Wait for good if this thread is a daemon thread the interpreter's exit left running: it would
-    call onnxruntime while the runtime's objects are torn down (which aborts the process)."""
-    if threading.get_ident() in LEFT_AT_EXIT:
-        threading.Event().wait()
+def hold_if_left_at_exit() -> None:
+    """Wait (HELD_AT_EXIT_S at most, once) if this thread was left running when the interpreter's exit
+    began: a call into onnxruntime still running when the interpreter is torn down aborts the process
+    as it returns, and the interpreter ends a waiting thread with the process. Held no longer than that, a thread that a
+    later atexit handler waits for (a worker it stops and joins) goes on."""
+    me = threading.current_thread()
+    if me in LEFT_AT_EXIT:
+        _held.add(me.ident)
+        try:
+            time.sleep(HELD_AT_EXIT_S)
+        finally:
+            _held.discard(me.ident)
+            LEFT_AT_EXIT.discard(me)
+
+
+def _owner(lock) -> int | None:
+    """The ident of the thread holding an ``RLock`` (from its repr; None where that does not say)."""
+    found = re.search(r"owner=(\d+)", repr(lock))
+    return int(found.group(1)) if found else None
 
 
 def _quiet_at_exit() -> None:
-    """At the interpreter's exit (only daemon threads are left): have their next calls into a session
-    wait for good, and wait (QUIET_AT_EXIT_S at most) for their calls in flight."""
+    """At the interpreter's exit: have the next calls into a session of the threads still running
+    wait (see hold_if_left_at_exit), and wait (QUIET_AT_EXIT_S at most) for their calls in flight,
+    those of held threads excepted."""
     me = threading.current_thread()
-    LEFT_AT_EXIT.update(t.ident for t in threading.enumerate() if t.daemon and t is not me)
+    LEFT_AT_EXIT.update(t for t in threading.enumerate() if t is not me)
     if not LEFT_AT_EXIT:
         return
     deadline = time.monotonic() + QUIET_AT_EXIT_S
     for owner in list(_locked):
         lock = owner.__dict__.get("_lock")
-        if lock is not None and lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            lock.release()  # a call after this one sees LEFT_AT_EXIT (exclusive looks under the lock)
+        while lock is not None and time.monotonic() < deadline:
+            if lock.acquire(timeout=0.01):
+                lock.release()  # a call after this one sees LEFT_AT_EXIT (exclusive looks under the lock)
+                break
+            if _owner(lock) in _held:  # (a held thread's call of a snapshot, between its runs)
+                break
     for wait in _waits_at_exit:
         wait(deadline)
 
@@ -113,7 +138,7 @@ def exclusive(method):
         with self._lock:
             if not LEFT_AT_EXIT:
                 return method(self, *args, **kwargs)
-        park_if_left_at_exit()  # (not holding the lock, which a later atexit handler may want)
+        hold_if_left_at_exit()  # (not holding the lock, which a later atexit handler may want)
         with self._lock:
             return method(self, *args, **kwargs)
     return call

@@ -863,14 +863,17 @@ def test_a_fork_while_other_threads_open_or_run_sessions_leaves_the_child_a_clea
 
 def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_path):
     # A daemon thread predicting (model, snapshot or trainer) when the main thread ended aborted the
-    # process in onnxruntime's teardown ("terminate called without an active exception", rc 134).
-    # Threads that atexit handlers start later run as before (they waited for good), and a daemon
-    # thread waiting for its input's data inside a snapshot's predict does not hold up the exit.
+    # process in onnxruntime's teardown ("terminate called without an active exception", rc 134), as
+    # did a thread an atexit handler started and left running. Threads that atexit handlers start
+    # later run as before (they waited for good, even where a finished thread's ident was reused),
+    # and a daemon thread waiting for its input's data inside a snapshot's predict does not hold up
+    # the exit.
     script = tmp_path / "exit_daemon.py"
     script.write_text(textwrap.dedent("""
         import atexit, queue, threading, time
         import numpy as np
         def late():  # runs after ortrain's exit handlers
+            time.sleep(0.3)  # the short thread has ended: a new one may be given its ident
             same = [float(m.predict(x).sum()) == want]
             for daemon in (False, True):
                 t = threading.Thread(target=lambda: same.extend(float(f(x).sum()) == want for f in
@@ -886,12 +889,16 @@ def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_
         tr = ot.Trainer(m, batch_size=64)
         snap = tr.snapshot()
         want = float(m.predict(x).sum())
-        atexit.register(lambda: print("early", float(snap.predict(x).sum()) == want))
         def loop(f):
             while True:
                 f()
+        def early():  # runs before ortrain's exit handlers
+            threading.Thread(target=loop, args=(lambda: tr.predict(x),)).start()  # left running
+            print("early", float(snap.predict(x).sum()) == want)
+        atexit.register(early)
         for f in (lambda: m.predict(x), lambda: snap.predict(x), lambda: tr.predict(x), lambda: m.evaluate(x, y)):
             threading.Thread(target=loop, args=(f,), daemon=True).start()
+        threading.Thread(target=time.sleep, args=(0.2,), daemon=True).start()
         class Lazy:  # an array whose data never comes
             def __array__(self, dtype=None, copy=None):
                 return queue.Queue().get()
@@ -902,6 +909,34 @@ def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.split() == ["early", "True", "late", "True", "True"], \
         (run.returncode, run.stdout, run.stderr[-2000:])
+    # A worker left running at the exit that a later atexit handler stops and waits for is held a
+    # while (HELD_AT_EXIT_S), not for good: the exit hung
+    script = tmp_path / "exit_join.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, threading, time
+        import numpy as np
+        def stop_worker():  # runs after ortrain's exit handlers
+            stop.set()
+            worker.join()
+            print("joined", calls[0] > 0)
+        atexit.register(stop_worker)
+        import ortrain as ot
+        import ortrain._lifetime
+        ortrain._lifetime.HELD_AT_EXIT_S = 0.5
+        m = ot.Sequential([ot.layers.Dense(4)], input_shape=(16,), seed=1)
+        x = np.ones((8, 16), np.float32)
+        stop, calls = threading.Event(), [0]
+        def work():
+            while not stop.is_set():
+                m.predict(x)
+                calls[0] += 1
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        time.sleep(0.3)
+        """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.split() == ["joined", "True"], (run.returncode, run.stdout,
+                                                                           run.stderr[-2000:])
 
 
 def test_a_snapshot_freed_from_another_thread_raises_freed_error_only(rng):

@@ -12,8 +12,8 @@ import onnx
 from ortrain._lifetime import (
     LEFT_AT_EXIT,
     busy_at_fork,
+    hold_if_left_at_exit,
     kept_in_forked_children,
-    park_if_left_at_exit,
     wait_at_exit,
 )
 from ortrain.engine import denormals
@@ -109,9 +109,10 @@ class InferenceRunner:
         me = threading.get_ident()
         try:
             self._running.add(me)
-            if LEFT_AT_EXIT and me in LEFT_AT_EXIT:
+            if LEFT_AT_EXIT:
                 self._running.discard(me)
-                park_if_left_at_exit()
+                hold_if_left_at_exit()
+                self._running.add(me)
             denormals.on(flush)
             return sess.run(outputs or self.output_names, feeds)
         except Exception as exc:  # the runtime's exception types derive from RuntimeError or Exception
@@ -137,12 +138,12 @@ _RUNNERS = weakref.WeakSet()
 
 
 def _runs_at_exit(deadline: float) -> None:
-    """Wait until ``deadline`` at most for the runs in flight of the daemon threads the interpreter's
-    exit left running (their next ones wait for good: see ortrain._lifetime.LEFT_AT_EXIT), so that
-    none runs while onnxruntime is torn down (which aborts the process: "terminate called without an
-    active exception")."""
-    while time.monotonic() < deadline and any(LEFT_AT_EXIT & r.__dict__.get("_running", set())
-                                              for r in list(_RUNNERS)):
+    """Wait until ``deadline`` at most for the runs in flight of the threads the interpreter's exit
+    left running (their next ones wait: see ortrain._lifetime.LEFT_AT_EXIT), so that none is running
+    when the interpreter is torn down (its return then aborts the process: "terminate called without
+    an active exception")."""
+    left = {t.ident for t in LEFT_AT_EXIT}
+    while time.monotonic() < deadline and any(left & r.__dict__.get("_running", set()) for r in list(_RUNNERS)):
         time.sleep(0.002)
 
 
