@@ -1080,6 +1080,20 @@ def test_weights_before_a_quantized_activation_are_named_as_constants_with_the_n
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # what frozen= names is meant to stay
         assert ot.from_onnx(proto, frozen=["W1"]).weight_names() == ["W2"]
+    for opset in (13, 19):  # (training refuses the model below opset 21, but trainable= gives the reason)
+        with pytest.raises(ot.OrtrainError, match=r"'W1' is a constant, not a weight: its gradient would cross "
+                                                  r"'q_mid' \(QuantizeLinear\)"):
+            ot.from_onnx(_model(nodes, [_vi("x", ["N", 4])], [_vi("y", ["N", 2])], list(proto.graph.initializer),
+                                opset=opset), trainable=["W1", "W2"])
+    # the node named is one the gradient crosses: not one reached through the shape of h
+    by_shape = [nodes[0], helper.make_node("Shape", ["h"], ["sh"]), helper.make_node("Cast", ["sh"], ["shf"], to=1),
+                helper.make_node("QuantizeLinear", ["shf", "s", "z"], ["shq"], name="q_shape"),
+                helper.make_node("DequantizeLinear", ["shq", "s", "z"], ["shd"]),
+                helper.make_node("ReduceSum", ["shd"], ["r"], keepdims=0), *nodes[1:3],
+                helper.make_node("MatMul", ["hd", "W2"], ["y0"]), helper.make_node("Mul", ["y0", "r"], ["y"])]
+    with pytest.warns(UserWarning, match=r"\('W1'\) stays constant: a gradient would cross 'q_mid' "):
+        ot.from_onnx(_model(by_shape, [_vi("x", ["N", 4])], [_vi("y", ["N", 2])], list(proto.graph.initializer),
+                            opset=21))
     dynamic = _model([helper.make_node("MatMul", ["x", "W1"], ["h"]),
                       helper.make_node("Mul", ["h", "half"], ["hh"]),  # a one-value constant, not listed
                       helper.make_node("DynamicQuantizeLinear", ["hh"], ["hq", "hs", "hz"], name="dq_mid"),

@@ -107,26 +107,38 @@ def may_stop_gradients(model: onnx.ModelProto, weights) -> bool:
 _DRAWS = frozenset({"Bernoulli", "Multinomial"})
 
 
-def gradient_reach(model: onnx.ModelProto, targets=None, straight_through=()) -> set[str]:
+def gradient_reach(model: onnx.ModelProto, targets=None, straight_through=(), crossed: dict | None = None) -> set[str]:
     """The values a gradient from ``targets`` (default: every graph output) flows into: backwards
     through the inputs of nodes one of whose float outputs it reaches, except at positions no
     gradient enters (``NON_DIFFERENTIABLE_INPUTS``), and into what their subgraphs read from
     outside. Integer and boolean values (shapes, a comparison's mask, an arg-max) stop it, so a
     float tensor read only through ``Equal`` is a constant, except that nodes of the op types
     ``straight_through`` names pass it to their first input (what a gradient would reach through
-    ``QuantizeLinear``'s integers). Values of unknown type count as float."""
+    ``QuantizeLinear``'s integers). Values of unknown type count as float. ``crossed`` (a dict)
+    receives, for each value a gradient reaches through such a node, the index in the graph's nodes
+    of the first one it crosses."""
     types = elem_types(model, lenient=True)
     reach = set(targets) if targets is not None else {o.name for o in model.graph.output}
-    for node in reversed(model.graph.node):  # topological order, so consumers come first
+    nodes = model.graph.node
+    for i in reversed(range(len(nodes))):  # topological order, so consumers come first
+        node = nodes[i]
         if node.op_type in straight_through and any(o in reach for o in node.output):
             reach.add(node.input[0])  # the value quantized; not its scale or zero point
+            if crossed is not None:
+                crossed[node.input[0]] = min(i, crossed.get(node.input[0], i))
             continue
-        if node.op_type in _DRAWS or \
-                not any(o in reach and types.get(o, TensorProto.FLOAT) in _FLOATS for o in node.output):
+        flowing = [o for o in node.output if o in reach and types.get(o, TensorProto.FLOAT) in _FLOATS]
+        if node.op_type in _DRAWS or not flowing:
             continue
         skip = NON_DIFFERENTIABLE_INPUTS.get(node.op_type, ())
-        reach.update(name for pos, name in enumerate(node.input) if name and pos not in skip)
-        reach.update(subgraph_reads(node))
+        into = [name for pos, name in enumerate(node.input) if name and pos not in skip]
+        into += subgraph_reads(node)
+        reach.update(into)
+        if crossed is not None:
+            first = min((crossed[o] for o in flowing if o in crossed), default=None)
+            if first is not None:
+                for name in into:
+                    crossed[name] = min(first, crossed.get(name, first))
     return reach
 
 

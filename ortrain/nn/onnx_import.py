@@ -360,28 +360,16 @@ def _uses(model: onnx.ModelProto) -> tuple[set[str], set[str], set[str]]:
 _QUANTIZE = ("QuantizeLinear", "DynamicQuantizeLinear")  # ops whose output is integers
 
 
-def _reached_through_quantize(model: onnx.ModelProto, differentiable: set[str]) -> dict[str, str]:
+def _reached_through_quantize(model: onnx.ModelProto, differentiable: set[str]) -> dict[str, tuple[str, str]]:
     """The values a gradient from the outputs would reach only through a quantizing op's integer
-    output, each to the name of the first such node after it (in the graph's order). QuantizeLinear
-    counts from opset 21 (below, onnxruntime-training refuses a model that has one)."""
-    nodes = list(model.graph.node)
-    ops = _QUANTIZE if default_opset(model) >= 21 else ("DynamicQuantizeLinear",)
-    if not any(n.op_type in ops for n in nodes):
+    output, each to the first such node it crosses: its name, and its op type."""
+    nodes = model.graph.node
+    if not any(n.op_type in _QUANTIZE for n in nodes):
         return {}
-    first = {}  # value -> index in ``nodes`` of the first quantizing node it leads to
-    for i in reversed(range(len(nodes))):  # consumers first
-        node = nodes[i]
-        if node.op_type in ops:
-            after = i
-        else:
-            after = min((first[o] for o in node.output if o in first), default=None)
-        if after is not None:
-            for name in node.input[:1] if node.op_type in ops else node.input:
-                if name and first.get(name, len(nodes)) > after:
-                    first[name] = after
-    through = gradient_reach(model, straight_through=ops) - differentiable
-    return {name: f"{nodes[i].name or f'{nodes[i].op_type}#{i}'!r} ({nodes[i].op_type})"
-            for name, i in first.items() if name in through}
+    crossed = {}
+    through = gradient_reach(model, straight_through=_QUANTIZE, crossed=crossed) - differentiable
+    return {name: (f"{nodes[i].name or f'{nodes[i].op_type}#{i}'!r} ({nodes[i].op_type})", nodes[i].op_type)
+            for name, i in crossed.items() if name in through}
 
 
 def _finite(a: np.ndarray) -> bool:
@@ -482,7 +470,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                 unreached[name] = OTHER_FLOAT.format(dtype=other)
                 other_floats.append((name, other))
             if is_float and rank >= 1 and name in quantized:
-                unreached[name] = QUANTIZED.format(node=quantized[name])
+                unreached[name] = QUANTIZED.format(node=quantized[name][0])
             elif is_float and rank >= 1:
                 unreached[name] = NO_GRADIENT
                 if int(np.prod(value.dims if tensor else value.shape)) > 1:
@@ -495,11 +483,13 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
              "float32 weights only; export the model in float32 to train them (in PyTorch, model.float() before "
              "torch.onnx.export)", UserWarning)
     frozen_names = {n for pat in _patterns(frozen, "frozen") or () for n in picked(list(quantized), pat)}
-    held = [name for name in values if name in quantized and name not in frozen_names and
+    # (below opset 21 training refuses a QuantizeLinear: then only DynamicQuantizeLinear is told of)
+    told = ("QuantizeLinear", "DynamicQuantizeLinear") if default_opset(model) >= 21 else ("DynamicQuantizeLinear",)
+    held = [name for name in values if name in quantized and quantized[name][1] in told and name not in frozen_names and
             unreached.get(name, "").startswith("its gradient") and
             int(np.prod(values[name].dims if isinstance(values[name], onnx.TensorProto) else values[name].shape)) > 1]
     if held and trainable is None:
-        nodes = sorted({quantized[name] for name in held})
+        nodes = sorted({quantized[name][0] for name in held})
         warn(f"from_onnx: {len(held)} float32 initializer{'s' if len(held) > 1 else ''} before quantized activations "
              f"({', '.join(map(repr, held[:5]))}{', ...' if len(held) > 5 else ''}) stay{'s' if len(held) == 1 else ''} "
              f"constant: a gradient would cross {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''}, whose "
