@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import re
+import sys
 import threading
 import time
 import weakref
@@ -69,7 +70,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 QUIET_AT_EXIT_S = 5.0  # the longest the interpreter's exit waits for calls in flight in other threads
-HELD_AT_EXIT_S = 10.0  # the longest a thread left running at the exit is held before its next call
+HELD_AT_EXIT_S = 30.0  # the longest a thread left running at the exit is held before its next call, unjoined
 # The threads (objects: the system reuses the idents of ended ones) left running when the
 # interpreter's exit began (daemon threads, and threads earlier atexit handlers started and left):
 # their next call into a session waits (see _quiet_at_exit). Threads that atexit handlers start
@@ -86,18 +87,34 @@ def wait_at_exit(wait) -> None:
 
 
 def hold_if_left_at_exit() -> None:
-    """Wait (HELD_AT_EXIT_S at most, once) if this thread was left running when the interpreter's exit
-    began: a call into onnxruntime still running when the interpreter is torn down aborts the process
-    as it returns, and the interpreter ends a waiting thread with the process. Held no longer than that, a thread that a
-    later atexit handler waits for (a worker it stops and joins) goes on."""
+    """Wait if this thread was left running when the interpreter's exit began: a call into
+    onnxruntime still running when the interpreter is torn down aborts the process as it returns,
+    and the interpreter ends a waiting thread with the process. Once another thread joins this one
+    (a later atexit handler that stops a worker and waits for it), or after HELD_AT_EXIT_S (it may
+    wait for the thread in another way), the thread goes on."""
     me = threading.current_thread()
     if me in LEFT_AT_EXIT:
         _held.add(me.ident)
         try:
-            time.sleep(HELD_AT_EXIT_S)
+            end = time.monotonic() + HELD_AT_EXIT_S
+            while time.monotonic() < end and not _joined(me):
+                time.sleep(0.02)
         finally:
             _held.discard(me.ident)
             LEFT_AT_EXIT.discard(me)
+
+
+def _joined(thread: threading.Thread) -> bool:
+    """Whether another thread waits in ``thread.join()`` (its frames say so)."""
+    for frame in sys._current_frames().values():
+        for _ in range(3):  # join, and the helper it waits in
+            if frame is None:
+                break
+            if frame.f_code.co_name in ("join", "_wait_for_tstate_lock") and \
+                    frame.f_code.co_filename == threading.__file__ and frame.f_locals.get("self") is thread:
+                return True
+            frame = frame.f_back
+    return False
 
 
 def _owner(lock) -> int | None:
@@ -138,7 +155,7 @@ def exclusive(method):
         with self._lock:
             if not LEFT_AT_EXIT:
                 return method(self, *args, **kwargs)
-        hold_if_left_at_exit()  # (not holding the lock, which a later atexit handler may want)
+        hold_if_left_at_exit()  # (not holding this lock, which a later atexit handler may want)
         with self._lock:
             return method(self, *args, **kwargs)
     return call
