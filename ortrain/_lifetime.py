@@ -56,6 +56,7 @@ def _fresh_locks_in_child() -> None:
             continue
     LEFT_AT_EXIT.clear()  # (a fork during the exit: the child's threads are its own)
     _held.clear()
+    _held_until.clear()
 
 
 def busy_at_fork(what: str) -> str:
@@ -77,6 +78,7 @@ HELD_AT_EXIT_S = 30.0  # the longest a thread left running at the exit is held b
 # later are not among them, and run as usual.
 LEFT_AT_EXIT: set[threading.Thread] = set()
 _held: set[int] = set()  # the idents of the threads held now
+_held_until: dict = {}  # thread -> when it is no longer held
 _waits_at_exit: list = []  # functions(deadline) that wait for calls in flight no lock covers
 
 
@@ -89,19 +91,22 @@ def wait_at_exit(wait) -> None:
 def hold_if_left_at_exit() -> None:
     """Wait if this thread was left running when the interpreter's exit began: a call into
     onnxruntime still running when the interpreter is torn down aborts the process as it returns,
-    and the interpreter ends a waiting thread with the process. Once another thread joins this one
-    (a later atexit handler that stops a worker and waits for it), or after HELD_AT_EXIT_S (it may
-    wait for the thread in another way), the thread goes on."""
+    and the interpreter ends a waiting thread with the process. While another thread joins this one
+    (a later atexit handler that stops a worker and waits for it) the call goes on; after
+    HELD_AT_EXIT_S held in all (it may wait for the thread in another way), every call does."""
     me = threading.current_thread()
-    if me in LEFT_AT_EXIT:
-        _held.add(me.ident)
-        try:
-            end = time.monotonic() + HELD_AT_EXIT_S
-            while time.monotonic() < end and not _joined(me):
-                time.sleep(0.02)
-        finally:
-            _held.discard(me.ident)
-            LEFT_AT_EXIT.discard(me)
+    if me not in LEFT_AT_EXIT:
+        return
+    end = _held_until.setdefault(me, time.monotonic() + HELD_AT_EXIT_S)
+    _held.add(me.ident)
+    try:
+        while not _joined(me):
+            if time.monotonic() >= end:
+                LEFT_AT_EXIT.discard(me)
+                return
+            time.sleep(0.02)
+    finally:
+        _held.discard(me.ident)
 
 
 def _joined(thread: threading.Thread) -> bool:

@@ -910,13 +910,16 @@ def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.split() == ["early", "True", "late", "True", "True"], \
         (run.returncode, run.stdout, run.stderr[-2000:])
-    # A worker left running at the exit that a later atexit handler stops and joins goes on once
-    # joined (HELD_AT_EXIT_S, 30 s, is the longest it is held otherwise): the exit hung
+    # A worker left running at the exit that a later atexit handler stops and joins goes on while
+    # joined (HELD_AT_EXIT_S, 30 s, is the longest it is held otherwise): the exit hung. One joined
+    # with a timeout that keeps predicting was let go for good, and aborted the process.
     script = tmp_path / "exit_join.py"
     script.write_text(textwrap.dedent("""
         import atexit, threading, time
         import numpy as np
         def stop_worker():  # runs after ortrain's exit handlers
+            busy.join(timeout=0.3)  # a worker that goes on: held again once nobody waits for it
+            time.sleep(0.2)  # (the handler's other work)
             stop.set()
             worker.join()
             print("joined", calls[0] > 0)
@@ -929,8 +932,13 @@ def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_
             while not stop.is_set():
                 m.predict(x)
                 calls[0] += 1
+        def loop():
+            while True:
+                m.predict(x)
         worker = threading.Thread(target=work, daemon=True)
-        worker.start()
+        busy = threading.Thread(target=loop, daemon=True)
+        for t in (worker, busy):
+            t.start()
         time.sleep(0.3)
         """))
     began = time.monotonic()
