@@ -442,6 +442,10 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     del model.graph.input[:]
     model.graph.input.extend(keep_inputs)
     params, weights, constants, unreached, several, other_floats = [], {}, [], {}, set(), []
+    # weights a QuantizeLinear keeps constant are told of from opset 21 (below, training refuses the
+    # model), those a DynamicQuantizeLinear keeps at any opset
+    told = ("QuantizeLinear", "DynamicQuantizeLinear") if default_opset(model) >= 21 else ("DynamicQuantizeLinear",)
+    before_quantized = []
     values = {t.name: t for t in model.graph.initializer} | stash
     scalars = _trainable_scalars(trainable, values, differentiable)
     for name, value in values.items():
@@ -469,11 +473,14 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
             if other:
                 unreached[name] = OTHER_FLOAT.format(dtype=other)
                 other_floats.append((name, other))
+            size = int(np.prod(value.dims if tensor else value.shape))
             if is_float and rank >= 1 and name in quantized:
                 unreached[name] = QUANTIZED.format(node=quantized[name][0])
+                if quantized[name][1] in told and size > 1:  # (one value: a constant's form, not a weight's)
+                    before_quantized.append(name)
             elif is_float and rank >= 1:
                 unreached[name] = NO_GRADIENT
-                if int(np.prod(value.dims if tensor else value.shape)) > 1:
+                if size > 1:
                     several.add(name)
     if other_floats:
         kinds = sorted({kind for _, kind in other_floats})
@@ -482,19 +489,16 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
              f"a gradient reaches ({shown}) stay{'s' if len(other_floats) == 1 else ''} constant: ortrain trains "
              "float32 weights only; export the model in float32 to train them (in PyTorch, model.float() before "
              "torch.onnx.export)", UserWarning)
-    frozen_names = {n for pat in _patterns(frozen, "frozen") or () for n in picked(list(quantized), pat)}
-    # (below opset 21 training refuses a QuantizeLinear: then only DynamicQuantizeLinear is told of)
-    told = ("QuantizeLinear", "DynamicQuantizeLinear") if default_opset(model) >= 21 else ("DynamicQuantizeLinear",)
-    held = [name for name in values if name in quantized and quantized[name][1] in told and name not in frozen_names and
-            unreached.get(name, "").startswith("its gradient") and
-            int(np.prod(values[name].dims if isinstance(values[name], onnx.TensorProto) else values[name].shape)) > 1]
+    frozen_names = {n for pat in _patterns(frozen, "frozen") or () for n in picked(before_quantized, pat)}
+    held = [name for name in before_quantized if name not in frozen_names]
     if held and trainable is None:
         nodes = sorted({quantized[name][0] for name in held})
         warn(f"from_onnx: {len(held)} float32 initializer{'s' if len(held) > 1 else ''} before quantized activations "
              f"({', '.join(map(repr, held[:5]))}{', ...' if len(held) > 5 else ''}) stay{'s' if len(held) == 1 else ''} "
              f"constant: a gradient would cross {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''}, whose "
-             "integers onnxruntime-training does not differentiate, so only the weights after the last one train; train the float model, then quantize it (name the weights after it in trainable= "
-             "or these in frozen= to silence this)", UserWarning)
+             "integers onnxruntime-training does not differentiate, so only the weights after the last one train; "
+             "train the float model, then quantize it (name the weights after it in trainable= or these in frozen= "
+             "to silence this)", UserWarning)
     # an exponent of several values is a parameter's form (exporters write constant exponents as one value)
     exponents = sorted(several & _exponent_sources(model))
     if exponents:
