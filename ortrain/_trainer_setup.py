@@ -164,9 +164,11 @@ class TrainerSetup:
             # As Keras keeps an optimizer's per-weight state: a weight that trained before keeps its
             # moments, one that starts training now (unfrozen) starts from zero, and the update count
             # (which bias correction reads) is the optimizer's, shared by all. (An SGD state loaded with
-            # optimizer.load_state holds no moments, only the count.)
-            width = len(next(iter(state.moments.values()))) if state.moments else model.optimizer.runtime_moments
-            moments = {n: state.moments[n] if n in state.moments else tuple(np.zeros_like(w) for _ in range(width))
+            # optimizer.load_state holds no moments, only the count.) The update graph takes as many as
+            # the optimizer keeps now: an SGD's momentum set since keeps a velocity from zero, and one
+            # set to 0 drops it.
+            width = model.optimizer.runtime_moments
+            moments = {n: (tuple(state.moments.get(n, ())) + tuple(np.zeros_like(w) for _ in range(width)))[:width]
                        for n, w in trainable.items()}
             optimizer = engine.OptimizerState(state.step, float(state.lr), moments)
         engine.write_checkpoint(path, engine.CheckpointData(trainable, others, optimizer))

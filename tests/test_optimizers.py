@@ -73,18 +73,22 @@ def test_sgd_weight_decay_matches_numpy_and_spares_frozen(batches):
         np.testing.assert_array_equal(w5[1], w0[1])  # frozen: neither trained nor decayed
 
 
-@pytest.mark.parametrize("kind", ["adam", "adamw", "sgd", "sgd-decay"])
+@pytest.mark.parametrize("kind", ["adam", "adamw", "sgd", "sgd-decay", "sgd-momentum", "sgd-momentum-decay"])
 def test_matches_pytorch(kind, batches):
     torch = torch_or_skip()
     opt = {"adam": ot.optim.Adam(lr=0.05), "adamw": ot.optim.AdamW(lr=0.05, weight_decay=0.1),
-           "sgd": ot.optim.SGD(lr=0.1), "sgd-decay": ot.optim.SGD(lr=0.1, weight_decay=0.2)}[kind]
+           "sgd": ot.optim.SGD(lr=0.1), "sgd-decay": ot.optim.SGD(lr=0.1, weight_decay=0.2),
+           "sgd-momentum": ot.optim.SGD(lr=0.1, momentum=0.9),
+           "sgd-momentum-decay": ot.optim.SGD(lr=0.1, momentum=0.5, weight_decay=0.2)}[kind]
     w0, w5, losses = run_ortrain(opt, batches)
     w = torch.tensor(w0[0], requires_grad=True)
     b = torch.tensor(w0[1], requires_grad=True)
     topt = {"adam": lambda: torch.optim.Adam([w, b], lr=0.05),
             "adamw": lambda: torch.optim.AdamW([w, b], lr=0.05, weight_decay=0.1),
             "sgd": lambda: torch.optim.SGD([w, b], lr=0.1),
-            "sgd-decay": lambda: torch.optim.SGD([w, b], lr=0.1, weight_decay=0.2)}[kind]()
+            "sgd-decay": lambda: torch.optim.SGD([w, b], lr=0.1, weight_decay=0.2),
+            "sgd-momentum": lambda: torch.optim.SGD([w, b], lr=0.1, momentum=0.9),
+            "sgd-momentum-decay": lambda: torch.optim.SGD([w, b], lr=0.1, momentum=0.5, weight_decay=0.2)}[kind]()
     tl = []
     for x, y in batches:
         loss = ((torch.tensor(x) @ w + b - torch.tensor(y)) ** 2).mean()
@@ -126,11 +130,17 @@ def test_optimizer_argument_errors():
         ot.optim.get("rmsprop")
     with pytest.raises(ot.OrtrainError, match="weight_decay: expected a number in \\[0, 1\\]"):
         ot.optim.SGD(weight_decay=-0.1)
-    for kwargs in ({"momentum": 0.9}, {"momentum": 0.9, "nesterov": True}):   # Keras' and PyTorch's names
-        with pytest.raises(ot.OrtrainError, match="SGD: momentum=0.9, nesterov=.*keeps no velocity, so only plain "
-                                                  "SGD \\(momentum=0\\) is offered; use ot.optim.Adam"):
-            ot.optim.SGD(lr=0.1, **kwargs)
+    with pytest.raises(ot.OrtrainError, match=r"SGD: nesterov=True: Nesterov momentum is not offered \(onnxruntime-"
+                                              r"training's update kernels have no Nesterov form\); use momentum without "
+                                              r"it \(ot.optim.SGD\(momentum=0.9\)\), or ot.optim.Adam"):
+        ot.optim.SGD(lr=0.1, momentum=0.9, nesterov=True)   # Keras' and PyTorch's name
+    for bad in (1.0, -0.1, 0.99999999, "0.9", None, float("nan")):   # 0.99999999 is 1.0 in float32
+        with pytest.raises(ot.OrtrainError, match=re.escape(f"momentum: expected a number in [0, 1) (below 1 in float32, "
+                                                            f"the runtime's precision), received {bad!r}")):
+            ot.optim.SGD(momentum=bad)
     assert ot.optim.SGD(momentum=0.0).lr == 0.01
+    assert repr(ot.optim.SGD(momentum=0.9)) == "SGD(lr=0.01, momentum=0.9)"
+    assert ot.optim.get({"name": "sgd", "lr": 0.1, "momentum": 0.5}).momentum == 0.5
     W = ag.param(np.zeros((2, 2), np.float32), name="W")
     expected = "params: expected None or a list of ag.param objects (for capture_step), received "
     for call, said in [
@@ -267,7 +277,10 @@ def test_load_state_refuses_bad_hyperparameters_and_changes_nothing(rng):
     sgd = ot.optim.SGD(weight_decay=0.1)
     sgd.load_state(ot.optim.SGD().state())
     assert sgd.weight_decay == 0.0
-    with pytest.raises(ot.OrtrainError, match=r"keys among \['weight_decay'\], as SGD.state\(\)"):
+    sgd = ot.optim.SGD(momentum=0.9)   # and so does the momentum
+    sgd.load_state(ot.optim.SGD().state())
+    assert sgd.momentum == 0.0
+    with pytest.raises(ot.OrtrainError, match=r"keys among \['weight_decay', 'momentum'\], as SGD.state\(\)"):
         sgd.load_state({**sgd.state(), "hyperparameters": {"betas": [0.9, 0.99]}})
 
 
@@ -345,3 +358,140 @@ def test_eps_refusals_use_the_name_given():
         ot.optim.Adam(epsilon=1e-40)  # Keras' name
     with pytest.raises(ot.OrtrainError, match=r"^eps: expected a positive number"):
         ot.optim.AdamW(eps=-1.0)
+
+
+def _momentum_reference(w0, batches, lrs, momentum, weight_decay=0.0):
+    """torch.optim.SGD's rule in float64: buf = momentum * buf + (g + wd * w); w -= lr * buf."""
+    w, b = (a.astype(np.float64) for a in w0)
+    bw, bb = np.zeros_like(w), np.zeros_like(b)
+    for (x, y), lr in zip(batches, lrs, strict=True):
+        gw, gb = linear_mse_grads(x, y, w, b)
+        bw, bb = momentum * bw + gw + weight_decay * w, momentum * bb + gb + weight_decay * b
+        w, b = w - lr * bw, b - lr * bb
+    return (w, b), (bw, bb)
+
+
+def test_sgd_momentum_matches_numpy_over_changing_rates_and_reports_its_velocity(batches):
+    # PyTorch's rule applies each step's rate to the whole velocity (Keras' folds it in as it goes)
+    steps = batches * 8
+    lrs = [0.05] * 15 + [0.2] * 10 + [0.01] * 15
+    model = dense_model(NIN, NOUT, optimizer=ot.optim.SGD(lr=0.05, momentum=0.9, weight_decay=0.01))
+    w0 = model.get_weights()
+    with ot.Trainer(model, batch_size=B) as tr:
+        for (x, y), lr in zip(steps, lrs):
+            tr.set_lr(lr)
+            tr.step(x, y)
+        got = tr.model().get_weights()
+        state = tr.export_state()
+    (w, b), (bw, bb) = _momentum_reference(w0, steps, lrs, 0.9, 0.01)
+    np.testing.assert_allclose(got[0], w, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], b, rtol=2e-5, atol=1e-6)
+    assert state.step == 40
+    (m, v), (mb, _) = state.moments["dense_0.kernel"], state.moments["dense_0.bias"]
+    np.testing.assert_allclose(m / (1 - np.float32(0.9)), bw, rtol=1e-4, atol=1e-6)  # PyTorch's buffer
+    np.testing.assert_allclose(mb / (1 - np.float32(0.9)), bb, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(v, 0)
+    model.fit(steps[0][0], steps[0][1], batch_size=B, epochs=1, verbose=0)
+    shown = model.optimizer.state()
+    assert shown["step"] == 1 and shown["hyperparameters"] == {"weight_decay": 0.01, "momentum": 0.9}
+    assert set(shown["moments"]["dense_0.kernel"]) == {"m", "v"}
+
+
+def test_sgd_momentum_frozen_weight_neither_moves_nor_keeps_a_velocity(batches):
+    w0, w5, _ = run_ortrain(ot.optim.SGD(lr=0.1, momentum=0.9), batches, freeze="dense_0.bias")
+    np.testing.assert_array_equal(w5[1], w0[1])
+    w, b = w0[0].astype(np.float64), w0[1].astype(np.float64)
+    buf = np.zeros_like(w)
+    for x, y in batches:
+        buf = 0.9 * buf + linear_mse_grads(x, y, w, b)[0]
+        w = w - 0.1 * buf
+    np.testing.assert_allclose(w5[0], w, rtol=1e-5, atol=1e-6)
+
+
+def test_sgd_momentum_resumes_exactly_through_save_and_state(tmp_path, rng):
+    x = rng.standard_normal((64, NIN)).astype(np.float32)
+    y = rng.standard_normal((64, NOUT)).astype(np.float32)
+    opt = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
+    whole = dense_model(NIN, NOUT, optimizer=ot.optim.get(opt))
+    whole.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+
+    half = dense_model(NIN, NOUT, optimizer=ot.optim.get(opt))
+    half.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    half.save(tmp_path / "half.ortrain")
+    state = half.optimizer.state()
+    loaded = ot.load_model(tmp_path / "half.ortrain")
+    assert loaded.optimizer.momentum == 0.9
+    loaded.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(loaded.get_weights(), whole.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+    # the velocity by state(): into a plain SGD, which takes the momentum with it (as torch's load_state_dict)
+    again = dense_model(NIN, NOUT, optimizer=ot.optim.SGD(lr=0.05))
+    again.set_weights(half.get_weights())
+    again.optimizer.load_state(state)
+    assert again.optimizer.momentum == 0.9
+    again.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(again.get_weights(), whole.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sgd_momentum_set_between_fits_starts_a_velocity_and_zero_drops_it(rng):
+    x = rng.standard_normal((32, NIN)).astype(np.float32)
+    y = rng.standard_normal((32, NOUT)).astype(np.float32)
+    model = dense_model(NIN, NOUT, optimizer=ot.optim.SGD(lr=0.05))
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    w0 = model.get_weights()
+    model.optimizer.momentum = 0.5
+    model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    (w, b), _ = _momentum_reference(w0, [(x, y)] * 3, [0.05] * 3, 0.5)
+    np.testing.assert_allclose(model.get_weights()[0], w, rtol=1e-5, atol=1e-6)
+    model.optimizer.momentum = 0.0
+    w1 = model.get_weights()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    (w, b), _ = _momentum_reference(w1, [(x, y)], [0.05], 0.0)
+    np.testing.assert_allclose(model.get_weights()[0], w, rtol=1e-5, atol=1e-6)
+
+
+def test_sgd_momentum_load_state_refuses_a_second_moment_and_changes_nothing(rng):
+    x = rng.standard_normal((16, NIN)).astype(np.float32)
+    y = rng.standard_normal((16, NOUT)).astype(np.float32)
+    model = dense_model(NIN, NOUT, optimizer=ot.optim.SGD(lr=0.05, momentum=0.9))
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    before = model.optimizer.state()
+    bad = {**before, "step": 9, "moments": {n: {"m": ms["m"], "v": np.ones_like(ms["v"])}
+                                            for n, ms in before["moments"].items()}}
+    with pytest.raises(ot.OrtrainError, match=r"load_state: moment 'v' of 'dense_0.bias' holds 1.0; it needs 0 "
+                                              r"\(SGD keeps only a velocity, 'm'\), so the state was not loaded"):
+        model.optimizer.load_state(bad)
+    after = model.optimizer.state()
+    assert after["step"] == before["step"] == 2
+    for n in before["moments"]:
+        np.testing.assert_array_equal(after["moments"][n]["m"], before["moments"][n]["m"])
+
+
+def test_load_model_refuses_an_sgd_second_moment_that_is_not_zero(tmp_path, rng):
+    import io
+    import zipfile
+    x = rng.standard_normal((16, NIN)).astype(np.float32)
+    y = rng.standard_normal((16, NOUT)).astype(np.float32)
+    model = dense_model(NIN, NOUT, optimizer=ot.optim.SGD(lr=0.05, momentum=0.9))
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    model.save(tmp_path / "m.ortrain")
+    with zipfile.ZipFile(tmp_path / "m.ortrain") as z:
+        parts = {n: z.read(n) for n in z.namelist()}
+    moments = dict(np.load(io.BytesIO(parts["optimizer.npz"])))
+    assert sorted(moments)[:2] == ["m0", "m1"] and not moments["m1"].any()   # (m, v) of the first weight
+    moments["m1"] = np.full_like(moments["m1"], 0.5)
+    buf = io.BytesIO()
+    np.savez(buf, **moments)
+    with zipfile.ZipFile(tmp_path / "bad.ortrain", "w") as z:
+        for name, data in {**parts, "optimizer.npz": buf.getvalue()}.items():
+            z.writestr(name, data)
+    with pytest.raises(ot.OrtrainError, match=r"load_model: '.*bad.ortrain' is damaged: moment 'v' of '[^']+' holds "
+                                              r"0.5, where SGD holds it at 0"):
+        ot.load_model(tmp_path / "bad.ortrain")
+    again = ot.load_model(tmp_path / "m.ortrain")
+    model.fit(x, y, batch_size=16, verbose=0)
+    again.fit(x, y, batch_size=16, verbose=0)
+    for a, b in zip(again.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -300,8 +300,9 @@ def _train_state_problem(model) -> str | None:
     if not (math.isfinite(ts.lr) and ts.lr >= 0):
         return f"its learning rate is {ts.lr!r}, not a finite number >= 0"
     shapes = {n: tuple(a.shape) for n, a in model._weight_table().items()}
-    # Adam keeps two moments a weight; onnxruntime-training's SGD one (always 0: it keeps no velocity)
-    counts = (2,) if model.optimizer is not None and model.optimizer.has_moments else (0, 1)
+    # Adam keeps two moments a weight; onnxruntime-training's SGD one (always 0: it keeps no velocity), two
+    # with momentum (the velocity, and a second one held at 0); its momentum may have been set since
+    counts = (2,) if model.optimizer is not None and model.optimizer.name != "sgd" else (0, 1, 2)
     for name, ms in ts.moments.items():
         if name not in shapes:
             return f"it holds optimizer moments of {name!r}, which is not a weight of the model"
@@ -313,6 +314,8 @@ def _train_state_problem(model) -> str | None:
                         f"shape {shapes[name]}")
             if k == "v" and (a < 0).any():  # a mean of squares; NaN is not below 0
                 return f"moment 'v' of {name!r} holds {a[a < 0].flat[0]}, where it needs values >= 0"
+            if k == "v" and counts != (2,) and (a != 0).any():  # SGD's update divides by sqrt(v) + eps
+                return f"moment 'v' of {name!r} holds {a[a != 0].flat[0]}, where SGD holds it at 0"
     return None
 
 

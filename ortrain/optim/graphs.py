@@ -10,6 +10,7 @@ whereas the library's own builder uses the Hugging Face variant.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -41,13 +42,19 @@ def adamw_graph(betas: tuple[float, float], eps: float, weight_decay: float) -> 
     return finish_model(graph, extra_domains=[MS_DOMAIN])
 
 
-def sgd_graph(weight_decay: float = 0.0) -> onnx.ModelProto:
-    """Plain SGD, ``w -= lr * g`` (the library's update graph has no momentum).
+def sgd_graph(weight_decay: float = 0.0, momentum: float = 0.0) -> onnx.ModelProto:
+    """SGD as ``torch.optim.SGD`` (no dampening, no Nesterov): ``w -= lr * g`` without momentum.
 
     With ``weight_decay`` each gradient gets ``weight_decay * w`` added first (``SequenceMap``),
     so ``w -= lr * (g + weight_decay * w)``: without momentum that is both PyTorch's coupled
     decay and Keras' decoupled one, ``w * (1 - lr * weight_decay) - lr * g``. The library's
-    ``SGDOptimizerV2`` still updates the weights in place."""
+    ``SGDOptimizerV2`` updates the weights in place.
+
+    With ``momentum`` (PyTorch's ``buf = momentum * buf + g; w -= lr * buf``) the update is the
+    library's ``AdamWOptimizer`` turned into SGD, as its ``SGDOptimizerV2`` keeps no velocity: its
+    first moment ``m = momentum * m + (1 - momentum) * g`` is ``(1 - momentum) * buf``, its second
+    moment stays 0 (``beta = 1``), and without bias correction it moves the weights by
+    ``lr * m / (sqrt(0) + epsilon)``, which is ``lr * buf`` with ``epsilon = 1 - momentum``."""
     gradients = "gradients"
     nodes = []
     if weight_decay:
@@ -61,8 +68,19 @@ def sgd_graph(weight_decay: float = 0.0) -> onnx.ModelProto:
         gradients = "decayed_gradients"
         nodes.append(helper.make_node("SequenceMap", ["params", "gradients"], [gradients], name="WeightDecay",
                                       body=body))
-    nodes.append(helper.make_node("SGDOptimizerV2", ["learning_rate", "params", gradients], ["updated_flag"],
-                                  name="SGD", domain=MS_DOMAIN))
-    graph = helper.make_graph(nodes, "sgd", _common_inputs(),
+    inputs = _common_inputs()
+    if momentum:
+        # (1 - momentum) as the kernel computes it from its float32 attribute, so m / epsilon is buf
+        kept = float(np.float32(1.0) - np.float32(momentum))
+        inputs.append(helper.make_tensor_sequence_value_info("second_order_moments", TensorProto.FLOAT, None))
+        nodes.append(helper.make_node(
+            "AdamWOptimizer",
+            ["learning_rate", "step", "params", gradients, "first_order_moments", "second_order_moments"],
+            ["updated_flag"], name="SGDMomentum", domain=MS_DOMAIN,
+            alpha=float(momentum), beta=1.0, epsilon=kept, weight_decay=0.0, correct_bias=0, adam_mode=1))
+    else:
+        nodes.append(helper.make_node("SGDOptimizerV2", ["learning_rate", "params", gradients], ["updated_flag"],
+                                      name="SGD", domain=MS_DOMAIN))
+    graph = helper.make_graph(nodes, "sgd", inputs,
                               [helper.make_tensor_value_info("updated_flag", TensorProto.BOOL, [1])])
     return finish_model(graph, extra_domains=[MS_DOMAIN])

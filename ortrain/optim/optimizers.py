@@ -24,7 +24,7 @@ from ortrain._keywords import (
 from ortrain.errors import OrtrainError
 from ortrain.optim.graphs import adamw_graph, sgd_graph
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "get", "check_lr", "check_weight_decay"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "get", "check_lr", "check_momentum", "check_weight_decay"]
 
 
 def _turns():
@@ -57,6 +57,14 @@ def check_weight_decay(value, where: str = "weight_decay") -> float:
     if not is_real(value) or not (0.0 <= float(value) <= 1.0):
         raise OrtrainError(f"{where}: expected a number in [0, 1] (decoupled decay, as in AdamW), "
                            f"received {value!r}")
+    return float(value)
+
+
+def check_momentum(value, where: str = "momentum") -> float:
+    """SGD's momentum: a number in [0, 1) that stays below 1 in float32 (the runtime divides by 1 - momentum)."""
+    if not is_real(value) or not 0.0 <= float(value) < 1.0 or as_float32(value) >= 1.0:
+        raise OrtrainError(f"{where}: expected a number in [0, 1) (below 1 in float32, the runtime's precision), "
+                           f"received {value!r}; e.g. momentum=0.9, or 0 for plain SGD")
     return float(value)
 
 
@@ -322,9 +330,11 @@ class Optimizer:
             raise OrtrainError(f"load_state: moments of {', '.join(map(repr, unknown))}, which this optimizer "
                                f"does not hold ({whose}: {', '.join(map(repr, held)) or 'none'}); load the state of "
                                "an optimizer over the same params")
-        moments = {pname: self._checked_moments(pname, ms) for pname, ms in state["moments"].items()}
-        lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         hyper = self._checked_hyperparameters(state.get("hyperparameters"))
+        # (the moments the loaded settings keep: an SGD state with momentum loaded into one without)
+        with_moments = self._with_moments(hyper)
+        moments = {pname: self._checked_moments(pname, ms, with_moments) for pname, ms in state["moments"].items()}
+        lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
         n_steps, draws = state.get("n_steps", step), state.get("draws")
         for key, value in (("n_steps", n_steps), ("draws", draws)):
             if not (is_step(value) or (key == "draws" and value is None)):
@@ -360,7 +370,7 @@ class Optimizer:
         decay of 0)."""
         if hyper is None:
             return {}
-        known = [k for k in ("betas", "eps", "weight_decay") if hasattr(self, k)]
+        known = [k for k in ("betas", "eps", "weight_decay", "momentum") if hasattr(self, k)]
         if not isinstance(hyper, dict) or set(hyper) - set(known):
             raise OrtrainError(f"load_state: 'hyperparameters' expected a dict with keys among {known}, as "
                                f"{type(self).__name__}.state() returns it, received {hyper!r:.120}")
@@ -371,8 +381,12 @@ class Optimizer:
             raise OrtrainError(f"load_state: 'hyperparameters': {exc}; the state was not loaded") from None
         return {key: getattr(made, key) for key in known}
 
-    def _checked_moments(self, pname: str, ms) -> tuple[np.ndarray, ...]:
-        keys = ("m", "v") if self.has_moments else ()
+    def _with_moments(self, hyper: dict) -> bool:
+        """Whether this optimizer with the settings ``hyper`` (from :meth:`_checked_hyperparameters`) keeps moments."""
+        return self.has_moments
+
+    def _checked_moments(self, pname: str, ms, with_moments: bool) -> tuple[np.ndarray, ...]:
+        keys = ("m", "v") if with_moments else ()
         if not isinstance(ms, dict) or any(k not in ms for k in keys):
             raise OrtrainError(f"load_state: moments of {pname!r} expected a dict with keys {list(keys)}, "
                                f"received {ms!r:.80}")
@@ -384,9 +398,11 @@ class Optimizer:
             if shape is not None and a.shape != shape:
                 raise OrtrainError(f"load_state: moment {k!r} of {pname!r} has shape {a.shape}, the param "
                                    f"{shape}; load the state of an optimizer over the same params")
-            bad = ~np.isfinite(a) | ((a < 0) if k == "v" else False)
+            held_at_zero = k == "v" and self.name == "sgd"  # SGD's second moment: the update divides by sqrt(v) + eps
+            bad = ~np.isfinite(a) | ((a != 0) if held_at_zero else (a < 0) if k == "v" else False)
             if bad.any():
-                need = "finite values >= 0 (it averages squared gradients)" if k == "v" else "finite values"
+                need = ("0 (SGD keeps only a velocity, 'm')" if held_at_zero else
+                        "finite values >= 0 (it averages squared gradients)" if k == "v" else "finite values")
                 raise OrtrainError(f"load_state: moment {k!r} of {pname!r} holds {a[bad].flat[0]}; it needs "
                                    f"{need}, so the state was not loaded")
         return arrays
@@ -468,34 +484,53 @@ class AdamW(Adam):
 
 
 class SGD(Optimizer):
-    """Plain stochastic gradient descent, ``w -= lr * g`` (no momentum); ``lr=1e-2`` by default.
+    """Stochastic gradient descent as ``torch.optim.SGD``; ``lr=1e-2`` by default.
 
-    ``weight_decay`` (in [0, 1], 0 by default) shrinks the weights as well:
-    ``w -= lr * (g + weight_decay * w)``, which without momentum is both ``torch.optim.SGD``'s
-    decay and Keras' decoupled one. Capture takes Adam and AdamW only."""
+    ``w -= lr * g`` without momentum. ``weight_decay`` (in [0, 1], 0 by default) adds
+    ``weight_decay * w`` to the gradient first, as PyTorch does: without momentum that is
+    ``w -= lr * (g + weight_decay * w)``, both PyTorch's decay and Keras' decoupled one.
+
+    ``momentum`` (in [0, 1), 0 by default) keeps a velocity as PyTorch does (no dampening):
+    ``buf = momentum * buf + g; w -= lr * buf``, ``g`` including the decay (Keras decays the
+    weights apart). A rate that changes applies to the whole velocity, as in PyTorch, where
+    Keras folds each step's rate into it. ``state()`` gives the velocity as
+    onnxruntime-training keeps it: ``"m"`` is ``(1 - momentum) * buf`` (PyTorch's
+    ``momentum_buffer`` is ``m / (1 - momentum)``) and ``"v"`` stays 0. ``nesterov=True`` is
+    refused: the runtime's update kernels have no Nesterov form. Capture takes Adam and AdamW only."""
 
     name = "sgd"
     default_lr = 1e-2
-    _left_out_of_state = {"weight_decay": 0.0}
+    _left_out_of_state = {"weight_decay": 0.0, "momentum": 0.0}
 
     def __init__(self, params=None, lr: float = 1e-2, weight_decay: float = 0.0, *,
                  learning_rate: float | None = None, momentum: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr, learning_rate)
         self.weight_decay = check_weight_decay(weight_decay)
-        if not is_real(momentum) or momentum != 0 or nesterov is not False:
-            # onnxruntime-training's SGD keeps no velocity: refused rather than trained without it
-            raise OrtrainError(f"SGD: momentum={momentum!r}, nesterov={nesterov!r}: onnxruntime-training's SGD "
-                               "update keeps no velocity, so only plain SGD (momentum=0) is offered; use "
-                               "ot.optim.Adam or AdamW for an update with moments")
+        self.momentum = check_momentum(momentum)
+        if nesterov is not False:
+            raise OrtrainError(f"SGD: nesterov={nesterov!r}: Nesterov momentum is not offered (onnxruntime-training's "
+                               "update kernels have no Nesterov form); use momentum without it "
+                               f"(ot.optim.SGD(momentum={self.momentum or 0.9!r})), or ot.optim.Adam")
+
+    @property
+    def has_moments(self) -> bool:  # the velocity, with momentum
+        return bool(self.momentum)
+
+    @property
+    def runtime_moments(self) -> int:  # the velocity and a second moment held at 0; without momentum one never read
+        return 2 if self.momentum else 1
+
+    def _with_moments(self, hyper: dict) -> bool:
+        return bool(hyper.get("momentum", self.momentum))
 
     @property
     def hyperparameters(self):
-        # without decay, the config (and the artifacts' key) of the SGD before it had decay
-        return {"weight_decay": self.weight_decay} if self.weight_decay else {}
+        # a setting at its default is left out: the config (and the artifacts' key) of the SGD before it had it
+        return {k: getattr(self, k) for k in ("weight_decay", "momentum") if getattr(self, k)}
 
     def graph(self, weight_decay=None):
         wd = self.weight_decay if weight_decay is None else check_weight_decay(weight_decay)
-        return sgd_graph(wd)
+        return sgd_graph(wd, check_momentum(self.momentum))
 
 
 _BY_NAME = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
