@@ -470,6 +470,15 @@ def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(
      "--data: expected one FILE.npz, or X.npy [Y.npy]; received 'test.npz' 'test.npz' ('test.npz' is not an .npy "
      "file)"),
     (["artifacts", "mlp.onnx", "-o", "/proc/art", "--loss", "mse"], 1, "-o: '/proc/art' cannot be written"),
+    # a momentum is SGD's alone, and in [0, 1)
+    (["artifacts", "mlp.onnx", "-o", "a2", "--loss", "mse", "--momentum", "0.9"], 2,
+     "--momentum: only SGD keeps a velocity, and --optimizer adam does not (Adam's betas are its own); give "
+     "--optimizer sgd, or drop --momentum"),
+    (["train", "--model", "mlp.onnx", "--optimizer", "adamw", "--momentum", "0.5", "--data", "train.npz",
+      "--epochs", "1", "--batch-size", "8"], 2, "--momentum: only SGD keeps a velocity, and --optimizer adamw"),
+    (["artifacts", "mlp.onnx", "-o", "a2", "--loss", "mse", "--optimizer", "sgd", "--momentum", "1"], 2,
+     "argument --momentum: expected a number in [0, 1), received '1'"),
+    (["train", "momentum.toml"], 2, "--momentum: only SGD keeps a velocity, and --optimizer adam does not"),
 ])
 def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     make_artifacts(capsys)
@@ -490,6 +499,8 @@ def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     (workdir / "latin1.toml").write_bytes("artifacts = 'art'\n# caf\u00e9\n".encode("latin-1"))
     (workdir / "paths.toml").write_text("artifacts = 'art'\ndata = ['train.npz', 5]\nbatch_size = 8\nepochs = 1\n")
     (workdir / "number.toml").write_text("artifacts = 'art'\ndata = 5\nbatch_size = 8\nepochs = 1\n")
+    (workdir / "momentum.toml").write_text("model = 'mlp.onnx'\ndata = ['train.npz']\nbatch_size = 8\nepochs = 1\n"
+                                           "momentum = 0.9\n")
     before = sorted(p.name for p in workdir.iterdir())
     art_before = sorted(p.name for p in (workdir / "art").iterdir())
     assert cli(*args) == code
@@ -512,6 +523,7 @@ def test_a_refused_resume_keeps_the_finished_run_and_what_it_trains(workdir, cap
                            (["--loss", "mse"], "--loss 'mse' differs from the run's 'sparse_categorical_crossentropy'; "
                                                "what a run trains"),
                            (["--optimizer", "sgd"], "--optimizer 'sgd' differs from the run's 'adam'"),
+                           (["--optimizer", "sgd", "--momentum", "0.9"], "differs from the run's 'adam'"),
                            (["--artifacts", "art"], "--artifacts 'art' differs from the run, which started without it"),
                            (["--frozen", "dense_0.*"], "--frozen ['dense_0.*'] differs from the run")):
         assert cli("train", "--out", "run", "--resume", "--epochs", "2", *extra) != 0
@@ -1365,3 +1377,29 @@ def test_a_folder_path_with_a_leading_tilde_or_a_link_to_nothing_is_refused(work
     # ./~ names a folder called ~ on purpose, and once there, ~/r is taken as in it
     assert cli("train", *base, "--out", "./~/r") == 0 and (workdir / "~" / "r" / "run.json").is_file()
     assert cli("train", *base, "--out", "~/r2") == 0 and (workdir / "~" / "r2" / "run.json").is_file()
+
+
+def test_sgd_momentum_from_the_command_line_trains_as_the_api_does(workdir, capsys):
+    # `ortrain artifacts --optimizer sgd --momentum M` and `ortrain train --model ... --momentum M`
+    # train as Model.fit with ot.optim.SGD(momentum=M); a resume keeps the momentum and refuses another
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.05") == 0
+    common = ["--data", "train.npz", "--batch-size", "50", "--verbose", "0", "--no-shuffle"]
+    assert cli("train", "--artifacts", "art", *common, "--epochs", "2", "--out", "from_art") == 0
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.05", *common, "--epochs", "1",
+               "--out", "from_model") == 0
+    assert cli("train", "--out", "from_model", "--resume", "--epochs", "2", "--momentum", "0.5") != 0
+    assert "--momentum 0.5 differs from the run's 0.9" in capsys.readouterr().err
+    assert cli("train", "--out", "from_model", "--resume", "--epochs", "2") == 0
+
+    data = np.load(workdir / "train.npz")
+    model = ot.from_onnx(workdir / "mlp.onnx")
+    model.compile(optimizer=ot.optim.SGD(lr=0.05, momentum=0.9),
+                  loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data["x"], data["y"], batch_size=50, epochs=2, shuffle=False, verbose=0)
+    want = dict(zip(model.weight_names(), model.get_weights()))
+    for run in ("from_art", "from_model"):
+        got = weights(workdir / run / "model.onnx")
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=f"{run}: {name}")

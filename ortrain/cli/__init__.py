@@ -22,7 +22,8 @@ LOSSES = ("mse", "mae", "huber", "categorical_crossentropy", "sparse_categorical
           "binary_crossentropy")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 TRAIN_KEYS = {"model": str, "artifacts": str, "data": list, "val_data": list, "val_split": float, "epochs": int,
-              "batch_size": int, "lr": float, "loss": str, "from_logits": bool, "optimizer": str, "metrics": list,
+              "batch_size": int, "lr": float, "loss": str, "from_logits": bool, "optimizer": str, "momentum": float,
+              "metrics": list,
               "out": str, "seed": int, "resume": bool, "shuffle": bool, "verbose": int, "trainable": list,
               "frozen": list}
 
@@ -51,6 +52,7 @@ _seed = _number(int, lambda v: v >= 0, "an integer >= 0")
 _learning_rate = _number(float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
 _verbosity = _number(int, lambda v: v in (0, 1, 2), "0, 1 or 2")
 _fraction = _number(float, lambda v: 0 < v < 1, "a number in (0, 1)")
+_momentum = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 def _model_source(p: argparse.ArgumentParser, onnx_model: bool = False) -> None:
@@ -63,7 +65,7 @@ def _model_source(p: argparse.ArgumentParser, onnx_model: bool = False) -> None:
 
 TOML_VALUES = {"epochs": _positive_int, "batch_size": _positive_int, "seed": _seed, "lr": _learning_rate,
                "val_split": _fraction, "verbose": _verbosity,
-               "loss": _choice(LOSSES), "optimizer": _choice(OPTIMIZERS)}
+               "loss": _choice(LOSSES), "optimizer": _choice(OPTIMIZERS), "momentum": _momentum}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", required=True, choices=LOSSES, help="the loss the training graph computes")
     p.add_argument("--from-logits", action="store_true", help="cross-entropy losses take logits")
     p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS, help="the update graph's (default: adam)")
+    p.add_argument("--momentum", type=_momentum, help="with --optimizer sgd: its momentum, as torch.optim.SGD's "
+                   "(default: 0)")
     p.add_argument("--lr", type=_learning_rate, help="learning rate stored as the default")
     p.add_argument("--trainable", action="append", metavar="PATTERN",
                    help="only these weights train (a name or glob; repeat the option for several)")
@@ -111,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-logits", action="store_true", default=None, dest="from_logits",
                    help="with --model: the cross-entropy loss takes logits, not probabilities")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="with --model (default adam)")
+    p.add_argument("--momentum", type=_momentum, help="with --model and --optimizer sgd: its momentum, as "
+                   "torch.optim.SGD's (default: 0)")
     p.add_argument("--metrics", nargs="+", metavar="METRIC",
                    help="metrics logged every epoch, e.g. accuracy mae (default: none)")
     val = p.add_mutually_exclusive_group()
@@ -159,11 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
 # Options of which a run takes one: given on the command line, one replaces the other from a config.
 _ONE_OF = (("val_data", "val_split"), ("model", "artifacts"))
 # What a run from --model sets and artifacts fix (a config's, dropped with its model by --artifacts).
-_WITH_THE_MODEL = ("loss", "optimizer", "from_logits", "trainable", "frozen")
+_WITH_THE_MODEL = ("loss", "optimizer", "momentum", "from_logits", "trainable", "frozen")
 
 
 def _train_config(opts) -> dict:
-    from ortrain.cli._common import UsageError, loss_of
+    from ortrain.cli._common import UsageError, loss_of, momentum_of
     cfg: dict = {}
     if opts.config:
         cfg.update(_read_toml(opts.config))
@@ -195,6 +201,7 @@ def _train_config(opts) -> dict:
             cfg.setdefault("loss", "mse")
             cfg.setdefault("optimizer", "adam")
             loss_of(cfg["loss"], cfg.get("from_logits"))  # refused now, before the run starts
+            momentum_of(cfg["optimizer"], cfg.get("momentum"))
     if cfg.get("val_data") and cfg.get("val_split"):
         raise UsageError("CONFIG: give val_data or val_split, not both")
     return cfg

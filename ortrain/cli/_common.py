@@ -34,6 +34,16 @@ def loss_of(name: str, from_logits) -> dict | str:
     return {"name": name, "from_logits": True}
 
 
+def momentum_of(optimizer: str, momentum) -> dict | str:
+    """The optimizer spec for ``--optimizer NAME [--momentum M]``; only SGD keeps a velocity."""
+    if momentum is None:
+        return optimizer
+    if optimizer != "sgd":
+        raise UsageError(f"--momentum: only SGD keeps a velocity, and --optimizer {optimizer} does not (Adam's "
+                         "betas are its own); give --optimizer sgd, or drop --momentum")
+    return {"name": "sgd", "momentum": momentum}
+
+
 def load_data(paths: list[str], argument: str = "--data") -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """``(x, y, sample_weight)`` from one ``.npz`` (arrays ``x``, ``y``, optional ``sample_weight``)
     or from ``.npy`` files: ``x`` alone (for predict), or ``x`` and ``y``."""

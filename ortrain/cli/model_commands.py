@@ -24,6 +24,7 @@ from ortrain.cli._common import (
     load_data,
     loss_of,
     model_file,
+    momentum_of,
     read_json,
 )
 from ortrain.cli.run_dir import _artifacts_of, read_run, read_state, run_checkpoint
@@ -158,8 +159,9 @@ def artifacts(opts) -> dict:
     loss = ot.losses.get(loss_of(opts.loss, opts.from_logits))
     if opts.seed is not None:
         ot.set_seed(opts.seed)  # the seeds of the model's dropout and random ops
+    spec = momentum_of(opts.optimizer, opts.momentum)  # refused before anything is read
     model = ot.from_onnx(opts.model, trainable=opts.trainable, frozen=opts.frozen)
-    opt = ot.optim.get(opts.optimizer)
+    opt = ot.optim.get(spec)
     if opts.lr is not None:
         opt.lr = opts.lr
     art = ot.artifacts.build(model, loss=loss, optimizer=opt, out_dir=opts.output,

@@ -202,7 +202,7 @@ FIXED_BY_RUN = {"batch_size": "--batch-size", "seed": "--seed"}
 
 # What the run trains: its model or artifacts, loss, optimizer and trained weights. A resume
 # continues that training, so another value is refused (it was silently ignored).
-TRAINED_BY_RUN = ("model", "artifacts", "loss", "optimizer", "from_logits", "trainable", "frozen")
+TRAINED_BY_RUN = ("model", "artifacts", "loss", "optimizer", "momentum", "from_logits", "trainable", "frozen")
 
 
 def resume_settings(cfg: dict) -> dict:

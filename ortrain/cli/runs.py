@@ -27,6 +27,7 @@ from ortrain.cli._common import (
     load_data,
     loss_of,
     model_file,
+    momentum_of,
     write_json,
 )
 from ortrain.cli.run_dir import (
@@ -59,7 +60,7 @@ def _split(x, y, w, fraction: float):
 def _build_artifacts(cfg: dict, out: Path) -> Path:
     model = ot.from_onnx(cfg["model"], trainable=cfg.get("trainable"), frozen=cfg.get("frozen"))
     loss = ot.losses.get(loss_of(cfg["loss"], cfg.get("from_logits")))
-    opt = ot.optim.get(cfg["optimizer"])
+    opt = ot.optim.get(momentum_of(cfg["optimizer"], cfg.get("momentum")))
     if cfg.get("lr") is not None:
         opt.lr = cfg["lr"]
     weighting = "sample" if cfg.get("has_sample_weight") else None
