@@ -109,7 +109,7 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
         return a if a.flags.c_contiguous else np.ascontiguousarray(a)
     if dtype.kind in "iu":
         if kind == "f":
-            if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
+            if not all(np.isfinite(part).all() and (part == np.round(part)).all() for _, part in row_blocks(a)):
                 raise ShapeError(f"{argument}: expected integer values for dtype {dtype.name}, received floats "
                                  "with a fractional part or non-finite values")
         elif kind not in "iub":
@@ -132,13 +132,16 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
     if kind == "f" and dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize:
         with np.errstate(over="ignore"):
             out = np.asarray(a, dtype=dtype, order="C")
-        if a.size and not np.isfinite(out).all():
-            beyond = ~np.isfinite(out) & np.isfinite(a)
-            if beyond.any():
-                info = np.finfo(dtype)
-                # repr, not :g: a value just past the largest float32 prints as the bound at 6 digits
-                raise ShapeError(f"{argument}: holds {float(a[beyond].flat[0])!r}, beyond the range of {dtype.name} "
-                                 f"[{float(info.min)!r}, {float(info.max)!r}]; scale the data to a usual range")
+        for start, part in row_blocks(out):
+            if part.size and not np.isfinite(part).all():
+                given = a[start:start + len(part)] if out.ndim else a
+                beyond = ~np.isfinite(part) & np.isfinite(given)
+                if beyond.any():
+                    info = np.finfo(dtype)
+                    # repr, not :g: a value just past the largest float32 prints as the bound at 6 digits
+                    raise ShapeError(f"{argument}: holds {float(given[beyond].flat[0])!r}, beyond the range of "
+                                     f"{dtype.name} [{float(info.min)!r}, {float(info.max)!r}]; scale the data to a "
+                                     "usual range")
         return out
     return np.asarray(a, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
 
@@ -243,10 +246,29 @@ def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: s
     the value and its row (counted from ``first_row``, where the arrays are the tail of others);
     ``outcome`` says what was (not) done, e.g. "nothing was trained"."""
     for a, arg in zip(arrays, arguments):
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
-            at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
-            raise NonFiniteError(f"{arg}: holds {a[at]} in row {first_row + at[0]}; {needs}, so {outcome} (drop or "
-                                 "repair that sample)")
+        if a.dtype.kind != "f":
+            continue
+        for start, part in row_blocks(a):
+            if not np.isfinite(part).all():
+                at = tuple(int(j) for j in np.argwhere(~np.isfinite(part))[0])
+                raise NonFiniteError(f"{arg}: holds {part[at]} in row {first_row + start + at[0]}; {needs}, so "
+                                     f"{outcome} (drop or repair that sample)")
+
+
+# A whole data set is checked in blocks of about this many values: a check of all of it at once
+# would make a mask of a byte a value (a quarter of a float32 data set, which may be a memory map).
+BLOCK_VALUES = 1 << 20
+
+
+def row_blocks(a: np.ndarray):
+    """``(first row, rows)`` of ``a`` in blocks of about :data:`BLOCK_VALUES` values (one block for a
+    small array, or a 0-d one)."""
+    if a.size <= BLOCK_VALUES or a.ndim == 0:
+        yield 0, a
+        return
+    step = max(1, BLOCK_VALUES // max(1, a[0].size))
+    for start in range(0, a.shape[0], step):
+        yield start, a[start:start + step]
 
 
 # -- counts ----------------------------------------------------------------------------------------

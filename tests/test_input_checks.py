@@ -141,6 +141,41 @@ def test_fit_refuses_non_finite_rows_before_the_first_step():
     assert isinstance(model.optimizer, ot.optim.Adam) and model.train_state is None
 
 
+def test_a_whole_data_set_is_checked_in_blocks_not_with_a_mask_of_its_size(tmp_path):
+    # fit checked every value at once: a mask of a byte a value, +244 MB for a 977 MB float32 memory map
+    import tracemalloc
+
+    from ortrain._arrays import BLOCK_VALUES, as_array, refuse_non_finite
+    rows, width = 16 * BLOCK_VALUES // 64, 64
+    x = np.lib.format.open_memmap(tmp_path / "x.npy", "w+", np.float32, (rows, width))
+    x[:] = 1.0
+    x[rows - 3, 5] = np.inf                 # in the last block
+    tracemalloc.start()
+    try:
+        with pytest.raises(ot.NonFiniteError, match=re.escape(f"x: holds inf in row {rows - 3}; training needs finite "
+                                                              "values")):
+            refuse_non_finite([x], ["x"], "nothing was trained")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * BLOCK_VALUES, peak   # at once: a byte a value, 16 * BLOCK_VALUES
+    # float64 rows beyond float32 are found in any block, and labels that must be integers too
+    big = np.ones((rows, width), np.float64)
+    big[rows - 2, 0] = 1e39
+    with pytest.raises(ot.ShapeError, match=re.escape("x: holds 1e+39, beyond the range of float32")):
+        as_array(big, np.float32, "x")
+    labels = np.zeros(4 * BLOCK_VALUES, np.float64)
+    labels[-1] = 0.5
+    with pytest.raises(ot.ShapeError, match="y: expected integer values for dtype int64, received floats with a "
+                                            "fractional part"):
+        as_array(labels, np.int64, "y")
+    model = ot.Sequential([L.Dense(1)], input_shape=(width,), seed=0)
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.NonFiniteError, match=f"x: holds inf in row {rows - 3}"):
+        model.fit(x, np.zeros((rows, 1), np.float32), batch_size=4096, verbose=0)
+    assert model.train_state is None
+
+
 def test_calibrate_bn_refuses_non_finite_statistics_and_changes_nothing():
     model = ot.Sequential([L.Dense(4), L.BatchNorm(), L.Dense(2), L.BatchNorm()], input_shape=(3,), seed=0)
     model.compile(optimizer="adam", loss="mse")
