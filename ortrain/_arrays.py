@@ -146,6 +146,64 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
     return np.asarray(a, dtype=dtype, order="C")  # ascontiguousarray would make a scalar 1-d
 
 
+# A data set larger than this many values that needs a cast (float64 rows for a float32 input, a view
+# whose rows are not contiguous) is cast batch by batch as it is read, not copied whole first: a
+# float64 memory map larger than memory trains and predicts in batches, as Keras reads arrays.
+DEFERRED_VALUES = 1 << 22
+
+
+class RowCast:
+    """The rows of ``raw`` cast to ``dtype`` as they are read: ``rows[i]`` (a slice, an index array)
+    is a C-contiguous array of ``dtype``; ``shape``, ``ndim``, ``size`` and ``len`` are the data's.
+    Made by :func:`prepare_inputs` (``defer=True``) after checking every value in blocks, so reading
+    casts only."""
+
+    __slots__ = ("raw", "dtype")
+
+    def __init__(self, raw: np.ndarray, dtype: np.dtype):
+        self.raw, self.dtype = raw, np.dtype(dtype)
+
+    shape = property(lambda self: self.raw.shape)
+    ndim = property(lambda self: self.raw.ndim)
+    size = property(lambda self: self.raw.size)
+    nbytes = property(lambda self: self.raw.size * self.dtype.itemsize)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __getitem__(self, key) -> np.ndarray:
+        with np.errstate(over="ignore"):  # (values beyond float32 were refused when it was made)
+            return np.ascontiguousarray(self.raw[key], dtype=self.dtype)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self[...].astype(dtype, copy=False) if dtype is not None else self[...]
+
+    def rows(self, key: slice) -> RowCast:
+        """Some rows, still cast as they are read (``split_arrays``' training and held-out parts)."""
+        return RowCast(self.raw[key], self.dtype)
+
+
+def rows_of(a, key: slice):
+    """Rows of a prepared array, a :class:`RowCast` staying one."""
+    return a.rows(key) if isinstance(a, RowCast) else a[key]
+
+
+def _deferred(value, dtype: np.dtype, argument: str):
+    """``value`` as a :class:`RowCast` when it is a large array of real numbers that a float input
+    reads only after a cast or a copy; its values are checked now, in blocks, as :func:`as_array`
+    checks them. Else None (cast whole by :func:`as_array`)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f" or not isinstance(value, np.ndarray) or getattr(value, "size", 0) <= DEFERRED_VALUES:
+        return None
+    a = read_array(value, argument)
+    if a.dtype.kind not in "fiub" or a.ndim < 1 or (a.dtype == dtype and a.flags.c_contiguous):
+        return None
+    if a.dtype.kind == "f" and a.dtype.itemsize > dtype.itemsize:
+        for _, part in row_blocks(a):
+            as_array(part, dtype, argument)  # refuses values beyond float32 (a block at a time)
+    return RowCast(a, dtype)
+
+
 def check_shape(a: np.ndarray, expected: tuple, argument: str, rows: int | None = None,
                 rows_of: str | None = None) -> None:
     """``expected`` has ``None`` for free dimensions; ``rows`` pins the first one: a trainer's batch
@@ -355,13 +413,14 @@ def positive_int(value, argument: str, *, allow_none: bool = False) -> int | Non
 
 # -- inputs, labels, weights -----------------------------------------------------------------------
 def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
-                   bounds: dict[str, tuple[int, int, str]] | None = None) -> list[np.ndarray]:
+                   bounds: dict[str, tuple[int, int, str]] | None = None, defer: bool = False) -> list[np.ndarray]:
     """The arrays for the graph inputs ``specs``, cast and checked; ``rows`` pins the batch size.
 
     One input takes ``x`` itself (or, as Keras does, a list holding it: one array, tensor or frame
     of the input's rank; a list of rows stays rows); several take a list or tuple of arrays in
     ``specs`` order, or (as Keras does) a dict keyed by input name. ``bounds`` (``Model.index_bounds()``) gives the
-    range of inputs that index a table's rows.
+    range of inputs that index a table's rows. ``defer``: a large data set that needs a cast may
+    come back as a :class:`RowCast`, for callers that read it only by rows.
     """
     if isinstance(x, dict):
         names = [s.name for s in specs]
@@ -382,7 +441,8 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
     out = []
     for spec, a in zip(specs, xs):
         arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
-        a = as_array(a, spec.dtype, arg)
+        deferred = defer and not (bounds and spec.name in bounds)  # (indices are checked whole)
+        a = (_deferred(a, spec.dtype, arg) if deferred else None) or as_array(a, spec.dtype, arg)
         check_shape(a, spec.shape, arg, rows)
         if bounds and spec.name in bounds and a.size:
             low, high, what = bounds[spec.name]

@@ -80,7 +80,7 @@ class Snapshot(Releasable):
         positive_int(batch_size, "batch_size", allow_none=True)
         # converted before the lock is taken: an input slow to give its data (a lazy array, a
         # memory map) does not hold up another thread's update_target or free
-        xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds)
+        xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds, defer=True)
         return self._predict(xs, batch_size)
 
     @exclusive

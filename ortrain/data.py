@@ -44,6 +44,7 @@ from ortrain._arrays import (
     prepare_sample_weight,
     refuse_non_finite,
     rows_free,
+    rows_of,
     sample_weight_shape,
 )
 from ortrain.errors import OrtrainError, ShapeError
@@ -336,7 +337,7 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     (or per position, for a prediction with positions: :func:`ortrain._arrays.sample_weight_shape`).
     """
     # whole arrays: their rows are cut into batches after (of the graph's fixed batch, where it has one)
-    xs = prepare_inputs(rows_free(model.input_specs), x, xa, bounds=model.index_bounds())
+    xs = prepare_inputs(rows_free(model.input_specs), x, xa, bounds=model.index_bounds(), defer=True)
     n = xs[0].shape[0]
     if n == 0:
         raise ShapeError(f"{xa}: holds no rows; give at least one sample")
@@ -452,6 +453,6 @@ def split_arrays(arrays, validation_split):
     if at == 0 or at == n:
         raise OrtrainError(f"validation_split={validation_split} leaves {at} training and {n - at} validation rows "
                            f"of {n}; choose a fraction that keeps both non-empty")
-    head = ([a[:at] for a in xs], ys[:at], None if ws is None else ws[:at])
-    tail = ([a[at:] for a in xs], ys[at:], None if ws is None else ws[at:])
+    head = ([rows_of(a, slice(None, at)) for a in xs], ys[:at], None if ws is None else ws[:at])
+    tail = ([rows_of(a, slice(at, None)) for a in xs], ys[at:], None if ws is None else ws[at:])
     return head, tail

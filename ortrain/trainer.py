@@ -318,7 +318,7 @@ class Trainer(TrainerSetup, Releasable):
         one array, or a list in output order for a model with several outputs."""
         self._live()
         positive_int(batch_size, "batch_size", allow_none=True)
-        xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds)
+        xs = prepare_inputs(rows_free(self._inputs), x, "x", bounds=self._bounds, defer=True)
         runner = self._runner  # once: a free() from another thread clears it (predict takes no lock)
         if runner is None:
             runner = self._runner = engine.InferenceRunner(self._inference_bytes(), device=self.device,

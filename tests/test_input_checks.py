@@ -561,3 +561,72 @@ def test_ndarray_subclasses_are_read_as_their_values_and_masked_entries_are_refu
             model.fit(x, kwargs.pop("y"), verbose=0, **kwargs)
     np.testing.assert_array_equal(model.get_weights()[0], kernel)
     assert model.optimizer.step == 0
+
+
+@pytest.mark.parametrize("form", ["float64", "float16", "int32", "strided", "memmap64"])
+def test_data_needing_a_cast_is_cast_batch_by_batch_with_the_results_of_float32(form, tmp_path, monkeypatch):
+    # float64 (or non-contiguous) data was cast whole before the first batch: a float64 memory map
+    # took half its size in memory for predict(batch_size=4096), and one larger than memory failed
+    import ortrain._arrays as arrays
+    monkeypatch.setattr(arrays, "DEFERRED_VALUES", 0)  # every such array deferred, however small
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((50, 12)) * 3
+    if form == "int32":
+        base = np.round(base)
+    x32 = base.astype(np.float32)
+    if form == "float16":
+        x32 = x32.astype(np.float16).astype(np.float32)
+    given = {"float64": base, "float16": x32.astype(np.float16), "int32": base.astype(np.int32),
+             "strided": np.repeat(x32, 2, axis=1)[:, ::2]}.get(form)
+    if form == "memmap64":
+        given = np.lib.format.open_memmap(tmp_path / "x.npy", "w+", np.float64, base.shape)
+        given[:] = base
+    assert not (given.dtype == np.float32 and given.flags.c_contiguous)
+    y = rng.integers(0, 3, 50)
+
+    def trained(x):
+        model = ot.Sequential([L.Dense(8, activation="relu"), L.Dense(3)], input_shape=(12,), seed=0)
+        model.compile(optimizer="adam", loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        hist = model.fit(x, y, batch_size=8, epochs=2, validation_split=0.2, verbose=0)
+        with ot.Trainer(model, batch_size=7) as tr:
+            tr.step(x[:7] if not isinstance(x, np.ndarray) else x[:7], y[:7])
+            got = [tr.predict(x, batch_size=9), tr.snapshot().predict(x, batch_size=4)]
+        return ([model.predict(x, batch_size=16), model.predict(x), *got],
+                model.evaluate(x, y, batch_size=6), hist.history)
+
+    want, got = trained(x32), trained(given)
+    for a, b in zip(want[0], got[0], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert want[1:] == got[1:]
+    given_before = np.array(given, copy=True)
+    np.testing.assert_array_equal(given, given_before)  # the caller's array is read, never written
+
+
+def test_a_float64_memory_map_is_read_a_batch_at_a_time(tmp_path):
+    import tracemalloc
+    rows, width = 1 << 17, 64  # 8M values: 64 MB of float64, 32 MB once cast
+    x = np.lib.format.open_memmap(tmp_path / "x.npy", "w+", np.float64, (rows, width))
+    x[:] = 0.5
+    x.flush()
+    x = np.load(tmp_path / "x.npy", mmap_mode="r")
+    y = np.zeros((rows, 1), np.float32)
+    model = ot.Sequential([L.Dense(1)], input_shape=(width,), seed=0)
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x[:64], y[:64], verbose=0)
+    for call in (lambda: model.predict(x, batch_size=4096), lambda: model.evaluate(x, y, batch_size=4096),
+                 lambda: model.fit(x, y, batch_size=4096, verbose=0)):
+        tracemalloc.start()
+        try:
+            call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 * 2**20, peak  # the whole cast alone: 32 MB
+    big = np.lib.format.open_memmap(tmp_path / "big.npy", "w+", np.float64, (rows, width))
+    big[-1, -1] = 1e39  # beyond float32, in the last block: refused before anything trains
+    weights = model.get_weights()
+    with pytest.raises(ot.ShapeError, match=re.escape("x: holds 1e+39, beyond the range of float32")):
+        model.fit(big, y, batch_size=4096, verbose=0)
+    for a, b in zip(weights, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

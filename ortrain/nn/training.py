@@ -461,7 +461,7 @@ class TrainingMixin:
         """
         positive_int(batch_size, "batch_size", allow_none=True)
         check_verbose(verbose)
-        xs = prepare_inputs(rows_free(self.input_specs), x, "x", bounds=self.index_bounds())
+        xs = prepare_inputs(rows_free(self.input_specs), x, "x", bounds=self.index_bounds(), defer=True)
         outs = run_chunks(self._runner("predict"), self.input_specs, xs, None, batch_size)
         return outs[0] if len(outs) == 1 else outs
 
