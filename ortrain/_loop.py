@@ -16,7 +16,7 @@ from ortrain.callbacks.progress import progress
 from ortrain.data import ArraySource, EpochIterator, parse_batch
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
-from ortrain.nn.base_layer import LIVE_SYNC
+from ortrain.nn.base_layer import LIVE_SYNC, what_trains
 from ortrain.nn.model import Model
 from ortrain.nn.training import ShownRate
 from ortrain.trainer import Trainer
@@ -256,7 +256,7 @@ class Loop:
             self._thread = threading.get_ident()
             self._link()
             with self._reading():
-                self._trains = _what_trains(self._model)  # what this fit's graphs fix
+                self._trains = what_trains(self._model)  # what this fit's graphs fix
         try:
             cbs.on_train_begin({})
             for epoch in range(self.initial_epoch, self.epochs):
@@ -295,7 +295,7 @@ class Loop:
         if model is None or self._trains is None:
             return
         with self._reading():  # names only: the model need not take the trained weights for that
-            if _what_trains(model) == self._trains:
+            if what_trains(model) == self._trains:
                 return
         self._trains = None
         warn("the weights that train changed during this fit (layer.trainable, freeze, unfreeze, freeze_bn_stats or "
@@ -510,13 +510,6 @@ class Loop:
             warn(f"training ended {tr._accum} batch(es) into an accumulation period of nbatch_logical="
                  f"{tr.nbatch_logical}; their gradients are dropped (make steps per fit a multiple "
                  f"of {tr.nbatch_logical // tr.batch_size})", RuntimeWarning)
-
-
-
-
-def _what_trains(model) -> tuple[set[str], set[str]]:
-    """The weights that train and the batch-norm statistics kept fixed: what a fit's graphs fix."""
-    return set(model.trainable_weight_names), set(getattr(model, "_frozen_stats", ()))
 
 
 def _lr_writes(opt) -> int:

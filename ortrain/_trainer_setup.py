@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from ortrain._files import checked_target
 from ortrain._manifest import read as read_manifest
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
+from ortrain.nn.base_layer import FREEZES, what_trains
 from ortrain.nn.model import Model
 from ortrain.optim import check_weight_decay
 
@@ -55,6 +57,9 @@ class TrainerSetup:
         self._open(model, art, checkpoint, threads, _draws_of(model.train_state) if draws is None else draws)
         self._counters_from(model)
         self._feeds_for(model, art)
+        # which weights train is fixed here: a change on the caller's model after it is said at the next step
+        self._given, self._trained = weakref.ref(model), what_trains(model)
+        self._freezes_seen = FREEZES[0]
 
     def _take_settings(self, model, batch_size, nbatch_logical, loss_mask, weight_decay, device) -> str | None:
         """Check and keep the settings; nothing is built yet. Returns the loss weighting."""

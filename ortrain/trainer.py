@@ -41,6 +41,7 @@ from ortrain.engine.session import despite_interrupts
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError
 from ortrain.graph.forward import to_inference
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
+from ortrain.nn.base_layer import FREEZES, what_trains
 from ortrain.nn.model import Model
 from ortrain.nn.saving import TrainState
 from ortrain.optim import check_lr
@@ -238,8 +239,24 @@ class Trainer(TrainerSetup, Releasable):
         inputs (or a ``sample_weight`` of the wrong shape), :class:`NonFiniteError` for a NaN or
         infinity in the inputs, :class:`FreedError` after :meth:`free`; a refused step changes nothing."""
         self._live()
+        if FREEZES[0] != self._freezes_seen:
+            self._check_what_trains()
         fetches, _, _ = self._step(x, y, sample_weight, self.batch_size)
         return float(fetches[1].numpy())
+
+    def _check_what_trains(self) -> None:
+        """The caller's model changed which weights train after this trainer was made: said once,
+        as the trainer's graphs fix them (as Keras warns when ``trainable`` changes after compile)."""
+        self._freezes_seen = FREEZES[0]
+        model = self._given()
+        if model is None or what_trains(model) == self._trained:
+            return
+        self._given = _gone
+        warn(f"model {model.name!r}: the weights that train changed after this Trainer was made (layer.trainable, "
+             "freeze, unfreeze, freeze_bn_stats or unfreeze_bn_stats); a trainer trains its own copy, whose graphs fix "
+             "which weights train, so it goes on training the weights it started with. To train with the change, hand "
+             "the state over: m = tr.model(); m.train_state = tr.export_state(); then freeze or unfreeze on m and "
+             "make a new ot.Trainer(m, ...)", UserWarning)
 
     def _step(self, x, y, sample_weight, rows: int | None, checked: bool = False, class_weight=None,
               most: int | None = None):
@@ -364,9 +381,9 @@ class Trainer(TrainerSetup, Releasable):
             mine = {p.name: tuple(p.shape) for p in self._params}
             theirs = target._shapes()
             if mine != theirs:
-                diff = sorted(set(mine.items()) ^ set(theirs.items()))[:4]
-                raise OrtrainError(f"target: its weights differ from this trainer's by name or shape (e.g. {diff}); "
-                                   "take the target from a trainer of the same architecture")
+                raise OrtrainError(f"target: its weights differ from this trainer's by name or shape "
+                                   f"({_weights_apart(mine, theirs)}); take the target from a trainer of the same "
+                                   "architecture")
             read = self._session.view if self._session.device.kind == "cpu" else self._session.get
             target._move_towards(read, set(self._trainable), tau)
 
@@ -537,3 +554,18 @@ def weighing_any_loss(model: Model, any_loss: bool, **settings) -> Trainer:
 # there only for type checkers (the import would be circular), the name is set here so
 # typing.get_type_hints resolves them.
 _trainer_setup.Trainer = Trainer
+
+
+def _weights_apart(mine: dict, theirs: dict, most: int = 4) -> str:
+    """Where two weight tables (name: shape) differ, each side named: a weight of another shape, one
+    only the trainer has, one only the target has."""
+    parts = [f"{n}: trainer {mine[n]}, target {theirs[n]}" for n in sorted(mine) if n in theirs and mine[n] != theirs[n]]
+    parts += [f"{n} {mine[n]}: the trainer's only" for n in sorted(set(mine) - set(theirs))]
+    parts += [f"{n} {theirs[n]}: the target's only" for n in sorted(set(theirs) - set(mine))]
+    more = f"; {len(parts) - most} more" if len(parts) > most else ""
+    return "; ".join(parts[:most]) + more
+
+
+def _gone():
+    """A weak reference's answer for a model no longer followed."""
+    return None

@@ -1,5 +1,6 @@
 """Trainer: the seed example against PyTorch, loss masks, targets, batch norm, resume, lifetimes, errors."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -203,6 +204,21 @@ def test_update_target_copies_batchnorm_statistics_and_refuses_other_architectur
         with ot.Trainer(other, batch_size=8) as tr2:
             with pytest.raises(ot.OrtrainError, match="target: its weights differ .* by name or shape"):
                 tr.update_target(tr2.snapshot())
+        # each side named: a list of both sides' shapes mixed left the user to guess which was whose
+        wider = ot.Sequential([L.Dense(4), L.BatchNorm(), L.Dense(2)], input_shape=(3,), seed=0)
+        wider.compile(optimizer="adam", loss="mse")
+        with ot.Trainer(wider, batch_size=8) as tr3:
+            with pytest.raises(ot.OrtrainError, match=re.escape(
+                    "target: its weights differ from this trainer's by name or shape (dense_1.bias: trainer (1,), "
+                    "target (2,); dense_1.kernel: trainer (4, 1), target (4, 2)); take the target from a trainer "
+                    "of the same architecture")):
+                tr.update_target(tr3.snapshot())
+        with ot.Trainer(dense_model(3, 1), batch_size=8) as tr4:
+            with pytest.raises(ot.OrtrainError, match=re.escape(
+                    "(dense_0.bias: trainer (4,), target (1,); dense_0.kernel: trainer (3, 4), target (3, 1); "
+                    "batch_norm_0.beta (4,): the trainer's only; batch_norm_0.gamma (4,): the trainer's only; "
+                    "4 more)")):
+                tr.update_target(tr4.snapshot())
         with pytest.raises(ot.OrtrainError, match="tau: expected a number in \\[0, 1\\]"):
             tr.update_target(target, tau=1.5)
         target.free()
@@ -1241,3 +1257,38 @@ def test_a_second_interrupt_during_the_recovery_of_an_interrupted_update_still_c
         for a, b in zip(tr.model().get_weights(), good.model().get_weights()):
             np.testing.assert_array_equal(a, b)
         assert tr.step(*batches[2]) == good.step(*batches[2])
+
+
+def test_freezing_the_model_after_its_trainer_is_made_is_said_once_and_changes_nothing(rng):
+    # it trained on without a word, where a fit says so (and Keras warns after compile)
+    import warnings
+    x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 2)).astype(np.float32)
+    model = ot.Sequential([L.Dense(8, activation="relu"), L.Dense(2)], input_shape=(4,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    other = ot.Sequential([L.Dense(2)], input_shape=(4,), seed=0)
+    with ot.Trainer(model, batch_size=8) as tr, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tr.step(x, y)
+        other.freeze("dense_0.kernel")            # another model: nothing to say
+        model.freeze("dense_0.kernel")
+        model.unfreeze("dense_0.kernel")          # and back: the same weights train
+        tr.step(x, y)
+        model.layers[0].trainable = False
+        before = tr.get_weights()[0].copy()
+        with pytest.warns(UserWarning, match=re.escape(
+                "model 'sequential': the weights that train changed after this Trainer was made (layer.trainable, "
+                "freeze, unfreeze, freeze_bn_stats or unfreeze_bn_stats); a trainer trains its own copy, whose "
+                "graphs fix which weights train, so it goes on training the weights it started with. To train with "
+                "the change, hand the state over: m = tr.model(); m.train_state = tr.export_state();")):
+            tr.step(x, y)
+        assert not np.array_equal(tr.get_weights()[0], before)   # it trained on, as it said
+        model.layers[1].trainable = False
+        tr.step(x, y)                                            # said once
+        # the hand-over it names trains the change
+        m = tr.model()
+        m.train_state = tr.export_state()
+        m.freeze("dense_0.kernel")
+    with ot.Trainer(m, batch_size=8) as tr2:
+        kept = tr2.get_weights()[0].copy()
+        tr2.step(x, y)
+        np.testing.assert_array_equal(tr2.get_weights()[0], kept)

@@ -124,6 +124,15 @@ class EmitContext:
 # weight table, get_weights): a reader in another thread sees all of them old or all new.
 WEIGHTS_LOCK = threading.RLock()
 EDITS = [0]  # weights set on any layer so far: a running fit looks at its layers only when it moved
+# Changes of which weights train, on any layer or model so far (layer.trainable, a model's freeze,
+# unfreeze, trainable and batch-norm statistics switches): a Trainer reads what trains again only
+# when it moved.
+FREEZES = [0]
+
+
+def what_trains(model) -> tuple[set[str], set[str]]:
+    """The weights that train and the batch-norm statistics kept fixed: what a trainer's graphs fix."""
+    return set(model.trainable_weight_names), set(getattr(model, "_frozen_stats", ()))
 
 # The models a fit is training, and their layers, by id -> the fit's sync: reading their weights
 # (get_weights, predict, evaluate, save...) on the fit's thread first brings the trained values
@@ -225,6 +234,7 @@ class Layer:
     @trainable.setter
     def trainable(self, value) -> None:
         self._trainable = checked_flag(value, f"layer {self.name!r}: trainable")
+        FREEZES[0] += 1
 
     @property
     def name(self) -> str | None:

@@ -33,7 +33,7 @@ from ortrain.graph.passes import batchnorm_nodes, freeze_batchnorm_stats, name_f
 from ortrain.graph.repairs import activations_as_arithmetic
 from ortrain.metrics import logged_names as metrics_logged_names
 from ortrain.nn import training as _training
-from ortrain.nn.base_layer import WEIGHTS_LOCK, EmitContext, Layer, sync_live
+from ortrain.nn.base_layer import FREEZES, WEIGHTS_LOCK, EmitContext, Layer, sync_live
 from ortrain.nn.core_layers import Embedding
 from ortrain.nn.saving import model_from_record, model_record, save_model
 from ortrain.nn.symbolic import SymbolicTensor, _topological
@@ -194,6 +194,7 @@ class Model(TrainingMixin):
             self._layer_frozen_stats.clear()
             self._frozen.clear()
             self._changed()
+            FREEZES[0] += 1
         elif not self.layers:
             self.freeze("*")
 
@@ -391,6 +392,7 @@ class Model(TrainingMixin):
                 self._frozen_stats.add(mean)
                 self._layer_frozen_stats.add(mean)
         self._changed()
+        FREEZES[0] += 1
 
     def unfreeze(self, names_or_layers) -> None:
         """Train these weights again (as :meth:`freeze` names them). A weight whose layer is set
@@ -405,6 +407,7 @@ class Model(TrainingMixin):
                 stats.discard(n)
                 stats.discard(pairs.get(n, ""))
         self._changed()
+        FREEZES[0] += 1
 
     def _warn_one_statistic(self, names, pairs: dict[str, str], verb: str) -> None:
         """A batch norm's running statistics are fixed together or not at all: say so when ``names``
@@ -440,12 +443,14 @@ class Model(TrainingMixin):
         (until :meth:`unfreeze_bn_stats`, or :meth:`unfreeze` of a layer)."""
         self._frozen_stats = {n.input[3] for n in batchnorm_nodes(self._base_proto())}
         self._changed()
+        FREEZES[0] += 1
 
     def unfreeze_bn_stats(self) -> None:
         """Batch norms train their running statistics again, but for the layers frozen with
         :meth:`freeze`, which keep them fixed (Keras' behaviour) until they are unfrozen."""
         self._frozen_stats = set(self._layer_frozen_stats)
         self._changed()
+        FREEZES[0] += 1
 
     def _frozen_layer_stats(self) -> set[str]:
         """Of the frozen statistics, those of batch-norm layers whose scale is frozen: the layers
