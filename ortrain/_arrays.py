@@ -193,7 +193,7 @@ def _deferred(value, dtype: np.dtype, argument: str):
     reads only after a cast or a copy; its values are checked now, in blocks, as :func:`as_array`
     checks them. Else None (cast whole by :func:`as_array`)."""
     dtype = np.dtype(dtype)
-    if dtype.kind != "f" or not isinstance(value, np.ndarray) or getattr(value, "size", 0) <= DEFERRED_VALUES:
+    if dtype.kind != "f" or not isinstance(value, np.ndarray):
         return None
     a = read_array(value, argument)
     if a.dtype.kind not in "fiub" or a.ndim < 1 or (a.dtype == dtype and a.flags.c_contiguous):
@@ -441,7 +441,8 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
     out = []
     for spec, a in zip(specs, xs):
         arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
-        deferred = defer and not (bounds and spec.name in bounds)  # (indices are checked whole)
+        # (only large arrays; indices are checked whole)
+        deferred = defer and getattr(a, "size", 0) > DEFERRED_VALUES and not (bounds and spec.name in bounds)
         a = (_deferred(a, spec.dtype, arg) if deferred else None) or as_array(a, spec.dtype, arg)
         check_shape(a, spec.shape, arg, rows)
         if bounds and spec.name in bounds and a.size:
