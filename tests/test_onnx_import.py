@@ -1107,6 +1107,15 @@ def test_weights_before_a_quantized_activation_are_named_as_constants_with_the_n
         with pytest.warns(UserWarning, match=r"1 float32 initializer before quantized activations \('W1'\) stays "
                                              r"constant: a gradient would cross 'dq_mid' \(DynamicQuantizeLinear\)"):
             assert ot.from_onnx(dynamic).weight_names() == ["W2"]
+    # a frozen= name that names a one-value constant exactly names it only: as a glob, "W[1]" would
+    # pick W1 and silence its warning
+    bracketed = _model([helper.make_node("Mul", ["x", "W[1]"], ["x1"]), *dynamic.graph.node[:]],
+                       [_vi("x", ["N", 4])], [_vi("y", ["N", 2])],
+                       [numpy_helper.from_array(np.full(1, 2.0, np.float32), "W[1]"), *dynamic.graph.initializer],
+                       opset=21)
+    bracketed.graph.node[1].input[0] = "x1"
+    with pytest.warns(UserWarning, match=r"1 float32 initializer before quantized activations \('W1'\)"):
+        ot.from_onnx(bracketed, frozen=["W[1]"])
     x = rng.standard_normal((8, 4)).astype(np.float32)
     y = rng.standard_normal((8, 2)).astype(np.float32)
     hd = (np.clip(np.round(x @ w1 / scale) + 128, 0, 255) - 128).astype(np.float32) * scale  # numpy's Q then DQ

@@ -489,7 +489,9 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
              f"a gradient reaches ({shown}) stay{'s' if len(other_floats) == 1 else ''} constant: ortrain trains "
              "float32 weights only; export the model in float32 to train them (in PyTorch, model.float() before "
              "torch.onnx.export)", UserWarning)
-    frozen_names = {n for pat in _patterns(frozen, "frozen") or () for n in picked(before_quantized, pat)}
+    # (a pattern that names an initializer exactly names that one only, as frozen= reads it)
+    named = [n for n in values if n in used]
+    frozen_names = {n for pat in _patterns(frozen, "frozen") or () for n in picked(named, pat)}
     held = [name for name in before_quantized if name not in frozen_names]
     if held and trainable is None:
         nodes = sorted({quantized[name][0] for name in held})
