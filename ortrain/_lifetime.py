@@ -6,8 +6,6 @@ import atexit
 import contextlib
 import functools
 import os
-import re
-import sys
 import threading
 import time
 import weakref
@@ -34,6 +32,7 @@ def new_lock(owner) -> threading.RLock:
 
 
 def _fresh_locks_in_child() -> None:
+    global _joins_changed
     # every owner, each on its own: one that fails here (half made by a thread of the parent that
     # the child does not have) must not leave the next ones with the parent's locks and objects
     for owner in list(_locked):
@@ -55,8 +54,10 @@ def _fresh_locks_in_child() -> None:
         except Exception:  # noqa: BLE001,S112 - as above
             continue
     LEFT_AT_EXIT.clear()  # (a fork during the exit: the child's threads are its own)
-    _held.clear()
+    _exiting.clear()
     _held_until.clear()
+    _joins.clear()
+    _joins_changed = threading.Condition(threading.Lock())  # (a thread of the parent may have held it)
 
 
 def busy_at_fork(what: str) -> str:
@@ -71,15 +72,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 QUIET_AT_EXIT_S = 5.0  # the longest the interpreter's exit waits for calls in flight in other threads
-HELD_AT_EXIT_S = 30.0  # the longest a thread left running at the exit is held before its next call, unjoined
+HELD_AT_EXIT_S = 30.0  # how long after its first hold a thread not spared at the exit is held, unjoined
 # The threads (objects: the system reuses the idents of ended ones) left running when the
-# interpreter's exit began (daemon threads, and threads earlier atexit handlers started and left):
-# their next call into a session waits (see _quiet_at_exit). Threads that atexit handlers start
-# later are not among them, and run as usual.
+# interpreter's exit began (daemon threads, and threads earlier atexit handlers started and left).
+# From then on, the next call into a session of any thread the exit does not spare waits (see
+# hold_if_left_at_exit): the spared ones are the thread that runs the exit, and the threads it
+# (or, in turn, a thread it started) starts during the exit, as later atexit handlers do.
 LEFT_AT_EXIT: set[threading.Thread] = set()
-_held: set[int] = set()  # the idents of the threads held now
+_SPARED: weakref.WeakSet = weakref.WeakSet()
+_exiting: list = []  # [the thread that runs the exit] once it has begun
 _held_until: dict = {}  # thread -> when it is no longer held
 _waits_at_exit: list = []  # functions(deadline) that wait for calls in flight no lock covers
+_joins: dict = {}  # thread -> joins of it in progress by spared threads (or threads such joins wait for)
+_joins_changed = threading.Condition(threading.Lock())
 
 
 def wait_at_exit(wait) -> None:
@@ -88,51 +93,80 @@ def wait_at_exit(wait) -> None:
     _waits_at_exit.append(wait)
 
 
-def hold_if_left_at_exit() -> None:
-    """Wait if this thread was left running when the interpreter's exit began: a call into
-    onnxruntime still running when the interpreter is torn down aborts the process as it returns,
-    and the interpreter ends a waiting thread with the process. While another thread joins this one
-    (a later atexit handler that stops a worker and waits for it) the call goes on; after
-    HELD_AT_EXIT_S held in all (it may wait for the thread in another way), every call does."""
-    me = threading.current_thread()
-    if me not in LEFT_AT_EXIT:
-        return
-    end = _held_until.setdefault(me, time.monotonic() + HELD_AT_EXIT_S)
-    _held.add(me.ident)
-    try:
-        while not _joined(me):
-            if time.monotonic() >= end:
-                LEFT_AT_EXIT.discard(me)
-                return
-            time.sleep(0.02)
-    finally:
-        _held.discard(me.ident)
+def _spared(thread: threading.Thread) -> bool:
+    return bool(_exiting) and (thread is _exiting[0] or thread in _SPARED)
 
 
-def _joined(thread: threading.Thread) -> bool:
-    """Whether another thread waits in ``thread.join()`` (its frames say so)."""
-    for frame in sys._current_frames().values():
-        for _ in range(3):  # join, and the helper it waits in
-            if frame is None:
-                break
-            if frame.f_code.co_name in ("join", "_wait_for_tstate_lock") and \
-                    frame.f_code.co_filename == threading.__file__ and frame.f_locals.get("self") is thread:
-                return True
-            frame = frame.f_back
+def _owns_a_lock() -> bool:
+    """Whether this thread is inside a call that holds an object's lock (a chunked prediction, a
+    step): that call ends before the thread is held, or the threads waiting for the lock would wait
+    out the hold (the exit waits QUIET_AT_EXIT_S for such calls)."""
+    for owner in list(_locked):
+        lock = owner.__dict__.get("_lock")
+        if lock is not None and lock._is_owned():
+            return True
     return False
 
 
-def _owner(lock) -> int | None:
-    """The ident of the thread holding an ``RLock`` (from its repr; None where that does not say)."""
-    found = re.search(r"owner=(\d+)", repr(lock))
-    return int(found.group(1)) if found else None
+def hold_if_left_at_exit() -> None:
+    """Wait if the interpreter's exit has begun and does not spare this thread: a call into
+    onnxruntime still running when the interpreter is torn down aborts the process as it returns,
+    and the interpreter ends a waiting thread with the process. While a spared thread joins this one
+    (a later atexit handler that stops a worker and waits for it), or a thread that such a join waits
+    for joins it in turn, the call goes on; so does one made inside a call that holds a lock, which
+    ends first. HELD_AT_EXIT_S after its first hold (it may be waited for in another way), every call
+    goes on."""
+    me = threading.current_thread()
+    if not _exiting or _spared(me) or _joins.get(me) or _owns_a_lock():
+        return
+    end = _held_until.setdefault(me, time.monotonic() + HELD_AT_EXIT_S)
+    with _joins_changed:
+        while not _joins.get(me):
+            left = end - time.monotonic()
+            if left <= 0:
+                _SPARED.add(me)  # for good: whatever waits for it is not a join
+                return
+            _joins_changed.wait(left)
+
+
+def _at_exit(start, join):
+    """``Thread.start`` and ``Thread.join`` during the exit: a thread that a spared thread starts is
+    spared too, and a thread that a spared thread joins (or one such a join waits for) goes on."""
+    @functools.wraps(start)
+    def started(self, *args, **kwargs):
+        if _spared(threading.current_thread()):
+            _SPARED.add(self)
+        return start(self, *args, **kwargs)
+
+    @functools.wraps(join)
+    def joined(self, *args, **kwargs):
+        me = threading.current_thread()
+        if not (_spared(me) or _joins.get(me)):
+            return join(self, *args, **kwargs)
+        with _joins_changed:
+            _joins[self] = _joins.get(self, 0) + 1
+            _joins_changed.notify_all()
+        try:
+            return join(self, *args, **kwargs)
+        finally:
+            with _joins_changed:
+                if _joins[self] > 1:
+                    _joins[self] -= 1
+                else:
+                    del _joins[self]
+
+    started._ortrain_exit = joined._ortrain_exit = True
+    return started, joined
 
 
 def _quiet_at_exit() -> None:
-    """At the interpreter's exit: have the next calls into a session of the threads still running
-    wait (see hold_if_left_at_exit), and wait (QUIET_AT_EXIT_S at most) for their calls in flight,
-    those of held threads excepted."""
+    """At the interpreter's exit: have the next calls into a session of the threads the exit does not
+    spare wait (see hold_if_left_at_exit), and wait (QUIET_AT_EXIT_S at most) for their calls in
+    flight (a thread is never held inside a call that holds a lock)."""
     me = threading.current_thread()
+    _exiting[:] = [me]
+    if not getattr(threading.Thread.start, "_ortrain_exit", False):
+        threading.Thread.start, threading.Thread.join = _at_exit(threading.Thread.start, threading.Thread.join)
     LEFT_AT_EXIT.update(t for t in threading.enumerate() if t is not me)
     if not LEFT_AT_EXIT:
         return
@@ -142,8 +176,6 @@ def _quiet_at_exit() -> None:
         while lock is not None and time.monotonic() < deadline:
             if lock.acquire(timeout=0.01):
                 lock.release()  # a call after this one sees LEFT_AT_EXIT (exclusive looks under the lock)
-                break
-            if _owner(lock) in _held:  # (a held thread's call of a snapshot, between its runs)
                 break
     for wait in _waits_at_exit:
         wait(deadline)

@@ -964,6 +964,63 @@ def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_
     assert time.monotonic() - began < 8  # a joined worker goes on at once (unjoined, it is held 30 s)
 
 
+def test_the_exit_holds_threads_started_late_and_joins_only_a_spared_threads_join(tmp_path):
+    # Threads a daemon thread started after the exit began were not held, and a join by another
+    # daemon thread (a supervisor) let the worker it joined through: both predicted through the
+    # teardown and aborted the process. A worker held with a snapshot's lock taken (a chunked
+    # prediction) stalled the handler that joined the worker waiting for that lock, 30 s; and every
+    # held thread scanned every thread's frames each 20 ms, so 300 joins took 10 s.
+    script = tmp_path / "exit_late.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, threading, time
+        import numpy as np
+        def stop_all():  # runs after ortrain's exit handlers
+            time.sleep(0.3)  # (the handler's other work: the spawned and supervised threads run on meanwhile)
+            began = time.monotonic()
+            stop.set()
+            for w in workers:
+                w.join()
+            print("joined", len(workers), time.monotonic() - began < 5)
+        atexit.register(stop_all)
+        import ortrain as ot
+        m = ot.Sequential([ot.layers.Dense(64, activation="relu"), ot.layers.Dense(4)], input_shape=(32,), seed=1)
+        m.compile(optimizer="adam", loss="mse")
+        x = np.ones((128, 32), np.float32)
+        tr = ot.Trainer(m, batch_size=128)
+        snap = tr.snapshot()
+        stop = threading.Event()
+        def predict_for_a_while():
+            for _ in range(50):
+                m.predict(x)
+        def server():  # a thread per request, as socketserver's ThreadingMixIn starts them
+            while True:
+                threading.Thread(target=predict_for_a_while, daemon=True).start()
+                time.sleep(0.002)
+        def supervisor():  # runs a job in a thread of its own and waits for it
+            while True:
+                job = threading.Thread(target=predict_for_a_while, daemon=True)
+                job.start()
+                job.join()
+        def snapshot_worker():
+            while not stop.is_set():
+                snap.predict(x, batch_size=8)  # 16 runs a call, the snapshot's lock taken
+        def light_worker():
+            while not stop.is_set():
+                time.sleep(0.01)
+                m.predict(x[:2])
+        workers = [threading.Thread(target=snapshot_worker, daemon=True) for _ in range(3)]
+        workers += [threading.Thread(target=light_worker, daemon=True) for _ in range(150)]
+        for t in workers + [threading.Thread(target=server, daemon=True),
+                            threading.Thread(target=supervisor, daemon=True)]:
+            t.start()
+        time.sleep(0.5)
+        """))
+    for _ in range(2):
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and run.stdout.split() == ["joined", "153", "True"], \
+            (run.returncode, run.stdout, run.stderr[-2000:])
+
+
 def test_a_snapshot_freed_from_another_thread_raises_freed_error_only(rng):
     import threading
     import time
