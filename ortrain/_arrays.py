@@ -442,7 +442,8 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
     for spec, a in zip(specs, xs):
         arg = argument if len(specs) == 1 else f"{argument}[{spec.name!r}]"
         # (only large arrays; indices are checked whole)
-        deferred = defer and getattr(a, "size", 0) > DEFERRED_VALUES and not (bounds and spec.name in bounds)
+        deferred = defer and isinstance(a, np.ndarray) and a.size > DEFERRED_VALUES and \
+            not (bounds and spec.name in bounds)
         a = (_deferred(a, spec.dtype, arg) if deferred else None) or as_array(a, spec.dtype, arg)
         check_shape(a, spec.shape, arg, rows)
         if bounds and spec.name in bounds and a.size:
