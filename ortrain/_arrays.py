@@ -673,7 +673,10 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
         return [o[:0] if o.ndim and o.shape[0] == rows else o for o in runner.run(feeds)]
     if batch is not None:
         return _run_fixed(runner, specs, xs, extra_feeds, batch)
-    slices = row_slices(xs[0].shape[0], batch_size)
+    n = xs[0].shape[0]
+    slices = row_slices(n, batch_size)
+    if len(slices) == 1:  # all rows in one run: data read by rows (RowCast) is cast once, here
+        xs = [a[:] if isinstance(a, RowCast) else a for a in xs]
     later, seen = [], {}  # outputs with a free axis after the first: (shape, rows) of a run of each
     if len(slices) > 1:
         data = [s.name for s in specs]
@@ -685,7 +688,7 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
                 f"initializer), or pass batch_size=None with as many rows in every input")
         for name, shape in runner.declared_without_batch(data).items():
             raise _batchless(name, f"the graph declares its shape {shape}", batch_size)
-        rows = {len(xs[0][sl]) for sl in slices}
+        rows = {len(range(n)[sl]) for sl in slices}
         told = getattr(runner, "rows_told", set())
         unnamed, later = runner.batch_unnamed(data), [n for n in runner.later_axes_free() if n not in told]
         if (unnamed or later) and len(rows) == 1:  # (a runner keeps what runs told)
@@ -713,7 +716,7 @@ def run_chunks(runner, specs, xs: list[np.ndarray], extra_feeds: dict | None, ba
         if extra_feeds:
             feeds.update(extra_feeds)
         outs = runner.run(feeds)
-        rows = len(xs[0][sl])
+        rows = len(range(n)[sl])
         for name, out in zip(runner.output_names, outs):
             if len(slices) > 1 and (out.ndim == 0 or out.shape[0] != rows):
                 raise _batchless(name, f"it gave shape {out.shape} for a chunk of {rows} rows", batch_size)

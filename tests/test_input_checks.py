@@ -630,3 +630,25 @@ def test_a_float64_memory_map_is_read_a_batch_at_a_time(tmp_path):
         model.fit(big, y, batch_size=4096, verbose=0)
     for a, b in zip(weights, model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_data_read_by_rows_is_cast_once_whatever_the_batch_size(monkeypatch):
+    # predict cast the data again to count each chunk's rows: 2 casts with batch_size=None, 3 with one
+    import ortrain._arrays as arrays
+    monkeypatch.setattr(arrays, "DEFERRED_VALUES", 0)
+    read, get = [0], arrays.RowCast.__getitem__
+
+    def counting(self, key):
+        out = get(self, key)
+        read[0] += out.size
+        return out
+
+    monkeypatch.setattr(arrays.RowCast, "__getitem__", counting)
+    x = np.random.default_rng(0).standard_normal((50_000, 16))
+    model = ot.Sequential([L.Dense(1)], input_shape=(16,), seed=0)
+    for batch_size, most in ((None, 1.0), (1000, 1.02)):   # (+ one run of 999 rows telling the batch axis)
+        read[0] = 0
+        got = model.predict(x, batch_size=batch_size)
+        assert 1.0 <= read[0] / x.size <= most, (batch_size, read[0] / x.size)
+        np.testing.assert_array_equal(got, model.predict(x.astype(np.float32), batch_size=batch_size))
+
