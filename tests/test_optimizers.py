@@ -495,3 +495,70 @@ def test_load_model_refuses_an_sgd_second_moment_that_is_not_zero(tmp_path, rng)
     again.fit(x, y, batch_size=16, verbose=0)
     for a, b in zip(again.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sgd_momentum_changed_between_fits_keeps_the_velocity_as_pytorch_does(rng):
+    # the runtime holds (1 - momentum) * buf: 0.9 -> 0.99 made the velocity 10 times larger (weights
+    # 9.4 relative off PyTorch's), where torch.optim.SGD keeps its momentum_buffer
+    torch = torch_or_skip()
+    x = rng.standard_normal((16, NIN)).astype(np.float32)
+    y = rng.standard_normal((16, NOUT)).astype(np.float32)
+    model = dense_model(NIN, NOUT, optimizer=ot.optim.SGD(lr=0.05, momentum=0.9))
+    w0 = model.get_weights()
+    w = torch.tensor(w0[0], requires_grad=True)
+    b = torch.tensor(w0[1], requires_grad=True)
+    topt = torch.optim.SGD([w, b], lr=0.05, momentum=0.9)
+
+    def torch_steps(k):
+        for _ in range(k):
+            topt.zero_grad()
+            ((torch.tensor(x) @ w + b - torch.tensor(y)) ** 2).mean().backward()
+            topt.step()
+
+    for momentum, steps in ((0.9, 3), (0.99, 3), (0.5, 2), (0.0, 1), (0.8, 2)):
+        model.optimizer.momentum = momentum
+        topt.param_groups[0]["momentum"] = momentum
+        model.fit(x, y, batch_size=16, epochs=steps, verbose=0)
+        torch_steps(steps)
+        np.testing.assert_allclose(model.get_weights()[0], w.detach().numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=f"momentum {momentum}")
+        if momentum:
+            buf = topt.state[w]["momentum_buffer"].numpy()
+            m = model.optimizer.state()["moments"]["dense_0.kernel"]["m"]
+            np.testing.assert_allclose(m / (1 - np.float32(momentum)), buf, rtol=1e-5, atol=1e-7)
+    # checked as the constructor checks it; a numpy number is taken as the float it holds
+    for bad in (None, 1.0, "0.9"):
+        with pytest.raises(ot.OrtrainError, match="momentum: expected a number in \\[0, 1\\)"):
+            model.optimizer.momentum = bad
+    model.optimizer.momentum = np.float32(0.5)
+    model.optimizer.weight_decay = np.float32(0.25)
+    assert (type(model.optimizer.momentum), type(model.optimizer.weight_decay)) == (float, float)
+    with pytest.raises(ot.OrtrainError, match="weight_decay: expected a number in \\[0, 1\\]"):
+        model.optimizer.weight_decay = None
+    model.fit(x, y, batch_size=16, verbose=0)   # (the config is JSON: a float32 was a raw TypeError there)
+    said = []
+
+    class Switch(ot.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            with pytest.raises(ot.OrtrainError, match="momentum: this model is fitting, .* a running fit's update "
+                                                      "graph fixes the momentum"):
+                self.model.optimizer.momentum = 0.9
+            said.append(epoch)
+
+    model.fit(x, y, batch_size=16, verbose=0, callbacks=[Switch()])
+    assert said == [0] and model.optimizer.momentum == 0.5
+
+
+def test_a_state_with_adams_second_moment_is_refused_by_an_sgd_model(rng):
+    x = rng.standard_normal((16, NIN)).astype(np.float32)
+    y = rng.standard_normal((16, NOUT)).astype(np.float32)
+    adam = dense_model(NIN, NOUT, optimizer=ot.optim.Adam(lr=0.05))
+    with ot.Trainer(adam, batch_size=16) as tr:
+        tr.step(x, y)
+        state = tr.export_state()
+    sgd = dense_model(NIN, NOUT, optimizer=ot.optim.SGD(lr=0.05, momentum=0.9))
+    with pytest.raises(ot.OrtrainError, match=r"train_state: it holds a second moment \('v'\) of 'dense_0.bias' that "
+                                              r"is not 0, as an Adam's state does, and model '.*' is compiled with "
+                                              r"SGD, which holds it at 0"):
+        sgd.train_state = state
+    assert sgd.train_state is None

@@ -269,6 +269,13 @@ class TrainingMixin:
             raise OrtrainError(f"train_state: it holds moments of {misfit[0]!r}, which model {self.name!r} has not "
                                f"{'with that shape' if known else 'at all'}: it is the state of another model; "
                                "nothing was changed")
+        if value is not None and getattr(self.optimizer, "name", None) == "sgd":
+            adams = next((n for n, ms in value.moments.items() if len(ms) > 1 and np.any(ms[1])), None)
+            if adams is not None:  # SGD's update divides by sqrt(v) + (1 - momentum)
+                raise OrtrainError(f"train_state: it holds a second moment ('v') of {adams!r} that is not 0, as an "
+                                   f"Adam's state does, and model {self.name!r} is compiled with SGD, which holds it "
+                                   "at 0: hand over a state of an SGD trainer, compile the model with the optimizer "
+                                   "that made the state, or set None for fresh moments; nothing was changed")
         self._train_state = value
         if value is not None and self.optimizer is not None:  # its rate is the one the next fit takes
             self._lr_seen = (id(self.optimizer), self.optimizer.lr_writes)

@@ -9,6 +9,7 @@ call, and of the moments that :meth:`Optimizer.state` returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import weakref
 
@@ -254,12 +255,26 @@ class Optimizer:
     def __setstate__(self, state: dict) -> None:
         if "step" in state:  # pickled when the count was a plain attribute
             state["_step"] = state.pop("step")
+        if "weight_decay" in state:  # (and so was the decay)
+            state["_weight_decay"] = state.pop("weight_decay")
         state.setdefault("_model", None)
         state.setdefault("_model_id", None)
         state.setdefault("_counts", None)
         state.setdefault("_for_next", False)
         state["_kept_for"] = None
         self.__dict__.update(state)
+
+    _weight_decay = 0.0
+
+    @property
+    def weight_decay(self) -> float:
+        """The weight decay, in [0, 1]; a write is checked as the constructor checks it, and takes
+        effect from the next fit or trainer."""
+        return self._weight_decay
+
+    @weight_decay.setter
+    def weight_decay(self, value) -> None:
+        self._weight_decay = check_weight_decay(value)
 
     @property
     def learning_rate(self) -> float:
@@ -357,8 +372,11 @@ class Optimizer:
                 self._lr_now = None
             # (a compiled model's state holds the rate, which its next fit starts at, as after a fit: the
             # rate it was compiled with stays a schedule's base, StepDecay(initial_lr=None)'s)
-            for key, value in hyper.items():
-                setattr(self, key, value)
+            for key, value in hyper.items():  # (the moments loaded are the settings', not to be rescaled)
+                if key == "momentum":
+                    self._momentum, self._kept_at = value, value or None
+                else:
+                    setattr(self, key, value)
             # A live capture reads the loaded moments at its next call, instead of its own.
             self._state_source = None
             self._state_version += 1
@@ -506,11 +524,47 @@ class SGD(Optimizer):
                  learning_rate: float | None = None, momentum: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr, learning_rate)
         self.weight_decay = check_weight_decay(weight_decay)
-        self.momentum = check_momentum(momentum)
+        self._momentum = check_momentum(momentum)
         if nesterov is not False:
             raise OrtrainError(f"SGD: nesterov={nesterov!r}: Nesterov momentum is not offered (onnxruntime-training's "
                                "update kernels have no Nesterov form); use momentum without it "
                                f"(ot.optim.SGD(momentum={self.momentum or 0.9!r})), or ot.optim.Adam")
+
+    _momentum = 0.0
+    _kept_at = None  # the momentum the velocity was last kept at, where it differs from _momentum (0)
+
+    @property
+    def momentum(self) -> float:
+        """The momentum, in [0, 1). A write takes effect from the next fit or trainer, and keeps the
+        velocity a fit left (the runtime holds ``(1 - momentum) * buf``, rescaled to the new value),
+        as ``torch.optim.SGD`` keeps its buffer when a param group's momentum changes."""
+        return self._momentum
+
+    @momentum.setter
+    def momentum(self, value) -> None:
+        value = check_momentum(value)
+        # the momentum the kept velocity was made at: a fit at momentum 0 leaves it as it was, as
+        # torch.optim.SGD leaves its buffer, for a later momentum to go on from
+        kept = self._kept_at if self._kept_at is not None else self._momentum
+        if value and kept and value != kept:
+            self._rescale_velocity((1.0 - np.float64(np.float32(value))) / (1.0 - np.float64(np.float32(kept))))
+        self._momentum = value
+        if value:
+            self._kept_at = value
+
+    def _rescale_velocity(self, factor: float) -> None:
+        """The velocity the runtime keeps as ``(1 - momentum) * buf``, for another momentum: of the
+        model this optimizer is compiled into (refused while it fits), or kept by this optimizer."""
+        def rescaled(moments: dict) -> dict:
+            return {n: (np.asarray(ms[0] * factor, np.float32), *ms[1:]) if ms else ms for n, ms in moments.items()}
+        model = self._compiled_model()
+        if model is not None:
+            model._refuse_while_fitting("momentum", "set", instead=": a running fit's update graph fixes the momentum")
+            state = model._train_state
+            if state is not None and state.moments:
+                model._train_state = dataclasses.replace(state, moments=rescaled(state.moments))
+        elif self._moments:
+            self._moments = rescaled(self._moments)
 
     @property
     def has_moments(self) -> bool:  # the velocity, with momentum
