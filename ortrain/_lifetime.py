@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import functools
 import os
+import sys
 import threading
 import time
 import weakref
@@ -32,7 +34,7 @@ def new_lock(owner) -> threading.RLock:
 
 
 def _fresh_locks_in_child() -> None:
-    global _joins_changed
+    global _state, _looking, _needed, _needed_seen
     # every owner, each on its own: one that fails here (half made by a thread of the parent that
     # the child does not have) must not leave the next ones with the parent's locks and objects
     for owner in list(_locked):
@@ -56,8 +58,13 @@ def _fresh_locks_in_child() -> None:
     LEFT_AT_EXIT.clear()  # (a fork during the exit: the child's threads are its own)
     _exiting.clear()
     _held_until.clear()
-    _joins.clear()
-    _joins_changed = threading.Condition(threading.Lock())  # (a thread of the parent may have held it)
+    _joining.clear()
+    _seen.clear()
+    _held.clear()
+    _scanner.clear()
+    _seen_at[:] = [-1e9, 0.0]
+    _needed = _needed_seen = frozenset()
+    _state, _looking = threading.RLock(), threading.Lock()  # (a thread of the parent may have held them)
 
 
 def busy_at_fork(what: str) -> str:
@@ -73,18 +80,30 @@ if hasattr(os, "register_at_fork"):
 
 QUIET_AT_EXIT_S = 5.0  # the longest the interpreter's exit waits for calls in flight in other threads
 HELD_AT_EXIT_S = 30.0  # how long after its first hold a thread not spared at the exit is held, unjoined
-# The threads (objects: the system reuses the idents of ended ones) left running when the
-# interpreter's exit began (daemon threads, and threads earlier atexit handlers started and left).
-# From then on, the next call into a session of any thread the exit does not spare waits (see
-# hold_if_left_at_exit): the spared ones are the thread that runs the exit, and the threads it
-# (or, in turn, a thread it started) starts during the exit, as later atexit handlers do.
-LEFT_AT_EXIT: set[threading.Thread] = set()
+LOOK_S = 0.05  # how often the stacks of all threads are looked at while a thread is held (at least)
+# The idents of the threads left running when the interpreter's exit began (daemon threads, and
+# threads earlier atexit handlers started and left): the exit waits for their calls in flight, and
+# holds threads only if there are any. From then on, the next call into a session of any thread
+# the exit does not spare waits (see hold_if_left_at_exit): the spared ones are the thread that
+# runs the exit, and the threads it (or, in turn, a thread it started) starts during the exit, as
+# later atexit handlers do.
+LEFT_AT_EXIT: set[int] = set()  # (their idents)
 _SPARED: weakref.WeakSet = weakref.WeakSet()
 _exiting: list = []  # [the thread that runs the exit] once it has begun
 _held_until: dict = {}  # thread -> when it is no longer held
 _waits_at_exit: list = []  # functions(deadline) that wait for calls in flight no lock covers
-_joins: dict = {}  # thread -> joins of it in progress by spared threads (or threads such joins wait for)
-_joins_changed = threading.Condition(threading.Lock())
+# Who waits for whom during the exit: a held thread goes on while a spared thread waits for it,
+# or a thread that a spared one waits for (and so on). Guarded by _state, re-entrant: a signal
+# handler may join a thread while its own thread is inside a join.
+_state = threading.RLock()
+_joining: dict = {}  # thread -> the threads it joins now, through Thread.join as patched at the exit
+_seen: dict = {}  # thread -> the threads the last look at the stacks (_look) found it waiting for
+_seen_at = [-1e9, 0.0]  # when the stacks were last looked at, and how long that took
+_held: dict = {}  # thread waiting in hold_if_left_at_exit -> (its wake-up Event, the objects whose locks it holds)
+_scanner: list = []  # [the held thread that looks at the stacks every _look_every() seconds]
+_needed = frozenset()  # threads the spared ones wait for, through the joins seen by the patch alone
+_needed_seen = frozenset()  # ... and through those the stacks showed too (as fresh as that look)
+_looking = threading.Lock()
 
 
 def wait_at_exit(wait) -> None:
@@ -93,45 +112,149 @@ def wait_at_exit(wait) -> None:
     _waits_at_exit.append(wait)
 
 
+def _listed(weak: weakref.WeakSet) -> list:
+    """The members of ``weak``, which other threads may add to meanwhile."""
+    while True:
+        try:
+            return list(weak)
+        except RuntimeError:  # (changed size during iteration)
+            continue
+
+
 def _spared(thread: threading.Thread) -> bool:
     return bool(_exiting) and (thread is _exiting[0] or thread in _SPARED)
 
 
-def _owns_a_lock() -> bool:
-    """Whether this thread is inside a call that holds an object's lock (a chunked prediction, a
-    step): that call ends before the thread is held, or the threads waiting for the lock would wait
-    out the hold (the exit waits QUIET_AT_EXIT_S for such calls)."""
-    for owner in list(_locked):
-        lock = owner.__dict__.get("_lock")
-        if lock is not None and lock._is_owned():
-            return True
-    return False
+def _locks_held() -> tuple:
+    """The objects whose lock (see :func:`exclusive`) this thread holds: a chunked prediction."""
+    return tuple(owner for owner in _listed(_locked)
+                 if (lock := owner.__dict__.get("_lock")) is not None and lock._is_owned())
+
+
+def _look_every() -> float:
+    return max(LOOK_S, 10 * _seen_at[1])
+
+
+def _update_needed() -> None:
+    """Recompute the threads the spared ones wait for, and wake those of them that are held. Call
+    holding ``_state``."""
+    global _needed, _needed_seen
+    roots = _exiting[:1] + _listed(_SPARED)
+    reached = []
+    for edges in ((_joining,), (_joining, _seen)):
+        found, todo = set(), list(roots)
+        while todo:
+            thread = todo.pop()
+            for other in [u for waits in edges for u in tuple(waits.get(thread, ()))]:
+                if other not in found:
+                    found.add(other)
+                    todo.append(other)
+        reached.append(frozenset(found))
+    _needed, _needed_seen = reached
+    for thread in _needed_seen:
+        held = _held.get(thread)
+        if held is not None:
+            held[0].set()
+
+
+def _lock_holders(frame, holders: dict) -> list:
+    """The held threads that ``frame``, a thread's innermost, may wait for: a frame of ortrain's
+    that refers to an object whose lock a held thread holds, or to one that holds such an object
+    in ``_session`` (a trainer), is at a ``with obj._lock`` or on its way to one."""
+    code = frame.f_code
+    if not holders or not code.co_filename.startswith(_HERE) or (code.co_filename == __file__ and
+                                                                 code is not _EXCLUSIVE_CODE):
+        return []  # (not ortrain's, or this module's own look at the locks: the exit's, a held thread's)
+    found = []
+    try:
+        for value in list(frame.f_locals.values()):
+            for candidate in (value, getattr(value, "__dict__", {}).get("_session")):
+                if id(candidate) in holders:
+                    found.append(holders[id(candidate)])
+    except Exception:  # noqa: BLE001,S110 - (an object whose __dict__ misbehaves: none of ortrain's)
+        pass
+    return found
+
+
+def _look() -> None:
+    """Find in the stacks the waits the patched ``Thread.join`` does not see: joins begun before the
+    exit, or through a ``join`` taken before it (``atexit.register(worker.join)``), and waits for an
+    object's lock that a held thread holds (a chunked prediction)."""
+    began = time.monotonic()
+    threads = {t.ident: t for t in threading.enumerate()}
+    with _state:
+        holders = {id(owner): thread for thread, (_, owners) in list(_held.items()) for owner in owners}
+    seen: dict = {}
+    for ident, frame in sys._current_frames().items():
+        thread = threads.get(ident)
+        if thread is None:
+            continue
+        waits = [holder for holder in _lock_holders(frame, holders) if holder is not thread]
+        while frame is not None:
+            if frame.f_code is _JOIN_CODE and isinstance(other := frame.f_locals.get("self"), threading.Thread):
+                waits.append(other)
+            frame = frame.f_back
+        if waits:
+            seen[thread] = waits
+    with _state:
+        _seen.clear()
+        _seen.update(seen)
+        _seen_at[:] = [time.monotonic(), time.monotonic() - began]
+        _update_needed()
+
+
+def _goes_on(me: threading.Thread) -> bool:
+    return me in _needed or (me in _needed_seen and time.monotonic() - _seen_at[0] < _look_every())
 
 
 def hold_if_left_at_exit() -> None:
     """Wait if the interpreter's exit has begun and does not spare this thread: a call into
     onnxruntime still running when the interpreter is torn down aborts the process as it returns,
-    and the interpreter ends a waiting thread with the process. While a spared thread joins this one
-    (a later atexit handler that stops a worker and waits for it), or a thread that such a join waits
-    for joins it in turn, the call goes on; so does one made inside a call that holds a lock, which
-    ends first. HELD_AT_EXIT_S after its first hold (it may be waited for in another way), every call
-    goes on."""
+    and the interpreter ends a waiting thread with the process. While a spared thread waits for this
+    one (a later atexit handler that stops a worker and joins it, or waits for a lock this thread
+    holds), or a thread that such a wait waits for waits for it in turn, the call goes on.
+    HELD_AT_EXIT_S after its first hold (it may be waited for in another way), every call goes on."""
     me = threading.current_thread()
-    if not _exiting or _spared(me) or _joins.get(me) or _owns_a_lock():
+    if not _exiting or _spared(me) or _goes_on(me):
         return
     end = _held_until.setdefault(me, time.monotonic() + HELD_AT_EXIT_S)
-    with _joins_changed:
-        while not _joins.get(me):
+    woken = threading.Event()
+    with _state:
+        _held[me] = (woken, _locks_held())
+    try:
+        while True:
+            if time.monotonic() - _seen_at[0] >= _look_every() and _looking.acquire(blocking=False):
+                try:
+                    _look()
+                finally:
+                    _looking.release()
+            with _state:
+                if _goes_on(me):
+                    return
+                if not _scanner or _scanner[0] not in _held:
+                    _scanner[:] = [me]
+                scanning = _scanner[0] is me
             left = end - time.monotonic()
             if left <= 0:
-                _SPARED.add(me)  # for good: whatever waits for it is not a join
+                with _state:
+                    _SPARED.add(me)  # for good: whatever waits for it is not a join
+                    _update_needed()
                 return
-            _joins_changed.wait(left)
+            woken.wait(min(left, _look_every()) if scanning else left)
+            woken.clear()
+    finally:
+        with _state:
+            del _held[me]
+            if _scanner and _scanner[0] is me:
+                _scanner.clear()
+                for other, _ in list(_held.values()):  # another looks on
+                    other.set()
+                    break
 
 
 def _at_exit(start, join):
     """``Thread.start`` and ``Thread.join`` during the exit: a thread that a spared thread starts is
-    spared too, and a thread that a spared thread joins (or one such a join waits for) goes on."""
+    spared too, and a join is known at once to the threads it lets go on (see hold_if_left_at_exit)."""
     @functools.wraps(start)
     def started(self, *args, **kwargs):
         if _spared(threading.current_thread()):
@@ -141,42 +264,63 @@ def _at_exit(start, join):
     @functools.wraps(join)
     def joined(self, *args, **kwargs):
         me = threading.current_thread()
-        if not (_spared(me) or _joins.get(me)):
-            return join(self, *args, **kwargs)
-        with _joins_changed:
-            _joins[self] = _joins.get(self, 0) + 1
-            _joins_changed.notify_all()
+        with _state:
+            _joining.setdefault(me, []).append(self)
+            _update_needed()
         try:
             return join(self, *args, **kwargs)
         finally:
-            with _joins_changed:
-                if _joins[self] > 1:
-                    _joins[self] -= 1
-                else:
-                    del _joins[self]
+            with _state:  # (a signal handler's join may have begun and ended meanwhile, in this thread)
+                waits = _joining.get(me, [])
+                if self in waits:
+                    waits.remove(self)
+                if not waits:
+                    _joining.pop(me, None)
+                _update_needed()
 
     started._ortrain_exit = joined._ortrain_exit = True
     return started, joined
 
 
+def _raw_at_exit(start_new_thread):
+    """``_thread.start_new_thread`` during the exit: a thread that a spared thread starts is spared."""
+    @functools.wraps(start_new_thread)
+    def started(function, args, kwargs=None):
+        if _spared(threading.current_thread()):
+            def spared(*args, **kwargs):
+                _SPARED.add(threading.current_thread())
+                return function(*args, **kwargs)
+            return start_new_thread(spared, args, kwargs or {})
+        return start_new_thread(function, args, *([] if kwargs is None else [kwargs]))
+    return started
+
+
 def _quiet_at_exit() -> None:
     """At the interpreter's exit: have the next calls into a session of the threads the exit does not
     spare wait (see hold_if_left_at_exit), and wait (QUIET_AT_EXIT_S at most) for their calls in
-    flight (a thread is never held inside a call that holds a lock)."""
+    flight: a call that holds an object's lock until it ends or its thread is held inside it (at the
+    next run of a chunked prediction)."""
     me = threading.current_thread()
     _exiting[:] = [me]
     if not getattr(threading.Thread.start, "_ortrain_exit", False):
         threading.Thread.start, threading.Thread.join = _at_exit(threading.Thread.start, threading.Thread.join)
-    LEFT_AT_EXIT.update(t for t in threading.enumerate() if t is not me)
+        _thread.start_new_thread = _raw_at_exit(_thread.start_new_thread)
+    # (threads started with _thread.start_new_thread are known to threading only once they ask for
+    # threading.current_thread(); the interpreter knows their stacks)
+    LEFT_AT_EXIT.update(ident for ident in (*sys._current_frames(), *(t.ident for t in threading.enumerate()))
+                        if ident is not None and ident != me.ident)
     if not LEFT_AT_EXIT:
         return
     deadline = time.monotonic() + QUIET_AT_EXIT_S
-    for owner in list(_locked):
+    for owner in _listed(_locked):
         lock = owner.__dict__.get("_lock")
         while lock is not None and time.monotonic() < deadline:
             if lock.acquire(timeout=0.01):
                 lock.release()  # a call after this one sees LEFT_AT_EXIT (exclusive looks under the lock)
                 break
+            with _state:
+                if any(held is owner for _, owners in list(_held.values()) for held in owners):
+                    break
     for wait in _waits_at_exit:
         wait(deadline)
 
@@ -196,6 +340,11 @@ def exclusive(method):
         with self._lock:
             return method(self, *args, **kwargs)
     return call
+
+
+_EXCLUSIVE_CODE = exclusive(lambda self: None).__code__  # (one code object for every method it wraps)
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # (ortrain's own code)
+_JOIN_CODE = threading.Thread.join.__code__  # (taken before the exit patches Thread.join)
 
 
 class Releasable:

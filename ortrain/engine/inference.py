@@ -142,7 +142,7 @@ def _runs_at_exit(deadline: float) -> None:
     left running (their next ones wait: see ortrain._lifetime.LEFT_AT_EXIT), so that none is running
     when the interpreter is torn down (its return then aborts the process: "terminate called without
     an active exception")."""
-    left = {t.ident for t in LEFT_AT_EXIT}
+    left = set(LEFT_AT_EXIT)
     while time.monotonic() < deadline and any(left & r.__dict__.get("_running", set()) for r in list(_RUNNERS)):
         time.sleep(0.002)
 
