@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import functools
 import os
+import re
 import sys
 import threading
 import time
@@ -63,7 +64,7 @@ def _fresh_locks_in_child() -> None:
     _held.clear()
     _scanner.clear()
     _seen_at[:] = [-1e9, 0.0]
-    _needed = _needed_seen = frozenset()
+    _needed, _needed_seen = frozenset(), {}
     _state, _looking = threading.RLock(), threading.Lock()  # (a thread of the parent may have held them)
 
 
@@ -97,12 +98,13 @@ _waits_at_exit: list = []  # functions(deadline) that wait for calls in flight n
 # handler may join a thread while its own thread is inside a join.
 _state = threading.RLock()
 _joining: dict = {}  # thread -> the threads it joins now, through Thread.join as patched at the exit
-_seen: dict = {}  # thread -> the threads the last look at the stacks (_look) found it waiting for
+_seen: dict = {}  # thread -> [(a thread the last look at the stacks (_look) found it waiting for, why)]: why
+# is None for a join, and the id of the object whose lock it waits for (which that thread owned then)
 _seen_at = [-1e9, 0.0]  # when the stacks were last looked at, and how long that took
 _held: dict = {}  # thread waiting in hold_if_left_at_exit -> (its wake-up Event, the objects whose locks it holds)
 _scanner: list = []  # [the held thread that looks at the stacks every _look_every() seconds]
 _needed = frozenset()  # threads the spared ones wait for, through the joins seen by the patch alone
-_needed_seen = frozenset()  # ... and through those the stacks showed too (as fresh as that look)
+_needed_seen: dict = {}  # thread -> whys, through the waits the stacks showed too (as fresh as that look)
 _looking = threading.Lock()
 
 
@@ -137,40 +139,57 @@ def _look_every() -> float:
 
 def _update_needed() -> None:
     """Recompute the threads the spared ones wait for, and wake those of them that are held. Call
-    holding ``_state``."""
+    holding ``_state``. Only spared threads that wait for something are roots: the exit's thread and
+    the threads the stacks or the patched join show waiting (not every thread spared)."""
     global _needed, _needed_seen
-    roots = _exiting[:1] + _listed(_SPARED)
-    reached = []
-    for edges in ((_joining,), (_joining, _seen)):
-        found, todo = set(), list(roots)
-        while todo:
-            thread = todo.pop()
-            for other in [u for waits in edges for u in tuple(waits.get(thread, ()))]:
-                if other not in found:
-                    found.add(other)
+    roots = {t for t in (*_exiting[:1], *_joining, *_seen) if _spared(t)}
+    found, todo = set(), list(roots)
+    while todo:
+        for other in tuple(_joining.get(todo.pop(), ())):
+            if other not in found:
+                found.add(other)
+                todo.append(other)
+    reached: dict = {}
+    todo = list(roots)
+    while todo:
+        thread = todo.pop()
+        for other, why in [*((u, None) for u in tuple(_joining.get(thread, ()))), *_seen.get(thread, ())]:
+            whys = reached.setdefault(other, set())
+            if why not in whys:
+                if not whys:
                     todo.append(other)
-        reached.append(frozenset(found))
-    _needed, _needed_seen = reached
-    for thread in _needed_seen:
+                whys.add(why)
+    _needed, _needed_seen = frozenset(found), {t: frozenset(whys) for t, whys in reached.items()}
+    for thread in reached:
         held = _held.get(thread)
         if held is not None:
             held[0].set()
 
 
+_OWNER = re.compile(r"owner=(\d+)")
+
+
+def _owner_of(lock):
+    """The ident of the thread that owns ``lock`` (an ``RLock``) now, or None: any thread's, which
+    its ``_is_owned()`` does not tell (it answers for the calling thread only)."""
+    found = _OWNER.search(repr(lock))
+    return int(found.group(1)) or None if found else None
+
+
 def _lock_holders(frame, holders: dict) -> list:
-    """The held threads that ``frame``, a thread's innermost, may wait for: a frame of ortrain's
-    that refers to an object whose lock a held thread holds, or to one that holds such an object
-    in ``_session`` (a trainer), is at a ``with obj._lock`` or on its way to one."""
+    """The threads (and why: the id of the object) that ``frame``, a thread's innermost, may wait
+    for: a frame of ortrain's that refers to an object whose lock another thread owns, or to one that
+    holds such an object in ``_session`` (a trainer), is at a ``with obj._lock`` or on its way to one."""
     code = frame.f_code
     if not holders or not code.co_filename.startswith(_HERE) or (code.co_filename == __file__ and
-                                                                 code is not _EXCLUSIVE_CODE):
+                                                                 code not in _WAIT_CODES):
         return []  # (not ortrain's, or this module's own look at the locks: the exit's, a held thread's)
     found = []
     try:
         for value in list(frame.f_locals.values()):
             for candidate in (value, getattr(value, "__dict__", {}).get("_session")):
                 if id(candidate) in holders:
-                    found.append(holders[id(candidate)])
+                    found.append((holders[id(candidate)], id(candidate)))
     except Exception:  # noqa: BLE001,S110 - (an object whose __dict__ misbehaves: none of ortrain's)
         pass
     return found
@@ -179,20 +198,24 @@ def _lock_holders(frame, holders: dict) -> list:
 def _look() -> None:
     """Find in the stacks the waits the patched ``Thread.join`` does not see: joins begun before the
     exit, or through a ``join`` taken before it (``atexit.register(worker.join)``), and waits for an
-    object's lock that a held thread holds (a chunked prediction)."""
+    object's lock that another thread owns: a held thread (a chunked prediction), or one that waits in
+    turn (for a lock a held thread owns, say)."""
     began = time.monotonic()
     threads = {t.ident: t for t in threading.enumerate()}
-    with _state:
-        holders = {id(owner): thread for thread, (_, owners) in list(_held.items()) for owner in owners}
+    holders = {}
+    for owner in _listed(_locked):
+        lock = owner.__dict__.get("_lock")
+        if lock is not None and (thread := threads.get(_owner_of(lock))) is not None:
+            holders[id(owner)] = thread
     seen: dict = {}
     for ident, frame in sys._current_frames().items():
         thread = threads.get(ident)
         if thread is None:
             continue
-        waits = [holder for holder in _lock_holders(frame, holders) if holder is not thread]
+        waits = [(holder, why) for holder, why in _lock_holders(frame, holders) if holder is not thread]
         while frame is not None:
             if frame.f_code is _JOIN_CODE and isinstance(other := frame.f_locals.get("self"), threading.Thread):
-                waits.append(other)
+                waits.append((other, None))
             frame = frame.f_back
         if waits:
             seen[thread] = waits
@@ -203,8 +226,38 @@ def _look() -> None:
         _update_needed()
 
 
-def _goes_on(me: threading.Thread) -> bool:
-    return me in _needed or (me in _needed_seen and time.monotonic() - _seen_at[0] < _look_every())
+def _goes_on(me: threading.Thread, owners: tuple) -> bool:
+    """Whether ``me``, which owns the locks of ``owners``, is waited for: through a join, or for one
+    of those locks (a wait for a lock it no longer owns does not count: it released it since)."""
+    if me in _needed:
+        return True
+    whys = _needed_seen.get(me)
+    if not whys or time.monotonic() - _seen_at[0] >= _look_every():
+        return False
+    return None in whys or any(id(owner) in whys for owner in owners)
+
+
+def _behind_held(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is held, or waits (as the last look saw) for a held thread, or for one
+    that does. Call holding ``_state``."""
+    found, todo = {thread}, [thread]
+    while todo:
+        now = todo.pop()
+        if now in _held:
+            return True
+        for other, _ in _seen.get(now, ()):
+            if other not in found:
+                found.add(other)
+                todo.append(other)
+    return False
+
+
+def _look_if_stale() -> None:
+    if time.monotonic() - _seen_at[0] >= _look_every() and _looking.acquire(blocking=False):
+        try:
+            _look()
+        finally:
+            _looking.release()
 
 
 def hold_if_left_at_exit() -> None:
@@ -215,21 +268,20 @@ def hold_if_left_at_exit() -> None:
     holds), or a thread that such a wait waits for waits for it in turn, the call goes on.
     HELD_AT_EXIT_S after its first hold (it may be waited for in another way), every call goes on."""
     me = threading.current_thread()
-    if not _exiting or _spared(me) or _goes_on(me):
+    if not _exiting or _spared(me) or me in _held:
+        return  # (in _held: a hold of this thread's runs this one, a collection's free() during its wait)
+    owners = _locks_held()
+    if _goes_on(me, owners):
         return
     end = _held_until.setdefault(me, time.monotonic() + HELD_AT_EXIT_S)
     woken = threading.Event()
     with _state:
-        _held[me] = (woken, _locks_held())
+        _held[me] = (woken, owners)
     try:
         while True:
-            if time.monotonic() - _seen_at[0] >= _look_every() and _looking.acquire(blocking=False):
-                try:
-                    _look()
-                finally:
-                    _looking.release()
+            _look_if_stale()
             with _state:
-                if _goes_on(me):
+                if _goes_on(me, owners):
                     return
                 if not _scanner or _scanner[0] not in _held:
                     _scanner[:] = [me]
@@ -244,7 +296,7 @@ def hold_if_left_at_exit() -> None:
             woken.clear()
     finally:
         with _state:
-            del _held[me]
+            _held.pop(me, None)
             if _scanner and _scanner[0] is me:
                 _scanner.clear()
                 for other, _ in list(_held.values()):  # another looks on
@@ -298,8 +350,8 @@ def _raw_at_exit(start_new_thread):
 def _quiet_at_exit() -> None:
     """At the interpreter's exit: have the next calls into a session of the threads the exit does not
     spare wait (see hold_if_left_at_exit), and wait (QUIET_AT_EXIT_S at most) for their calls in
-    flight: a call that holds an object's lock until it ends or its thread is held inside it (at the
-    next run of a chunked prediction)."""
+    flight: a call that holds an object's lock until it ends, or its thread is held inside it (at the
+    next run of a chunked prediction) or waits for a held thread (for a lock that one owns)."""
     me = threading.current_thread()
     _exiting[:] = [me]
     if not getattr(threading.Thread.start, "_ortrain_exit", False):
@@ -318,8 +370,11 @@ def _quiet_at_exit() -> None:
             if lock.acquire(timeout=0.01):
                 lock.release()  # a call after this one sees LEFT_AT_EXIT (exclusive looks under the lock)
                 break
+            if (ident := _owner_of(lock)) is None:
+                continue  # (released meanwhile)
+            _look_if_stale()
             with _state:
-                if any(held is owner for _, owners in list(_held.values()) for held in owners):
+                if any(_behind_held(thread) for thread in list(_held) + list(_seen) if thread.ident == ident):
                     break
     for wait in _waits_at_exit:
         wait(deadline)
@@ -342,7 +397,30 @@ def exclusive(method):
     return call
 
 
+class locked:
+    """``with locked(owner): ...`` holds ``owner._lock`` as :func:`exclusive` does: during the exit, a
+    thread the exit holds waits before it takes the lock, not holding it (a thread taking it again
+    and again, held while holding it, kept it from a thread the exit waited for)."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner):
+        self.owner = owner
+
+    def __enter__(self) -> None:
+        owner = self.owner  # (what a look at the stacks finds this frame waiting for)
+        owner._lock.acquire()
+        if LEFT_AT_EXIT:
+            owner._lock.release()
+            hold_if_left_at_exit()
+            owner._lock.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.owner._lock.release()
+
+
 _EXCLUSIVE_CODE = exclusive(lambda self: None).__code__  # (one code object for every method it wraps)
+_WAIT_CODES = (_EXCLUSIVE_CODE, locked.__enter__.__code__)  # this module's frames that wait for a lock
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # (ortrain's own code)
 _JOIN_CODE = threading.Thread.join.__code__  # (taken before the exit patches Thread.join)
 

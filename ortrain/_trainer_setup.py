@@ -20,6 +20,7 @@ from ortrain import artifacts as artifacts_mod
 from ortrain import engine
 from ortrain._arrays import positive_int
 from ortrain._files import checked_target
+from ortrain._lifetime import locked
 from ortrain._manifest import read as read_manifest
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
@@ -189,7 +190,7 @@ class TrainerSetup:
         warns."""
         self._live()
         path = checked_target(path, "save_checkpoint(path)")
-        with self._session._lock:  # the counters and the state of one step, whichever thread steps
+        with locked(self._session):  # the counters and the state of one step, whichever thread steps
             if self._accum:
                 warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
                      "part of the checkpoint (nor counted in its n_steps), and a trainer resumed from it starts "

@@ -31,7 +31,7 @@ from ortrain._arrays import (
     staged_weights,
 )
 from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
-from ortrain._lifetime import Releasable
+from ortrain._lifetime import Releasable, locked
 from ortrain._snapshot import Snapshot
 from ortrain._trainer_setup import TrainerSetup
 from ortrain._warnings import warn
@@ -376,7 +376,7 @@ class Trainer(TrainerSetup, Releasable):
                                f"{type(target).__name__}")
         if not is_real(tau) or not 0.0 <= tau <= 1.0:
             raise OrtrainError(f"tau: expected a number in [0, 1], received {tau!r}")
-        with target._lock:  # a free() of the target from another thread waits, or comes first
+        with locked(target):  # a free() of the target from another thread waits, or comes first
             target._live()
             mine = {p.name: tuple(p.shape) for p in self._params}
             theirs = target._shapes()
@@ -442,7 +442,7 @@ class Trainer(TrainerSetup, Releasable):
     def _state(self) -> TrainState:
         """:meth:`export_state` without its warning (a fit's hand-over says its own)."""
         carried = {n: tuple(np.array(m) for m in ms) for n, ms in self._carried.items()}  # the model's, not shared
-        with self._session._lock:  # the counters and the moments of one step, whichever thread steps
+        with locked(self._session):  # the counters and the moments of one step, whichever thread steps
             return TrainState(self._updates, self._lr, {**carried, **self._session.optimizer_moments()},
                               self._n_steps - self._accum, self._session.draws)
 
