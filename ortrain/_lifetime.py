@@ -62,6 +62,7 @@ def _fresh_locks_in_child() -> None:
     _joining.clear()
     _seen.clear()
     _held.clear()
+    _seen_objects.clear()
     _scanner.clear()
     _seen_at[:] = [-1e9, 0.0]
     _needed, _needed_seen = frozenset(), {}
@@ -98,10 +99,12 @@ _waits_at_exit: list = []  # functions(deadline) that wait for calls in flight n
 # handler may join a thread while its own thread is inside a join.
 _state = threading.RLock()
 _joining: dict = {}  # thread -> the threads it joins now, through Thread.join as patched at the exit
-_seen: dict = {}  # thread -> [(a thread the last look at the stacks (_look) found it waiting for, why)]: why
-# is None for a join, and the id of the object whose lock it waits for (which that thread owned then)
+# thread -> [(a thread the last look at the stacks (_look) found it waiting for, why)]: why is None for
+# a join, and for a lock, the id of the object whose lock it is (which that thread owned then)
+_seen: dict = {}
+_seen_objects: dict = {}  # the id of an object whose lock the last look saw waited for -> a weak reference to it
 _seen_at = [-1e9, 0.0]  # when the stacks were last looked at, and how long that took
-_held: dict = {}  # thread waiting in hold_if_left_at_exit -> (its wake-up Event, the objects whose locks it holds)
+_held: dict = {}  # thread waiting in hold_if_left_at_exit -> its wake-up Event
 _scanner: list = []  # [the held thread that looks at the stacks every _look_every() seconds]
 _needed = frozenset()  # threads the spared ones wait for, through the joins seen by the patch alone
 _needed_seen: dict = {}  # thread -> whys, through the waits the stacks showed too (as fresh as that look)
@@ -125,12 +128,6 @@ def _listed(weak: weakref.WeakSet) -> list:
 
 def _spared(thread: threading.Thread) -> bool:
     return bool(_exiting) and (thread is _exiting[0] or thread in _SPARED)
-
-
-def _locks_held() -> tuple:
-    """The objects whose lock (see :func:`exclusive`) this thread holds: a chunked prediction."""
-    return tuple(owner for owner in _listed(_locked)
-                 if (lock := owner.__dict__.get("_lock")) is not None and lock._is_owned())
 
 
 def _look_every() -> float:
@@ -161,9 +158,9 @@ def _update_needed() -> None:
                 whys.add(why)
     _needed, _needed_seen = frozenset(found), {t: frozenset(whys) for t, whys in reached.items()}
     for thread in reached:
-        held = _held.get(thread)
-        if held is not None:
-            held[0].set()
+        woken = _held.get(thread)
+        if woken is not None:
+            woken.set()
 
 
 _OWNER = re.compile(r"owner=(\d+)")
@@ -173,7 +170,7 @@ def _owner_of(lock):
     """The ident of the thread that owns ``lock`` (an ``RLock``) now, or None: any thread's, which
     its ``_is_owned()`` does not tell (it answers for the calling thread only)."""
     found = _OWNER.search(repr(lock))
-    return int(found.group(1)) or None if found else None
+    return (int(found.group(1)) or None) if found else None  # (owner=0: unlocked)
 
 
 def _lock_holders(frame, holders: dict) -> list:
@@ -182,7 +179,7 @@ def _lock_holders(frame, holders: dict) -> list:
     holds such an object in ``_session`` (a trainer), is at a ``with obj._lock`` or on its way to one."""
     code = frame.f_code
     if not holders or not code.co_filename.startswith(_HERE) or (code.co_filename == __file__ and
-                                                                 code not in _WAIT_CODES):
+                                                                 code is not _EXCLUSIVE_CODE):
         return []  # (not ortrain's, or this module's own look at the locks: the exit's, a held thread's)
     found = []
     try:
@@ -201,12 +198,13 @@ def _look() -> None:
     object's lock that another thread owns: a held thread (a chunked prediction), or one that waits in
     turn (for a lock a held thread owns, say)."""
     began = time.monotonic()
-    threads = {t.ident: t for t in threading.enumerate()}
-    holders = {}
+    threads = {t.ident: t for t in threading.enumerate() if t.ident is not None}  # (None: not started yet)
+    holders, objects = {}, {}
     for owner in _listed(_locked):
         lock = owner.__dict__.get("_lock")
-        if lock is not None and (thread := threads.get(_owner_of(lock))) is not None:
+        if lock is not None and (ident := _owner_of(lock)) is not None and (thread := threads.get(ident)) is not None:
             holders[id(owner)] = thread
+            objects[id(owner)] = weakref.ref(owner)
     seen: dict = {}
     for ident, frame in sys._current_frames().items():
         thread = threads.get(ident)
@@ -222,19 +220,29 @@ def _look() -> None:
     with _state:
         _seen.clear()
         _seen.update(seen)
+        _seen_objects.clear()
+        _seen_objects.update(objects)
         _seen_at[:] = [time.monotonic(), time.monotonic() - began]
         _update_needed()
 
 
-def _goes_on(me: threading.Thread, owners: tuple) -> bool:
-    """Whether ``me``, which owns the locks of ``owners``, is waited for: through a join, or for one
-    of those locks (a wait for a lock it no longer owns does not count: it released it since)."""
+def _goes_on(me: threading.Thread) -> bool:
+    """Whether a spared thread waits for ``me`` (the calling thread): through a join, or for a lock
+    ``me`` owns still (not one it owned when the stacks were looked at, and has let go since)."""
     if me in _needed:
         return True
     whys = _needed_seen.get(me)
     if not whys or time.monotonic() - _seen_at[0] >= _look_every():
         return False
-    return None in whys or any(id(owner) in whys for owner in owners)
+    return None in whys or any(_mine(why) for why in whys)
+
+
+def _mine(why: int) -> bool:
+    """Whether the calling thread owns the lock of the object whose id is ``why`` (see _seen)."""
+    ref = _seen_objects.get(why)
+    owner = ref() if ref is not None else None
+    lock = owner.__dict__.get("_lock") if owner is not None else None
+    return lock is not None and lock._is_owned()
 
 
 def _behind_held(thread: threading.Thread) -> bool:
@@ -270,18 +278,17 @@ def hold_if_left_at_exit() -> None:
     me = threading.current_thread()
     if not _exiting or _spared(me) or me in _held:
         return  # (in _held: a hold of this thread's runs this one, a collection's free() during its wait)
-    owners = _locks_held()
-    if _goes_on(me, owners):
+    if _goes_on(me):
         return
     end = _held_until.setdefault(me, time.monotonic() + HELD_AT_EXIT_S)
     woken = threading.Event()
     with _state:
-        _held[me] = (woken, owners)
+        _held[me] = woken
     try:
         while True:
             _look_if_stale()
             with _state:
-                if _goes_on(me, owners):
+                if _goes_on(me):
                     return
                 if not _scanner or _scanner[0] not in _held:
                     _scanner[:] = [me]
@@ -299,7 +306,7 @@ def hold_if_left_at_exit() -> None:
             _held.pop(me, None)
             if _scanner and _scanner[0] is me:
                 _scanner.clear()
-                for other, _ in list(_held.values()):  # another looks on
+                for other in list(_held.values()):  # another looks on
                     other.set()
                     break
 
@@ -397,30 +404,18 @@ def exclusive(method):
     return call
 
 
-class locked:
-    """``with locked(owner): ...`` holds ``owner._lock`` as :func:`exclusive` does: during the exit, a
-    thread the exit holds waits before it takes the lock, not holding it (a thread taking it again
-    and again, held while holding it, kept it from a thread the exit waited for)."""
-
-    __slots__ = ("owner",)
-
-    def __init__(self, owner):
-        self.owner = owner
-
-    def __enter__(self) -> None:
-        owner = self.owner  # (what a look at the stacks finds this frame waiting for)
-        owner._lock.acquire()
-        if LEFT_AT_EXIT:
-            owner._lock.release()
-            hold_if_left_at_exit()
-            owner._lock.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.owner._lock.release()
+def locked(owner) -> threading.RLock:
+    """``owner._lock``, to take with ``with locked(owner): ...``, as :func:`exclusive` takes it: during
+    the exit, a thread the exit holds waits before it takes the lock, not holding it (a thread that
+    took it again and again, held while holding it, kept it from a thread the exit waited for)."""
+    with owner._lock:
+        left = bool(LEFT_AT_EXIT)  # (read under the lock, as exclusive reads it)
+    if left:
+        hold_if_left_at_exit()
+    return owner._lock
 
 
 _EXCLUSIVE_CODE = exclusive(lambda self: None).__code__  # (one code object for every method it wraps)
-_WAIT_CODES = (_EXCLUSIVE_CODE, locked.__enter__.__code__)  # this module's frames that wait for a lock
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # (ortrain's own code)
 _JOIN_CODE = threading.Thread.join.__code__  # (taken before the exit patches Thread.join)
 
