@@ -179,7 +179,7 @@ def _lock_holders(frame, holders: dict) -> list:
     holds such an object in ``_session`` (a trainer), is at a ``with obj._lock`` or on its way to one."""
     code = frame.f_code
     if not holders or not code.co_filename.startswith(_HERE) or (code.co_filename == __file__ and
-                                                                 code is not _EXCLUSIVE_CODE):
+                                                                 code not in _WAIT_CODES):
         return []  # (not ortrain's, or this module's own look at the locks: the exit's, a held thread's)
     found = []
     try:
@@ -416,6 +416,7 @@ def locked(owner) -> threading.RLock:
 
 
 _EXCLUSIVE_CODE = exclusive(lambda self: None).__code__  # (one code object for every method it wraps)
+_WAIT_CODES = (_EXCLUSIVE_CODE, locked.__code__)  # this module's frames that wait for an object's lock
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # (ortrain's own code)
 _JOIN_CODE = threading.Thread.join.__code__  # (taken before the exit patches Thread.join)
 

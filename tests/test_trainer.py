@@ -1763,3 +1763,38 @@ def test_a_thread_let_go_at_the_exit_does_not_pay_for_every_session_alive(tmp_pa
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.split() == ["joined", "True"], (run.returncode, run.stdout,
                                                                            run.stderr[-2000:])
+
+
+def test_a_handler_moving_a_target_a_held_thread_predicts_with_lets_that_thread_go_on(tmp_path):
+    # update_target's wait for the target's lock, inside ortrain's own take of it, was not seen: the
+    # daemon holding the lock in a chunked prediction stayed held 30 s, then ran through the
+    # teardown and aborted (5 of 6 runs).
+    script = tmp_path / "exit_move.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, threading, time, warnings
+        import numpy as np
+        def handler():  # runs after ortrain's exit handlers
+            began = time.monotonic()
+            tr.update_target(snap, 0.5)
+            snap.predict(x[:8])
+            print("handler", time.monotonic() - began < 5)
+            time.sleep(0.01)
+        atexit.register(handler)
+        import ortrain as ot
+        warnings.simplefilter("ignore")
+        m = ot.Sequential([ot.layers.Dense(1024), ot.layers.Dense(4)], input_shape=(1024,), seed=1)
+        m.compile(optimizer="adam", loss="mse")
+        tr = ot.Trainer(m, batch_size=8)
+        snap = tr.snapshot()
+        x = np.ones((1536, 1024), np.float32)
+        snap.predict(x[:8])
+        def work():
+            while True:
+                snap.predict(x, batch_size=512)
+        threading.Thread(target=work, daemon=True).start()
+        time.sleep(0.3)
+        """))
+    for _ in range(2):
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and run.stdout.split() == ["handler", "True"], (run.returncode, run.stdout,
+                                                                                run.stderr[-2000:])
