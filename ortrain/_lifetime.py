@@ -276,10 +276,8 @@ def hold_if_left_at_exit() -> None:
     holds), or a thread that such a wait waits for waits for it in turn, the call goes on.
     HELD_AT_EXIT_S after its first hold (it may be waited for in another way), every call goes on."""
     me = threading.current_thread()
-    if not _exiting or _spared(me) or me in _held:
+    if not _exiting or _spared(me) or me in _held or _goes_on(me):
         return  # (in _held: a hold of this thread's runs this one, a collection's free() during its wait)
-    if _goes_on(me):
-        return
     end = _held_until.setdefault(me, time.monotonic() + HELD_AT_EXIT_S)
     woken = threading.Event()
     with _state:

@@ -877,6 +877,15 @@ def test_a_fork_while_other_threads_open_or_run_sessions_leaves_the_child_a_clea
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stdout, run.stderr[-2000:])
 
+def exits_cleanly(script, source: str, printed: list, times: int = 1, timeout: int = 120) -> None:
+    """Run ``source`` (dedented) as ``script`` in a new interpreter ``times`` times: each run exits 0
+    having printed the words ``printed``."""
+    script.write_text(textwrap.dedent(source))
+    for _ in range(times):
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout)
+        assert run.returncode == 0 and run.stdout.split() == printed, (run.returncode, run.stdout,
+                                                                       run.stderr[-2000:])
+
 
 def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_path):
     # A daemon thread predicting (model, snapshot or trainer) when the main thread ended aborted the
@@ -885,8 +894,7 @@ def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_
     # later run as before (they waited for good, even where a finished thread's ident was reused),
     # and a daemon thread waiting for its input's data inside a snapshot's predict does not hold up
     # the exit.
-    script = tmp_path / "exit_daemon.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_daemon.py", """
         import atexit, queue, threading, time
         import numpy as np
         def late():  # runs after ortrain's exit handlers
@@ -922,10 +930,7 @@ def test_the_interpreter_exits_cleanly_while_daemon_threads_predict_or_step(tmp_
         threading.Thread(target=snap.predict, args=(Lazy(),), daemon=True).start()
         time.sleep(0.5)
         ended = time.monotonic()
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.split() == ["early", "True", "late", "True", "True"], \
-        (run.returncode, run.stdout, run.stderr[-2000:])
+        """, ["early", "True", "late", "True", "True"])
     # A worker left running at the exit that a later atexit handler stops and joins goes on while
     # joined (HELD_AT_EXIT_S, 30 s, is the longest it is held otherwise): the exit hung. One joined
     # with a timeout that keeps predicting was let go for good, and aborted the process.
@@ -970,8 +975,7 @@ def test_the_exit_holds_threads_started_late_and_joins_only_a_spared_threads_joi
     # teardown and aborted the process. A worker held with a snapshot's lock taken (a chunked
     # prediction) stalled the handler that joined the worker waiting for that lock, 30 s; and every
     # held thread scanned every thread's frames each 20 ms, so 300 joins took 10 s.
-    script = tmp_path / "exit_late.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_late.py", """
         import atexit, threading, time
         import numpy as np
         def stop_all():  # runs after ortrain's exit handlers
@@ -1014,19 +1018,14 @@ def test_the_exit_holds_threads_started_late_and_joins_only_a_spared_threads_joi
                             threading.Thread(target=supervisor, daemon=True)]:
             t.start()
         time.sleep(0.5)
-        """))
-    for _ in range(2):
-        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0 and run.stdout.split() == ["joined", "153", "True"], \
-            (run.returncode, run.stdout, run.stderr[-2000:])
+        """, ["joined", "153", "True"], times=2)
 
 
 def test_the_exit_holds_a_thread_inside_a_long_chunked_prediction_at_its_next_chunk(tmp_path):
     # A thread inside a chunked prediction (a snapshot's lock taken) was never held: the exit
     # waited QUIET_AT_EXIT_S (5 s) for that lock, then tore the interpreter down under the running
     # prediction and aborted (rc 134). It is held at its next chunk, and the exit goes on then.
-    script = tmp_path / "exit_chunks.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_chunks.py", """
         import atexit, threading, time
         import numpy as np
         def late():  # runs after ortrain's exit handlers
@@ -1044,18 +1043,13 @@ def test_the_exit_holds_a_thread_inside_a_long_chunked_prediction_at_its_next_ch
         threading.Thread(target=work, daemon=True).start()
         time.sleep(0.5)
         ended = time.monotonic()
-        """))
-    for _ in range(2):
-        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0 and run.stdout.split() == ["late", "True"], (run.returncode, run.stdout,
-                                                                             run.stderr[-2000:])
+        """, ["late", "True"], times=2)
 
 
 def test_a_handler_waiting_for_a_lock_that_a_held_thread_holds_lets_that_thread_go_on(tmp_path):
     # Threads held inside a call that holds a snapshot's lock (update_target moving its weights) kept
     # a later handler that predicts with that snapshot, or moves it, waiting 30 s for each of them.
-    script = tmp_path / "exit_lock.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_lock.py", """
         import atexit, threading, time
         import numpy as np
         def handler():  # runs after ortrain's exit handlers
@@ -1077,18 +1071,14 @@ def test_a_handler_waiting_for_a_lock_that_a_held_thread_holds_lets_that_thread_
         for _ in range(2):
             threading.Thread(target=move, daemon=True).start()
         time.sleep(0.5)
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=200)
-    assert run.returncode == 0 and run.stdout.split() == ["handler", "True", "True"], (run.returncode, run.stdout,
-                                                                                    run.stderr[-2000:])
+        """, ["handler", "True", "True"], timeout=200)
 
 
 def test_the_exit_sees_joins_begun_before_it_and_joins_taken_before_it(tmp_path):
     # A handler joining a supervisor already blocked in its job's join (begun before the exit), a
     # worker that joins a thread per job, and a join bound before the exit patched Thread.join
     # (atexit.register(worker.join)): the joined threads stayed held, and each exit took 30 s.
-    script = tmp_path / "exit_joins.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_joins.py", """
         import atexit, threading, time
         import numpy as np
         stop = threading.Event()
@@ -1129,10 +1119,7 @@ def test_the_exit_sees_joins_begun_before_it_and_joins_taken_before_it(tmp_path)
         for t in (supervisor, chain, bound):
             t.start()
         time.sleep(0.3)
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=200)
-    assert run.returncode == 0 and run.stdout.split() == ["supervisor", "True", "chain", "True", "bound", "True"], \
-        (run.returncode, run.stdout, run.stderr[-2000:])
+        """, ["supervisor", "True", "chain", "True", "bound", "True"], timeout=200)
 
 
 def test_a_signal_handler_may_join_a_thread_while_the_exit_joins_one(tmp_path):
@@ -1171,8 +1158,7 @@ def test_a_signal_handler_may_join_a_thread_while_the_exit_joins_one(tmp_path):
 def test_a_thread_started_by_start_new_thread_is_held_at_the_exit(tmp_path):
     # Threads unknown to threading (started with _thread.start_new_thread) were not seen at the
     # exit: one predicting then aborted the process. One a handler starts is spared, as a Thread is.
-    script = tmp_path / "exit_raw.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_raw.py", """
         import _thread, atexit, threading, time
         import numpy as np
         def late():  # runs after ortrain's exit handlers
@@ -1191,11 +1177,7 @@ def test_a_thread_started_by_start_new_thread_is_held_at_the_exit(tmp_path):
                 m.predict(x)
         _thread.start_new_thread(loop, ())
         time.sleep(0.3)
-        """))
-    for _ in range(3):
-        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-        assert run.returncode == 0 and run.stdout.split() == ["late", "True"], (run.returncode, run.stdout,
-                                                                             run.stderr[-2000:])
+        """, ["late", "True"], times=3, timeout=60)
 
 
 def test_the_exits_look_at_locks_survives_sessions_made_meanwhile():
@@ -1563,8 +1545,7 @@ def test_a_thread_let_go_for_a_lock_it_held_is_held_again_once_it_lets_it_go(tmp
     # A daemon in chunked predictions held at a chunk was let go while a later handler waited for
     # the snapshot's lock; once the handler had predicted, the daemon's next prediction still went
     # on (the look that saw the wait was trusted for 50 ms) and ran through the teardown (rc 134).
-    script = tmp_path / "exit_let_go.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_let_go.py", """
         import atexit, threading, time
         import numpy as np
         def handler():  # runs after ortrain's exit handlers
@@ -1582,19 +1563,14 @@ def test_a_thread_let_go_for_a_lock_it_held_is_held_again_once_it_lets_it_go(tmp
                 snap.predict(x, batch_size=512)
         threading.Thread(target=work, daemon=True).start()
         time.sleep(0.3)
-        """))
-    for _ in range(3):
-        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0 and run.stdout.split() == ["handler", "True"], (run.returncode, run.stdout,
-                                                                                run.stderr[-2000:])
+        """, ["handler", "True"], times=3)
 
 
 def test_a_handler_waits_through_a_thread_that_waits_for_a_held_thread(tmp_path):
     # A handler predicting with a target that a thread moving it held (update_target), while that
     # thread waited for the trainer's session, which a held thread held (export_state): the exit
     # waited 5 s for the target's lock, then the handler 25 s (only held threads' locks were seen).
-    script = tmp_path / "exit_chain.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_chain.py", """
         import atexit, threading, time, warnings
         import numpy as np
         def handler():  # runs after ortrain's exit handlers
@@ -1620,19 +1596,14 @@ def test_a_handler_waits_through_a_thread_that_waits_for_a_held_thread(tmp_path)
             threading.Thread(target=f, daemon=True).start()
         time.sleep(0.5)
         ended = time.monotonic()
-        """))
-    for _ in range(2):
-        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0 and run.stdout.split() == ["handler", "True", "True"], \
-            (run.returncode, run.stdout, run.stderr[-2000:])
+        """, ["handler", "True", "True"], times=2)
 
 
 def test_a_collection_inside_a_hold_frees_and_the_hold_goes_on(tmp_path):
     # The garbage collector freeing a snapshot inside a held thread's wait held that thread again
     # in the middle of its hold, and the inner hold's end broke the outer's: a KeyError in the
     # user's thread.
-    script = tmp_path / "exit_collect.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_collect.py", """
         import atexit, gc, threading, time
         import numpy as np
         stop, errors = threading.Event(), []
@@ -1664,17 +1635,13 @@ def test_a_collection_inside_a_hold_frees_and_the_hold_goes_on(tmp_path):
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
         time.sleep(0.3)
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.split() == ["joined", "[]", "True"], (run.returncode, run.stdout,
-                                                                                 run.stderr[-2000:])
+        """, ["joined", "[]", "True"])
 
 
 def test_joins_during_the_exit_cost_what_they_cost_before_it(tmp_path):
     # Every join during the exit walked every thread a handler had started and kept: 2,000 threads
     # started and joined took 6.9 s (4,000: 29 s), against 0.3 s without ortrain.
-    script = tmp_path / "exit_many.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_many.py", """
         import atexit, threading, time
         def handler():  # runs after ortrain's exit handlers
             began = time.monotonic()
@@ -1686,18 +1653,14 @@ def test_joins_during_the_exit_cost_what_they_cost_before_it(tmp_path):
             print("joins", time.monotonic() - began < 3)
         atexit.register(handler)
         import ortrain
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.split() == ["joins", "True"], (run.returncode, run.stdout,
-                                                                          run.stderr[-2000:])
+        """, ["joins", "True"])
 
 
 def test_an_interrupt_in_a_trainers_own_take_of_a_lock_leaves_the_lock_free(tmp_path):
     # update_target and export_state took their lock in a Python __enter__: a Ctrl-C arriving just
     # after the take left the lock owned for good (4% of interrupts in update_target), and the
     # next prediction with that snapshot from another thread waited forever.
-    script = tmp_path / "interrupts.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "interrupts.py", """
         import signal, time, warnings
         import numpy as np
         import ortrain as ot
@@ -1729,17 +1692,13 @@ def test_an_interrupt_in_a_trainers_own_take_of_a_lock_leaves_the_lock_free(tmp_
                         lock.release()
             signal.setitimer(signal.ITIMER_REAL, 0)
             print(interrupts > 500, left)
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.split() == ["True", "0", "True", "0"], (run.returncode, run.stdout,
-                                                                                   run.stderr[-2000:])
+        """, ["True", "0", "True", "0"])
 
 
 def test_a_thread_let_go_at_the_exit_does_not_pay_for_every_session_alive(tmp_path):
     # Each call of a thread let go (joined by a later handler) looked at every object with a lock:
     # with 5,000 snapshots alive, 5,000 predictions took 3-4 s to join instead of 0.1 s.
-    script = tmp_path / "exit_many_sessions.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_many_sessions.py", """
         import atexit, threading, time
         import numpy as np
         def handler():  # runs after ortrain's exit handlers
@@ -1759,18 +1718,14 @@ def test_a_thread_let_go_at_the_exit_does_not_pay_for_every_session_alive(tmp_pa
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
         time.sleep(0.05)
-        """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.split() == ["joined", "True"], (run.returncode, run.stdout,
-                                                                           run.stderr[-2000:])
+        """, ["joined", "True"])
 
 
 def test_a_handler_moving_a_target_a_held_thread_predicts_with_lets_that_thread_go_on(tmp_path):
     # update_target's wait for the target's lock, inside ortrain's own take of it, was not seen: the
     # daemon holding the lock in a chunked prediction stayed held 30 s, then ran through the
     # teardown and aborted (5 of 6 runs).
-    script = tmp_path / "exit_move.py"
-    script.write_text(textwrap.dedent("""
+    exits_cleanly(tmp_path / "exit_move.py", """
         import atexit, threading, time, warnings
         import numpy as np
         def handler():  # runs after ortrain's exit handlers
@@ -1793,8 +1748,4 @@ def test_a_handler_moving_a_target_a_held_thread_predicts_with_lets_that_thread_
                 snap.predict(x, batch_size=512)
         threading.Thread(target=work, daemon=True).start()
         time.sleep(0.3)
-        """))
-    for _ in range(2):
-        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0 and run.stdout.split() == ["handler", "True"], (run.returncode, run.stdout,
-                                                                                run.stderr[-2000:])
+        """, ["handler", "True"], times=2)
