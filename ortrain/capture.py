@@ -29,7 +29,7 @@ from ortrain._keywords import names_unknown_arguments_of, names_unknown_argument
 from ortrain.ag import tensor
 from ortrain.ag.calls import Capture, TracedCall
 from ortrain.ag.tensor import Buffer, Param
-from ortrain.ag.tracer import example_inputs, trace
+from ortrain.ag.tracer import example_inputs, refuse_gradient_names, trace
 from ortrain.engine import denormals
 from ortrain.engine.session import despite_interrupts
 from ortrain.errors import FreedError, NonFiniteError, OrtrainError, ShapeError, describe_shape
@@ -260,6 +260,8 @@ class CaptureStep(TracedCall):
         if not trainable:
             raise OrtrainError("capture_step: nothing to train: the loss depends on no param that the optimizer "
                                "holds and that is trainable (trainable=False and params= freeze a param)")
+        refuse_gradient_names([p.name for p in trainable], [p.name for p in traced.params] + list(traced.used),
+                              self._where)
         training, evaluation = engine.build_training_graphs(
             _scalars_held_as_rank_one(traced.proto, [p.name for p in trainable + frozen if p.shape == ()]),
             [p.name for p in trainable], [p.name for p in frozen], list(traced.output_names))

@@ -322,6 +322,48 @@ def test_an_argument_named_as_a_gradient_is_refused_for_training():
     assert fwd(x_grad=np.ones((3, 4), np.float32)) == 24.0
 
 
+@pytest.mark.parametrize("other", ["W_grad", "W_grad.accumulation.buffer", "lazy_reset_grad"])
+def test_a_param_named_as_a_trained_params_gradient_is_refused_and_changes_nothing(other):
+    W = ag.param(np.full((2, 3), 0.1, np.float32), name="W")
+    B = ag.param(np.full((2, 3), 0.2, np.float32), name=other)
+    opt = ot.optim.Adam([W, B], lr=0.01)
+    step = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x) + ag.matmul(B, x), y), optimizer=opt)
+    reason = ("reserves this name for the input that resets the gradients" if other == "lazy_reset_grad" else
+              r"names the (buffers of the )?gradient of the trained param 'W' .* would clash")
+    with pytest.raises(ot.OrtrainError, match=rf"capture_step: param '{other}': onnxruntime-training {reason}"):
+        step(x=np.ones((3, 4), np.float32), y=np.zeros((2, 4), np.float32))
+    assert opt.step == 0 and not opt.state()["moments"]
+    np.testing.assert_array_equal(W.numpy(), np.full((2, 3), 0.1, np.float32))
+    np.testing.assert_array_equal(B.numpy(), np.full((2, 3), 0.2, np.float32))
+
+
+def test_a_param_named_as_a_frozen_params_gradient_trains():
+    # Only trained params have gradients, so 'W_grad' beside a frozen 'W' names nothing twice.
+    x, y = np.ones((3, 4), np.float32), np.zeros((2, 4), np.float32)
+    W = ag.param(np.full((2, 3), 0.1, np.float32), name="W", trainable=False)
+    B = ag.param(np.full((2, 3), 0.2, np.float32), name="W_grad")
+    step = ot.capture_step(lambda x, y: ag.mse_loss(ag.matmul(W, x) + ag.matmul(B, x), y),
+                           optimizer=ot.optim.Adam([B], lr=0.01))
+    assert float(step(x=x, y=y)) == pytest.approx(0.9 ** 2, rel=1e-6)   # (0.1 + 0.2) * 3 per element
+    np.testing.assert_allclose(B.numpy(), np.full((2, 3), 0.19), rtol=1e-6)  # Adam's first step is lr * sign
+    np.testing.assert_array_equal(W.numpy(), np.full((2, 3), 0.1, np.float32))
+
+
+@pytest.mark.parametrize("name", ["output/loss", "ag/const_0"])
+def test_an_argument_named_as_a_generated_name_is_refused(name):
+    W = ag.param(np.full((2, 3), 0.1, np.float32), name="W")
+    opt = ot.optim.Adam([W], lr=0.01)
+    feeds = {name: np.ones((3, 4), np.float32), "y": np.zeros((2, 4), np.float32)}
+    step = ot.capture_step(lambda **k: ag.mse_loss(ag.matmul(W, k[name]), k["y"]), optimizer=opt)
+    with pytest.raises(ot.OrtrainError, match=rf"capture_step: argument '{name}': names starting with 'ag/' or "
+                                              r"'output/' are reserved .*give fn's argument .* another name"):
+        step(**feeds)
+    assert opt.step == 0
+    np.testing.assert_array_equal(W.numpy(), np.full((2, 3), 0.1, np.float32))
+    with pytest.raises(ot.OrtrainError, match=rf"argument '{name}': names starting with 'ag/' or 'output/'"):
+        ot.capture(lambda **k: ag.matmul(W, k[name]))(**{name: feeds[name]})
+
+
 def test_duplicate_names_in_one_step_are_refused():
     a, b = ag.param(np.ones(2), name="w"), ag.param(np.ones(2), name="w")
     with pytest.raises(ot.OrtrainError, match="params: two different params are named 'w'"):

@@ -117,7 +117,8 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
     reached = {id(t) for t in order}
     used = [n for n, t in inputs.items() if id(t) in reached]
     for n in used:
-        why = reserved_input_name(n) if training else None
+        why = (_GENERATED if n.startswith(_GENERATED_PREFIXES) else None) or \
+            (reserved_input_name(n) if training else None)
         if why:
             raise OrtrainError(f"{where}: argument {n!r}: {why}; give fn's argument (and the call's keyword) "
                                "another name")
@@ -178,6 +179,29 @@ def trace(fn, arrays: dict[str, np.ndarray], training: bool, where: str) -> Trac
     return Traced(proto, specs, tuple(used), tuple(outputs), tuple(out_names), tuple(params),
                   tuple(p for p in params if id(p) in reach), tuple(checks), returns_dict,
                   tuple(c[1:] for c in computed))
+
+
+_GENERATED_PREFIXES = ("ag/", "output/")
+_GENERATED = "names starting with 'ag/' or 'output/' are reserved for the names ortrain generates"
+
+
+def refuse_gradient_names(trained: list[str], names: list[str], where: str) -> None:
+    """Refuse a name among ``names`` (a step's params and arguments) that onnxruntime-training gives
+    to the gradient of one of the ``trained`` params (``W_grad`` beside ``W``), to that gradient's
+    buffers (``W_grad.accumulation.buffer``) or to its reset input (``lazy_reset_grad``): the
+    training graph would define it twice, which the runtime refuses with an internal message."""
+    for name in names:
+        if name == "lazy_reset_grad":
+            raise OrtrainError(f"{where}: param {name!r}: onnxruntime-training reserves this name for the input "
+                               "that resets the gradients; give the param another name")
+    for base in trained:
+        gradient = base + "_grad"
+        clash = next((n for n in names if n == gradient or n.startswith(gradient + ".")), None)
+        if clash is not None:
+            what = "the gradient" if clash == gradient else "the buffers of the gradient"
+            raise OrtrainError(f"{where}: param {clash!r}: onnxruntime-training names {what} of the trained param "
+                               f"{base!r} {gradient if clash == gradient else gradient + '.<buffer>'!r}, so the "
+                               "two names would clash in the training graph; give one of them another name")
 
 
 def _sources(idx: Tensor) -> str:
