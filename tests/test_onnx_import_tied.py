@@ -225,13 +225,13 @@ def test_merged_weights_keep_the_state_dict_order_whatever_the_module_order():
         np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-5)
 
 
-def _dynamo_export(torch, module, example, batch_free: bool = False) -> onnx.ModelProto:
-    """``module`` through torch's dynamo exporter, unoptimized (as the README advises), its
-    warnings silenced; ``batch_free`` frees axis 0 of the example."""
+def _dynamo_export(torch, module, example, batch_free: bool = False, optimize: bool = False) -> onnx.ModelProto:
+    """``module`` through torch's dynamo exporter, unoptimized (as the README advises) unless
+    ``optimize``, its warnings silenced; ``batch_free`` frees axis 0 of the example."""
     f = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (example,), f, dynamo=True, optimize=False,
+        torch.onnx.export(module, (example,), f, dynamo=True, optimize=optimize,
                           **({"dynamic_shapes": ({0: torch.export.Dim("b")},)} if batch_free else {}))
     return onnx.load_from_string(f.getvalue())
 
@@ -305,6 +305,51 @@ def test_a_dynamo_exports_buffers_stay_frozen_and_in_state_dict_order(rng):
         model.unfreeze("pos.pe")
     named = ot.from_onnx(proto, trainable=["pos.pe", "out.*"])   # trains where named
     assert {p.name for p in named.params() if p.role == "trainable"} == {"pos.pe", "out.weight", "out.bias"}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("optimize", [False, True])
+def test_a_dynamo_exports_constant_tensors_stay_constants(rng, optimize):
+    # A tensor made in forward (torch.tensor([...])) or kept as a plain attribute (normalisation
+    # constants) is a constant in PyTorch; the dynamo exporter writes it as an initializer recorded
+    # as CONSTANT_TENSOR (optimized: folded into 'clone' from 'lifted_tensor_0'). It trained.
+    torch = torch_or_skip()
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mu = torch.tensor([0.5, 0.25, 0.125, 1.0])
+            self.inp, self.out = nn.Linear(3, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.out((self.inp(x) - self.mu) * torch.tensor([1.0, 2.0, 3.0, 4.0]))
+
+    torch.manual_seed(0)
+    net = Net()
+    proto = _dynamo_export(torch, net, torch.zeros(4, 3), optimize=optimize)
+    kinds = {p.value for vi in [*proto.graph.input, *proto.graph.value_info] for p in vi.metadata_props
+             if p.key.endswith("InputSpec.kind")}
+    assert "CONSTANT_TENSOR" in kinds, "the exporter no longer records constant tensors: the test needs another model"
+    model = ot.from_onnx(proto)
+    assert model.weight_names() == list(net.state_dict()) == ["inp.weight", "inp.bias", "out.weight", "out.bias"]
+    model.compile(optimizer=ot.optim.Adam(lr=0.05), loss="mse")
+    batches = [(_f32(rng, 4, 3), _f32(rng, 4, 2)) for _ in range(3)]
+    with ot.Trainer(model, batch_size=4) as tr:
+        losses = [tr.step(x, y) for x, y in batches]
+        got = _weights(tr.model())
+        pred = tr.predict(batches[0][0])
+    want = torch_steps(torch, net, torch.optim.Adam(net.parameters(), lr=0.05), torch.nn.functional.mse_loss, batches)
+    np.testing.assert_allclose(losses, want, rtol=1e-5)
+    for name, value in net.state_dict().items():
+        np.testing.assert_allclose(got[name], value.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+    with torch.no_grad():
+        np.testing.assert_allclose(pred, net(torch.from_numpy(batches[0][0])).numpy(), rtol=1e-5, atol=1e-6)
+    named = "mu" if any(t.name == "mu" for t in proto.graph.initializer) else None
+    if named:
+        with pytest.raises(ot.OrtrainError, match=r"trainable: 'mu' is a constant, not a weight: PyTorch's dynamo "
+                                                  r"exporter records it as a constant tensor .*remove it from trainable="):
+            ot.from_onnx(proto, trainable=["mu", "out.*"])
 
 
 # -- scalars ---------------------------------------------------------------------------------------

@@ -94,6 +94,9 @@ OTHER_FLOAT = ("it holds {dtype} values, and ortrain trains float32 weights only
                "train it (in PyTorch, model.float() before torch.onnx.export)")
 QUANTIZED = ("its gradient would cross {node}, whose integer output onnxruntime-training does not "
              "differentiate (it has no straight-through gradient for quantization-aware training)")
+CONSTANT_TENSOR = ("PyTorch's dynamo exporter records it as a constant tensor (one made in forward, such as "
+                   "torch.tensor([...]), or a plain tensor attribute of a module), neither a parameter nor a "
+                   "buffer, so PyTorch does not train it")
 FOLDED = ("PyTorch's dynamo exporter folded it from shapes and constants, none of them a parameter (a ones or zeros "
           "scale such as InstanceNorm(affine=False)'s), so PyTorch does not train it")
 
@@ -102,6 +105,7 @@ FOLDED = ("PyTorch's dynamo exporter folded it from shapes and constants, none o
 _FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 _INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 _TEMPORARY = re.compile(r"val_\d+")  # the names onnxscript gives the values it creates
+_LIFTED = re.compile(r"lifted_tensor_\d+")  # the names torch.export gives tensors made in forward
 # torch ops that make or reshape a tensor, as torch.export names their results (``arange``, ``div_1``,
 # ``scalar_tensor_default``): a value folded from these and temporaries alone holds no parameter
 _TORCH_OPS = frozenset("""
@@ -113,11 +117,24 @@ _TORCH_OPS = frozenset("""
 _TORCH_OP_RESULT = re.compile(r"(?P<op>[a-z_][a-z0-9_]*?)(?:_(?:default|Tensor|Scalar|int|dim|self))?(?:_\d+)?")
 
 
-def folded_constants(model: onnx.ModelProto) -> set[str]:
+def torch_constants(model: onnx.ModelProto) -> dict[str, str]:
+    """Initializers that are constants in PyTorch, each with the reason: those the dynamo exporter
+    records as constant tensors (``CONSTANT_TENSOR``: ``torch.tensor([...])`` made in ``forward``,
+    which it names ``lifted_tensor_<n>``, or a plain tensor attribute such as normalisation
+    constants) and those it folded from no parameter (:func:`folded_constants`). The TorchScript
+    exporter writes both as ``Constant`` nodes. As weights they would train."""
+    recorded = _recorded_as(model, ("CONSTANT_TENSOR",))
+    out = dict.fromkeys(folded_constants(model, recorded), FOLDED)
+    return out | dict.fromkeys(recorded, CONSTANT_TENSOR)
+
+
+def folded_constants(model: onnx.ModelProto, constants: set[str] = frozenset()) -> set[str]:
     """Float initializers that torch's dynamo exporter folded from no parameter: it writes
     ``InstanceNorm(affine=False)``'s scale and bias, and the per-group ones and zeros of
     ``GroupNorm``, as initializers (``val_3``) computed from a shape, where the TorchScript exporter
-    writes ``Constant`` nodes. They are constants in PyTorch; as weights they would train.
+    writes ``Constant`` nodes, and the copy its optimizer folds from a tensor made in ``forward``
+    (``clone`` from ``lifted_tensor_0``) or from one of ``constants`` (those it records as constant
+    tensors). They are constants in PyTorch; as weights they would train.
 
     A folded initializer counts when every value its ``folded_from`` record names is one the graph
     computes, a user input, a temporary of the exporter's (``val_<n>``) or a torch op's result
@@ -146,8 +163,8 @@ def folded_constants(model: onnx.ModelProto) -> set[str]:
         except (ValueError, SyntaxError):
             continue
         if isinstance(sources, list) and \
-                all(isinstance(n, str) and (n in computed or _TEMPORARY.fullmatch(n) or _torch_op_result(n))
-                    for n in sources):
+                all(isinstance(n, str) and (n in computed or n in constants or _TEMPORARY.fullmatch(n) or
+                                            _LIFTED.fullmatch(n) or _torch_op_result(n)) for n in sources):
             out.add(t.name)
     return out
 
@@ -167,10 +184,10 @@ def torch_buffers(model: onnx.ModelProto) -> set[str]:
 
 
 def torch_tensors(model: onnx.ModelProto) -> set[str]:
-    """Initializers the dynamo exporter records as a PyTorch parameter or buffer: an ``Identity``
+    """Initializers the dynamo exporter records as a PyTorch parameter, buffer or constant tensor: an ``Identity``
     of one (``p.clone()``, a full-length slice ``pos[:, :T]`` named ``alias``) reads that very
     tensor, as PyTorch's gradient does. The TorchScript exporter keeps no such record."""
-    return _recorded_as(model, ("PARAMETER", "BUFFER"))
+    return _recorded_as(model, ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"))
 
 
 def _recorded_as(model: onnx.ModelProto, kinds) -> set[str]:
@@ -402,7 +419,7 @@ def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set
 
 def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                       stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None,
-                      folded: set[str] = frozenset(), buffers: set[str] = frozenset(),
+                      folded: dict[str, str] | None = None, buffers: set[str] = frozenset(),
                       tensors_of_torch: set[str] = frozenset()) -> ForwardGraph:
     """Classify initializers and move the weights to graph inputs.
 
@@ -425,12 +442,13 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     PyTorch's ``state_dict`` order where the names tell it: ``order`` (names, by default the
     graph's initializer order) with the copies put back in place (:func:`_with_copies_in_place`)
     and each module's weights together (:func:`_by_module`). ``folded``: initializers that stay
-    constants whatever reaches them (:func:`folded_constants`). ``buffers``: PyTorch buffers
+    constants whatever reaches them, each with the reason (:func:`torch_constants`). ``buffers``: PyTorch buffers
     (:func:`torch_buffers`), frozen unless ``trainable=`` names them (running statistics stay
     buffers). ``tensors_of_torch``: PyTorch's parameters and buffers (:func:`torch_tensors`), which an
     ``Identity`` reads as they are.
     """
     model = copy.deepcopy(model)
+    folded = folded or {}
     stash = dict(stash or {})
     first = list(order) if order else [t.name for t in model.graph.initializer] + list(stash)
     copies = _untie_identities(model, stash, tensors_of_torch)
@@ -456,7 +474,7 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
         rank = len(value.dims) if tensor else value.ndim
         if name in folded and name not in scalars:
             constants.append(value if tensor else numpy_helper.from_array(value, name))
-            unreached[name] = FOLDED
+            unreached[name] = folded[name]
             continue
         if name in scalars or (is_float and rank >= 1 and (name in bn_stats or name in differentiable)):
             arr = np.ascontiguousarray(_to_array(value) if tensor else value, dtype=np.float32)  # a scalar: (1,)
@@ -1096,7 +1114,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
                 if o.type.tensor_type.HasField("shape")}
     _unique_node_names(proto)
     _refuse_outputs_that_are_no_tensors(proto)
-    folded = folded_constants(proto)
+    folded = torch_constants(proto)
     buffers, tensors_of_torch = torch_buffers(proto), torch_tensors(proto)
     stash, order = _stash_weights(proto)
     proto, _ = batchnorm_inference_form(proto)  # first: onnx's opset converter cannot take its training form
