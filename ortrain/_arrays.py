@@ -457,8 +457,12 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
                      "check for a padding id of -1")
         out.append(a)
     if rows is None and len({a.shape[0] for a in out}) > 1:
-        raise ShapeError(f"{argument}: expected the same number of rows in every input, received "
-                         f"{', '.join(str(a.shape[0]) for a in out)} rows")
+        counts = ", ".join(f"{spec.name!r} {a.shape[0]}" for spec, a in zip(specs, out))
+        raise ShapeError(f"{argument}: expected the same number of rows (axis 0, the batch) in every input, received "
+                         f"{counts} rows; every input is read batch first: pass each with its batch along axis 0 "
+                         "(an input that is no batch, such as a recurrent layer's initial state of shape (layers, "
+                         "batch, hidden) or a mixing matrix, belongs in the model as a constant, or is transposed to "
+                         "batch first before export)")
     return out
 
 

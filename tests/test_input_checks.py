@@ -224,6 +224,27 @@ def test_a_step_the_runtime_refuses_is_an_ortrain_error_and_changes_nothing():
             np.testing.assert_array_equal(a, b)
 
 
+def test_inputs_of_different_row_counts_are_named_with_their_rows_and_the_fix():
+    # The usual case: a recurrent layer's initial state (layers, batch, hidden) exported as an input.
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "h0"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                                    helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    model.compile(optimizer="adam", loss="mse")
+    x, h0, y = np.ones((8, 4), np.float32), np.ones((1, 3), np.float32), np.zeros((8, 3), np.float32)
+    says = (r"x: expected the same number of rows \(axis 0, the batch\) in every input, received 'x' 8, 'h0' 1 rows; "
+            r"every input is read batch first: .*initial state of shape \(layers, batch, hidden\) .*belongs in the "
+            r"model as a constant")
+    with pytest.raises(ot.ShapeError, match=says):
+        model.predict([x, h0])
+    with pytest.raises(ot.ShapeError, match=says):
+        model.fit([x, h0], y, verbose=0)
+    np.testing.assert_array_equal(model.get_weights()[0], np.ones((4, 3), np.float32))
+    assert model.predict([x, np.ones((8, 3), np.float32)]).shape == (8, 3)
+
+
 def test_from_onnx_refuses_shapes_that_do_not_fit_together():
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="proj")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
