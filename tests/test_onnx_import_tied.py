@@ -312,7 +312,8 @@ def test_a_dynamo_exports_buffers_stay_frozen_and_in_state_dict_order(rng):
 def test_a_dynamo_exports_constant_tensors_stay_constants(rng, optimize):
     # A tensor made in forward (torch.tensor([...])) or kept as a plain attribute (normalisation
     # constants) is a constant in PyTorch; the dynamo exporter writes it as an initializer recorded
-    # as CONSTANT_TENSOR (optimized: folded into 'clone' from 'lifted_tensor_0'). It trained.
+    # as CONSTANT_TENSOR (optimized: folded into 'clone' from 'lifted_tensor_0'; its detach() is an
+    # Identity, which gets a copy of its own). They trained.
     torch = torch_or_skip()
     nn = torch.nn
 
@@ -323,7 +324,7 @@ def test_a_dynamo_exports_constant_tensors_stay_constants(rng, optimize):
             self.inp, self.out = nn.Linear(3, 4), nn.Linear(4, 2)
 
         def forward(self, x):
-            return self.out((self.inp(x) - self.mu) * torch.tensor([1.0, 2.0, 3.0, 4.0]))
+            return self.out((self.inp(x) - self.mu) * torch.tensor([1.0, 2.0, 3.0, 4.0]) + self.mu.detach())
 
     torch.manual_seed(0)
     net = Net()

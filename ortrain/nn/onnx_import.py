@@ -452,6 +452,11 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     stash = dict(stash or {})
     first = list(order) if order else [t.name for t in model.graph.initializer] + list(stash)
     copies = _untie_identities(model, stash, tensors_of_torch)
+    # a copy of a constant (the Identity of a detach) is that constant
+    folded = dict(folded)
+    for out, src in copies.items():  # (in graph order: a copy of a copy too)
+        if src in folded:
+            folded[out] = folded[src]
     used, differentiable, bn_stats = _uses(model)
     quantized = _reached_through_quantize(model, differentiable)
     inits = [t.name for t in model.graph.initializer]
