@@ -965,6 +965,21 @@ def test_a_run_record_of_the_wrong_structure_is_damaged_not_a_traceback(workdir,
     assert "run state 'run/state.json' is damaged: " in err and "restore it from a copy, or start the run again" in err
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_eval_refuses_data_with_nan_or_inf_as_train_does(workdir, capsys, bad):
+    # The README's exit codes: 1 for data whose values do not fit the model, NaN included; eval
+    # printed a NaN loss and exited 0.
+    make_artifacts(capsys)
+    x, y = load_digits()
+    x = x[1500:].copy()
+    x[4, 7] = bad
+    np.savez("bad.npz", x=x, y=y[1500:])
+    assert cli("eval", "--artifacts", "art", "--data", "bad.npz") == 1
+    assert f"ortrain eval: x of --data 'bad.npz': holds {bad} in row 4; ortrain eval takes finite values only, so " \
+           "nothing was evaluated" in capsys.readouterr().err
+    assert cli("eval", "--artifacts", "art", "--data", "test.npz") == 0
+
+
 def test_eval_predict_export_refuse_a_run_without_trained_weights(workdir, capsys, monkeypatch):
     # A run stopped in its first epoch holds no state.json: its untrained initial weights were used
     # without a word. A checkpoint missing from a run was reported as "--checkpoint: no such file".

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 import ortrain as ot
+from ortrain._arrays import refuse_non_finite
 from ortrain._files import atomic_path, checked_target
 from ortrain.cli._common import (
     NPZ_KEYS,
@@ -75,6 +76,9 @@ def evaluate(opts) -> dict:
     if y is None:
         raise UsageError("--data: the file holds no labels 'y' to evaluate against")
     with _named_by_file(opts.data):
+        # (the Python API evaluates what it is given; the command's exit status says data with NaN is
+        # wrong, as train's does, rather than print a NaN loss and exit 0)
+        refuse_non_finite([x, y], ["x", "y"], "nothing was evaluated", "ortrain eval takes finite values only")
         return model.evaluate(x, y, batch_size=opts.batch_size, sample_weight=w)
 
 
