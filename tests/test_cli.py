@@ -319,6 +319,20 @@ def test_train_from_model_and_toml_config(workdir, capsys):
     assert len(hist["loss"]) == 2 and hist["loss"][1] < hist["loss"][0]
 
 
+def test_a_config_saved_by_windows_notepad_reads_as_the_same_config(workdir, capsys):
+    # UTF-8 with a byte-order mark and CRLF line ends: "not valid TOML (at line 1, column 1)", naming neither
+    text = ('model = "mlp.onnx"\ndata = ["x.npy", "y.npy"]\nepochs = 1\nbatch_size = 50\nloss = '
+            '"sparse_categorical_crossentropy"\nfrom_logits = true\nseed = 3\nverbose = 0\nout = "{}"\n')
+    (workdir / "plain.toml").write_text(text.format("plain"), encoding="utf-8")
+    (workdir / "bom.toml").write_bytes(b"\xef\xbb\xbf" + text.format("bom").replace("\n", "\r\n").encode())
+    assert cli("train", "plain.toml") == 0 and cli("train", "bom.toml") == 0, capsys.readouterr().err
+    runs = [json.loads((workdir / name / "history.json").read_text())["history"] for name in ("plain", "bom")]
+    assert runs[0] == runs[1] and len(runs[0]["loss"]) == 1
+    (workdir / "twice.toml").write_bytes(b"\xef\xbb\xbf" + b"\xef\xbb\xbf" + b"epochs = 1\n")  # only one mark is one
+    assert cli("train", "twice.toml") == 2
+    assert "CONFIG: 'twice.toml' is not valid TOML" in capsys.readouterr().err
+
+
 def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(workdir, capsys, monkeypatch):
     import threading
 
@@ -1268,6 +1282,68 @@ def test_a_failed_demo_leaves_no_folder_it_made(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # a folder it did not make stays
 
 
+def test_an_interrupted_demo_leaves_the_earlier_demos_files_as_they_were(tmp_path, monkeypatch, capsys):
+    # Ctrl-C after the export left model.onnx of the interrupted demo beside model.ortrain,
+    # summary.json, history.csv and loss.png of the earlier one
+    import onnx.reference
+
+    from ortrain._files import lock_file
+    monkeypatch.chdir(tmp_path)
+    assert cli("demo", "--out", "d", "--epochs", "1", "--verbose", "0") == 0
+    files = lambda: {p.name: p.read_bytes() for p in (tmp_path / "d").iterdir()}  # noqa: E731
+    before = files()
+    assert {"model.onnx", "model.ortrain", "summary.json", "history.csv", ".ortrain-demo"} <= set(before)
+
+    def interrupt(*args, **kwargs):  # after model.onnx is written and checked by onnxruntime
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(onnx.reference, "ReferenceEvaluator", interrupt)
+        assert cli("demo", "--out", "d", "--epochs", "2", "--verbose", "0") == 130
+    assert files() == before
+    (tmp_path / "d" / ".ortrain-demo.new-k1ll3d_x").mkdir()  # what a demo killed (SIGKILL) left
+    (tmp_path / "d" / ".ortrain-demo.new-k1ll3d_x" / "model.onnx").write_bytes(b"half")
+    (tmp_path / "d" / "notes.txt").write_text("mine")
+    assert cli("demo", "--out", "d", "--epochs", "2", "--verbose", "0") == 0
+    after = files()
+    assert sorted(after) == sorted([*before, "notes.txt"])
+    assert json.loads(after["summary.json"])["epochs"] == 2 and after["model.onnx"] != before["model.onnx"]
+    model = ot.load_model(tmp_path / "d" / "model.ortrain")  # the files are one demo's
+    onnx_weights = [numpy_helper.to_array(t) for t in onnx.load(tmp_path / "d" / "model.onnx").graph.initializer]
+    assert all(any(w.shape == a.shape and np.array_equal(w, a) for a in onnx_weights) for w in model.get_weights())
+    assert len((tmp_path / "d" / "history.csv").read_text().splitlines()) == 3  # a header and two epochs
+    holder = lock_file(tmp_path / "d" / ".ortrain-demo", wait=False)  # a demo writing there now
+    try:
+        capsys.readouterr()
+        assert cli("demo", "--out", "d", "--epochs", "1", "--verbose", "0") == 2
+        assert "--out: another ortrain demo is writing to 'd'" in capsys.readouterr().err
+    finally:
+        holder.close()
+    assert files() == after
+
+
+def test_an_output_path_that_is_not_utf8_is_refused_before_anything_runs(workdir, capsys):
+    # the demo trained, then ended in onnxruntime's TypeError (its InferenceSession takes UTF-8 paths
+    # only); train and artifacts failed at their first checkpoint, naming an internal path
+    latin1 = os.fsdecode(b"r\xe9sultats")  # a Latin-1 name, as older systems and archives write them
+    before = sorted(os.listdir("."))
+    for args, flag in ((["demo", "--out", latin1, "--epochs", "1", "--verbose", "0"], "--out"),
+                       (["train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy",
+                         "--from-logits", "--data", "train.npz", "--epochs", "1", "--batch-size", "32", "--out",
+                         latin1, "--verbose", "0"], "--out"),
+                       (["artifacts", "mlp.onnx", "-o", latin1, "--loss", "mse"], "-o")):
+        capsys.readouterr()
+        assert cli(*args) == 2
+        err = capsys.readouterr().err
+        assert f"{flag}: {latin1!r}: its name is not valid UTF-8" in err and "nothing was written" in err
+        assert sorted(os.listdir(".")) == before
+    os.mkdir(latin1)  # a UTF-8 name inside a folder whose name is not
+    os.chdir(latin1)
+    assert cli("demo", "--out", "d", "--epochs", "1", "--verbose", "0") == 2
+    assert "--out: 'd': the path of the folder it lies in is not valid UTF-8" in capsys.readouterr().err
+    assert os.listdir(".") == []
+
+
 def test_non_finite_validation_rows_are_refused_as_training_rows_are(workdir, capsys):
     # a NaN in --val-data (or in the rows --val-split holds out) trained on, every val_loss NaN, exit 0
     x, y = load_digits()
@@ -1277,14 +1353,21 @@ def test_non_finite_validation_rows_are_refused_as_training_rows_are(workdir, ca
     assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
                "--data", "train.npz", "--val-data", "nan.npz", "--epochs", "1", "--batch-size", "32", "--out", "runs/a") == 1
     assert capsys.readouterr().err.strip() == (
-        "ortrain train: --val-data x: holds nan in row 5; validation needs finite values, so nothing was trained "
-        "(drop or repair that sample)")
+        "ortrain train: x of --val-data 'nan.npz': holds nan in row 5; validation needs finite values, so nothing "
+        "was trained (drop or repair that sample)")
     held = x[:600].copy()
     held[590, 0] = np.inf  # in the last tenth, which --val-split holds out
     np.savez("inf.npz", x=held, y=y[:600])
     assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
                "--data", "inf.npz", "--val-split", "0.1", "--epochs", "1", "--batch-size", "32", "--out", "runs/b") == 1
-    assert "--data (a row --val-split holds out) x: holds inf in row 590" in capsys.readouterr().err
+    assert "x of --data 'inf.npz' (the rows --val-split holds out): holds inf in row 590" in capsys.readouterr().err
+    for key in ("y", "sample_weight"):  # the file of the other arrays too
+        np.savez("bad.npz", **{"x": x[600:700], "y": y[600:700].astype(np.float32),
+                               "sample_weight": np.ones(100, np.float32), key: np.full(100, np.inf, np.float32)})
+        assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+                   "--data", "train.npz", "--val-data", "bad.npz", "--epochs", "1", "--batch-size", "32",
+                   "--out", "runs/c") == 1
+        assert f"{key} of --val-data 'bad.npz'" in capsys.readouterr().err
     assert not os.path.exists("runs")
 
 
@@ -1305,6 +1388,72 @@ def test_a_run_whose_artifacts_moved_says_to_put_them_back(workdir, capsys):
         assert "put them back there" in err and not os.path.exists("m.onnx")
     os.rename("art3", "art2")
     assert cli("train", "--out", "r", "--resume", "--epochs", "2", "--verbose", "0") == 0
+
+
+def test_a_resume_whose_recorded_data_moved_says_to_give_its_new_path(workdir, capsys):
+    # "--data: no such file", naming an option the resume was not given, and no fix
+    x, y = load_digits()
+    np.savez("val.npz", x=x[600:700], y=y[600:700])
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--data", "x.npy", "y.npy", "--val-data", "val.npz", "--epochs", "1", "--batch-size", "64",
+               "--out", "r", "--verbose", "0") == 0
+    os.rename("y.npy", "labels.npy")
+    os.rename("val.npz", "held.npz")
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in (workdir / "r").rglob("*") if p.is_file()}
+    assert cli("train", "--out", "r", "--resume", "--epochs", "2") == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ortrain train: error: train --resume: the run's --data file {str(workdir / 'y.npy')!r} (recorded in "
+        f"'r/run.json') no longer exists (moved or deleted?); resume with --data and the data's new path")
+    assert cli("train", "--out", "r", "--resume", "--epochs", "2", "--data", "x.npy", "labels.npy") == 2
+    assert f"the run's --val-data file {str(workdir / 'val.npz')!r}" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in (workdir / "r").rglob("*") if p.is_file()} == before
+    assert cli("train", "--out", "r", "--resume", "--epochs", "2", "--data", "x.npy", "labels.npy", "--val-split",
+               "0.1", "--verbose", "0") == 0  # other validation given now: the run's file is not needed
+    assert json.loads((workdir / "r" / "state.json").read_text())["epoch"] == 2
+
+
+def test_a_run_whose_own_artifacts_were_deleted_is_told_the_command_that_builds_them_again(workdir, capsys):
+    # "put them back there", for artifacts the run had built itself from --model
+    import shlex
+
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.normal(size=shape) * 0.1).astype(np.float32), name)
+             for name, shape in (("w1", (64, 32)), ("b1", (32,)), ("w2", (32, 10)), ("b2", (10,)))]
+    inits += [numpy_helper.from_array(np.array(0.3, np.float32), "ratio"), numpy_helper.from_array(np.array(True),
+                                                                                                   "training")]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Dropout", ["r", "ratio", "training"], ["d"]),  # a training-mode export's, unseeded
+             helper.make_node("Gemm", ["d", "w2", "b2"], ["y"])]
+    graph = helper.make_graph(nodes, "drop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "drop.onnx")
+    assert cli("train", "--model", "drop.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.05", "--frozen", "b*", "--data",
+               "train.npz", "--epochs", "1", "--batch-size", "64", "--out", "a", "--seed", "7", "--verbose", "0") == 0
+    for name in ("b", "c"):
+        shutil.copytree("a", name)
+        shutil.rmtree(Path(name) / "artifacts")
+    assert cli("train", "--out", "a", "--resume", "--epochs", "2", "--verbose", "0") == 0
+    capsys.readouterr()
+    assert cli("train", "--out", "b", "--resume", "--epochs", "2") == 1
+    err = capsys.readouterr().err
+    assert "the run's artifacts 'b/artifacts' do not exist (moved or deleted?)" in err
+    command = shlex.split(err.split("build them again as the run did: ")[1])
+    assert command[:2] == ["ortrain", "artifacts"] and command[command.index("--seed") + 1] == "7"
+    assert cli(*command[1:]) == 0
+    assert cli("train", "--out", "b", "--resume", "--epochs", "2", "--verbose", "0") == 0
+    reference, rebuilt = weights("a/model.onnx"), weights("b/model.onnx")
+    assert all(np.array_equal(reference[k], rebuilt[k]) for k in reference)  # bit for bit, dropout masks included
+    other = command[1:-1] + ["8"]  # the seed is part of what was built: another one is not the run's
+    other[other.index("b/artifacts")] = "c/artifacts"
+    assert cli(*other) == 0
+    capsys.readouterr()
+    assert cli("train", "--out", "c", "--resume", "--epochs", "2", "--verbose", "0") == 1
+    err = capsys.readouterr().err
+    assert "the artifacts in 'c/artifacts' were rebuilt for another model" in err
+    assert f"build them again as the run did: {shlex.join(command).replace('b/artifacts', 'c/artifacts')}" in err
 
 
 def test_a_run_whose_own_artifacts_are_gone_does_not_take_the_working_directorys(workdir, capsys):

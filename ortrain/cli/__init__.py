@@ -241,7 +241,8 @@ def _read_toml(path: str) -> dict:
         import tomli as tomllib
     _refuse_misplaced(path)
     try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark (what Windows editors save "UTF-8" with) is not part of the text
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise UsageError(f"CONFIG: no such file {path!r}") from None
     except IsADirectoryError:

@@ -8,8 +8,14 @@ operators independent of onnxruntime), and checks that both reproduce ortrain's 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import shutil
+import signal
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +24,7 @@ import onnx
 
 import ortrain as ot
 from ortrain import _optional
+from ortrain._files import CAN_LOCK, lock_file
 from ortrain._warnings import warn
 from ortrain.cli._common import UsageError, check_out_dir, write_json
 from ortrain.datasets import load_digits
@@ -77,18 +84,84 @@ def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int
     _refuse_others(out_dir)
     made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    lock = stage = None
     try:
-        return _run(out_dir, epochs, seed, verbose, echo, start)
+        lock = _lock(out_dir)
+        _sweep(out_dir)
+        # The files are written to a folder of their own and moved into --out together at the end:
+        # a demo stopped part-way (Ctrl-C, an error) leaves the earlier demo's set as it was, not
+        # some of its files beside some of the new one's.
+        stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=out_dir))
+        summary = _run(out_dir, stage, epochs, seed, verbose, echo, start)
+        _commit(stage, out_dir)
     except BaseException:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
         if made:  # a demo that failed (a cache it cannot write, an interrupt) leaves no folder it made
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
+    finally:
+        if lock is not None:
+            lock.close()
+    echo("wrote " + ", ".join(summary["files"].values()))
+    echo(f"done in {summary['seconds']:.1f} s")
+    return summary
 
 
-def _run(out_dir: Path, epochs: int, seed: int, verbose: int, echo, start: float) -> dict:
+STAGE_PREFIX = ".ortrain-demo.new-"  # the folder a demo writes its files to before they go into --out
+_STAGE = re.compile(re.escape(STAGE_PREFIX) + r"[A-Za-z0-9_]{8}")  # tempfile.mkdtemp's names
+
+
+def _lock(out_dir: Path):
+    """One demo at a time writes into a folder (the mark file is its lock); a second is refused."""
+    if not CAN_LOCK:  # not on POSIX: no guard
+        (out_dir / MARK).touch()
+        return None
+    handle = lock_file(out_dir / MARK, wait=False)
+    if handle is None:
+        raise UsageError(f"--out: another ortrain demo is writing to {str(out_dir)!r}; wait for it to end or "
+                         "choose another directory")
+    return handle
+
+
+def _sweep(out_dir: Path) -> None:
+    """Remove the staging folders of demos killed before they moved their files into ``out_dir``."""
+    for p in out_dir.iterdir():
+        if _STAGE.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _commit(stage: Path, out_dir: Path) -> None:
+    """Move the new files from ``stage`` into ``out_dir``, replacing the earlier demo's set: a file
+    of that set the new one lacks (``loss.png`` without matplotlib) goes too. Ctrl-C and SIGTERM
+    wait until the set is in place (they take effect right after)."""
+    with _signals_held():
+        for name in FILES:
+            if (stage / name).exists():
+                os.replace(stage / name, out_dir / name)
+            elif (out_dir / name).is_file():
+                (out_dir / name).unlink()
+        stage.rmdir()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold Ctrl-C (SIGINT) and SIGTERM back for a few renames; ones sent meanwhile arrive after."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if block else None
+    try:
+        yield
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _run(out_dir: Path, stage: Path, epochs: int, seed: int, verbose: int, echo, start: float) -> dict:
+    """Train and check the model, writing its files into ``stage``; the summary names them at
+    their places in ``out_dir``."""
     import onnxruntime  # a plain inference session, as a deployment would use
 
-    (out_dir / MARK).touch()
     ot.set_seed(seed)
     x, y = load_digits()
     x_train, y_train, x_test, y_test = split(x, y, 0.2, seed)
@@ -98,7 +171,7 @@ def _run(out_dir: Path, epochs: int, seed: int, verbose: int, echo, start: float
     result = model.evaluate(x_test, y_test)
     echo(f"test loss {result['loss']:.4f}  test accuracy {result['accuracy']:.4f}")
 
-    onnx_path = model.export_onnx(out_dir / "model.onnx")
+    onnx_path = model.export_onnx(stage / "model.onnx")
     session = onnxruntime.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     deployed = session.run(None, {session.get_inputs()[0].name: x_test.astype(np.float32)})[0]
     ours = model.predict(x_test)
@@ -108,8 +181,8 @@ def _run(out_dir: Path, epochs: int, seed: int, verbose: int, echo, start: float
     if max_diff > 1e-4 or agree < 1.0:
         raise ot.OrtrainError(f"the exported model disagrees with ortrain: max |diff| {max_diff:.2e}, "
                               f"{agree:.1%} of the classes agree")
-    echo(f"exported {onnx_path}: onnxruntime {onnxruntime.__version__} InferenceSession reproduces the "
-         f"predictions (max |diff| {max_diff:.1e}, accuracy {deployed_accuracy:.4f})")
+    echo(f"exported {out_dir / 'model.onnx'}: onnxruntime {onnxruntime.__version__} InferenceSession reproduces "
+         f"the predictions (max |diff| {max_diff:.1e}, accuracy {deployed_accuracy:.4f})")
     from onnx.reference import ReferenceEvaluator
     reference = ReferenceEvaluator(onnx_path).run(None, {session.get_inputs()[0].name: x_test.astype(np.float32)})[0]
     reference_diff = float(np.max(np.abs(reference - ours)))
@@ -119,22 +192,21 @@ def _run(out_dir: Path, epochs: int, seed: int, verbose: int, echo, start: float
     echo(f"onnx {onnx.__version__} reference evaluator (independent of onnxruntime) reproduces them too (max |diff| "
          f"{reference_diff:.1e})")
 
-    model.save(out_dir / "model.ortrain")
-    history.to_csv(out_dir / "history.csv")
+    model.save(stage / "model.ortrain")
+    history.to_csv(stage / "history.csv")
     summary = {"test_loss": result["loss"], "test_accuracy": result["accuracy"],
                "deployed_accuracy": deployed_accuracy, "max_abs_diff": max_diff,
                "reference_max_abs_diff": reference_diff, "epochs": epochs,
                "seconds": round(time.perf_counter() - start, 2),
-               "files": {"onnx": str(onnx_path), "model": str(out_dir / "model.ortrain"),
+               "files": {"onnx": str(out_dir / "model.onnx"), "model": str(out_dir / "model.ortrain"),
                          "history": str(out_dir / "history.csv")}}
     try:
-        history.plot(out_dir / "loss.png")
+        history.plot(stage / "loss.png")
         summary["files"]["plot"] = str(out_dir / "loss.png")
     except _optional.Unusable as exc:  # matplotlib is an optional extra: said only when installed but broken
         if not exc.missing:
             warn(f"{exc} (the demo is complete without loss.png)", RuntimeWarning)
-    write_json(out_dir / "summary.json", summary)
     summary["files"]["summary"] = str(out_dir / "summary.json")
-    echo("wrote " + ", ".join(summary["files"].values()))
-    echo(f"done in {summary['seconds']:.1f} s")
+    write_json(stage / "summary.json", {**summary, "files": {k: v for k, v in summary["files"].items()
+                                                             if k != "summary"}})
     return summary

@@ -22,6 +22,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -252,6 +253,14 @@ def resume_settings(cfg: dict) -> dict:
     for key in ("data", "epochs"):
         if merged.get(key) is None:
             raise UsageError(f"train --resume: --{key} is required")
+    for key in ("data", "val_data"):  # the run's own data files, where none are given now
+        recorded = started.get(key) if not cfg.get(key) else None
+        missing = [p for p in ([recorded] if isinstance(recorded, str) else recorded or []) if not os.path.exists(p)]
+        if missing:
+            flag = f"--{key.replace('_', '-')}"
+            raise UsageError(f"train --resume: the run's {flag} file {missing[0]!r} (recorded in "
+                             f"{str(out / 'run.json')!r}) no longer exists (moved or deleted?); resume with "
+                             f"{flag} and the data's new path")
     return merged
 
 
@@ -358,10 +367,36 @@ def _artifacts_of(out: Path, run: dict) -> Path:
     if not path.is_absolute() and ((out / path).is_dir() or path.parts == ("artifacts",)):
         path = out / path  # the run's own (the working directory's artifacts/ is another's)
     if not path.is_dir():  # --artifacts naming them elsewhere is refused: what the run trains is fixed
+        rebuild = _rebuild_command(path, run) if path == out / "artifacts" else None
+        fix = (f"build them again as the run did: {rebuild}" if rebuild else
+               "put them back there (or start a new run from where they are now)")
         raise OrtrainError(f"the run's artifacts {str(path)!r} do not exist (moved or deleted?); the run trains "
                            f"from the artifacts it started with, which {str(out / 'run.json')!r} records by that "
-                           "path: put them back there (or start a new run from where they are now)")
+                           f"path: {fix}")
     return path
+
+
+def _rebuild_command(path: Path, run: dict) -> str | None:
+    """The ``ortrain artifacts`` command that builds a ``--model`` run's own artifacts as its start
+    did (the same model, loss, optimizer, weights to train and seed), or None for a run of given
+    artifacts or one whose model file is gone."""
+    settings = run.get("settings", {})
+    model = settings.get("model")
+    if not isinstance(model, str) or not os.path.isfile(model) or not isinstance(settings.get("loss"), str):
+        return None
+    words = ["ortrain", "artifacts", model, "-o", str(path), "--loss", settings["loss"]]
+    if settings.get("from_logits"):
+        words.append("--from-logits")
+    for key in ("optimizer", "momentum", "lr"):
+        if settings.get(key) is not None:
+            words += [f"--{key}", str(settings[key])]
+    for key in ("trainable", "frozen"):
+        for pattern in settings.get(key) or ():
+            words += [f"--{key}", str(pattern)]
+    if settings.get("has_sample_weight"):
+        words.append("--sample-weights")
+    words += ["--seed", str(run["seed"])]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _discarder(out: Path, artifacts_ours: bool = False):

@@ -35,6 +35,7 @@ from ortrain.cli.run_dir import (
     _absolute,
     _artifacts_of,
     _discarder,
+    _rebuild_command,
     _run_lock,
     left_by_a_start,
     read_run,
@@ -93,8 +94,7 @@ def train(cfg: dict) -> dict:
         x, y, w, val = _split(x, y, w, cfg["val_split"])
     if val is not None:  # the training rows are refused by the fit; validation rows are the run's data too
         # the rows --val-split holds out are the last of --data: a row is named by its place in the file
-        where = "--val-data" if cfg.get("val_data") else "--data (a row --val-split holds out)"
-        refuse_non_finite([np.asarray(a) for a in val], [f"{where} {k}" for k in ("x", "y", "sample_weight")],
+        refuse_non_finite([np.asarray(a) for a in val], list(_names(cfg)["validation_data"]),
                           "nothing was trained", needs="validation needs finite values",
                           first_row=0 if cfg.get("val_data") else len(y))
     weighted = [f for f, v in (("--data", w), ("--val-data", val[2] if val and len(val) == 3 else None))
@@ -172,9 +172,11 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     art_dir = _artifacts_of(out, run)
     if checkpoint is not None and not written_for(checkpoint, ot.artifacts.load(art_dir)):
         # the run's own files disagree (no argument is at fault): a failed run, as eval says of them
+        rebuild = _rebuild_command(art_dir, run) if art_dir == out / "artifacts" else None
         raise OrtrainError(f"--resume: the artifacts in {str(art_dir)!r} were rebuilt for another model, loss or "
-                         f"optimizer after the run {str(out)!r} started, and its checkpoint does not fit them; "
-                         "rebuild them as the run had them, or start a new run with another --out")
+                           f"optimizer after the run {str(out)!r} started, and its checkpoint does not fit them; "
+                           + (f"build them again as the run did: {rebuild}" if rebuild else
+                              "rebuild them as the run had them") + ", or start a new run with another --out")
     initial_epoch = state["epoch"] if state else 0
     recorder = RunRecorder(out, *((state["history"], state["epochs"]) if state else ({}, [])),
                            stale=("model.onnx", "loss.png"), run=resumed_run(run, cfg))
