@@ -30,6 +30,8 @@ model, the validation split, validation data as arrays or a generator.
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 
 import numpy as np
 
@@ -94,6 +96,56 @@ def parse_batch(batch) -> tuple:
     raise OrtrainError(f"batch: expected {_BATCH_FORMS}; received {describe_value(batch)}")
 
 
+# -- batches handed back -------------------------------------------------------------------------
+# A fit refused before its first step (a callback's setting, nbatch_logical against the batch's
+# rows, a bad first batch) has read a batch from the caller's generator to learn the batch size.
+# It hands that batch back: the next fit (or evaluation) reading the same callable or iterator
+# gets it first, so a refused fit leaves the generator's sequence as it was.
+_HANDED_BACK = weakref.WeakKeyDictionary()  # generator (or a method's object) -> {key: [batches]}
+_HELD: dict[int, tuple] = {}  # the same for objects no weak reference can follow (iter(a_list)): id -> (obj, {})
+_HAND_BACK_LOCK = threading.Lock()
+
+
+def _owner(gen):
+    """The object handed-back batches are kept on, and their key there (a bound method is made anew
+    at every attribute access: its object and function name it)."""
+    return (gen.__self__, gen.__func__) if inspect.ismethod(gen) else (gen, None)
+
+
+def _table(owner, make: bool):
+    try:
+        return _HANDED_BACK.setdefault(owner, {}) if make else _HANDED_BACK.get(owner)
+    except TypeError:  # not weakly referable: kept alive with its batches until they are taken
+        if make:
+            return _HELD.setdefault(id(owner), (owner, {}))[1]
+        held = _HELD.get(id(owner))
+        return held[1] if held is not None and held[0] is owner else None
+
+
+def hand_back(gen, batches: list) -> None:
+    """Keep ``batches`` (read from ``gen`` by a fit that then did not train) for the next reader of ``gen``."""
+    if not batches:
+        return
+    owner, key = _owner(gen)
+    with _HAND_BACK_LOCK:
+        table = _table(owner, make=True)
+        table[key] = [*batches, *table.get(key, [])]
+
+
+def take_back(gen) -> list:
+    """The batches handed back for ``gen``, in order (now the caller's), or ``[]``."""
+    owner, key = _owner(gen)
+    with _HAND_BACK_LOCK:
+        table = _table(owner, make=False)
+        batches = table.pop(key, []) if table is not None else []
+        if table is not None and not table:
+            if _HELD.get(id(owner), (None,))[0] is owner:
+                del _HELD[id(owner)]
+            else:
+                _HANDED_BACK.pop(owner, None)
+        return batches
+
+
 class CallableSource:
     """A callable of no arguments: one batch per call, ``None`` (or ``StopIteration``) at the end of
     an epoch."""
@@ -103,12 +155,19 @@ class CallableSource:
     def __init__(self, fn):
         self._fn = fn
         self.exhausted = False
+        self._back = take_back(fn)  # what a refused fit read from it
 
     def pull(self):
+        if self._back:
+            return self._back.pop(0)
         try:
             return self._fn()
         except StopIteration:  # ``lambda: next(it)``: the iterator's end ends the epoch, as None does
             return None
+
+    def hand_back(self, batches: list) -> None:
+        hand_back(self._fn, [*batches, *self._back])
+        self._back = []
 
     def start_epoch(self, epoch: int) -> None:
         pass
@@ -127,6 +186,7 @@ class IterableSource:
         self.one_shot = hasattr(type(iterable), "__next__")
         self._it = iter(iterable) if self.one_shot else None
         self.exhausted = False
+        self._back = take_back(iterable) if self.one_shot else []  # what a refused fit read from it
         self.size = None if self.one_shot or not hasattr(type(iterable), "__len__") else len(iterable)
         # A Keras-style Sequence (__len__ and __getitem__, no __iter__) holds len() batches: Python's
         # own iteration would index on until IndexError, past the end of a Sequence that never raises.
@@ -145,7 +205,16 @@ class IterableSource:
         if callable(hook):
             hook()
 
+    def hand_back(self, batches: list) -> None:
+        """Batches read and not trained on: a one-shot iterator keeps them for its next reader (a
+        re-iterable is read afresh by the next fit anyway)."""
+        if self.one_shot:
+            hand_back(self._iterable, [*batches, *self._back])
+            self._back = []
+
     def pull(self):
+        if self._back:
+            return self._back.pop(0)
         if self.exhausted:
             return None
         try:
@@ -276,6 +345,7 @@ class EpochIterator:
         self.source = source
         self.steps = steps
         self._pending = _NOTHING
+        self._peeked = None  # the batch peek read (the fit has not trained on it yet)
         self.taken = 0  # batches of the last epoch
         self.ended_early = False  # the source ended an epoch before ``steps``
 
@@ -284,8 +354,15 @@ class EpochIterator:
         again as that epoch's first step."""
         if self._pending is _NOTHING:
             self.source.start_epoch(epoch)
-            self._pending = self._first()
+            self._pending = self._peeked = self._first()
         return self._pending
+
+    def hand_back(self) -> None:
+        """Give the batch :meth:`peek` read back to the caller's generator, for a fit that ends
+        before it trained on it (it was refused): the next one reading that generator gets it first."""
+        peeked, self._peeked, self._pending = self._peeked, None, _NOTHING
+        if peeked is not None and hasattr(self.source, "hand_back"):
+            self.source.hand_back([peeked])
 
     def _first(self):
         """An epoch's first pull, past a callable's leftover ``None`` (see the class docstring)."""
@@ -303,6 +380,8 @@ class EpochIterator:
         self.ended_early = False
         pull = source.pull
         while steps is None or self.taken < steps:
+            if self.taken:
+                self._peeked = None  # a step was taken on it
             if pending is not _NOTHING:
                 batch, pending = pending, _NOTHING
             else:

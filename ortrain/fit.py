@@ -313,7 +313,10 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     (fills a replay buffer, raises a curriculum level) therefore does it in ``on_batch_end``
     or ``on_epoch_begin`` for the batches that follow. The validation generator's first batch
     is read right after the training generator's, to learn whether validation carries
-    weights; the first validation uses it.
+    weights; the first validation uses it. A fit that is refused or stopped before its first
+    step (a callback's setting, ``nbatch_logical`` against the batch's rows, a bad first batch,
+    Ctrl-C) hands the batches it read back: the next fit reading the same callable or iterator
+    takes them first, so none is skipped.
 
     >>> import numpy as np, ortrain as ot
     >>> model = ot.Sequential([ot.layers.Dense(1)], input_shape=(2,), seed=0)
@@ -360,46 +363,55 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     if epochs <= initial_epoch:
         return History()
     batches = EpochIterator(source, steps_per_epoch)
-    first = batches.peek(initial_epoch)
-    if first is None:
-        warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
-             "nothing was trained", RuntimeWarning)
-        return History()
-    where = f"epoch {initial_epoch}, step 0 (counted from 0)"
+    stepped = False
     try:
-        x, y, w = parse_batch(first)
-        # the first batch sets the size
-        rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]
-        if rows == 0:
-            raise ShapeError("x: the first batch holds no rows, and its rows set the batch size; give batches "
-                             "of at least one sample (a generator ends its epoch by returning None or stopping)")
-    except (OrtrainError, ValueError, TypeError) as exc:
-        raise located(exc, where) from exc
-    val_weighted = _validation_weighted(vit, initial_epoch, staged)
-    # batches in a list: a later one's weights count as the first's do
-    weights_given = w is not None or bool(_any_weighted(source)) or val_weighted or cw is not None
-    one = isinstance(loss_mask, (int, np.integer)) and not isinstance(loss_mask, bool) and loss_mask == 1
-    any_loss = (loss_mask is None and weights_given) or one
-    trainer = weighing_any_loss(staged, any_loss, batch_size=rows, nbatch_logical=nbatch_logical,
-                                loss_mask=1 if any_loss else loss_mask, weight_decay=weight_decay)
-    with trainer:
+        first = batches.peek(initial_epoch)
+        if first is None:
+            warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
+                 "nothing was trained", RuntimeWarning)
+            return History()
+        where = f"epoch {initial_epoch}, step 0 (counted from 0)"
         try:
-            # labels and weights too, before the caller's model changes
-            trainer._refuse_non_finite(trainer._feeds(x, y, w, "step", rows, class_weight=cw))
+            x, y, w = parse_batch(first)
+            # the first batch sets the size
+            rows = prepare_inputs(staged.input_specs, x, "x", bounds=staged.index_bounds())[0].shape[0]
+            if rows == 0:
+                raise ShapeError("x: the first batch holds no rows, and its rows set the batch size; give batches "
+                                 "of at least one sample (a generator ends its epoch by returning None or stopping)")
         except (OrtrainError, ValueError, TypeError) as exc:
             raise located(exc, where) from exc
-        undo = _commit(model, staged)
-        if vit is not None and isinstance(vit.source, ArraySource):
-            vit.source.batch_size = rows
-        loop = Loop(trainer, batches, epochs=epochs,
-                     initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
-                     model=model, validation_freq=validation_freq, class_weight=cw)
-        try:
-            return loop.run()
-        except BaseException:
-            if not loop.stepped:  # nothing trained: loss= and optimizer= leave the model as it was
-                undo()
-            raise
+        val_weighted = _validation_weighted(vit, initial_epoch, staged)
+        # batches in a list: a later one's weights count as the first's do
+        weights_given = w is not None or bool(_any_weighted(source)) or val_weighted or cw is not None
+        one = isinstance(loss_mask, (int, np.integer)) and not isinstance(loss_mask, bool) and loss_mask == 1
+        any_loss = (loss_mask is None and weights_given) or one
+        trainer = weighing_any_loss(staged, any_loss, batch_size=rows, nbatch_logical=nbatch_logical,
+                                    loss_mask=1 if any_loss else loss_mask, weight_decay=weight_decay)
+        with trainer:
+            try:
+                # labels and weights too, before the caller's model changes
+                trainer._refuse_non_finite(trainer._feeds(x, y, w, "step", rows, class_weight=cw))
+            except (OrtrainError, ValueError, TypeError) as exc:
+                raise located(exc, where) from exc
+            undo = _commit(model, staged)
+            if vit is not None and isinstance(vit.source, ArraySource):
+                vit.source.batch_size = rows
+            loop = Loop(trainer, batches, epochs=epochs,
+                         initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
+                         model=model, validation_freq=validation_freq, class_weight=cw)
+            try:
+                return loop.run()
+            except BaseException:
+                stepped = loop.stepped  # (read while the trainer lives)
+                if not stepped:  # nothing trained: loss= and optimizer= leave the model as it was
+                    undo()
+                raise
+    except BaseException:
+        if not stepped:  # refused before it trained: what it read goes back
+            batches.hand_back()
+            if vit is not None:
+                vit.hand_back()
+        raise
 
 
 @_one_fit_at_a_time("fit")
@@ -488,14 +500,24 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
-    val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)
-    weighted = ws is not None or val_weighted
-    with weighing_any_loss(model, weighted, batch_size=bs, loss_mask=1 if weighted else None) as tr:
-        source = ArraySource(xs, ys, ws, bs, shuffle=shuffle, continues=steps_per_epoch is not None)
-        loop = Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
-                     validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),
-                     validation_freq=validation_freq)
-        return loop.run()
+    stepped = False
+    try:
+        val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)
+        weighted = ws is not None or val_weighted
+        with weighing_any_loss(model, weighted, batch_size=bs, loss_mask=1 if weighted else None) as tr:
+            source = ArraySource(xs, ys, ws, bs, shuffle=shuffle, continues=steps_per_epoch is not None)
+            loop = Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
+                         validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),
+                         validation_freq=validation_freq)
+            try:
+                return loop.run()
+            except BaseException:
+                stepped = loop.stepped  # (read while the trainer lives)
+                raise
+    except BaseException:
+        if vit is not None and not stepped:  # refused before it trained: the validation batch it read
+            vit.hand_back()  # goes back to the generator
+        raise
 
 
 def _any_weighted(source) -> bool | None:

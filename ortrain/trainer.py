@@ -127,8 +127,8 @@ class Trainer(TrainerSetup, Releasable):
         if isinstance(sample_weight, (list, tuple, dict)) and self._weight_spec is not None:
             sample_weight = of_the_output(self._outputs, sample_weight, "sample_weight",
                                           range(1, len(self._weight_spec.shape) + 1), rows=rows)
-        labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked,
-                                one_hot=self._one_hot_labels)
+        labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked,  # rows: x's
+                                one_hot=self._one_hot_labels, rows_of="x")
         feeds = xs + [labels]
         if self._weight_spec is not None:
             w = self._sample_weight(sample_weight, rows, labels)

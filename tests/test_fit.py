@@ -2427,6 +2427,26 @@ def test_per_output_label_forms_reach_generators_and_trainers_too():
         model().fit(x[:3], [y[:5]], verbose=0)
 
 
+def test_a_batch_whose_x_and_y_rows_disagree_is_refused_as_such():
+    # "y: expected shape (10, 2), received (8, 2); every batch must hold exactly 10 rows (pad the last
+    # one or drop it)": the batch's x and y disagree, which padding does not mend
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(10, 4)).astype(np.float32), rng.normal(size=(10, 2)).astype(np.float32)
+    for batches, where, (want, got) in (([(x, y[:8])], "epoch 0, step 0", (10, 8)),
+                                        ([(x, y), (x[:8], y[:6])], "epoch 0, step 1", (8, 6)),
+                                        ([(x, y), (x[:8], y)], "epoch 0, step 1", (8, 10))):
+        model = _dense_4_2()
+        model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+        with pytest.raises(ot.ShapeError) as info:
+            ot.fit_generator(model, batches, verbose=0)
+        assert str(info.value) == (f"{where} (counted from 0): y: expected shape ({want}, 2), received ({got}, 2); "
+                                   "give one row per row of x")
+    with ot.Trainer(model, batch_size=10) as tr, pytest.raises(ot.ShapeError, match=r"^y: expected shape \(10, 2\), "
+                                                                               r"received \(8, 2\); give one row per "
+                                                                               r"row of x$"):
+        tr.step(x, y[:8])
+
+
 def test_keras_positional_order_is_refused_naming_the_argument_it_reached():
     # Keras' evaluate(x, y, batch_size, verbose) and fit's tenth argument (class_weight) land on
     # sample_weight here: the refusals spoke of a sample_weight shape or of a model's outputs
@@ -2529,3 +2549,68 @@ def test_a_fit_of_a_model_sharing_a_trained_layer_with_a_fit_in_another_thread_i
         go.set()
         t.join()
     b.fit(x, y, epochs=1, verbose=0)  # after A's fit ended
+
+
+def test_a_fit_refused_before_it_trains_hands_the_batches_it_read_back_to_the_generator(tmp_path):
+    # the refused fit read the first batch (its rows set the batch size), and the next fit's first
+    # epoch silently began at the second: 3 steps of a 4-batch pass
+    rng = np.random.default_rng(0)
+    data = [(rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 2)).astype(np.float32))
+            for _ in range(4)]
+
+    def model():
+        m = _dense_4_2()
+        m.compile(optimizer=ot.optim.Adam(lr=0.05), loss="mse")
+        return m
+
+    reference = model()
+    ref_hist = ot.fit_generator(reference, data, epochs=1, validation_generator=data[:2], verbose=0)
+
+    class Stream:  # a finite callable that starts its next pass after returning None
+        def __init__(self):
+            self.i = 0
+
+        def next_batch(self):
+            if self.i == len(data):
+                self.i = 0
+                return None
+            self.i += 1
+            return data[self.i - 1]
+
+    counter = Stream()
+    refusals = ({"nbatch_logical": 24},  # checked against the first batch's 16 rows
+                {"callbacks": [ot.callbacks.ModelCheckpoint(tmp_path / "ck-{val_loss:.2f}")]},  # no validation
+                {"callbacks": [ot.callbacks.CSVLogger(tmp_path / "no" / "log.csv")]})
+    for make in (lambda: Stream().next_batch, lambda: counter.next_batch, lambda: iter(list(data)),
+                 lambda: (b for b in data)):
+        gen = make()  # a bound method (made anew at each access), iter(list) (no weak reference), a generator
+        m = model()
+        for bad in refusals:
+            with pytest.raises(ot.OrtrainError):
+                ot.fit_generator(m, gen, epochs=1, verbose=0, **bad)
+        assert m.optimizer.step == 0
+        hist = ot.fit_generator(m, gen, epochs=1, verbose=0, steps_per_epoch=4)
+        assert m.optimizer.step == 4 and hist.history["loss"] == pytest.approx(ref_hist.history["loss"], rel=1e-6)
+        for a, b in zip(m.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # the validation generator's first batch, read to learn whether it carries weights, goes back too
+    m, val = model(), iter(list(data[:2]))
+    with pytest.raises(ot.OrtrainError, match="nbatch_logical"):
+        ot.fit_generator(m, data, epochs=1, validation_generator=val, nbatch_logical=24, verbose=0)
+    with pytest.raises(ot.OrtrainError, match="CSVLogger"):
+        m.fit(data[0][0], data[0][1], validation_data=val, verbose=0,
+              callbacks=[ot.callbacks.CSVLogger(tmp_path / "no" / "log.csv")])
+    hist = ot.fit_generator(m, data, epochs=1, validation_generator=val, verbose=0)
+    assert hist.history["val_loss"] == pytest.approx(ref_hist.history["val_loss"], rel=1e-6)
+    # a fit that trained keeps what it read: an error after its first step hands nothing back
+    stream = Stream()
+
+    def stop_after_one(step, logs):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ot.fit_generator(model(), stream.next_batch, verbose=0,
+                         callbacks=[ot.callbacks.LambdaCallback(on_batch_end=stop_after_one)])
+    m = model()
+    ot.fit_generator(m, stream.next_batch, verbose=0)
+    assert m.optimizer.step == 3
