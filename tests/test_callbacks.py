@@ -486,10 +486,21 @@ def test_model_checkpoint_best_only_with_formatted_names(tmp_path):
     ot.fit_generator(model, batches(1, 4), epochs=5, verbose=0,
                      callbacks=[Inject("score", [3.0, 2.0, 2.5, 1.0, 1.0]), ckpt])
     assert [p.rsplit("/", 1)[-1] for p in ckpt.saved] == ["best-01-3.0", "best-02-2.0", "best-04-1.0"]
+    # a name nothing logs is refused before anything trains (it was refused at the first epoch's end,
+    # after that epoch had trained), unless a callback of the caller's ahead of it may log it
     bad = ot.callbacks.ModelCheckpoint(tmp_path / "x-{nothing}")
+    before, step = model.get_weights(), model.optimizer.step
+    for others in ([], [ot.callbacks.EarlyStopping(monitor="loss")]):
+        with pytest.raises(ot.OrtrainError, match=r"^ModelCheckpoint: filepath '.*x-\{nothing\}' names 'nothing', "
+                                                  r"which this fit does not log; the values logged are epoch, loss, "
+                                                  r"lr; name one of those"):
+            ot.fit_generator(model, batches(1, 4), callbacks=[*others, bad], verbose=0)
+        assert model.optimizer.step == step
+        assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
     with pytest.raises(ot.OrtrainError, match=r"filepath .* names a value that is not logged .*logged values are "
-                                              r"loss, lr"):
-        ot.fit_generator(model, batches(1, 4), callbacks=[bad], verbose=0)
+                                              r"loss, lr"):  # it may: looked up at the epoch's end
+        ot.fit_generator(model, batches(1, 4), callbacks=[Inject("score", [1.0]), bad], verbose=0)
+    assert model.optimizer.step == step + 1
 
 
 
@@ -535,6 +546,25 @@ def test_csv_logger_appends_and_uses_the_separator(tmp_path):
     assert rows[0] == ["epoch", "loss", "lr"]
     assert [r[0] for r in rows[1:]] == ["0", "1", "2", "3"]
     assert float(rows[3][1]) == hist.history["loss"][0]
+
+
+def test_csv_logger_adds_a_column_for_a_value_its_header_lacks(tmp_path):
+    # appending a fit that validates to a file of one that did not dropped val_loss from every row,
+    # without a word (History had it); a value a callback logs from a later epoch on was dropped too
+    path = tmp_path / "log.csv"
+    model = sgd_model()
+    ot.fit_generator(model, batches(1, 4), epochs=1, callbacks=[ot.callbacks.CSVLogger(path)], verbose=0)
+    first = list(csv.reader(open(path)))
+    hist = ot.fit_generator(model, batches(1, 4), epochs=3, initial_epoch=1, verbose=0,
+                            validation_generator=batches(1, 4),
+                            callbacks=[ot.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: logs.update(
+                                score=0.25) if e == 2 else None), ot.callbacks.CSVLogger(path, append=True)])
+    rows = list(csv.reader(open(path)))
+    assert rows[0] == ["epoch", "loss", "lr", "val_loss", "score"]
+    assert rows[1] == [*first[1], "NA", "NA"]  # the first fit's row, as it was, NA in the new columns
+    assert [float(r[3]) for r in rows[2:]] == hist.history["val_loss"]
+    assert [r[4] for r in rows[2:]] == ["NA", "0.25"]
+    assert [float(r[1]) for r in rows[2:]] == hist.history["loss"] and len(rows) == 4
 
 
 # -- NaN termination -------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from ortrain._arrays import checked_flag
-from ortrain._files import write_advice
+from ortrain._files import atomic_path, write_advice
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 
@@ -38,8 +38,10 @@ class CSVLogger(Callback):
     ``append=True`` adds to an existing file (the header is written only when it is empty).
     The header names what the first epoch logs and every value the fit logs (``params["metrics"]``),
     so the ``val_`` columns are there also when ``validation_freq`` skips validation after the first
-    epoch. A value that first appears after the header was written is left out; a missing one is
-    ``NA`` (a logged NaN, a diverged loss, is ``nan``).
+    epoch. A value the header lacks (an appending fit that validates where the file's did not, a
+    value a callback logs from a later epoch on) gets a column of its own at the end: the file is
+    rewritten with it, its earlier rows ``NA`` there. A missing value is ``NA`` (a logged NaN, a
+    diverged loss, is ``nan``).
     """
 
     def __init__(self, filename, separator: str = ",", append: bool = False):
@@ -87,6 +89,10 @@ class CSVLogger(Callback):
         logs = logs or {}
         if self.keys is None:
             self.keys = sorted(set(logs) | set(self.params.get("metrics") or ()))
+        elif self._header_written:
+            new = sorted((set(logs) | set(self.params.get("metrics") or ())) - set(self.keys) - {"epoch"})
+            if new:
+                self._widen(new)
         if not self._header_written:
             self._writer.writerow(["epoch", *self.keys])
             self._header_written = True
@@ -95,6 +101,23 @@ class CSVLogger(Callback):
             self._file.flush()
         except OSError as exc:  # a full disk, a size limit
             raise self._write_error(exc) from exc
+
+    def _widen(self, new: list[str]) -> None:
+        """Rewrite the file with columns ``new`` added at the end of its header (``NA`` in the rows
+        written before), by a temporary file renamed over it, and go on appending to it."""
+        self._file.close()
+        try:
+            with open(self.filename, newline="") as f:
+                rows = list(csv.reader(f, delimiter=self.separator))
+            with atomic_path(self.filename, "CSVLogger(filename=...)") as tmp, open(tmp, "w", newline="") as f:
+                writer = csv.writer(f, delimiter=self.separator)
+                writer.writerow([*rows[0], *new])
+                writer.writerows([*row, *(["NA"] * len(new))] for row in rows[1:])
+            self._file = open(self.filename, "a", newline="")
+        except OSError as exc:
+            raise self._write_error(exc) from exc
+        self._writer = csv.writer(self._file, delimiter=self.separator)
+        self.keys = [*self.keys, *new]
 
     def _write_error(self, exc: OSError) -> OrtrainError:
         return OrtrainError(f"CSVLogger: cannot write {self.filename!r}: {exc.strerror or exc}; "

@@ -9,6 +9,7 @@ import string
 from ortrain._arrays import checked_flag
 from ortrain.callbacks._monitor import Monitor, check_callback_verbose, check_threshold, skips_validation
 from ortrain.callbacks.base import Callback
+from ortrain.callbacks.lambda_callback import LambdaCallback
 from ortrain.errors import OrtrainError
 
 __all__ = ["ModelCheckpoint"]
@@ -104,11 +105,26 @@ class ModelCheckpoint(Callback):
                 raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} names {name!r}, and this fit has "
                                    "no validation data; pass validation_data or validation_split, or drop it from "
                                    "the path") from None
+            if not self._logs_may_grow():  # nothing else can log it: refused before anything trains
+                raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} names {name!r}, which this fit does "
+                                   f"not log; the values logged are epoch, {', '.join(logged)}; name one of those "
+                                   "(or log it from a callback's on_epoch_end, ahead of this one)") from None
         except (IndexError, ValueError):
             path = self._path(0, logged)  # raises, naming the format
         if path is not None and os.path.isdir(path):
             raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} gives {path!r}, a directory; give a file "
                                "path such as 'ckpt-{epoch}'")
+
+    def _logs_may_grow(self) -> bool:
+        """Whether a callback ahead of this one runs code of the caller's at an epoch's end, which
+        may add a value to the logs this one reads (ortrain's own callbacks add none)."""
+        callbacks = getattr(getattr(self.loop, "callbacks", None), "callbacks", None)
+        if callbacks is None:
+            return True  # a loop that does not say: the name is looked up at the epoch's end
+        ahead = callbacks[:next((i for i, cb in enumerate(callbacks) if cb is self), len(callbacks))]
+        return any(cb._overrides("on_epoch_end") and (isinstance(cb, LambdaCallback) or
+                                                      not type(cb).__module__.startswith("ortrain."))
+                   for cb in ahead)
 
     def on_train_begin(self, logs=None):
         self.saved = []  # the best value stays, as Keras keeps it
