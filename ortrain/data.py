@@ -29,8 +29,11 @@ model, the validation split, validation data as arrays or a generator.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 import threading
+import types
 import weakref
 
 import numpy as np
@@ -99,51 +102,85 @@ def parse_batch(batch) -> tuple:
 # -- batches handed back -------------------------------------------------------------------------
 # A fit refused before its first step (a callback's setting, nbatch_logical against the batch's
 # rows, a bad first batch) has read a batch from the caller's generator to learn the batch size.
-# It hands that batch back: the next fit (or evaluation) reading the same callable or iterator
-# gets it first, so a refused fit leaves the generator's sequence as it was.
-_HANDED_BACK = weakref.WeakKeyDictionary()  # generator (or a method's object) -> {key: [batches]}
-_HELD: dict[int, tuple] = {}  # the same for objects no weak reference can follow (iter(a_list)): id -> (obj, {})
+# It hands that batch back: the next read of the same callable or iterator (by a fit, an
+# evaluation) returns it first, so a refused fit leaves the generator's sequence as it was.
+# id(object) -> [a weak reference to it (or, where none can follow it, as for iter(a_list), the
+# object itself, held until nothing else refers to it), {key: [batches]}]; the key tells a bound
+# method (made anew at each attribute access) from its object's others.
+_HANDED: dict[int, list] = {}
 _HAND_BACK_LOCK = threading.Lock()
+_NOTHING = object()  # no batch pulled ahead (None is a pulled end of epoch)
 
 
 def _owner(gen):
-    """The object handed-back batches are kept on, and their key there (a bound method is made anew
-    at every attribute access: its object and function name it)."""
-    return (gen.__self__, gen.__func__) if inspect.ismethod(gen) else (gen, None)
+    """The object handed-back batches are kept for, and their key there."""
+    owner = getattr(gen, "__self__", None)  # a bound method, it.__next__, a builtin object's method
+    if owner is None or isinstance(owner, types.ModuleType):
+        return gen, None
+    name = getattr(gen, "__name__", None)
+    if name == "__next__":  # it.__next__ reads what iterating it reads
+        return owner, None
+    return owner, getattr(gen, "__func__", None) or name
 
 
-def _table(owner, make: bool):
-    try:
-        return _HANDED_BACK.setdefault(owner, {}) if make else _HANDED_BACK.get(owner)
-    except TypeError:  # not weakly referable: kept alive with its batches until they are taken
-        if make:
-            return _HELD.setdefault(id(owner), (owner, {}))[1]
-        held = _HELD.get(id(owner))
-        return held[1] if held is not None and held[0] is owner else None
+def _referent(ref):
+    return ref() if isinstance(ref, weakref.ref) else ref
+
+
+def _forget(ref, *, key: int) -> None:
+    if _HANDED.get(key, (None,))[0] is ref:  # (a weak reference's callback: no lock, a dict pop is atomic)
+        _HANDED.pop(key, None)
+
+
+def _entry(owner, make: bool):
+    entry = _HANDED.get(id(owner))
+    if entry is not None and _referent(entry[0]) is not owner:  # the id of an object since gone
+        del _HANDED[id(owner)]
+        entry = None
+    if entry is None and make:
+        try:
+            ref = weakref.ref(owner, functools.partial(_forget, key=id(owner)))
+        except TypeError:
+            ref = owner
+        entry = _HANDED[id(owner)] = [ref, {}]
+    return entry
+
+
+def _drop_unreferenced() -> None:
+    """Let go of objects held for their batches that nothing else refers to any more."""
+    for key, entry in list(_HANDED.items()):
+        if not isinstance(entry[0], weakref.ref) and sys.getrefcount(entry[0]) <= 2:  # the entry's and
+            del _HANDED[key]  # the argument's: the caller has dropped it
 
 
 def hand_back(gen, batches: list) -> None:
-    """Keep ``batches`` (read from ``gen`` by a fit that then did not train) for the next reader of ``gen``."""
+    """Keep ``batches`` (read from ``gen``, in that order, by a fit that did not train on them)
+    for the next reads of ``gen``, ahead of any kept before."""
     if not batches:
         return
     owner, key = _owner(gen)
     with _HAND_BACK_LOCK:
-        table = _table(owner, make=True)
+        _drop_unreferenced()
+        table = _entry(owner, make=True)[1]
         table[key] = [*batches, *table.get(key, [])]
 
 
-def take_back(gen) -> list:
-    """The batches handed back for ``gen``, in order (now the caller's), or ``[]``."""
+def take_handed_back(gen):
+    """The next batch handed back for ``gen`` (now the caller's), or ``_NOTHING``."""
+    if not _HANDED:
+        return _NOTHING
     owner, key = _owner(gen)
     with _HAND_BACK_LOCK:
-        table = _table(owner, make=False)
-        batches = table.pop(key, []) if table is not None else []
-        if table is not None and not table:
-            if _HELD.get(id(owner), (None,))[0] is owner:
-                del _HELD[id(owner)]
-            else:
-                _HANDED_BACK.pop(owner, None)
-        return batches
+        entry = _entry(owner, make=False)
+        batches = entry[1].get(key) if entry is not None else None
+        if not batches:
+            return _NOTHING
+        batch = batches.pop(0)
+        if not batches:
+            del entry[1][key]
+            if not entry[1]:
+                del _HANDED[id(owner)]
+        return batch
 
 
 class CallableSource:
@@ -155,19 +192,18 @@ class CallableSource:
     def __init__(self, fn):
         self._fn = fn
         self.exhausted = False
-        self._back = take_back(fn)  # what a refused fit read from it
 
     def pull(self):
-        if self._back:
-            return self._back.pop(0)
+        batch = take_handed_back(self._fn)  # what a refused fit read from it comes first
+        if batch is not _NOTHING:
+            return batch
         try:
             return self._fn()
         except StopIteration:  # ``lambda: next(it)``: the iterator's end ends the epoch, as None does
             return None
 
     def hand_back(self, batches: list) -> None:
-        hand_back(self._fn, [*batches, *self._back])
-        self._back = []
+        hand_back(self._fn, batches)
 
     def start_epoch(self, epoch: int) -> None:
         pass
@@ -186,7 +222,6 @@ class IterableSource:
         self.one_shot = hasattr(type(iterable), "__next__")
         self._it = iter(iterable) if self.one_shot else None
         self.exhausted = False
-        self._back = take_back(iterable) if self.one_shot else []  # what a refused fit read from it
         self.size = None if self.one_shot or not hasattr(type(iterable), "__len__") else len(iterable)
         # A Keras-style Sequence (__len__ and __getitem__, no __iter__) holds len() batches: Python's
         # own iteration would index on until IndexError, past the end of a Sequence that never raises.
@@ -209,12 +244,13 @@ class IterableSource:
         """Batches read and not trained on: a one-shot iterator keeps them for its next reader (a
         re-iterable is read afresh by the next fit anyway)."""
         if self.one_shot:
-            hand_back(self._iterable, [*batches, *self._back])
-            self._back = []
+            hand_back(self._iterable, batches)
 
     def pull(self):
-        if self._back:
-            return self._back.pop(0)
+        if self.one_shot:
+            batch = take_handed_back(self._iterable)  # what a refused fit read from it comes first
+            if batch is not _NOTHING:
+                return batch
         if self.exhausted:
             return None
         try:
@@ -325,9 +361,6 @@ def _check_no_arguments(fn, argument: str) -> None:
                            f"of an epoch), received {getattr(fn, '__name__', type(fn).__name__)!r}, which requires "
                            f"{', '.join(map(repr, required))}; wrap it (lambda: make_batch(...)) or pass an "
                            "iterable of batches") from None
-
-
-_NOTHING = object()  # no batch pulled ahead (None is a pulled end of epoch)
 
 
 class EpochIterator:

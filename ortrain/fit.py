@@ -407,10 +407,10 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
                     undo()
                 raise
     except BaseException:
-        if not stepped:  # refused before it trained: what it read goes back
-            batches.hand_back()
+        if not stepped:  # refused before it trained: what it read goes back, the last read first
             if vit is not None:
                 vit.hand_back()
+            batches.hand_back()
         raise
 
 

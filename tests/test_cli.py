@@ -1312,6 +1312,21 @@ def test_an_interrupted_demo_leaves_the_earlier_demos_files_as_they_were(tmp_pat
     onnx_weights = [numpy_helper.to_array(t) for t in onnx.load(tmp_path / "d" / "model.onnx").graph.initializer]
     assert all(any(w.shape == a.shape and np.array_equal(w, a) for a in onnx_weights) for w in model.get_weights())
     assert len((tmp_path / "d" / "history.csv").read_text().splitlines()) == 3  # a header and two epochs
+    from ortrain.cli import demo
+    commit = demo._commit
+    for sig in (signal.SIGINT, signal.SIGTERM):  # sent while the files go in: they go in, then it stops
+        def interrupted_commit(stage, out_dir, sig=sig):
+            os.kill(os.getpid(), sig)
+            time.sleep(0.05)  # (the signal's handler has run)
+            commit(stage, out_dir)
+
+        with monkeypatch.context() as m:
+            m.setattr(demo, "_commit", interrupted_commit)
+            assert cli("demo", "--out", f"new{sig}", "--epochs", "1", "--verbose", "0") == 130
+        made = {p.name for p in (tmp_path / f"new{sig}").iterdir()}  # a folder the demo made is kept
+        assert {"model.onnx", "model.ortrain", "summary.json", "history.csv"} <= made and \
+            not any(n.startswith(".ortrain-demo.new-") for n in made)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     holder = lock_file(tmp_path / "d" / ".ortrain-demo", wait=False)  # a demo writing there now
     try:
         capsys.readouterr()

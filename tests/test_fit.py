@@ -2602,6 +2602,52 @@ def test_a_fit_refused_before_it_trains_hands_the_batches_it_read_back_to_the_ge
               callbacks=[ot.callbacks.CSVLogger(tmp_path / "no" / "log.csv")])
     hist = ot.fit_generator(m, data, epochs=1, validation_generator=val, verbose=0)
     assert hist.history["val_loss"] == pytest.approx(ref_hist.history["val_loss"], rel=1e-6)
+    # refusals before the generator is read, or a fit of no epochs, leave a batch handed back where it is
+    gen = iter(list(data))
+    with pytest.raises(ot.OrtrainError, match="nbatch_logical"):
+        ot.fit_generator(model(), gen, epochs=1, nbatch_logical=24, verbose=0)
+    with pytest.raises(ot.OrtrainError, match="verbose"):
+        ot.fit_generator(model(), gen, epochs=1, verbose=7)
+    with pytest.raises(ot.OrtrainError, match="callbacks"):
+        ot.fit_generator(model(), gen, epochs=1, verbose=0, callbacks=[object()])
+    assert not ot.fit_generator(model(), gen, epochs=1, initial_epoch=1, verbose=0).history
+    m = model()
+    ot.fit_generator(m, gen, epochs=1, verbose=0, steps_per_epoch=4)
+    assert all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(m.get_weights(), reference.get_weights()))
+    # one iterator for training and validation: its batches come back in the order they were read
+    def shared_fit(make, it, **kwargs):
+        m = model()
+        hist = ot.fit_generator(m, make(it), epochs=1, steps_per_epoch=2, validation_generator=make(it),
+                                validation_steps=1, verbose=0, **kwargs)
+        return m.get_weights(), hist.history["val_loss"]
+
+    untouched = shared_fit(lambda it: it, iter(list(data)))
+    for make in (lambda it: it, lambda it: it.__next__):  # it.__next__: made anew at each access, as a method
+        it = iter(list(data))
+        with pytest.raises(ot.OrtrainError, match="nbatch_logical"):
+            shared_fit(make, it, nbatch_logical=24)
+        weights, val_loss = shared_fit(make, it)
+        assert val_loss == untouched[1] and all(np.array_equal(a, b) for a, b in zip(weights, untouched[0]))
+    # an iterator held for its batch is let go once the caller drops it
+    import gc
+    import weakref
+
+    from ortrain import data as data_module
+    data_module._HANDED.clear()  # what other tests' refused fits handed back
+    for _ in range(3):
+        held = iter([(np.zeros((16, 4), np.float32), np.zeros((16, 2), np.float32))] * 2)
+        with pytest.raises(ot.OrtrainError, match="nbatch_logical"):
+            ot.fit_generator(model(), held, epochs=1, nbatch_logical=24, verbose=0)
+        del held
+    assert len(data_module._HANDED) == 1  # the last one, until the next hand-back looks (the others went so)
+    callable_stream = Stream()
+    alive = weakref.ref(callable_stream)
+    with pytest.raises(ot.OrtrainError, match="nbatch_logical"):
+        ot.fit_generator(model(), callable_stream.next_batch, epochs=1, nbatch_logical=24, verbose=0)
+    assert len(data_module._HANDED) == 1  # the stream's: the iterator was let go
+    del callable_stream
+    gc.collect()
+    assert alive() is None and len(data_module._HANDED) == 0  # a weakly held object: its batches go with it
     # a fit that trained keeps what it read: an error after its first step hands nothing back
     stream = Stream()
 

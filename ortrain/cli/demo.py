@@ -82,23 +82,32 @@ def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int
     check_out_dir(out, "the demo")
     out_dir = Path(out)
     _refuse_others(out_dir)
-    made = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir()
+        made = True  # by this process: another demo's folder is never taken for its own
+    except FileExistsError:
+        made = False
     lock = stage = None
+    committed = False
     try:
         lock = _lock(out_dir)
-        _sweep(out_dir)
+        if lock is not None:  # (without a lock another demo's staging folder may be in use)
+            _sweep(out_dir)
         # The files are written to a folder of their own and moved into --out together at the end:
         # a demo stopped part-way (Ctrl-C, an error) leaves the earlier demo's set as it was, not
         # some of its files beside some of the new one's.
         stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=out_dir))
         summary = _run(out_dir, stage, epochs, seed, verbose, echo, start)
-        _commit(stage, out_dir)
+        with _signals_held():  # Ctrl-C and SIGTERM wait until the set is in place
+            _commit(stage, out_dir)
+            committed = True
     except BaseException:
-        if stage is not None:
-            shutil.rmtree(stage, ignore_errors=True)
-        if made:  # a demo that failed (a cache it cannot write, an interrupt) leaves no folder it made
-            shutil.rmtree(out_dir, ignore_errors=True)
+        if not committed:
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
+            if made:  # a demo that failed (a cache it cannot write, an interrupt) leaves no folder it made
+                shutil.rmtree(out_dir, ignore_errors=True)
         raise
     finally:
         if lock is not None:
@@ -133,28 +142,36 @@ def _sweep(out_dir: Path) -> None:
 
 def _commit(stage: Path, out_dir: Path) -> None:
     """Move the new files from ``stage`` into ``out_dir``, replacing the earlier demo's set: a file
-    of that set the new one lacks (``loss.png`` without matplotlib) goes too. Ctrl-C and SIGTERM
-    wait until the set is in place (they take effect right after)."""
-    with _signals_held():
-        for name in FILES:
-            if (stage / name).exists():
-                os.replace(stage / name, out_dir / name)
-            elif (out_dir / name).is_file():
-                (out_dir / name).unlink()
-        stage.rmdir()
+    of that set the new one lacks (``loss.png`` without matplotlib) goes too."""
+    for name in FILES:
+        if (stage / name).exists():
+            os.replace(stage / name, out_dir / name)
+        elif (out_dir / name).is_file():
+            (out_dir / name).unlink()
+    stage.rmdir()
 
 
 @contextlib.contextmanager
 def _signals_held():
-    """Hold Ctrl-C (SIGINT) and SIGTERM back for a few renames; ones sent meanwhile arrive after."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held) if block else None
+    """Hold Ctrl-C (SIGINT) and SIGTERM back for a few renames: one sent meanwhile is recorded and
+    raised again, to the handler it would have reached, once they are done. (Python's handlers, not
+    the thread's signal mask: the runtime's threads would take a signal the main thread masks.)"""
+    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
+        yield
+        return
+    caught = []
+    previous = {}
     try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            if handler is not None:  # (None: set outside Python, which cannot be put back)
+                previous[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
         yield
     finally:
-        if block:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for sig in caught[:1]:
+        signal.raise_signal(sig)
 
 
 def _run(out_dir: Path, stage: Path, epochs: int, seed: int, verbose: int, echo, start: float) -> dict:

@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 from ortrain._artifact_store import publish_leftovers
@@ -396,7 +397,9 @@ def _rebuild_command(path: Path, run: dict) -> str | None:
     if settings.get("has_sample_weight"):
         words.append("--sample-weights")
     words += ["--seed", str(run["seed"])]
-    return " ".join(shlex.quote(w) for w in words)
+    if os.name == "nt":  # as cmd.exe reads a command line
+        return subprocess.list2cmdline(words)
+    return shlex.join(words)
 
 
 def _discarder(out: Path, artifacts_ours: bool = False):
