@@ -146,11 +146,25 @@ def _entry(owner, make: bool):
     return entry
 
 
-def _drop_unreferenced() -> None:
-    """Let go of objects held for their batches that nothing else refers to any more."""
-    for key, entry in list(_HANDED.items()):
-        if not isinstance(entry[0], weakref.ref) and sys.getrefcount(entry[0]) <= 2:  # the entry's and
-            del _HANDED[key]  # the argument's: the caller has dropped it
+# Objects held (not weakly referenced) for their batches, at most: the oldest goes first (an
+# object in a reference cycle is never seen as dropped by its count).
+MAX_HELD = 8
+
+
+def drop_unreferenced() -> None:
+    """Let go of objects held for their batches that nothing else refers to any more, and of the
+    oldest held ones past :data:`MAX_HELD`."""
+    with _HAND_BACK_LOCK:
+        held = []
+        for key, entry in list(_HANDED.items()):
+            if isinstance(entry[0], weakref.ref):
+                continue
+            if sys.getrefcount(entry[0]) <= 2:  # the entry's and the argument's: the caller dropped it
+                del _HANDED[key]
+            else:
+                held.append(key)
+        for key in held[:max(0, len(held) - MAX_HELD)]:  # (a dict keeps the order of insertion)
+            del _HANDED[key]
 
 
 def hand_back(gen, batches: list) -> None:
@@ -160,9 +174,9 @@ def hand_back(gen, batches: list) -> None:
         return
     owner, key = _owner(gen)
     with _HAND_BACK_LOCK:
-        _drop_unreferenced()
         table = _entry(owner, make=True)[1]
         table[key] = [*batches, *table.get(key, [])]
+    drop_unreferenced()
 
 
 def take_handed_back(gen):
@@ -192,6 +206,8 @@ class CallableSource:
     def __init__(self, fn):
         self._fn = fn
         self.exhausted = False
+        if _HANDED:
+            drop_unreferenced()  # (once a fit)
 
     def pull(self):
         batch = take_handed_back(self._fn)  # what a refused fit read from it comes first
@@ -222,6 +238,8 @@ class IterableSource:
         self.one_shot = hasattr(type(iterable), "__next__")
         self._it = iter(iterable) if self.one_shot else None
         self.exhausted = False
+        if _HANDED:
+            drop_unreferenced()  # (once a fit)
         self.size = None if self.one_shot or not hasattr(type(iterable), "__len__") else len(iterable)
         # A Keras-style Sequence (__len__ and __getitem__, no __iter__) holds len() batches: Python's
         # own iteration would index on until IndexError, past the end of a Sequence that never raises.

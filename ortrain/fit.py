@@ -315,8 +315,10 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     is read right after the training generator's, to learn whether validation carries
     weights; the first validation uses it. A fit that is refused or stopped before its first
     step (a callback's setting, ``nbatch_logical`` against the batch's rows, a bad first batch,
-    Ctrl-C) hands the batches it read back: the next fit reading the same callable or iterator
-    takes them first, so none is skipped.
+    Ctrl-C) hands those first batches back: the next read of the same callable or iterator (by a
+    fit or an evaluation) takes them first, so none is skipped. (An object that cannot be weakly
+    referenced, such as ``iter(a_list)``, is held for them until nothing else refers to it, at
+    most ``ortrain.data.MAX_HELD`` of them.) Batches read after the first are the fit's.
 
     >>> import numpy as np, ortrain as ot
     >>> model = ot.Sequential([ot.layers.Dense(1)], input_shape=(2,), seed=0)
@@ -400,12 +402,14 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
                          initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
                          model=model, validation_freq=validation_freq, class_weight=cw)
             try:
-                return loop.run()
+                history = loop.run()
             except BaseException:
                 stepped = loop.stepped  # (read while the trainer lives)
                 if not stepped:  # nothing trained: loss= and optimizer= leave the model as it was
                     undo()
                 raise
+            stepped = True  # a fit that ran keeps what it read (whatever ends its trainer)
+            return history
     except BaseException:
         if not stepped:  # refused before it trained: what it read goes back, the last read first
             if vit is not None:
@@ -510,10 +514,12 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
                          validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),
                          validation_freq=validation_freq)
             try:
-                return loop.run()
+                history = loop.run()
             except BaseException:
                 stepped = loop.stepped  # (read while the trainer lives)
                 raise
+            stepped = True  # a fit that ran keeps what it read (whatever ends its trainer)
+            return history
     except BaseException:
         if vit is not None and not stepped:  # refused before it trained: the validation batch it read
             vit.hand_back()  # goes back to the generator

@@ -1337,6 +1337,29 @@ def test_an_interrupted_demo_leaves_the_earlier_demos_files_as_they_were(tmp_pat
     assert files() == after
 
 
+def test_the_demos_renames_hold_signals_back_and_deliver_them_after():
+    # a signal held during the renames was dropped when the renames failed, a second one was
+    # dropped, and a Ctrl-C as the handlers went back could leave the holding handler installed
+    from ortrain.cli import demo
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with demo._signals_held():
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGTERM)
+                assert seen == []  # held while the block runs
+        assert seen == [signal.SIGTERM]  # then both: SIGTERM first, then Ctrl-C's KeyboardInterrupt
+        with pytest.raises(OSError, match="disk full"):
+            with demo._signals_held():
+                signal.raise_signal(signal.SIGTERM)
+                raise OSError("disk full")
+        assert seen == [signal.SIGTERM] * 2  # delivered although the block failed
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_an_output_path_that_is_not_utf8_is_refused_before_anything_runs(workdir, capsys):
     # the demo trained, then ended in onnxruntime's TypeError (its InferenceSession takes UTF-8 paths
     # only); train and artifacts failed at their first checkpoint, naming an internal path

@@ -2648,6 +2648,41 @@ def test_a_fit_refused_before_it_trains_hands_the_batches_it_read_back_to_the_ge
     del callable_stream
     gc.collect()
     assert alive() is None and len(data_module._HANDED) == 0  # a weakly held object: its batches go with it
+    # objects no weak reference can follow, kept alive by a reference cycle once dropped: at most
+    # MAX_HELD are held, the oldest let go first
+    class Loader:
+        __slots__ = ("batches", "owner")
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return self.batches.pop(0)
+
+    for _ in range(data_module.MAX_HELD + 4):
+        loader = Loader()
+        loader.batches, loader.owner = list(data), loader  # a cycle: its count never drops to the registry's
+        with pytest.raises(ot.OrtrainError, match="nbatch_logical"):
+            ot.fit_generator(model(), loader, epochs=1, nbatch_logical=24, verbose=0)
+        del loader
+    assert len(data_module._HANDED) == data_module.MAX_HELD
+    data_module._HANDED.clear()
+    # a fit that ran keeps what it read, whatever ends it after (Ctrl-C as its trainer is freed)
+    from ortrain._lifetime import Releasable
+    stream, release = Stream(), Releasable.__exit__
+
+    def interrupted_release(self, *exc):
+        release(self, *exc)
+        raise KeyboardInterrupt
+
+    m = model()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Releasable, "__exit__", interrupted_release)
+        with pytest.raises(KeyboardInterrupt):
+            ot.fit_generator(m, stream.next_batch, epochs=1, steps_per_epoch=1, verbose=0)
+    assert m.optimizer.step == 1 and not data_module._HANDED
+    ot.fit_generator(m, stream.next_batch, epochs=1, verbose=0)
+    assert m.optimizer.step == 4  # batches 1 to 3
     # a fit that trained keeps what it read: an error after its first step hands nothing back
     stream = Stream()
 

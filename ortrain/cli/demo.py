@@ -106,7 +106,9 @@ def run(out: str = "ortrain-demo", epochs: int = 30, seed: int = 0, verbose: int
         if not committed:
             if stage is not None:
                 shutil.rmtree(stage, ignore_errors=True)
-            if made:  # a demo that failed (a cache it cannot write, an interrupt) leaves no folder it made
+            # a demo that failed (a cache it cannot write, an interrupt) leaves no folder it made, unless
+            # another demo holds it now (it was refused by that one's lock)
+            if made and (lock is not None or not CAN_LOCK):
                 shutil.rmtree(out_dir, ignore_errors=True)
         raise
     finally:
@@ -153,25 +155,40 @@ def _commit(stage: Path, out_dir: Path) -> None:
 
 @contextlib.contextmanager
 def _signals_held():
-    """Hold Ctrl-C (SIGINT) and SIGTERM back for a few renames: one sent meanwhile is recorded and
-    raised again, to the handler it would have reached, once they are done. (Python's handlers, not
-    the thread's signal mask: the runtime's threads would take a signal the main thread masks.)"""
+    """Hold Ctrl-C (SIGINT) and SIGTERM back for a few renames: those sent meanwhile are recorded
+    and raised again, to the handlers they would have reached, once the renames are done or have
+    failed (SIGTERM first). Python's handlers, not the thread's signal mask: the runtime's threads
+    would take a signal the main thread masks."""
     if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
         yield
         return
     caught = []
-    previous = {}
+    previous = []
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             handler = signal.getsignal(sig)
             if handler is not None:  # (None: set outside Python, which cannot be put back)
-                previous[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
+                signal.signal(sig, lambda signum, frame: caught.append(signum))
+                previous.append((sig, handler))
         yield
     finally:
-        for sig, handler in previous.items():
+        _put_back(previous, sorted(set(caught), reverse=True))  # SIGTERM (15) before SIGINT (2)
+
+
+def _put_back(handlers: list, caught: list) -> None:
+    """Restore every handler, then raise the caught signals again: each step runs even when one
+    before it raises (a Ctrl-C whose handler is back already)."""
+    if handlers:
+        sig, handler = handlers[0]
+        try:
             signal.signal(sig, handler)
-    for sig in caught[:1]:
-        signal.raise_signal(sig)
+        finally:
+            _put_back(handlers[1:], caught)
+    elif caught:
+        try:
+            signal.raise_signal(caught[0])
+        finally:
+            _put_back([], caught[1:])
 
 
 def _run(out_dir: Path, stage: Path, epochs: int, seed: int, verbose: int, echo, start: float) -> dict:
