@@ -1459,7 +1459,8 @@ def test_export_state_and_save_checkpoint_from_another_thread_hold_one_steps_cou
     stop = threading.Event()
 
     def steps():
-        while not stop.is_set():
+        # at most 80 updates: past about 90, float32 moments (1 - 0.9**k) no longer tell k from k + 1
+        while not stop.is_set() and tr.n_steps < 80:
             tr.step(x, y)
             time.sleep(0.0001)  # turns for the other thread too (the lock is not fair)
 
@@ -1470,7 +1471,7 @@ def test_export_state_and_save_checkpoint_from_another_thread_hold_one_steps_cou
         for i in range(40):
             state = tr.export_state()
             assert state.step == state.n_steps
-            np.testing.assert_allclose(updates_in(state.moments), state.step, atol=0.02)
+            np.testing.assert_allclose(updates_in(state.moments), state.step, atol=0.3)  # steps are 1 apart
             if i % 4 == 0:
                 paths.append(tr.save_checkpoint(tmp_path / f"c{i}"))
     finally:
@@ -1479,7 +1480,7 @@ def test_export_state_and_save_checkpoint_from_another_thread_hold_one_steps_cou
     for path in paths:
         resumed = ot.Trainer.from_checkpoint(tr.model(), path, batch_size=16)
         state = resumed.export_state()
-        np.testing.assert_allclose(updates_in(state.moments), state.step, atol=0.02)
+        np.testing.assert_allclose(updates_in(state.moments), state.step, atol=0.3)
         resumed.free()
     tr.free()
 
