@@ -365,8 +365,7 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     if epochs <= initial_epoch:
         return History()
     batches = EpochIterator(source, steps_per_epoch)
-    stepped = False
-    try:
+    with _FirstReads(batches, vit) as reads:
         first = batches.peek(initial_epoch)
         if first is None:
             warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
@@ -402,20 +401,40 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
                          initial_epoch=initial_epoch, validation=vit, callbacks=callbacks or (), verbose=verbose,
                          model=model, validation_freq=validation_freq, class_weight=cw)
             try:
-                history = loop.run()
+                return reads.run(loop)
             except BaseException:
-                stepped = loop.stepped  # (read while the trainer lives)
-                if not stepped:  # nothing trained: loss= and optimizer= leave the model as it was
+                if not reads.trained:  # nothing trained: loss= and optimizer= leave the model as it was
                     undo()
                 raise
-            stepped = True  # a fit that ran keeps what it read (whatever ends its trainer)
-            return history
-    except BaseException:
-        if not stepped:  # refused before it trained: what it read goes back, the last read first
-            if vit is not None:
-                vit.hand_back()
-            batches.hand_back()
-        raise
+
+
+class _FirstReads:
+    """The batches a fit reads from its generators before it trains (the first, to learn the batch
+    size; the validation's first, to learn whether it carries weights): handed back to them when
+    the fit ends before it trained, the last read first, so the next reader takes them in order."""
+
+    def __init__(self, *iterators: EpochIterator | None):
+        self._iterators = [it for it in iterators if it is not None]
+        self.trained = False
+
+    def run(self, loop: Loop) -> History:
+        """``loop.run()``, noting whether the fit trained (read while its trainer lives)."""
+        try:
+            history = loop.run()
+        except BaseException:
+            self.trained = loop.stepped
+            raise
+        self.trained = True  # a fit that ran keeps what it read, whatever ends its trainer
+        return history
+
+    def __enter__(self) -> _FirstReads:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if kind is not None and not self.trained:
+            for it in reversed(self._iterators):
+                it.hand_back()
+        return False
 
 
 @_one_fit_at_a_time("fit")
@@ -504,8 +523,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
-    stepped = False
-    try:
+    with _FirstReads(vit) as reads:
         val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)
         weighted = ws is not None or val_weighted
         with weighing_any_loss(model, weighted, batch_size=bs, loss_mask=1 if weighted else None) as tr:
@@ -513,17 +531,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
             loop = Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
                          validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),
                          validation_freq=validation_freq)
-            try:
-                history = loop.run()
-            except BaseException:
-                stepped = loop.stepped  # (read while the trainer lives)
-                raise
-            stepped = True  # a fit that ran keeps what it read (whatever ends its trainer)
-            return history
-    except BaseException:
-        if vit is not None and not stepped:  # refused before it trained: the validation batch it read
-            vit.hand_back()  # goes back to the generator
-        raise
+            return reads.run(loop)
 
 
 def _any_weighted(source) -> bool | None:

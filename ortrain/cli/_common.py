@@ -159,13 +159,11 @@ def check_out_dir(out: str, what: str, option: str = "--out") -> None:
     why = unexpanded_home(out) or not_a_folder(Path(out))
     if why is not None:
         raise UsageError(f"{option}: {str(out)!r} {why}; {what} needs a directory, choose another path")
-    try:  # onnxruntime opens and writes files there (checkpoints, sessions) by UTF-8 paths alone
-        os.path.abspath(out).encode("utf-8")
-    except UnicodeEncodeError:
+    if not _is_utf8(os.path.abspath(out)):  # onnxruntime opens and writes files there by UTF-8 paths alone
         where = "its name" if not _is_utf8(str(out)) else "the path of the folder it lies in"
         raise UsageError(f"{option}: {str(out)!r}: {where} is not valid UTF-8, and onnxruntime opens and writes files "
                          f"by UTF-8 paths only; choose a directory whose path is UTF-8 (or rename it), nothing was "
-                         "written") from None
+                         "written")
 
 
 def _is_utf8(text: str) -> bool:

@@ -240,7 +240,6 @@ def _run(out_dir: Path, stage: Path, epochs: int, seed: int, verbose: int, echo,
     except _optional.Unusable as exc:  # matplotlib is an optional extra: said only when installed but broken
         if not exc.missing:
             warn(f"{exc} (the demo is complete without loss.png)", RuntimeWarning)
+    write_json(stage / "summary.json", summary)
     summary["files"]["summary"] = str(out_dir / "summary.json")
-    write_json(stage / "summary.json", {**summary, "files": {k: v for k, v in summary["files"].items()
-                                                             if k != "summary"}})
     return summary

@@ -368,7 +368,7 @@ def _artifacts_of(out: Path, run: dict) -> Path:
     if not path.is_absolute() and ((out / path).is_dir() or path.parts == ("artifacts",)):
         path = out / path  # the run's own (the working directory's artifacts/ is another's)
     if not path.is_dir():  # --artifacts naming them elsewhere is refused: what the run trains is fixed
-        rebuild = _rebuild_command(path, run) if path == out / "artifacts" else None
+        rebuild = _rebuild_command(out, path, run)
         fix = (f"build them again as the run did: {rebuild}" if rebuild else
                "put them back there (or start a new run from where they are now)")
         raise OrtrainError(f"the run's artifacts {str(path)!r} do not exist (moved or deleted?); the run trains "
@@ -377,10 +377,12 @@ def _artifacts_of(out: Path, run: dict) -> Path:
     return path
 
 
-def _rebuild_command(path: Path, run: dict) -> str | None:
-    """The ``ortrain artifacts`` command that builds a ``--model`` run's own artifacts as its start
-    did (the same model, loss, optimizer, weights to train and seed), or None for a run of given
-    artifacts or one whose model file is gone."""
+def _rebuild_command(out: Path, path: Path, run: dict) -> str | None:
+    """The ``ortrain artifacts`` command that builds the artifacts at ``path`` as the start of the
+    run in ``out`` did (the same model, loss, optimizer, weights to train and seed), or None where
+    they are not that run's own (``out/artifacts`` of a ``--model`` run) or its model file is gone."""
+    if path != out / "artifacts":
+        return None
     settings = run.get("settings", {})
     model = settings.get("model")
     if not isinstance(model, str) or not os.path.isfile(model) or not isinstance(settings.get("loss"), str):

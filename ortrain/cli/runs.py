@@ -172,7 +172,7 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     art_dir = _artifacts_of(out, run)
     if checkpoint is not None and not written_for(checkpoint, ot.artifacts.load(art_dir)):
         # the run's own files disagree (no argument is at fault): a failed run, as eval says of them
-        rebuild = _rebuild_command(art_dir, run) if art_dir == out / "artifacts" else None
+        rebuild = _rebuild_command(out, art_dir, run)
         raise OrtrainError(f"--resume: the artifacts in {str(art_dir)!r} were rebuilt for another model, loss or "
                            f"optimizer after the run {str(out)!r} started, and its checkpoint does not fit them; "
                            + (f"build them again as the run did: {rebuild}" if rebuild else
