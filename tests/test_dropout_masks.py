@@ -181,6 +181,57 @@ def test_masks_over_a_transposed_and_reshaped_batch(rng):
     assert np.all(np.abs(masks.mean(axis=0) - 0.5) < 0.13)
 
 
+@pytest.mark.parametrize("weights", ["per sample", "per position"])
+def test_masks_of_a_sequence_model_trained_with_sample_weights(weights):
+    # Sample weights for outputs of more than two axes come in through an input with a free axis
+    # after the batch; that input feeds only the loss, so the dropout's masks are still ortrain's
+    # (onnxruntime's kernel dropped element 0 at every step). Output t = mask_t * 2 * sqrt(2**t):
+    # at lr 0 each step's loss spells out its mask bit by bit.
+    n, rate, steps = 10, 0.5, 30
+    model = ot.Sequential([L.Dense(1, use_bias=False), L.Dropout(rate, seed=3)], input_shape=(n, 1), seed=0)
+    model.set_weights([np.ones((1, 1), np.float32)])
+    model.compile(optimizer=ot.optim.SGD(lr=0.0), loss="mse")
+    x = np.sqrt(2.0 ** np.arange(n)).reshape(1, n, 1)
+    sample_weight = np.ones(1) if weights == "per sample" else np.ones((1, n))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no word of the runtime's kernel
+        history = model.fit(x, np.zeros((1, n, 1)), batch_size=1, epochs=steps, shuffle=False, verbose=0,
+                            sample_weight=sample_weight)
+    codes = np.rint(np.array(history.history["loss"]) * n / 4).astype(int)
+    masks = [[(c >> i) & 1 for i in range(n)] for c in codes]
+    np.testing.assert_array_equal(masks, [reference_mask(3, 0, k, (1, n), rate)[0] > 0 for k in range(steps)])
+
+
+def test_a_dropout_over_a_weight_reshaped_by_a_computed_shape_gets_masks():
+    # DropConnect: no data input is among the dropout's ancestors, so its size cannot grow with
+    # the rows; onnx's inference loses it (ReduceProd), and running the graph measures it.
+    def i64(name, v):
+        return numpy_helper.from_array(np.array(v, np.int64), name)
+
+    nodes = [helper.make_node("Shape", ["w"], ["shape"]),
+             helper.make_node("Slice", ["shape", "s0", "s1", "axis"], ["rows"]),
+             helper.make_node("Slice", ["shape", "s1", "s3", "axis"], ["rest"]),
+             helper.make_node("ReduceProd", ["rest"], ["cols"], keepdims=1),
+             helper.make_node("Concat", ["rows", "cols"], ["flat_shape"], axis=0),
+             helper.make_node("Reshape", ["w", "flat_shape"], ["flat"]),
+             helper.make_node("Dropout", ["flat", "ratio", "on"], ["d", "m"], seed=1),
+             helper.make_node("MatMul", ["x", "d"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
+                              [numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+                               numpy_helper.from_array(np.array(True), "on"),
+                               numpy_helper.from_array(np.ones((4, 3, 2), np.float32), "w"),
+                               i64("s0", [0]), i64("s1", [1]), i64("s3", [3]), i64("axis", [0])])
+    model = ot.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        art = ot.artifacts.build(model, loss="mse", optimizer="sgd")
+    training = onnx.load(art.directory / "training.onnx")
+    assert "Dropout" not in [n.op_type for n in training.graph.node]
+    assert [i.name for i in training.graph.input if i.name.startswith("ortrain.dropout_mask/")] == \
+        ["ortrain.dropout_mask/0"]
+
+
 def test_a_dropout_over_a_free_sequence_length_keeps_the_runtime_kernel_and_says_so(rng):
     # The mask's size is known only when the graph runs: onnxruntime's Dropout draws it.
     graph = helper.make_graph(

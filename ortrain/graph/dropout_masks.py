@@ -30,6 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ortrain.graph.builder import FreshNames
+from ortrain.graph.gradient_ops import ancestors
 
 __all__ = ["MASK_PREFIX", "METADATA_KEY", "MaskSource", "dropout_as_mask_inputs", "kernel_warning",
            "with_mask_metadata"]
@@ -120,17 +121,21 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=(), run=None) -> tuple
     dropouts = [n for n in graph.node if n.op_type == "Dropout" and n.domain in ("", "ai.onnx")]
     if not dropouts:
         return model, [], kept
-    data = [vi.name for vi in graph.input if vi.name not in set(params)]
-    batch = _batch(graph, data)
     xs = [n.input[0] for n in dropouts]
+    # Only the inputs the dropouts read count: the labels and sample weights a loss reads (these with
+    # a free axis after the batch where the outputs have more than two) tell nothing of their sizes.
+    upstream = set().union(*(ancestors(model, x) for x in xs))
+    data = [vi.name for vi in graph.input if vi.name not in set(params) and vi.name in upstream]
+    batch = _batch(graph, data)
     static = _elements(_infer(model), xs)
     # The elements at three batch sizes: a size proportional to the rows is known from the rows.
     sizes = [dict.fromkeys(xs)] * len(_ROWS)
     unknown = [x for x in xs if static[x] is None]
-    if batch is not None and unknown:
-        sizes = [_elements(_infer(model, (batch[0], rows)), xs) for rows in _ROWS]
+    if (batch is not None or not data) and unknown:  # (without data read, no size grows with the rows)
+        batched = batch[0] if batch is not None else []
+        sizes = [_elements(_infer(model, (batched, rows)), xs) for rows in _ROWS]
         if run is not None and any(sized[x] is None for sized in sizes for x in unknown):
-            sizes = _measured(model, batch[0], unknown, run) or sizes
+            sizes = _measured(model, batched, unknown, upstream, run) or sizes
     consts = _constants(graph)
     read = [i for n in graph.node for i in n.input] + [o.name for o in graph.output]
     out = onnx.ModelProto()
@@ -162,14 +167,19 @@ def dropout_as_mask_inputs(model: onnx.ModelProto, params=(), run=None) -> tuple
     return out, masks, kept
 
 
-def _measured(model: onnx.ModelProto, batched: list[str], names: list[str], run) -> list[dict] | None:
-    """The elements of ``names`` when the forward graph runs at each of ``_ROWS`` rows, on zeros
-    and on ones: a size that differs between the two depends on the values (a ``NonZero``, a
-    ``Range`` up to an input) and is None. None for all when some input cannot be given a shape,
-    or the graph does not run on such inputs."""
+def _measured(model: onnx.ModelProto, batched: list[str], names: list[str], upstream: set[str],
+              run) -> list[dict] | None:
+    """The elements of ``names`` when the part of the forward graph they are computed from
+    (``upstream``) runs at each of ``_ROWS`` rows, on zeros and on ones: a size that differs between
+    the two depends on the values (a ``NonZero``, a ``Range`` up to an input) and is None. None for
+    all when some input cannot be given a shape, or the graph does not run on such inputs."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    del probe.graph.output[:]
+    kept = [n for n in probe.graph.node if any(o in upstream for o in n.output)]
+    inputs = [vi for vi in probe.graph.input if vi.name in upstream]
+    for field, values in ((probe.graph.node, kept), (probe.graph.input, inputs), (probe.graph.output, [])):
+        del field[:]
+        field.extend(values)
     probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
     constants = {t.name for t in probe.graph.initializer}
     out = []
