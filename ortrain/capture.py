@@ -345,8 +345,9 @@ class CaptureStep(TracedCall):
         self._claim()
 
     def _resync(self) -> None:
-        """Reopen the session from a checkpoint: ``opt.load_state()``, a changed ``opt.step``, or
-        another captured step that used this optimizer since this one last ran."""
+        """Reopen the session from a checkpoint: ``opt.load_state()``, a changed ``opt.step``, a write of
+        ``opt.betas``, ``opt.eps`` or ``opt.weight_decay`` (the update graph holds them), or another
+        captured step that used this optimizer since this one last ran."""
         opt = self._opt
         step = opt.step
         if not is_step(step):

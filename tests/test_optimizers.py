@@ -1,6 +1,10 @@
 """Optimizers: weights after 5 updates against numpy (and PyTorch), accumulation, schedules."""
 
+import copy
+import pickle
 import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -282,6 +286,87 @@ def test_load_state_refuses_bad_hyperparameters_and_changes_nothing(rng):
     assert sgd.momentum == 0.0
     with pytest.raises(ot.OrtrainError, match=r"keys among \['weight_decay', 'momentum'\], as SGD.state\(\)"):
         sgd.load_state({**sgd.state(), "hyperparameters": {"betas": [0.9, 0.99]}})
+
+
+def test_settings_written_between_captured_calls_take_effect_at_the_next_call(rng):
+    # As a write to a torch param group's betas, eps or weight_decay: the captured step's next call
+    # updates with the new value (it kept the values it was recorded with), and state() says so.
+    w0, x = rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    y = np.zeros((4, 2), np.float32)
+    W, opt, step = _adamw_run(w0, x, y, 2, lr=0.05)
+    expect = NumpyAdam([w0], lr=0.05, weight_decay=0.01)
+    for _ in range(2):
+        expect.step([2 * x.T @ (x @ expect.p[0] - y) / y.size])
+    for name, value in [("weight_decay", 0.5), ("betas", (0.5, 0.9)), ("eps", 0.1)]:
+        setattr(opt, name, value)
+        expect.wd, (expect.b1, expect.b2), expect.eps = opt.weight_decay, opt.betas, opt.eps
+        for _ in range(2):
+            step(x=x, y=y)
+            expect.step([2 * x.T @ (x @ expect.p[0] - y) / y.size])
+        np.testing.assert_allclose(W.numpy(), expect.p[0], rtol=1e-5, atol=1e-6)
+        assert opt.state()["hyperparameters"][name] == (list(value) if name == "betas" else value)
+    assert opt.step == 8
+    step.free()
+
+
+def test_a_bad_write_of_a_setting_is_refused_and_changes_nothing():
+    opt = ot.optim.AdamW(betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    for name, value, message in [
+            ("betas", (1.5, "x"), r"opt.betas: expected two numbers in \[0, 1\), received \(1.5, 'x'\); nothing "
+                                  r"changed \(they stay \(0.8, 0.99\)\)"),
+            ("betas", (0.999999999, 0.9), r"opt.betas: expected two numbers below 1 in float32"),
+            ("eps", -1.0, r"opt.eps: expected a positive number, received -1.0; nothing changed \(it stays 1e-06\)"),
+            ("eps", 1e40, r"opt.eps: expected a positive number float32 holds"),
+            ("weight_decay", 2.0, r"weight_decay: expected a number in \[0, 1\]")]:
+        with pytest.raises(ot.OrtrainError, match=message):
+            setattr(opt, name, value)
+        assert (opt.betas, opt.eps, opt.weight_decay) == ((0.8, 0.99), 1e-6, 0.1)
+    opt.betas = [0.5, 0.6]   # a list, as JSON gives it, is kept as floats
+    assert opt.betas == (0.5, 0.6) and opt.state()["hyperparameters"]["betas"] == [0.5, 0.6]
+    opt.load_state(opt.state())   # its own state loads
+
+
+def test_betas_and_eps_written_from_two_threads_stay_a_pair_the_constructor_takes():
+    # Each write is checked against the other setting under the lock it is made under: two threads
+    # (held back while a captured call runs) could both pass against the old values and leave a
+    # pair with eps * (1 - beta_1) below float32's smallest normal.
+    from ortrain.ag import tensor
+    opt = ot.optim.Adam()
+    refused = []
+
+    def write(name, value):
+        try:
+            setattr(opt, name, value)
+        except ot.OrtrainError as exc:
+            refused.append(str(exc))
+
+    with tensor.TURNS:
+        threads = [threading.Thread(target=write, args=a) for a in (("betas", (0.99999, 0.999)), ("eps", 2e-37))]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+    for t in threads:
+        t.join()
+    assert len(refused) == 1
+    ot.optim.Adam(betas=opt.betas, eps=opt.eps)
+
+
+class _Clipped(ot.optim.SGD):
+    """A user's optimizer with an ``eps`` of its own (module level: pickled)."""
+
+    def __init__(self, params=None, lr=1e-2, eps=1e-3, weight_decay=0.0, momentum=0.0):
+        super().__init__(params, lr, weight_decay, momentum=momentum)
+        self.eps = eps
+
+
+def test_an_optimizer_subclass_keeps_an_eps_of_its_own_through_copies():
+    opt = _Clipped(eps=0.05)
+    for copied in (copy.copy(opt), copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        assert copied.eps == 0.05
+    adam = pickle.loads(pickle.dumps(ot.optim.Adam(betas=(0.5, 0.6), eps=1e-3)))
+    assert (adam.betas, adam.eps) == ((0.5, 0.6), 1e-3)
+    opt.load_state({**opt.state(), "hyperparameters": {"eps": 0.2}})   # a setting of its own loads as it is
+    assert opt.eps == 0.2 and "_eps" not in vars(opt)
 
 
 def test_keras_names_of_adams_settings_are_taken():

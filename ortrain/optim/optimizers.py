@@ -69,6 +69,47 @@ def check_momentum(value, where: str = "momentum") -> float:
     return float(value)
 
 
+def _checked_adam(betas, eps, betas_name: str, eps_name: str, keeps: str | None = None) -> tuple[tuple, float]:
+    """Adam's ``betas`` and ``eps``, checked together (the first update divides by
+    ``(1 - beta_1) * (sqrt(v) + eps)``): ``((beta_1, beta_2), eps)`` as floats. ``keeps``: what an
+    error adds of the values kept (an attribute's write)."""
+    kept = f"; nothing changed ({keeps})" if keeps else ""
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        b1 = b2 = float("nan")
+    if not all(is_real(b) and 0.0 <= b < 1.0 for b in (b1, b2)):
+        raise OrtrainError(f"{betas_name}: expected two numbers in [0, 1), received {betas!r}{kept}; e.g. "
+                           "betas=(0.9, 0.999), the default")
+    b1, b2 = float(b1), float(b2)
+    rounded = next((b for b in (b1, b2) if as_float32(b) >= 1.0), None)
+    if rounded is not None:  # bias correction would divide by 1 - 1.0 = 0
+        raise OrtrainError(f"{betas_name}: expected two numbers below 1 in float32, the runtime's precision, received "
+                           f"{betas!r}, where {rounded!r} becomes 1.0{kept}; use at most 0.9999999")
+    if not (is_real(eps) and eps > 0):
+        raise OrtrainError(f"{eps_name}: expected a positive number, received {eps!r}{kept}")
+    if not as_float32(eps) < math.inf:
+        raise OrtrainError(f"{eps_name}: expected a positive number float32 holds (the runtime computes in float32), "
+                           f"received {eps!r}, which becomes inf there{kept}; the default is 1e-8")
+    # The first update divides by (1 - beta_1) * (sqrt(v) + eps) in float32 (onnxruntime's AdamW), and
+    # the sessions flush values below the smallest normal float32 to 0: a weight whose gradient is 0
+    # would get 0 / 0.
+    first = np.float32(1.0) - np.float32(b1)
+    if not first * np.float32(eps) >= FLOAT32_TINY:
+        least = float(np.nextafter(np.float32(FLOAT32_TINY / first), np.float32(np.inf)))
+        raise OrtrainError(f"{eps_name}: expected at least {least:.3g} with beta_1={b1!r}, received {eps!r}: the "
+                           f"runtime divides the first update by (1 - beta_1) * (sqrt(v) + eps) in float32 and "
+                           f"flushes values below 1.2e-38 to 0, so a weight whose gradient is 0 would become "
+                           f"NaN{kept}; the default is 1e-8")
+    return (b1, b2), float(eps)
+
+
+def _held_as(cls: type, key: str) -> str:
+    """The attribute a setting ``key`` is kept in: ``_key`` behind a property of ortrain's
+    (``betas``, ``eps``, ``weight_decay``), else ``key`` itself (a subclass's own setting)."""
+    return f"_{key}" if isinstance(getattr(cls, key, None), property) else key
+
+
 def _checked_params(params, cls: str) -> list:
     """``params`` (None or any iterable of ag params) as a list; anything else gets an error that
     says what to write instead."""
@@ -255,8 +296,9 @@ class Optimizer:
     def __setstate__(self, state: dict) -> None:
         if "step" in state:  # pickled when the count was a plain attribute
             state["_step"] = state.pop("step")
-        if "weight_decay" in state:  # (and so was the decay)
-            state["_weight_decay"] = state.pop("weight_decay")
+        for key in ("weight_decay", "betas", "eps"):  # (and so were these, where they are properties now)
+            if key in state:
+                state[_held_as(type(self), key)] = state.pop(key)
         state.setdefault("_model", None)
         state.setdefault("_model_id", None)
         state.setdefault("_counts", None)
@@ -269,12 +311,20 @@ class Optimizer:
     @property
     def weight_decay(self) -> float:
         """The weight decay, in [0, 1]; a write is checked as the constructor checks it, and takes
-        effect from the next fit or trainer."""
+        effect from a captured step's next call, or from the next fit or trainer."""
         return self._weight_decay
 
     @weight_decay.setter
     def weight_decay(self, value) -> None:
-        self._weight_decay = check_weight_decay(value)
+        self._set_hyperparameter("_weight_decay", check_weight_decay(value))
+
+    def _set_hyperparameter(self, attribute: str, value) -> None:
+        """Set a checked hyperparameter that the update graph holds; a captured step over this
+        optimizer reopens its session with the new graph at its next call (as after ``load_state``)."""
+        with _turns():  # between a captured step's calls
+            if getattr(self, attribute) != value:
+                setattr(self, attribute, value)
+                self._state_version += 1
 
     @property
     def learning_rate(self) -> float:
@@ -375,8 +425,8 @@ class Optimizer:
             for key, value in hyper.items():  # (the moments loaded are the settings', not to be rescaled)
                 if key == "momentum":
                     self._momentum, self._kept_at = value, value or None
-                else:
-                    setattr(self, key, value)
+                else:  # (checked together above, where one attribute's write checks it against the others)
+                    setattr(self, _held_as(type(self), key), value)
             # A live capture reads the loaded moments at its next call, instead of its own.
             self._state_source = None
             self._state_version += 1
@@ -453,37 +503,31 @@ class Adam(Optimizer):
             betas = one_of_two_names(where, "betas", betas, (0.9, 0.999), "beta_1/beta_2", keras)
         eps_name = "epsilon" if epsilon is not None else "eps"  # messages use the name given (Keras')
         eps = one_of_two_names(where, "eps", eps, 1e-8, "epsilon", epsilon)
-        try:
-            b1, b2 = betas
-        except (TypeError, ValueError):
-            b1 = b2 = float("nan")
-        if not all(is_real(b) and 0.0 <= b < 1.0 for b in (b1, b2)):
-            raise OrtrainError(f"betas: expected two numbers in [0, 1), received {betas!r}; e.g. betas=(0.9, 0.999), "
-                               "the default")
-        b1, b2 = float(b1), float(b2)
-        rounded = next((b for b in (b1, b2) if as_float32(b) >= 1.0), None)
-        if rounded is not None:  # bias correction would divide by 1 - 1.0 = 0
-            raise OrtrainError(f"betas: expected two numbers below 1 in float32, the runtime's precision, received "
-                               f"{betas!r}, where {rounded!r} becomes 1.0; use at most 0.9999999")
-        if not (is_real(eps) and eps > 0):
-            raise OrtrainError(f"{eps_name}: expected a positive number, received {eps!r}")
-        if not as_float32(eps) < math.inf:
-            raise OrtrainError(f"{eps_name}: expected a positive number float32 holds (the runtime computes in float32), "
-                               f"received {eps!r}, which becomes inf there; the default is 1e-8")
-        # The first update divides by (1 - beta_1) * (sqrt(v) + eps) in float32 (onnxruntime's AdamW), and
-        # the sessions flush values below the smallest normal float32 to 0: a weight whose gradient is 0
-        # would get 0 / 0.
-        first = np.float32(1.0) - np.float32(b1)
-        if not first * np.float32(eps) >= FLOAT32_TINY:
-            least = float(np.nextafter(np.float32(FLOAT32_TINY / first), np.float32(np.inf)))
-            raise OrtrainError(f"{eps_name}: expected at least {least:.3g} with beta_1={b1!r}, received {eps!r}: the "
-                               f"runtime divides the first update by (1 - beta_1) * (sqrt(v) + eps) in float32 and "
-                               f"flushes values below 1.2e-38 to 0, so a weight whose gradient is 0 would become "
-                               f"NaN; the default is 1e-8")
-        self.betas = (b1, b2)
-        self.eps = float(eps)
+        self._betas, self._eps = _checked_adam(betas, eps, "betas", eps_name)
         wd = self.default_weight_decay if weight_decay is None else weight_decay
-        self.weight_decay = check_weight_decay(wd)
+        self._weight_decay = check_weight_decay(wd)
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        """``(beta_1, beta_2)``, each in [0, 1); written as :attr:`weight_decay` is."""
+        return self._betas
+
+    @betas.setter
+    def betas(self, value) -> None:
+        with _turns():  # checked against the eps it is set beside
+            checked, _ = _checked_adam(value, self._eps, "opt.betas", "opt.eps", keeps=f"they stay {self._betas!r}")
+            self._set_hyperparameter("_betas", checked)
+
+    @property
+    def eps(self) -> float:
+        """The term added to the denominator, > 0; written as :attr:`weight_decay` is."""
+        return self._eps
+
+    @eps.setter
+    def eps(self, value) -> None:
+        with _turns():  # checked against the betas it is set beside
+            _, checked = _checked_adam(self._betas, value, "opt.betas", "opt.eps", keeps=f"it stays {self._eps!r}")
+            self._set_hyperparameter("_eps", checked)
 
     @property
     def hyperparameters(self):
@@ -523,7 +567,7 @@ class SGD(Optimizer):
     def __init__(self, params=None, lr: float = 1e-2, weight_decay: float = 0.0, *,
                  learning_rate: float | None = None, momentum: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr, learning_rate)
-        self.weight_decay = check_weight_decay(weight_decay)
+        self._weight_decay = check_weight_decay(weight_decay)
         self._momentum = check_momentum(momentum)
         if nesterov is not False:
             raise OrtrainError(f"SGD: nesterov={nesterov!r}: Nesterov momentum is not offered (onnxruntime-training's "
