@@ -368,7 +368,7 @@ def test_scalars_stay_constant_unless_named(rng):
     proto = _scaled_model(rng)
     assert [p.name for p in ot.from_onnx(proto).params()] == ["W"]
     assert [p.name for p in ot.from_onnx(proto, trainable="*").params()] == ["W"]  # globs never pick scalars
-    with pytest.raises(ot.OrtrainError, match=r"trainable: 'p' is a scalar constant that cannot train: .* "
+    with pytest.raises(ot.OrtrainError, match=r"trainable: 'p' is a scalar constant that cannot train: "
                                               r"no gradient reaches it"):
         ot.from_onnx(proto, trainable=["W", "p"])
 
@@ -401,6 +401,143 @@ def test_a_named_scalar_trains_saves_and_exports(rng, tmp_path):
     onnx.checker.check_model(onnx.load(path), full_check=True)
     out = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def _recorded_scalar(rng, nodes, extra=()):
+    """y = nodes(x @ W, s): a 0-d 's' (0.5) that the file records as a PyTorch parameter, as the
+    dynamo exporter does in value_info metadata."""
+    inits = [numpy_helper.from_array(_f32(rng, 3, 2), "W"), numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+             *extra]
+    proto = _model([helper.make_node("MatMul", ["x", "W"], ["h"]), *nodes], [_vi("x", [None, 3])],
+                   [_vi("y", [None, 2])], inits)
+    for name in ("W", "s"):
+        vi = proto.graph.value_info.add()
+        vi.CopyFrom(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        vi.metadata_props.add(key="pkg.torch.export.graph_signature.InputSpec.kind", value="PARAMETER")
+    return proto
+
+
+def test_a_recorded_0d_parameter_trains_where_one_node_reads_it_once(rng):
+    proto = _recorded_scalar(rng, [helper.make_node("Mul", ["h", "s"], ["y"])])
+    assert [(p.name, p.role, p.shape) for p in ot.from_onnx(proto).params()] == [("W", "trainable", (3, 2)),
+                                                                                 ("s", "trainable", (1,))]
+    assert [p.name for p in ot.from_onnx(proto, trainable=["W"]).params()] == ["W"]   # left out: a constant
+    assert [p.name for p in ot.from_onnx(proto, trainable=["*"]).params()] == ["W", "s"]  # a glob picks a parameter
+
+
+@pytest.mark.parametrize("form", ["two nodes", "one node twice", "in a subgraph", "exponent"])
+def test_a_recorded_0d_parameter_that_cannot_train_as_pytorch_does_stays_constant_and_says_so(rng, form):
+    # The exporter's optimizer merges a scalar parameter with equal constants ('* 0.5' reads it;
+    # Where(c, p, 0.5) becomes Where(c, p, p)): trained, the constant would move too. Inside an If
+    # the runtime builds no gradient; as a Pow's exponent none reaches it.
+    if form == "two nodes":
+        nodes, why = [helper.make_node("Mul", ["h", "s"], ["hs"]), helper.make_node("Mul", ["hs", "s"], ["y"])], \
+            r"read 2 times, and the dynamo exporter's optimizer merges"
+    elif form == "one node twice":
+        nodes, why = [helper.make_node("Greater", ["h", "zero"], ["c"]),
+                      helper.make_node("Where", ["c", "s", "s"], ["w"]), helper.make_node("Mul", ["h", "w"], ["y"])], \
+            r"read 2 times"
+    elif form == "in a subgraph":
+        # y = h + (sum(x) > 0 ? rowsum(x) * s : rowsum(x)): W's gradient does not cross the If
+        branch = helper.make_graph([helper.make_node("Mul", ["r", "s"], ["out"])], "then", [], [_vi("out", None)])
+        other = helper.make_graph([helper.make_node("Identity", ["r"], ["out2"])], "else", [], [_vi("out2", None)])
+        nodes, why = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+                      helper.make_node("ReduceSum", ["x", "one"], ["r"], keepdims=1),
+                      helper.make_node("Greater", ["total", "zero"], ["c"]),
+                      helper.make_node("If", ["c"], ["b"], then_branch=branch, else_branch=other),
+                      helper.make_node("Add", ["h", "b"], ["y"])], \
+            r"read inside a control-flow subgraph"
+    else:
+        nodes, why = [helper.make_node("Sigmoid", ["h"], ["p"]), helper.make_node("Pow", ["p", "s"], ["y"])], \
+            r"no gradient reaches it"
+    proto = _recorded_scalar(rng, nodes, [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                                          numpy_helper.from_array(np.array([1], np.int64), "one")])
+    with pytest.warns(UserWarning, match=rf"PyTorch's 0-d parameter stays constant \('s': {why}.*where PyTorch trains it"):
+        assert [p.name for p in ot.from_onnx(proto).params()] == ["W"]
+    if form != "two nodes":   # a glob picking it is told to leave it out
+        with pytest.warns(UserWarning), pytest.raises(ot.OrtrainError, match=rf"'s' is a constant, not a weight: {why}"
+                                                                             r".*; remove it from trainable=$"):
+            ot.from_onnx(proto, trainable=["W", "s*"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [p.name for p in ot.from_onnx(proto, frozen=["s"]).params()] == ["W"]
+    if form == "two nodes":
+        with pytest.warns(UserWarning), pytest.raises(
+                ot.OrtrainError, match=r"trainable: 's' is a constant, not a weight: read 2 times.*\(to train it, "
+                                       r"export with torch.onnx.export\(..., optimize=False\) and name it exactly in "
+                                       r"trainable=\); remove it from trainable="):
+            ot.from_onnx(proto, trainable=["W", "s*"])
+        assert [p.name for p in ot.from_onnx(proto, trainable=["W", "s"]).params()] == ["W", "s"]
+
+
+@pytest.mark.torch
+def test_a_dynamo_exports_0d_parameter_trains_as_in_pytorch(rng):
+    # nn.Parameter(torch.tensor(1.5)), a learnt scale, is recorded as a PARAMETER by the dynamo
+    # exporter, and PyTorch trains it; it stayed a constant, as the scalars a file does not mark.
+    torch = torch_or_skip()
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.scale = nn.Linear(4, 2), nn.Parameter(torch.tensor(1.5))
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    torch.manual_seed(0)
+    net = Net()
+    proto = _dynamo_export(torch, net, torch.zeros(8, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = ot.from_onnx(proto)
+    assert model.weight_names() == list(net.state_dict()) == ["scale", "fc.weight", "fc.bias"]
+    assert model.trainable_weight_names == model.weight_names()
+    model.compile(optimizer=ot.optim.SGD(lr=0.05), loss="mse")
+    batches = [(_f32(rng, 8, 4), 3 * _f32(rng, 8, 2)) for _ in range(4)]
+    with ot.Trainer(model, batch_size=8) as tr:
+        losses = [tr.step(x, y) for x, y in batches]
+        got = _weights(tr.model())
+    want = torch_steps(torch, net, torch.optim.SGD(net.parameters(), lr=0.05), torch.nn.functional.mse_loss, batches)
+    np.testing.assert_allclose(losses, want, rtol=1e-5)
+    for name, value in net.state_dict().items():
+        np.testing.assert_allclose(got[name], value.numpy().reshape(got[name].shape), rtol=1e-5, atol=1e-6)
+    assert ot.from_onnx(proto, trainable=["fc.*"]).trainable_weight_names == ["fc.weight", "fc.bias"]
+
+    class Detached(Net):   # PyTorch does not train a parameter read through detach(): nothing to say
+        def forward(self, x):
+            return self.fc(x) * self.scale.detach()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ot.from_onnx(_dynamo_export(torch, Detached(), torch.zeros(8, 4))).trainable_weight_names == \
+            ["fc.weight", "fc.bias"]
+
+
+@pytest.mark.torch
+def test_a_0d_parameter_the_exporter_merged_with_a_constant_stays_constant_and_says_so():
+    # The exporter's optimizer merges a scalar parameter with constants of equal value: here the
+    # 0.5 of '* 0.5' reads the parameter 'scale' (0.5), which training would then change too.
+    torch = torch_or_skip()
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.scale = nn.Linear(4, 2), nn.Parameter(torch.tensor(0.5))
+
+        def forward(self, x):
+            return torch.tanh(self.fc(x)) * 0.5 * self.scale
+
+    proto = _dynamo_export(torch, Net(), torch.zeros(8, 4), optimize=True)
+    assert sum(n.input[:].count("scale") for n in proto.graph.node) == 2, "the exporter no longer merges them"
+    with pytest.warns(UserWarning, match=r"PyTorch's 0-d parameter stays constant \('scale': read 2 times, .* "
+                                         r"optimize=False\) and name it exactly in trainable=\)\), where PyTorch"):
+        assert ot.from_onnx(proto).trainable_weight_names == ["fc.weight", "fc.bias"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ot.from_onnx(proto, frozen=["scale"]).trainable_weight_names == ["fc.weight", "fc.bias"]
+    assert ot.from_onnx(proto, trainable=["scale", "fc.*"]).trainable_weight_names == ["scale", "fc.weight", "fc.bias"]
 
 
 @pytest.mark.torch

@@ -49,7 +49,7 @@ from ortrain.graph.forward import ForwardGraph, ParamSpec, reserved_input_name
 from ortrain.graph.gradient_ops import gradient_reach, nodes_without_gradient
 from ortrain.graph.loading import load_untrusted
 from ortrain.graph.opsets import default_opset, upgrade_opset
-from ortrain.graph.passes import all_nodes, attribute, node_inputs, subgraphs
+from ortrain.graph.passes import all_nodes, attribute, node_inputs, subgraph_reads, subgraphs
 from ortrain.graph.repairs import (
     batchnorm_inference_form,
     read_as_scalars,
@@ -97,6 +97,11 @@ QUANTIZED = ("its gradient would cross {node}, whose integer output onnxruntime-
 CONSTANT_TENSOR = ("PyTorch's dynamo exporter records it as a constant tensor (one made in forward, such as "
                    "torch.tensor([...]), or a plain tensor attribute of a module), neither a parameter nor a "
                    "buffer, so PyTorch does not train it")
+SHARED_SCALAR = ("read {reads} times, and the dynamo exporter's optimizer merges a scalar parameter with the "
+                 "constants of equal value, which training it would change too (to train it, export with "
+                 "torch.onnx.export(..., optimize=False) and name it exactly in trainable=)")
+SCALAR_IN_SUBGRAPH = "read inside a control-flow subgraph (If, Loop, Scan), which onnxruntime-training does not differentiate"
+SCALAR_NO_GRADIENT = "no gradient reaches it (it is read only as an exponent, a shape, a ratio or the like)"
 FOLDED = ("PyTorch's dynamo exporter folded it from shapes and constants, none of them a parameter (a ones or zeros "
           "scale such as InstanceNorm(affine=False)'s), so PyTorch does not train it")
 
@@ -181,6 +186,12 @@ def torch_buffers(model: onnx.ModelProto) -> set[str]:
     positional-encoding table, a BatchNorm's running statistics), which PyTorch does not train.
     The TorchScript exporter keeps no such record: there, nothing is known."""
     return _recorded_as(model, ("BUFFER",))
+
+
+def torch_parameters(model: onnx.ModelProto) -> set[str]:
+    """Initializers the dynamo exporter records as PyTorch parameters (``nn.Parameter``), which
+    PyTorch trains, rank 0 included. The TorchScript exporter keeps no such record."""
+    return _recorded_as(model, ("PARAMETER",))
 
 
 def torch_tensors(model: onnx.ModelProto) -> set[str]:
@@ -396,31 +407,59 @@ def _finite(a: np.ndarray) -> bool:
         return bool(np.isfinite(a.sum()) or np.isfinite(a).all())
 
 
-def _trainable_scalars(trainable, values: dict, differentiable: set[str]) -> set[str]:
-    """Rank-0 float32 initializers named exactly in ``trainable=`` (globs never pick scalars)."""
-    named = set(_patterns(trainable, "trainable") or ())
-    out = set()
+def _trainable_scalars(model: onnx.ModelProto, values: dict, differentiable: set[str], parameters: set[str],
+                       trainable=None, frozen=None) -> tuple[set[str], dict[str, str]]:
+    """Rank-0 float32 initializers that train: those named exactly in ``trainable=`` (globs never
+    pick formula constants), and the PyTorch parameters the dynamo exporter records as such
+    (``parameters``: ``nn.Parameter(torch.tensor(1.5))``, a learnt temperature) unless
+    ``trainable=`` leaves them out. Such a parameter stays a constant, with a warning, where it is
+    read inside a control-flow subgraph (onnxruntime-training differentiates no ``If``, ``Loop`` or
+    ``Scan``), where no gradient reaches it (a ``Pow``'s exponent), or where it is read more than
+    once: the exporter's optimizer merges a scalar parameter with the constants of equal value (the
+    0.5 of ``* 0.5`` beside a parameter of 0.5 reads the parameter, ``Where(c, p, 0.5)`` becomes
+    ``Where(c, p, p)``). Returns those that train, and the parameters kept constant with the reason."""
+    pats = _patterns(trainable, "trainable")
+    reads = collections.Counter(i for n in model.graph.node for i in n.input if i)  # every input slot
+    nested = {i for n in model.graph.node for i in subgraph_reads(n)}
+    out, kept = set(), {}
     for name, value in values.items():
         tensor = isinstance(value, onnx.TensorProto)
-        scalar = not value.dims if tensor else value.ndim == 0
-        is_float = value.data_type == onnx.TensorProto.FLOAT if tensor else value.dtype == np.float32
-        if name not in named or not scalar:
+        if len(value.dims) if tensor else value.ndim:
             continue
-        if not is_float or name not in differentiable:
-            raise OrtrainError(f"trainable: {name!r} is a scalar constant that cannot train: it is not float32 or "
-                               f"no gradient reaches it (it is read only as a shape, ratio, exponent or the like); "
-                               f"remove it from trainable=")
-        if not _finite(_to_array(value) if tensor else value):
+        named = pats is not None and name in pats
+        if not named and (name not in parameters or (pats is not None and not _picked_by(pats, [name])) or
+                          not (reads[name] or name in nested)):  # (read by none: a detach() reads its own copy)
+            continue
+        if not (value.data_type == onnx.TensorProto.FLOAT if tensor else value.dtype == np.float32):
+            if named:
+                raise OrtrainError(f"trainable: {name!r} is a scalar constant that cannot train: it is not float32; "
+                                   "remove it from trainable=")
+            continue
+        finite = _finite(_to_array(value) if tensor else value)
+        if named and name not in differentiable:
+            raise OrtrainError(f"trainable: {name!r} is a scalar constant that cannot train: {SCALAR_NO_GRADIENT}; "
+                               "remove it from trainable=")
+        if named and not finite:
             raise OrtrainError(f"trainable: {name!r} is a constant, not a weight: {NON_FINITE}; remove it from "
                                "trainable=")
-        out.add(name)
-    return out
+        if named or (finite and name in differentiable and name not in nested and reads[name] == 1):
+            out.add(name)
+        elif finite:
+            kept[name] = (SCALAR_IN_SUBGRAPH if name in nested else SCALAR_NO_GRADIENT if name not in differentiable
+                          else SHARED_SCALAR.format(reads=reads[name]))
+    told = [n for n in kept if not _picked_by(_patterns(frozen, "frozen") or (), [n])]
+    if told:
+        listed = "; ".join(f"{n!r}: {kept[n]}" for n in told[:5]) + ("; ..." if len(told) > 5 else "")
+        warn(f"from_onnx: PyTorch's 0-d parameter{'s' if len(told) > 1 else ''} stay{'' if len(told) > 1 else 's'} "
+             f"constant ({listed}), where PyTorch trains {'them' if len(told) > 1 else 'it'}; frozen= naming "
+             f"{'them' if len(told) > 1 else 'it'} silences this", UserWarning)
+    return out, kept
 
 
 def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
                       stash: dict[str, np.ndarray] | None = None, order: list[str] | None = None,
                       folded: dict[str, str] | None = None, buffers: set[str] = frozenset(),
-                      tensors_of_torch: set[str] = frozenset()) -> ForwardGraph:
+                      tensors_of_torch: set[str] = frozenset(), parameters: set[str] = frozenset()) -> ForwardGraph:
     """Classify initializers and move the weights to graph inputs.
 
     First every ``Identity(initializer)`` output becomes an initializer of its own, a copy
@@ -435,7 +474,8 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     else (scalars, integers, shapes, exponents, ratios) stays a constant. A float32 scalar becomes a trainable weight only when
     ``trainable=`` names it exactly and a gradient reaches it: exporters write arithmetic
     constants (GELU's 0.5 and 1/sqrt(2)) as scalar initializers, and training those
-    would change the formula, so neither the default nor a glob such as ``"*"`` picks them.
+    would change the formula, so neither the default nor a glob such as ``"*"`` picks them; the
+    exception is a PyTorch parameter (``parameters``, :func:`torch_parameters`), see :func:`_trainable_scalars`.
     Such a weight has shape (1,), read through a ``Reshape`` to rank 0 (``repairs.read_as_scalars``).
     Initializers nothing reads (subgraphs of ``Loop`` or ``If`` included) are dropped. ``stash`` holds initializers already taken out
     of the graph (see ``_stash_weights``); they are classified the same way. Weights come in
@@ -470,7 +510,8 @@ def canonical_forward(model: onnx.ModelProto, trainable=None, frozen=None,
     told = ("QuantizeLinear", "DynamicQuantizeLinear") if default_opset(model) >= 21 else ("DynamicQuantizeLinear",)
     before_quantized = []
     values = {t.name: t for t in model.graph.initializer} | stash
-    scalars = _trainable_scalars(trainable, values, differentiable)
+    scalars, kept = _trainable_scalars(model, values, differentiable, parameters, trainable, frozen)
+    unreached.update(kept)
     for name, value in values.items():
         if name not in used:
             continue
@@ -1100,8 +1141,11 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     then normalises by them in training, as a frozen Keras batch norm, not by the batch as PyTorch's
     ``requires_grad=False``; a pattern that picks them warns); other tensors the file marks as PyTorch buffers are frozen
     unless ``trainable=`` names them; scalars, integers and shapes are constants, though ``trainable=`` may name a
-    float32 scalar exactly to train it (a glob such as ``"*"`` never picks one: exporters write
-    formula constants, such as GELU's 0.5, as scalars). Initializers nothing reads are dropped.
+    float32 scalar exactly to train it (a glob such as ``"*"`` never picks one of these: exporters write
+    formula constants, such as GELU's 0.5, as scalars), and a 0-d ``nn.Parameter`` that the dynamo
+    exporter records as a parameter trains as in PyTorch, globs included, where one input reads it
+    (read more than once, it may have been merged with equal constants; inside an ``If``, or as an
+    exponent, no gradient reaches it: it stays a constant, with a warning). Initializers nothing reads are dropped.
     Weights come in PyTorch's ``state_dict`` order where the names tell it (each module's
     together), else in the file's initializer order. ``Identity(initializer)`` is a tensor of its own, not a tie: torch's
     eval-mode export writes a fresh batch norm's running variance as ``Identity(gamma)``
@@ -1120,7 +1164,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     _unique_node_names(proto)
     _refuse_outputs_that_are_no_tensors(proto)
     folded = torch_constants(proto)
-    buffers, tensors_of_torch = torch_buffers(proto), torch_tensors(proto)
+    buffers, tensors_of_torch, parameters = torch_buffers(proto), torch_tensors(proto), torch_parameters(proto)
     stash, order = _stash_weights(proto)
     proto, _ = batchnorm_inference_form(proto)  # first: onnx's opset converter cannot take its training form
     proto = upgrade_opset(proto)
@@ -1140,7 +1184,7 @@ def from_onnx(model, trainable=None, frozen=None, input_names=None, name: str | 
     proto, _ = free_output_batch(proto, data, run=run_model)
     check_model(proto, "imported model")
     _check_runtime_kernels(proto)
-    fg = canonical_forward(proto, trainable, frozen, stash, order, folded, buffers, tensors_of_torch)
+    fg = canonical_forward(proto, trainable, frozen, stash, order, folded, buffers, tensors_of_torch, parameters)
     _rename_reserved(fg)
     _check_shapes(fg, declared)
     _check_gradients(fg)
