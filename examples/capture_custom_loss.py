@@ -1,6 +1,6 @@
 """A custom loss with ``ot.capture_step``: advantage actor-critic (A2C) on cart-poles simulated in numpy.
 
-    python examples/capture_custom_loss.py            # 300 updates: mean return from ~20 to a few hundred
+    python examples/capture_custom_loss.py            # 300 updates: mean return from ~20 to 200-400 (it swings)
     python examples/capture_custom_loss.py --quick    # 20 updates, a smoke test
 
 The loss is written with ``ag`` ops: the policy-gradient term ``-mean(log pi(a|s) * advantage)``,
