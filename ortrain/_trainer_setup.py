@@ -298,10 +298,11 @@ class TrainerSetup:
                                "weights and moments only); start from the artifacts and give it the weights, "
                                "tr.set_weights({name: array}), read from onnxruntime's CheckpointState")
         if checkpoint is not None and not own and data.properties.get(_PROP + "key") != art.key:
+            differ = artifacts_mod.what_differs(_saved_key_parts(data.properties), art.key_parts())
             raise OrtrainError(f"checkpoint {os.fspath(checkpoint)!r} was not written for the artifacts in "
-                               f"{os.fspath(art.directory)!r} (they were built for another model, loss or optimizer, "
-                               "or rebuilt since); resume with the artifacts that wrote it, or start from the "
-                               "artifacts' own weights without checkpoint=")
+                               f"{os.fspath(art.directory)!r} (they differ from those it was written for in {differ}); "
+                               "resume with the artifacts that wrote it, or start from the artifacts' own weights "
+                               "without checkpoint=")
         model = art.model(data, metrics=metrics, weighted_metrics=weighted_metrics)
         loss_mask = None
         if art.weighting == "sample":
@@ -380,11 +381,14 @@ def _draws_in(props: dict) -> int:
     return int(props.get(_PROP + "draws", props.get(_PROP + "n_steps", 0)))
 
 
-def written_for(checkpoint, art) -> bool:
-    """Whether ``checkpoint`` (a trainer's, with its artifacts key) was written for the artifacts
-    ``art``; a checkpoint without a key (the artifacts' own) fits any."""
-    key = engine.read_checkpoint(checkpoint).properties.get(_PROP + "key")
-    return key is None or key == art.key
+def unfit(checkpoint, art) -> str | None:
+    """None where ``checkpoint`` (a trainer's, with its artifacts key) was written for the
+    artifacts ``art`` (one without a key, the artifacts' own, fits any); else what differs, in words."""
+    props = engine.read_checkpoint(checkpoint).properties
+    key = props.get(_PROP + "key")
+    if key is None or key == art.key:
+        return None
+    return artifacts_mod.what_differs(_saved_key_parts(props), art.key_parts())
 
 
 def _check_model(model) -> None:

@@ -294,9 +294,24 @@ _KEY_PARTS = {"architecture": "its layers' training graphs (the layers, or how t
               "builder": "the revision of ortrain's graph builder that made its training graphs"}
 
 
+def differing_parts(saved: dict, now: dict) -> list[str]:
+    """The parts of two :func:`key_parts` that differ, in words; none where only the seeds of the
+    dropout (or other random ops) differ, which the parts leave out."""
+    return [words for part, words in _KEY_PARTS.items() if saved.get(part) != now.get(part)]
+
+
+def what_differs(saved: dict | None, now: dict) -> str:
+    """What differs between two :func:`key_parts`, in words that follow "differ in" (``saved``
+    None: artifacts or a checkpoint that recorded none)."""
+    if saved is None:
+        return "the model, loss, weighting, optimizer or ortrain version"
+    return ", ".join(differing_parts(saved, now)) or \
+        "the seeds of the dropout (or other random ops) alone (ortrain artifacts --seed)"
+
+
 def key_difference(saved: dict, now: dict) -> str:
     """What differs between the :func:`key_parts` a checkpoint recorded and a model's, in words."""
-    differ = [words for part, words in _KEY_PARTS.items() if saved.get(part) != now.get(part)]
+    differ = differing_parts(saved, now)
     if not differ:
         return ("this model differs from the one that wrote it only in the seeds of its dropout (or other "
                 "random ops): build the model with that run's seeds (the same ot.set_seed(...) before building it, "

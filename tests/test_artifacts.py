@@ -488,7 +488,8 @@ def test_a_record_with_a_checkpoint_of_other_artifacts_is_refused_naming_the_dir
         tr.save_checkpoint(tmp_path / "ck.ckpt")
     for given in (b, b.directory):
         with pytest.raises(ot.OrtrainError, match=r"checkpoint '.*ck.ckpt' was not written for the artifacts in "
-                                                  r"'.*b' \(they were built for another model"):
+                                                  r"'.*b' \(they differ from those it was written for in the "
+                                                  r"loss\); resume with the artifacts that wrote it"):
             ot.Trainer.from_artifacts(given, batch_size=8, checkpoint=tmp_path / "ck.ckpt")
 
 

@@ -590,8 +590,9 @@ def test_a_resume_after_its_artifacts_were_rebuilt_says_so(workdir, capsys):
     capsys.readouterr()
     assert cli("train", "--out", "run", "--resume", "--epochs", "2", "--verbose", "0") == 1
     err = capsys.readouterr().err
-    assert "--resume: the artifacts in " in err and "were rebuilt for another model, loss or optimizer after the " \
-        "run 'run' started, and its checkpoint does not fit them" in err and "checkpoint=" not in err
+    assert "--resume: the artifacts in " in err and "were rebuilt after the run 'run' started and differ from " \
+        "those its checkpoint was written for in the loss; rebuild them as the run had them" in err
+    assert "checkpoint=" not in err
     assert (workdir / "run" / "state.json").read_text() == state
 
 
@@ -674,7 +675,10 @@ def test_artifacts_says_when_it_replaces_other_artifacts(workdir, capsys):
                "--from-logits", "--optimizer", "adam", "--lr", "0.003") == 0
     assert "note:" not in capsys.readouterr().out  # the same artifacts: nothing replaced
     assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0
-    assert "note: replaced the artifacts 'art' held" in capsys.readouterr().out
+    assert "note: replaced the artifacts 'art' held, which differed in the loss; runs " \
+        "trained from them cannot --resume" in capsys.readouterr().out
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse", "--sample-weights") == 0
+    assert "which differed in the sample weighting (loss_mask, sample weights);" in capsys.readouterr().out
 
 
 def test_an_output_the_system_refuses_is_named_by_its_option(workdir, capsys, monkeypatch):
@@ -1490,7 +1494,9 @@ def test_a_run_whose_own_artifacts_were_deleted_is_told_the_command_that_builds_
     capsys.readouterr()
     assert cli("train", "--out", "c", "--resume", "--epochs", "2", "--verbose", "0") == 1
     err = capsys.readouterr().err
-    assert "the artifacts in 'c/artifacts' were rebuilt for another model" in err
+    assert "the artifacts in 'c/artifacts' were rebuilt after the run 'c' started and differ from those its " \
+        "checkpoint was written for in the seeds of the dropout (or other random ops) alone (ortrain artifacts " \
+        "--seed)" in err
     assert f"build them again as the run did: {shlex.join(command).replace('b/artifacts', 'c/artifacts')}" in err
 
 

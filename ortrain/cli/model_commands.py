@@ -160,6 +160,10 @@ def artifacts(opts) -> dict:
         before = read_json(Path(opts.output) / "manifest.json", "manifest").get("key")
     except (OrtrainError, AttributeError):
         before = None
+    try:  # what they were built for, to say what differs
+        parts_before = ot.artifacts.load(opts.output).key_parts() if before is not None else None
+    except OrtrainError:  # another version's, or damaged
+        parts_before = None
     loss = ot.losses.get(loss_of(opts.loss, opts.from_logits))
     if opts.seed is not None:
         ot.set_seed(opts.seed)  # the seeds of the model's dropout and random ops
@@ -175,6 +179,7 @@ def artifacts(opts) -> dict:
         roles[p.role].append(p.name)
     result = {"directory": str(art.directory), "hash": art.key, **roles}
     if before is not None and before != art.key:
-        result["note"] = (f"replaced the artifacts {opts.output!r} held (another model, loss, optimizer or "
-                          "ortrain version); runs trained from them cannot --resume")
+        result["note"] = (f"replaced the artifacts {opts.output!r} held, which differed in "
+                          f"{ot.artifacts.what_differs(parts_before, art.key_parts())}; runs trained from them "
+                          "cannot --resume")
     return result

@@ -16,7 +16,7 @@ from ortrain import _optional
 from ortrain import fit as fit_mod
 from ortrain._arrays import refuse_non_finite
 from ortrain._files import atomic_path
-from ortrain._trainer_setup import written_for
+from ortrain._trainer_setup import unfit
 from ortrain._warnings import warn
 from ortrain.cli._common import (
     UsageError,
@@ -170,11 +170,12 @@ def _resume(cfg: dict, out: Path, data, lr_now) -> dict:
     checkpoint = run_checkpoint(out, state, "start the run again in another --out directory") if state else None
     sweep_temporaries(out)
     art_dir = _artifacts_of(out, run)
-    if checkpoint is not None and not written_for(checkpoint, ot.artifacts.load(art_dir)):
+    differ = unfit(checkpoint, ot.artifacts.load(art_dir)) if checkpoint is not None else None
+    if differ is not None:
         # the run's own files disagree (no argument is at fault): a failed run, as eval says of them
         rebuild = _rebuild_command(out, art_dir, run)
-        raise OrtrainError(f"--resume: the artifacts in {str(art_dir)!r} were rebuilt for another model, loss or "
-                           f"optimizer after the run {str(out)!r} started, and its checkpoint does not fit them; "
+        raise OrtrainError(f"--resume: the artifacts in {str(art_dir)!r} were rebuilt after the run {str(out)!r} "
+                           f"started and differ from those its checkpoint was written for in {differ}; "
                            + (f"build them again as the run did: {rebuild}" if rebuild else
                               "rebuild them as the run had them") + ", or start a new run with another --out")
     initial_epoch = state["epoch"] if state else 0
