@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from contextlib import contextmanager
 
 import numpy as np
@@ -30,6 +32,21 @@ def located(exc: Exception, where: str) -> Exception:
         return type(exc)(f"{where}: {exc}")
     except Exception:  # noqa: BLE001 - an exotic constructor: keep the original
         return exc
+
+
+# Loops whose turn a forked child renews: a fit's thread that held it at the fork does not exist
+# in the child, where a save or copy of the model (which waits for the turn) would wait forever;
+# with a fresh one it reaches the fit's trainer, whose session says it was busy at the fork.
+_LOOPS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _fresh_turns_in_child() -> None:
+    for loop in list(_LOOPS):
+        loop._turn = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_turns_in_child)
 
 
 # -- the loop -------------------------------------------------------------------------------------
@@ -61,6 +78,7 @@ class Loop:
         # Held while a step runs, the model takes the trained weights, or the fit hands them over at
         # its end: another thread that saves or copies the model waits for it (:meth:`paired`)
         self._turn = threading.RLock()
+        _LOOPS.add(self)
         self._thread = None  # the thread the fit runs on (run sets it)
         self._accum_told = None  # the step at which a read part-way through an nbatch_logical period warned
         self._steps_at_start = trainer.n_steps

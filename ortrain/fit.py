@@ -244,6 +244,12 @@ def _hold(model: Model, call: str, claim: tuple) -> None:
             for lyr in trained:
                 _LAYER_FITS.setdefault(id(lyr), (claim, model.name))  # a fit around this one keeps its own
             return
+    if owner is not None and owner[0] not in {t.ident for t in threading.enumerate()}:
+        # the fit's thread is gone with its claim held: this is a child forked while it ran
+        raise OrtrainError(f"{call}: this process was forked while another thread of its parent was fitting this "
+                           "model; that fit does not run in this child, and its trainer cannot be used here. Go on "
+                           "from the weights the model held last in a model of the child's own (build it, then "
+                           "set_weights(model.get_weights())), or fork while no fit runs")
     where = "called from a callback?" if owner is None or owner[0] == claim[0] else "in another thread"
     raise OrtrainError(f"{call}: this model is fitting already ({where}); its running fit would write its own "
                        "weights and optimizer state over this one when it ends. Train after that fit returns, "

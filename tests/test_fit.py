@@ -6,6 +6,7 @@ weighted cross-entropy) and PyTorch where installed.
 
 from __future__ import annotations
 
+import ast
 import os
 import pickle
 import sys
@@ -15,7 +16,7 @@ import warnings
 import numpy as np
 import pytest
 from conftest import torch_or_skip
-from helpers import NumpyAdam, dense_model, linear_mse_grads, softmax
+from helpers import NumpyAdam, dense_model, forks_that_hang, linear_mse_grads, softmax
 
 import ortrain as ot
 from ortrain.fit import train
@@ -2695,3 +2696,38 @@ def test_a_fit_refused_before_it_trains_hands_the_batches_it_read_back_to_the_ge
     m = model()
     ot.fit_generator(m, stream.next_batch, verbose=0)
     assert m.optimizer.step == 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_child_forked_while_another_thread_fits_refuses_saves_and_fits_without_hanging(tmp_path):
+    # The fit's thread held the loop's turn at the fork, and does not exist in the child: a save or
+    # pickle of the model there waited for it forever (13 of 15 children). They are refused now,
+    # saying why, as a fit is; predict and get_weights give the weights the model held last.
+    told = tmp_path / "told.txt"
+    setup = f"""
+        import pickle, numpy as np, ortrain as ot
+        x, y = np.ones((32, 3), np.float32), np.zeros((32, 2), np.float32)
+        m = ot.Sequential([ot.layers.Dense(8, activation="relu"), ot.layers.Dense(2)], input_shape=(3,), seed=0)
+        m.compile(optimizer="adam", loss="mse")
+        def child():
+            said = []
+            for call in (lambda: m.save({str(tmp_path / "m")!r}), lambda: pickle.dumps(m),
+                         lambda: m.fit(x, y, batch_size=32, epochs=1, verbose=0)):
+                try:
+                    call()
+                    said.append("ran")
+                except ot.OrtrainError as exc:
+                    said.append("forked while another thread of its parent was" in str(exc))
+            said.append(m.predict(x).shape == (32, 2) and len(m.get_weights()) == 4)
+            with open({str(told)!r}, "a") as f:
+                f.write(repr(said) + "\\n")
+        """
+    busy = "m.fit(x, y, batch_size=32, epochs=200, verbose=0)"
+    assert forks_that_hang(tmp_path, setup, busy=busy, in_child="child()", forks=8) == "hung 0"
+    lines = told.read_text().splitlines()
+    assert len(lines) == 8
+    # (a fork between two steps finds the session idle: the child saves the model; between two fits,
+    # the child fits it as its own)
+    said = [ast.literal_eval(line) for line in lines]
+    assert all(s == "ran" or s is True for line in said for s in line), lines
+    assert any(line[2] is True for line in said), lines   # a fit refused for the fit it was forked in
