@@ -27,9 +27,10 @@ def kept_in_forked_children(owner) -> None:
 
 
 def new_lock(owner) -> threading.RLock:
-    """The lock :func:`exclusive` takes for ``owner``; a forked child gets a fresh one (a thread
-    of the parent that held it at the fork does not exist in the child, which would wait forever),
-    and then runs the owner's ``_after_fork_in_child()`` if it has one."""
+    """A lock for ``owner`` to keep as ``owner._lock`` (the one :func:`exclusive` takes); a forked
+    child gets a fresh one (a thread of the parent that held it at the fork does not exist in the
+    child, which would wait forever), and then runs the owner's ``_after_fork_in_child()`` if it
+    has one, and its ``_busy_at_fork()``, if it has one, where the lock was held at the fork."""
     _locked.add(owner)
     return threading.RLock()
 
@@ -47,8 +48,9 @@ def _fresh_locks_in_child() -> None:
             after = getattr(owner, "_after_fork_in_child", None)
             if after is not None:
                 after()
-            if busy:
-                owner._busy_at_fork()
+            told = getattr(owner, "_busy_at_fork", None)
+            if busy and told is not None:
+                told()
         except Exception:  # noqa: BLE001,S112 - nothing may stop the others' repair in the child
             continue
     for owner in list(_kept):

@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from contextlib import contextmanager
 
 import numpy as np
 
 from ortrain import metrics as metrics_mod
 from ortrain._class_weight import ClassWeights
+from ortrain._lifetime import new_lock
 from ortrain._warnings import warn
 from ortrain.callbacks.base import CallbackList
 from ortrain.callbacks.progress import progress
@@ -32,21 +31,6 @@ def located(exc: Exception, where: str) -> Exception:
         return type(exc)(f"{where}: {exc}")
     except Exception:  # noqa: BLE001 - an exotic constructor: keep the original
         return exc
-
-
-# Loops whose turn a forked child renews: a fit's thread that held it at the fork does not exist
-# in the child, where a save or copy of the model (which waits for the turn) would wait forever;
-# with a fresh one it reaches the fit's trainer, whose session says it was busy at the fork.
-_LOOPS: weakref.WeakSet = weakref.WeakSet()
-
-
-def _fresh_turns_in_child() -> None:
-    for loop in list(_LOOPS):
-        loop._turn = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_turns_in_child)
 
 
 # -- the loop -------------------------------------------------------------------------------------
@@ -76,9 +60,10 @@ class Loop:
         # save brings the weights over under the loop's turn (paired) while the fit's thread reads
         self._own = threading.local()
         # Held while a step runs, the model takes the trained weights, or the fit hands them over at
-        # its end: another thread that saves or copies the model waits for it (:meth:`paired`)
-        self._turn = threading.RLock()
-        _LOOPS.add(self)
+        # its end: another thread that saves or copies the model waits for it (:meth:`paired`). A
+        # forked child gets a fresh one (the fit's thread that held it does not exist there, and a
+        # save would wait forever): it reaches the trainer, whose session says it was busy at the fork.
+        self._lock = new_lock(self)
         self._thread = None  # the thread the fit runs on (run sets it)
         self._accum_told = None  # the step at which a read part-way through an nbatch_logical period warned
         self._steps_at_start = trainer.n_steps
@@ -168,7 +153,7 @@ class Loop:
         writes = self.trainer._session.writes
         m = self._model
         if m is not None and self._synced_at != writes:
-            with self._turn, self._reading():
+            with self._lock, self._reading():
                 # Edits a hook made and the loop has not taken over yet stay the model's, to be taken
                 # when the hook returns; every other weight comes from the trainer.
                 pending = m._take_edits()
@@ -192,7 +177,7 @@ class Loop:
         """For a save or copy of the model from another thread than the fit's: between two steps, with
         the trained weights brought over, so the weights and the optimizer state it reads are of one
         step (a callback handing the model to a process pool pickles it on the pool's thread)."""
-        with self._turn:
+        with self._lock:
             _ = self.model
             yield
 
@@ -365,7 +350,7 @@ class Loop:
                                            "fit_generator, or give every batch weights (ones where none apply)")
                 if model is not None and self._model_edited(model):  # a generator's edits: this step's
                     self._take_model_edits()
-                with self._turn:
+                with self._lock:
                     fetches, labels, weights = tr._step(x, y, w, None, checked, self.class_weight, most=bs)
                 lr = tr.lr  # the rate this step took, before a batch hook writes the next one
                 loss = float(fetches[1].numpy())
@@ -502,7 +487,7 @@ class Loop:
                     # The state is read first: where it cannot be (a full temporary folder), the model
                     # keeps its weights too. A fit that took no step leaves the optimizer state as it
                     # was, and a rate written on model.optimizer still to be taken up by the next fit.
-                    with self._turn:
+                    with self._lock:
                         state = tr._state() if self.stepped else None
                         _ = self.model  # brings the weights over (a callback may have set some)
                         if self.stepped:
