@@ -548,6 +548,26 @@ def test_csv_logger_appends_and_uses_the_separator(tmp_path):
     assert float(rows[3][1]) == hist.history["loss"][0]
 
 
+def test_csv_logger_refuses_to_append_to_a_file_of_another_layout(tmp_path):
+    # a file written with another separator (or not by CSVLogger) got a second header and rows of
+    # another layout in its middle, without a word
+    model = sgd_model()
+    before = model.get_weights()
+    for text in ("epoch;loss;lr\n0;1.0;0.1\n", "step,loss\n0,1.0\n"):
+        path = tmp_path / "log.csv"
+        path.write_text(text)
+        with pytest.raises(ot.OrtrainError, match=r"CSVLogger\(append=True\): the first line of .* is not a header"
+                                                  r".*received '" + re.escape(text.splitlines()[0])):
+            ot.fit_generator(model, batches(1, 4), callbacks=[ot.callbacks.CSVLogger(path, append=True)], verbose=0)
+        assert path.read_text() == text
+        np.testing.assert_array_equal(before[0], model.get_weights()[0])
+    assert model.optimizer.state()["step"] == 0
+    path.write_text("epoch;loss;lr\n0;1.0;0.1\n")  # the same file, read with its own separator
+    ot.fit_generator(model, batches(1, 4), callbacks=[ot.callbacks.CSVLogger(path, separator=";", append=True)],
+                     verbose=0)
+    assert [r[0] for r in csv.reader(open(path), delimiter=";")] == ["epoch", "0", "0"]
+
+
 def test_csv_logger_adds_a_column_for_a_value_its_header_lacks(tmp_path):
     # appending a fit that validates to a file of one that did not dropped val_loss from every row,
     # without a word (History had it); a value a callback logs from a later epoch on was dropped too

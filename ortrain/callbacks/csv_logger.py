@@ -35,7 +35,9 @@ class CSVLogger(Callback):
 
     Each row is flushed when its epoch ends, and the file is closed in ``on_train_end``,
     which runs even when training fails: the file then holds every completed epoch.
-    ``append=True`` adds to an existing file (the header is written only when it is empty).
+    ``append=True`` adds to an existing file (the header is written only when it is empty); a
+    non-empty file whose first line is not such a header in ``separator`` (one led by ``epoch``) is
+    refused before training starts, rather than given rows of another layout.
     The header names what the first epoch logs and every value the fit logs (``params["metrics"]``),
     so the ``val_`` columns are there also when ``validation_freq`` skips validation after the first
     epoch. A value the header lacks (an appending fit that validates where the file's did not, a
@@ -70,14 +72,39 @@ class CSVLogger(Callback):
         if not os.access(target, os.W_OK):
             raise OrtrainError(f"CSVLogger: cannot write {self.filename!r}: {target!r} is read-only (permission "
                                f"denied); {write_advice(errno.EACCES)}")
+        if self._has_rows() and self._header() is None:
+            raise OrtrainError(self._foreign_header_message())
+
+    def _has_rows(self) -> bool:
+        return self.append and os.path.isfile(self.filename) and os.path.getsize(self.filename) > 0
+
+    def _header(self) -> list[str] | None:
+        """The value columns of the file's header read with ``separator``, or None where its first row
+        is not a header this logger writes (one led by ``epoch``)."""
+        try:
+            with open(self.filename, newline="") as f:
+                first = next(csv.reader(f, delimiter=self.separator), None)
+        except (OSError, UnicodeDecodeError, csv.Error):
+            return None
+        return first[1:] if first and first[0] == "epoch" else None
+
+    def _foreign_header_message(self) -> str:
+        try:
+            with open(self.filename, errors="replace") as f:
+                line = f.readline().rstrip("\r\n")
+        except OSError as exc:
+            line = f"<unreadable: {exc.strerror or exc}>"
+        shown = line if len(line) <= 80 else line[:77] + "..."
+        return (f"CSVLogger(append=True): the first line of {self.filename!r} is not a header this logger "
+                f"writes: expected one led by 'epoch' and separated by {self.separator!r}, received {shown!r}. "
+                "Appending would write rows (and a header) of another layout in the middle of it; give the "
+                "separator the file was written with, another filename, or append=False to replace it")
 
     def on_train_begin(self, logs=None):
-        has_rows = self.append and os.path.isfile(self.filename) and os.path.getsize(self.filename) > 0
-        self.keys = None
-        if has_rows:
-            with open(self.filename, newline="") as f:
-                header = next(csv.reader(f, delimiter=self.separator), None)
-            self.keys = header[1:] if header and header[0] == "epoch" else None
+        has_rows = self._has_rows()
+        self.keys = self._header() if has_rows else None
+        if has_rows and self.keys is None:  # replaced since _check_fit read it
+            raise OrtrainError(self._foreign_header_message())
         try:
             self._file = open(self.filename, "a" if self.append else "w", newline="")
         except OSError as exc:
