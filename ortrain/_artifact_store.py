@@ -6,12 +6,13 @@ that cannot be written or that hold the working directory, and private scratch d
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
 from pathlib import Path
 
-from ortrain._files import CAN_LOCK, lock_file, not_a_folder, unexpanded_home
+from ortrain._files import CAN_LOCK, lock_file, name_max, not_a_folder, unexpanded_home
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain.errors import OrtrainError
 
@@ -56,9 +57,22 @@ def set_cache_dir(path) -> None:
     _cache_root = Path(os.path.abspath(path)) if path is not None else None
 
 
+_HELPER_BYTES = 18  # what the longest of them adds to the name: ".<name>.tmp-<12 hex>"
+
+
+def helper_stem(target: Path) -> str:
+    """The name of ``target`` as the folders and the lock file a build makes beside it repeat it
+    (``publish_leftovers``): the name itself, or, where it leaves no room under the file system's
+    limit on names for what they add to it, ``ortrain-<16 hex>`` of its digest, one per name."""
+    name = os.fsencode(target.name)
+    if len(name) + _HELPER_BYTES <= name_max(next((p for p in target.parents if p.is_dir()), ".")):
+        return target.name
+    return f"ortrain-{hashlib.sha256(name).hexdigest()[:16]}"
+
+
 def publish_leftovers(name: str) -> str:
     """A regular expression of the folders ``artifacts._publish`` makes beside a directory whose
-    name matches ``name`` (itself a regular expression): the new directory it fills,
+    ``helper_stem`` matches ``name`` (itself a regular expression): the new directory it fills,
     ``.<name>.tmp-<12 hex>`` (``fresh_dir``), and the one it moves the directory it replaces into,
     ``.<name>.old-<8 chars>`` (``tempfile.mkdtemp``). A build killed midway leaves them."""
     return rf"\.{name}\.(tmp-[0-9a-f]{{12}}|old-[a-z0-9_]{{8}})"
@@ -68,7 +82,7 @@ def _remove_leftovers(target: Path) -> None:
     """Remove what builds of ``target`` killed midway left beside it (``publish_leftovers``): with
     the lock held, no build of it runs. A kill between ``_publish``'s two renames left the previous
     directory only in ``.<name>.old-*``: it is replaced by the build in any case."""
-    ours = re.compile(publish_leftovers(re.escape(target.name)))
+    ours = re.compile(publish_leftovers(re.escape(helper_stem(target))))
     try:
         beside = list(target.parent.iterdir())
     except OSError:  # a folder that can be written but not listed: they stay
@@ -104,7 +118,7 @@ def _publish_lock(target: Path):
         target.parent.mkdir(parents=True, exist_ok=True)
         yield
         return
-    lock, made = target.parent / f".{target.name}.lock", []
+    lock, made = target.parent / f".{helper_stem(target)}.lock", []
     for attempt in range(_MKDIR_ATTEMPTS):
         made += [p for p in (target.parent, *target.parent.parents) if not p.exists() and p not in made]
         try:

@@ -51,7 +51,13 @@ from ortrain._artifact_graphs import LOSS as LOSS
 from ortrain._artifact_graphs import SCALED_LOSS as SCALED_LOSS
 from ortrain._artifact_graphs import WEIGHTINGS as WEIGHTINGS
 from ortrain._artifact_graphs import loss_model as loss_model
-from ortrain._artifact_store import _publish_lock, _refuse_working_directory, cache_dir, set_cache_dir
+from ortrain._artifact_store import (
+    _publish_lock,
+    _refuse_working_directory,
+    cache_dir,
+    helper_stem,
+    set_cache_dir,
+)
 from ortrain._files import atomic_path, atomic_temporaries, fresh_dir, unexpanded_home
 from ortrain._files import scratch_dir as scratch_dir
 from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
@@ -440,12 +446,13 @@ def _publish(target: Path, fill) -> Artifacts:
     interrupt at any point leaves the old one or the new one in place; a kill leaves its folders,
     named as ``_artifact_store.publish_leftovers`` says, which the next build removes."""
     _refuse_working_directory(target)
-    tmp = fresh_dir(target.parent, f".{target.name}.tmp-")
+    stem = helper_stem(target)
+    tmp = fresh_dir(target.parent, f".{stem}.tmp-")
     old = None
     try:
         fill(tmp)
         if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            old = Path(tempfile.mkdtemp(prefix=f".{stem}.old-", dir=target.parent))
             os.rename(target, old / "stale")
         os.rename(tmp, target)
     except BaseException as exc:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ortrain as ot
+from ortrain._artifact_store import helper_stem
 
 
 def _model():
@@ -380,3 +381,38 @@ def test_every_name_the_file_system_takes_saves(tmp_path, name):
     assert len(os.fsencode(name)) <= 255
     _model().export_onnx(tmp_path / name)
     assert os.listdir(tmp_path) == [name]
+
+
+def test_a_file_path_ending_in_a_separator_is_refused(tmp_path):
+    # a Path drops the '/': save("m/") wrote a file "m" (or replaced a file "m" that was there), which
+    # load_model("m/") then refused, and a ModelCheckpoint("m/") trained an epoch before failing
+    model = _model()
+    (tmp_path / "kept").write_bytes(b"user data")
+    h = model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    with ot.Trainer(model, batch_size=2) as tr:
+        writers = {**_writers(model, tr), "to_csv": h.to_csv}
+        for write in writers.values():
+            for given in (f"{tmp_path}/new/", f"{tmp_path}/kept/"):
+                with pytest.raises(ot.OrtrainError, match=r"cannot write .*/': a path ending in '/' names a "
+                                                          r"directory, not a file; give the path of a file"):
+                    write(given)
+    step = model.optimizer.state()["step"]
+    for callback in (ot.callbacks.ModelCheckpoint(f"{tmp_path}/ckpt/"), ot.callbacks.CSVLogger(f"{tmp_path}/log/")):
+        with pytest.raises(ot.OrtrainError, match=r"\(file\w*=...\): cannot write .*: a path ending in '/'"):
+            model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0, callbacks=[callback])
+    assert model.optimizer.state()["step"] == step  # refused before anything trained
+    assert sorted(os.listdir(tmp_path)) == ["kept"] and (tmp_path / "kept").read_bytes() == b"user data"
+
+
+@pytest.mark.parametrize("size", [238, 255])
+def test_artifacts_in_a_folder_of_any_name_the_file_system_takes(tmp_path, size):
+    # the build's folders and lock beside it repeat its name with up to 18 bytes more: names of 238-255
+    # bytes gave a raw OSError (File name too long) or were refused
+    target = tmp_path / ("a" * size)
+    stem = helper_stem(target)
+    left = tmp_path / f".{stem}.tmp-0123456789ab"  # a killed build's
+    left.mkdir()
+    art = ot.artifacts.build(_model(), loss="mse", optimizer="adam", out_dir=target)
+    assert art.directory == target and sorted(os.listdir(tmp_path)) == [target.name]
+    tr = ot.Trainer.from_artifacts(target, batch_size=2)
+    tr.free()

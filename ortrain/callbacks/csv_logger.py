@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from ortrain._arrays import checked_flag
-from ortrain._files import atomic_path, write_advice
+from ortrain._files import atomic_path, checked_target, write_advice
 from ortrain.callbacks.base import Callback
 from ortrain.errors import OrtrainError
 
@@ -72,6 +72,7 @@ class CSVLogger(Callback):
         if not os.access(target, os.W_OK):
             raise OrtrainError(f"CSVLogger: cannot write {self.filename!r}: {target!r} is read-only (permission "
                                f"denied); {write_advice(errno.EACCES)}")
+        checked_target(self.filename, "CSVLogger(filename=...)")  # a name ending in '/', a device
         if self._has_rows() and self._header() is None:
             raise OrtrainError(self._foreign_header_message())
 

@@ -7,6 +7,7 @@ import re
 import string
 
 from ortrain._arrays import checked_flag
+from ortrain._files import checked_target
 from ortrain.callbacks._monitor import Monitor, check_callback_verbose, check_threshold, skips_validation
 from ortrain.callbacks.base import Callback
 from ortrain.callbacks.lambda_callback import LambdaCallback
@@ -114,6 +115,8 @@ class ModelCheckpoint(Callback):
         if path is not None and os.path.isdir(path):
             raise OrtrainError(f"ModelCheckpoint: filepath {self.filepath!r} gives {path!r}, a directory; give a file "
                                "path such as 'ckpt-{epoch}'")
+        if path is not None:  # a name ending in '/', a read-only file: refused before anything trains
+            checked_target(path, "ModelCheckpoint(filepath=...)")
 
     def _logs_may_grow(self) -> bool:
         """Whether a callback ahead of this one runs code of the caller's at an epoch's end, which
