@@ -58,8 +58,11 @@ class Trainer(TrainerSetup, Releasable):
     it; gradients of ``nbatch_logical / batch_size`` batches make one update, equal to one batch
     that large. ``loss_mask``: ``None`` (the compiled loss), ``1`` (a weighted mean squared error,
     one ``sample_weight`` per sample) or the number of output units (one weight per output
-    element; a 0 removes that element's gradient exactly). ``weight_decay``: decoupled, in
-    [0, 1], frozen weights never decayed; ``None`` takes the compiled optimizer's. ``device``:
+    element; a 0 removes that element's gradient exactly). ``weight_decay``: in [0, 1],
+    the compiled optimizer's decay in its own form (frozen weights never decayed); ``None`` takes
+    the compiled optimizer's. Adam and AdamW decay decoupled (AdamW style); SGD adds
+    ``weight_decay * w`` to the gradient as ``torch.optim.SGD`` does, which is the same thing
+    without momentum and with momentum enters the velocity. ``device``:
     ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``threads``: onnxruntime's intra-op threads, for every
     session the trainer opens (training, ``predict``, ``calibrate_bn``, its snapshots); None takes
     :func:`ortrain.set_num_threads`' setting (all cores by default).

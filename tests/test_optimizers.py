@@ -77,6 +77,21 @@ def test_sgd_weight_decay_matches_numpy_and_spares_frozen(batches):
         np.testing.assert_array_equal(w5[1], w0[1])  # frozen: neither trained nor decayed
 
 
+def test_trainer_weight_decay_on_sgd_with_momentum_takes_sgds_form(batches):
+    # the docstrings called the Trainer's decay decoupled whatever the optimizer: SGD's enters the
+    # velocity, as torch.optim.SGD's does (the same as decoupled without momentum)
+    w0, w5, _ = run_ortrain(ot.optim.SGD(lr=0.1, momentum=0.9), batches, weight_decay=0.3)
+    assert "SGD adds" in ot.Trainer.__doc__ and "enters the velocity" in ot.Trainer.__doc__
+    w, b = (a.astype(np.float64) for a in w0)
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    for x, y in batches:
+        gw, gb = linear_mse_grads(x, y, w, b)
+        vw, vb = 0.9 * vw + gw + 0.3 * w, 0.9 * vb + gb + 0.3 * b
+        w, b = w - 0.1 * vw, b - 0.1 * vb
+    np.testing.assert_allclose(w5[0], w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w5[1], b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kind", ["adam", "adamw", "sgd", "sgd-decay", "sgd-momentum", "sgd-momentum-decay"])
 def test_matches_pytorch(kind, batches):
     torch = torch_or_skip()

@@ -56,7 +56,7 @@ def check_lr(value, where: str = "lr") -> float:
 
 def check_weight_decay(value, where: str = "weight_decay") -> float:
     if not is_real(value) or not (0.0 <= float(value) <= 1.0):
-        raise OrtrainError(f"{where}: expected a number in [0, 1] (decoupled decay, as in AdamW), "
+        raise OrtrainError(f"{where}: expected a number in [0, 1] (the decay per unit of learning rate), "
                            f"received {value!r}")
     return float(value)
 
