@@ -187,19 +187,20 @@ class TrainerSetup:
         session draws them from a key of its own, so a resumed trainer draws others; seed the model
         or ``ot.set_seed`` for the same masks), and batches accumulated towards an update that has
         not happened (``nbatch_logical``; a resumed trainer starts a new period), for which it
-        warns."""
+        warns: their gradients and their count are left out, while what their forward passes
+        changed stays (batch-norm running statistics, the dropout draw they used)."""
         self._live()
         path = checked_target(path, "save_checkpoint(path)")
         with locked(self._session):  # the counters and the state of one step, whichever thread steps
             if self._accum:
-                warn(f"save_checkpoint: {self._accum} accumulated batch(es) towards the next update are not "
-                     "part of the checkpoint (nor counted in its n_steps), and a trainer resumed from it starts "
-                     "a new accumulation period (its updates fall on other steps); save on an accumulation "
+                warn(f"save_checkpoint: {left_out(self._accum, 'the checkpoint')}, and a trainer resumed from it "
+                     "starts a new accumulation period (its updates fall on other steps); save on an accumulation "
                      "boundary for an exact resume")
             props = {
                 _PROP + "key": self._art.key, _PROP + "n_steps": self._n_steps - self._accum, _PROP + "updates": self._updates,
                 _PROP + "draws": self._session.draws,
                 _PROP + "lr": repr(self._lr), _PROP + "weight_decay": repr(self.weight_decay), _PROP + "format": 1,
+                _PROP + "nbatch_logical": self.nbatch_logical, _PROP + "batch_size": self.batch_size,
                 artifacts_mod.CHECKPOINT_LOSS: artifacts_mod.loss_text(self._art.loss),
                 artifacts_mod.CHECKPOINT_FORWARD: self._art.manifest["files"]["forward.onnx"]}
             if self._architecture():
@@ -223,7 +224,8 @@ class TrainerSetup:
     def from_checkpoint(cls, model: Model, path, batch_size: int = 32, nbatch_logical=None, loss_mask=None,
                         weight_decay=None, device: str = "cpu", threads=None) -> Trainer:
         """A trainer for ``model`` that continues bit-exactly from ``save_checkpoint(path)`` (with the
-        exceptions listed there). ``weight_decay=None`` takes the one the checkpoint was written with."""
+        exceptions listed there). ``weight_decay=None`` and ``nbatch_logical=None`` take the ones the
+        checkpoint was written with (an accumulation period of another size is given explicitly)."""
         data = engine.read_checkpoint(path, verify=True)
         props = data.properties
         if _PROP + "key" not in props:
@@ -231,6 +233,8 @@ class TrainerSetup:
         _check_counters(props, path)
         if weight_decay is None and _PROP + "weight_decay" in props:
             weight_decay = float(props[_PROP + "weight_decay"])
+        if nbatch_logical is None:
+            nbatch_logical = _saved_period(props, positive_int(batch_size, "batch_size"), path)
         _check_model(model)
         weighting = _weighting(loss_mask, model)
         engine.parse_device(device)  # before the artifacts are built: a refusal leaves no cache entry
@@ -311,6 +315,8 @@ class TrainerSetup:
             loss_mask = art.outputs[0].shape[-1]
         if weight_decay is None and _PROP + "weight_decay" in data.properties:
             weight_decay = float(data.properties[_PROP + "weight_decay"])
+        if nbatch_logical is None and checkpoint is not None:
+            nbatch_logical = _saved_period(data.properties, positive_int(batch_size, "batch_size"), checkpoint)
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = True  # the artifacts fixed the weighting; whatever loss they hold takes it
@@ -373,6 +379,32 @@ def _check_counters(props: dict, path) -> None:
     except (KeyError, TypeError, ValueError) as exc:
         raise OrtrainError(f"checkpoint {os.fspath(path)!r} is damaged: its trainer counters cannot be read "
                            f"({type(exc).__name__}: {exc}); use another checkpoint or a copy of this one") from None
+
+
+def left_out(batches: int, what: str) -> str:
+    """What a checkpoint or a state taken in the middle of an accumulation period leaves out of
+    ``what`` (and what it keeps of those batches)."""
+    return (f"{batches} batch(es) accumulated towards the next update are left out of {what}: their gradients, and "
+            "their count in n_steps (what their forward passes changed stays: batch-norm running statistics, the "
+            "dropout draws they used)")
+
+
+def _saved_period(props: dict, batch_size: int, path) -> int | None:
+    """The ``nbatch_logical`` a resumed trainer of ``batch_size`` rows takes from a checkpoint's
+    properties: None where it accumulated no gradients (or was written before the period was
+    recorded), else its period in samples, which ``batch_size`` must divide."""
+    try:
+        period, rows = int(props[_PROP + "nbatch_logical"]), int(props[_PROP + "batch_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if period <= rows:
+        return None
+    if period % batch_size:
+        raise OrtrainError(f"checkpoint {os.fspath(path)!r} was written by a trainer accumulating gradients, "
+                           f"nbatch_logical={period} (batch_size={rows}), which batch_size={batch_size} does not "
+                           "divide; pass the batch_size it was written with, or an nbatch_logical that is a "
+                           f"multiple of {batch_size} (an update per another number of samples)")
+    return period
 
 
 def _draws_in(props: dict) -> int:

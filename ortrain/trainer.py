@@ -33,7 +33,7 @@ from ortrain._arrays import (
 from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of_methods
 from ortrain._lifetime import Releasable, locked
 from ortrain._snapshot import Snapshot
-from ortrain._trainer_setup import TrainerSetup
+from ortrain._trainer_setup import TrainerSetup, left_out
 from ortrain._warnings import warn
 from ortrain.data import refuse_non_finite_weights
 from ortrain.engine import denormals
@@ -436,9 +436,8 @@ class Trainer(TrainerSetup, Releasable):
         part of it, as of :meth:`save_checkpoint`, which warns."""
         self._live()
         if self._accum:  # (read again under the session's lock by _state)
-            warn(f"export_state: {self._accum} accumulated batch(es) towards the next update are not part of "
-                 "the state (nor counted in its n_steps), and a fit continued from it starts a new accumulation "
-                 "period; export on an accumulation boundary (after every "
+            warn(f"export_state: {left_out(self._accum, 'the state')}, and a fit continued from it starts a new "
+                 "accumulation period; export on an accumulation boundary (after every "
                  f"{self.nbatch_logical // self.batch_size} batches) for an exact continuation")
         return self._state()
 

@@ -276,7 +276,7 @@ def test_a_checkpoint_part_way_through_a_period_counts_none_of_its_batches(rng, 
         tr.step(x, y)
         tr.step(x, y)
         tr.step(x, y)   # one batch into the second period
-        with pytest.warns(UserWarning, match="nor counted in its n_steps"):
+        with pytest.warns(UserWarning, match="their gradients, and their count in n_steps"):
             tr.save_checkpoint(tmp_path / "c.ckpt")
     with ot.Trainer.from_checkpoint(model, tmp_path / "c.ckpt", batch_size=4, nbatch_logical=8) as resumed:
         assert resumed.n_steps == 2

@@ -28,8 +28,9 @@ class ModelCheckpoint(Callback):
       continues from.
     * ``False``: ``trainer.save_checkpoint(filepath)``: weights, optimizer moments, step counters
       and learning rate, which ``ot.Trainer.from_checkpoint(model, filepath, batch_size=...)``
-      continues from bit-exactly (with the ``nbatch_logical`` and ``loss_mask`` of the fit that
-      wrote it; ``loss_mask=1`` for a fit with per-sample or class weights, whatever its loss).
+      continues from bit-exactly (with the ``loss_mask`` of the fit that wrote it, ``loss_mask=1``
+      for a fit with per-sample or class weights, whatever its loss; its ``nbatch_logical`` is
+      taken from the checkpoint).
 
     ``filepath`` may hold
     ``str.format`` fields: ``{epoch}`` (counted from 1, as Keras names files) and any logged
