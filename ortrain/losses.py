@@ -87,15 +87,20 @@ class Loss:
     def elementwise(self, gb: GraphBuilder, pred: str, label: str) -> str:
         raise NotImplementedError
 
+    def _elementwise(self, gb: GraphBuilder, pred: str, label: str, sigmoid_of: str | None) -> str:
+        return self.elementwise(gb, pred, label)
+
     # Whether elementwise() sums the last axis away (to a size of 1): the classes of a cross-entropy.
     sums_last_axis = False
 
     def build(self, gb: GraphBuilder, pred: str, label: str, weight: str | None = None,
-              pred_shape: tuple | None = None) -> str:
+              pred_shape: tuple | None = None, sigmoid_of: str | None = None) -> str:
         """Append the loss; returns the name of the scalar loss value. ``pred_shape`` (the
         prediction's static shape, the batch free) picks the fused forms and lets a large sample's
-        elements be averaged before the float64 mean over the batch."""
-        e = self.elementwise(gb, pred, label)
+        elements be averaged before the float64 mean over the batch. ``sigmoid_of``: the logits
+        the prediction is ortrain's sigmoid of, where the forward graph shows it (a binary
+        cross-entropy takes its gradient from them)."""
+        e = self._elementwise(gb, pred, label, sigmoid_of)
         if weight is not None:
             e = gb.op("Mul", [e, weight])
         per_sample = None
@@ -290,7 +295,7 @@ class SparseCategoricalCrossentropy(Loss):
             gb.op("Log", [_clip_probs(gb, pred)])
         return gb.op("Neg", [gb.op("GatherElements", [logp, idx], axis=-1)])
 
-    def build(self, gb, pred, label, weight=None, pred_shape=None):
+    def build(self, gb, pred, label, weight=None, pred_shape=None, sigmoid_of=None):
         if self.from_logits and weight is None and pred_shape is not None and len(pred_shape) == 2:
             # The fused op is faster and exact; it takes classes on axis 1, i.e. 2-D logits.
             per_sample, _ = gb.op("SoftmaxCrossEntropyLoss", [pred, label], outputs=2, reduction="none")
@@ -303,7 +308,11 @@ class BinaryCrossentropy(Loss):
     logits with ``from_logits=True`` (computed without overflow at any logit, as PyTorch's
     ``BCEWithLogitsLoss``, as ``max(z, 0) - z y + log(1 + exp(-|z|))``: with no ``log1p`` in ONNX, a
     confidently right logit beyond about 17 gives a loss of 0 where PyTorch's is below 6e-8; the
-    gradients agree)."""
+    gradients agree). On an output that is ortrain's sigmoid of logits ``z`` (a layer's
+    ``activation="sigmoid"`` or ``Activation("sigmoid")`` last), the probabilities' loss is
+    computed from ``z`` clipped where the probabilities' clip lies: the same values, and the
+    gradient ``sigmoid(z) - y`` that PyTorch's takes from the rounded output, where the
+    probabilities' form was up to 41% off near 1 (logits of 12-17)."""
 
     name = "binary_crossentropy"
 
@@ -313,22 +322,35 @@ class BinaryCrossentropy(Loss):
     def config(self):
         return {"name": self.name, "from_logits": self.from_logits}
 
+    def _elementwise(self, gb, pred, label, sigmoid_of):
+        if self.from_logits or sigmoid_of is None:
+            return self.elementwise(gb, pred, label)
+        # The probabilities of a sigmoid output, clipped to [1e-7, 1 - 1e-7], are its logits clipped to
+        # where it gives those: the loss from them is the one below to float32 rounding, and its
+        # gradient sigmoid(z) - y is exact, as PyTorch's from the rounded output is.
+        low, high = (float(np.log(p / (1.0 - p))) for p in (np.float32(EPSILON), np.float32(1.0 - EPSILON)))
+        z = gb.op("Clip", [sigmoid_of, gb.const(low, hint="low_logit"), gb.const(high, hint="high_logit")])
+        return _bce_with_logits(gb, z, label)
+
     def elementwise(self, gb, pred, label):
         if self.from_logits:
-            # max(z, 0) - z*y + log(1 + exp(-|z|)), stable for any z. max and -|z| are written as
-            # Where on one z >= 0 test: the runtime's Relu and Abs gradients are 0 at z = 0, which
-            # would make the gradient there -y instead of sigmoid(0) - y.
-            z = pred
-            nonneg = gb.op("GreaterOrEqual", [z, gb.const(0.0, hint="zero")])
-            relu = gb.op("Where", [nonneg, z, gb.const(0.0, hint="zero")])
-            e = gb.op("Exp", [gb.op("Where", [nonneg, gb.op("Neg", [z]), z])])
-            t1 = gb.op("Sub", [relu, gb.op("Mul", [z, label])])
-            return gb.op("Add", [t1, gb.op("Log", [gb.op("Add", [e, gb.const(1.0, hint="one")])])])
+            return _bce_with_logits(gb, pred, label)
         p = _clip_probs(gb, pred)
         one = gb.const(1.0, hint="one")
         pos = gb.op("Mul", [label, gb.op("Log", [p])])
         neg = gb.op("Mul", [gb.op("Sub", [one, label]), gb.op("Log", [gb.op("Sub", [one, p])])])
         return gb.op("Neg", [gb.op("Add", [pos, neg])])
+
+
+def _bce_with_logits(gb: GraphBuilder, z: str, label: str) -> str:
+    """max(z, 0) - z*y + log(1 + exp(-|z|)), stable for any z. max and -|z| are written as Where on
+    one z >= 0 test: the runtime's Relu and Abs gradients are 0 at z = 0, which would make the
+    gradient there -y instead of sigmoid(0) - y."""
+    nonneg = gb.op("GreaterOrEqual", [z, gb.const(0.0, hint="zero")])
+    relu = gb.op("Where", [nonneg, z, gb.const(0.0, hint="zero")])
+    e = gb.op("Exp", [gb.op("Where", [nonneg, gb.op("Neg", [z]), z])])
+    t1 = gb.op("Sub", [relu, gb.op("Mul", [z, label])])
+    return gb.op("Add", [t1, gb.op("Log", [gb.op("Add", [e, gb.const(1.0, hint="one")])])])
 
 
 _BY_NAME = {

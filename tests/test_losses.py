@@ -148,6 +148,35 @@ def test_binary_after_a_sigmoid_layer_is_exact_in_the_negative_tail():
     np.testing.assert_allclose(got, np.mean(np.log1p(np.exp(-z.astype(np.float64)))), rtol=1e-6)
 
 
+@pytest.mark.parametrize("last", ["dense", "activation"])
+def test_binary_after_a_sigmoid_layer_has_the_gradient_of_its_logits_near_saturation(last):
+    # the exact sigmoid's exact derivative times the loss's 1 / (1 - p) of the rounded p was up to 41%
+    # off near 1 (1.408 at a logit of 15.6, 0.855 at 15); PyTorch's s (1 - s) of the rounded s gives 1
+    z = np.array([-20, -16.2, -12, -3, 0, 3, 12, 13, 14, 15, 15.3, 15.6, 15.9, 16.0, 20], np.float32)
+    n = z.size
+    layers = [ot.layers.Dense(n, activation="sigmoid", name="d")] if last == "dense" else \
+        [ot.layers.Dense(n, name="d"), ot.layers.Activation("sigmoid")]
+    model = ot.Sequential(layers, input_shape=(n,))
+    model.set_weights([np.eye(n, dtype=np.float32), np.zeros(n, np.float32)])
+    model.freeze("d.kernel")
+    model.compile(optimizer=ot.optim.SGD(lr=1.0), loss="binary_crossentropy")
+    x, y = z[None, :], np.zeros((1, n), np.float32)
+    y[0, :3] = 1.0                      # wrong the other way in the negative tail
+    z64 = z.astype(np.float64)
+    clipped = np.clip(1 / (1 + np.exp(-z64)), np.float32(1e-7), np.float32(1 - 1e-7))
+    want = -(y * np.log(clipped) + (1 - y) * np.log1p(-clipped))   # the clipped probabilities' loss
+    np.testing.assert_allclose(model.evaluate(x, y, verbose=0)["loss"], want.mean(), rtol=1e-6)
+    model.fit(x, y, batch_size=1, epochs=1, verbose=0, shuffle=False)
+    grad = -model.get_weights()[1] * n  # d mean / d z, by one SGD step at lr 1
+    inside = (z > -16.118095) & (z < 15.942385)
+    np.testing.assert_allclose(grad[inside], (1 / (1 + np.exp(-z64)) - y[0])[inside], rtol=1e-5, atol=1e-7)
+    assert np.all(grad[~inside] == 0)   # beyond the clip, as the clipped probability's
+    torch = pytest.importorskip("torch")
+    t = torch.tensor(z[inside], requires_grad=True)
+    torch.nn.functional.binary_cross_entropy(torch.sigmoid(t), torch.tensor(y[0, inside]), reduction="sum").backward()
+    np.testing.assert_allclose(grad[inside], t.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
 def test_weighted_mse_per_sample(data, rng):
     p, y = data["z"], data["y"]
     w = rng.uniform(0, 2, (B, 1))

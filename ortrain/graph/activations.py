@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import onnx
+from onnx import numpy_helper
+
 from ortrain.graph.builder import GraphBuilder
 
-__all__ = ["sigmoid"]
+__all__ = ["sigmoid", "sigmoid_input"]
 
 
 def sigmoid(gb: GraphBuilder, x: str) -> str:
@@ -27,3 +30,38 @@ def sigmoid(gb: GraphBuilder, x: str) -> str:
     a = gb.op("Exp", [gb.op("Clip", [x, "", gb.const(0.0, hint="zero")])])
     b = gb.op("Exp", [gb.op("Neg", [gb.op("Relu", [x])])])
     return gb.op("Div", [a, gb.op("Add", [a, b])])
+
+
+def sigmoid_input(graph: onnx.GraphProto, name: str) -> str | None:
+    """The ``x`` whose :func:`sigmoid` ``graph`` computes as ``name`` (through ``Identity`` nodes),
+    or None where ``name`` is computed otherwise.
+
+    A binary cross-entropy reads it to take its gradient from the logits: the derivative of this
+    form is exact, while the loss's ``1 / (1 - p)`` reads the rounded ``p``, whose distance from 1
+    is off by up to half near 1 (logits of 12-17), and the product was that far from ``p``, the
+    gradient PyTorch's ``s (1 - s)`` of the rounded ``s`` gives."""
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def made(value: str, op_type: str) -> onnx.NodeProto | None:
+        node = producer.get(value)
+        return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+
+    node = producer.get(name)
+    while node is not None and node.op_type == "Identity":
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "Div" or node.domain not in ("", "ai.onnx"):
+        return None
+    a, total = node.input
+    exp_a, add = made(a, "Exp"), made(total, "Add")
+    clip = exp_a and made(exp_a.input[0], "Clip")
+    if not (clip and add and a in add.input and len(clip.input) == 3 and not clip.input[1]):
+        return None
+    bound = next((i for i in graph.initializer if i.name == clip.input[2]), None)
+    if bound is None or numpy_helper.to_array(bound).size != 1 or numpy_helper.to_array(bound).item() != 0.0:
+        return None
+    b = add.input[1] if add.input[0] == a else add.input[0]
+    exp_b = made(b, "Exp")
+    neg = exp_b and made(exp_b.input[0], "Neg")
+    relu = neg and made(neg.input[0], "Relu")
+    x = clip.input[0]
+    return x if relu and relu.input[0] == x else None
