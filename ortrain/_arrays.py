@@ -427,7 +427,8 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
         if set(x) != set(names):
             missing = [n for n in names if n not in x]
             extra = sorted(str(k) for k in x if k not in names)
-            raise ShapeError(f"{argument}: a dict of inputs needs one array per input name {names}; "
+            raise ShapeError(f"{argument}: a dict of inputs needs one array per input name {names} "
+                             "(model.input_names); "
                              + "; ".join(([f"missing {missing}"] if missing else [])
                                          + ([f"unexpected {extra}"] if extra else [])))
         x = [x[n] for n in names] if len(specs) > 1 else x[names[0]]

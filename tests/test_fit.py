@@ -1704,7 +1704,7 @@ def test_several_inputs_as_a_list_a_tuple_or_a_dict_by_name_as_in_keras():
     pred = np.concatenate([xa, xb], 1) @ k + bias
     np.testing.assert_allclose(results["dict"][2], pred, rtol=1e-5)
     np.testing.assert_allclose(results["dict"][3], np.mean((pred - y) ** 2), rtol=1e-5)
-    with pytest.raises(ot.ShapeError, match=r"x: a dict of inputs needs one array per input name \['a', 'b'\]; "
+    with pytest.raises(ot.ShapeError, match=r"x: a dict of inputs needs one array per input name \['a', 'b'\] \(model.input_names\); "
                                             r"missing \['b'\]; unexpected \['c'\]"):
         m.predict({"a": xa, "c": xb})
     with pytest.raises(ot.ShapeError, match="y: expected one label array, for the model's first output"):

@@ -1203,3 +1203,18 @@ def test_keras_per_output_and_nested_forms_are_refused_saying_what_ortrain_takes
     with pytest.raises(ot.OrtrainError, match=r"^nothing to train: the loss is computed on the first output "
                                               r"'output_0', which no trainable weight affects \(q.kernel, q.bias"):
         passed.fit(xs, np.ones((8, 3), np.float32), verbose=0)
+
+
+def test_input_and_output_names_are_the_keys_of_dicts():
+    # a tensor of an unnamed ot.Input reports .name None, and nothing said which keys a dict of inputs
+    # takes ('input', 'input_0', ...) but a refused call
+    a, b = ot.Input((3,)), ot.Input((2,), name="right")
+    h = ot.layers.Add()([ot.layers.Dense(2)(a), ot.layers.Dense(2)(b)])
+    model = ot.Model([a, b], [ot.layers.Dense(1)(h), ot.layers.Dense(2)(h)])
+    assert (model.input_names, model.output_names) == (["input_0", "right"], ["output_0", "output_1"])
+    x = [np.ones((4, 3), np.float32), np.ones((4, 2), np.float32)]
+    np.testing.assert_array_equal(model.predict(dict(zip(model.input_names, x)))[1], model.predict(x)[1])
+    single = ot.Sequential([ot.layers.Dense(1)], input_shape=(3,))
+    assert (single.input_names, single.output_names) == (["input"], ["output"])
+    with pytest.raises(ot.ShapeError, match=r"input name \['input'\] \(model.input_names\); missing \['input'\]"):
+        single.predict({None: x[0]})

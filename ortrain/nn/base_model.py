@@ -493,6 +493,19 @@ class Model(TrainingMixin):
         return _one_or_list([s.shape for s in self.output_specs])
 
     @property
+    def input_names(self) -> list[str]:
+        """The inputs' names, in order: the keys of a dict of inputs (``predict({name: array})``)
+        and the exported graph's input names. An ``ot.Input`` given no name is ``"input"`` in a
+        model of one input and ``"input_<i>"`` in one of several (its tensor's ``.name`` stays None)."""
+        return [s.name for s in self.input_specs]
+
+    @property
+    def output_names(self) -> list[str]:
+        """The outputs' names, in order: ``"output"``, or ``"output_<i>"`` for several (the keys of a
+        dict of labels, and the exported graph's output names); an imported model's are its graph's."""
+        return [s.name for s in self.output_specs]
+
+    @property
     def inputs(self) -> list:
         """Keras' ``model.inputs``: the ``ot.Input`` tensors (for a model built of layers)."""
         return list(self._symbolic("inputs", self.__dict__.get("_inputs")))
