@@ -30,10 +30,11 @@ def checked_target(path, what: str = "path") -> Path:
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise OrtrainError(f"{what}: expected a file path (str or os.PathLike), received {path!r}")
     given = os.fsdecode(os.fspath(path))
-    if given.endswith(tuple(filter(None, (os.sep, os.altsep)))):  # a Path would drop it and write the file
-        raise OrtrainError(f"{what}: cannot write {given!r}: a path ending in {given[-1]!r} names a directory, "
-                           f"not a file; give the path of a file (without the {given[-1]!r}, or one in that "
-                           "directory)")
+    last = re.split("|".join(re.escape(s) for s in (os.sep, os.altsep) if s), given)
+    if len(last) > 1 and last[-1] in ("", ".", ".."):  # a Path would drop it and write the file it names
+        ending = given[len(given) - len(last[-1]) - 1:]
+        raise OrtrainError(f"{what}: cannot write {given!r}: a path ending in {ending!r} names a directory, not a "
+                           "file; give the path of a file (one in that directory, or the path without it)")
     try:
         return _checked_target(Path(path), what)
     except PermissionError as exc:  # a folder on the way that may not be looked into

@@ -392,13 +392,14 @@ def test_a_file_path_ending_in_a_separator_is_refused(tmp_path):
     with ot.Trainer(model, batch_size=2) as tr:
         writers = {**_writers(model, tr), "to_csv": h.to_csv}
         for write in writers.values():
-            for given in (f"{tmp_path}/new/", f"{tmp_path}/kept/"):
-                with pytest.raises(ot.OrtrainError, match=r"cannot write .*/': a path ending in '/' names a "
+            for given in (f"{tmp_path}/new/", f"{tmp_path}/kept/", f"{tmp_path}/kept/.", f"{tmp_path}/new/.."):
+                with pytest.raises(ot.OrtrainError, match=r"cannot write .*': a path ending in '/\.{0,2}' names a "
                                                           r"directory, not a file; give the path of a file"):
                     write(given)
     step = model.optimizer.state()["step"]
-    for callback in (ot.callbacks.ModelCheckpoint(f"{tmp_path}/ckpt/"), ot.callbacks.CSVLogger(f"{tmp_path}/log/")):
-        with pytest.raises(ot.OrtrainError, match=r"\(file\w*=...\): cannot write .*: a path ending in '/'"):
+    for callback in (ot.callbacks.ModelCheckpoint(f"{tmp_path}/ckpt/"), ot.callbacks.CSVLogger(f"{tmp_path}/log/."),
+                     ot.callbacks.ModelCheckpoint(f"{tmp_path}/ckpt/.", save_model=False)):
+        with pytest.raises(ot.OrtrainError, match=r"\(file\w*=...\): cannot write .*: a path ending in '/\.{0,2}'"):
             model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0, callbacks=[callback])
     assert model.optimizer.state()["step"] == step  # refused before anything trained
     assert sorted(os.listdir(tmp_path)) == ["kept"] and (tmp_path / "kept").read_bytes() == b"user data"

@@ -77,13 +77,20 @@ class CSVLogger(Callback):
             raise OrtrainError(self._foreign_header_message())
 
     def _has_rows(self) -> bool:
-        return self.append and os.path.isfile(self.filename) and os.path.getsize(self.filename) > 0
+        """Whether ``append`` adds to a file that holds something (blank lines alone are replaced)."""
+        if not (self.append and os.path.isfile(self.filename) and os.path.getsize(self.filename) > 0):
+            return False
+        try:
+            with open(self.filename, "rb") as f:
+                return any(line.strip() for line in f)
+        except OSError:  # refused with its reason when it is opened
+            return True
 
     def _header(self) -> list[str] | None:
         """The value columns of the file's header read with ``separator``, or None where its first row
         is not a header this logger writes (one led by ``epoch``)."""
         try:
-            with open(self.filename, newline="") as f:
+            with open(self.filename, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark
                 first = next(csv.reader(f, delimiter=self.separator), None)
         except (OSError, UnicodeDecodeError, csv.Error):
             return None
@@ -107,7 +114,7 @@ class CSVLogger(Callback):
         if has_rows and self.keys is None:  # replaced since _check_fit read it
             raise OrtrainError(self._foreign_header_message())
         try:
-            self._file = open(self.filename, "a" if self.append else "w", newline="")
+            self._file = open(self.filename, "a" if has_rows else "w", newline="")
         except OSError as exc:
             raise self._write_error(exc) from exc
         self._writer = csv.writer(self._file, delimiter=self.separator)
