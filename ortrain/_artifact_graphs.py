@@ -17,7 +17,7 @@ from ortrain._manifest import FORMAT, finish, versions
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError
 from ortrain.graph import OPSET, GraphBuilder, TensorSpec, check_model, opsets
-from ortrain.graph.activations import sigmoid_input
+from ortrain.graph.activations import sigmoid_logits
 from ortrain.graph.forward import ForwardGraph, ParamSpec, extend, reserved_input_name
 from ortrain.graph.gradient_forms import for_training
 from ortrain.graph.gradient_ops import (
@@ -114,7 +114,7 @@ def loss_model(fg: ForwardGraph, loss: losses.Loss, weighting: str | None) -> tu
         gb.add_input(weight.name, weight.dtype, weight.shape)
     gb.add_input(LOSS_SCALE, np.float32, ())
     value = loss.build(gb, pred.name, LABEL, weight.name if weight else None, pred_shape=tuple(pred.shape),
-                       sigmoid_of=sigmoid_input(fg.proto.graph, pred.name))
+                       sigmoid_of=sigmoid_logits(fg.proto.graph, pred.name, gb) if loss.reads_sigmoid_logits else None)
     gb.op("Identity", [value], outputs=[LOSS])
     gb.op("Mul", [LOSS, LOSS_SCALE], outputs=[SCALED_LOSS])
     outs = [TensorSpec(SCALED_LOSS, np.dtype(np.float32), ()).to_value_info(),

@@ -231,10 +231,7 @@ class TrainerSetup:
         if _PROP + "key" not in props:
             raise OrtrainError(f"{os.fspath(path)!r} was not written by Trainer.save_checkpoint")
         _check_counters(props, path)
-        if weight_decay is None and _PROP + "weight_decay" in props:
-            weight_decay = float(props[_PROP + "weight_decay"])
-        if nbatch_logical is None:
-            nbatch_logical = _saved_period(props, positive_int(batch_size, "batch_size"), path)
+        weight_decay, nbatch_logical = _saved_settings(props, weight_decay, nbatch_logical, batch_size, path)
         _check_model(model)
         weighting = _weighting(loss_mask, model)
         engine.parse_device(device)  # before the artifacts are built: a refusal leaves no cache entry
@@ -313,10 +310,7 @@ class TrainerSetup:
             loss_mask = 1
         elif art.weighting == "element":
             loss_mask = art.outputs[0].shape[-1]
-        if weight_decay is None and _PROP + "weight_decay" in data.properties:
-            weight_decay = float(data.properties[_PROP + "weight_decay"])
-        if nbatch_logical is None and checkpoint is not None:
-            nbatch_logical = _saved_period(data.properties, positive_int(batch_size, "batch_size"), checkpoint)
+        weight_decay, nbatch_logical = _saved_settings(data.properties, weight_decay, nbatch_logical, batch_size, ckpt)
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = True  # the artifacts fixed the weighting; whatever loss they hold takes it
@@ -389,22 +383,28 @@ def left_out(batches: int, what: str) -> str:
             "dropout draws they used)")
 
 
-def _saved_period(props: dict, batch_size: int, path) -> int | None:
-    """The ``nbatch_logical`` a resumed trainer of ``batch_size`` rows takes from a checkpoint's
-    properties: None where it accumulated no gradients (or was written before the period was
-    recorded), else its period in samples, which ``batch_size`` must divide."""
+def _saved_settings(props: dict, weight_decay, nbatch_logical, batch_size, path) -> tuple:
+    """``weight_decay`` and ``nbatch_logical`` for a trainer resumed from a checkpoint with
+    ``props``: each None given takes the checkpoint's (no accumulation where it accumulated none,
+    or was written before the period was recorded); a period ``batch_size`` does not divide is
+    refused."""
+    if weight_decay is None and _PROP + "weight_decay" in props:
+        weight_decay = float(props[_PROP + "weight_decay"])
+    if nbatch_logical is not None:
+        return weight_decay, nbatch_logical
+    batch_size = positive_int(batch_size, "batch_size")
     try:
         period, rows = int(props[_PROP + "nbatch_logical"]), int(props[_PROP + "batch_size"])
     except (KeyError, TypeError, ValueError):
-        return None
+        return weight_decay, None
     if period <= rows:
-        return None
+        return weight_decay, None
     if period % batch_size:
         raise OrtrainError(f"checkpoint {os.fspath(path)!r} was written by a trainer accumulating gradients, "
                            f"nbatch_logical={period} (batch_size={rows}), which batch_size={batch_size} does not "
                            "divide; pass the batch_size it was written with, or an nbatch_logical that is a "
                            f"multiple of {batch_size} (an update per another number of samples)")
-    return period
+    return weight_decay, period
 
 
 def _draws_in(props: dict) -> int:

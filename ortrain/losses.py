@@ -90,6 +90,9 @@ class Loss:
     def _elementwise(self, gb: GraphBuilder, pred: str, label: str, sigmoid_of: str | None) -> str:
         return self.elementwise(gb, pred, label)
 
+    # Whether build() takes sigmoid_of, the logits of a prediction that is a sigmoid's.
+    reads_sigmoid_logits = False
+
     # Whether elementwise() sums the last axis away (to a size of 1): the classes of a cross-entropy.
     sums_last_axis = False
 
@@ -308,11 +311,19 @@ class BinaryCrossentropy(Loss):
     logits with ``from_logits=True`` (computed without overflow at any logit, as PyTorch's
     ``BCEWithLogitsLoss``, as ``max(z, 0) - z y + log(1 + exp(-|z|))``: with no ``log1p`` in ONNX, a
     confidently right logit beyond about 17 gives a loss of 0 where PyTorch's is below 6e-8; the
-    gradients agree). On an output that is ortrain's sigmoid of logits ``z`` (a layer's
-    ``activation="sigmoid"`` or ``Activation("sigmoid")`` last), the probabilities' loss is
-    computed from ``z`` clipped where the probabilities' clip lies: the same values, and the
-    gradient ``sigmoid(z) - y`` that PyTorch's takes from the rounded output, where the
-    probabilities' form was up to 41% off near 1 (logits of 12-17)."""
+    gradients agree).
+
+    On an output that is ortrain's sigmoid of logits ``z`` (a layer's ``activation="sigmoid"`` or
+    ``Activation("sigmoid")``, last but for reshapes), training and ``evaluate`` compute the
+    probabilities' loss from ``z``, clipped where the probabilities' clip lies: the values of the
+    exact sigmoid's probabilities, and the gradient ``sigmoid(z) - y``. The exact sigmoid's
+    derivative times the loss's ``1 / (1 - p)`` of the rounded ``p`` was up to 41% off at logits
+    of 12 to 17, where PyTorch's ``s (1 - s)`` of the rounded ``s`` cancels it. A call of the
+    loss takes probabilities, so it computes from the rounded ones (up to 2% apart there)."""
+
+    @property
+    def reads_sigmoid_logits(self) -> bool:
+        return not self.from_logits and type(self).elementwise is BinaryCrossentropy.elementwise
 
     name = "binary_crossentropy"
 
@@ -323,11 +334,9 @@ class BinaryCrossentropy(Loss):
         return {"name": self.name, "from_logits": self.from_logits}
 
     def _elementwise(self, gb, pred, label, sigmoid_of):
-        if self.from_logits or sigmoid_of is None:
+        if sigmoid_of is None or not self.reads_sigmoid_logits:
             return self.elementwise(gb, pred, label)
-        # The probabilities of a sigmoid output, clipped to [1e-7, 1 - 1e-7], are its logits clipped to
-        # where it gives those: the loss from them is the one below to float32 rounding, and its
-        # gradient sigmoid(z) - y is exact, as PyTorch's from the rounded output is.
+        # probabilities clipped to [1e-7, 1 - 1e-7] are logits clipped to where the sigmoid gives those
         low, high = (float(np.log(p / (1.0 - p))) for p in (np.float32(EPSILON), np.float32(1.0 - EPSILON)))
         z = gb.op("Clip", [sigmoid_of, gb.const(low, hint="low_logit"), gb.const(high, hint="high_logit")])
         return _bce_with_logits(gb, z, label)

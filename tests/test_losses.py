@@ -148,14 +148,16 @@ def test_binary_after_a_sigmoid_layer_is_exact_in_the_negative_tail():
     np.testing.assert_allclose(got, np.mean(np.log1p(np.exp(-z.astype(np.float64)))), rtol=1e-6)
 
 
-@pytest.mark.parametrize("last", ["dense", "activation"])
+@pytest.mark.parametrize("last", ["dense", "activation", "reshaped"])
 def test_binary_after_a_sigmoid_layer_has_the_gradient_of_its_logits_near_saturation(last):
     # the exact sigmoid's exact derivative times the loss's 1 / (1 - p) of the rounded p was up to 41%
     # off near 1 (1.408 at a logit of 15.6, 0.855 at 15); PyTorch's s (1 - s) of the rounded s gives 1
     z = np.array([-20, -16.2, -12, -3, 0, 3, 12, 13, 14, 15, 15.3, 15.6, 15.9, 16.0, 20], np.float32)
     n = z.size
-    layers = [ot.layers.Dense(n, activation="sigmoid", name="d")] if last == "dense" else \
-        [ot.layers.Dense(n, name="d"), ot.layers.Activation("sigmoid")]
+    layers = {"dense": [ot.layers.Dense(n, activation="sigmoid", name="d")],
+              "activation": [ot.layers.Dense(n, name="d"), ot.layers.Activation("sigmoid")],
+              "reshaped": [ot.layers.Dense(n, activation="sigmoid", name="d"), ot.layers.Reshape((n, 1)),
+                           ot.layers.Flatten()]}[last]
     model = ot.Sequential(layers, input_shape=(n,))
     model.set_weights([np.eye(n, dtype=np.float32), np.zeros(n, np.float32)])
     model.freeze("d.kernel")
@@ -175,6 +177,19 @@ def test_binary_after_a_sigmoid_layer_has_the_gradient_of_its_logits_near_satura
     t = torch.tensor(z[inside], requires_grad=True)
     torch.nn.functional.binary_cross_entropy(torch.sigmoid(t), torch.tensor(y[0, inside]), reduction="sum").backward()
     np.testing.assert_allclose(grad[inside], t.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_binary_crossentropy_of_its_own_elementwise_form_keeps_it_on_a_sigmoid_output():
+    class Doubled(ot.losses.BinaryCrossentropy):
+        def elementwise(self, gb, pred, label):
+            return gb.op("Mul", [super().elementwise(gb, pred, label), gb.const(2.0)])
+
+    z = np.array([[-3.0, 0.5, 4.0]], np.float32)
+    model = ot.Sequential([ot.layers.Activation("sigmoid")], input_shape=(3,))
+    model.compile(optimizer="sgd", loss=Doubled())
+    p = 1 / (1 + np.exp(-z.astype(np.float64)))
+    np.testing.assert_allclose(model.evaluate(z, np.zeros_like(z), verbose=0)["loss"], 2 * np.mean(-np.log1p(-p)),
+                               rtol=1e-6)
 
 
 def test_weighted_mse_per_sample(data, rng):

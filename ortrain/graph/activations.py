@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from ortrain.graph.builder import GraphBuilder
 
-__all__ = ["sigmoid", "sigmoid_input"]
+__all__ = ["sigmoid", "sigmoid_logits"]
 
 
 def sigmoid(gb: GraphBuilder, x: str) -> str:
@@ -32,22 +32,26 @@ def sigmoid(gb: GraphBuilder, x: str) -> str:
     return gb.op("Div", [a, gb.op("Add", [a, b])])
 
 
-def sigmoid_input(graph: onnx.GraphProto, name: str) -> str | None:
-    """The ``x`` whose :func:`sigmoid` ``graph`` computes as ``name`` (through ``Identity`` nodes),
-    or None where ``name`` is computed otherwise.
+# Ops between a sigmoid and a model's output that move its elements without changing them.
+_SHAPE_ONLY = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
 
-    A binary cross-entropy reads it to take its gradient from the logits: the derivative of this
-    form is exact, while the loss's ``1 / (1 - p)`` reads the rounded ``p``, whose distance from 1
-    is off by up to half near 1 (logits of 12-17), and the product was that far from ``p``, the
-    gradient PyTorch's ``s (1 - s)`` of the rounded ``s`` gives."""
+
+def sigmoid_logits(graph: onnx.GraphProto, name: str, gb: GraphBuilder) -> str | None:
+    """The logits of ``name``, where ``graph`` computes it as :func:`sigmoid` of ``x`` (then moved by
+    shape-only ops such as ``Flatten``, which are appended to ``gb`` for ``x`` too, so the result has
+    ``name``'s shape); None where ``name`` is computed otherwise.
+
+    A binary cross-entropy reads them: see ``losses.BinaryCrossentropy``."""
     producer = {o: n for n in graph.node for o in n.output}
 
     def made(value: str, op_type: str) -> onnx.NodeProto | None:
         node = producer.get(value)
         return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
 
+    moves = []
     node = producer.get(name)
-    while node is not None and node.op_type == "Identity":
+    while node is not None and node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx"):
+        moves.insert(0, node)
         node = producer.get(node.input[0])
     if node is None or node.op_type != "Div" or node.domain not in ("", "ai.onnx"):
         return None
@@ -64,4 +68,9 @@ def sigmoid_input(graph: onnx.GraphProto, name: str) -> str | None:
     neg = exp_b and made(exp_b.input[0], "Neg")
     relu = neg and made(neg.input[0], "Relu")
     x = clip.input[0]
-    return x if relu and relu.input[0] == x else None
+    if not (relu and relu.input[0] == x):
+        return None
+    for move in moves:
+        x = gb.op(move.op_type, [x, *move.input[1:]],
+                  **{attr.name: helper.get_attribute_value(attr) for attr in move.attribute})
+    return x
