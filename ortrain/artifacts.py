@@ -72,7 +72,7 @@ __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", 
 
 # Bumped whenever the code that writes the graphs (ortrain._artifact_graphs) changes what it writes,
 # so caches made by an earlier revision of this version of ortrain miss instead of serving stale graphs.
-BUILDER_REVISION = 43
+BUILDER_REVISION = 44
 
 
 @dataclass(frozen=True)
@@ -272,9 +272,17 @@ def loss_text(loss: losses.Loss) -> str:
     return json.dumps(loss.config(), sort_keys=True)
 
 
+def _loss_key(loss: losses.Loss) -> dict:
+    """The loss's config, with its class where it is not ortrain's own (a subclass writing another
+    graph under the same config, whose artifacts another class's cached ones must not stand for)."""
+    cls = type(loss)
+    return loss.config() if cls.__module__ == losses.__name__ else \
+        {**loss.config(), "class": f"{cls.__module__}.{cls.__qualname__}"}
+
+
 def _key(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: str | None) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"format": FORMAT, "builder": BUILDER_REVISION, "versions": versions(), "loss": loss.config(),
+    h.update(json.dumps({"format": FORMAT, "builder": BUILDER_REVISION, "versions": versions(), "loss": _loss_key(loss),
                          "optimizer": _opt_config(opt), "weighting": weighting},
                         sort_keys=True).encode())
     h.update(fg.digest().encode())

@@ -185,11 +185,15 @@ def test_a_binary_crossentropy_of_its_own_elementwise_form_keeps_it_on_a_sigmoid
             return gb.op("Mul", [super().elementwise(gb, pred, label), gb.const(2.0)])
 
     z = np.array([[-3.0, 0.5, 4.0]], np.float32)
-    model = ot.Sequential([ot.layers.Activation("sigmoid")], input_shape=(3,))
-    model.compile(optimizer="sgd", loss=Doubled())
     p = 1 / (1 + np.exp(-z.astype(np.float64)))
-    np.testing.assert_allclose(model.evaluate(z, np.zeros_like(z), verbose=0)["loss"], 2 * np.mean(-np.log1p(-p)),
-                               rtol=1e-6)
+    for loss, factor in (("binary_crossentropy", 1), (Doubled(), 2)):   # the plain loss's artifacts cached first
+        model = ot.Sequential([ot.layers.Dense(3, activation="sigmoid")], input_shape=(3,), seed=0)
+        model.set_weights([np.eye(3, dtype=np.float32), np.zeros(3, np.float32)])
+        model.compile(optimizer="sgd", loss=loss)
+        want = factor * np.mean(-np.log1p(-p))
+        np.testing.assert_allclose(model.evaluate(z, np.zeros_like(z), verbose=0)["loss"], want, rtol=1e-6)
+        # training took the plain loss's cached artifacts: their config is the same
+        np.testing.assert_allclose(model.fit(z, np.zeros_like(z), verbose=0).history["loss"][0], want, rtol=1e-6)
 
 
 def test_weighted_mse_per_sample(data, rng):

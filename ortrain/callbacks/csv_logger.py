@@ -16,6 +16,9 @@ from ortrain.errors import OrtrainError
 
 __all__ = ["CSVLogger"]
 
+# The byte-order mark a spreadsheet writes at the start of a UTF-8 CSV file: read past, and kept.
+_BOM = b"\xef\xbb\xbf"
+
 
 def csv_cell(value) -> str:
     """A logged value as CSV text, as Keras' ``CSVLogger`` writes it: numbers at full precision (a
@@ -35,6 +38,7 @@ class CSVLogger(Callback):
 
     Each row is flushed when its epoch ends, and the file is closed in ``on_train_end``,
     which runs even when training fails: the file then holds every completed epoch.
+    The file is UTF-8 (a byte-order mark a spreadsheet wrote is read past, and kept).
     ``append=True`` adds to an existing file (the header is written only when it is empty); a
     non-empty file whose first line is not such a header in ``separator`` (one led by ``epoch``) is
     refused before training starts, rather than given rows of another layout.
@@ -82,7 +86,7 @@ class CSVLogger(Callback):
             return False
         try:
             with open(self.filename, "rb") as f:
-                return any(line.strip() for line in f)
+                return any(line.removeprefix(_BOM).strip() if i == 0 else line.strip() for i, line in enumerate(f))
         except OSError:  # refused with its reason when it is opened
             return True
 
@@ -90,7 +94,7 @@ class CSVLogger(Callback):
         """The value columns of the file's header read with ``separator``, or None where its first row
         is not a header this logger writes (one led by ``epoch``)."""
         try:
-            with open(self.filename, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark
+            with open(self.filename, newline="", encoding="utf-8-sig") as f:
                 first = next(csv.reader(f, delimiter=self.separator), None)
         except (OSError, UnicodeDecodeError, csv.Error):
             return None
@@ -98,7 +102,7 @@ class CSVLogger(Callback):
 
     def _foreign_header_message(self) -> str:
         try:
-            with open(self.filename, errors="replace") as f:
+            with open(self.filename, encoding="utf-8-sig", errors="replace") as f:
                 line = f.readline().rstrip("\r\n")
         except OSError as exc:
             line = f"<unreadable: {exc.strerror or exc}>"
@@ -114,7 +118,7 @@ class CSVLogger(Callback):
         if has_rows and self.keys is None:  # replaced since _check_fit read it
             raise OrtrainError(self._foreign_header_message())
         try:
-            self._file = open(self.filename, "a" if has_rows else "w", newline="")
+            self._file = open(self.filename, "a" if has_rows else "w", newline="", encoding="utf-8")
         except OSError as exc:
             raise self._write_error(exc) from exc
         self._writer = csv.writer(self._file, delimiter=self.separator)
@@ -142,13 +146,16 @@ class CSVLogger(Callback):
         written before), by a temporary file renamed over it, and go on appending to it."""
         self._file.close()
         try:
-            with open(self.filename, newline="") as f:
+            with open(self.filename, "rb") as f:
+                encoding = "utf-8-sig" if f.read(len(_BOM)) == _BOM else "utf-8"  # a BOM stays
+            with open(self.filename, newline="", encoding=encoding) as f:
                 rows = list(csv.reader(f, delimiter=self.separator))
-            with atomic_path(self.filename, "CSVLogger(filename=...)") as tmp, open(tmp, "w", newline="") as f:
+            with atomic_path(self.filename, "CSVLogger(filename=...)") as tmp, \
+                    open(tmp, "w", newline="", encoding=encoding) as f:
                 writer = csv.writer(f, delimiter=self.separator)
                 writer.writerow([*rows[0], *new])
                 writer.writerows([*row, *(["NA"] * len(new))] for row in rows[1:])
-            self._file = open(self.filename, "a", newline="")
+            self._file = open(self.filename, "a", newline="", encoding="utf-8")
         except OSError as exc:
             raise self._write_error(exc) from exc
         self._writer = csv.writer(self._file, delimiter=self.separator)
