@@ -30,9 +30,9 @@ def checked_target(path, what: str = "path") -> Path:
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise OrtrainError(f"{what}: expected a file path (str or os.PathLike), received {path!r}")
     given = os.fsdecode(os.fspath(path))
-    last = re.split("|".join(re.escape(s) for s in (os.sep, os.altsep) if s), given)
-    if len(last) > 1 and last[-1] in ("", ".", ".."):  # a Path would drop it and write the file it names
-        ending = given[len(given) - len(last[-1]) - 1:]
+    last = os.path.basename(given)
+    if last in ("", ".", "..") and last != given:  # a Path would drop it and write the file it names
+        ending = given[len(given) - len(last) - 1:]
         raise OrtrainError(f"{what}: cannot write {given!r}: a path ending in {ending!r} names a directory, not a "
                            "file; give the path of a file (one in that directory, or the path without it)")
     try:

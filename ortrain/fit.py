@@ -298,8 +298,8 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
     as for :class:`ortrain.Trainer`, except that ``loss_mask=1`` weights any loss, as batches
     carrying ``sample_weight`` without it do (each sample's or position's loss, in training and in
     validation alike): it lets batches without weights come first. ``weight_decay`` (in [0, 1],
-    in the optimizer's form, as for :class:`ortrain.Trainer`) overrides the optimizer's: the default 0.0 turns decay off, with a warning when
-    the compiled optimizer has some; ``None`` keeps the compiled optimizer's, as ``model.fit`` does.
+    in the optimizer's form, as for :class:`ortrain.Trainer`) overrides the optimizer's: the
+    default 0.0 turns decay off, with a warning when the compiled optimizer has some; ``None`` keeps the compiled optimizer's, as ``model.fit`` does.
     The trained weights and optimizer state are written back into ``model``, so a later fit
     continues; when the generator raises, the error propagates after every callback's
     ``on_train_end`` ran and the model holds the last completed step.

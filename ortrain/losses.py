@@ -321,11 +321,11 @@ class BinaryCrossentropy(Loss):
     of 12 to 17, where PyTorch's ``s (1 - s)`` of the rounded ``s`` cancels it. A call of the
     loss takes probabilities, so it computes from the rounded ones (up to 2% apart there)."""
 
-    @property
-    def reads_sigmoid_logits(self) -> bool:
-        return not self.from_logits and type(self).elementwise is BinaryCrossentropy.elementwise
-
     name = "binary_crossentropy"
+
+    @property
+    def reads_sigmoid_logits(self) -> bool:  # not where a subclass computes a form of its own
+        return not self.from_logits and type(self).elementwise is BinaryCrossentropy.elementwise
 
     def __init__(self, from_logits: bool = False):
         self.from_logits = checked_flag(from_logits, "BinaryCrossentropy(from_logits=...)")
@@ -334,7 +334,7 @@ class BinaryCrossentropy(Loss):
         return {"name": self.name, "from_logits": self.from_logits}
 
     def _elementwise(self, gb, pred, label, sigmoid_of):
-        if sigmoid_of is None or not self.reads_sigmoid_logits:
+        if sigmoid_of is None:  # given only where reads_sigmoid_logits
             return self.elementwise(gb, pred, label)
         # probabilities clipped to [1e-7, 1 - 1e-7] are logits clipped to where the sigmoid gives those
         low, high = (float(np.log(p / (1.0 - p))) for p in (np.float32(EPSILON), np.float32(1.0 - EPSILON)))

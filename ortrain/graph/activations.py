@@ -60,8 +60,8 @@ def sigmoid_logits(graph: onnx.GraphProto, name: str, gb: GraphBuilder) -> str |
     clip = exp_a and made(exp_a.input[0], "Clip")
     if not (clip and add and a in add.input and len(clip.input) == 3 and not clip.input[1]):
         return None
-    bound = next((i for i in graph.initializer if i.name == clip.input[2]), None)
-    if bound is None or numpy_helper.to_array(bound).size != 1 or numpy_helper.to_array(bound).item() != 0.0:
+    bound = next((numpy_helper.to_array(i) for i in graph.initializer if i.name == clip.input[2]), None)
+    if bound is None or bound.size != 1 or bound.item() != 0.0:
         return None
     b = add.input[1] if add.input[0] == a else add.input[0]
     exp_b = made(b, "Exp")
