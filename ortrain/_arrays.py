@@ -412,6 +412,14 @@ def positive_int(value, argument: str, *, allow_none: bool = False) -> int | Non
 
 
 # -- inputs, labels, weights -----------------------------------------------------------------------
+class InputBounds(dict):
+    """``Model.index_bounds()``: ``(lowest, highest, what)`` for each input read as row indices of a
+    table; ``sizes``, where the model has free input sizes, refuses sizes its layers cannot take
+    (:class:`ortrain.nn.sizes.SizeCheck`)."""
+
+    sizes = None
+
+
 def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
                    bounds: dict[str, tuple[int, int, str]] | None = None, defer: bool = False) -> list[np.ndarray]:
     """The arrays for the graph inputs ``specs``, cast and checked; ``rows`` pins the batch size.
@@ -419,7 +427,7 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
     One input takes ``x`` itself (or, as Keras does, a list holding it: one array, tensor or frame
     of the input's rank; a list of rows stays rows); several take a list or tuple of arrays in
     ``specs`` order, or (as Keras does) a dict keyed by input name. ``bounds`` (``Model.index_bounds()``) gives the
-    range of inputs that index a table's rows. ``defer``: a large data set that needs a cast may
+    range of inputs that index a table's rows and, with free input sizes, checks them. ``defer``: a large data set that needs a cast may
     come back as a :class:`RowCast`, for callers that read it only by rows.
     """
     if isinstance(x, dict):
@@ -464,6 +472,9 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
                          "(an input that is no batch, such as a recurrent layer's initial state of shape (layers, "
                          "batch, hidden) or a mixing matrix, belongs in the model as a constant, or is transposed to "
                          "batch first before export)")
+    sizes = getattr(bounds, "sizes", None)
+    if sizes is not None:
+        sizes({spec.name: a.shape for spec, a in zip(specs, out)}, argument)
     return out
 
 

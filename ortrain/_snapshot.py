@@ -28,7 +28,7 @@ class Snapshot(Releasable):
         self._params = list(params)
         self._weights = weights
         self._inputs = list(input_specs)
-        self._bounds = bounds or {}
+        self._bounds = bounds if bounds is not None else {}  # (an empty InputBounds may check sizes)
         self._device = device
         self._threads = threads  # the trainer's: onnxruntime's intra-op threads
         self._runner = None

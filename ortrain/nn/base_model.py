@@ -16,7 +16,7 @@ import zipfile
 import numpy as np
 import onnx
 
-from ortrain._arrays import checked_flag, is_integer, staged_weights
+from ortrain._arrays import InputBounds, checked_flag, is_integer, staged_weights
 from ortrain._files import atomic_path, checked_target
 from ortrain._keywords import (
     name_unknown_arguments,
@@ -36,6 +36,7 @@ from ortrain.nn import training as _training
 from ortrain.nn.base_layer import FREEZES, WEIGHTS_LOCK, EmitContext, Layer, sync_live
 from ortrain.nn.core_layers import Embedding
 from ortrain.nn.saving import model_from_record, model_record, save_model
+from ortrain.nn.sizes import SizeCheck
 from ortrain.nn.symbolic import SymbolicTensor, _topological
 from ortrain.nn.training import TrainingMixin
 
@@ -289,15 +290,27 @@ class Model(TrainingMixin):
 
         An ``Embedding`` fed straight from a model input takes indices in ``[0, input_dim - 1]``, as
         in Keras and PyTorch; onnxruntime would fail on a larger one deep in a step and wrap a
-        negative one into another row.
+        negative one into another row. With free input sizes, the dict's ``sizes`` also checks each
+        call's sizes against the layers (:class:`~ortrain.nn.sizes.SizeCheck`).
         """
         names = {id(t): self._input_name(i) for i, t in enumerate(self._inputs)}
-        bounds: dict[str, tuple[int, int, str]] = {}
+        bounds = InputBounds()
         for node in self._nodes:
             name = names.get(id(node.inputs[0])) if isinstance(node.layer, Embedding) else None
             if name is not None and (name not in bounds or node.layer.input_dim - 1 < bounds[name][1]):
                 bounds[name] = (0, node.layer.input_dim - 1, f"Embedding {node.layer.name!r}")
+        bounds.sizes = self._size_check()
         return bounds
+
+    def _size_check(self) -> SizeCheck | None:
+        """Where an input has free sizes after the batch: the check of each call's sizes against the
+        layers, made once for this graph of layers."""
+        if not any(None in t.shape[1:] for t in self._inputs):
+            return None
+        made = self.__dict__.get("_sizes_for")
+        if made is None or made[0] is not self._nodes:
+            made = self.__dict__["_sizes_for"] = (self._nodes, SizeCheck(self))
+        return made[1]
 
     def _given_input_name(self, i: int) -> str | None:
         """The name ``ot.Input`` had when the model was built (an Input renamed later does not rename

@@ -107,6 +107,7 @@ class TrainingMixin:
         if drawn:  # a seeded Sequential's stack, by layer: the copy's pop() rewinds at its own layers
             state["_drawn_before"] = [(lyr, drawn[id(lyr)]) for lyr in self.layers if id(lyr) in drawn]
         state["_runners"] = {}
+        state.pop("_sizes_for", None)  # (made again from the copy's layers)
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = state["_live_pair"] = None
         state.pop("_fit_thread", None)  # a copy is not fitting
         state["_edits_seen"] = None  # EDITS counts this process's sets: a copy starts over
