@@ -473,6 +473,13 @@ def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(
     (["export", "--artifacts", "art", "-o", "art/forward2.onnx"], 2,
      "-o: 'art/forward2.onnx' lies inside the artifacts 'art' this command reads; write it elsewhere"),
     (["predict", "--artifacts", "art", "--data", "x.npy", "-o", "art/p.npy"], 2, "lies inside the artifacts 'art'"),
+    # -o over a file the command reads; a checkpoint with a model file (was ignored: the file's weights predicted)
+    (["export", "--artifacts", "art", "--checkpoint", "best.ckpt", "-o", "best.ckpt"], 2,
+     "-o: 'best.ckpt' names a file this command reads (a checkpoint, the data, the model or the run's own records)"),
+    (["predict", "--artifacts", "art", "--data", "x.npy", "-o", "x"], 2,
+     "-o: 'x' would write 'x.npy', a file this command reads"),
+    (["predict", "--model", "mlp.onnx", "--checkpoint", "best.ckpt", "--data", "x.npy"], 2,
+     "--checkpoint goes with --run or --artifacts: a --model file holds its own weights"),
     # a path of the wrong kind was said not to exist; a config's bare string is a list too
     (["eval", "--artifacts", "train.npz", "--data", "test.npz"], 2,
      "--artifacts: 'train.npz' is a file; give the artifacts directory (the one holding manifest.json)"),
@@ -522,6 +529,24 @@ def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     assert message in err and "Traceback" not in err
     assert sorted(p.name for p in workdir.iterdir()) == before  # nothing written, not even a run.json
     assert sorted(p.name for p in (workdir / "art").iterdir()) == art_before
+
+
+def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys):
+    make_artifacts(capsys)
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "2", "--batch-size", "32",
+               "--out", "run", "--verbose", "0") == 0
+    before = {p: p.read_bytes() for p in Path("run").rglob("*") if p.is_file()}
+    for output, why in [("run/checkpoints/epoch-0002.ckpt", "lies in the checkpoints/ folder of the run 'run'"),
+                        ("run/checkpoints/other.onnx", "lies in the checkpoints/ folder"),
+                        ("run/state.json", "names a file this command reads"),
+                        ("run/run.json", "names a file this command reads")]:
+        capsys.readouterr()
+        assert cli("export", "--run", "run", "-o", output) == 2  # was written over: the run no longer resumed
+        assert why in capsys.readouterr().err
+    assert cli("predict", "--run", "run", "--data", "x.npy", "-o", "run/checkpoints/p.npy") == 2
+    assert {p: p.read_bytes() for p in Path("run").rglob("*") if p.is_file()} == before
+    assert cli("export", "--run", "run", "-o", "run/model.onnx") == 0  # the run's exported model, written again
+    assert cli("train", "--out", "run", "--resume", "--epochs", "3", "--verbose", "0") == 0
 
 
 def test_a_refused_resume_keeps_the_finished_run_and_what_it_trains(workdir, capsys):

@@ -28,7 +28,7 @@ from ortrain.cli._common import (
     momentum_of,
     read_json,
 )
-from ortrain.cli.run_dir import _artifacts_of, read_run, read_state, run_checkpoint
+from ortrain.cli.run_dir import RUN_RECORDS, _artifacts_of, read_run, read_state, run_checkpoint
 from ortrain.errors import OrtrainError
 
 
@@ -39,6 +39,9 @@ def model_from(run: str | None, artifacts: str | None, checkpoint: str | None, o
     if len(given) != 1:
         raise UsageError("give exactly one of --run, --artifacts" + (" or --model" if takes_model else ""))
     if onnx_model:
+        if checkpoint is not None:
+            raise UsageError("--checkpoint goes with --run or --artifacts: a --model file holds its own weights (a "
+                             "checkpoint of a run that trained it is read with that run's --run or --artifacts)")
         model_file(onnx_model, "--model")
         return ot.from_onnx(onnx_model)
     if run:
@@ -97,8 +100,8 @@ def _named_by_file(paths: list[str]):
 
 def _output_file(opts, example: str) -> None:
     """``-o`` names a file to write in a folder that exists, outside the artifacts it reads (a file
-    written there fails their sha256 check from then on): checked before anything loads or runs,
-    as a usage error."""
+    written there fails their sha256 check from then on) and over none of the files it reads (a
+    checkpoint, the data, a run's records): checked before anything loads or runs, as a usage error."""
     source = opts.artifacts
     if opts.run and Path(opts.run, "run.json").is_file():
         with contextlib.suppress(OrtrainError):  # model_from names a damaged run
@@ -107,6 +110,20 @@ def _output_file(opts, example: str) -> None:
     if source and os.path.isdir(source) and Path(source).resolve() in (written, *written.parents):
         raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
                          "elsewhere")
+    files = {_npy_path(written, None) if example.endswith(".npy") else written}  # (several outputs: OUT_<i>.npy)
+    read = [Path(os.path.abspath(f)).resolve() for f in
+            (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f]
+    if opts.run:  # the run's records and checkpoints (its model.onnx may be written again)
+        run = Path(os.path.abspath(opts.run)).resolve()
+        read += [run / name for name in RUN_RECORDS]
+        if any(run / "checkpoints" in (f, *f.parents) for f in files):
+            raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run {opts.run!r}, which the "
+                             "run keeps for its checkpoints; write it elsewhere")
+    same = next((f for f in files if f in read), None)
+    if same is not None:
+        what = "names" if same == written else f"would write {same.name!r},"
+        raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data, the model or "
+                         "the run's own records): written over, it would be gone; write elsewhere")
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
                          f"{os.path.join(opts.output, example)!r}")

@@ -320,6 +320,9 @@ _TEMP_IN_RUN = re.compile("|".join([*(atomic_temporaries(re.escape(name), Path(n
 _TEMP_IN_CHECKPOINTS = re.compile(atomic_temporaries(_CHECKPOINT.pattern, ".ckpt"))
 # _run_lock's file, and _artifact_store._publish_lock's for the run's artifacts/
 _LOCKS = (".lock", ".artifacts.lock")
+# what a resume reads or holds: another command's -o must not write over them (model.onnx and loss.png
+# it writes again)
+RUN_RECORDS = (*(n for n in _WRITTEN_IN_RUN if n not in ("model.onnx", "loss.png")), *_LOCKS)
 
 
 def left_by_a_start(out: Path) -> bool:
