@@ -41,6 +41,15 @@ def validates_after(epoch: int, validation_freq: int | frozenset[int]) -> bool:
     return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
 
 
+def validations_within(initial_epoch: int, epochs: int, validation_freq: int | frozenset[int]) -> int:
+    """How many of the epochs from ``initial_epoch`` to ``epochs`` (counted from 0, the end
+    excluded) ``validation_freq`` takes; counted, not scanned (``epochs`` may be any size)."""
+    freq = validation_freq
+    if isinstance(freq, int):
+        return max(epochs // freq - initial_epoch // freq, 0)
+    return sum(initial_epoch < k <= epochs for k in freq)
+
+
 class Loop:
     """One run of the epoch loop; callbacks see it as ``callback.loop``."""
 
@@ -107,7 +116,7 @@ class Loop:
 
     def _log_names(self) -> list[str]:
         names = ["loss", *(m.name for m in self.metrics)]
-        if any(self.validates(e) for e in range(self.initial_epoch, self.epochs)):
+        if self.validation is not None and validations_within(self.initial_epoch, self.epochs, self.validation_freq):
             names += [f"val_{n}" for n in names]
         return names + ["lr"]
 

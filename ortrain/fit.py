@@ -42,7 +42,7 @@ from ortrain import optim
 from ortrain._arrays import check_fixed_rows, checked_flag, checked_int, is_integer, is_real, prepare_inputs
 from ortrain._class_weight import class_weights
 from ortrain._keywords import names_unknown_arguments_of
-from ortrain._loop import Loop, located, validates_after
+from ortrain._loop import Loop, located, validations_within
 from ortrain._trainer_setup import _weighting
 from ortrain._warnings import warn
 from ortrain.callbacks.base import CallbackList
@@ -104,11 +104,6 @@ def _element_weights(model: Model, loss_mask) -> tuple | None:
     prediction's shape, as the artifacts build it); None for one per sample, the default of
     :func:`prepare_arrays`. A ``loss_mask`` the trainer refuses is refused here first."""
     return tuple(model.output_specs[0].shape) if _weighting(loss_mask, model) == "element" else None
-
-
-def _validations(initial_epoch: int, epochs: int, validation_freq) -> int:
-    """How many of the fit's epochs validate."""
-    return sum(validates_after(e, validation_freq) for e in range(initial_epoch, epochs))
 
 
 # -- entry points ---------------------------------------------------------------------------------
@@ -366,7 +361,7 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
              f"compiled {type(staged.optimizer).__name__}; pass weight_decay=None to keep it (model.fit keeps "
              "it)", UserWarning)
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator",
-                              validations=_validations(initial_epoch, epochs, validation_freq),
+                              validations=validations_within(initial_epoch, epochs, validation_freq),
                               weight_shape=_element_weights(staged, loss_mask))
     if epochs <= initial_epoch:
         return History()
@@ -512,7 +507,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     if validation_data is not None:
         check_split(validation_split)  # then ignored, as in Keras
         vit = validation_iterator(model, validation_data, validation_steps, bs,
-                                  validations=_validations(initial_epoch, epochs, validation_freq))
+                                  validations=validations_within(initial_epoch, epochs, validation_freq))
         xs, ys, ws = arrays
     else:
         (xs, ys, ws), held = split_arrays(arrays, validation_split)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import ortrain as ot
+from ortrain._loop import validates_after, validations_within
 
 
 def classifier(seed=0):
@@ -260,3 +261,23 @@ def test_a_diverged_loss_is_written_nan_and_a_missing_value_na(tmp_path):
     hist.to_csv(tmp_path / "history.csv")
     with open(tmp_path / "history.csv", newline="") as f:
         assert list(csv.DictReader(f)) == rows
+
+
+@pytest.mark.parametrize("freq", [1, 2, 3, 7, frozenset({1, 4, 9}), frozenset({30})])
+def test_the_count_of_validating_epochs_equals_keras_rule_epoch_by_epoch(freq):
+    for initial_epoch in range(0, 12):
+        for epochs in range(0, 14):
+            want = sum(validates_after(e, freq) for e in range(initial_epoch, epochs))
+            assert validations_within(initial_epoch, epochs, freq) == want, (initial_epoch, epochs)
+
+
+def test_a_fit_of_very_many_epochs_starts_at_once(tmp_path):
+    """'Train until stopped': the epochs are counted, not scanned, before the first one (a scan of
+    10**12 epochs never ended)."""
+    x, y = data()
+    stop = ot.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", epoch >= 1))
+    for validation in ({}, {"validation_data": data(8, seed=1), "validation_freq": 2}):
+        model = classifier()
+        hist = model.fit(x, y, batch_size=8, epochs=10**12, verbose=0, callbacks=[stop], **validation)
+        assert hist.epoch == [0, 1]
+        assert ("val_loss" in hist.history) == bool(validation)
