@@ -208,7 +208,8 @@ class LayerNorm(Layer):
 
 
 class Embedding(Layer):
-    """Rows of a ``(input_dim, output_dim)`` table, looked up by int64 indices."""
+    """Rows of a ``(input_dim, output_dim)`` table, looked up by int64 indices. The table starts
+    uniform in ``[-0.05, 0.05]``, Keras' default (PyTorch's ``nn.Embedding`` draws from N(0, 1))."""
 
     input_dtype = np.dtype(np.int64)
 
