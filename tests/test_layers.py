@@ -712,3 +712,14 @@ def test_a_weight_too_large_to_hold_is_refused_with_its_size():
         with pytest.raises(ot.OrtrainError, match=rf"^a {norm.__name__} layer: its weights for inputs "
                                                   r"\(N, 1000000000000\) are more than this machine can allocate"):
             ot.Sequential([norm()], input_shape=(10**12,))
+
+
+def test_an_embedding_table_starts_uniform_as_keras_s_default():
+    """Keras' RandomUniform(-0.05, 0.05) (what the docstring and README state), not PyTorch's N(0, 1)."""
+    s = ot.Input((3,), dtype="int64")
+    table = ot.Model(s, ot.layers.Embedding(2000, 64, seed=0)(s)).get_weights()[0]
+    assert table.shape == (2000, 64) and table.dtype == np.float32
+    assert -0.05 <= table.min() < -0.0499 and 0.0499 < table.max() <= 0.05
+    assert abs(table.std() - 0.1 / np.sqrt(12)) < 2e-4 and abs(table.mean()) < 5e-4
+    counts, _ = np.histogram(table, bins=10, range=(-0.05, 0.05))
+    assert counts.min() > 0.95 * table.size / 10
