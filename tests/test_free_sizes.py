@@ -5,6 +5,7 @@ Refused calls change nothing; sizes that fit run as before (values against numpy
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ def test_only_the_axis_too_small_is_named_with_the_size_the_whole_model_needs():
     out = L.Dense(1)(L.GlobalAvgPool2D()(L.Conv2D(3, 3)(L.MaxPool2D(2)(inp))))
     m = ot.Model(inp, out)
     with pytest.raises(ot.ShapeError, match=r"layer 'max_pool2d_0' \(MaxPool2D\).*Give a height \(axis 2\) of at "
-                                            r"least 6 \(pad or resize the inputs\)"):
+                                            r"least 6 \(pad or resize the inputs\)$"):
         m.predict(np.ones((1, 2, 1, 9), np.float32))
     # the pool takes 5 x 5, the convolution after it not: the model needs 6 x 6
     with pytest.raises(ot.ShapeError, match=r"layer 'conv2d_0' \(Conv2D\) refuses them: Conv2D kernel \(3, 3\) does "
@@ -131,3 +132,81 @@ def test_a_reshape_of_a_free_length_names_a_length_it_takes():
     idx = np.array([[1, 2, 3, 4]])
     table = m.get_weights()[0]
     np.testing.assert_array_equal(m.predict(idx), table[idx].reshape(1, -1, 4))
+
+
+def test_the_message_gives_the_layer_s_reason_without_its_advice_to_the_model_and_sizes_below_too():
+    inp = ot.Input((2, None, None))
+    with pytest.raises(ot.ShapeError) as err:
+        ot.Model(inp, L.MaxPool2D(2)(inp)).predict(np.ones((1, 2, 1, 1), np.float32))
+    assert "use a smaller pool" not in str(err.value)  # (advice for building a model, not for its data)
+    s = ot.Input((None,), dtype="int64")
+    m = ot.Model(s, L.Reshape((8,))(L.Embedding(10, 2, seed=0)(s)))  # only a length of 4 fits
+    with pytest.raises(ot.ShapeError) as err:
+        m.predict(np.ones((1, 5), np.int64))
+    text = str(err.value)
+    assert "its layer 'reshape_0' (Reshape) refuses them: Reshape(target_shape=(8,)) cannot hold" in text
+    assert "reshape_0: Reshape" not in text and "give a target_shape" not in text
+    assert text.endswith("such as x of shape (1, 4) (pad or crop the inputs)")
+    assert m.predict(np.ones((1, 4), np.int64)).shape == (1, 8)
+
+
+class _Repeat(L.Layer):
+    """A layer of the caller's, whose setting is a list: the layers after it are still checked."""
+
+    def __init__(self, times, name=None):
+        super().__init__(name)
+        self.times = [int(times)]
+
+    def output_shape(self, input_shapes):
+        s = input_shapes[0]
+        return (s[0], s[1] * self.times[0], *s[2:])
+
+    def emit(self, ctx, inputs):
+        reps = ctx.gb.const([1, self.times[0], 1, 1], np.int64, hint="reps")
+        return ctx.gb.op("Tile", [inputs[0], reps])
+
+
+def test_a_layer_of_the_caller_s_keeps_the_layers_after_it_checked():
+    inp = ot.Input((2, None, None))
+    m = ot.Model(inp, L.MaxPool2D(2)(_Repeat(2)(inp)))
+    with pytest.raises(ot.ShapeError, match=r"layer 'max_pool2d_0' \(MaxPool2D\)"):
+        m.predict(np.ones((1, 2, 1, 1), np.float32))
+    x = np.arange(2 * 4 * 4, dtype=np.float32).reshape(1, 2, 4, 4)
+    np.testing.assert_array_equal(m.predict(x), _max_pool(np.tile(x, (1, 2, 1, 1)), 2))
+
+
+def test_a_layer_popped_from_a_sequential_is_not_kept_alive_by_the_check():
+    import gc
+    import weakref
+    m = ot.Sequential([L.Conv2D(2, 3), L.MaxPool2D(2)], input_shape=(1, None, None))
+    with pytest.raises(ot.ShapeError):
+        m.predict(np.ones((1, 1, 2, 2), np.float32))  # (the check is made)
+    popped = weakref.ref(m.pop())
+    gc.collect()
+    assert popped() is None
+    assert m.predict(np.ones((1, 1, 3, 3), np.float32)).shape == (1, 2, 1, 1)
+
+
+def test_at_least_is_said_only_where_larger_sizes_fit_too():
+    """Heights h // 2 and ceil(h / 2) added: 2, 3, 4 and every even height fit, 5, 7, 9... not."""
+    inp = ot.Input((1, None, None))
+    m = ot.Model(inp, L.Add()([L.MaxPool2D((2, 1))(inp), L.Conv2D(1, 1, strides=(2, 1), seed=0)(inp)]))
+    with pytest.raises(ot.ShapeError) as err:
+        m.predict(np.ones((1, 1, 1, 4), np.float32))
+    assert "at least" not in str(err.value) and str(err.value).endswith("such as x of shape (1, 1, 2, 4) (pad or "
+                                                                        "crop the inputs)")
+    for h in (2, 3, 4, 6):
+        assert m.predict(np.ones((1, 1, h, 4), np.float32)).shape == (1, 1, (h + 1) // 2, 4)  # (1 broadcasts)
+    with pytest.raises(ot.ShapeError, match=r"received \(N, 1, 2, 4\), \(N, 1, 3, 4\)"):
+        m.predict(np.ones((1, 1, 5, 4), np.float32))
+
+
+@pytest.mark.parametrize("shape, layer, said", [
+    ((None, 5), lambda: L.BatchNorm(), "received (N, N, 5); it normalises axis 1, which must have a known size"),
+    ((3, None), lambda: L.LayerNorm(), "received (N, 3, N); give the last axis its size"),
+    ((1, None, None), lambda: L.MaxPool2D(2, padding="same"), "needs a known height"),
+    ((1, None, None), lambda: L.AvgPool2D(3, strides=1, padding="same"), "needs a known height and width"),
+])
+def test_layers_that_need_a_known_size_say_so_with_the_fix_when_built(shape, layer, said):
+    with pytest.raises(ot.ShapeError, match=re.escape(said)):
+        layer()(ot.Input(shape))

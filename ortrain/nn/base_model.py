@@ -87,6 +87,7 @@ class Model(TrainingMixin):
                                f"({missing[0]!r}); pass every ot.Input the outputs use")
         self._init_state(name or "model")
         self._inputs, self._outputs, self._nodes = ins, outs, nodes
+        self.__dict__.pop("_sizes_for", None)  # (Sequential's add and pop come here again)
         self.layers: list[Layer] = list({id(node.layer): node.layer for node in nodes}.values())  # first calls' order
         self._name_layers()
         self._check_input_names()
@@ -304,13 +305,13 @@ class Model(TrainingMixin):
 
     def _size_check(self) -> SizeCheck | None:
         """Where an input has free sizes after the batch: the check of each call's sizes against the
-        layers, made once for this graph of layers."""
+        layers, made once for this graph of layers (``Model.__init__`` drops it)."""
         if not any(None in t.shape[1:] for t in self._inputs):
             return None
-        made = self.__dict__.get("_sizes_for")
-        if made is None or made[0] is not self._nodes:
-            made = self.__dict__["_sizes_for"] = (self._nodes, SizeCheck(self))
-        return made[1]
+        check = self.__dict__.get("_sizes_for")
+        if check is None:
+            check = self.__dict__["_sizes_for"] = SizeCheck(self)
+        return check
 
     def _given_input_name(self, i: int) -> str | None:
         """The name ``ot.Input`` had when the model was built (an Input renamed later does not rename

@@ -307,14 +307,17 @@ class _Pool2D(Layer):
 
 class MaxPool2D(_Pool2D):
     """Maximum over each ``pool_size`` window of ``(batch, channels, h, w)`` inputs; ``strides``
-    default to the pool size, ``padding`` is ``"valid"`` or ``"same"``."""
+    default to the pool size, ``padding`` is ``"valid"`` or ``"same"``. Over a free height or width
+    (``ot.Input((c, None, None))``), ``"same"`` is taken at stride 1 only, as ``Conv2D``'s: its
+    pads depend on the size at a larger stride."""
 
     op_type = "MaxPool"
 
 
 class AvgPool2D(_Pool2D):
     """Mean over each window. With ``padding="same"`` the padded cells are left out of the mean
-    (Keras' convention; PyTorch's ``AvgPool2d`` counts them unless ``count_include_pad=False``)."""
+    (Keras' convention; PyTorch's ``AvgPool2d`` counts them unless ``count_include_pad=False``),
+    which needs the height and width known: over free sizes it takes ``"valid"`` only."""
 
     op_type = "AveragePool"
 

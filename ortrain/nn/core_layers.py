@@ -155,8 +155,10 @@ class BatchNorm(Layer):
     def _build(self, input_shapes, rng):
         shape = input_shapes[0]
         if len(shape) < 2 or shape[1] is None:
+            fix = "; it normalises axis 1, which must have a known size: give that axis its size, or put a known " \
+                  "one there (Permute((2, 1)) before it normalises a sequence's features)" if len(shape) >= 2 else ""
             raise ShapeError(f"BatchNorm expects (batch, features) or (batch, channels, ...) inputs, "
-                             f"received {describe_shape(shape)}")
+                             f"received {describe_shape(shape)}{fix}")
         c = shape[1]
         self.weights.update(gamma=np.ones(c, np.float32), beta=np.zeros(c, np.float32),
                             running_mean=np.zeros(c, np.float32), running_var=np.ones(c, np.float32))
@@ -191,7 +193,9 @@ class LayerNorm(Layer):
     def _build(self, input_shapes, rng):
         c = input_shapes[0][-1]
         if c is None:
-            raise ShapeError("LayerNorm needs a known last dimension")
+            raise ShapeError(f"LayerNorm needs a known last dimension (its gamma and beta have one value each), "
+                             f"received {describe_shape(input_shapes[0])}; give the last axis its size, or put a "
+                             "known one last (Permute)")
         self.weights.update(gamma=np.ones(c, np.float32), beta=np.zeros(c, np.float32))
         self.roles.update(gamma="trainable", beta="trainable")
 
