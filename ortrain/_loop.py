@@ -131,6 +131,16 @@ class Loop:
         data and ``validation_freq`` takes this epoch (counted from 1, as Keras counts it)."""
         return self.validation is not None and validates_after(epoch, self.validation_freq)
 
+    def first_without_validation(self) -> int | None:
+        """The first of the fit's epochs after which validation data is not read (``validation_freq``),
+        None for none; found without scanning every epoch (``epochs`` may be any size)."""
+        if self.validation is None or self.validation_freq == 1:
+            return None
+        epoch = self.initial_epoch
+        while epoch < self.epochs and self.validates(epoch):
+            epoch += 1  # (at most once for a frequency above 1, len(freq) times for a set of epochs)
+        return epoch if epoch < self.epochs else None
+
     def _names(self) -> list[str]:
         return [p.name for p in self.trainer._params]
 

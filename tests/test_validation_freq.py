@@ -276,8 +276,13 @@ def test_a_fit_of_very_many_epochs_starts_at_once(tmp_path):
     10**12 epochs never ended)."""
     x, y = data()
     stop = ot.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(model, "stop_training", epoch >= 1))
-    for validation in ({}, {"validation_data": data(8, seed=1), "validation_freq": 2}):
+    for validation in ({}, {"validation_data": data(8, seed=1)}, {"validation_data": data(8, seed=1),
+                                                                  "validation_freq": 2}):
         model = classifier()
-        hist = model.fit(x, y, batch_size=8, epochs=10**12, verbose=0, callbacks=[stop], **validation)
-        assert hist.epoch == [0, 1]
+        checkpoint = ot.callbacks.ModelCheckpoint(str(tmp_path / "ck-{epoch}.ortrain"))  # (it scanned them too)
+        hist = model.fit(x, y, batch_size=8, epochs=10**12, verbose=0, callbacks=[checkpoint, stop], **validation)
+        assert hist.epoch == [0, 1] and (tmp_path / "ck-2.ortrain").is_file()
         assert ("val_loss" in hist.history) == bool(validation)
+    with pytest.raises(ot.OrtrainError, match="leaves epoch 1 .counted from 1. without validation"):
+        model.fit(x, y, batch_size=8, epochs=10**12, verbose=0, validation_data=data(8, seed=1), validation_freq=2,
+                  callbacks=[ot.callbacks.ModelCheckpoint(str(tmp_path / "ck-{val_loss:.3f}.ortrain"))])

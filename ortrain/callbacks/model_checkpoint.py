@@ -8,7 +8,7 @@ import string
 
 from ortrain._arrays import checked_flag
 from ortrain._files import checked_target
-from ortrain.callbacks._monitor import Monitor, check_callback_verbose, check_threshold, skips_validation
+from ortrain.callbacks._monitor import Monitor, check_callback_verbose, check_threshold
 from ortrain.callbacks.base import Callback
 from ortrain.callbacks.lambda_callback import LambdaCallback
 from ortrain.errors import OrtrainError
@@ -135,9 +135,7 @@ class ModelCheckpoint(Callback):
 
     def _check_validation_freq(self) -> None:
         """A filepath naming a ``val_`` value cannot be written after an epoch without validation."""
-        p = self.params
-        skipped = next((e for e in range(p.get("initial_epoch", 0), p.get("epochs", 0))
-                        if skips_validation(self.loop, e)), None)
+        skipped = None if self.loop is None else self.loop.first_without_validation()
         if skipped is None or (self.save_best_only and self.monitor.name.startswith("val_")):
             return
         try:
