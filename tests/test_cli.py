@@ -475,7 +475,7 @@ def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(
     (["predict", "--artifacts", "art", "--data", "x.npy", "-o", "art/p.npy"], 2, "lies inside the artifacts 'art'"),
     # -o over a file the command reads; a checkpoint with a model file (was ignored: the file's weights predicted)
     (["export", "--artifacts", "art", "--checkpoint", "best.ckpt", "-o", "best.ckpt"], 2,
-     "-o: 'best.ckpt' names a file this command reads (a checkpoint, the data, the model or the run's own records)"),
+     "-o: 'best.ckpt' names a file this command reads (a checkpoint, the data, the model or a run's own records)"),
     (["predict", "--artifacts", "art", "--data", "x.npy", "-o", "x"], 2,
      "-o: 'x' would write 'x.npy', a file this command reads"),
     (["predict", "--model", "mlp.onnx", "--checkpoint", "best.ckpt", "--data", "x.npy"], 2,
@@ -536,7 +536,12 @@ def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys
     assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "2", "--batch-size", "32",
                "--out", "run", "--verbose", "0") == 0
     before = {p: p.read_bytes() for p in Path("run").rglob("*") if p.is_file()}
-    for output, why in [("run/checkpoints/epoch-0002.ckpt", "lies in the checkpoints/ folder of the run 'run'"),
+    os.makedirs("other/deep")
+    os.symlink(workdir / "other" / "deep", "lnk")  # lnk/.. is other/, not the working directory
+    shutil.copy("x.npy", "other/x.npy")
+    assert cli("predict", "--run", "run", "--data", "other/x.npy", "-o", "lnk/../x.npy") == 2
+    assert "-o: 'lnk/../x.npy' names a file this command reads" in capsys.readouterr().err
+    for output, why in [("run/checkpoints/epoch-0002.ckpt", "lies in the checkpoints/ folder of the run in"),
                         ("run/checkpoints/other.onnx", "lies in the checkpoints/ folder"),
                         ("run/state.json", "names a file this command reads"),
                         ("run/run.json", "names a file this command reads")]:
@@ -544,6 +549,10 @@ def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys
         assert cli("export", "--run", "run", "-o", output) == 2  # was written over: the run no longer resumed
         assert why in capsys.readouterr().err
     assert cli("predict", "--run", "run", "--data", "x.npy", "-o", "run/checkpoints/p.npy") == 2
+    # a run's files are its own whichever source the command reads
+    assert cli("export", "--artifacts", "art", "--checkpoint", "run/checkpoints/epoch-0002.ckpt", "-o",
+               "run/checkpoints/new.onnx") == 2
+    assert cli("export", "--artifacts", "art", "-o", "run/state.json") == 2
     assert {p: p.read_bytes() for p in Path("run").rglob("*") if p.is_file()} == before
     assert cli("export", "--run", "run", "-o", "run/model.onnx") == 0  # the run's exported model, written again
     assert cli("train", "--out", "run", "--resume", "--epochs", "3", "--verbose", "0") == 0
@@ -804,6 +813,12 @@ def test_predict_writes_every_output_of_a_multi_output_model(workdir, capsys):
     assert not os.path.exists("p.npy")
     assert cli("--json", "predict", "--model", "mlp.onnx", "--data", "x.npy", "-o", "single") == 0
     assert json.loads(capsys.readouterr().out) == {"predictions": "single.npy", "shape": [600, 10]}
+    # an output's file over the data it reads is refused (p_0.npy was written over)
+    shutil.copy("x.npy", "p_0.npy")
+    data = (workdir / "p_0.npy").read_bytes()
+    assert cli("predict", "--model", "two.onnx", "--data", "p_0.npy", "-o", "p.npy") == 2
+    assert "-o: 'p.npy' would write 'p_0.npy', a file this command reads" in capsys.readouterr().err
+    assert (workdir / "p_0.npy").read_bytes() == data and not os.path.exists("p_1.npy.tmp")
 
 
 def test_val_split_holds_out_the_rows_model_fit_would(workdir, capsys):

@@ -106,24 +106,11 @@ def _output_file(opts, example: str) -> None:
     if opts.run and Path(opts.run, "run.json").is_file():
         with contextlib.suppress(OrtrainError):  # model_from names a damaged run
             source = str(_artifacts_of(Path(opts.run), read_run(Path(opts.run))))
-    written = Path(os.path.abspath(opts.output)).resolve()
-    if source and os.path.isdir(source) and Path(source).resolve() in (written, *written.parents):
+    written = Path(os.path.realpath(opts.output))
+    if source and os.path.isdir(source) and Path(os.path.realpath(source)) in (written, *written.parents):
         raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
                          "elsewhere")
-    files = {_npy_path(written, None) if example.endswith(".npy") else written}  # (several outputs: OUT_<i>.npy)
-    read = [Path(os.path.abspath(f)).resolve() for f in
-            (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f]
-    if opts.run:  # the run's records and checkpoints (its model.onnx may be written again)
-        run = Path(os.path.abspath(opts.run)).resolve()
-        read += [run / name for name in RUN_RECORDS]
-        if any(run / "checkpoints" in (f, *f.parents) for f in files):
-            raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run {opts.run!r}, which the "
-                             "run keeps for its checkpoints; write it elsewhere")
-    same = next((f for f in files if f in read), None)
-    if same is not None:
-        what = "names" if same == written else f"would write {same.name!r},"
-        raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data, the model or "
-                         "the run's own records): written over, it would be gone; write elsewhere")
+    _refuse_writing_over_reads(opts, [_npy_path(written, None) if example.endswith(".npy") else written])
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
                          f"{os.path.join(opts.output, example)!r}")
@@ -131,6 +118,21 @@ def _output_file(opts, example: str) -> None:
         checked_target(opts.output, "-o")
     except OrtrainError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _refuse_writing_over_reads(opts, files: list[Path]) -> None:
+    """``files`` (what ``-o`` writes, resolved) must not replace a file the command reads (the
+    checkpoint, the data, the model), nor a run's records or checkpoints (which a resume reads)."""
+    read = {Path(os.path.realpath(f)) for f in
+            (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f}
+    for f in files:
+        if f.parent.name == "checkpoints" and (f.parent.parent / "run.json").is_file():
+            raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run in "
+                             f"{str(f.parent.parent)!r}, which the run keeps for its checkpoints; write it elsewhere")
+        if f in read or (f.name in RUN_RECORDS and (f.parent / "run.json").is_file()):
+            what = "names" if f == Path(os.path.realpath(opts.output)) else f"would write {f.name!r},"
+            raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data, the model "
+                             "or a run's own records): written over, it would be gone; write elsewhere")
 
 
 def predict(opts) -> dict:
@@ -145,6 +147,7 @@ def predict(opts) -> dict:
         _save_npy(path, pred)
         return {"predictions": str(path), "shape": list(pred.shape)}
     paths = [_npy_path(Path(opts.output), i) for i in range(len(pred))]
+    _refuse_writing_over_reads(opts, [Path(os.path.realpath(p)) for p in paths])  # (their number known now)
     for path, p in zip(paths, pred):
         _save_npy(path, p)
     return {"predictions": [str(p) for p in paths], "shapes": [list(p.shape) for p in pred]}
