@@ -367,3 +367,15 @@ def test_flags_sizes_names_and_streams_are_checked_where_they_are_given(tmp_path
     with pytest.raises(ot.OrtrainError, match=r"trainable= and frozen= both list 'dense_0\.kernel'"):
         ot.from_onnx(path, trainable=["dense_0.kernel"], frozen=["dense_0.kernel"])
     assert ot.from_onnx(path, trainable=["*"], frozen=["dense_0.bias"]).trainable_weight_names == ["dense_0.kernel"]
+
+
+def test_load_digits_takes_a_flag_as_true_or_false_only():
+    x, y = ot.datasets.load_digits()
+    images, labels = ot.datasets.load_digits(flatten=False)
+    assert x.shape == (1797, 64) and images.shape == (1797, 1, 8, 8) and x.dtype == images.dtype == np.float32
+    np.testing.assert_array_equal(images.reshape(1797, 64), x)
+    np.testing.assert_array_equal(y, labels)
+    assert np.bincount(y).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    for bad in ("no", None, 0):  # ("no" gave flattened data, None images)
+        with pytest.raises(ot.OrtrainError, match=r"load_digits\(flatten=...\): expected True or False, received"):
+            ot.datasets.load_digits(bad)

@@ -11,6 +11,7 @@ from importlib import resources
 
 import numpy as np
 
+from ortrain._arrays import checked_flag
 from ortrain._keywords import names_unknown_arguments_of
 
 __all__ = ["load_digits"]
@@ -26,6 +27,7 @@ def load_digits(flatten: bool = True) -> tuple[np.ndarray, np.ndarray]:
     >>> x.shape, y.shape, int(y.max())
     ((1797, 64), (1797,), 9)
     """
+    flatten = checked_flag(flatten, "load_digits(flatten=...)")
     with resources.files(__package__).joinpath("digits.npz").open("rb") as f, np.load(f) as data:
         images = data["images"].astype(np.float32) / 16.0
         labels = data["labels"].astype(np.int64)
