@@ -531,6 +531,19 @@ def test_exit_codes_and_one_line_reasons(workdir, capsys, args, code, message):
     assert sorted(p.name for p in (workdir / "art").iterdir()) == art_before
 
 
+def test_a_run_s_checkpoints_are_kept_when_its_checkpoints_folder_is_a_symlink(workdir, capsys):
+    make_artifacts(capsys)
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "2", "--batch-size", "32",
+               "--out", "run", "--verbose", "0") == 0
+    shutil.move("run/checkpoints", "store")  # kept elsewhere, linked from the run
+    os.symlink(workdir / "store", "run/checkpoints")
+    assert cli("eval", "--run", "run", "--data", "test.npz") == 0
+    kept = (workdir / "store" / "epoch-0002.ckpt").read_bytes()
+    assert cli("export", "--run", "run", "-o", "run/checkpoints/epoch-0002.ckpt") == 2  # resolved: store/, no run
+    assert "lies in the checkpoints/ folder of the run in" in capsys.readouterr().err
+    assert (workdir / "store" / "epoch-0002.ckpt").read_bytes() == kept
+
+
 def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys):
     make_artifacts(capsys)
     assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "2", "--batch-size", "32",
@@ -549,6 +562,10 @@ def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys
         assert cli("export", "--run", "run", "-o", output) == 2  # was written over: the run no longer resumed
         assert why in capsys.readouterr().err
     assert cli("predict", "--run", "run", "--data", "x.npy", "-o", "run/checkpoints/p.npy") == 2
+    assert cli("export", "--run", "run", "-o", "run/checkpoints/../checkpoints/x.onnx") == 2
+    os.makedirs("run/checkpoints/sub")
+    assert cli("export", "--run", "run", "-o", "run/checkpoints/sub/x.onnx") == 2
+    os.rmdir("run/checkpoints/sub")
     # a run's files are its own whichever source the command reads
     assert cli("export", "--artifacts", "art", "--checkpoint", "run/checkpoints/epoch-0002.ckpt", "-o",
                "run/checkpoints/new.onnx") == 2
@@ -819,6 +836,9 @@ def test_predict_writes_every_output_of_a_multi_output_model(workdir, capsys):
     assert cli("predict", "--model", "two.onnx", "--data", "p_0.npy", "-o", "p.npy") == 2
     assert "-o: 'p.npy' would write 'p_0.npy', a file this command reads" in capsys.readouterr().err
     assert (workdir / "p_0.npy").read_bytes() == data and not os.path.exists("p_1.npy.tmp")
+    shutil.copy("x.npy", "p.npy")  # read, and not written: this model writes p_0.npy and p_1.npy
+    assert cli("predict", "--model", "two.onnx", "--data", "p.npy", "-o", "p.npy") == 0
+    assert np.load("p.npy").shape == (600, 64)
 
 
 def test_val_split_holds_out_the_rows_model_fit_would(workdir, capsys):

@@ -210,3 +210,34 @@ def test_at_least_is_said_only_where_larger_sizes_fit_too():
 def test_layers_that_need_a_known_size_say_so_with_the_fix_when_built(shape, layer, said):
     with pytest.raises(ot.ShapeError, match=re.escape(said)):
         layer()(ot.Input(shape))
+
+
+def test_sizes_that_must_agree_across_axes_get_sizes_that_fit_not_at_least():
+    inp = ot.Input((1, None, None))
+    p = L.MaxPool2D(2)(inp)
+    m = ot.Model(inp, L.Concatenate()([p, L.Permute((1, 3, 2))(p)]))  # a height equal to the width
+    with pytest.raises(ot.ShapeError) as err:
+        m.predict(np.ones((1, 1, 1, 1), np.float32))
+    assert str(err.value).endswith("such as x of shape (1, 1, 2, 2) (pad or crop the inputs)")  # (2 x 4 is refused)
+    with pytest.raises(ot.ShapeError, match=r"such as x of shape \(1, 1, 4, 4\)"):
+        m.predict(np.ones((1, 1, 2, 4), np.float32))
+    assert m.predict(np.ones((1, 1, 4, 4), np.float32)).shape == (1, 2, 2, 2)
+
+
+def test_sizes_far_above_are_found_and_a_search_in_vain_stays_short():
+    import time
+    inp = ot.Input((1, None, None))
+    x = inp
+    for _ in range(10):
+        x = L.MaxPool2D(2)(x)
+    with pytest.raises(ot.ShapeError, match=r"a height \(axis 2\) of at least 1024 and a width \(axis 3\) of at "
+                                            r"least 1024"):
+        ot.Model(inp, x).predict(np.ones((1, 1, 8, 8), np.float32))
+    x = inp
+    for _ in range(300):
+        x = L.Conv2D(1, 1, seed=0)(x)
+    m = ot.Model(inp, L.Reshape((4999, 4999))(x))  # no image of up to 2 ** 16 rows fits
+    start = time.perf_counter()
+    with pytest.raises(ot.ShapeError, match=r"the target holds 24990001\. Give inputs of sizes the layers take$"):
+        m.predict(np.ones((1, 1, 3, 3), np.float32))
+    assert time.perf_counter() - start < 2.0  # (a budget of the layers' rules; about 0.05 s)

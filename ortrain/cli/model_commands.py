@@ -110,7 +110,9 @@ def _output_file(opts, example: str) -> None:
     if source and os.path.isdir(source) and Path(os.path.realpath(source)) in (written, *written.parents):
         raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
                          "elsewhere")
-    _refuse_writing_over_reads(opts, [_npy_path(written, None) if example.endswith(".npy") else written])
+    # (predict's files over what it reads are known once the model is: one output or several)
+    npy = example.endswith(".npy")
+    _refuse_writing_over_reads(opts, [_npy_path(Path(opts.output), None) if npy else Path(opts.output)], reads=not npy)
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
                          f"{os.path.join(opts.output, example)!r}")
@@ -120,19 +122,23 @@ def _output_file(opts, example: str) -> None:
         raise UsageError(str(exc)) from None
 
 
-def _refuse_writing_over_reads(opts, files: list[Path]) -> None:
-    """``files`` (what ``-o`` writes, resolved) must not replace a file the command reads (the
-    checkpoint, the data, the model), nor a run's records or checkpoints (which a resume reads)."""
+def _refuse_writing_over_reads(opts, paths: list[Path], reads: bool = True) -> None:
+    """``paths`` (what ``-o`` writes) must not be a run's records or lie in its checkpoints/ (which a
+    resume reads), taken as spelled and as the system resolves them (a symlinked folder), nor, with
+    ``reads``, replace a file the command reads (the checkpoint, the data, the model)."""
     read = {Path(os.path.realpath(f)) for f in
-            (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f}
-    for f in files:
-        if f.parent.name == "checkpoints" and (f.parent.parent / "run.json").is_file():
-            raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run in "
-                             f"{str(f.parent.parent)!r}, which the run keeps for its checkpoints; write it elsewhere")
-        if f in read or (f.name in RUN_RECORDS and (f.parent / "run.json").is_file()):
-            what = "names" if f == Path(os.path.realpath(opts.output)) else f"would write {f.name!r},"
-            raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data, the model "
-                             "or a run's own records): written over, it would be gone; write elsewhere")
+            (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f} if reads else set()
+    for path in paths:
+        what = "names" if path == Path(opts.output) else f"would write {path.name!r},"
+        for f in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
+            run = next((a.parent for a in f.parents if a.name == "checkpoints" and (a.parent / "run.json").is_file()),
+                       None)
+            if run is not None:
+                raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run in {str(run)!r}, "
+                                 "which the run keeps for its checkpoints; write it elsewhere")
+            if f in read or (f.name in RUN_RECORDS and (f.parent / "run.json").is_file()):
+                raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data, the "
+                                 "model or a run's own records): written over, it would be gone; write elsewhere")
 
 
 def predict(opts) -> dict:
@@ -144,10 +150,11 @@ def predict(opts) -> dict:
         pred = model.predict(x, batch_size=opts.batch_size)
     if isinstance(pred, np.ndarray):
         path = _npy_path(Path(opts.output), None)
+        _refuse_writing_over_reads(opts, [path])
         _save_npy(path, pred)
         return {"predictions": str(path), "shape": list(pred.shape)}
     paths = [_npy_path(Path(opts.output), i) for i in range(len(pred))]
-    _refuse_writing_over_reads(opts, [Path(os.path.realpath(p)) for p in paths])  # (their number known now)
+    _refuse_writing_over_reads(opts, paths)
     for path, p in zip(paths, pred):
         _save_npy(path, p)
     return {"predictions": [str(p) for p in paths], "shapes": [list(p.shape) for p in pred]}

@@ -16,8 +16,13 @@ __all__ = ["SizeCheck"]
 
 _PLAIN = (int, float, str, bool, type(None))
 _KEPT_FITS = 256  # sets of sizes known to fit, kept for the next calls (then started over)
-_LARGEST_STEP = 512  # how far from a refused size the sizes that fit are looked for
+_NEAR = 64  # sizes looked at one by one from a refused one; beyond them, doubling steps up to 2 ** 16
 _LARGER_TRIED = 32  # sizes above the least that fits tried before saying "at least" (strides make gaps)
+_SEARCH_BUDGET = 100_000  # layer shape rules run to find sizes that fit (a refusal stays well under a second)
+
+
+class _Spent(Exception):
+    """The search for sizes that fit ran out of its budget."""
 
 
 def _plain(value) -> bool:
@@ -65,10 +70,15 @@ class SizeCheck:
             return
         raise ShapeError(self._message([shapes[n] for n in self._names], sizes, refusal, argument))
 
-    def _refusal(self, sizes) -> tuple | None:
+    def _refusal(self, sizes, budget: list[int] | None = None) -> tuple | None:
         """``(layer, reason)`` of the first layer refusing inputs of ``sizes``, None where all take them.
         A layer whose rule needs more than its settings (one of the caller's) gives the shape it was
-        built with, and the layers after it are checked from there."""
+        built with, and the layers after it are checked from there. ``budget`` (a search's) counts
+        the rules run down, raising :class:`_Spent` at 0."""
+        if budget is not None:
+            budget[0] -= len(self._program)
+            if budget[0] < 0:
+                raise _Spent
         values = [(None, *s) for s in sizes]
         for layer, refs, built in self._program:
             try:
@@ -88,46 +98,73 @@ class SizeCheck:
         takes = ", ".join(describe_shape(d) for d in self._declared)
         text = (f"{received}: the model takes {takes} with free sizes, and at these sizes its layer "
                 f"{layer.name!r} ({type(layer).__name__}) refuses them: {reason}. ")
-        grow = self._growth(sizes)
-        if grow and all(self._refusal(self._with(sizes, {a: n + k for a, n in grow.items()})) is None
-                        for k in range(1, _LARGER_TRIED + 1)):  # a window's: larger sizes fit as well
-            return text + "Give " + " and ".join(self._axis(i, j, n) for (i, j), n in grow.items()) \
+        try:
+            hint = self._hint(sizes, args, shapes, [_SEARCH_BUDGET])
+        except _Spent:
+            hint = None
+        return text + (hint or "Give inputs of sizes the layers take")
+
+    def _hint(self, sizes, args, shapes, budget) -> str | None:
+        """Sizes that fit: each free axis too small with the least it takes, where every larger size
+        fits as well (a window's); else sizes that fit near the ones given; None where none is found."""
+        grow = self._growth(sizes, budget)
+        if grow and self._larger_fit(sizes, grow, budget):
+            return "Give " + " and ".join(self._axis(i, j, n) for (i, j), n in grow.items()) \
                 + " (pad or resize the inputs)"
-        fits = self._with(sizes, grow) if grow else self._nearest(sizes)
+        fits = self._with(sizes, grow) if grow else self._nearest(sizes, budget)
         if fits is None:
-            return text + "Give inputs of sizes the layers take"
-        return text + "Give sizes the layers take, such as " + ", ".join(
+            return None
+        return "Give sizes the layers take, such as " + ", ".join(
             f"{a} of shape {describe_shape((s[0], *f))}" for a, s, f, given in zip(args, shapes, fits, sizes)
             if f != given) + " (pad or crop the inputs)"
+
+    def _larger_fit(self, sizes, grow: dict, budget) -> bool:
+        """Whether sizes above ``grow``'s fit too: each axis grown alone and all together, by up to
+        ``_LARGER_TRIED``."""
+        for k in range(1, _LARGER_TRIED + 1):
+            tried = [{a: n + k for a, n in grow.items()}] + [grow | {a: n + k} for a, n in grow.items()]
+            if any(self._refusal(self._with(sizes, t), budget) is not None for t in tried):
+                return False
+        return True
 
     def _free(self) -> list[tuple[int, int]]:
         """The free axes, as ``(input, axis after the batch)``."""
         return [(i, j) for i, d in enumerate(self._declared) for j in range(len(d) - 1) if d[j + 1] is None]
 
-    def _growth(self, sizes) -> dict[tuple[int, int], int]:
-        """Free axes to grow, each to the smallest size the layers take with the other free axes large
+    @staticmethod
+    def _steps() -> list[int]:
+        """How far from a given size the searches look: one by one, then doubling."""
+        return list(range(1, _NEAR + 1)) + [2 ** k for k in range(_NEAR.bit_length(), 17)]
+
+    def _growth(self, sizes, budget) -> dict[tuple[int, int], int]:
+        """Free axes to grow, each to the least size the layers take with the other free axes large
         enough (every free axis raised to one size finds that first), where growing those alone fits;
         empty where none does."""
         free = self._free()
         low = min(sizes[i][j] for i, j in free)
-        enough = next((n for n in range(low + 1, low + _LARGEST_STEP + 1)
-                       if self._refusal(self._with(sizes, {(i, j): max(sizes[i][j], n) for i, j in free})) is None),
-                      None)
+        enough = next((low + d for d in self._steps() if self._refusal(
+            self._with(sizes, {(i, j): max(sizes[i][j], low + d) for i, j in free}), budget) is None), None)
         if enough is None:
             return {}
         others = {(i, j): max(sizes[i][j], enough) for i, j in free}
-        least = {(i, j): next(n for n in range(sizes[i][j], others[i, j] + 1)
-                              if self._refusal(self._with(sizes, others | {(i, j): n})) is None) for i, j in free}
-        grow = {a: n for a, n in least.items() if n > sizes[a[0]][a[1]]}
-        return grow if self._refusal(self._with(sizes, grow)) is None else {}
+        grow = {}
+        for a in free:
+            below, fits = sizes[a[0]][a[1]] - 1, others[a]  # the least that fits, by halving (checked below)
+            while fits - below > 1:
+                mid = (below + fits) // 2
+                below, fits = (below, mid) if self._refusal(self._with(sizes, others | {a: mid}), budget) is None \
+                    else (mid, fits)
+            if fits > sizes[a[0]][a[1]]:
+                grow[a] = fits
+        return grow if grow and self._refusal(self._with(sizes, grow), budget) is None else {}
 
-    def _nearest(self, sizes) -> tuple | None:
+    def _nearest(self, sizes, budget) -> tuple | None:
         """Sizes that fit with one free axis changed, the nearest to the size given (smaller first);
         None where no one axis does."""
-        for step in range(1, _LARGEST_STEP + 1):
+        for step in self._steps():
             for i, j in self._free():
                 for n in (sizes[i][j] - step, sizes[i][j] + step):
-                    if n >= 1 and self._refusal(candidate := self._with(sizes, {(i, j): n})) is None:
+                    if n >= 1 and self._refusal(candidate := self._with(sizes, {(i, j): n}), budget) is None:
                         return candidate
         return None
 
