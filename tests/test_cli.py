@@ -540,7 +540,10 @@ def test_a_run_s_checkpoints_are_kept_when_its_checkpoints_folder_is_a_symlink(w
     assert cli("eval", "--run", "run", "--data", "test.npz") == 0
     kept = (workdir / "store" / "epoch-0002.ckpt").read_bytes()
     assert cli("export", "--run", "run", "-o", "run/checkpoints/epoch-0002.ckpt") == 2  # resolved: store/, no run
-    assert "lies in the checkpoints/ folder of the run in" in capsys.readouterr().err
+    assert "lies in the checkpoints/ folder of the run 'run', a link to" in capsys.readouterr().err
+    assert cli("export", "--run", "run", "-o", "store/epoch-0002.ckpt") == 2  # the folder the link names
+    assert "lies in the checkpoints/ folder of the run 'run', a link to" in capsys.readouterr().err
+    assert cli("export", "--run", "run", "-o", "store.onnx") == 0
     assert (workdir / "store" / "epoch-0002.ckpt").read_bytes() == kept
 
 
@@ -554,7 +557,7 @@ def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys
     shutil.copy("x.npy", "other/x.npy")
     assert cli("predict", "--run", "run", "--data", "other/x.npy", "-o", "lnk/../x.npy") == 2
     assert "-o: 'lnk/../x.npy' names a file this command reads" in capsys.readouterr().err
-    for output, why in [("run/checkpoints/epoch-0002.ckpt", "lies in the checkpoints/ folder of the run in"),
+    for output, why in [("run/checkpoints/epoch-0002.ckpt", "lies in the checkpoints/ folder of the run 'run', which"),
                         ("run/checkpoints/other.onnx", "lies in the checkpoints/ folder"),
                         ("run/state.json", "names a file this command reads"),
                         ("run/run.json", "names a file this command reads")]:

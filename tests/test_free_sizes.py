@@ -241,3 +241,21 @@ def test_sizes_far_above_are_found_and_a_search_in_vain_stays_short():
     with pytest.raises(ot.ShapeError, match=r"the target holds 24990001\. Give inputs of sizes the layers take$"):
         m.predict(np.ones((1, 1, 3, 3), np.float32))
     assert time.perf_counter() - start < 2.0  # (a budget of the layers' rules; about 0.05 s)
+
+
+def test_at_least_is_checked_at_multiples_too_and_a_quadratic_model_s_search_stays_short():
+    import time
+    inp = ot.Input((1, None, None))  # heights 128 to 255 fit, 256 not (2 + 4 rows do not broadcast)
+    m = ot.Model(inp, L.Add()([L.MaxPool2D((64, 1))(inp), L.MaxPool2D((128, 1))(inp)]))
+    with pytest.raises(ot.ShapeError) as err:
+        m.predict(np.ones((1, 1, 1, 4), np.float32))
+    assert "at least" not in str(err.value) and "such as x of shape (1, 1, 128, 4)" in str(err.value)
+    x = ot.layers.Conv2D(2, 1, seed=0)(inp)
+    outs = [x]
+    for _ in range(120):  # each layer joins every earlier output: a rule's cost grows with the depth
+        outs.append(L.Conv2D(1, 1, seed=0)(L.Concatenate()(outs) if len(outs) > 1 else outs[0]))
+    dense = ot.Model(inp, L.Reshape((4999, 4999))(outs[-1]))
+    start = time.perf_counter()
+    with pytest.raises(ot.ShapeError, match=r"Give inputs of sizes the layers take$"):
+        dense.predict(np.ones((1, 1, 3, 3), np.float32))
+    assert time.perf_counter() - start < 1.0  # (the search stops at 0.2 s)

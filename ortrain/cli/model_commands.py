@@ -128,8 +128,14 @@ def _refuse_writing_over_reads(opts, paths: list[Path], reads: bool = True) -> N
     ``reads``, replace a file the command reads (the checkpoint, the data, the model)."""
     read = {Path(os.path.realpath(f)) for f in
             (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f} if reads else set()
+    # the checkpoints of the run read, wherever they are (its checkpoints/ may be a link to another folder)
+    kept = Path(os.path.realpath(Path(opts.run, "checkpoints"))) if opts.run else None
     for path in paths:
         what = "names" if path == Path(opts.output) else f"would write {path.name!r},"
+        if kept is not None and kept in Path(os.path.realpath(path)).parents:
+            linked = "" if kept == Path(os.path.abspath(Path(opts.run, "checkpoints"))) else f", a link to {str(kept)!r}"
+            raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run {opts.run!r}{linked}, "
+                             "which the run keeps for its checkpoints; write it elsewhere")
         for f in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
             run = next((a.parent for a in f.parents if a.name == "checkpoints" and (a.parent / "run.json").is_file()),
                        None)
@@ -145,16 +151,15 @@ def predict(opts) -> dict:
     _output_file(opts, "predictions.npy")
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
     _one_input(model.input_specs)
+    outputs = len(model.output_specs)
+    paths = [_npy_path(Path(opts.output), None if outputs == 1 else i) for i in range(outputs)]
+    _refuse_writing_over_reads(opts, paths)
     x, _, _ = load_data(opts.data)
     with _named_by_file(opts.data):
         pred = model.predict(x, batch_size=opts.batch_size)
     if isinstance(pred, np.ndarray):
-        path = _npy_path(Path(opts.output), None)
-        _refuse_writing_over_reads(opts, [path])
-        _save_npy(path, pred)
-        return {"predictions": str(path), "shape": list(pred.shape)}
-    paths = [_npy_path(Path(opts.output), i) for i in range(len(pred))]
-    _refuse_writing_over_reads(opts, paths)
+        _save_npy(paths[0], pred)
+        return {"predictions": str(paths[0]), "shape": list(pred.shape)}
     for path, p in zip(paths, pred):
         _save_npy(path, p)
     return {"predictions": [str(p) for p in paths], "shapes": [list(p.shape) for p in pred]}

@@ -10,6 +10,8 @@ call's sizes first and refuses such inputs with the layer's reason and sizes tha
 
 from __future__ import annotations
 
+import time
+
 from ortrain.errors import ShapeError, describe_shape
 
 __all__ = ["SizeCheck"]
@@ -18,11 +20,11 @@ _PLAIN = (int, float, str, bool, type(None))
 _KEPT_FITS = 256  # sets of sizes known to fit, kept for the next calls (then started over)
 _NEAR = 64  # sizes looked at one by one from a refused one; beyond them, doubling steps up to 2 ** 16
 _LARGER_TRIED = 32  # sizes above the least that fits tried before saying "at least" (strides make gaps)
-_SEARCH_BUDGET = 100_000  # layer shape rules run to find sizes that fit (a refusal stays well under a second)
+_SEARCH_SECONDS = 0.2  # the time the search for sizes that fit may take (a refusal stays well under a second)
 
 
 class _Spent(Exception):
-    """The search for sizes that fit ran out of its budget."""
+    """The search for sizes that fit ran past its deadline."""
 
 
 def _plain(value) -> bool:
@@ -70,15 +72,13 @@ class SizeCheck:
             return
         raise ShapeError(self._message([shapes[n] for n in self._names], sizes, refusal, argument))
 
-    def _refusal(self, sizes, budget: list[int] | None = None) -> tuple | None:
+    def _refusal(self, sizes, deadline: float | None = None) -> tuple | None:
         """``(layer, reason)`` of the first layer refusing inputs of ``sizes``, None where all take them.
         A layer whose rule needs more than its settings (one of the caller's) gives the shape it was
-        built with, and the layers after it are checked from there. ``budget`` (a search's) counts
-        the rules run down, raising :class:`_Spent` at 0."""
-        if budget is not None:
-            budget[0] -= len(self._program)
-            if budget[0] < 0:
-                raise _Spent
+        built with, and the layers after it are checked from there. ``deadline``: a search's end
+        (``time.perf_counter``), past which :class:`_Spent` is raised."""
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _Spent
         values = [(None, *s) for s in sizes]
         for layer, refs, built in self._program:
             try:
@@ -99,31 +99,33 @@ class SizeCheck:
         text = (f"{received}: the model takes {takes} with free sizes, and at these sizes its layer "
                 f"{layer.name!r} ({type(layer).__name__}) refuses them: {reason}. ")
         try:
-            hint = self._hint(sizes, args, shapes, [_SEARCH_BUDGET])
+            hint = self._hint(sizes, args, shapes, time.perf_counter() + _SEARCH_SECONDS)
         except _Spent:
             hint = None
         return text + (hint or "Give inputs of sizes the layers take")
 
-    def _hint(self, sizes, args, shapes, budget) -> str | None:
+    def _hint(self, sizes, args, shapes, deadline) -> str | None:
         """Sizes that fit: each free axis too small with the least it takes, where every larger size
         fits as well (a window's); else sizes that fit near the ones given; None where none is found."""
-        grow = self._growth(sizes, budget)
-        if grow and self._larger_fit(sizes, grow, budget):
+        grow = self._growth(sizes, deadline)
+        if grow and self._larger_fit(sizes, grow, deadline):
             return "Give " + " and ".join(self._axis(i, j, n) for (i, j), n in grow.items()) \
                 + " (pad or resize the inputs)"
-        fits = self._with(sizes, grow) if grow else self._nearest(sizes, budget)
+        fits = self._with(sizes, grow) if grow else self._nearest(sizes, deadline)
         if fits is None:
             return None
         return "Give sizes the layers take, such as " + ", ".join(
             f"{a} of shape {describe_shape((s[0], *f))}" for a, s, f, given in zip(args, shapes, fits, sizes)
             if f != given) + " (pad or crop the inputs)"
 
-    def _larger_fit(self, sizes, grow: dict, budget) -> bool:
+    def _larger_fit(self, sizes, grow: dict, deadline) -> bool:
         """Whether sizes above ``grow``'s fit too: each axis grown alone and all together, by up to
-        ``_LARGER_TRIED``."""
-        for k in range(1, _LARGER_TRIED + 1):
-            tried = [{a: n + k for a, n in grow.items()}] + [grow | {a: n + k} for a, n in grow.items()]
-            if any(self._refusal(self._with(sizes, t), budget) is not None for t in tried):
+        ``_LARGER_TRIED`` and to a few multiples (a window's period may be long)."""
+        above = [lambda n, k=k: n + k for k in range(1, _LARGER_TRIED + 1)] + \
+            [lambda n, m=m, k=k: n * m + k for m in (2, 3, 4, 8) for k in (0, 1)]
+        for larger in above:
+            tried = [{a: larger(n) for a, n in grow.items()}] + [grow | {a: larger(n)} for a, n in grow.items()]
+            if any(self._refusal(self._with(sizes, t), deadline) is not None for t in tried):
                 return False
         return True
 
@@ -136,14 +138,14 @@ class SizeCheck:
         """How far from a given size the searches look: one by one, then doubling."""
         return list(range(1, _NEAR + 1)) + [2 ** k for k in range(_NEAR.bit_length(), 17)]
 
-    def _growth(self, sizes, budget) -> dict[tuple[int, int], int]:
+    def _growth(self, sizes, deadline) -> dict[tuple[int, int], int]:
         """Free axes to grow, each to the least size the layers take with the other free axes large
         enough (every free axis raised to one size finds that first), where growing those alone fits;
         empty where none does."""
         free = self._free()
         low = min(sizes[i][j] for i, j in free)
         enough = next((low + d for d in self._steps() if self._refusal(
-            self._with(sizes, {(i, j): max(sizes[i][j], low + d) for i, j in free}), budget) is None), None)
+            self._with(sizes, {(i, j): max(sizes[i][j], low + d) for i, j in free}), deadline) is None), None)
         if enough is None:
             return {}
         others = {(i, j): max(sizes[i][j], enough) for i, j in free}
@@ -152,19 +154,19 @@ class SizeCheck:
             below, fits = sizes[a[0]][a[1]] - 1, others[a]  # the least that fits, by halving (checked below)
             while fits - below > 1:
                 mid = (below + fits) // 2
-                below, fits = (below, mid) if self._refusal(self._with(sizes, others | {a: mid}), budget) is None \
+                below, fits = (below, mid) if self._refusal(self._with(sizes, others | {a: mid}), deadline) is None \
                     else (mid, fits)
             if fits > sizes[a[0]][a[1]]:
                 grow[a] = fits
-        return grow if grow and self._refusal(self._with(sizes, grow), budget) is None else {}
+        return grow if grow and self._refusal(self._with(sizes, grow), deadline) is None else {}
 
-    def _nearest(self, sizes, budget) -> tuple | None:
+    def _nearest(self, sizes, deadline) -> tuple | None:
         """Sizes that fit with one free axis changed, the nearest to the size given (smaller first);
         None where no one axis does."""
         for step in self._steps():
             for i, j in self._free():
                 for n in (sizes[i][j] - step, sizes[i][j] + step):
-                    if n >= 1 and self._refusal(candidate := self._with(sizes, {(i, j): n}), budget) is None:
+                    if n >= 1 and self._refusal(candidate := self._with(sizes, {(i, j): n}), deadline) is None:
                         return candidate
         return None
 
