@@ -100,8 +100,8 @@ def _named_by_file(paths: list[str]):
 
 def _output_file(opts, example: str) -> None:
     """``-o`` names a file to write in a folder that exists, outside the artifacts it reads (a file
-    written there fails their sha256 check from then on) and over none of the files it reads (a
-    checkpoint, the data, a run's records): checked before anything loads or runs, as a usage error."""
+    written there fails their sha256 check from then on): checked before anything loads or runs,
+    as a usage error. (Over which files it must not write, :func:`_refuse_writing_over_reads`.)"""
     source = opts.artifacts
     if opts.run and Path(opts.run, "run.json").is_file():
         with contextlib.suppress(OrtrainError):  # model_from names a damaged run
@@ -110,9 +110,6 @@ def _output_file(opts, example: str) -> None:
     if source and os.path.isdir(source) and Path(os.path.realpath(source)) in (written, *written.parents):
         raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
                          "elsewhere")
-    # (predict's files over what it reads are known once the model is: one output or several)
-    npy = example.endswith(".npy")
-    _refuse_writing_over_reads(opts, [_npy_path(Path(opts.output), None) if npy else Path(opts.output)], reads=not npy)
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
                          f"{os.path.join(opts.output, example)!r}")
@@ -122,29 +119,28 @@ def _output_file(opts, example: str) -> None:
         raise UsageError(str(exc)) from None
 
 
-def _refuse_writing_over_reads(opts, paths: list[Path], reads: bool = True) -> None:
-    """``paths`` (what ``-o`` writes) must not be a run's records or lie in its checkpoints/ (which a
-    resume reads), taken as spelled and as the system resolves them (a symlinked folder), nor, with
-    ``reads``, replace a file the command reads (the checkpoint, the data, the model)."""
+def _refuse_writing_over_reads(opts, paths: list[Path]) -> None:
+    """``paths`` (what ``-o`` writes) must not replace a file the command reads (the checkpoint, the
+    data, the model) nor a run's records, nor lie in a run's checkpoints/ (which a resume reads):
+    each taken as spelled and as the system resolves it (a symlinked folder)."""
     read = {Path(os.path.realpath(f)) for f in
-            (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f} if reads else set()
+            (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f}
     # the checkpoints of the run read, wherever they are (its checkpoints/ may be a link to another folder)
     kept = Path(os.path.realpath(Path(opts.run, "checkpoints"))) if opts.run else None
     for path in paths:
-        what = "names" if path == Path(opts.output) else f"would write {path.name!r},"
-        if kept is not None and kept in Path(os.path.realpath(path)).parents:
+        spellings = (Path(os.path.abspath(path)), Path(os.path.realpath(path)))
+        run, linked = next(((str(a.parent), "") for f in spellings for a in f.parents
+                            if a.name == "checkpoints" and (a.parent / "run.json").is_file()), (None, ""))
+        if kept is not None and kept in spellings[1].parents:
+            run = opts.run
             linked = "" if kept == Path(os.path.abspath(Path(opts.run, "checkpoints"))) else f", a link to {str(kept)!r}"
-            raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run {opts.run!r}{linked}, "
-                             "which the run keeps for its checkpoints; write it elsewhere")
-        for f in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
-            run = next((a.parent for a in f.parents if a.name == "checkpoints" and (a.parent / "run.json").is_file()),
-                       None)
-            if run is not None:
-                raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run in {str(run)!r}, "
-                                 "which the run keeps for its checkpoints; write it elsewhere")
-            if f in read or (f.name in RUN_RECORDS and (f.parent / "run.json").is_file()):
-                raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data, the "
-                                 "model or a run's own records): written over, it would be gone; write elsewhere")
+        if run is not None:
+            raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run {run!r}{linked}, which "
+                             "the run keeps for its checkpoints; write it elsewhere")
+        if any(f in read or (f.name in RUN_RECORDS and (f.parent / "run.json").is_file()) for f in spellings):
+            what = "names" if path == Path(opts.output) else f"would write {path.name!r},"
+            raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data, the "
+                             "model or a run's own records): written over, it would be gone; write elsewhere")
 
 
 def predict(opts) -> dict:
@@ -179,6 +175,7 @@ def _npy_path(path: Path, index: int | None) -> Path:
 
 def export(opts) -> dict:
     _output_file(opts, "model.onnx")
+    _refuse_writing_over_reads(opts, [Path(opts.output)])
     model = model_from(opts.run, opts.artifacts, opts.checkpoint)
     path = model.export_onnx(opts.output)
     return {"model": path, "inputs": [s.name for s in model.input_specs],

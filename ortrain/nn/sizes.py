@@ -163,8 +163,9 @@ class SizeCheck:
     def _nearest(self, sizes, deadline) -> tuple | None:
         """Sizes that fit with one free axis changed, the nearest to the size given (smaller first);
         None where no one axis does."""
+        free = self._free()
         for step in self._steps():
-            for i, j in self._free():
+            for i, j in free:
                 for n in (sizes[i][j] - step, sizes[i][j] + step):
                     if n >= 1 and self._refusal(candidate := self._with(sizes, {(i, j): n}), deadline) is None:
                         return candidate
