@@ -238,6 +238,36 @@ def test_step_decay_follows_the_formula_and_resumes_on_the_same_curve():
         ot.callbacks.StepDecay(drop=2.0)
 
 
+def test_a_state_loaded_into_another_model_continues_the_schedule_from_its_base_rate():
+    # the curve's base is the compiled or last written rate (0.4 here); a model that takes the state
+    # through opt.load_state goes on along the same curve, as one saved and loaded does
+    def first_half():
+        model = sgd_model(lr=0.1)
+        model.optimizer.lr = 0.4
+        model.fit(*batches(1, 8)[0], batch_size=8, epochs=2, verbose=0,
+                  callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+        return model
+
+    whole = first_half()
+    h_whole = whole.fit(*batches(1, 8)[0], batch_size=8, epochs=4, initial_epoch=2, verbose=0,
+                        callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+    resumed = sgd_model(lr=0.1)
+    source = first_half()
+    resumed.set_weights(source.get_weights())
+    resumed.optimizer.load_state(source.optimizer.state())
+    assert resumed.optimizer.lr == pytest.approx(0.2)  # the state's rate, until a fit's schedule sets its own
+    h = resumed.fit(*batches(1, 8)[0], batch_size=8, epochs=4, initial_epoch=2, verbose=0,
+                    callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+    assert h.history["lr"] == pytest.approx([0.1, 0.05]) == h_whole.history["lr"]
+    for a, b in zip(resumed.get_weights(), whole.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    before = resumed.optimizer.state()
+    with pytest.raises(ot.OrtrainError, match="load_state: 'base_lr'"):
+        resumed.optimizer.load_state({**source.optimizer.state(), "base_lr": -1.0})
+    after = resumed.optimizer.state()
+    assert (after["step"], after["lr"], after["base_lr"]) == (before["step"], before["lr"], before["base_lr"])
+
+
 def test_cosine_decay_with_and_without_warmup():
     model = sgd_model(lr=0.1)
     hist = ot.fit_generator(model, batches(1, 4), epochs=6,

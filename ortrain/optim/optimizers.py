@@ -348,11 +348,13 @@ class Optimizer:
     def state(self) -> dict:
         """A plain dict: ``step``, ``lr``, ``name``, ``hyperparameters`` and ``moments`` by param name;
         for a compiled model's optimizer also ``n_steps`` and ``draws`` (the steps its training ran, and
-        the training-graph runs seeded dropout goes on from), so ``load_state`` resumes it exactly."""
+        the training-graph runs seeded dropout goes on from) and ``base_lr`` (the compiled or last written
+        rate, which ``StepDecay``/``CosineDecay`` with ``initial_lr=None`` start their curve from), so
+        ``load_state`` resumes it exactly, a schedule's curve included."""
         model = self._compiled_model()
         if model is not None:  # a compiled model's: its fit's (live while it runs) or its trainer's
             held = _held(model.train_state)
-            step, moments, extra = held["_step"], held["_moments"], held["_counts"]
+            step, moments, extra = held["_step"], held["_moments"], {**held["_counts"], "base_lr": self._lr}
         else:
             with _turns():  # between a captured step's calls: its count and moments together
                 source = self._state_source  # read once: a captured step freed meanwhile clears it
@@ -400,6 +402,7 @@ class Optimizer:
         with_moments = self._with_moments(hyper)
         moments = {pname: self._checked_moments(pname, ms, with_moments) for pname, ms in state["moments"].items()}
         lr = check_lr(state.get("lr", self._lr), "load_state: 'lr'")
+        base_lr = check_lr(state["base_lr"], "load_state: 'base_lr'") if "base_lr" in state else None
         n_steps, draws = state.get("n_steps", step), state.get("draws")
         for key, value in (("n_steps", n_steps), ("draws", draws)):
             if not (is_step(value) or (key == "draws" and value is None)):
@@ -411,6 +414,8 @@ class Optimizer:
         with _turns() if model is None else contextlib.nullcontext():
             if model is not None:  # checked against the weights and a running fit before anything is set
                 model._load_optimizer_state(int(step), lr, moments, n_steps, draws)
+                if base_lr is not None:  # a schedule's base, not a write: the next fit starts at the state's rate
+                    self._lr = base_lr
             else:  # (the counts kept for the model it is compiled into next, as a state() from a model holds them)
                 self._moments, self._step = moments, int(step)
                 counted = not self.params and ("n_steps" in state or "draws" in state)  # not a captured step's
