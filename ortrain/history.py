@@ -66,8 +66,8 @@ class History(Callback):
     def to_csv(self, path) -> str:
         """Write ``epoch`` and every logged value, one row per epoch (numbers at full precision,
         ``NA`` where an epoch has none, ``nan`` where it logged a NaN, anything else a callback
-        logged as its text), as ``CSVLogger`` writes them."""
-        keys = list(self.history)
+        logged as its text), as ``CSVLogger`` writes them: the values' columns sorted by name."""
+        keys = sorted(self.history)
         missing = self.__dict__.get("_missing", ())
         with atomic_path(path, "to_csv(path)") as tmp, open(tmp, "w", newline="") as f:
             w = csv.writer(f)

@@ -578,6 +578,29 @@ def test_csv_logger_appends_and_uses_the_separator(tmp_path):
     assert float(rows[3][1]) == hist.history["loss"][0]
 
 
+def test_csv_logger_appends_on_a_line_of_its_own_to_a_file_without_a_last_line_break(tmp_path):
+    # the first row appended ran on into the file's last one: 'lr' read 0.51 and the new row was lost
+    path = tmp_path / "log.csv"
+    path.write_text("epoch,loss,lr\n0,1.0,0.5")
+    model = sgd_model()
+    hist = model.fit(*batches(1, 8)[0], batch_size=8, epochs=3, initial_epoch=1, verbose=0,
+                     callbacks=[ot.callbacks.CSVLogger(path, append=True)])
+    rows = list(csv.reader(open(path, newline="")))
+    assert rows[:2] == [["epoch", "loss", "lr"], ["0", "1.0", "0.5"]]
+    assert [(r[0], float(r[1])) for r in rows[2:]] == [(str(e), v) for e, v in zip((1, 2), hist.history["loss"])]
+    path.write_text("epoch,loss,lr")  # a header alone, without its line break
+    model.fit(*batches(1, 8)[0], batch_size=8, epochs=1, verbose=0,
+              callbacks=[ot.callbacks.CSVLogger(path, append=True)])
+    assert [r[0] for r in csv.reader(open(path, newline=""))] == ["epoch", "0"]
+
+
+@pytest.mark.parametrize("separator", ["\n", "\r", '"'])
+def test_csv_logger_refuses_a_separator_no_reader_can_split_on(separator):
+    with pytest.raises(ot.OrtrainError, match=r"CSVLogger\(separator=...\): expected one character other than a "
+                                              r"line break or the quote"):
+        ot.callbacks.CSVLogger("log.csv", separator=separator)
+
+
 def test_csv_logger_refuses_to_append_to_a_file_of_another_layout(tmp_path):
     # a file written with another separator (or not by CSVLogger) got a second header and rows of
     # another layout in its middle, without a word

@@ -1184,7 +1184,7 @@ def test_history_exports(tmp_path):
     assert hist.params["metrics"] == ["loss", "mae", "val_loss", "val_mae", "lr"]
     path = hist.to_csv(tmp_path / "h.csv")
     lines = open(path).read().splitlines()
-    assert lines[0] == "epoch,loss,mae,val_loss,val_mae,lr"
+    assert lines[0] == "epoch,loss,lr,mae,val_loss,val_mae"  # sorted, as CSVLogger writes them
     assert len(lines) == 4
     assert float(lines[2].split(",")[1]) == hist.history["loss"][1]
 
@@ -1283,6 +1283,18 @@ def test_history_to_csv_writes_text_a_callback_logged(tmp_path):
                                                            ["main", "1152921504606846977"]]
     logged = open(tmp_path / "log.csv").read().splitlines()
     assert logged[0] == "epoch,loss,lr,phase,seen" and logged[1:] == lines[1:]  # as CSVLogger writes them
+
+
+def test_history_to_csv_writes_the_columns_in_csv_loggers_order(tmp_path):
+    # to_csv wrote them in the order they were logged (lr before the metrics), CSVLogger sorted
+    x, y = batches(1, 16)[0]
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    hist = model.fit(x, y, batch_size=8, epochs=3, validation_data=(x, y), validation_freq=2, verbose=0,
+                     callbacks=[ot.callbacks.CSVLogger(tmp_path / "log.csv")])
+    written = open(hist.to_csv(tmp_path / "h.csv")).read()
+    assert written.splitlines()[0] == "epoch,loss,lr,mae,val_loss,val_mae"
+    assert written == open(tmp_path / "log.csv").read()
 
 
 def test_the_model_fit_returns_holds_what_a_callback_changed_without_a_step(rng):

@@ -51,8 +51,9 @@ class CSVLogger(Callback):
     """
 
     def __init__(self, filename, separator: str = ",", append: bool = False):
-        if not isinstance(separator, str) or len(separator) != 1:
-            raise OrtrainError(f"CSVLogger(separator=...): expected one character, received {separator!r}")
+        if not isinstance(separator, str) or len(separator) != 1 or separator in '\r\n"':
+            raise OrtrainError(f"CSVLogger(separator=...): expected one character other than a line break or the "
+                               f"quote '\"', such as ',' or ';', received {separator!r}")
         if not isinstance(filename, (str, os.PathLike)) or not os.fspath(filename):
             raise OrtrainError(f"CSVLogger(filename=...): expected a file path such as 'log.csv', received "
                                f"{filename!r}")
@@ -61,6 +62,7 @@ class CSVLogger(Callback):
         self.append = checked_flag(append, "CSVLogger(append=...)")
         self._file = None
         self._writer = None
+        self._unterminated = False
         self.keys = None
 
     def _check_fit(self):
@@ -123,6 +125,14 @@ class CSVLogger(Callback):
             raise self._write_error(exc) from exc
         self._writer = csv.writer(self._file, delimiter=self.separator)
         self._header_written = has_rows and self.keys is not None
+        # a file whose last row has no line break (written by hand or by another tool) gets one before
+        # the first row is added, which would otherwise run on into that row
+        self._unterminated = has_rows and not self._ends_with_line_break()
+
+    def _ends_with_line_break(self) -> bool:
+        with open(self.filename, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) in (b"\n", b"\r")
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -132,10 +142,13 @@ class CSVLogger(Callback):
             new = sorted((set(logs) | set(self.params.get("metrics") or ())) - set(self.keys) - {"epoch"})
             if new:
                 self._widen(new)
-        if not self._header_written:
-            self._writer.writerow(["epoch", *self.keys])
-            self._header_written = True
         try:
+            if self._unterminated:
+                self._file.write(self._writer.dialect.lineterminator)
+                self._unterminated = False
+            if not self._header_written:
+                self._writer.writerow(["epoch", *self.keys])
+                self._header_written = True
             self._writer.writerow([epoch, *(csv_cell(logs.get(k)) for k in self.keys)])
             self._file.flush()
         except OSError as exc:  # a full disk, a size limit
@@ -160,6 +173,7 @@ class CSVLogger(Callback):
             raise self._write_error(exc) from exc
         self._writer = csv.writer(self._file, delimiter=self.separator)
         self.keys = [*self.keys, *new]
+        self._unterminated = False  # the rewritten file ends with its last row's line break
 
     def _write_error(self, exc: OSError) -> OrtrainError:
         return OrtrainError(f"CSVLogger: cannot write {self.filename!r}: {exc.strerror or exc}; "
