@@ -8,8 +8,9 @@ import importlib
 from ortrain.errors import OrtrainError
 
 
-class Unusable(OrtrainError):
-    """An optional package is missing, or installed but fails to import."""
+class Unusable(OrtrainError, ImportError):
+    """An optional package is missing, or installed but fails to import (an ``ImportError`` too, so
+    ``except ImportError`` falls back as it would around the import itself)."""
 
     def __init__(self, message: str, missing: bool):
         super().__init__(message)
