@@ -13,7 +13,7 @@ from ortrain._class_weight import ClassWeights
 from ortrain._lifetime import new_lock
 from ortrain._warnings import warn
 from ortrain.callbacks.base import CallbackList
-from ortrain.callbacks.progress import progress
+from ortrain.callbacks.progress import ProgressLines, progress
 from ortrain.data import ArraySource, EpochIterator, parse_batch
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
@@ -94,7 +94,9 @@ class Loop:
         self.epoch_steps = 0
         self.epoch_samples = 0
         self.history = History()
-        display = progress(verbose)
+        # one display: a progress callback of the caller's stands for the one verbose makes, as in Keras
+        display = None if any(isinstance(cb, ProgressLines) for cb in callbacks) else progress(verbose)
+        self.live_bar = None  # the progress bar being drawn, which callbacks' messages go above
         self.callbacks = CallbackList([*callbacks, self.history, *([display] if display else [])])
         self.callbacks.set_loop(self)
         self.callbacks._after = self._take_model_edits

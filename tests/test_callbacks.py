@@ -722,6 +722,51 @@ def test_live_bar_with_tqdm(monkeypatch):
     assert len(re.findall(r"Epoch [12]/2 - 3 steps - ", out)) == 2
 
 
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows for ``text``: a carriage return goes back to the line's start."""
+    lines, line, col = [], [], 0
+    for ch in text:
+        if ch == "\n":
+            lines.append("".join(line).rstrip())
+            line, col = [], 0
+        elif ch == "\r":
+            col = 0
+        else:
+            line[col:col + 1] = [ch]
+            col += 1
+    return lines + (["".join(line).rstrip()] if line else [])
+
+
+@pytest.mark.parametrize("with_tqdm", [False, True])
+def test_a_callbacks_message_goes_on_a_line_of_its_own_above_a_live_bar(tmp_path, monkeypatch, with_tqdm):
+    # ModelCheckpoint(verbose=1)'s line ran on from the half-drawn bar: "...samples/sEpoch 1: checkpoint saved"
+    from ortrain.callbacks import progress as progress_mod
+    if with_tqdm:
+        pytest.importorskip("tqdm")
+    else:
+        monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setattr(progress_mod, "REFRESH_S", 0.0)
+    term = FakeTerminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    model = sgd_model()
+    path = tmp_path / "m.ortrain"
+    model.fit(*batches(1, 12)[0], batch_size=4, epochs=2, verbose=1,
+              callbacks=[ot.callbacks.ModelCheckpoint(path, verbose=1)])
+    shown = screen(term.getvalue())
+    said = [line for line in shown if "checkpoint saved" in line]
+    assert said == [f"Epoch {e}: checkpoint saved to {path}" for e in (1, 2)]
+    assert len([line for line in shown if re.fullmatch(r"Epoch [12]/2 - 3 steps - .* - loss: .*", line)]) == 2
+
+
+def test_a_progress_callback_given_stands_for_the_display_verbose_makes(capsys):
+    # fit(verbose=2, callbacks=[ProgressLines()]) printed every epoch's line twice; Keras adds its own
+    # progress display only where the callbacks hold none
+    model = sgd_model()
+    model.fit(*batches(1, 8)[0], batch_size=4, epochs=2, verbose=2, callbacks=[ot.callbacks.ProgressLines()])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" - ")[0] for line in lines] == ["Epoch 1/2", "Epoch 2/2"]
+
+
 def test_live_bar_is_closed_when_training_fails(monkeypatch):
     from ortrain.callbacks import progress as progress_mod
     monkeypatch.setitem(sys.modules, "tqdm", None)

@@ -37,6 +37,7 @@ epoch's logs; ``on_train_begin`` and ``on_epoch_begin`` an empty dict.
 from __future__ import annotations
 
 import inspect
+import sys
 
 from ortrain._warnings import warn
 from ortrain.callbacks._monitor import Monitor
@@ -66,6 +67,15 @@ class Callback:
         self.loop = loop
         self.trainer = loop.trainer
         self.params = loop.params
+
+    def _say(self, text: str) -> None:
+        """Print ``text`` on a line of its own: above the fit's live progress bar where one is drawn
+        on the same stream (printed plainly, it would run on from the half-drawn bar)."""
+        bar = getattr(self.loop, "live_bar", None)
+        if bar is not None and bar.file is sys.stdout:
+            bar.message(text)
+        else:
+            print(text, flush=True)
 
     def __getstate__(self) -> dict:
         # A copy or a pickle (sklearn's clone, a saved History) holds the callback's own values, not

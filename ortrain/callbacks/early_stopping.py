@@ -74,8 +74,8 @@ class EarlyStopping(Callback):
 
     def on_train_end(self, logs=None):
         if self.stopped_epoch > 0 and self.verbose:
-            print(f"Epoch {self.stopped_epoch + 1}: early stopping")
+            self._say(f"Epoch {self.stopped_epoch + 1}: early stopping")
         if self.restore_best_weights and self.best_weights is not None:
             if self.verbose:
-                print(f"Restoring the weights of the best epoch, {self.best_epoch + 1}")
+                self._say(f"Restoring the weights of the best epoch, {self.best_epoch + 1}")
             self.loop.set_weights(self.best_weights)

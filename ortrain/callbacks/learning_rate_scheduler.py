@@ -48,7 +48,7 @@ class LearningRateScheduler(Callback):
         lr = check_lr(value, f"{type(self).__name__}: the schedule's value for epoch {epoch}")
         self.trainer.set_lr(lr)
         if self.verbose:
-            print(f"Epoch {epoch + 1}: learning rate {lr:.6g}")
+            self._say(f"Epoch {epoch + 1}: learning rate {lr:.6g}")
 
 
 class CurveScheduler(LearningRateScheduler):

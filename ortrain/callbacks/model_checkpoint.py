@@ -174,4 +174,4 @@ class ModelCheckpoint(Callback):
             self.trainer.save_checkpoint(path)
         self.saved.append(path)
         if self.verbose:
-            print(f"Epoch {epoch + 1}: checkpoint saved to {path}")
+            self._say(f"Epoch {epoch + 1}: checkpoint saved to {path}")

@@ -103,7 +103,7 @@ class ProgressBar(ProgressLines):
         self._shown = 0
         self._next_draw = self._t0 + REFRESH_S
         desc = f"Epoch {epoch + 1}/{self.params.get('epochs')}"
-        self._bar = _open_bar(desc, self.loop.steps_hint, self.file)
+        self._bar = self.loop.live_bar = _open_bar(desc, self.loop.steps_hint, self.file)
 
     def on_batch_end(self, step, logs=None):
         self._seen += logs["size"]
@@ -116,12 +116,12 @@ class ProgressBar(ProgressLines):
     def on_epoch_end(self, epoch, logs=None):
         if self._bar is not None:
             self._bar.finish(self.loop.epoch_steps, self._summary(epoch, logs or {}))
-            self._bar = None
+            self._bar = self.loop.live_bar = None
 
     def on_train_end(self, logs=None):
         if self._bar is not None:  # training failed or stopped inside an epoch
             self._bar.abandon()
-            self._bar = None
+            self._bar = self.loop.live_bar = None
 
 
 def _open_bar(desc: str, total, file):
@@ -137,7 +137,7 @@ class _TqdmBar:
         from tqdm import tqdm
         self._bar = tqdm(total=total, desc=desc, unit="step", file=file, leave=False, dynamic_ncols=True,
                          mininterval=REFRESH_S)
-        self._file = file
+        self.file = file
 
     def draw(self, steps: int, text: str) -> None:
         self._bar.set_postfix_str(text, refresh=False)  # first: update() may redraw
@@ -146,7 +146,11 @@ class _TqdmBar:
     def finish(self, steps: int, line: str) -> None:
         self._bar.update(steps - self._bar.n)
         self._bar.close()
-        print(line, file=self._file, flush=True)
+        print(line, file=self.file, flush=True)
+
+    def message(self, text: str) -> None:
+        from tqdm import tqdm
+        tqdm.write(text, file=self.file)  # clears the bar, writes the line, draws the bar again below it
 
     def abandon(self) -> None:
         self._bar.close()
@@ -156,22 +160,29 @@ class _PlainBar:
     WIDTH = 30
 
     def __init__(self, desc, total, file):
-        self._desc, self._total, self._file = desc, total, file
+        self._desc, self._total, self.file = desc, total, file
         self._len = 0
+        self._drawn = ""  # the bar's last text, drawn again below a message
 
     def _write(self, text: str, end: str = "") -> None:
         pad = " " * max(self._len - len(text), 0)
-        self._file.write("\r" + text + pad + end)
-        self._file.flush()
+        self.file.write("\r" + text + pad + end)
+        self.file.flush()
         self._len = 0 if end else len(text)
+
+    def message(self, text: str) -> None:
+        self._write(text, end="\n")  # over the bar, then the bar again below it
+        if self._drawn:
+            self._write(self._drawn)
 
     def draw(self, steps: int, text: str) -> None:
         if self._total:
             done = min(self.WIDTH, self.WIDTH * steps // self._total)
             bar = "=" * done + (">" if done < self.WIDTH else "") + " " * (self.WIDTH - done - 1)
-            self._write(f"{self._desc} [{bar}] {steps}/{self._total} - {text}")
+            self._drawn = f"{self._desc} [{bar}] {steps}/{self._total} - {text}"
         else:
-            self._write(f"{self._desc} {steps} steps - {text}")
+            self._drawn = f"{self._desc} {steps} steps - {text}"
+        self._write(self._drawn)
 
     def finish(self, steps: int, line: str) -> None:
         self._write(line, end="\n")

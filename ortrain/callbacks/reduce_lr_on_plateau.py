@@ -57,6 +57,6 @@ class ReduceLROnPlateau(Callback):
             new = max(old * self.factor, self.min_lr)
             self.trainer.set_lr(new)
             if self.verbose:
-                print(f"Epoch {epoch + 1}: ReduceLROnPlateau lowers the learning rate to {new:.6g}")
+                self._say(f"Epoch {epoch + 1}: ReduceLROnPlateau lowers the learning rate to {new:.6g}")
             self.cooldown_left = self.cooldown
             self.wait = 0

@@ -24,5 +24,5 @@ class TerminateOnNaN(Callback):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(loss):
             self.stopped_at = (self.loop.epoch, step)
-            print(f"Epoch {self.loop.epoch + 1}, step {step + 1}: the loss is {loss}; terminating training")
+            self._say(f"Epoch {self.loop.epoch + 1}, step {step + 1}: the loss is {loss}; terminating training")
             self.loop.stop_training = True
