@@ -21,7 +21,6 @@ from ortrain import engine
 from ortrain._arrays import positive_int
 from ortrain._files import checked_target
 from ortrain._lifetime import locked
-from ortrain._manifest import read as read_manifest
 from ortrain._warnings import warn
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.nn.base_layer import FREEZES, what_trains
@@ -319,7 +318,7 @@ class TrainerSetup:
         if _PROP + "key" in data.properties:
             _check_counters(data.properties, ckpt)
             tr._restore_counters(data.properties, data)
-        if _republished(art):
+        if artifacts_mod.republished(art):
             tr.free()
             raise OrtrainError(f"the artifacts in {str(art.directory)!r} were replaced while the trainer was opening "
                                "them (rebuilt by another process); open them again, or give each build its own "
@@ -338,17 +337,6 @@ def _artifacts(directory) -> artifacts_mod.Artifacts:
                            "model, loss or optimizer, or with other weights) after this record was made; build "
                            "them again, or pass the directory to train from what it holds now")
     return artifacts_mod.Artifacts(art.directory, dict(art.manifest, optimizer=directory.manifest["optimizer"]))
-
-
-def _republished(art: artifacts_mod.Artifacts) -> bool:
-    """Whether ``art``'s directory holds other files now than when it was checked: the files are
-    read one after another, and a build publishing into the same directory meanwhile would have
-    mixed two builds (or given another model) without a word."""
-    try:
-        now = read_manifest(art.directory / "manifest.json")
-    except (OrtrainError, OSError):
-        return True
-    return any(now.get(k) != art.manifest.get(k) for k in ("key", "weights_sha256", "files"))
 
 
 def _draws_of(state) -> int:

@@ -186,8 +186,13 @@ class Artifacts:
         (a path or parsed checkpoint data; default the artifacts' own checkpoint), ``metrics`` and
         ``weighted_metrics`` (as ``compile`` takes them)."""
         from ortrain.nn.graph_model import GraphModel
+        own = checkpoint is None
+        if own:
+            self._refuse_if_rebuilt()
         data = checkpoint if isinstance(checkpoint, engine.CheckpointData) else \
-            engine.read_checkpoint(self.checkpoint if checkpoint is None else checkpoint, verify=True)
+            engine.read_checkpoint(self.checkpoint if own else checkpoint, verify=True)
+        if own:  # rebuilt while the checkpoint was read
+            self._refuse_if_rebuilt()
         where = f" {os.fspath(checkpoint)!r}" if isinstance(checkpoint, (str, os.PathLike)) else ""
         trained_with = data.properties.get(CHECKPOINT_LOSS)
         if trained_with is not None and trained_with != loss_text(self.loss):
@@ -227,6 +232,12 @@ class Artifacts:
         model = GraphModel(ForwardGraph(forward, tuple(self.params), weights), name=self.directory.name or "artifacts")
         model.compile(optimizer=self.optimizer, loss=self.loss, metrics=metrics, weighted_metrics=weighted_metrics)
         return model
+
+    def _refuse_if_rebuilt(self) -> None:
+        if republished(self):
+            raise OrtrainError(f"the artifacts in {str(self.directory)!r} were rebuilt (for another model, loss or "
+                               "optimizer, or with other weights) after this record was made; build them again, or "
+                               "load the directory (ot.artifacts.load(directory).model()) to take what it holds now")
 
     def __repr__(self) -> str:
         """A short summary (the whole manifest is ``self.manifest``); never raises."""
@@ -519,6 +530,17 @@ def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weight
     manifest = {k: v for k, v in existing.manifest.items() if k not in ("files", "weights_sha256")}
     manifest["optimizer"] = json.loads(json.dumps(opt.config()))
     finish(directory, manifest, fg, weights_sha256)
+
+
+def republished(art: Artifacts) -> bool:
+    """Whether ``art``'s directory holds other files now than its record says: the files are read
+    one after another, and a build publishing into the same directory since (or meanwhile) would
+    give another model's weights, or mix two builds, without a word."""
+    try:
+        now = read_manifest(art.directory / "manifest.json")
+    except (OrtrainError, OSError):
+        return True
+    return any(now.get(k) != art.manifest.get(k) for k in ("key", "weights_sha256", "files"))
 
 
 @names_unknown_arguments_of(label="artifacts.load")

@@ -306,6 +306,13 @@ def test_a_hit_with_another_learning_rate_carries_it(tmp_path, monkeypatch):
     ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.1), out_dir=tmp_path / "w")   # other weights, in place
     with pytest.raises(ot.OrtrainError, match=r"directory: the artifacts in '.*w' were rebuilt .* with other weights"):
         ot.Trainer.from_artifacts(first, batch_size=4)
+    # the record's model() gave the weights of the later build without a word
+    with pytest.raises(ot.OrtrainError, match=r"the artifacts in '.*w' were rebuilt .* after this record was made; "
+                                              r"build them again, or load the directory"):
+        first.model()
+    for got, want in zip(ot.artifacts.load(tmp_path / "w").model().get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(got, want)  # what the directory holds now
+    assert b.model().predict(np.ones((1, 3), np.float32)).shape == (1, 2)  # a rate rewritten is no rebuild
     out = tmp_path / "art"
     ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=1e-3), out_dir=out)
     ot.artifacts.build(model, optimizer=ot.optim.Adam(lr=0.5), out_dir=out)
