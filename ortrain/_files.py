@@ -262,6 +262,16 @@ def scratch_dir(prefix: str = "ortrain-scratch-"):
         finally:
             if held is not None:
                 os.close(held)
+            _forget_swept(path)
+
+
+def _forget_swept(path: str) -> None:
+    """Drop a removed folder (and those in it) from the folders looked through: each fit makes a new
+    scratch folder, and a process of many fits kept a name per fit for good."""
+    inside = os.path.abspath(path) + os.sep
+    for folder in list(_SWEPT):  # (a copy made at once, as other threads may add to it)
+        if isinstance(folder, str) and (folder + os.sep).startswith(inside):
+            _SWEPT.discard(folder)
 
 
 def _held_dir(path: str) -> int | None:

@@ -1370,6 +1370,20 @@ def test_a_trainer_that_writes_no_file_makes_no_scratch_folder(monkeypatch):
     assert len(made) == 2 and len(w_before) == 2
 
 
+def test_many_fits_keep_no_record_of_each_scratch_folder():
+    # every fit with Adam's moments writes a checkpoint into a new scratch folder, and the process kept
+    # each folder's name in its set of folders looked through for leftovers: about 100 bytes a fit, for good
+    from ortrain import _files
+    model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
+    model.fit(x, y, batch_size=4, verbose=0)
+    swept = len(_files._SWEPT)
+    for _ in range(5):
+        model.fit(x, y, batch_size=4, verbose=0)
+    assert model.optimizer.step == 6 and len(_files._SWEPT) == swept
+
+
 def test_two_trainers_over_shared_layers_stay_in_step_through_set_weights():
     # a GAN's discriminator and the combined model holding it frozen: each trainer trains its own copy,
     # so the generator trained against the first discriminator for good; set_weights hands it over
