@@ -313,6 +313,7 @@ class TrainerSetup:
         tr = cls.__new__(cls)
         tr._freed = True
         tr._any_loss = True  # the artifacts fixed the weighting; whatever loss they hold takes it
+        tr._from_artifacts = True
         tr._setup(model, batch_size, nbatch_logical, loss_mask, weight_decay, device, threads,
                   checkpoint=ckpt, art=art, draws=_draws_in(data.properties))
         if _PROP + "key" in data.properties:

@@ -549,7 +549,7 @@ def load(directory) -> Artifacts:
     directory (missing, or without ``manifest.json``), a damaged manifest, artifacts written by
     other versions of ortrain, onnx or onnxruntime, and a missing file or one whose sha256 no longer
     matches the manifest."""
-    if not isinstance(directory, (str, os.PathLike)):
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):  # '' is no folder, not '.'
         raise OrtrainError(f"directory: expected the path of an artifacts directory, received {directory!r}")
     d = Path(directory)
     try:

@@ -82,6 +82,7 @@ class Trainer(TrainerSetup, Releasable):
     # Private: the fit loop's trainers (weighing_any_loss) take per-sample weights (loss_mask=1) for
     # every loss, as the artifacts allow; the public rule keeps loss_mask to mean squared error.
     _any_loss = False
+    _from_artifacts = False  # made by from_artifacts: its artifacts fix the weighting
 
     def __init__(self, model: Model, batch_size: int = 32, nbatch_logical: int | None = None, loss_mask=None,
                  weight_decay: float | None = None, device: str = "cpu", threads: int | None = None):
@@ -142,6 +143,10 @@ class Trainer(TrainerSetup, Releasable):
 
     def _how_to_weigh(self) -> str:
         """How to train with loss weights, for this trainer's loss."""
+        if self._from_artifacts:  # the artifacts fix the weighting: no argument of the trainer changes it
+            return ("its artifacts were built without them: build them again with weighting='sample' (one weight "
+                    "per sample: ot.artifacts.build(..., weighting='sample'), or `ortrain artifacts ... "
+                    "--sample-weights`) and train from those")
         if self._model.loss.name == "mse":
             return "create it with loss_mask=1 (one weight per sample) or loss_mask=<outputs> to pass them"
         return (f"a Trainer weighs a mean squared error only (loss_mask=1), and this model's loss is "

@@ -562,6 +562,31 @@ def test_from_artifacts_takes_its_own_checkpoint_and_from_checkpoint_checks_the_
     assert not (tmp_path / "fresh").exists()  # refused before artifacts were built for it
 
 
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(tmp_path, monkeypatch):
+    art = ot.artifacts.build(dense_model(3, 2), loss="mse", out_dir=tmp_path / "art")
+    monkeypatch.chdir(art.directory)  # where '' would have been read as '.'
+    with pytest.raises(ot.OrtrainError, match=r"directory: expected the path of an artifacts directory, received ''"):
+        ot.artifacts.load("")
+    with pytest.raises(ot.OrtrainError, match=r"directory: expected the path of an artifacts directory, received ''"):
+        ot.Trainer.from_artifacts("", batch_size=2)
+    assert ot.artifacts.load(".").directory.resolve() == art.directory.resolve()  # '.' said is taken
+
+
+def test_sample_weights_for_artifacts_without_them_name_the_build_that_has_them(tmp_path):
+    # the advice was "create it with loss_mask=1", an argument from_artifacts does not take
+    art = ot.artifacts.build(dense_model(3, 2), loss="mse", out_dir=tmp_path / "art")
+    x, y = np.ones((2, 3), np.float32), np.zeros((2, 2), np.float32)
+    with ot.Trainer.from_artifacts(art, batch_size=2) as tr:
+        with pytest.raises(ot.OrtrainError, match=r"sample_weight: this trainer has no loss weights .*its artifacts were "
+                                                  r"built without them: build them again with weighting='sample'"):
+            tr.step(x, y, sample_weight=np.ones(2, np.float32))
+        assert tr.n_steps == 0
+    weighted = ot.artifacts.build(dense_model(3, 2), loss="mse", out_dir=tmp_path / "w", weighting="sample")
+    with ot.Trainer.from_artifacts(weighted, batch_size=2) as tr:  # as the advice says
+        tr.step(x, y, sample_weight=np.ones(2, np.float32))
+        assert tr.n_steps == 1
+
+
 def test_a_checkpoint_fits_artifacts_that_differ_only_in_dropout_seeds(tmp_path):
     """Runs with another seed write other dropout seeds into the forward graph; their checkpoints
     were refused by one another's artifacts as 'another architecture' (ortrain eval/predict/export
