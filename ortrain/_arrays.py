@@ -480,7 +480,7 @@ def prepare_inputs(specs, x, argument: str = "x", rows: int | None = None,
 
 def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
                    n_classes: int | None = None, rows_of: str | None = None, check_classes: bool = True,
-                   one_hot: bool = False) -> np.ndarray:
+                   one_hot: bool = False, probabilities: bool = False) -> np.ndarray:
     """Labels for the loss's label input ``spec``, cast, shaped and checked.
 
     As Keras does, ``(n, 1)`` integer labels stand for ``(n,)`` class indices and ``(n,)``
@@ -490,6 +490,8 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
     loss and fail on a large one only inside onnxruntime. ``check_classes=False``: the labels
     were checked already (a batch of arrays checked whole). ``one_hot``: the loss takes one-hot
     rows (categorical cross-entropy), so class indices given instead are named as such.
+    ``probabilities``: the labels are probabilities (binary cross-entropy), which must lie in
+    ``[0, 1]``: beyond, the loss has no least value and training drives it to minus infinity.
     """
     try:
         a = as_array(y, spec.dtype, argument)
@@ -531,6 +533,12 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
     elif spec.dtype.kind in "iu" and a.min() < 0:  # class indices, the number of classes free
         raise ShapeError(f"{argument}: class labels must be >= 0, received values from {a.min()} to {a.max()}; "
                          "number the classes from 0")
+    elif probabilities:
+        low, high = a.min(), a.max()
+        if low < 0 or high > 1:  # (a NaN is refused with the other non-finite values)
+            raise ShapeError(f"{argument}: binary cross-entropy takes labels in [0, 1] (a class, 0 or 1, or a "
+                             f"probability), received values from {low:g} to {high:g}; give labels in [0, 1] (y = "
+                             "(y == positive) for classes named otherwise), or another loss for other targets")
     return a
 
 

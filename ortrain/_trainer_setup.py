@@ -151,6 +151,7 @@ class TrainerSetup:
         loss = model.loss
         self._probabilities_unseen = hasattr(loss, "from_logits") and not loss.from_logits
         self._one_hot_labels = getattr(loss, "name", "") == "categorical_crossentropy"  # for a label error's fix
+        self._probability_labels = getattr(loss, "name", "") == "binary_crossentropy"  # checked in [0, 1]
         self._weight_spec = art.sample_weight
         self._scale = np.array(1.0 / self._k, np.float32)
         self._one = np.array(1.0, np.float32)

@@ -479,7 +479,8 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     y = of_the_output(outputs, y, ya, (len(spec.shape),))
     w = of_the_output(outputs, w, wa, range(1, len(weight_shape) + 1), rows=n)  # (batch,) too, or per position
     ys = prepare_labels(spec, y, ya, n, model._n_classes(shapes), rows_of=xa,
-                        one_hot=getattr(model.loss, "name", "") == "categorical_crossentropy")
+                        one_hot=getattr(model.loss, "name", "") == "categorical_crossentropy",
+                        probabilities=getattr(model.loss, "name", "") == "binary_crossentropy")
     ws = None if w is None else prepare_sample_weight(w, weight_shape, wa, n, label_positions(ys, weight_shape))
     return xs, ys, ws
 

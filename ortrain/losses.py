@@ -137,7 +137,8 @@ class Loss:
         spec = TensorSpec("label", self.label_dtype, self.label_shape(pred.shape))
         try:
             labels = prepare_labels(spec, y_true, "y_true", rows, self.n_classes(pred.shape), rows_of="y_pred",
-                                    one_hot=self.name == "categorical_crossentropy")
+                                    one_hot=self.name == "categorical_crossentropy",
+                                    probabilities=self.name == "binary_crossentropy")
             weight = None
             if sample_weight is not None:
                 w = as_array(sample_weight, np.float32, "sample_weight")

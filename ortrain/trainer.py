@@ -132,7 +132,7 @@ class Trainer(TrainerSetup, Releasable):
             sample_weight = of_the_output(self._outputs, sample_weight, "sample_weight",
                                           range(1, len(self._weight_spec.shape) + 1), rows=rows)
         labels = prepare_labels(spec, y, "y", rows, n_classes, check_classes=not checked,  # rows: x's
-                                one_hot=self._one_hot_labels, rows_of="x")
+                                one_hot=self._one_hot_labels, probabilities=self._probability_labels, rows_of="x")
         feeds = xs + [labels]
         if self._weight_spec is not None:
             w = self._sample_weight(sample_weight, rows, labels)

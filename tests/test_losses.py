@@ -129,6 +129,41 @@ def test_binary_on_logits(data):
     check(ot.losses.BinaryCrossentropy(from_logits=True), z, y, value, (sigmoid(zd) - y) / z.size)
 
 
+@pytest.mark.parametrize("from_logits", [False, True])
+@pytest.mark.parametrize("bad", [2.0, -1.0, 1.0 + 1e-6])
+def test_binary_labels_beyond_0_and_1_are_refused_everywhere(from_logits, bad):
+    # a label of 2 (classes numbered 1 and 2) trained without a word, its loss falling to -15.9 and on
+    # (PyTorch's BCELoss refuses it); soft labels inside [0, 1] stay as they are
+    x = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
+    y = np.zeros((8, 1), np.float32)
+    y[3] = bad
+    model = ot.Sequential([ot.layers.Dense(1, activation=None if from_logits else "sigmoid")], input_shape=(3,),
+                          seed=0)
+    model.compile(optimizer="adam", loss=ot.losses.BinaryCrossentropy(from_logits=from_logits))
+    before = model.get_weights()
+    said = r"binary cross-entropy takes labels in \[0, 1\] .*received values from"
+    calls = [lambda: model.fit(x, y, batch_size=4, verbose=0),
+             lambda: model.fit(x, np.zeros_like(y), validation_data=(x, y), batch_size=4, verbose=0),
+             lambda: ot.fit_generator(model, [(x[:4], y[:4])], verbose=0),
+             lambda: model.train_on_batch(x, y),
+             lambda: model.evaluate(x, y, verbose=0)]
+    for call in calls:
+        with pytest.raises(ot.ShapeError, match=said):
+            call()
+    with ot.Trainer(model, batch_size=8) as tr:
+        with pytest.raises(ot.ShapeError, match=said):
+            tr.step(x, y)
+        assert tr.n_steps == 0
+    with pytest.raises(ot.ShapeError, match=r"y_true: binary cross-entropy takes labels in \[0, 1\]"):
+        model.loss(y, np.full((8, 1), 0.5, np.float32))
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+    assert model.optimizer.step == 0
+    soft = np.linspace(0, 1, 8, dtype=np.float32).reshape(8, 1)
+    model.fit(x, soft, batch_size=4, verbose=0)
+    assert model.optimizer.step == 2
+
+
 def test_binary_on_logits_at_zero(data):
     # A logit of exactly 0 (a zero row into a zero bias) has the gradient sigmoid(0) - y = 0.5 - y,
     # on both sides of the max(z, 0) and |z| kinks the stable formula has there.
