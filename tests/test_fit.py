@@ -1364,6 +1364,29 @@ def test_accuracy_on_one_output_unit_thresholds_whatever_the_loss():
         assert zero["accuracy"] == pytest.approx(np.mean((p > 0.5) == (y > 0.5)))  # metrics count every sample
 
 
+def test_negative_sample_weights_are_taken_as_keras_takes_them():
+    # an advantage weighing a policy-gradient loss: the loss is sum(w * l) / n, the weighted metric
+    # sum(w * c) / sum(w), and a step moves the weights against the weighted gradient
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 6)
+    w = np.array([1.0, -0.5, 2.0, -1.0, 0.25, 1.0], np.float32)
+    model = ot.Sequential([ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=["accuracy"])
+    kernel, bias = model.get_weights()
+    z = x.astype(np.float64) @ kernel + bias
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    losses = -np.log(p[np.arange(6), y])
+    got = model.evaluate(x, y, sample_weight=w, verbose=0)
+    assert got["loss"] == pytest.approx(np.sum(w * losses) / 6, rel=1e-5)
+    assert got["accuracy"] == pytest.approx(np.sum(w * (p.argmax(1) == y)) / w.sum(), rel=1e-6)
+    g = (p - np.eye(3)[y]) * w[:, None] / 6
+    model.fit(x, y, sample_weight=w, batch_size=6, verbose=0)
+    np.testing.assert_allclose(model.get_weights()[0], kernel - 0.1 * x.T.astype(np.float64) @ g, rtol=1e-5, atol=1e-6)
+
+
 def test_binary_accuracy_thresholds_logits_at_zero_as_accuracy_does():
     # binary_accuracy thresholded logits at 0.5 while accuracy took 0, in the same run
     rng = np.random.default_rng(3)
