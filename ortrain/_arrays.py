@@ -534,11 +534,13 @@ def prepare_labels(spec, y, argument: str = "y", rows: int | None = None,
         raise ShapeError(f"{argument}: class labels must be >= 0, received values from {a.min()} to {a.max()}; "
                          "number the classes from 0")
     elif probabilities:
-        low, high = a.min(), a.max()
-        if low < 0 or high > 1:  # (a NaN is refused with the other non-finite values)
+        outside = (a < 0) | (a > 1)  # (a NaN is neither: training refuses it with the other non-finite values)
+        if outside.any():
+            beyond = a[outside]
             raise ShapeError(f"{argument}: binary cross-entropy takes labels in [0, 1] (a class, 0 or 1, or a "
-                             f"probability), received values from {low:g} to {high:g}; give labels in [0, 1] (y = "
-                             "(y == positive) for classes named otherwise), or another loss for other targets")
+                             f"probability), received {beyond.size} outside it, from {float(beyond.min()):.9g} to "
+                             f"{float(beyond.max()):.9g}; give labels in [0, 1] (y = (y == positive) for classes "
+                             "named otherwise), or another loss for other targets")
     return a
 
 

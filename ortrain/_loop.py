@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -94,8 +95,10 @@ class Loop:
         self.epoch_steps = 0
         self.epoch_samples = 0
         self.history = History()
-        # one display: a progress callback of the caller's stands for the one verbose makes, as in Keras
-        display = None if any(isinstance(cb, ProgressLines) for cb in callbacks) else progress(verbose)
+        # one display: a progress callback of the caller's on standard output stands for the one verbose
+        # makes, as in Keras (one writing to a log file leaves it)
+        display = None if any(isinstance(cb, ProgressLines) and cb.file is sys.stdout for cb in callbacks) \
+            else progress(verbose)
         self.live_bar = None  # the progress bar being drawn, which callbacks' messages go above
         self.callbacks = CallbackList([*callbacks, self.history, *([display] if display else [])])
         self.callbacks.set_loop(self)

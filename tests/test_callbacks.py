@@ -3,6 +3,7 @@ NaN termination and the progress display."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import math
@@ -238,7 +239,7 @@ def test_step_decay_follows_the_formula_and_resumes_on_the_same_curve():
         ot.callbacks.StepDecay(drop=2.0)
 
 
-def test_a_state_loaded_into_another_model_continues_the_schedule_from_its_base_rate():
+def test_a_state_loaded_into_another_model_continues_the_schedule_from_its_base_rate(tmp_path):
     # the curve's base is the compiled or last written rate (0.4 here); a model that takes the state
     # through opt.load_state goes on along the same curve, as one saved and loaded does
     def first_half():
@@ -261,6 +262,27 @@ def test_a_state_loaded_into_another_model_continues_the_schedule_from_its_base_
     assert h.history["lr"] == pytest.approx([0.1, 0.05]) == h_whole.history["lr"]
     for a, b in zip(resumed.get_weights(), whole.get_weights()):
         np.testing.assert_array_equal(a, b)
+    # the state of an optimizer kept apart from its model (copied, or after the model is gone) carries it
+    # too, and so does one loaded into an optimizer before it is compiled
+    source = first_half()
+    source.save(tmp_path / "m.ortrain")
+    states = [copy.deepcopy(source.optimizer).state(), ot.load_model(tmp_path / "m.ortrain").optimizer.state()]
+    for state in states:
+        for compile_after in (False, True):
+            other = sgd_model(lr=0.1) if not compile_after else mlp()
+            other.set_weights(source.get_weights())
+            if compile_after:
+                opt = ot.optim.SGD(lr=0.1)
+                opt.load_state(state)
+                assert opt.lr == state["lr"]  # shown, and the base kept for the schedule
+                other.compile(optimizer=opt, loss="mse")
+            else:
+                other.optimizer.load_state(state)
+            h = other.fit(*batches(1, 8)[0], batch_size=8, epochs=4, initial_epoch=2, verbose=0,
+                          callbacks=[ot.callbacks.StepDecay(drop=0.5, every=1)])
+            assert h.history["lr"] == pytest.approx([0.1, 0.05])
+            for a, b in zip(other.get_weights(), whole.get_weights()):
+                np.testing.assert_array_equal(a, b)
     before = resumed.optimizer.state()
     with pytest.raises(ot.OrtrainError, match="load_state: 'base_lr'"):
         resumed.optimizer.load_state({**source.optimizer.state(), "base_lr": -1.0})
@@ -758,13 +780,53 @@ def test_a_callbacks_message_goes_on_a_line_of_its_own_above_a_live_bar(tmp_path
     assert len([line for line in shown if re.fullmatch(r"Epoch [12]/2 - 3 steps - .* - loss: .*", line)]) == 2
 
 
+class ScreenStream:
+    """One of the two streams (standard output, standard error) of a terminal showing both."""
+
+    def __init__(self, shown: list):
+        self.shown = shown
+
+    def write(self, text):
+        self.shown.append(text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("with_tqdm", [False, True])
+def test_a_callbacks_message_goes_above_a_bar_drawn_on_standard_error(tmp_path, monkeypatch, with_tqdm):
+    from ortrain.callbacks import progress as progress_mod
+    if with_tqdm:
+        pytest.importorskip("tqdm")
+    else:
+        monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setattr(progress_mod, "REFRESH_S", 0.0)
+    shown = []
+    monkeypatch.setattr(sys, "stdout", ScreenStream(shown))
+    model = sgd_model()
+    path = tmp_path / "m.ortrain"
+    model.fit(*batches(1, 12)[0], batch_size=4, epochs=2, verbose=0,
+              callbacks=[ot.callbacks.ModelCheckpoint(path, verbose=1),  # (its epoch's end comes first)
+                         ot.callbacks.ProgressBar(file=ScreenStream(shown))])
+    lines = screen("".join(shown))
+    assert [line for line in lines if "checkpoint saved" in line] == \
+        [f"Epoch {e}: checkpoint saved to {path}" for e in (1, 2)]
+
+
 def test_a_progress_callback_given_stands_for_the_display_verbose_makes(capsys):
     # fit(verbose=2, callbacks=[ProgressLines()]) printed every epoch's line twice; Keras adds its own
-    # progress display only where the callbacks hold none
+    # progress display only where the callbacks hold none. One writing to a log file leaves it.
     model = sgd_model()
     model.fit(*batches(1, 8)[0], batch_size=4, epochs=2, verbose=2, callbacks=[ot.callbacks.ProgressLines()])
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" - ")[0] for line in lines] == ["Epoch 1/2", "Epoch 2/2"]
+    log = io.StringIO()
+    model.fit(*batches(1, 8)[0], batch_size=4, epochs=2, verbose=2, callbacks=[ot.callbacks.ProgressLines(log)])
+    assert len(capsys.readouterr().out.splitlines()) == len(log.getvalue().splitlines()) == 2
 
 
 def test_live_bar_is_closed_when_training_fails(monkeypatch):

@@ -70,10 +70,11 @@ class Callback:
 
     def _say(self, text: str) -> None:
         """Print ``text`` on a line of its own: above the fit's live progress bar where one is drawn
-        on the same stream (printed plainly, it would run on from the half-drawn bar)."""
+        (printed plainly, it would run on from the half-drawn bar, on the screen a bar on standard
+        error shares with standard output too)."""
         bar = getattr(self.loop, "live_bar", None)
-        if bar is not None and bar.file is sys.stdout:
-            bar.message(text)
+        if bar is not None:
+            bar.message(text, sys.stdout)
         else:
             print(text, flush=True)
 

@@ -148,9 +148,10 @@ class _TqdmBar:
         self._bar.close()
         print(line, file=self.file, flush=True)
 
-    def message(self, text: str) -> None:
-        from tqdm import tqdm
-        tqdm.write(text, file=self.file)  # clears the bar, writes the line, draws the bar again below it
+    def message(self, text: str, out) -> None:
+        self._bar.clear()  # the bar's line emptied, the line written, the bar drawn again below it
+        print(text, file=out, flush=True)
+        self._bar.refresh()
 
     def abandon(self) -> None:
         self._bar.close()
@@ -170,9 +171,15 @@ class _PlainBar:
         self.file.flush()
         self._len = 0 if end else len(text)
 
-    def message(self, text: str) -> None:
-        self._write(text, end="\n")  # over the bar, then the bar again below it
-        if self._drawn:
+    def message(self, text: str, out) -> None:
+        if out is self.file:
+            self._write(text, end="\n")  # over the bar
+        else:
+            self._write("")  # the bar's line emptied (a bar on standard error shares the screen)
+            self.file.write("\r")
+            self.file.flush()
+            print(text, file=out, flush=True)
+        if self._drawn:  # the bar again, below the line
             self._write(self._drawn)
 
     def draw(self, steps: int, text: str) -> None:

@@ -359,7 +359,8 @@ class Optimizer:
             with _turns():  # between a captured step's calls: its count and moments together
                 source = self._state_source  # read once: a captured step freed meanwhile clears it
                 step, moments = self._step, (source() if source is not None else self._moments)
-            extra = dict(self._counts or {})  # kept from a model gone
+            # kept from a model gone (or compiled away, copied, pickled): its rate then is the base still
+            extra = {} if self._counts is None else {**self._counts, "base_lr": self._lr}
         names = ("m", "v")
         return {
             "name": self.name,
@@ -422,9 +423,11 @@ class Optimizer:
                 self._counts = {"n_steps": n_steps, "draws": draws} if counted else None
                 self._for_next = not self.params  # for the model it is compiled into next
             if model is None:
-                self._lr = lr
+                if base_lr is not None and self._for_next:  # a model's state, for the model compiled next:
+                    self._lr, self._lr_now = base_lr, _Shown(lr)  # its schedule's base, showing the state's rate
+                else:
+                    self._lr, self._lr_now = lr, None
                 self.lr_writes += 1
-                self._lr_now = None
             # (a compiled model's state holds the rate, which its next fit starts at, as after a fit: the
             # rate it was compiled with stays a schedule's base, StepDecay(initial_lr=None)'s)
             for key, value in hyper.items():  # (the moments loaded are the settings', not to be rescaled)
