@@ -158,6 +158,10 @@ def test_binary_labels_beyond_0_and_1_are_refused_everywhere(from_logits, bad):
         assert tr.n_steps == 0
     with pytest.raises(ot.ShapeError, match=r"y_true: binary cross-entropy takes labels in \[0, 1\]"):
         model.loss(y, np.full((8, 1), 0.5, np.float32))
+    beside_nan = y.copy()
+    beside_nan[5] = np.nan  # a NaN made min and max NaN, and the label beyond passed
+    with pytest.raises(ot.ShapeError, match=r"y_true: binary cross-entropy takes labels in \[0, 1\]"):
+        model.loss(beside_nan, np.full((8, 1), 0.5, np.float32))
     for got, want in zip(model.get_weights(), before):
         np.testing.assert_array_equal(got, want)
     assert model.optimizer.step == 0
