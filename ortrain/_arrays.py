@@ -138,8 +138,11 @@ def as_array(value, dtype: np.dtype, argument: str) -> np.ndarray:
                 beyond = ~np.isfinite(part) & np.isfinite(given)
                 if beyond.any():
                     info = np.finfo(dtype)
-                    # repr, not :g: a value just past the largest float32 prints as the bound at 6 digits
-                    raise ShapeError(f"{argument}: holds {float(given[beyond].flat[0])!r}, beyond the range of "
+                    # repr, not :g: a value just past the largest float32 prints as the bound at 6 digits;
+                    # a long double beyond float64's range as numpy prints it (float() makes it inf)
+                    value = given[beyond].flat[0]
+                    shown = repr(float(value)) if np.isfinite(float(value)) else str(value)
+                    raise ShapeError(f"{argument}: holds {shown}, beyond the range of "
                                      f"{dtype.name} [{float(info.min)!r}, {float(info.max)!r}]; scale the data to a "
                                      "usual range")
         return out

@@ -164,6 +164,11 @@ def test_a_whole_data_set_is_checked_in_blocks_not_with_a_mask_of_its_size(tmp_p
     big[rows - 2, 0] = 1e39
     with pytest.raises(ot.ShapeError, match=re.escape("x: holds 1e+39, beyond the range of float32")):
         as_array(big, np.float32, "x")
+    if np.finfo(np.longdouble).max > np.finfo(np.float64).max:  # (x86-64's 80-bit long double)
+        huge = np.ones((2, 3), np.longdouble)
+        huge[1, 2] = np.longdouble("1e4000")  # finite: it was said to hold inf, as float() reads it
+        with pytest.raises(ot.ShapeError, match=re.escape("x: holds 1e+4000, beyond the range of float32")):
+            as_array(huge, np.float32, "x")
     labels = np.zeros(4 * BLOCK_VALUES, np.float64)
     labels[-1] = 0.5
     with pytest.raises(ot.ShapeError, match="y: expected integer values for dtype int64, received floats with a "
