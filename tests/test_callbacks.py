@@ -759,27 +759,6 @@ def screen(text: str) -> list[str]:
     return lines + (["".join(line).rstrip()] if line else [])
 
 
-@pytest.mark.parametrize("with_tqdm", [False, True])
-def test_a_callbacks_message_goes_on_a_line_of_its_own_above_a_live_bar(tmp_path, monkeypatch, with_tqdm):
-    # ModelCheckpoint(verbose=1)'s line ran on from the half-drawn bar: "...samples/sEpoch 1: checkpoint saved"
-    from ortrain.callbacks import progress as progress_mod
-    if with_tqdm:
-        pytest.importorskip("tqdm")
-    else:
-        monkeypatch.setitem(sys.modules, "tqdm", None)
-    monkeypatch.setattr(progress_mod, "REFRESH_S", 0.0)
-    term = FakeTerminal()
-    monkeypatch.setattr(sys, "stdout", term)
-    model = sgd_model()
-    path = tmp_path / "m.ortrain"
-    model.fit(*batches(1, 12)[0], batch_size=4, epochs=2, verbose=1,
-              callbacks=[ot.callbacks.ModelCheckpoint(path, verbose=1)])
-    shown = screen(term.getvalue())
-    said = [line for line in shown if "checkpoint saved" in line]
-    assert said == [f"Epoch {e}: checkpoint saved to {path}" for e in (1, 2)]
-    assert len([line for line in shown if re.fullmatch(r"Epoch [12]/2 - 3 steps - .* - loss: .*", line)]) == 2
-
-
 class ScreenStream:
     """One of the two streams (standard output, standard error) of a terminal showing both."""
 
@@ -798,7 +777,10 @@ class ScreenStream:
 
 
 @pytest.mark.parametrize("with_tqdm", [False, True])
-def test_a_callbacks_message_goes_above_a_bar_drawn_on_standard_error(tmp_path, monkeypatch, with_tqdm):
+@pytest.mark.parametrize("bar_on", ["stdout", "stderr"])
+def test_a_callbacks_message_goes_on_a_line_of_its_own_above_a_live_bar(tmp_path, monkeypatch, with_tqdm, bar_on):
+    # ModelCheckpoint(verbose=1)'s line ran on from the half-drawn bar: "...samples/sEpoch 1: checkpoint saved",
+    # also where the bar is drawn on standard error, which shares the screen
     from ortrain.callbacks import progress as progress_mod
     if with_tqdm:
         pytest.importorskip("tqdm")
@@ -809,12 +791,16 @@ def test_a_callbacks_message_goes_above_a_bar_drawn_on_standard_error(tmp_path, 
     monkeypatch.setattr(sys, "stdout", ScreenStream(shown))
     model = sgd_model()
     path = tmp_path / "m.ortrain"
-    model.fit(*batches(1, 12)[0], batch_size=4, epochs=2, verbose=0,
-              callbacks=[ot.callbacks.ModelCheckpoint(path, verbose=1),  # (its epoch's end comes first)
-                         ot.callbacks.ProgressBar(file=ScreenStream(shown))])
+    saving = ot.callbacks.ModelCheckpoint(path, verbose=1)
+    if bar_on == "stdout":  # verbose's own bar, after the callbacks
+        model.fit(*batches(1, 12)[0], batch_size=4, epochs=2, verbose=1, callbacks=[saving])
+    else:
+        model.fit(*batches(1, 12)[0], batch_size=4, epochs=2, verbose=0,
+                  callbacks=[saving, ot.callbacks.ProgressBar(file=ScreenStream(shown))])
     lines = screen("".join(shown))
     assert [line for line in lines if "checkpoint saved" in line] == \
         [f"Epoch {e}: checkpoint saved to {path}" for e in (1, 2)]
+    assert len([line for line in lines if re.fullmatch(r"Epoch [12]/2 - 3 steps - .* - loss: .*", line)]) == 2
 
 
 def test_a_progress_callback_given_stands_for_the_display_verbose_makes(capsys):
