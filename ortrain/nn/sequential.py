@@ -65,7 +65,18 @@ class Sequential(Model):
         first, input_shape, input_dtype, name = self._pending
         dtype = input_dtype or layers[0].input_dtype
         x = inp = first if first is not None else Input(input_shape, dtype=dtype)
+        # A layer first called in this model's earlier assembly takes its call in this one as its first
+        # (Keras' layer.input and output): kept, every add() held a chain of the layers before it,
+        # and a model built by L add()s held L**2 tensors (pickles and copies grew as much)
+        earlier = set()
+        for t in self.__dict__.get("_outputs") or ():
+            while t.node is not None and id(t) not in earlier:
+                earlier.add(id(t))
+                t = t.node.inputs[0]
         for position, lyr in enumerate(layers):
+            called = lyr.__dict__.get("_first_call")
+            if called is not None and id(called[1]) in earlier:
+                del lyr.__dict__["_first_call"]
             if not lyr.built_for and lyr.seed is None:
                 # where a seeded stack stood before this layer drew: pop() puts it back there
                 self.__dict__.setdefault("_drawn_before", {})[id(lyr)] = self._rng.bit_generator.state
