@@ -42,6 +42,12 @@ class InferenceRunner:
                 self._sess = ort.InferenceSession(data, sess_options=session_options(threads), providers=providers)
         except Exception as exc:
             raise OrtrainError(f"onnxruntime could not load the forward graph: {str(exc).splitlines()[0]}") from exc
+        if self.device.kind == "cpu":
+            # onnxruntime's Python session keeps the model's bytes for good, to open it again on the next
+            # provider should one fail: a copy of every weight a graph holds (a third of what predict and
+            # evaluate kept). A session of the CPU provider alone has no provider to fall back to.
+            self._sess.disable_fallback()
+            self._sess._model_bytes = None
         self._running: set[int] = set()  # the threads in run(): a forked child cannot use a session busy at the fork
         kept_in_forked_children(self)
         _RUNNERS.add(self)
