@@ -40,17 +40,20 @@ from ortrain.graph.passes import (
 )
 from ortrain.graph.shapes import Shapes
 
-__all__ = ["control_flow_out_of_the_walk", "for_gradients", "max_pool_grad_as_scatter", "unconfirmed_sizes_dropped",
-           "unnamed_broadcast_dims"]
+__all__ = ["control_flow_out_of_the_walk", "for_gradients", "gather_grad_as_scatter", "max_pool_grad_as_scatter",
+           "unconfirmed_sizes_dropped", "unnamed_broadcast_dims"]
 
 _ONE, _FLAT = "ortrain.max_pool_grad/one", "ortrain.max_pool_grad/flat"
+_LAST = "ortrain.gather_grad/last"
 
 
 def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrites of a training graph as onnxruntime-training's gradient builder wrote it from
     ``forward`` (standard ONNX, whose value types and shapes the rewrites may need)."""
     model = max_pool_grad_as_scatter(model, forward)
-    return sum_after_gemm_as_add(bias_grad_as_matmul(relu_grad_as_mask(model, float32_values(forward))))
+    float32 = float32_values(forward)
+    return gather_grad_as_scatter(sum_after_gemm_as_add(bias_grad_as_matmul(relu_grad_as_mask(model, float32))),
+                                  float32)
 
 
 def repeated_inputs_apart(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -170,6 +173,43 @@ def max_pool_grad_as_scatter(model: onnx.ModelProto, forward: onnx.ModelProto) -
 
     return replace_nodes(model, free, as_scatter, [numpy_helper.from_array(np.array([1], np.int64), _ONE),
                                                   numpy_helper.from_array(np.array([-1], np.int64), _FLAT)])
+
+
+def gather_grad_as_scatter(model: onnx.ModelProto, float32: set[str]) -> onnx.ModelProto:
+    """``model`` (a training graph) with each ``GatherGrad`` over axis 0 of a ``float32`` value (an
+    embedding table's, by the ``Shape`` node the gradient builder reads its size from) written as
+
+        dW = ScatterND(zeros(Shape(W)), Unsqueeze(Cast(i, int64), -1), dY, reduction="add")
+
+    onnxruntime-training 1.19.2's CPU ``GatherGrad`` takes about 460 ns a row of the indices
+    (15 ms for 32,768 rows of 16 values into a 1,000-row table, measured), where ``ScatterND``
+    takes 0.3 ms; a row taken twice, or more, gets the sum of its gradients, and a negative index
+    counts from the end, as in ``Gather``. Needs opset 16 (``reduction``); ``model`` itself without
+    it, or when there is nothing to rewrite."""
+    if default_opset(model) < 16:
+        return model
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def rewritable(node) -> bool:
+        if node.op_type != "GatherGrad" or attribute(node, "axis", 0) != 0:
+            return False
+        shape = producer.get(node.input[0])
+        return shape is not None and shape.op_type == "Shape" and shape.input[0] in float32 and \
+            attribute(shape, "start", 0) == 0 and attribute(shape, "end", None) is None  # the whole shape
+
+    def as_scatter(i, node):
+        shape, indices, dy = node.input
+        p = f"{node.name or 'GatherGrad'}/as_scatter_{i}/"
+        return [
+            helper.make_node("ConstantOfShape", [shape], [p + "zeros"], name=p + "Zeros",
+                             value=numpy_helper.from_array(np.zeros(1, np.float32))),
+            helper.make_node("Cast", [indices], [p + "int64"], name=p + "Cast", to=onnx.TensorProto.INT64),
+            helper.make_node("Unsqueeze", [p + "int64", _LAST], [p + "indices"], name=p + "Unsqueeze"),
+            helper.make_node("ScatterND", [p + "zeros", p + "indices", dy], [node.output[0]], name=p + "Scatter",
+                             reduction="add"),
+        ], []
+
+    return replace_nodes(model, rewritable, as_scatter, [numpy_helper.from_array(np.array([-1], np.int64), _LAST)])
 
 
 def unnamed_broadcast_dims(model: onnx.ModelProto) -> onnx.ModelProto:
