@@ -240,6 +240,10 @@ def test_a_sequential_built_by_add_pickles_as_small_as_one_built_from_a_list():
     for i in range(60):
         added.add(dense(i))
     assert len(pickle.dumps(added)) < 1.2 * len(pickle.dumps(listed))
+    outputs = [lyr.output for lyr in added.layers]
+    with pytest.raises(ot.OrtrainError):
+        added.add(ot.layers.Reshape((3,)))  # 4 values into 3: refused, and the layers stay as they were
+    assert all(lyr.output is out for lyr, out in zip(added.layers, outputs, strict=True))
     # a layer's input and output are those of the model as it is (Keras' feature extractor idiom)
     features = ot.Model(added.input, added.layers[-2].output)
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)

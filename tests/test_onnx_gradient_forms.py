@@ -1441,3 +1441,28 @@ def test_a_pow_whose_base_and_exponent_are_both_trained_is_refused_by_name(rng):
     with pytest.raises(ot.UnsupportedOpError, match="Pow 'power': its base and its exponent both depend on trained"):
         m.fit(x, np.ones_like(x), verbose=0)
     np.testing.assert_array_equal(m.get_weights()[0], w)
+
+
+def test_a_scatter_nd_that_adds_over_two_axes_trains_exactly_on_several_threads(rng):
+    # training writes an adding ScatterND as one ScatterElements over a 2-D view (the runtime's own
+    # kernel adds on several threads without a lock, and loses additions to a row indexed twice):
+    # offsets over two axes, negative indices among them, on two threads
+    n = 8_000
+    w = rng.standard_normal((4, 5, 64)).astype(np.float32)
+    index = np.stack([rng.integers(-4, 4, n), rng.integers(0, 5, n)], axis=1).astype(np.int64)  # negatives too
+    updates = (0.01 * rng.standard_normal((n, 64))).astype(np.float32)
+    proto = model([_node("ScatterND", ["W", "i", "U"], "t", name="scatter", reduction="add"),
+                   _node("Mul", ["x", "t"], "y")], [vi("x", ["N", 4, 5, 64])], [vi("y", ["N", 4, 5, 64])],
+                  [numpy_helper.from_array(w, "W"), numpy_helper.from_array(index, "i"),
+                   numpy_helper.from_array(updates, "U")], opset=18)
+    m = ot.from_onnx(proto, trainable=["W", "U"])
+    m.compile(optimizer=ot.optim.SGD(lr=0.5), loss="mse")
+    x, y = rng.standard_normal((2, 4, 5, 64)).astype(np.float32), rng.standard_normal((2, 4, 5, 64)).astype(np.float32)
+    t = w.astype(np.float64)
+    np.add.at(t, (index[:, 0] % 4, index[:, 1]), updates)
+    dt = (2 * (x * t - y) / y.size * x).sum(0)
+    with ot.Trainer(m, batch_size=2, threads=2) as tr:
+        tr.step(x, y)
+        got = dict(zip(m.weight_names(), tr.get_weights()))
+    np.testing.assert_allclose(got["W"], w - 0.5 * dt, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["U"], updates - 0.5 * dt[index[:, 0] % 4, index[:, 1]], rtol=1e-5, atol=1e-6)

@@ -35,6 +35,7 @@ from ortrain.graph.passes import (
     float32_values,
     relu_grad_as_mask,
     replace_nodes,
+    scatter_nd_add,
     subgraph_reads,
     subgraphs,
 )
@@ -44,7 +45,6 @@ __all__ = ["control_flow_out_of_the_walk", "for_gradients", "gather_grad_as_scat
            "unconfirmed_sizes_dropped", "unnamed_broadcast_dims"]
 
 _ONE, _FLAT = "ortrain.max_pool_grad/one", "ortrain.max_pool_grad/flat"
-_LAST = "ortrain.gather_grad/last"
 
 
 def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.ModelProto:
@@ -179,13 +179,14 @@ def gather_grad_as_scatter(model: onnx.ModelProto, float32: set[str]) -> onnx.Mo
     """``model`` (a training graph) with each ``GatherGrad`` over axis 0 of a ``float32`` value (an
     embedding table's, by the ``Shape`` node the gradient builder reads its size from) written as
 
-        dW = ScatterND(zeros(Shape(W)), Unsqueeze(Cast(i, int64), -1), dY, reduction="add")
+        dW = ScatterND(zeros(Shape(W)), Unsqueeze(i, -1), dY, reduction="add")
 
-    onnxruntime-training 1.19.2's CPU ``GatherGrad`` takes about 460 ns a row of the indices
-    (15 ms for 32,768 rows of 16 values into a 1,000-row table, measured), where ``ScatterND``
-    takes 0.3 ms; a row taken twice, or more, gets the sum of its gradients, and a negative index
-    counts from the end, as in ``Gather``. Needs opset 16 (``reduction``); ``model`` itself without
-    it, or when there is nothing to rewrite."""
+    in the form of :func:`~ortrain.graph.passes.scatter_nd_add` (one ``ScatterElements``: the
+    runtime's ``ScatterND`` loses additions on several threads). onnxruntime-training 1.19.2's CPU
+    ``GatherGrad`` takes about 460 ns a row of the indices (15 ms for 32,768 rows of 16 values into
+    a 1,000-row table, measured), the scatter about a fifth of that; a row taken twice, or more,
+    gets the sum of its gradients, and a negative index counts from the end, as in ``Gather``.
+    Needs opset 16 (``reduction``); ``model`` itself without it, or when there is nothing to rewrite."""
     if default_opset(model) < 16:
         return model
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -200,16 +201,11 @@ def gather_grad_as_scatter(model: onnx.ModelProto, float32: set[str]) -> onnx.Mo
     def as_scatter(i, node):
         shape, indices, dy = node.input
         p = f"{node.name or 'GatherGrad'}/as_scatter_{i}/"
-        return [
-            helper.make_node("ConstantOfShape", [shape], [p + "zeros"], name=p + "Zeros",
-                             value=numpy_helper.from_array(np.zeros(1, np.float32))),
-            helper.make_node("Cast", [indices], [p + "int64"], name=p + "Cast", to=onnx.TensorProto.INT64),
-            helper.make_node("Unsqueeze", [p + "int64", _LAST], [p + "indices"], name=p + "Unsqueeze"),
-            helper.make_node("ScatterND", [p + "zeros", p + "indices", dy], [node.output[0]], name=p + "Scatter",
-                             reduction="add"),
-        ], []
+        zeros = helper.make_node("ConstantOfShape", [shape], [p + "zeros"], name=p + "Zeros",
+                                 value=numpy_helper.from_array(np.zeros(1, np.float32)))
+        return [zeros, *scatter_nd_add(p, p + "zeros", indices, dy, 1, node.output[0])], []
 
-    return replace_nodes(model, rewritable, as_scatter, [numpy_helper.from_array(np.array([-1], np.int64), _LAST)])
+    return replace_nodes(model, rewritable, as_scatter)
 
 
 def unnamed_broadcast_dims(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from ortrain.errors import UnsupportedOpError
 from ortrain.graph.gradient_ops import pad_plan
-from ortrain.graph.passes import attribute, replace_nodes, text_attribute
+from ortrain.graph.passes import attribute, replace_nodes, scatter_nd_add, text_attribute
 from ortrain.graph.shapes import _Graph, _where
 
 __all__ = ["matmul_vectors_as_matrices"]
@@ -442,14 +442,22 @@ def _scatter_add_split(node, i: int, p: str, g: _Graph):
     """``ScatterElements``/``ScatterND`` with ``reduction="add"`` as ``data + scatter(zeros, ...)``:
     the runtime differentiates a scatter as an overwrite, which gives the data a gradient of 0 at
     every target (PyTorch's ``scatter_add`` trained 0.69 off); through the ``Add`` the data's gradient
-    passes whole, and the updates' is the runtime's gather, which is right for an add."""
+    passes whole, and the updates' is the runtime's gather, which is right for an add. A ``ScatterND``
+    whose indices' last size is known is written as :func:`~ortrain.graph.passes.scatter_nd_add` (the
+    runtime's own loses additions to one place on several threads)."""
     data = node.input[0]
-    added = helper.make_node(node.op_type, [p + "zeros", *node.input[1:]], [p + "added"], name=p + node.op_type)
-    added.attribute.extend(node.attribute)
+    indices = g.shapes.shape(node.input[1]) if node.op_type == "ScatterND" else None
+    k = indices[-1] if indices else None
+    if type(k) is int and k >= 1:
+        added = scatter_nd_add(p + "as_elements/", p + "zeros", node.input[1], node.input[2], k, p + "added")
+    else:
+        scatter = helper.make_node(node.op_type, [p + "zeros", *node.input[1:]], [p + "added"], name=p + node.op_type)
+        scatter.attribute.extend(node.attribute)
+        added = [scatter]
     nodes = [helper.make_node("Shape", [data], [p + "shape"], name=p + "Shape"),
              helper.make_node("ConstantOfShape", [p + "shape"], [p + "zeros"], name=p + "Zeros",
                               value=numpy_helper.from_array(np.zeros(1, np.float32))),
-             added,
+             *added,
              helper.make_node("Add", [data, p + "added"], [node.output[0]], name=p + "Add")]
     return nodes, []
 

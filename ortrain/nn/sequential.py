@@ -166,11 +166,17 @@ class Sequential(Model):
     def _rebuild(self, layers: list) -> None:
         self._adopt()
         saved = dict(self.__dict__)
+        first_calls = [(lyr, lyr.__dict__.get("_first_call")) for lyr in layers]  # _assemble moves them
         try:
             self._assemble(layers)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(saved)
+            for lyr, called in first_calls:
+                if called is None:
+                    lyr.__dict__.pop("_first_call", None)
+                else:
+                    lyr.__dict__["_first_call"] = called
             raise
         # What model.freeze and freeze_bn_stats froze stays frozen (for the layers still there).
         names = set(self.weight_names())
