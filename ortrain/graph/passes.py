@@ -593,7 +593,7 @@ def scatter_nd_add(p: str, data: str, indices: str, updates: str, k: int, output
         return helper.make_node("Constant", [], [p + name], name=p + name,
                                 value=numpy_helper.from_array(np.array(values, np.int64)))
 
-    nodes = [const("zero", [0]), const("k", [k]), const("end", [np.iinfo(np.int64).max]), const("minus_one", [-1]),
+    nodes = [const("zero", [0]), const("k", [k]), const("minus_one", [-1]),
              const("one", [1]), const("two", [2]), const("column", [-1, 1]),
              helper.make_node("Shape", [data], [p + "shape"], name=p + "Shape"),
              helper.make_node("Slice", [p + "shape", p + "zero", p + "k"], [p + "lead"], name=p + "Lead"),
