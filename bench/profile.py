@@ -1,6 +1,7 @@
 """Where a training step's time goes: ortrain's Python, the two runtime calls, and the graph nodes.
 
     python -m bench.profile            # the MLP of (c) and the seed-size model of (b)
+    python -m bench.profile cnn dense-bn gelu   # the CNN of (d); a batch norm over features; GELU
 
 For each model: the per-step time of ``Trainer.step`` split into the training-graph run, the
 optimizer-graph run and everything else (ortrain's input checks and bookkeeping, measured as
@@ -30,6 +31,8 @@ MODELS = {
     "mlp": ("bench.workloads.mlp", "MLP 784-512-512-10, batch 128"),
     "seed": ("bench.workloads.trainer_step", "4-8-2 classifier, batch 16"),
     "cnn": ("bench.workloads.cnn", "CNN 28x28, batch 64"),
+    "dense-bn": ("bench.profile_models:DenseBatchNorm", "784-256 with batch norm over the features, batch 1024"),
+    "gelu": ("bench.profile_models:GeluMLP", "784-4096 GELU-10, batch 128"),
 }
 
 
@@ -179,7 +182,9 @@ def update_forms(sizes: list[int], steps: int = 100) -> dict:
 
 def profile(name: str, steps: int = 60, top: int = 12) -> str:
     import importlib
-    module = importlib.import_module(MODELS[name][0])
+    path, _, attr = MODELS[name][0].partition(":")
+    module = importlib.import_module(path)
+    module = getattr(module, attr) if attr else module
     model = module.build_model()
     x, y = module.data()
     lines = [f"## {MODELS[name][1]}"]

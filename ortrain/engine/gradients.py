@@ -93,7 +93,7 @@ def build_training_graphs(model: onnx.ModelProto, requires_grad: list[str], froz
     unused = [o for o in built.graph.output if o.name in {f"{name}_grad" for name in whole}]
     for output in unused:
         built.graph.output.remove(output)
-    training = chain_shared_statistics(for_gradients(built, model), model)
+    training = for_gradients(chain_shared_statistics(built, model), model)  # chained before rewritten
     training_graph_utils._reorder_outputs(training, outputs, grads)
     training_graph_utils.build_gradient_accumulation_graph(training, grads)
     for m in (training, eval_model):

@@ -27,6 +27,11 @@ from onnx import helper, numpy_helper
 
 from ortrain.errors import UnsupportedOpError
 from ortrain.graph.builder import FreshNames
+from ortrain.graph.kernel_forms import (
+    batch_norm_2d_in_standard_ops,
+    conv_input_grad_as_conv,
+    gelu_grad_in_standard_ops,
+)
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import (
     BROADCASTING,
@@ -52,8 +57,10 @@ def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.Mode
     ``forward`` (standard ONNX, whose value types and shapes the rewrites may need)."""
     model = max_pool_grad_as_scatter(model, forward)
     float32 = float32_values(forward)
-    return gather_grad_as_scatter(sum_after_gemm_as_add(bias_grad_as_matmul(relu_grad_as_mask(model, float32))),
-                                  float32)
+    model = gather_grad_as_scatter(sum_after_gemm_as_add(bias_grad_as_matmul(relu_grad_as_mask(model, float32))),
+                                   float32)
+    model = gelu_grad_in_standard_ops(batch_norm_2d_in_standard_ops(model, forward, float32), float32)
+    return conv_input_grad_as_conv(model, forward, float32)
 
 
 def repeated_inputs_apart(model: onnx.ModelProto) -> onnx.ModelProto:
