@@ -3,6 +3,9 @@ onnxruntime-training's own kernel and a float64 numpy reference, and whole train
 PyTorch."""
 
 import math
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import onnx
@@ -17,6 +20,7 @@ from ortrain.graph.kernel_forms import (
     batch_norm_2d_in_standard_ops,
     conv_input_grad_as_conv,
     gelu_grad_in_standard_ops,
+    grouped_conv_grads_kept_in_bounds,
 )
 
 
@@ -210,6 +214,9 @@ CONV_GRADS = [  # (x shape, w shape, attributes)
     ((3, 8, 11), (5, 8, 3), {"pads": [2, 4], "dilations": [2]}),
     ((2, 8, 10, 10), (8, 8, 3, 3), {}),  # no pads
     ((2, 6, 8, 8), (6, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 6}),  # one group per channel
+    ((2, 16, 8, 8), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # twice the channels: still rewritten
+    ((3, 6, 12), (12, 2, 3), {"pads": [1, 1], "group": 3}),  # 1-D: any groups (the kernel overruns its buffer)
+    ((2, 4, 5, 6, 5), (8, 1, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1], "group": 4}),  # 3-D, two filters a channel
 ]
 
 
@@ -225,14 +232,18 @@ def test_conv_input_grad_as_conv_matches_the_kernel_and_float64(rng, x_shape, w_
                    [("dx", list(x_shape)), ("dw", list(w_shape)), ("db", [w_shape[0]])])
     shapes = _model([], [("w", list(w_shape))], [])
     rewritten = conv_input_grad_as_conv(model, shapes, {"x"})
+    assert grouped_conv_grads_kept_in_bounds(rewritten, shapes) is rewritten
     assert [n.op_type for n in rewritten.graph.node if n.op_type in ("Conv", "ConvGrad")] == ["Conv", "ConvGrad"]
     assert next(n for n in rewritten.graph.node if n.op_type == "ConvGrad").output[0] == ""
     onnx.checker.check_model(rewritten)
     feeds = {"dy": rng.standard_normal(dy_shape).astype(np.float32),
              "x": rng.standard_normal(x_shape).astype(np.float32), "w": rng.standard_normal(w_shape).astype(np.float32)}
     want = _conv_input_grad(feeds["dy"], feeds["w"], pads, dilations, attrs.get("group", 1))
-    got, kernel = _run(rewritten, feeds), _run(model, feeds)
+    got = _run(rewritten, feeds)
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+    if attrs.get("group", 1) > 1 and len(w_shape) != 4:
+        return  # the kernel's own input gradient would write past its buffer
+    kernel = _run(model, feeds)
     np.testing.assert_allclose(kernel[0], want, rtol=1e-5, atol=1e-5)
     for g, k in zip(got[1:], kernel[1:]):  # the weight and bias gradients: the kernel's own
         np.testing.assert_array_equal(g, k)
@@ -244,6 +255,7 @@ def test_conv_input_grad_as_conv_matches_the_kernel_and_float64(rng, x_shape, w_
     ((4, 8, 3, 3), {"auto_pad": "SAME_UPPER"}),
     ((4, 8, 3, 3), {"pads": [3, 1, 1, 1]}),  # padding beyond the kernel's reach
     ((8, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+    ((40, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # 2-D, widening more than twice: the convolution is slower
 ])
 def test_conv_input_grad_as_conv_leaves_other_convolutions_to_the_kernel(w_shape, attrs):
     attrs = {"kernel_shape": list(w_shape[2:]), **attrs}
@@ -286,3 +298,83 @@ def test_a_stack_of_convolutions_trains_as_pytorch_with_the_input_gradient_as_a_
     np.testing.assert_allclose(losses, want, rtol=1e-5)
     for g, t in zip(got, w):
         np.testing.assert_allclose(g, t.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("stride,pads,dilation", [(2, [1, 1], 1), (3, [2, 0], 2), (1, [5, 5], 1)])
+def test_a_grouped_1d_conv_grad_the_conv_form_leaves_runs_in_2d(rng, stride, pads, dilation):
+    torch = torch_or_skip()
+    attrs = {"kernel_shape": [3], "strides": [stride], "pads": pads, "dilations": [dilation], "group": 4}
+    x_shape, w_shape = (3, 8, 20), (8, 2, 3)
+    out = (20 + sum(pads) - dilation * 2 - 1) // stride + 1
+    model = _model([helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx", "dw", "db"], domain="com.microsoft", **attrs)],
+                   [("dy", [3, 8, out]), ("x", list(x_shape)), ("w", list(w_shape))],
+                   [("dx", list(x_shape)), ("dw", list(w_shape)), ("db", [8])])
+    shapes = _model([], [("w", list(w_shape))], [])
+    assert conv_input_grad_as_conv(model, shapes, {"x"}) is model  # strided, or padded beyond the kernel
+    rewritten = grouped_conv_grads_kept_in_bounds(model, shapes)
+    grads = [n for n in rewritten.graph.node if n.op_type == "ConvGrad"]
+    assert len(grads) == 1 and helper.get_node_attr_value(grads[0], "kernel_shape") == [1, 3]  # the 2-D kernel
+    onnx.checker.check_model(rewritten)
+    feeds = {"dy": rng.standard_normal((3, 8, out)).astype(np.float32),
+             "x": rng.standard_normal(x_shape).astype(np.float32), "w": rng.standard_normal(w_shape).astype(np.float32)}
+    dx, dw, db = _run(rewritten, feeds)
+    t = {k: torch.tensor(v, dtype=torch.float64) for k, v in feeds.items()}
+    if pads[0] == pads[1]:
+        conv = dict(stride=stride, padding=pads[0], dilation=dilation, groups=4)
+        want_dx = torch.nn.grad.conv1d_input(x_shape, t["w"], t["dy"], **conv)
+        want_dw = torch.nn.grad.conv1d_weight(t["x"], w_shape, t["dy"], **conv)
+    else:  # uneven padding: pad the input, then crop its gradient
+        padded = torch.nn.functional.pad(t["x"], pads)
+        conv = dict(stride=stride, dilation=dilation, groups=4)
+        want_dx = torch.nn.grad.conv1d_input(padded.shape, t["w"], t["dy"], **conv)[:, :, pads[0]:pads[0] + 20]
+        want_dw = torch.nn.grad.conv1d_weight(padded, w_shape, t["dy"], **conv)
+    np.testing.assert_allclose(dx, want_dx.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw, want_dw.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, t["dy"].sum((0, 2)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_strided_grouped_3d_conv_grad_is_refused():
+    model = _model([helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx", "dw", "db"], domain="com.microsoft",
+                                     kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6, group=2)],
+                   [("dy", [1, 4, 3, 3, 3]), ("x", [1, 4, 6, 6, 6]), ("w", [4, 2, 3, 3, 3])],
+                   [("dx", [1, 4, 6, 6, 6]), ("dw", [4, 2, 3, 3, 3]), ("db", [4])])
+    with pytest.raises(ot.UnsupportedOpError, match=r"grouped convolution that is not 2-D writes past its buffer"):
+        grouped_conv_grads_kept_in_bounds(model, _model([], [("w", [4, 2, 3, 3, 3])], []))
+
+
+@pytest.mark.torch
+def test_a_grouped_conv1d_model_trains_as_pytorch_where_the_runtime_aborted(tmp_path):
+    # onnxruntime-training's ConvGrad of a grouped 1-D convolution overran its buffer: this model's first
+    # step aborted the process ("free(): invalid pointer"); run apart so that a crash fails the test
+    torch_or_skip()
+    script = tmp_path / "grouped_conv1d.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np, torch, ortrain as ot
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv1d(4, 64, 1), torch.nn.Conv1d(64, 64, 7, padding=3, groups=64),
+                                  torch.nn.Flatten(), torch.nn.Linear(64 * 256, 2))
+        x = torch.zeros(32, 4, 256)
+        path = "net.onnx"
+        torch.onnx.export(net, (x,), path, dynamo=False, input_names=["x"])
+        net = net.double()
+        model = ot.from_onnx(path)
+        model.compile(optimizer=ot.optim.SGD(lr=1e-4), loss="mse")
+        rng = np.random.default_rng(0)
+        batches = [(rng.standard_normal((32, 4, 256)).astype(np.float32), rng.standard_normal((32, 2)).astype(np.float32))
+                   for _ in range(5)]
+        opt = torch.optim.SGD(net.parameters(), lr=1e-4)
+        with ot.Trainer(model, batch_size=32) as tr:
+            got = [tr.step(a, b) for a, b in batches]
+        want = []
+        for a, b in batches:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(torch.tensor(a, dtype=torch.float64)), torch.tensor(b, dtype=torch.float64))
+            loss.backward()
+            opt.step()
+            want.append(loss.item())
+        np.testing.assert_allclose(got, want, rtol=1e-4)
+        print("trained", got)
+    """))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "trained" in done.stdout, done.stderr[-2000:]

@@ -31,6 +31,7 @@ from ortrain.graph.kernel_forms import (
     batch_norm_2d_in_standard_ops,
     conv_input_grad_as_conv,
     gelu_grad_in_standard_ops,
+    grouped_conv_grads_kept_in_bounds,
 )
 from ortrain.graph.opsets import default_opset
 from ortrain.graph.passes import (
@@ -60,7 +61,7 @@ def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.Mode
     model = gather_grad_as_scatter(sum_after_gemm_as_add(bias_grad_as_matmul(relu_grad_as_mask(model, float32))),
                                    float32)
     model = gelu_grad_in_standard_ops(batch_norm_2d_in_standard_ops(model, forward, float32), float32)
-    return conv_input_grad_as_conv(model, forward, float32)
+    return grouped_conv_grads_kept_in_bounds(conv_input_grad_as_conv(model, forward, float32), forward)
 
 
 def repeated_inputs_apart(model: onnx.ModelProto) -> onnx.ModelProto:
