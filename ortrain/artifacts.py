@@ -72,7 +72,7 @@ __all__ = ["Artifacts", "build", "load", "cache_dir", "set_cache_dir", "LABEL", 
 
 # Bumped whenever the code that writes the graphs (ortrain._artifact_graphs) changes what it writes,
 # so caches made by an earlier revision of this version of ortrain miss instead of serving stale graphs.
-BUILDER_REVISION = 48
+BUILDER_REVISION = 49
 
 
 @dataclass(frozen=True)

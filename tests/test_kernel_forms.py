@@ -217,6 +217,7 @@ CONV_GRADS = [  # (x shape, w shape, attributes)
     ((2, 16, 8, 8), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # twice the channels: still rewritten
     ((3, 6, 12), (12, 2, 3), {"pads": [1, 1], "group": 3}),  # 1-D: any groups (the kernel overruns its buffer)
     ((2, 4, 5, 6, 5), (8, 1, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1], "group": 4}),  # 3-D, two filters a channel
+    ((3, 8, 11), (8, 2, 3), {"auto_pad": "VALID", "group": 4}),  # VALID: no pads (it was refused)
 ]
 
 
@@ -233,6 +234,8 @@ def test_conv_input_grad_as_conv_matches_the_kernel_and_float64(rng, x_shape, w_
     shapes = _model([], [("w", list(w_shape))], [])
     rewritten = conv_input_grad_as_conv(model, shapes, {"x"})
     assert grouped_conv_grads_kept_in_bounds(rewritten, shapes) is rewritten
+    if attrs.get("group", 1) > 1 and len(w_shape) != 4:  # rewritten even where x's type is not inferred
+        assert conv_input_grad_as_conv(model, shapes, set()) is not model
     assert [n.op_type for n in rewritten.graph.node if n.op_type in ("Conv", "ConvGrad")] == ["Conv", "ConvGrad"]
     assert next(n for n in rewritten.graph.node if n.op_type == "ConvGrad").output[0] == ""
     onnx.checker.check_model(rewritten)

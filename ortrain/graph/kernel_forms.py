@@ -205,7 +205,7 @@ def conv_input_grad_as_conv(model: onnx.ModelProto, forward: onnx.ModelProto, fl
     much as for speed: its input gradient of such a convolution writes past the end of its buffer
     (the process aborts: "free(): invalid pointer"); :func:`grouped_conv_grads_kept_in_bounds`
     takes those left over. Left to the kernel, where the convolution was measured slower or is not
-    written: strides, ``auto_pad``, fewer than 8 input channels in one group (3 channels of 5 x 5:
+    written: strides, ``auto_pad`` SAME, fewer than 8 input channels in one group (3 channels of 5 x 5:
     3.5 ms against 7.3), 2-D groups other than one per channel, unknown kernel sizes, and padding
     beyond the kernel's reach. ``model`` itself when there is none."""
     shapes = Shapes(forward)
@@ -213,9 +213,11 @@ def conv_input_grad_as_conv(model: onnx.ModelProto, forward: onnx.ModelProto, fl
     def geometry(node):
         """(kernel shape, dilations, flipped pads, group, weight shape) where the rewrite applies, else None."""
         found = _conv_grad(node, shapes)
-        if found is None or node.input[1] not in float32:
+        if found is None:
             return None
         w, kernel, strides, dilations, pads, group = found
+        if node.input[1] not in float32 and (group == 1 or len(kernel) == 2):  # (the kernel is float32 only)
+            return None
         rank, channels = len(kernel), w[1] * group
         if any(s != 1 for s in strides):
             return None
@@ -267,13 +269,14 @@ def _conv_grad(node, shapes: Shapes):
             not node.output or not node.output[0]:
         return None
     w = shapes.sizes(node.input[2])
-    if w is None or len(w) < 3 or text_attribute(node, "auto_pad", "NOTSET") != "NOTSET":
+    auto_pad = text_attribute(node, "auto_pad", "NOTSET")
+    if w is None or len(w) < 3 or auto_pad not in ("NOTSET", "VALID"):
         return None
     rank = len(w) - 2
     kernel = list(attribute(node, "kernel_shape", None) or w[2:])
     strides = list(attribute(node, "strides", None) or [1] * rank)
     dilations = list(attribute(node, "dilations", None) or [1] * rank)
-    pads = list(attribute(node, "pads", None) or [0] * (2 * rank))
+    pads = [0] * (2 * rank) if auto_pad == "VALID" else list(attribute(node, "pads", None) or [0] * (2 * rank))
     if kernel != w[2:] or len(strides) != rank or len(dilations) != rank or len(pads) != 2 * rank:
         return None
     return w, kernel, strides, dilations, pads, attribute(node, "group", 1)
@@ -302,7 +305,7 @@ def grouped_conv_grads_kept_in_bounds(model: onnx.ModelProto, forward: onnx.Mode
         if group == 1 or len(kernel) == 2:
             return False
         if len(kernel) != 1:
-            raise _grouped_conv_refused(node, "there is no stride-1 form for it here")
+            raise _grouped_conv_refused(node, "it is strided, or padded beyond its kernel's reach")
         return True
 
     def as_2d(i, node):
