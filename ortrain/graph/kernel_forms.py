@@ -154,9 +154,7 @@ def gelu_grad_in_standard_ops(model: onnx.ModelProto, float32: set[str]) -> onnx
     the exact GELU's derivative, as the kernel computes it. onnxruntime-training 1.19.2's CPU
     ``GeluGrad`` takes 2.2 ms for 128 x 4096 values, these ops 1.3 ms on two threads (measured), with
     about half the kernel's float32 error (1.2e-7 against 2.2e-7 at most). ``model`` itself when
-    there is none, or before opset 9 (``Erf``)."""
-    if default_opset(model) < 9:
-        return model
+    there is none."""
 
     def rewritable(node) -> bool:
         return node.op_type == "GeluGrad" and node.domain == "com.microsoft" and len(node.input) == 2 and \
@@ -324,11 +322,7 @@ def grouped_conv_grads_kept_in_bounds(model: onnx.ModelProto, forward: onnx.Mode
             nodes.append(helper.make_node("Squeeze", [p + "dw_2d", p + "axis"], [outputs[1]], name=p + "Drop_dw"))
         return nodes, [numpy_helper.from_array(np.array([2], np.int64), p + "axis")]
 
-    if default_opset(model) < 13:  # Unsqueeze and Squeeze take their axes as an input from 13
-        if any(grouped(n) for n in model.graph.node):
-            raise _grouped_conv_refused(next(n for n in model.graph.node if grouped(n)), "the graph's opset is before 13")
-        return model
-    return replace_nodes(model, grouped, as_2d)
+    return replace_nodes(model, grouped, as_2d)  # (training graphs are at opset 17 or newer: axes are inputs)
 
 
 def _grouped_conv_refused(node, why: str) -> UnsupportedOpError:
