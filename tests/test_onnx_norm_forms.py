@@ -17,6 +17,7 @@ SGD's below 0.04 of it).
 from __future__ import annotations
 
 import collections
+import copy
 import io
 
 import numpy as np
@@ -294,6 +295,70 @@ def test_tensors_the_dynamo_exporter_folds_from_torch_ops_alone_stay_constants(r
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     with torch.no_grad():
         np.testing.assert_allclose(pred, net(torch.from_numpy(x)).numpy(), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("form", ["attention", "rotary"])
+def test_a_constant_the_dynamo_exporter_folds_for_several_nodes_stays_a_constant(rng, form):
+    """The dynamo exporter's optimizer (on by default) folds an attention's softmax scale
+    ``head_dim ** -0.25`` into one ``(1,)`` initializer that the queries' and the keys' ``Mul`` read,
+    and a rotary embedding's ``cos`` and ``sin`` tables, made in ``forward`` from ``torch.arange``, into
+    initializers four nodes read. Their records name no parameter: they trained as weights (the
+    scale drifted from 0.7071 to 0.7006 in five steps), where PyTorch has none."""
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+    functional = torch.nn.functional
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.o = torch.nn.Linear(8, 24), torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = (z.view(b, t, 2, 4).transpose(1, 2) for z in self.qkv(x).split(8, -1))
+            return self.o(functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, 8).mean(1))
+
+    class Rotary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qk, self.o = torch.nn.Linear(8, 16), torch.nn.Linear(5, 3)
+
+        def forward(self, x):
+            angle = torch.arange(x.shape[1], dtype=torch.float32)[:, None] / \
+                (100.0 ** (torch.arange(0, 4, dtype=torch.float32) / 4))[None]
+            cos, sin = torch.cos(angle), torch.sin(angle)
+            q, k = self.qk(x).chunk(2, -1)
+
+            def rotated(z):
+                return torch.cat([z[..., :4] * cos - z[..., 4:] * sin, z[..., :4] * sin + z[..., 4:] * cos], -1)
+            return self.o((rotated(q) @ rotated(k).transpose(1, 2)).mean(1))
+
+    net = Attention() if form == "attention" else Rotary()
+    x = rng.standard_normal((6, 5, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 6)
+    proto = _export(torch, net, x[:2], "dynamo")
+    readers = collections.Counter(i for n in proto.graph.node for i in n.input)
+    folded = {t.name for t in proto.graph.initializer if readers[t.name] > 1 and t.data_type == onnx.TensorProto.FLOAT}
+    assert len(folded) == (1 if form == "attention" else 2), "the exporter no longer folds these: update the test"
+    model = ot.from_onnx(proto)
+    assert not folded & set(model.weight_names())
+    assert len(model.weight_names()) == 4  # the two layers' weights (a matrix transposed and renamed) and biases
+    reference = copy.deepcopy(net).double()
+    opt, want = torch.optim.SGD(reference.parameters(), lr=0.5), []
+    for _ in range(5):
+        loss = functional.cross_entropy(reference(torch.from_numpy(x).double()), torch.from_numpy(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    model.compile(optimizer=ot.optim.SGD(lr=0.5), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with ot.Trainer(model, batch_size=6) as tr:
+        got = [tr.step(x, y) for _ in range(5)]
+        pred = tr.predict(x)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    with torch.no_grad():
+        np.testing.assert_allclose(pred, reference(torch.from_numpy(x).double()).numpy(), rtol=RTOL, atol=ATOL)
 
 
 def _steps_as_in_torch(model, x, y, want: list[float], tw: dict):

@@ -145,9 +145,13 @@ def folded_constants(model: onnx.ModelProto, constants: set[str] = frozenset()) 
     computes, a user input, a temporary of the exporter's (``val_<n>``) or a torch op's result
     (``arange``, ``zeros``: a ramp built from a shape, a recurrent layer's zero initial state), never a
     parameter (a parameter folded away, ``2.weight`` into its ``(C, 1, 1)`` form ``val_29``, is no
-    longer in the graph and keeps the initializer a weight), and when one node alone reads it: the exporter
-    merges equal initializers and keeps the first one's record, so ones read by a norm and also by
-    a parameter's folded copy (``g[:, None]`` of a ``g`` made of ones) would freeze the parameter.
+    longer in the graph and keeps the initializer a weight). The exporter merges equal initializers
+    and keeps the first one's record, so ones read by a norm and also by a parameter's folded copy
+    (``g[:, None]`` of a ``g`` made of ones) would freeze the parameter: one that several nodes read
+    counts only where no parameter's folded copy can equal it, that is, where its values are not one
+    value repeated (a rotary embedding's ``cos`` and ``sin`` tables), or it is a single value other
+    than 0 and 1 (an attention's softmax scale ``head_dim ** -0.25``, read for the queries and the
+    keys); a parameter fresh from ``ones``, ``zeros`` or a constant fill can equal the others.
     Files without these records give nothing."""
     g = model.graph
     meta = {vi.name: {p.key: p.value for p in vi.metadata_props} for vi in [*g.input, *g.value_info]}
@@ -159,9 +163,9 @@ def folded_constants(model: onnx.ModelProto, constants: set[str] = frozenset()) 
     out = set()
     for t in g.initializer:
         record = meta.get(t.name, {}).get(_FOLDED_FROM)
-        if readers[t.name] != 1:
+        if record is None or t.data_type != onnx.TensorProto.FLOAT or not readers[t.name]:
             continue
-        if record is None or t.data_type != onnx.TensorProto.FLOAT:
+        if readers[t.name] > 1 and _may_equal_a_fresh_parameter(t):
             continue
         try:
             sources = ast.literal_eval(record)
@@ -172,6 +176,18 @@ def folded_constants(model: onnx.ModelProto, constants: set[str] = frozenset()) 
                                             _LIFTED.fullmatch(n) or _torch_op_result(n)) for n in sources):
             out.add(t.name)
     return out
+
+
+def _may_equal_a_fresh_parameter(t: onnx.TensorProto) -> bool:
+    """Whether a folded initializer could be a merge of a constant with a parameter's folded copy:
+    one value repeated (a parameter made by ``ones``, ``zeros`` or a fill), or a single 0 or 1."""
+    try:
+        values = numpy_helper.to_array(t)
+    except Exception:  # noqa: BLE001 - data it cannot read here (external): left a weight, as before
+        return True
+    if values.size == 0 or not np.all(values == values.flat[0]):
+        return False
+    return values.size > 1 or float(values.flat[0]) in (0.0, 1.0)
 
 
 def _torch_op_result(name: str) -> bool:
