@@ -67,12 +67,20 @@ def rows(results: dict) -> list[tuple]:
                     _met(None if speed is None else speed["median"] >= 8), ""))
     r = results.get("trainer_step")
     if r:
-        us = r["us_per_call"]
+        us = {n: s for n, s in r["us_per_call"].items() if n != "train_on_batch"}
         out.append(("(b) Trainer.step 4-8-2", "time / raw ORT-training loop", _x(r["ratios"]["ortrain_time_over_ort_loop"]),
                     "-", "-", ", ".join(f"{n} {s['median']:.1f} us" for n, s in us.items())))
         if "speedup_vs_torch" in r["ratios"]:
             out.append(("(b) Trainer.step 4-8-2", "PyTorch eager time / ortrain", _x(r["ratios"]["speedup_vs_torch"]),
                         "-", "-", ""))
+        tob = r["ratios"].get("train_on_batch_over_step")
+        if tob:
+            out.append(("(b) train_on_batch 4-8-2", "time / Trainer.step", _x(tob), "-", "-",
+                        f"train_on_batch {r['us_per_call']['train_on_batch']['median']:.1f} us (keeps its trainer "
+                        "between calls)"))
+            if "torch_over_train_on_batch" in r["ratios"]:
+                out.append(("(b) train_on_batch 4-8-2", "PyTorch eager time / ortrain",
+                            _x(r["ratios"]["torch_over_train_on_batch"]), "-", "-", ""))
     r = results.get("mlp")
     if r:
         sps = r["samples_per_s"]

@@ -77,6 +77,8 @@ class Loop:
         self._thread = None  # the thread the fit runs on (run sets it)
         self._accum_told = None  # the step at which a read part-way through an nbatch_logical period warned
         self._steps_at_start = trainer.n_steps
+        # train_on_batch keeps its trainer for the next call: the moments stay in its session until read
+        self.keeps_trainer = False
         base = trainer._model
         self.base_lr = base.optimizer._lr  # the compiled (or last written) rate, not a fit's last
         self.metrics = metrics_mod.resolve(base.metrics, base.loss, base.weighted_metrics)
@@ -512,7 +514,8 @@ class Loop:
                     # keeps its weights too. A fit that took no step leaves the optimizer state as it
                     # was, and a rate written on model.optimizer still to be taken up by the next fit.
                     with self._lock:
-                        state = tr._state() if self.stepped else None
+                        state = None if not self.stepped else tr._pending_state() if self.keeps_trainer else \
+                            tr._state()
                         _ = self.model  # brings the weights over (a callback may have set some)
                         if self.stepped:
                             self._model._train_state = state  # not the setter, which refuses it mid-fit

@@ -31,12 +31,14 @@ epochs=5`` runs epochs 2, 3 and 4; the number only matters to callbacks and sche
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import threading
 
 import numpy as np
 
+from ortrain import _kept_trainer as kept_trainer
 from ortrain import losses as losses_mod
 from ortrain import optim
 from ortrain._arrays import check_fixed_rows, checked_flag, checked_int, is_integer, is_real, prepare_inputs
@@ -343,6 +345,7 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     """:func:`fit_generator` with ``model.fit``'s ``class_weight`` and ``validation_freq``."""
     if not isinstance(model, Model):
         raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
+    kept_trainer.release(model)  # the trainer train_on_batch keeps: its state goes to the model first
     steps_per_epoch = _count(steps_per_epoch, "steps_per_epoch")
     _count(validation_steps, "validation_steps")
     _count(nbatch_logical, "nbatch_logical")
@@ -441,7 +444,8 @@ class _FirstReads:
 @_one_fit_at_a_time("fit")
 def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbose=1, callbacks=None,
               validation_split=0.0, validation_data=None, shuffle=True, sample_weight=None, initial_epoch=0,
-              steps_per_epoch=None, validation_steps=None, class_weight=None, validation_freq=1) -> History:
+              steps_per_epoch=None, validation_steps=None, class_weight=None, validation_freq=1,
+              keep_trainer=False) -> History:
     """``Model.fit``: arrays (``x`` and ``y``) or a generator (``x`` alone, see :func:`fit_generator`).
 
     With arrays every sample counts once per epoch: rows are cut into batches of ``batch_size``
@@ -478,9 +482,14 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     monitoring a ``val_`` value skip that epoch without the warning a missing value gets (their
     patience counts validated epochs, as in Keras). Without validation data it is checked and
     has no effect.
+
+    ``keep_trainer`` (``train_on_batch``'s): the trainer stays open on the model for the next such
+    call (:mod:`ortrain._kept_trainer`); any other fit frees the one kept.
     """
     if not model.compiled:
         raise OrtrainError("model: not compiled; call model.compile(optimizer=..., loss=...) before fit")
+    if not keep_trainer:
+        kept_trainer.release(model)
     if y is None:
         return _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_split,
                                           epochs=epochs, verbose=verbose, callbacks=callbacks,
@@ -527,12 +536,35 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     with _FirstReads(vit) as reads:
         val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)
         weighted = ws is not None or val_weighted
-        with weighing_any_loss(model, weighted, batch_size=bs, loss_mask=1 if weighted else None) as tr:
-            source = ArraySource(xs, ys, ws, bs, shuffle=shuffle, continues=steps_per_epoch is not None)
-            loop = Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
-                         validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),
-                         validation_freq=validation_freq)
-            return reads.run(loop)
+        with kept_trainer.turn(model) if keep_trainer else contextlib.nullcontext():
+            return _train_arrays(model, reads, xs, ys, ws, vit, weighted, keep_trainer, bs=bs, shuffle=shuffle,
+                                 steps_per_epoch=steps_per_epoch, epochs=epochs, initial_epoch=initial_epoch,
+                                 callbacks=callbacks, verbose=verbose, validation_freq=validation_freq)
+
+
+def _train_arrays(model, reads, xs, ys, ws, vit, weighted, keep_trainer, *, bs, shuffle, steps_per_epoch, epochs,
+                  initial_epoch, callbacks, verbose, validation_freq) -> History:
+    """:func:`fit_model`'s training on arrays checked, with the trainer it builds, or the one
+    ``train_on_batch`` kept (``keep_trainer``: kept again for its next call)."""
+    settings = kept_trainer.settings_of(model, bs, weighted) if keep_trainer else None
+    tr = kept_trainer.take(model, settings) if keep_trainer else None
+    if tr is None:
+        tr = weighing_any_loss(model, weighted, batch_size=bs, loss_mask=1 if weighted else None)
+    kept = False
+    try:
+        source = ArraySource(xs, ys, ws, bs, shuffle=shuffle, continues=steps_per_epoch is not None)
+        loop = Loop(tr, EpochIterator(source, steps_per_epoch), epochs=epochs, initial_epoch=initial_epoch,
+                     validation=vit, callbacks=callbacks or (), verbose=verbose, model=model, samples=len(ys),
+                     validation_freq=validation_freq)
+        loop.keeps_trainer = keep_trainer
+        history = reads.run(loop)
+        if keep_trainer:
+            kept_trainer.keep(model, tr, settings)
+            kept = True
+        return history
+    finally:
+        if not kept:
+            kept_trainer.release(model, tr)
 
 
 def _any_weighted(source) -> bool | None:

@@ -43,7 +43,7 @@ from ortrain.graph.forward import to_inference
 from ortrain.graph.passes import batchnorm_nodes, with_extra_outputs
 from ortrain.nn.base_layer import FREEZES, what_trains
 from ortrain.nn.model import Model
-from ortrain.nn.saving import TrainState
+from ortrain.nn.saving import PendingTrainState, TrainState
 from ortrain.optim import check_lr
 
 __all__ = ["Snapshot", "Trainer"]
@@ -452,6 +452,24 @@ class Trainer(TrainerSetup, Releasable):
         with locked(self._session):  # the counters and the moments of one step, whichever thread steps
             return TrainState(self._updates, self._lr, {**carried, **self._session.optimizer_moments()},
                               self._n_steps - self._accum, self._session.draws)
+
+    def _pending_state(self) -> PendingTrainState:
+        """:meth:`_state` with the moments left in the session until first read: for the trainer
+        ``train_on_batch`` keeps, which does not step again while the model holds this state unread
+        (:mod:`ortrain._kept_trainer`); a read after a later step is refused, not answered with that
+        step's moments."""
+        taken = (self._n_steps, self._updates)
+
+        def read() -> dict:
+            with locked(self._session):  # (a step holds it: the counters and moments read are of one step)
+                if (self._n_steps, self._updates) != taken:  # (read on a thread while another trained on)
+                    raise OrtrainError("the model's optimizer state was read while train_on_batch stepped on from it "
+                                       "(on another thread): its moments are the next step's now; read it between "
+                                       "the calls (or save the model, which waits for the step)")
+                return self._state().moments
+
+        return PendingTrainState(self._updates, self._lr, None, self._n_steps - self._accum, self._session.draws,
+                                 read=read)
 
     # -- batch norm ----------------------------------------------------------------------------
     def calibrate_bn(self, x) -> None:

@@ -46,6 +46,18 @@ def test_table_renders_every_workload_with_its_goal():
         assert any(line.startswith(f"| {label}") for line in lines), label
     floor_row = next(line for line in lines if "machine floor" in line)
     assert "1.70x (1.60-1.80)" in floor_row and "floor 2.00 ms = GEMMs 1.40 ms" in floor_row
+    # train_on_batch's rows appear where its worker ran (results from before it ran have none)
+    assert not any(line.startswith("| (b) train_on_batch") for line in lines)
+    tb = results["trainer_step"]
+    tb["us_per_call"]["train_on_batch"] = {"median": 450.0, "p10": 400.0, "p90": 500.0}
+    tb["ratios"]["train_on_batch_over_step"] = {"median": 5.25, "p10": 5.0, "p90": 5.5, "n": 30}
+    tb["ratios"]["torch_over_train_on_batch"] = {"median": 0.81, "p10": 0.75, "p90": 0.9, "n": 30}
+    lines = run.table(results).splitlines()
+    step_row = next(line for line in lines if line.startswith("| (b) Trainer.step") and "raw ORT" in line)
+    assert "train_on_batch" not in step_row
+    tob = [line for line in lines if line.startswith("| (b) train_on_batch")]
+    assert len(tob) == 2 and "5.25x (5.00-5.50)" in tob[0] and "train_on_batch 450.0 us" in tob[0]
+    assert "0.81x (0.75-0.90)" in tob[1]
     # a goal's verdict follows its figure
     speed = results["mlp"]["ratios"]["speedup_vs_torch"]["median"]
     row = next(line for line in lines if "samples/s over PyTorch eager" in line and "(c)" in line)

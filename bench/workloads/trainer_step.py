@@ -1,5 +1,6 @@
 """(b) ``Trainer.step`` per call on the reference page's example size: a 4 -> 8 -> 2 softmax
-classifier, batch 16, Adam, categorical cross-entropy.
+classifier, batch 16, Adam, categorical cross-entropy; and ``Model.train_on_batch`` on the same
+model and batch (Keras' one-step call, which keeps its trainer open between calls).
 
 Against the hand-written onnxruntime-training loop over the same artifacts and a PyTorch eager
 loop with the same weights, each in its own process and on one thread: at this size a second
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.common import compare_workers, implementations, loop_ratios, ort_loop, spread
+from bench.common import compare_workers, implementations, loop_ratios, ort_loop, paired_ratio, spread
 
 BATCH, LR, THREADS = 16, 1e-3, 1
 HERE = "bench.workloads.trainer_step"
@@ -37,6 +38,14 @@ def make_ortrain():
     x, y = data()
     tr = ot.Trainer(build_model(), batch_size=BATCH)
     return lambda: tr.step(x, y)
+
+
+def make_train_on_batch():
+    import ortrain as ot
+    ot.set_num_threads(THREADS)
+    x, y = data()
+    model = build_model()
+    return lambda: model.train_on_batch(x, y)
 
 
 def make_ort_loop():
@@ -66,11 +75,15 @@ def make_torch():
 
 def run(quick: bool = False) -> dict:
     rounds, warmup, calls = (6, 2, 300) if quick else (30, 4, 1000)
-    times, _ = compare_workers(HERE, implementations(), rounds, warmup, calls)
+    times, _ = compare_workers(HERE, [*implementations(), "train_on_batch"], rounds, warmup, calls)
     us = {n: {k: 1e6 * v for k, v in spread(t).items() if k != "n"} for n, t in times.items()}
+    ratios = loop_ratios(times)
+    ratios["train_on_batch_over_step"] = paired_ratio(times["train_on_batch"], times["ortrain"])
+    if "torch" in times:
+        ratios["torch_over_train_on_batch"] = paired_ratio(times["torch"], times["train_on_batch"])
     out = {"workload": "trainer_step", "title": "Trainer.step, 4-8-2 softmax classifier, batch 16, Adam",
            "threads": THREADS, "rounds": rounds, "calls_per_round": calls, "us_per_call": us,
-           "ratios": loop_ratios(times)}
+           "ratios": ratios}
     return out
 
 

@@ -51,6 +51,35 @@ class TrainState:
                 f"moments={{{moments}}})")
 
 
+class PendingTrainState(TrainState):
+    """A :class:`TrainState` whose moments are still in the session of the trainer that
+    ``train_on_batch`` keeps open between its calls: copied out (``read()``, a checkpoint written
+    and parsed, a few milliseconds) the first time they are read, not at every step. Copies and
+    pickles are plain ``TrainState``\\ s with the moments read."""
+
+    def __init__(self, step, lr, moments=None, n_steps=0, draws=None, *, read=None):
+        self.step, self.lr, self.n_steps, self.draws = step, lr, n_steps, draws
+        self._moments, self._read = ({} if moments is None else moments), read
+
+    @property
+    def moments(self) -> dict:
+        if self._read is not None:
+            self._moments, self._read = self._read(), None  # (the read raises where it cannot be done)
+        return self._moments
+
+    @moments.setter
+    def moments(self, value) -> None:
+        self._moments, self._read = value, None
+
+    @property
+    def pending(self) -> bool:
+        """Whether the moments are still in the trainer's session."""
+        return self._read is not None
+
+    def __reduce__(self):
+        return TrainState, (self.step, self.lr, self.moments, self.n_steps, self.draws)
+
+
 def _tensor_refs(model) -> dict[int, list]:
     """Where each tensor of ``model``'s graph comes from, by the tensor's id: ``["input", i]`` or
     ``["node", j]`` (the first of each, as the graph lists them)."""

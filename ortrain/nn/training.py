@@ -87,6 +87,8 @@ class TrainingMixin:
         self._live_seen = None  # set by a running fit: what it last took of optimizer.lr
         self._live_pair = None  # set by a running fit: a save or copy from another thread waits on it
         self._train_state = None  # optimizer state carried between fit() calls
+        self._kept = None  # the trainer train_on_batch keeps for its next call (ortrain._kept_trainer)
+        self._kept_turn = None  # held through each train_on_batch call once one kept its trainer
         self._runners: dict = {}  # prediction and evaluation sessions, by kind and weights
         self._edits_seen = None  # base_layer.EDITS when the edits were last taken
         self._lr_seen = None  # (optimizer id, its lr_writes) when the last fit ended
@@ -107,11 +109,16 @@ class TrainingMixin:
         if drawn:  # a seeded Sequential's stack, by layer: the copy's pop() rewinds at its own layers
             state["_drawn_before"] = [(lyr, drawn[id(lyr)]) for lyr in self.layers if id(lyr) in drawn]
         state["_runners"] = {}
+        state["_kept"] = state["_kept_turn"] = None  # (the copy's train_state below holds the moments, read out)
         state.pop("_sizes_for", None)  # (made again from the copy's layers)
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = state["_live_pair"] = None
         state.pop("_fit_thread", None)  # a copy is not fitting
         state["_edits_seen"] = None  # EDITS counts this process's sets: a copy starts over
-        state["_train_state"] = self.train_state
+        from ortrain.nn.saving import PendingTrainState, TrainState
+        ts = self.train_state
+        if isinstance(ts, PendingTrainState):  # (its moments read out by train_state): the copy's own record
+            ts = TrainState(ts.step, ts.lr, ts.moments, ts.n_steps, ts.draws)
+        state["_train_state"] = ts
         if self.history is not None:
             detached = History()
             detached.history = {k: list(v) for k, v in self.history.history.items()}
@@ -222,10 +229,25 @@ class TrainingMixin:
         """Around a save or copy of the model: from another thread than the one fitting it, between two
         of the fit's steps with the trained weights brought over (the weights the model held last and
         the fit's live optimizer state would be of different steps); else nothing to wait for."""
+        turn = self.__dict__.get("_kept_turn")
+        if turn is not None:  # train_on_batch's calls each hold it whole: between two of them
+            return self._turn_then_paired(turn)
         owner, pair = self.__dict__.get("_fit_thread"), self.__dict__.get("_live_pair")
         if owner is not None and pair is not None and owner[0] != threading.get_ident():
             return pair()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _turn_then_paired(self, turn):
+        """:meth:`_paired` for a model ``train_on_batch`` keeps a trainer for: its turn first (a call
+        holds it, then the fit's lock), so the two locks are always taken in that order."""
+        with turn:
+            owner, pair = self.__dict__.get("_fit_thread"), self.__dict__.get("_live_pair")
+            if owner is not None and pair is not None and owner[0] != threading.get_ident():
+                with pair():
+                    yield
+            else:
+                yield
 
     def _refuse_while_fitting(self, argument: str, verb: str, holds: str = "the optimizer state",
                               instead: str = "") -> None:
@@ -252,7 +274,14 @@ class TrainingMixin:
         that saves or copies ``self.model`` saves the state that goes with its weights, as in Keras
         (each read then copies the moments out of the runtime: read it once per save)."""
         live = _live_or_none(self._live_state)
-        return live if live is not None else self._train_state
+        if live is not None:
+            return live
+        state = self._train_state
+        if getattr(state, "pending", False):  # moments train_on_batch left in its trainer, copied out now (once)
+            with self.__dict__.get("_kept_turn") or contextlib.nullcontext():  # between two of its calls
+                state = self._train_state
+                _ = state.moments if state is not None else None
+        return state
 
     @train_state.setter
     def train_state(self, value) -> None:
@@ -415,12 +444,15 @@ class TrainingMixin:
         ``return_dict=True``). The optimizer state carries on as between fits, and
         ``model.history`` is left as it was.
 
-        Each call is a whole ``fit``: it builds a trainer, opens the training session and writes
-        the weights and optimizer state back, some 20-50 ms for a small model and seconds for
-        tens of millions of weights, tens to hundreds of times a step. A loop of steps (a GAN,
-        reinforcement learning) belongs in an :class:`ortrain.Trainer`, which keeps its session; two
-        trainers over models that share layers each train their own copy, so hand the shared weights
-        across after each step with :meth:`ortrain.Trainer.set_weights`."""
+        The first call builds a trainer (the training sessions, some 10-50 ms for a small model and
+        seconds for tens of millions of weights), which the model keeps for the next call: while the
+        batch size, the sample weighting, the compiled optimizer, loss and metrics, the layers, which
+        weights train and the thread count stay the same, and no optimizer state was set since, the
+        next call is a step and a copy of the weights back to the model (weights set meanwhile, by
+        ``set_weights`` or another model's call training a shared layer, are written into it first;
+        the optimizer's moments stay in the session until read: ``optimizer.state()``, ``save``, a
+        copy, a ``Trainer`` or a ``fit`` of the model copy them out). Anything else, and any ``fit``
+        of the model, frees it."""
         from ortrain.fit import fit_model
         checked_flag(return_dict, "train_on_batch(return_dict=...)")
         _needs_labels(y, "train_on_batch")
@@ -428,7 +460,7 @@ class TrainingMixin:
         try:
             rows = prepare_inputs(self.input_specs, x, "x")[0].shape[0]   # the whole batch makes one step
             hist = fit_model(self, x, y, batch_size=max(rows, 1), epochs=1, verbose=0, shuffle=False,
-                             sample_weight=sample_weight, class_weight=class_weight)
+                             sample_weight=sample_weight, class_weight=class_weight, keep_trainer=True)
         finally:
             self.history = history
         return _results({k: v[0] for k, v in hist.history.items() if k != "lr"}, return_dict)
