@@ -496,17 +496,27 @@ def _publish(target: Path, fill) -> Artifacts:
 _MANIFEST_TEMPORARY = re.compile(atomic_temporaries(re.escape("manifest.json"), ".json"))
 
 
+def not_artifacts(target: Path) -> str | None:
+    """Why the folder ``target`` cannot be written as artifacts (it exists and holds files other than
+    artifacts', which are the user's), or None (new, empty, or artifacts)."""
+    if not target.is_dir():
+        return None
+    others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json") and
+                    not _MANIFEST_TEMPORARY.fullmatch(p.name))
+    if others or (not (target / "manifest.json").exists() and any(target.iterdir())):
+        return "exists and is not an ortrain artifacts directory" + \
+            (f" (it holds {', '.join(others[:4])})" if others else "")
+    return None
+
+
 def _existing(target: Path, key: str, owned: bool = False) -> Artifacts | None:
     """The valid artifacts of ``key`` in ``target``, or None where they must be (re)built. A folder
     holding anything else is the user's and refused, unless ``owned`` (a cache entry)."""
     manifest = target / "manifest.json"
-    if not owned and target.is_dir():  # only artifacts are replaced: anything else in the folder is the user's
-        others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json") and
-                        not _MANIFEST_TEMPORARY.fullmatch(p.name))
-        if others or (not manifest.exists() and any(target.iterdir())):
-            raise OrtrainError(f"out_dir {str(target)!r} exists and is not an ortrain artifacts directory"
-                               + (f" (it holds {', '.join(others[:4])})" if others else "")
-                               + "; choose an empty or new directory")
+    if not owned:  # only artifacts are replaced: anything else in the folder is the user's
+        problem = not_artifacts(target)
+        if problem:
+            raise OrtrainError(f"out_dir {str(target)!r} {problem}; choose an empty or new directory")
     if not manifest.exists():
         return None
     try:

@@ -475,7 +475,7 @@ def test_artifacts_removes_what_a_build_killed_midway_left_beside_its_directory(
     (["predict", "--artifacts", "art", "--data", "x.npy", "-o", "art/p.npy"], 2, "lies inside the artifacts 'art'"),
     # -o over a file the command reads; a checkpoint with a model file (was ignored: the file's weights predicted)
     (["export", "--artifacts", "art", "--checkpoint", "best.ckpt", "-o", "best.ckpt"], 2,
-     "-o: 'best.ckpt' names a file this command reads (a checkpoint, the data, the model or a run's own records)"),
+     "-o: 'best.ckpt' names a file this command reads (a checkpoint, the data or the model)"),
     (["predict", "--artifacts", "art", "--data", "x.npy", "-o", "x"], 2,
      "-o: 'x' would write 'x.npy', a file this command reads"),
     (["predict", "--model", "mlp.onnx", "--checkpoint", "best.ckpt", "--data", "x.npy"], 2,
@@ -547,6 +547,46 @@ def test_a_run_s_checkpoints_are_kept_when_its_checkpoints_folder_is_a_symlink(w
     assert (workdir / "store" / "epoch-0002.ckpt").read_bytes() == kept
 
 
+def test_artifacts_onto_a_folder_of_the_user_s_files_is_a_usage_error_as_train_s(workdir, capsys):
+    os.makedirs("mine")
+    Path("mine/notes.txt").write_text("notes")
+    Path("mine/model.onnx").write_bytes(Path("mlp.onnx").read_bytes())
+    # exited 1, a failed run, where train --out refuses such a folder as a usage error (2)
+    assert cli("artifacts", "mlp.onnx", "-o", "mine", "--loss", "mse") == 2
+    err = capsys.readouterr().err
+    assert "ortrain artifacts: error: -o: 'mine' exists and is not an ortrain artifacts directory (it holds " \
+        "model.onnx, notes.txt); choose an empty or new directory" in err and "out_dir" not in err
+    assert cli("train", "--model", "mlp.onnx", "--loss", "mse", "--data", "train.npz", "--epochs", "1",
+               "--batch-size", "8", "--out", "mine") == 2
+    assert sorted(os.listdir("mine")) == ["model.onnx", "notes.txt"]
+
+
+def test_export_and_predict_write_into_no_artifacts_and_over_no_data_a_run_trains_on(workdir, capsys):
+    """A run trains from artifacts another command may not read (``export --run other``) and from data
+    its run.json records: written over, the run's eval and resume failed ("does not match the sha256
+    recorded in manifest.json", "cannot read train.npz")."""
+    make_artifacts(capsys)
+    assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "32",
+               "--out", "run_a", "--verbose", "0") == 0
+    assert cli("train", "--model", "mlp.onnx", "--loss", "sparse_categorical_crossentropy", "--from-logits",
+               "--data", "train.npz", "--epochs", "1", "--batch-size", "32", "--out", "run_b", "--verbose", "0") == 0
+    files = {p: p.read_bytes() for p in [*Path("art").rglob("*"), *Path("run_b").rglob("*"), Path("train.npz")]
+             if p.is_file()}
+    capsys.readouterr()
+    for command, why in [
+            (["export", "--run", "run_b", "-o", "art/training.onnx"], "lies inside the artifacts directory"),
+            (["export", "--run", "run_b", "-o", "art/new.onnx"], "lies inside the artifacts directory"),
+            (["predict", "--run", "run_b", "--data", "x.npy", "-o", "art/p.npy"], "lies inside the artifacts directory"),
+            (["export", "--run", "run_a", "-o", "run_b/artifacts/x.onnx"], "lies inside the artifacts directory"),
+            (["export", "--run", "run_b", "-o", "train.npz"], "names data the run 'run_b' trains on"),
+            (["export", "--run", "run_b", "-o", "run_a/state.json"], "names 'state.json' of the run")]:
+        assert cli(*command) == 2, command
+        assert why in capsys.readouterr().err, command
+    assert {p: p.read_bytes() for p in files} == files
+    assert cli("eval", "--run", "run_a", "--data", "test.npz") == 0
+    assert cli("export", "--run", "run_b", "-o", "b.onnx") == 0  # elsewhere, as before
+
+
 def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys):
     make_artifacts(capsys)
     assert cli("train", "--artifacts", "art", "--data", "train.npz", "--epochs", "2", "--batch-size", "32",
@@ -559,8 +599,8 @@ def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys
     assert "-o: 'lnk/../x.npy' names a file this command reads" in capsys.readouterr().err
     for output, why in [("run/checkpoints/epoch-0002.ckpt", "lies in the checkpoints/ folder of the run 'run', which"),
                         ("run/checkpoints/other.onnx", "lies in the checkpoints/ folder"),
-                        ("run/state.json", "names a file this command reads"),
-                        ("run/run.json", "names a file this command reads")]:
+                        ("run/state.json", "names 'state.json' of the run"),
+                        ("run/run.json", "names 'run.json' of the run")]:
         capsys.readouterr()
         assert cli("export", "--run", "run", "-o", output) == 2  # was written over: the run no longer resumed
         assert why in capsys.readouterr().err
@@ -1244,7 +1284,6 @@ def test_an_option_on_the_command_line_replaces_the_choice_a_config_made_the_oth
      "ortrain artifacts: --trainable and --frozen both list 'dense_0.*'"),
     (["predict", "--model", "junk.onnx", "--data", "x.npy"], "ortrain predict: --model: 'junk.onnx' is not an ONNX "
                                                              "model"),
-    (["artifacts", "mlp.onnx", "-o", "other", "--loss", "mse"], "ortrain artifacts: -o '"),
 ])
 def test_messages_name_the_command_lines_options_not_the_python_api(workdir, capsys, args, says):
     (workdir / "junk.onnx").write_text("junk")

@@ -6,6 +6,7 @@ optional checkpoint) or an .onnx file holds.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 from pathlib import Path
@@ -110,6 +111,12 @@ def _output_file(opts, example: str) -> None:
     if source and os.path.isdir(source) and Path(os.path.realpath(source)) in (written, *written.parents):
         raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
                          "elsewhere")
+    held = _artifacts_holding(Path(os.path.abspath(opts.output))) or _artifacts_holding(written)
+    if held is not None:
+        raise UsageError(f"-o: {opts.output!r} lies inside the artifacts directory {str(held)!r} (it holds ortrain's "
+                         "manifest.json), which runs may train from: a file written over one of its graphs fails its "
+                         "sha256 check from then on, and a rebuild replaces the folder with whatever else is in it; "
+                         "write it elsewhere")
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
                          f"{os.path.join(opts.output, example)!r}")
@@ -119,12 +126,44 @@ def _output_file(opts, example: str) -> None:
         raise UsageError(str(exc)) from None
 
 
+def _artifacts_holding(path: Path) -> Path | None:
+    """The folder above ``path`` that is an ortrain artifacts directory (its ``manifest.json`` has a
+    format and a table of files), if any."""
+    for folder in path.parents:
+        manifest = folder / "manifest.json"
+        if manifest.is_file():
+            try:
+                with open(manifest, encoding="utf-8") as f:
+                    content = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(content, dict) and "format" in content and isinstance(content.get("files"), dict):
+                return folder
+    return None
+
+
+def _run_data(run: str | None) -> list[str]:
+    """The data files the run records (``data``, ``val_data``), which its resume reads again."""
+    if not run or not Path(run, "run.json").is_file():
+        return []
+    try:
+        settings = read_run(Path(run))["settings"]
+    except (OrtrainError, KeyError, TypeError):
+        return []
+    files = []
+    for key in ("data", "val_data"):
+        value = settings.get(key)
+        files += value if isinstance(value, list) else [value] if value else []
+    return [f for f in files if isinstance(f, str)]
+
+
 def _refuse_writing_over_reads(opts, paths: list[Path]) -> None:
     """``paths`` (what ``-o`` writes) must not replace a file the command reads (the checkpoint, the
     data, the model) nor a run's records, nor lie in a run's checkpoints/ (which a resume reads):
     each taken as spelled and as the system resolves it (a symlinked folder)."""
     read = {Path(os.path.realpath(f)) for f in
             (opts.checkpoint, getattr(opts, "model", None), *(getattr(opts, "data", None) or ())) if f}
+    recorded = {Path(os.path.realpath(f)) for f in _run_data(opts.run)}  # the run's data, which a resume reads
     # the checkpoints of the run read, wherever they are (its checkpoints/ may be a link to another folder)
     kept = Path(os.path.realpath(Path(opts.run, "checkpoints"))) if opts.run else None
     for path in paths:
@@ -137,10 +176,17 @@ def _refuse_writing_over_reads(opts, paths: list[Path]) -> None:
         if run is not None:
             raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run {run!r}{linked}, which "
                              "the run keeps for its checkpoints; write it elsewhere")
-        if any(f in read or (f.name in RUN_RECORDS and (f.parent / "run.json").is_file()) for f in spellings):
-            what = "names" if path == Path(opts.output) else f"would write {path.name!r},"
-            raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data, the "
-                             "model or a run's own records): written over, it would be gone; write elsewhere")
+        what = "names" if path == Path(opts.output) else f"would write {path.name!r},"
+        record = next((f for f in spellings if f.name in RUN_RECORDS and (f.parent / "run.json").is_file()), None)
+        if record is not None:
+            raise UsageError(f"-o: {opts.output!r} {what} {record.name!r} of the run {str(record.parent)!r}, which "
+                             "its resume reads: written over, the run could not go on; write elsewhere")
+        if any(f in recorded for f in spellings):
+            raise UsageError(f"-o: {opts.output!r} {what} data the run {opts.run!r} trains on (its run.json records "
+                             "it, and a resume reads it again): written over, it would be gone; write elsewhere")
+        if any(f in read for f in spellings):
+            raise UsageError(f"-o: {opts.output!r} {what} a file this command reads (a checkpoint, the data or the "
+                             "model): written over, it would be gone; write elsewhere")
 
 
 def predict(opts) -> dict:
@@ -185,6 +231,9 @@ def export(opts) -> dict:
 def artifacts(opts) -> dict:
     model_file(opts.model, "MODEL")
     check_out_dir(opts.output, "writing artifacts", "-o")
+    problem = ot.artifacts.not_artifacts(Path(opts.output))  # the user's files: a usage error, as --out's
+    if problem:
+        raise UsageError(f"-o: {opts.output!r} {problem}; choose an empty or new directory")
     try:  # the manifest alone: artifacts of another version are replaced too
         before = read_json(Path(opts.output) / "manifest.json", "manifest").get("key")
     except (OrtrainError, AttributeError):
