@@ -41,7 +41,15 @@ import numpy as np
 from ortrain import _kept_trainer as kept_trainer
 from ortrain import losses as losses_mod
 from ortrain import optim
-from ortrain._arrays import check_fixed_rows, checked_flag, checked_int, is_integer, is_real, prepare_inputs
+from ortrain._arrays import (
+    check_fixed_rows,
+    checked_flag,
+    checked_int,
+    is_integer,
+    is_real,
+    prepare_inputs,
+    refuse_non_finite,
+)
 from ortrain._class_weight import class_weights
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain._loop import Loop, located, validations_within
@@ -532,7 +540,9 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
                          "x (the rows validation_split leaves for training)", bs, split=held is not None)
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
-    refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on; validation only reports
+    refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on
+    if vit is not None and isinstance(vit.source, ArraySource):  # validation arrays too, as the command line's
+        _refuse_non_finite_validation(model, vit.source, held is not None, len(ys))
     with _FirstReads(vit) as reads:
         val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)
         weighted = ws is not None or val_weighted
@@ -565,6 +575,22 @@ def _train_arrays(model, reads, xs, ys, ws, vit, weighted, keep_trainer, *, bs, 
     finally:
         if not kept:
             kept_trainer.release(model, tr)
+
+
+def _refuse_non_finite_validation(model: Model, source: ArraySource, split: bool, trained_rows: int) -> None:
+    """Validation arrays holding NaN or an infinity are refused before anything trains, as the
+    training rows are (a NaN there made every epoch's ``val_loss`` NaN, which monitors then read).
+    The rows ``validation_split`` holds out are named by their place in ``x``."""
+    if split:
+        names = [f"{a} (the rows validation_split holds out)" for a in ("x", "y", "sample_weight")]
+        if len(model.input_specs) > 1:
+            names = [f"x[{s.name!r}] (the rows validation_split holds out)" for s in model.input_specs] + names[1:]
+    else:
+        names = ["validation_data[0]" if len(model.input_specs) == 1 else f"validation_data[0][{s.name!r}]"
+                 for s in model.input_specs] + ["validation_data[1]", "validation_data[2]"]
+    arrays = [*source._xs, source._y] + ([source._w] if source._w is not None else [])
+    refuse_non_finite(arrays, names[:len(arrays)], "nothing was trained", needs="validation needs finite values",
+                      first_row=trained_rows if split else 0)
 
 
 def _any_weighted(source) -> bool | None:

@@ -510,6 +510,29 @@ def test_one_shot_validation_iterator_needs_validation_steps():
     assert np.isfinite(hist.history["val_loss"][2])
 
 
+def test_validation_arrays_holding_nan_or_inf_are_refused_before_anything_trains():
+    """As the training rows, and as the command line's --val-data and --val-split: a NaN there made
+    every epoch's val_loss NaN (which EarlyStopping then monitored) while the fit trained."""
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    x, y = batches(1, 12)[0]
+    before = model.get_weights()
+    bad_x, bad_y = x.copy(), y.copy()
+    bad_x[2, 1], bad_y[10, 0] = np.nan, np.inf
+    cases = [({"validation_data": (bad_x[:4], y[:4])}, r"validation_data\[0\]: holds nan in row 2"),
+             ({"validation_data": (x[:4], bad_y[8:])}, r"validation_data\[1\]: holds inf in row 2"),
+             ({"validation_split": 0.25}, r"y \(the rows validation_split holds out\): holds inf in row 10")]
+    for kwargs, says in cases:
+        with pytest.raises(ot.NonFiniteError, match=says + "; validation needs finite values, so nothing was trained"):
+            model.fit(x, y if "validation_data" in kwargs else bad_y, batch_size=4, epochs=2, verbose=0, **kwargs)
+        assert model.train_state is None
+        for a, b in zip(before, model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+    # a generator's validation batches are computed as evaluate computes them
+    hist = model.fit(x, y, batch_size=4, epochs=1, verbose=0, validation_data=[(bad_x[:4], y[:4])])
+    assert np.isnan(hist.history["val_loss"][0]) and np.isfinite(hist.history["loss"][0])
+
+
 def test_validation_weights_are_checked_before_anything_trains():
     # a list of batches whose weights have the wrong shape, and weights a trainer cannot take, were
     # refused only after a whole epoch had trained

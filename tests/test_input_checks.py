@@ -130,9 +130,13 @@ def test_fit_refuses_non_finite_rows_before_the_first_step():
     assert model.train_state is None
     for a, b in zip(weights, model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
-    # rows held out for validation are only evaluated: they do not stop training
-    history = model.fit(x, y, batch_size=8, validation_split=0.25, verbose=0)
-    assert model.train_state.n_steps == 6 and np.isnan(history.history["val_loss"][0])
+    # rows held out for validation are refused too, before anything trains (they made every val_loss NaN)
+    with pytest.raises(ot.NonFiniteError, match=re.escape("x (the rows validation_split holds out): holds nan in "
+                                                          "row 60; validation needs finite values")):
+        model.fit(x, y, batch_size=8, validation_split=0.25, verbose=0)
+    assert model.train_state is None
+    history = model.fit(x[:48], y[:48], batch_size=8, validation_split=0.25, verbose=0)
+    assert model.train_state.n_steps == 5 and np.isfinite(history.history["val_loss"][0])
     # a generator's first batch is checked before the caller's model changes
     model = ot.Sequential([L.Dense(2)], input_shape=(3,), seed=0)
     model.compile(optimizer="adam", loss="mse")
