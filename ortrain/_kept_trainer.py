@@ -6,7 +6,7 @@ and moments back to the model: some 10-20 ms for a small model, where its step t
 ``train_on_batch`` is called once a step (a GAN's loop, Keras-style custom loops), so its trainer
 is kept on the model instead, and the next call steps it again when nothing it was built from
 has changed since: the batch size and sample weighting, the optimizer and loss (the objects and
-their settings), the metrics, the layers and which weights train, the model's optimizer state
+their settings), the metrics, the layers (and their settings) and which weights train, the model's optimizer state
 (``load_state``, a fit, a Trainer's ``export_state`` handed over) and the thread count. Anything
 else frees it and the call builds a trainer as a fit does. Weights set since the last call
 (``set_weights``, another model's call training a layer this one shares) are written into the
@@ -21,6 +21,7 @@ trainer, frees it (reading the moments first).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass
 
@@ -46,7 +47,20 @@ def settings_of(model, rows: int, weighted: bool) -> tuple:
     opt, loss = model.optimizer, model.loss
     return (rows, bool(weighted), id(opt), repr(sorted(_opt_config(opt).items())), id(loss),
             repr(sorted(_loss_key(loss).items())), tuple(model.metrics), tuple(model.weighted_metrics),
-            get_num_threads())
+            get_num_threads(), _architecture(model))
+
+
+def _architecture(model) -> str:
+    """What the model's graph is built from: its layers' configs (all that ``model.save`` keeps of
+    them, so a setting changed on a layer, a dropout rate or an activation, changes it), or where a
+    layer is not ortrain's, whose config may leave something out, the digest of the graph itself.
+    An imported model's graph is its file's."""
+    configs = []
+    for lyr in getattr(model, "layers", ()):
+        if not type(lyr).__module__.startswith("ortrain."):
+            return hashlib.sha256(model._base_proto().SerializeToString(deterministic=True)).hexdigest()
+        configs.append((type(lyr).__qualname__, lyr.get_config()))
+    return repr(configs)
 
 
 def turn(model) -> threading.RLock:

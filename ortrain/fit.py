@@ -571,6 +571,9 @@ def _train_arrays(model, reads, xs, ys, ws, vit, weighted, keep_trainer, *, bs, 
         if keep_trainer:
             kept_trainer.keep(model, tr, settings)
             kept = True
+            # The loop is a cycle (its callbacks and history point back at it) that only the collector
+            # frees: let it hold neither the model nor the trainer, whose sessions the model owns now.
+            loop._model = loop.trainer = None
         return history
     finally:
         if not kept:

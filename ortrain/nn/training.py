@@ -178,6 +178,10 @@ class TrainingMixin:
                 opt._outlive(self)
             except Exception:  # noqa: BLE001 (a finalizer must not raise: at shutdown modules are gone)
                 pass
+        kept = self.__dict__.get("_kept")  # train_on_batch's trainer: its sessions go with the model
+        if kept is not None:
+            with contextlib.suppress(Exception):
+                kept.trainer.free()
 
     # -- the compiled optimizer's view: opt.step, opt.state(), opt.load_state() ---------------------
     def _optimizer_step(self) -> int:
@@ -446,8 +450,8 @@ class TrainingMixin:
 
         The first call builds a trainer (the training sessions, some 10-50 ms for a small model and
         seconds for tens of millions of weights), which the model keeps for the next call: while the
-        batch size, the sample weighting, the compiled optimizer, loss and metrics, the layers, which
-        weights train and the thread count stay the same, and no optimizer state was set since, the
+        batch size, the sample weighting, the compiled optimizer, loss and metrics, the layers and their
+        settings, which weights train and the thread count stay the same, and no optimizer state was set since, the
         next call is a step and a copy of the weights back to the model (weights set meanwhile, by
         ``set_weights`` or another model's call training a shared layer, are written into it first;
         the optimizer's moments stay in the session until read: ``optimizer.state()``, ``save``, a
