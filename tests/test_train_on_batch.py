@@ -295,3 +295,89 @@ def test_a_state_read_after_its_trainer_stepped_on_is_refused():
     model.train_on_batch(x2, y2)
     with pytest.raises(ot.OrtrainError, match="stepped on from it"):
         _ = stale.moments
+
+
+class _Scale(ot.layers.Layer):
+    """A layer class of the user's: multiplies by ``factor``."""
+
+    def __init__(self, factor=1.0, name=None):
+        super().__init__(name)
+        self.factor = factor
+
+    def get_config(self):
+        return {**super().get_config(), "factor": self.factor}
+
+    def emit(self, ctx, inputs):
+        return ctx.gb.op("Mul", [inputs[0], ctx.gb.const(np.float32(self.factor), hint="factor")])
+
+
+def test_a_layer_class_of_the_user_s_trains_as_numpy_copies_saves_and_rebuilds_when_changed(tmp_path):
+    """A model with a custom layer predicted but could not train, copy or load ("unknown layer type
+    'Scale' in a saved model"): a trainer rebuilds the model from its layers' records."""
+    def model():
+        m = ot.Sequential([ot.layers.Dense(3), _Scale(0.5), ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        return m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+
+    kept, fresh = model(), model()
+    w1, b1, w2, b2 = (a.astype(np.float64) for a in kept.get_weights())
+    rng = np.random.default_rng(3)
+    for step in range(4):
+        if step == 2:  # a setting of the user's layer changed: the kept trainer's graph is rebuilt
+            kept.layers[1].factor = fresh.layers[1].factor = 2.0
+        factor = kept.layers[1].factor
+        x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 2)).astype(np.float32)
+        loss = kept.train_on_batch(x, y)
+        assert loss == _fresh_step_mse(fresh, x, y)
+        h = x @ w1 + b1
+        d = factor * h @ w2 + b2 - y
+        assert loss == pytest.approx(np.mean(d * d), rel=1e-5)
+        g = 2 * d / d.size
+        gh = factor * g @ w2.T
+        w2, b2, w1, b1 = w2 - 0.1 * factor * h.T @ g, b2 - 0.1 * g.sum(0), w1 - 0.1 * x.T @ gh, b1 - 0.1 * gh.sum(0)
+    for got, want in zip(kept.get_weights(), (w1, b1, w2, b2)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    kept.save(tmp_path / "m.ortrain")
+    for other in (kept.copy(), ot.load_model(tmp_path / "m.ortrain")):
+        assert other.layers[1].factor == 2.0
+        np.testing.assert_array_equal(other.predict(x), kept.predict(x))
+
+    class _NoConfig(ot.layers.Layer):
+        def __init__(self, factor, name=None):
+            super().__init__(name)
+            self.factor = factor
+
+        def emit(self, ctx, inputs):
+            return ctx.gb.op("Mul", [inputs[0], ctx.gb.const(np.float32(self.factor), hint="factor")])
+
+    bad = ot.Sequential([ot.layers.Dense(3), _NoConfig(2.0)], input_shape=(4,), seed=0)
+    bad.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ot.OrtrainError, match=r"layer type '_NoConfig' \(a class of yours\) cannot be made again "
+                                              r"from its get_config\(\).*give it a get_config\(\)"):
+        bad.train_on_batch(np.ones((2, 4), np.float32), np.ones((2, 3), np.float32))
+
+
+def _fresh_step_mse(model, x, y):
+    return fit_model(model, x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False,
+                     keep_trainer=False).history["loss"][0]
+
+
+def test_a_user_s_layer_whose_config_leaves_a_setting_out_still_rebuilds_the_kept_trainer():
+    """Its config cannot tell the change (``factor`` is not in it): the graph's digest does."""
+    class Hidden(_Scale):
+        def get_config(self):
+            return {"name": self.name}
+
+    def model():
+        m = ot.Sequential([ot.layers.Dense(3), Hidden(0.5), ot.layers.Dense(2)], input_shape=(4,), seed=0)
+        return m.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+
+    kept, fresh = model(), model()
+    rng = np.random.default_rng(4)
+    for step in range(3):
+        if step == 1:
+            kept.layers[1].factor = fresh.layers[1].factor = 3.0
+        x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 2)).astype(np.float32)
+        assert kept.train_on_batch(x, y) == _fresh_step_mse(fresh, x, y)
+    for a, b in zip(kept.get_weights(), fresh.get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -43,9 +43,19 @@ _REGISTRY = {cls.__name__: cls for cls in (Dense, Activation, Dropout, BatchNorm
 def layer_from_config(kind: str, config: dict, softmax_axis: int | None = None) -> Layer:
     """The layer a saved model recorded. ``softmax_axis``: the axis a convolution's softmax
     normalised, as the model recorded it (see :func:`saved_extras`); None in a file from before."""
-    if kind not in _REGISTRY:
-        raise OrtrainError(f"unknown layer type {kind!r} in a saved model")
-    layer = _REGISTRY[kind](**config)
+    cls = _REGISTRY.get(kind) or _layer_class_of_yours(kind)
+    if cls is None:
+        raise OrtrainError(f"unknown layer type {kind!r} in a saved model: define (or import) its class, a subclass "
+                           "of ot.layers.Layer, before loading it")
+    try:
+        layer = cls(**config)
+    except TypeError as exc:
+        if kind in _REGISTRY:
+            raise
+        raise OrtrainError(f"layer type {kind!r} (a class of yours) cannot be made again from its get_config() "
+                           f"{config!r}: {exc}. A trainer, copy() and load_model rebuild layers from their configs: "
+                           "give it a get_config() returning its constructor's arguments (as Keras asks of custom "
+                           "layers), e.g. {**super().get_config(), 'factor': self.factor}") from None
     if isinstance(layer, (Conv2D, Conv2DTranspose)) and layer.activation in SOFTMAX_ACTIVATIONS:
         if softmax_axis is None:  # saved when a convolution's softmax normalised the last axis
             warn(f"{kind} {layer.name or ''!s}: this model was saved by an ortrain whose convolutions normalised "
@@ -54,6 +64,19 @@ def layer_from_config(kind: str, config: dict, softmax_axis: int | None = None) 
             softmax_axis = -1
         layer.softmax_axis = int(softmax_axis)
     return layer
+
+
+def _layer_class_of_yours(kind: str) -> type | None:
+    """The subclass of :class:`Layer` named ``kind`` defined outside ortrain (a custom layer), if exactly
+    one is: a model holding one is rebuilt from its record like any other (a trainer's copy, ``copy()``,
+    ``load_model`` once the class is defined)."""
+    found, todo = [], list(Layer.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__name__ == kind and not cls.__module__.startswith("ortrain.") and cls not in found:
+            found.append(cls)
+    return found[0] if len(found) == 1 else None
 
 
 def saved_extras(layer: Layer) -> dict:
