@@ -312,7 +312,8 @@ def refuse_non_finite(arrays: list[np.ndarray], arguments: list[str], outcome: s
         for start, part in row_blocks(a):
             if not np.isfinite(part).all():
                 at = tuple(int(j) for j in np.argwhere(~np.isfinite(part))[0])
-                raise NonFiniteError(f"{arg}: holds {part[at]} in row {first_row + start + at[0]}; {needs}, so "
+                value = np.asarray(part[at]).reshape(-1)[0]  # (a block cast as it is read indexes to an array)
+                raise NonFiniteError(f"{arg}: holds {value} in row {first_row + start + at[0]}; {needs}, so "
                                      f"{outcome} (drop or repair that sample)")
 
 

@@ -81,6 +81,20 @@ def _is_strings(value) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+def is_ours(mpath: Path) -> bool:
+    """Whether ``mpath`` is a manifest.json an ortrain wrote (of any format version): a dict with an
+    integer format, a key, a table of files and versions. Another tool's manifest.json (a web app's,
+    a data catalogue's) is not, and the folder holding it is not an artifacts directory."""
+    try:
+        with open(mpath, encoding="utf-8") as f:
+            content = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(content, dict) and type(content.get("format")) is int and \
+        isinstance(content.get("key"), str) and isinstance(content.get("files"), dict) and \
+        isinstance(content.get("versions"), dict)
+
+
 # What each manifest field must be, checked before anything reads it.
 FIELDS = {
     "key": ("a string", lambda v: isinstance(v, str)),

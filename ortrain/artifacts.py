@@ -61,7 +61,7 @@ from ortrain._artifact_store import (
 from ortrain._files import atomic_path, atomic_temporaries, fresh_dir, unexpanded_home
 from ortrain._files import scratch_dir as scratch_dir
 from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
-from ortrain._manifest import FILES, FORMAT, finish, sha256, versions
+from ortrain._manifest import FILES, FORMAT, finish, is_ours, sha256, versions
 from ortrain._manifest import read as read_manifest
 from ortrain.engine.session import write_failure
 from ortrain.errors import OrtrainError
@@ -501,9 +501,12 @@ def not_artifacts(target: Path) -> str | None:
     artifacts', which are the user's), or None (new, empty, or artifacts)."""
     if not target.is_dir():
         return None
-    others = sorted(p.name for p in target.iterdir() if p.name not in (*FILES, "manifest.json") and
+    manifest = target / "manifest.json"
+    ours = manifest.is_file() and is_ours(manifest)  # (another tool's manifest.json is the user's file)
+    others = sorted(p.name for p in target.iterdir() if (p.name not in (*FILES, "manifest.json") or
+                                                         (p.name == "manifest.json" and not ours)) and
                     not _MANIFEST_TEMPORARY.fullmatch(p.name))
-    if others or (not (target / "manifest.json").exists() and any(target.iterdir())):
+    if others or (not ours and any(target.iterdir())):
         return "exists and is not an ortrain artifacts directory" + \
             (f" (it holds {', '.join(others[:4])})" if others else "")
     return None

@@ -493,11 +493,12 @@ def refuse_non_finite_arrays(model, xs, ys, ws, arguments=("x", "y", "sample_wei
     refuse_non_finite([*xs, ys] + ([ws] if ws is not None else []), [*names, ya, wa], "nothing was trained")
 
 
-def refuse_non_finite_weights(w: np.ndarray | None, argument: str, outcome: str) -> None:
+def refuse_non_finite_weights(w: np.ndarray | None, argument: str, outcome: str, first_row: int = 0) -> None:
     """Loss weights must be finite wherever they weight a reported loss too (a NaN weight makes the
-    whole mean NaN); inputs may hold what they hold there."""
+    whole mean NaN); inputs may hold what they hold there. ``first_row``: where ``w``'s rows start
+    in the array the caller gave (the rows validation_split holds out are the last)."""
     if w is not None:
-        refuse_non_finite([w], [argument], outcome, "weights must be finite")
+        refuse_non_finite([w], [argument], outcome, "weights must be finite", first_row=first_row)
 
 
 def _inputs_like(value) -> bool:

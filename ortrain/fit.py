@@ -349,8 +349,9 @@ def fit_generator(model: Model, generator, steps_per_epoch=None, epochs=1, initi
 def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, initial_epoch=0,
                    validation_generator=None, validation_steps=None, loss=None, optimizer=None, nbatch_logical=None,
                    callbacks=(), verbose=1, loss_mask=None, weight_decay=0.0, class_weight=None,
-                   validation_freq=1) -> History:
-    """:func:`fit_generator` with ``model.fit``'s ``class_weight`` and ``validation_freq``."""
+                   validation_freq=1, validation_name="validation_generator") -> History:
+    """:func:`fit_generator` with ``model.fit``'s ``class_weight`` and ``validation_freq``
+    (``validation_name``: what the caller calls the validation data)."""
     if not isinstance(model, Model):
         raise OrtrainError(f"model: expected an ortrain Model, received {type(model).__name__}")
     kept_trainer.release(model)  # the trainer train_on_batch keeps: its state goes to the model first
@@ -374,6 +375,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator",
                               validations=validations_within(initial_epoch, epochs, validation_freq),
                               weight_shape=_element_weights(staged, loss_mask))
+    if vit is not None and isinstance(vit.source, ArraySource):  # arrays: refused as fit refuses them
+        _refuse_non_finite_validation(staged, vit.source, False, 0, validation_name)
     if epochs <= initial_epoch:
         return History()
     batches = EpochIterator(source, steps_per_epoch)
@@ -533,7 +536,7 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
                              split=True)
         if held is not None:
             refuse_non_finite_weights(held[2], "sample_weight (rows held out by validation_split)",
-                                      "nothing was trained")
+                                      "nothing was trained", first_row=len(ys))  # rows counted in the whole
         vit = None if held is None else EpochIterator(ArraySource(*held, bs), validation_steps)
     if fixed:
         check_fixed_rows(model.input_specs, len(ys), "x" if held is None else
@@ -580,7 +583,8 @@ def _train_arrays(model, reads, xs, ys, ws, vit, weighted, keep_trainer, *, bs, 
             kept_trainer.release(model, tr)
 
 
-def _refuse_non_finite_validation(model: Model, source: ArraySource, split: bool, trained_rows: int) -> None:
+def _refuse_non_finite_validation(model: Model, source: ArraySource, split: bool, trained_rows: int,
+                                  argument: str = "validation_data") -> None:
     """Validation arrays holding NaN or an infinity are refused before anything trains, as the
     training rows are (a NaN there made every epoch's ``val_loss`` NaN, which monitors then read).
     The rows ``validation_split`` holds out are named by their place in ``x``."""
@@ -589,8 +593,8 @@ def _refuse_non_finite_validation(model: Model, source: ArraySource, split: bool
         if len(model.input_specs) > 1:
             names = [f"x[{s.name!r}] (the rows validation_split holds out)" for s in model.input_specs] + names[1:]
     else:
-        names = ["validation_data[0]" if len(model.input_specs) == 1 else f"validation_data[0][{s.name!r}]"
-                 for s in model.input_specs] + ["validation_data[1]", "validation_data[2]"]
+        names = [f"{argument}[0]" if len(model.input_specs) == 1 else f"{argument}[0][{s.name!r}]"
+                 for s in model.input_specs] + [f"{argument}[1]", f"{argument}[2]"]
     arrays = [*source._xs, source._y] + ([source._w] if source._w is not None else [])
     refuse_non_finite(arrays, names[:len(arrays)], "nothing was trained", needs="validation needs finite values",
                       first_row=trained_rows if split else 0)
@@ -651,4 +655,4 @@ def _fit_generator_through_fit(model, x, batch_size, sample_weight, validation_s
                           initial_epoch=kwargs["initial_epoch"], validation_generator=kwargs["validation_data"],
                           validation_steps=kwargs["validation_steps"], callbacks=kwargs["callbacks"],
                           verbose=kwargs["verbose"], weight_decay=None, class_weight=kwargs["class_weight"],
-                          validation_freq=kwargs["validation_freq"])
+                          validation_freq=kwargs["validation_freq"], validation_name="validation_data")

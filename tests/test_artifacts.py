@@ -392,7 +392,8 @@ def test_an_out_dir_holding_other_files_is_never_replaced(tmp_path):
     out.mkdir()
     (out / "manifest.json").write_text('{"name": "my-web-app"}')
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(ot.OrtrainError, match=r"not an ortrain artifacts directory \(it holds notes.txt\)"):
+    with pytest.raises(ot.OrtrainError, match=r"not an ortrain artifacts directory \(it holds manifest.json, "
+                                              r"notes.txt\)"):  # another tool's manifest is the user's file
         ot.artifacts.build(dense_model(3, 2), loss="mse", out_dir=out)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt"]
     assert (out / "notes.txt").read_text() == "mine"

@@ -551,6 +551,16 @@ def test_artifacts_onto_a_folder_of_the_user_s_files_is_a_usage_error_as_train_s
     os.makedirs("mine")
     Path("mine/notes.txt").write_text("notes")
     Path("mine/model.onnx").write_bytes(Path("mlp.onnx").read_bytes())
+    # another tool's manifest.json beside files named as artifacts' are the user's too (they were replaced)
+    os.makedirs("webapp")
+    Path("webapp/manifest.json").write_text('{"name": "my app", "icons": []}')
+    Path("webapp/checkpoint").write_text('model_checkpoint_path: "ckpt-1"')
+    assert cli("artifacts", "mlp.onnx", "-o", "webapp", "--loss", "mse") == 2
+    assert "exists and is not an ortrain artifacts directory (it holds manifest.json)" in \
+        capsys.readouterr().err
+    assert Path("webapp/manifest.json").read_text() == '{"name": "my app", "icons": []}'
+    assert cli("artifacts", "mlp.onnx", "-o", "art", "--loss", "mse") == 0  # ortrain's own are rebuilt
+    capsys.readouterr()
     # exited 1, a failed run, where train --out refuses such a folder as a usage error (2)
     assert cli("artifacts", "mlp.onnx", "-o", "mine", "--loss", "mse") == 2
     err = capsys.readouterr().err
@@ -582,9 +592,31 @@ def test_export_and_predict_write_into_no_artifacts_and_over_no_data_a_run_train
             (["export", "--run", "run_b", "-o", "run_a/state.json"], "names 'state.json' of the run")]:
         assert cli(*command) == 2, command
         assert why in capsys.readouterr().err, command
+    # a name -o does not spell (predict writes OUT.npy) through a link into the artifacts
+    os.symlink(workdir / "art" / "eval.onnx", "pp.npy")
+    assert cli("predict", "--run", "run_b", "--data", "x.npy", "-o", "pp") == 2
+    assert "would write" in capsys.readouterr().err
+    os.unlink("pp.npy")
     assert {p: p.read_bytes() for p in files} == files
     assert cli("eval", "--run", "run_a", "--data", "test.npz") == 0
     assert cli("export", "--run", "run_b", "-o", "b.onnx") == 0  # elsewhere, as before
+    # another tool's manifest.json (a format and a table of files, no key) above the output is no artifacts
+    os.makedirs("project/reports")
+    Path("project/manifest.json").write_text('{"format": "v2", "files": {"data.csv": "..."}}')
+    assert cli("export", "--run", "run_b", "-o", "project/reports/model.onnx") == 0
+    assert cli("predict", "--run", "run_b", "--data", "x.npy", "-o", "project/reports/p.npy") == 0
+    capsys.readouterr()
+
+
+def test_predict_writes_through_a_link_to_a_file_without_the_npy_suffix(workdir, capsys):
+    """np.save added ".npy" to the temporary file's name there: the link's target was left empty and
+    the predictions in a stray file beside it, with exit 0."""
+    make_artifacts(capsys)
+    os.makedirs("store")
+    os.symlink(workdir / "store" / "latest", "preds.npy")
+    assert cli("predict", "--artifacts", "art", "--data", "x.npy", "-o", "preds.npy") == 0
+    assert os.listdir("store") == ["latest"]
+    assert np.load("store/latest").shape[0] == np.load("x.npy").shape[0]
 
 
 def test_export_and_predict_write_over_none_of_a_run_s_own_files(workdir, capsys):
@@ -785,9 +817,8 @@ def test_an_output_the_system_refuses_is_named_by_its_option(workdir, capsys, mo
 
     save = np.save
 
-    def cut_short(path, array, *args, **kwargs):  # numpy's own message for a full disk, without an errno
-        with open(path, "wb") as f:
-            f.write(b"\x93NUMPY")
+    def cut_short(file, array, *args, **kwargs):  # numpy's own message for a full disk, without an errno
+        file.write(b"\x93NUMPY")  # (predict saves to an open file)
         raise OSError("6000 requested and 992 written")
 
     monkeypatch.setattr(np, "save", cut_short)

@@ -528,6 +528,12 @@ def test_validation_arrays_holding_nan_or_inf_are_refused_before_anything_trains
         assert model.train_state is None
         for a, b in zip(before, model.get_weights()):
             np.testing.assert_array_equal(a, b)
+    # arrays beside a generator's training batches too, named as given
+    with pytest.raises(ot.NonFiniteError, match=r"validation_data\[0\]: holds nan in row 2"):
+        model.fit([(x[:4], y[:4])], validation_data=(bad_x[:4], y[:4]), verbose=0)
+    with pytest.raises(ot.NonFiniteError, match=r"validation_generator\[0\]: holds nan in row 2"):
+        ot.fit_generator(model, [(x[:4], y[:4])], validation_generator=(bad_x[:4], y[:4]), verbose=0)
+    assert model.train_state is None
     # a generator's validation batches are computed as evaluate computes them
     hist = model.fit(x, y, batch_size=4, epochs=1, verbose=0, validation_data=[(bad_x[:4], y[:4])])
     assert np.isnan(hist.history["val_loss"][0]) and np.isfinite(hist.history["loss"][0])

@@ -6,7 +6,6 @@ optional checkpoint) or an .onnx file holds.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 import ortrain as ot
 from ortrain._arrays import refuse_non_finite
 from ortrain._files import atomic_path, checked_target
+from ortrain._manifest import is_ours
 from ortrain.cli._common import (
     NPZ_KEYS,
     UsageError,
@@ -127,18 +127,12 @@ def _output_file(opts, example: str) -> None:
 
 
 def _artifacts_holding(path: Path) -> Path | None:
-    """The folder above ``path`` that is an ortrain artifacts directory (its ``manifest.json`` has a
-    format and a table of files), if any."""
+    """The folder above ``path`` that is an ortrain artifacts directory (its ``manifest.json`` is one
+    an ortrain wrote, not another tool's), if any."""
     for folder in path.parents:
         manifest = folder / "manifest.json"
-        if manifest.is_file():
-            try:
-                with open(manifest, encoding="utf-8") as f:
-                    content = json.load(f)
-            except (OSError, ValueError):
-                continue
-            if isinstance(content, dict) and "format" in content and isinstance(content.get("files"), dict):
-                return folder
+        if manifest.is_file() and is_ours(manifest):
+            return folder
     return None
 
 
@@ -168,6 +162,10 @@ def _refuse_writing_over_reads(opts, paths: list[Path]) -> None:
     kept = Path(os.path.realpath(Path(opts.run, "checkpoints"))) if opts.run else None
     for path in paths:
         spellings = (Path(os.path.abspath(path)), Path(os.path.realpath(path)))
+        held = next((h for f in spellings for h in [_artifacts_holding(f)] if h is not None), None)
+        if held is not None:  # (a written name -o does not spell, OUT.npy, may be a link into one)
+            raise UsageError(f"-o: {opts.output!r} would write {str(spellings[1])!r}, inside the artifacts directory "
+                             f"{str(held)!r}, which runs may train from; write it elsewhere")
         run, linked = next(((str(a.parent), "") for f in spellings for a in f.parents
                             if a.name == "checkpoints" and (a.parent / "run.json").is_file()), (None, ""))
         if kept is not None and kept in spellings[1].parents:
@@ -209,8 +207,8 @@ def predict(opts) -> dict:
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
     """Write whole or not at all: a full disk leaves no cut-short file behind."""
-    with atomic_path(path, "-o") as tmp:
-        np.save(tmp, array)
+    with atomic_path(path, "-o") as tmp, open(tmp, "wb") as f:
+        np.save(f, array)  # (to a path without ".npy", as a link's target may be, np.save adds one)
 
 
 def _npy_path(path: Path, index: int | None) -> Path:
