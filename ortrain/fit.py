@@ -375,7 +375,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator",
                               validations=validations_within(initial_epoch, epochs, validation_freq),
                               weight_shape=_element_weights(staged, loss_mask))
-    if vit is not None and isinstance(vit.source, ArraySource):  # arrays: refused as fit refuses them
+    if vit is not None and isinstance(vit.source, ArraySource) and \
+            validations_within(initial_epoch, epochs, validation_freq):  # arrays it reads: refused as fit's
         _refuse_non_finite_validation(staged, vit.source, False, 0, validation_name)
     if epochs <= initial_epoch:
         return History()
@@ -544,7 +545,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on
-    if vit is not None and isinstance(vit.source, ArraySource):  # validation arrays too, as the command line's
+    if vit is not None and isinstance(vit.source, ArraySource) and \
+            validations_within(initial_epoch, epochs, validation_freq):  # validation arrays it reads too
         _refuse_non_finite_validation(model, vit.source, held is not None, len(ys))
     with _FirstReads(vit) as reads:
         val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)

@@ -534,6 +534,11 @@ def test_validation_arrays_holding_nan_or_inf_are_refused_before_anything_trains
     with pytest.raises(ot.NonFiniteError, match=r"validation_generator\[0\]: holds nan in row 2"):
         ot.fit_generator(model, [(x[:4], y[:4])], validation_generator=(bad_x[:4], y[:4]), verbose=0)
     assert model.train_state is None
+    # arrays a fit never validates on (validation_freq past its epochs) are not read, nor refused
+    hist = model.fit(x, y, batch_size=4, epochs=2, verbose=0, validation_data=(bad_x[:4], y[:4]), validation_freq=[5])
+    assert "val_loss" not in hist.history or all(np.isnan(hist.history["val_loss"]))
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
     # a generator's validation batches are computed as evaluate computes them
     hist = model.fit(x, y, batch_size=4, epochs=1, verbose=0, validation_data=[(bad_x[:4], y[:4])])
     assert np.isnan(hist.history["val_loss"][0]) and np.isfinite(hist.history["loss"][0])
