@@ -39,7 +39,7 @@ class _Kept:
     settings: tuple
     state: object  # the model's train_state when it was kept: identity tells it was not replaced
     layers: tuple  # the model's layers then, by identity
-    trains: tuple
+    trains: tuple  # what_trains(model) then
 
 
 def settings_of(model, rows: int, weighted: bool) -> tuple:

@@ -375,9 +375,8 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     vit = validation_iterator(staged, validation_generator, validation_steps, 1, "validation_generator",
                               validations=validations_within(initial_epoch, epochs, validation_freq),
                               weight_shape=_element_weights(staged, loss_mask))
-    if vit is not None and isinstance(vit.source, ArraySource) and \
-            validations_within(initial_epoch, epochs, validation_freq):  # arrays it reads: refused as fit's
-        _refuse_non_finite_validation(staged, vit.source, False, 0, validation_name)
+    _refuse_non_finite_validation(staged, vit, validations_within(initial_epoch, epochs, validation_freq),
+                                  argument=validation_name)
     if epochs <= initial_epoch:
         return History()
     batches = EpochIterator(source, steps_per_epoch)
@@ -545,9 +544,8 @@ def fit_model(model: Model, x=None, y=None, *, batch_size=None, epochs=1, verbos
     if cw is not None:
         ws = cw.weigh(ys, ws)  # the training rows only: validation is not weighted by class
     refuse_non_finite_arrays(model, xs, ys, ws)  # the rows it trains on
-    if vit is not None and isinstance(vit.source, ArraySource) and \
-            validations_within(initial_epoch, epochs, validation_freq):  # validation arrays it reads too
-        _refuse_non_finite_validation(model, vit.source, held is not None, len(ys))
+    _refuse_non_finite_validation(model, vit, validations_within(initial_epoch, epochs, validation_freq),
+                                  split=held is not None, trained_rows=len(ys))  # the arrays it validates on too
     with _FirstReads(vit) as reads:
         val_weighted = epochs > initial_epoch and _validation_weighted(vit, initial_epoch, model)
         weighted = ws is not None or val_weighted
@@ -585,11 +583,16 @@ def _train_arrays(model, reads, xs, ys, ws, vit, weighted, keep_trainer, *, bs, 
             kept_trainer.release(model, tr)
 
 
-def _refuse_non_finite_validation(model: Model, source: ArraySource, split: bool, trained_rows: int,
-                                  argument: str = "validation_data") -> None:
+def _refuse_non_finite_validation(model: Model, vit: EpochIterator | None, validations: int, split: bool = False,
+                                  trained_rows: int = 0, argument: str = "validation_data") -> None:
     """Validation arrays holding NaN or an infinity are refused before anything trains, as the
-    training rows are (a NaN there made every epoch's ``val_loss`` NaN, which monitors then read).
-    The rows ``validation_split`` holds out are named by their place in ``x``."""
+    training rows are (a NaN there made every epoch's ``val_loss`` NaN, which monitors then read),
+    where the fit validates on them (``validations``: how many times). A generator's batches are
+    left to the validation, as ``evaluate`` takes them. The rows ``validation_split`` holds out are
+    named by their place in ``x`` (``trained_rows`` before them)."""
+    if vit is None or not isinstance(vit.source, ArraySource) or not validations:
+        return
+    source = vit.source
     if split:
         names = [f"{a} (the rows validation_split holds out)" for a in ("x", "y", "sample_weight")]
         if len(model.input_specs) > 1:

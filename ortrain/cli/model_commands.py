@@ -111,12 +111,6 @@ def _output_file(opts, example: str) -> None:
     if source and os.path.isdir(source) and Path(os.path.realpath(source)) in (written, *written.parents):
         raise UsageError(f"-o: {opts.output!r} lies inside the artifacts {source!r} this command reads; write it "
                          "elsewhere")
-    held = _artifacts_holding(Path(os.path.abspath(opts.output))) or _artifacts_holding(written)
-    if held is not None:
-        raise UsageError(f"-o: {opts.output!r} lies inside the artifacts directory {str(held)!r} (it holds ortrain's "
-                         "manifest.json), which runs may train from: a file written over one of its graphs fails its "
-                         "sha256 check from then on, and a rebuild replaces the folder with whatever else is in it; "
-                         "write it elsewhere")
     if os.path.isdir(opts.output):
         raise UsageError(f"-o: {opts.output!r} is a directory; give the file to write, e.g. "
                          f"{os.path.join(opts.output, example)!r}")
@@ -162,10 +156,14 @@ def _refuse_writing_over_reads(opts, paths: list[Path]) -> None:
     kept = Path(os.path.realpath(Path(opts.run, "checkpoints"))) if opts.run else None
     for path in paths:
         spellings = (Path(os.path.abspath(path)), Path(os.path.realpath(path)))
+        what = "names" if path == Path(opts.output) else f"would write {path.name!r},"
+        # any artifacts, not only those this command reads: as spelled, and as resolved (OUT.npy may be a link)
         held = next((h for f in spellings for h in [_artifacts_holding(f)] if h is not None), None)
-        if held is not None:  # (a written name -o does not spell, OUT.npy, may be a link into one)
-            raise UsageError(f"-o: {opts.output!r} would write {str(spellings[1])!r}, inside the artifacts directory "
-                             f"{str(held)!r}, which runs may train from; write it elsewhere")
+        if held is not None:
+            raise UsageError(f"-o: {opts.output!r} {what} a file that lies inside the artifacts directory "
+                             f"{str(held)!r} (it holds ortrain's manifest.json), which runs may train from: a file "
+                             "written over one of its graphs fails its sha256 check from then on, and a rebuild "
+                             "replaces the folder with whatever else is in it; write it elsewhere")
         run, linked = next(((str(a.parent), "") for f in spellings for a in f.parents
                             if a.name == "checkpoints" and (a.parent / "run.json").is_file()), (None, ""))
         if kept is not None and kept in spellings[1].parents:
@@ -174,7 +172,6 @@ def _refuse_writing_over_reads(opts, paths: list[Path]) -> None:
         if run is not None:
             raise UsageError(f"-o: {opts.output!r} lies in the checkpoints/ folder of the run {run!r}{linked}, which "
                              "the run keeps for its checkpoints; write it elsewhere")
-        what = "names" if path == Path(opts.output) else f"would write {path.name!r},"
         record = next((f for f in spellings if f.name in RUN_RECORDS and (f.parent / "run.json").is_file()), None)
         if record is not None:
             raise UsageError(f"-o: {opts.output!r} {what} {record.name!r} of the run {str(record.parent)!r}, which "
