@@ -183,7 +183,7 @@ class Loop:
                 # Edits a hook made and the loop has not taken over yet stay the model's, to be taken
                 # when the hook returns; every other weight comes from the trainer.
                 pending = m._take_edits()
-                m.set_weights({n: w for n, w in zip(self._names(), self.get_weights()) if n not in pending})
+                m._take_trained({n: w for n, w in zip(self._names(), self.get_weights()) if n not in pending})
                 m._take_edits()  # the trainer's own weights, no edit
                 m._keep_edits(pending)
                 self._synced_at = writes

@@ -72,6 +72,7 @@ from ortrain.data import (
 )
 from ortrain.errors import OrtrainError, ShapeError
 from ortrain.history import History
+from ortrain.nn.base_layer import what_trains
 from ortrain.nn.model import Model
 from ortrain.trainer import Trainer, weighing_any_loss
 
@@ -226,7 +227,7 @@ def _trained_layers(model: Model) -> list:
     layers = model.__dict__.get("layers") or ()
     if not layers:
         return []
-    trained = set(model.trainable_weight_names)
+    trained = what_trains(model)[0]
     return [lyr for lyr in layers if any(f"{lyr.name}.{s}" in trained for s in lyr.weights)]
 
 

@@ -115,6 +115,10 @@ def _freeze(m, x, y):
     m.freeze([m.layers[0]])
 
 
+def _layer_untrainable(m, x, y):
+    m.layers[3].trainable = False
+
+
 def _fit(m, x, y):
     m.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
 
@@ -175,7 +179,7 @@ def _predict_and_evaluate(m, x, y):
 
 
 @pytest.mark.parametrize("between", [_set_weights, _set_layer_weights, _write_lr, _load_state,
-                                     _recompile_same_optimizer, _recompile_new_optimizer, _freeze, _fit, _weighted,
+                                     _recompile_same_optimizer, _recompile_new_optimizer, _freeze, _layer_untrainable, _fit, _weighted,
                                      _smaller_batch, _threads, _save_and_load, _reset_state, _freeze_bn_stats,
                                      _pop_and_add, _dropout_rate, _activation, _batch_norm_momentum, _read_state,
                                      _predict_and_evaluate],
@@ -381,3 +385,24 @@ def test_a_user_s_layer_whose_config_leaves_a_setting_out_still_rebuilds_the_kep
         assert kept.train_on_batch(x, y) == _fresh_step_mse(fresh, x, y)
     for a, b in zip(kept.get_weights(), fresh.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_copy_reads_which_weights_train_afresh():
+    """What trains is remembered on the model, keyed by this process's count of freezes: a pickle
+    made after a layer was frozen, loaded where the count stands where it was when the model last
+    looked, still trains only what the copy's layers say."""
+    from ortrain.nn import base_layer
+    model = _model()
+    x, y = _batches(1)[0]
+    model.train_on_batch(x, y)
+    looked_at = base_layer.FREEZES[0]
+    model.layers[0].trainable = False
+    blob = pickle.dumps(model)
+    after = base_layer.FREEZES[0]
+    base_layer.FREEZES[0] = looked_at  # as in a process whose count stands there
+    try:
+        twin = pickle.loads(blob)
+        assert base_layer.what_trains(twin)[0] == set(twin.trainable_weight_names)
+        assert not any(n.startswith(twin.layers[0].name + ".") for n in base_layer.what_trains(twin)[0])
+    finally:
+        base_layer.FREEZES[0] = after + 1

@@ -131,8 +131,19 @@ FREEZES = [0]
 
 
 def what_trains(model) -> tuple[set[str], set[str]]:
-    """The weights that train and the batch-norm statistics kept fixed: what a trainer's graphs fix."""
-    return set(model.trainable_weight_names), set(getattr(model, "_frozen_stats", ()))
+    """The weights that train and the batch-norm statistics kept fixed: what a trainer's graphs fix.
+
+    Remembered on the model until it may have changed: ``FREEZES`` moved, the model's frozen sets or
+    its layers were replaced, or a layer was built (a ``train_on_batch`` call looks five times)."""
+    layers = tuple(getattr(model, "layers", ()))
+    frozen, stats = getattr(model, "_frozen", None), getattr(model, "_frozen_stats", None)
+    sizes = tuple(len(lyr.__dict__.get("_weights", ())) for lyr in layers)
+    memo = model.__dict__.get("_trains_memo")
+    if (memo is None or memo[0] != FREEZES[0] or memo[1] is not frozen or memo[2] is not stats
+            or memo[4] != sizes or len(memo[3]) != len(layers) or any(a is not b for a, b in zip(memo[3], layers))):
+        names = frozenset(model.trainable_weight_names)
+        memo = model.__dict__["_trains_memo"] = (FREEZES[0], frozen, stats, layers, sizes, names, frozenset(stats or ()))
+    return set(memo[5]), set(memo[6])
 
 # The models a fit is training, and their layers, by id -> the fit's sync: reading their weights
 # (get_weights, predict, evaluate, save...) on the fit's thread first brings the trained values

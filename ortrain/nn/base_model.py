@@ -257,6 +257,13 @@ class Model(TrainingMixin):
             self._store_weights(staged)  # recorded as edits, which a fit in progress takes over
             self._changed()
 
+    def _take_trained(self, weights: dict[str, np.ndarray]) -> None:
+        """Weights by name, fresh arrays a trainer read out of its session (of the weights' shapes and
+        dtypes): stored as :meth:`set_weights` stores them, without its checks and copies."""
+        with WEIGHTS_LOCK:
+            self._store_weights(weights.items())
+            self._changed()
+
     def _changed(self) -> None:
         self._version += 1
         self._runners.clear()

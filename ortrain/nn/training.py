@@ -111,6 +111,7 @@ class TrainingMixin:
         state["_runners"] = {}
         state["_kept"] = state["_kept_turn"] = None  # (the copy's train_state below holds the moments, read out)
         state.pop("_sizes_for", None)  # (made again from the copy's layers)
+        state.pop("_trains_memo", None)  # (keyed by this process's FREEZES count)
         state["_live_state"] = state["_live_seen"] = state["_live_updates"] = state["_live_pair"] = None
         state.pop("_fit_thread", None)  # a copy is not fitting
         state["_edits_seen"] = None  # EDITS counts this process's sets: a copy starts over
