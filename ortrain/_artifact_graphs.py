@@ -171,7 +171,10 @@ def _forward_graph(model, trainable, frozen) -> ForwardGraph:
         return model.forward_graph()
     if isinstance(model, (onnx.ModelProto, str, os.PathLike)):
         from ortrain.nn.onnx_import import from_onnx
-        return from_onnx(model, trainable=trainable, frozen=frozen).forward_graph()
+        try:
+            return from_onnx(model, trainable=trainable, frozen=frozen).forward_graph()
+        except OrtrainError as exc:  # (said by from_onnx, which the caller did not call)
+            raise type(exc)(f"artifacts.build: {exc}") from None
     raise OrtrainError(f"model: expected an ortrain Model, an onnx.ModelProto or a path to an .onnx file, "
                        f"received {type(model).__name__}")
 

@@ -384,7 +384,7 @@ def _fit_generator(model: Model, generator, *, steps_per_epoch=None, epochs=1, i
     with _FirstReads(batches, vit) as reads:
         first = batches.peek(initial_epoch)
         if first is None:
-            warn(f"epoch {initial_epoch} (counted from 0) yielded no batch: the generator returned none; "
+            warn(f"epoch {initial_epoch} (counted from 0) yielded no batch (the generator returned None or was empty); "
                  "nothing was trained", RuntimeWarning)
             return History()
         where = f"epoch {initial_epoch}, step 0 (counted from 0)"

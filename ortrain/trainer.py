@@ -305,8 +305,8 @@ class Trainer(TrainerSetup, Releasable):
     def eval(self, x, y, sample_weight=None) -> float:
         """The loss on one batch of ``batch_size`` rows, without backward pass or dropout.
 
-        Raises :class:`ShapeError` for a batch of another row count or shape, :class:`FreedError`
-        after :meth:`free`."""
+        Raises :class:`ShapeError` for a batch of another row count or shape, :class:`NonFiniteError`
+        for a NaN or an infinity in it (nothing is computed), :class:`FreedError` after :meth:`free`."""
         self._live()
         return self.eval_with_outputs(x, y, sample_weight, rows=self.batch_size)[0]
 
@@ -317,13 +317,19 @@ class Trainer(TrainerSetup, Releasable):
         Raises :class:`ShapeError` for a batch whose shape does not fit."""
         self._live()
         rows = positive_int(rows, "eval_with_outputs(rows=...)", allow_none=True)
-        fetches, _, _ = self._eval(x, y, sample_weight, rows)
+        fetches, _, _ = self._eval(x, y, sample_weight, rows, finite=True)
         return float(fetches[1].numpy()), fetches[2].numpy()
 
-    def _eval(self, x, y, sample_weight, rows: int | None):
-        """An eval step: ``(fetches, labels, weights)`` as for :meth:`_step`."""
+    def _eval(self, x, y, sample_weight, rows: int | None, finite: bool = False):
+        """An eval step: ``(fetches, labels, weights)`` as for :meth:`_step`. ``finite``: a NaN or an
+        infinity in the inputs or labels is refused too (a fit's validation batches from a generator
+        are evaluated as they are: their loss is NaN)."""
         feeds = self._feeds(x, y, sample_weight, "eval", rows)
         labels, weights = self._fed_labels_and_weights(feeds, sample_weight is not None)
+        if finite:
+            n = len(self._inputs) + 1
+            refuse_non_finite(feeds[:n], self._feed_names[:n], "nothing was evaluated",
+                              needs="evaluation needs finite values")
         refuse_non_finite_weights(weights, "sample_weight", "nothing was evaluated")
         feeds.append(self._one)
         return self._session.eval_step(feeds, check=False), labels, weights

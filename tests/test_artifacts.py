@@ -573,6 +573,13 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_folder(tmp_path, mon
     assert ot.artifacts.load(".").directory.resolve() == art.directory.resolve()  # '.' said is taken
 
 
+def test_a_missing_onnx_file_is_named_by_build_which_imports_it(tmp_path):
+    missing = tmp_path / "nowhere.onnx"
+    with pytest.raises(ot.OrtrainError, match=re.escape(f"artifacts.build: from_onnx: no such file {str(missing)!r}")):
+        ot.artifacts.build(missing, out_dir=tmp_path / "art")
+    assert not (tmp_path / "art").exists()
+
+
 def test_sample_weights_for_artifacts_without_them_name_the_build_that_has_them(tmp_path):
     # the advice was "create it with loss_mask=1", an argument from_artifacts does not take
     art = ot.artifacts.build(dense_model(3, 2), loss="mse", out_dir=tmp_path / "art")

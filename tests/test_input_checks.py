@@ -117,6 +117,40 @@ def test_a_non_finite_value_refuses_the_step_and_changes_nothing(where, bad):
         assert tr.n_steps == before[1] + 1
 
 
+@pytest.mark.parametrize("where, bad", [("x", np.nan), ("y", -np.inf)])
+def test_evaluate_and_eval_refuse_a_non_finite_value_where_predict_computes_on_it(where, bad):
+    """A NaN loss beside an accuracy that looks right reads as a result: evaluate and a Trainer's
+    eval refuse the data, as fit's validation arrays and the command line's eval do; predict
+    computes on it as Keras, PyTorch and onnxruntime do."""
+    model = ot.Sequential([L.Dense(2, activation="softmax")], input_shape=(3,), seed=0)
+    model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3)).astype(np.float32), np.eye(2, dtype=np.float32)[[0, 1, 1, 0]]
+    (x if where == "x" else y)[2, 1] = bad
+    says = f"{where}: holds {bad} in row {{}}; evaluation needs finite values, so nothing was evaluated"
+    said = re.escape(says.format(2))
+    weights = model.get_weights()
+    with pytest.raises(ot.NonFiniteError, match=said):
+        model.evaluate(x, y, batch_size=2, verbose=0)
+    with pytest.raises(ot.NonFiniteError, match=re.escape("evaluate, batch 1 (counted from 0): " + says.format(0))):
+        model.evaluate(iter([(x[:2], y[:2]), (x[2:], y[2:])]), verbose=0)
+    for got, was in zip(model.get_weights(), weights, strict=True):
+        np.testing.assert_array_equal(got, was)
+    if where == "x":
+        p = model.predict(x, verbose=0)
+        assert np.isnan(p[2]).all() and np.isfinite(np.delete(p, 2, axis=0)).all()
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.step(np.nan_to_num(x, nan=0.0), np.nan_to_num(y, neginf=0.0))
+        before = _state(tr)
+        with pytest.raises(ot.NonFiniteError, match=said):
+            tr.eval(x, y)
+        with pytest.raises(ot.NonFiniteError, match=said):
+            tr.eval_with_outputs(x, y)
+        _assert_unchanged(tr, before)
+        clean = tr.eval(np.nan_to_num(x, nan=0.0), np.nan_to_num(y, neginf=0.0))
+        assert np.isfinite(clean)
+
+
 def test_fit_refuses_non_finite_rows_before_the_first_step():
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((64, 3)).astype(np.float32), rng.standard_normal((64, 2)).astype(np.float32)
