@@ -771,3 +771,19 @@ def test_an_embedding_table_starts_uniform_as_keras_s_default():
     assert abs(table.std() - 0.1 / np.sqrt(12)) < 2e-4 and abs(table.mean()) < 5e-4
     counts, _ = np.histogram(table, bins=10, range=(-0.05, 0.05))
     assert counts.min() > 0.95 * table.size / 10
+
+
+def test_a_layer_of_the_user_s_that_gives_a_weight_no_role_is_refused_naming_the_fix():
+    class Gain(ot.layers.Layer):
+        def _build(self, input_shapes, rng):
+            self.weights["gain"] = np.ones(input_shapes[0][-1], np.float32)  # no self.roles["gain"]
+
+        def emit(self, ctx, inputs):
+            return ctx.gb.op("Mul", [inputs[0], ctx.weight(self, "gain")])
+
+    layer = Gain()
+    with pytest.raises(ot.OrtrainError, match=re.escape("Gain._build: weight 'gain' has role None; expected one of "
+                                                        "'trainable', 'frozen', 'buffer': set self.roles['gain'] = "
+                                                        "'trainable'")):
+        ot.Sequential([ot.layers.Dense(3), layer], input_shape=(4,), seed=0)
+    assert layer.built_for is None and not layer.weights

@@ -16,6 +16,8 @@ import sys
 import threading
 import warnings
 
+from ortrain._version import __version__
+
 __all__ = ["main"]
 
 LOSSES = ("mse", "mae", "huber", "categorical_crossentropy", "sparse_categorical_crossentropy",
@@ -71,13 +73,16 @@ TOML_VALUES = {"epochs": _positive_int, "batch_size": _positive_int, "seed": _se
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ortrain", description="Train ONNX models with onnxruntime-training.")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument("--version", action="version", version=f"ortrain {__version__}",
+                        help="print ortrain's version and exit (`ortrain info` adds onnxruntime's and onnx's)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("demo", help="train on the bundled digits data, export and verify model.onnx")
     p.add_argument("--out", default="ortrain-demo", help="output directory (default: ortrain-demo)")
     p.add_argument("--epochs", type=_positive_int, default=30, help="epochs to train (default: 30)")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and shuffling (default: 0)")
-    p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1)
+    p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                   help="0 silent, 1 a progress bar on a terminal, 2 one line per epoch (default: 1)")
 
     sub.add_parser("info", help="versions, execution providers, threads, the artifact cache")
 
@@ -127,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "validation_split (default: 0)")
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/run)")
     p.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
-    p.add_argument("--seed", type=_seed, help="fixed by the run on --resume")
+    p.add_argument("--seed", type=_seed, help="seed of the shuffling and the dropout masks (default: one drawn at "
+                   "random and kept in the run's run.json); fixed by the run on --resume")
     p.add_argument("--no-shuffle", action="store_false", dest="shuffle", default=None,
                    help="train on the rows in file order (default: shuffled every epoch)")
     p.add_argument("--verbose", type=int, choices=(0, 1, 2),
@@ -156,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write an inference ONNX model from a run or a checkpoint")
     _model_source(p)
-    p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx",
+                   help="the .onnx file to write (replaces a file of that name; refused inside an artifacts "
+                        "directory or over a file the run reads)")
     for p in sub.choices.values():  # --json before or after the subcommand
         p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print results as JSON")
     return parser

@@ -15,6 +15,7 @@ from ortrain._keywords import name_unknown_arguments, names_unknown_arguments_of
 from ortrain.errors import OrtrainError, ShapeError, describe_shape
 from ortrain.graph import GraphBuilder
 from ortrain.graph.activations import sigmoid
+from ortrain.graph.forward import ROLES
 from ortrain.nn.symbolic import SymbolicTensor, ordered_state, unordered_state
 
 __all__ = ["ACTIVATIONS", "EDITS", "EmitContext", "Layer", "Weights"]
@@ -225,7 +226,37 @@ def _weights_of(layer: Layer, items: dict) -> Weights:
 
 
 class Layer:
-    """Base class. Subclasses set ``weight_roles`` and implement ``_build``, ``output_shape``, ``emit``."""
+    """Base class of the layers. A layer of your own subclasses it and implements:
+
+    - ``__init__(self, ..., name=None)``, calling ``super().__init__(name)`` (or ``(name, seed)``);
+    - ``_build(self, input_shapes, rng)``: make the weights for inputs of these shapes (batch
+      first, the batch ``None``), drawing from the numpy Generator ``rng``: for each,
+      ``self.weights["gain"] = array`` (float32) and ``self.roles["gain"] = "trainable"``
+      (``"frozen"`` for a constant the optimizer leaves alone, ``"buffer"`` for a statistic);
+    - ``output_shape(self, input_shapes)``: the output's shape (by default the first input's);
+    - ``emit(self, ctx, inputs)``: write the layer's ONNX nodes and return its output's name.
+      ``inputs`` are the names of the input tensors, ``ctx.gb.op("Mul", [a, b], **attributes)``
+      appends a node and returns its output's name, and ``ctx.weight(self, "gain")`` names a weight;
+    - ``get_config(self)``: the constructor's arguments, ``{**super().get_config(), "factor": ...}``,
+      from which a trainer, ``copy()`` and ``load_model`` make the layer again.
+
+    ::
+
+        class Scale(ot.layers.Layer):
+            def __init__(self, factor=1.0, name=None):
+                super().__init__(name)
+                self.factor = factor
+
+            def _build(self, input_shapes, rng):
+                self.weights["gain"] = np.full(input_shapes[0][-1], self.factor, np.float32)
+                self.roles["gain"] = "trainable"
+
+            def emit(self, ctx, inputs):
+                return ctx.gb.op("Mul", [inputs[0], ctx.weight(self, "gain")])
+
+            def get_config(self):
+                return {**super().get_config(), "factor": self.factor}
+    """
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -288,6 +319,7 @@ class Layer:
         self._stack_seed = stack_seed
         try:
             self._build(input_shapes, rng if rng is not None else _random.generator(self.seed))
+            self._check_roles()
             self.output_shape(input_shapes)  # shapes it cannot take are refused before it counts as built
         except BaseException as exc:
             self.unbuild()
@@ -301,6 +333,15 @@ class Layer:
         finally:
             del self._stack_seed
         self.built_for = key
+
+    def _check_roles(self) -> None:
+        """Every weight a layer's ``_build`` made has a role (a layer of the user's may leave one out)."""
+        for suffix in self._weights:
+            role = self.roles.get(suffix)
+            if role not in ROLES:
+                raise OrtrainError(f"{type(self).__name__}._build: weight {suffix!r} has role {role!r}; expected one of "
+                                   f"{', '.join(map(repr, ROLES))}: set self.roles[{suffix!r}] = 'trainable' beside "
+                                   f"self.weights[{suffix!r}] = array")
 
     def unbuild(self) -> None:
         """Back to a layer never built (a build, or a model it was added to, failed)."""
@@ -377,15 +418,21 @@ class Layer:
                 self.weights.put(name, a)
 
     def _build(self, input_shapes, rng) -> None:
-        pass
+        """Make the weights for inputs of ``input_shapes``: ``self.weights[suffix] = array`` and
+        ``self.roles[suffix] = "trainable"`` (or ``"frozen"``, ``"buffer"``) for each; none by default."""
 
     def output_shape(self, input_shapes: list[tuple]) -> tuple:
+        """The output's shape for inputs of ``input_shapes`` (batch first, ``None`` where free)."""
         return input_shapes[0]
 
     def emit(self, ctx: EmitContext, inputs: list[str]) -> str:
-        raise NotImplementedError
+        """Append the layer's ONNX nodes with ``ctx.gb.op(...)`` to the input tensors named ``inputs``
+        (weights named by ``ctx.weight(self, suffix)``); return the output tensor's name."""
+        raise NotImplementedError(f"{type(self).__name__}.emit: a layer writes its ONNX nodes there; see "
+                                  "help(ot.layers.Layer)")
 
     def get_config(self) -> dict:
+        """The constructor's arguments by name, from which the layer is made again (Keras' ``get_config``)."""
         return {"name": self.name}
 
     # -- functional API --------------------------------------------------------------

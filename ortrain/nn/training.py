@@ -28,7 +28,7 @@ from ortrain._artifact_graphs import LABEL, LOSS, LOSS_SCALE, SAMPLE_WEIGHT, los
 from ortrain._keywords import names_unknown_arguments_of
 from ortrain._warnings import warn
 from ortrain.callbacks.progress import check_verbose
-from ortrain.data import prepare_arrays, refuse_non_finite_arrays
+from ortrain.data import prepare_arrays, refuse_non_finite_arrays, refuse_non_finite_weights
 from ortrain.errors import FreedError, OrtrainError, ShapeError, describe_shape
 from ortrain.graph import TensorSpec
 from ortrain.graph.forward import to_inference, with_weights
@@ -569,7 +569,8 @@ class TrainingMixin:
         """The summed loss (a batch's mean times its rows) and the rows of arrays ``x``, ``y``,
         updating the metrics ``ms``; everything is checked before the first run."""
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
-        refuse_non_finite_arrays(self, xs, yl, w, evaluated=True)  # (a NaN loss beside metrics that look right)
+        refuse_non_finite_arrays(self, xs, yl, None, evaluated=True)  # (a NaN loss beside metrics that look right)
+        refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
         n = xs[0].shape[0]
         self._check_rows_per_batch(batch_size, n)
         batch_size = check_fixed_rows(self.input_specs, n, "x", batch_size) or batch_size
