@@ -364,7 +364,7 @@ class Trainer(TrainerSetup, Releasable):
     def snapshot(self) -> Snapshot:
         """An independent eval-mode copy of the current weights (a target network)."""
         self._live()
-        weights = {p.name: self._session.get(p.name) for p in self._params}
+        weights = self._weights_of_one_step()
         return Snapshot(self._inference_bytes(), self._params, weights, self._inputs, self.device, self._bounds,
                         self._threads)
 
@@ -399,7 +399,8 @@ class Trainer(TrainerSetup, Releasable):
                                    f"({_weights_apart(mine, theirs)}); take the target from a trainer of the same "
                                    "architecture")
             read = self._session.view if self._session.device.kind == "cpu" else self._session.get
-            target._move_towards(read, set(self._trainable), tau)
+            with locked(self._session):  # the weights of one step, whichever thread steps
+                target._move_towards(read, set(self._trainable), tau)
 
     def model(self) -> Model:
         """A new Model carrying the current weights (the constructor's model is never changed).
@@ -407,7 +408,7 @@ class Trainer(TrainerSetup, Releasable):
         It carries no optimizer state (``train_state`` is None, so its ``fit`` starts fresh
         moments); ``m.train_state = trainer.export_state()`` hands the trainer's over."""
         self._live()
-        model = self._model._copy_with({p.name: self._session.get(p.name) for p in self._params})
+        model = self._model._copy_with(self._weights_of_one_step())
         model.train_state = None  # the constructor's model's state is not this trainer's
         return model
 
@@ -419,7 +420,13 @@ class Trainer(TrainerSetup, Releasable):
     def get_weights(self) -> list[np.ndarray]:
         """Copies of the current weights, in :meth:`weight_names` order."""
         self._live()
-        return [self._session.get(p.name) for p in self._params]
+        return list(self._weights_of_one_step().values())
+
+    def _weights_of_one_step(self) -> dict[str, np.ndarray]:
+        """Copies of the weights by name, all after the same step: a step from another thread (an
+        actor reading while a learner steps) waits for the read, or the read for the step."""
+        with locked(self._session):
+            return {p.name: self._session.get(p.name) for p in self._params}
 
     def set_weights(self, weights) -> None:
         """Write weights into the trainer: a list in :meth:`weight_names` order, or a dict keyed by
@@ -437,8 +444,9 @@ class Trainer(TrainerSetup, Releasable):
             if not np.isfinite(a).all():
                 raise NonFiniteError(f"set_weights[{name!r}]: holds {a[~np.isfinite(a)][0]}; a trainer's weights "
                                      "must be finite, so nothing was changed")
-        for name, a in staged:
-            self._session.set(name, a)
+        with locked(self._session):  # a step from another thread sees all of them old or all new
+            for name, a in staged:
+                self._session.set(name, a)
 
     def export_state(self) -> TrainState:
         """The optimizer state, for a model to carry into its next ``fit``: the moments of the

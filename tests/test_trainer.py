@@ -1278,6 +1278,53 @@ def test_a_snapshot_freed_from_another_thread_raises_freed_error_only(rng):
     assert other == set()
 
 
+@pytest.mark.parametrize("read", ["get_weights", "snapshot", "model", "update_target"])
+def test_weights_read_while_another_thread_steps_are_all_of_one_step(read):
+    """An actor reading a learner's weights while the learner steps gets the weights after one step,
+    never some after step k and the rest after k + 1 (a state the trainer never held)."""
+    import hashlib
+    import threading
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 10)).astype(np.float32), rng.integers(0, 3, 32)
+    model = ot.Sequential([L.Dense(32, activation="relu"), L.Dense(32, activation="relu"), L.Dense(3)],
+                          input_shape=(10,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(lr=1e-2), loss=ot.losses.SparseCategoricalCrossentropy(from_logits=True))
+    digest = lambda a: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()  # noqa: E731
+    with ot.Trainer(model, batch_size=32, threads=1) as tr:
+        target = tr.snapshot()
+        states, reads, stop = [tr.get_weights()], [], threading.Event()
+
+        def reader():
+            while not stop.is_set():
+                if read == "get_weights":
+                    reads.append(tr.get_weights())
+                elif read == "snapshot":
+                    snap = tr.snapshot()
+                    reads.append(snap.get_weights())
+                    snap.free()
+                elif read == "model":
+                    reads.append(tr.model().get_weights())
+                else:
+                    tr.update_target(target, tau=1.0)
+                    reads.append(target.get_weights())
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            for _ in range(150):
+                tr.step(x, y)
+                states.append(tr.get_weights())
+        finally:
+            stop.set()
+            thread.join()
+        target.free()
+    step_of = [{digest(s[j]): k for k, s in enumerate(states)} for j in range(len(states[0]))]
+    seen = [tuple(step_of[j].get(digest(a)) for j, a in enumerate(w)) for w in reads]
+    assert reads and all(None not in k and len(set(k)) == 1 for k in seen), \
+        [k for k in seen if None in k or len(set(k)) > 1][:3]
+
+
 def test_a_fork_while_another_thread_steps_leaves_the_child_a_usable_trainer(tmp_path):
     # The child inherited the session's lock held by the stepping thread, which does not exist
     # there: its free() waited forever.
