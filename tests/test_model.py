@@ -493,9 +493,19 @@ def test_keras_names_calls_and_weight_files(rng, tmp_path):
     (tmp_path / "cut.npz").write_bytes(data[:100])
     flip = data.index(b"NUMPY") + 130   # a byte of the first array's values (after its 128-byte header)
     (tmp_path / "flip.npz").write_bytes(data[:flip] + bytes([data[flip] ^ 0xFF]) + data[flip + 1:])
-    for path in (tmp_path / "cut.npz", tmp_path / "flip.npz"):
+    # a zip entry's flags, compression method or version changed: zipfile's NotImplementedError or
+    # RuntimeError ("is encrypted, password required") had come through raw
+    entry = data.rindex(b"PK\x01\x02")   # the last array's central-directory record
+    for offset, bit, name in ((10, 1, "method"), (8, 0, "encrypted"), (6, 7, "version")):
+        at = entry + offset
+        (tmp_path / f"{name}.npz").write_bytes(data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1:])
+    before = model.get_weights()
+    for path in (tmp_path / "cut.npz", tmp_path / "flip.npz", tmp_path / "method.npz", tmp_path / "encrypted.npz",
+                 tmp_path / "version.npz"):
         with pytest.raises(ot.OrtrainError, match="cannot be read as a weights file of save_weights: it is damaged"):
             model.load_weights(path)
+    for got, was in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(got, was)
     assert model.get_layer(index=np.int64(1)) is model.layers[1]
     with pytest.raises(ot.OrtrainError, match=r"get_layer\(index=...\): expected an int in \[-3, 3\) .*received True"):
         model.get_layer(index=True)

@@ -4,6 +4,7 @@ escapes its directory or lies about its size, and every other refusal with its m
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import onnx
@@ -27,6 +28,38 @@ def test_random_bytes_are_refused(tmp_path, rng):
         path.write_bytes(blob)
         with pytest.raises(ot.OrtrainError, match="not an ONNX model"):
             ot.from_onnx(path)
+
+
+def test_a_name_that_is_not_utf8_is_refused_as_damage(tmp_path):
+    """A bit flipped in a name, a domain or a symbolic size: protobuf hands the field over as bytes,
+    which failed far from the file with a bare TypeError or UnicodeDecodeError."""
+    model = ot.Sequential([ot.layers.Dense(4, activation="relu"), ot.layers.Dense(3)], input_shape=(10,), seed=0)
+    model.export_onnx(tmp_path / "m.onnx")
+    data = (tmp_path / "m.onnx").read_bytes()
+    for text in (b"ortrain", b"batch", b"dense_1.kernel"):
+        at = data.index(text) + 2
+        damaged = data[:at] + bytes([data[at] | 0x80]) + data[at + 1:]   # a lone continuation byte
+        with pytest.raises(ot.OrtrainError, match=r"is damaged: its \w+'s \w+ b'.*' is not UTF-8 text"):
+            ot.from_onnx(damaged)
+
+
+def test_every_bit_flipped_in_a_small_model_file_loads_or_is_refused_clearly(tmp_path):
+    model = ot.Sequential([ot.layers.Dense(4, activation="relu"), ot.layers.Dense(3)], input_shape=(10,), seed=0)
+    model.export_onnx(tmp_path / "m.onnx")
+    data = (tmp_path / "m.onnx").read_bytes()
+    x = np.zeros((2, 10), np.float32)
+    raw = []
+    warnings.simplefilter("ignore")  # (what a flip may warn of is no failure; pytest restores the filters)
+    for i in range(0, len(data), 3):   # a third of the bytes, every bit of each
+        for bit in range(8):
+            damaged = data[:i] + bytes([data[i] ^ (1 << bit)]) + data[i + 1:]
+            try:
+                ot.from_onnx(damaged).predict(x)
+            except ot.OrtrainError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - what escapes is the test
+                raw.append((i, bit, f"{type(exc).__name__}: {exc}"[:120]))
+    assert raw == []
 
 
 def test_truncated_file_is_refused(tmp_path):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
 from onnx import TensorProto, external_data_helper, helper
 
 from ortrain.errors import OrtrainError
@@ -51,6 +52,7 @@ def load_untrusted(source, what: str = "from_onnx") -> onnx.ModelProto:
         raise OrtrainError(f"{what}: expected a path to an .onnx file, its bytes or an onnx.ModelProto, "
                            f"received {type(source).__name__}")
     _check_structure(model, what, origin)
+    _check_text(model, what, origin)
     _inline_external_data(model, base, what)
     newer = _newest_ir_read(model)
     _output_shapes_inferred(model, what)
@@ -129,6 +131,32 @@ def _check_structure(model: onnx.ModelProto, what: str, origin: str) -> None:
     if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
         raise OrtrainError(f"{what}: the model imports no default ONNX opset (opset_import: "
                            f"{[(o.domain, o.version) for o in model.opset_import]}); it is damaged")
+
+
+def _check_text(model: onnx.ModelProto, what: str, origin: str) -> None:
+    """Every text field (names, domains, symbolic sizes) is UTF-8, as protobuf's ``string`` type
+    requires: protobuf hands a field that is not as ``bytes``, which failed far from here with a bare
+    TypeError or UnicodeDecodeError (a bit flipped in a name)."""
+    string, message_type = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+    pending = [model]
+    while pending:
+        message = pending.pop()
+        if isinstance(message, TensorProto):  # (its fields less the data, which ListFields would copy out)
+            fields = [(message.DESCRIPTOR.fields_by_name[n], getattr(message, n)) for n in ("name", "doc_string")]
+            fields.append((message.DESCRIPTOR.fields_by_name["external_data"], message.external_data))
+        else:
+            fields = message.ListFields()
+        for field, value in fields:
+            if field.type == string:
+                for text in ((value,) if isinstance(value, (str, bytes)) else value):  # (one, or repeated)
+                    if not isinstance(text, str):
+                        raise OrtrainError(f"{what}: {origin} is damaged: its {message.DESCRIPTOR.name}'s "
+                                           f"{field.name} {bytes(text)[:40]!r} is not UTF-8 text")
+            elif field.type == message_type:
+                if hasattr(value, "ListFields"):
+                    pending.append(value)
+                else:
+                    pending.extend(value)
 
 
 def _check_onnx(model: onnx.ModelProto, what: str, newer_ir: int | None = None) -> None:

@@ -609,7 +609,7 @@ class Model(TrainingMixin):
         except (PermissionError, IsADirectoryError) as exc:
             raise OrtrainError(f"load_weights: {str(path)!r} cannot be read ({exc.strerror}); give a weights file "
                                "of save_weights this process may read") from None
-        except zipfile.BadZipFile as exc:  # a zip, cut short
+        except (zipfile.BadZipFile, NotImplementedError) as exc:  # a zip, cut short; "zip file version 10.9"
             raise OrtrainError(f"{damaged} ({exc})") from exc
         except (OSError, ValueError) as exc:  # not numpy's format
             raise OrtrainError(f"{not_weights} ({exc})") from exc
@@ -622,7 +622,9 @@ class Model(TrainingMixin):
                 raise OrtrainError(not_weights)
             try:
                 weights = {n: f[n] for n in f.files}
-            except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:  # a bad CRC, a cut array
+            except (OSError, ValueError, zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError) as exc:
+                # a bad CRC, a cut array; a flag or method changed: zipfile's "compression method is not
+                # supported" (NotImplementedError) or "is encrypted, password required" (RuntimeError)
                 raise OrtrainError(f"{damaged} ({exc})") from exc
         try:
             self.set_weights(weights)

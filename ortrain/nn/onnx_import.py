@@ -1016,7 +1016,7 @@ def _check_shapes(fg, declared: dict | None = None) -> None:
         out.type.tensor_type.ClearField("shape")
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True)
-    except onnx.shape_inference.InferenceError as exc:
+    except (onnx.shape_inference.InferenceError, ValueError) as exc:  # (ValueError: "Invalid tensor data type 33")
         reason = " ".join(str(exc).split())
         raise ShapeError(f"the model's shapes or types do not fit together: {reason}; fix the model or its "
                          "export") from None
