@@ -417,13 +417,15 @@ def _build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, traina
         return _weights_digest(model_or_onnx, fg)
 
     owned = out_dir is None  # a cache entry is ortrain's: whatever else it holds is replaced
-    if owned:  # an exact hit needs no lock, so a read-only cache serves it
-        try:
-            hit = _existing(target, key, owned)
-        except OSError:  # another builder is replacing a damaged entry: take the lock
-            hit = None
-        if hit is not None and (not refresh_checkpoint or hit.manifest["weights_sha256"] == digest()):
-            return _with_lr(hit, opt, rewrite=False)
+    variant = target.with_name(f"{target.name}-{digest()[:12]}") if refresh_checkpoint else None
+    if owned:  # an exact hit needs no lock, so a read-only cache serves it: the entry, or its weights' own
+        for entry in (target, variant):
+            try:
+                hit = _existing(entry, key, owned) if entry is not None else None
+            except OSError:  # another builder is replacing a damaged entry: take the lock
+                hit = None
+            if hit is not None and (not refresh_checkpoint or hit.manifest["weights_sha256"] == digest()):
+                return _with_lr(hit, opt, rewrite=False)
     with _publish_lock(target):
         existing = _existing(target, key, owned)
         if existing is None:
@@ -432,7 +434,6 @@ def _build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, traina
             return _with_lr(existing, opt, rewrite=out_dir is not None)
         if out_dir is not None:
             return _publish(target, lambda tmp: _with_weights(existing, fg, tmp, digest(), opt))
-    variant = target.with_name(f"{target.name}-{digest()[:12]}")
     with _publish_lock(variant):
         found = _existing(variant, key, owned=True)
         return _with_lr(found, opt, rewrite=False) if found is not None else \

@@ -426,12 +426,17 @@ def test_the_cache_serves_hits_without_writing_and_names_what_it_cannot_write(tm
     from ortrain import _artifact_store as store_mod
     model = dense_model(3, 2)
     first = ot.artifacts.build(model, loss="mse")
+    other = dense_model(3, 2, seed=7)  # the same graphs, other weights: an entry of their own beside it
+    second = ot.artifacts.build(other, loss="mse")
+    assert second.directory.name.startswith(first.directory.name + "-")
 
     def unwritable(path):
         raise PermissionError(13, "Permission denied", str(path))
     monkeypatch.setattr(store_mod, "lock_file", unwritable)
-    # an exact hit takes no lock: a read-only cache (baked into an image) serves it
+    # an exact hit takes no lock: a read-only cache (baked into an image) serves it, and the entry of
+    # other weights too (it was refused, the main entry's lock taken before that entry was looked at)
     assert ot.artifacts.build(model, loss="mse").directory == first.directory
+    assert ot.artifacts.build(other, loss="mse").directory == second.directory
     # a miss names the cache and how to choose another (a raw PermissionError came from the lock file)
     with pytest.raises(ot.OrtrainError, match=r"the artifact cache '.*' cannot be written \(Permission denied: .*\); "
                                               r"make it writable, or choose another cache with "
