@@ -18,7 +18,7 @@ from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph.forward import ForwardGraph
 
-FORMAT = 1
+FORMAT = 2  # 2: the manifest holds its own sha256 (manifest_sha256)
 FILES = ("training.onnx", "eval.onnx", "optimizer.onnx", "forward.onnx", "checkpoint")
 
 
@@ -54,7 +54,19 @@ def finish(directory: Path, manifest: dict, fg: ForwardGraph, weights_sha256: st
                                     {n: a for n, a in fg.weights.items() if roles[n] != "trainable"})
     manifest = dict(manifest, weights_sha256=weights_sha256,
                     files={name: sha256(directory / name) for name in FILES})
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    (directory / "manifest.json").write_text(text_of(manifest))
+
+
+def _own_sha256(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def text_of(manifest: dict) -> str:
+    """``manifest.json``'s text: the fields, and the sha256 of them all as ``manifest_sha256``. The
+    files' hashes say a graph or the checkpoint changed; this says the manifest did (a bit flipped
+    in a weight's name or an input's size, which its fields' checks let through)."""
+    return json.dumps(dict(manifest, manifest_sha256=_own_sha256(manifest)), indent=2, sort_keys=True)
 
 
 def _is_dims(value) -> bool:
@@ -135,6 +147,9 @@ def read(mpath: Path) -> dict:
     if manifest["prediction"] not in [o["name"] for o in manifest["outputs"]]:
         raise OrtrainError(f"{str(mpath)!r}: prediction expected one of the outputs' names, received "
                            f"{manifest['prediction']!r:.80}; the directory is damaged, rebuild it")
+    if manifest.get("manifest_sha256") != _own_sha256(manifest):
+        raise OrtrainError(f"{str(mpath)!r} does not match its own sha256 (manifest_sha256): it was changed or damaged "
+                           "after it was written; rebuild the artifacts")
     if manifest["versions"] != versions():
         got = ", ".join(f"{k} {v}" for k, v in sorted(manifest["versions"].items()))
         now = ", ".join(f"{k} {v}" for k, v in sorted(versions().items()))

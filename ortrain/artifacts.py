@@ -61,7 +61,7 @@ from ortrain._artifact_store import (
 from ortrain._files import atomic_path, atomic_temporaries, fresh_dir, unexpanded_home
 from ortrain._files import scratch_dir as scratch_dir
 from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
-from ortrain._manifest import FILES, FORMAT, finish, is_ours, sha256, versions
+from ortrain._manifest import FILES, FORMAT, finish, is_ours, sha256, text_of, versions
 from ortrain._manifest import read as read_manifest
 from ortrain.engine.session import write_failure
 from ortrain.errors import OrtrainError
@@ -452,7 +452,7 @@ def _with_lr(art: Artifacts, opt: optim.Optimizer, rewrite: bool) -> Artifacts:
     manifest = dict(art.manifest, optimizer=wanted)
     try:
         with atomic_path(art.directory / "manifest.json") as tmp:
-            Path(tmp).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+            Path(tmp).write_text(text_of(manifest))
     except (OSError, OrtrainError):
         if rewrite:
             raise
@@ -541,7 +541,7 @@ def _with_weights(existing: Artifacts, fg: ForwardGraph, directory: Path, weight
             os.link(existing.directory / name, directory / name)
         except OSError:
             shutil.copyfile(existing.directory / name, directory / name)
-    manifest = {k: v for k, v in existing.manifest.items() if k not in ("files", "weights_sha256")}
+    manifest = {k: v for k, v in existing.manifest.items() if k not in ("files", "weights_sha256", "manifest_sha256")}
     manifest["optimizer"] = json.loads(json.dumps(opt.config()))
     finish(directory, manifest, fg, weights_sha256)
 

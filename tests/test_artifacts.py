@@ -12,6 +12,7 @@ from helpers import dense_model, open_session
 
 import ortrain as ot
 from ortrain import engine
+from ortrain._manifest import text_of
 
 
 def test_build_writes_checked_graphs_and_manifest(tmp_path):
@@ -128,8 +129,37 @@ def test_hand_edited_manifest_fields_are_refused_by_name(tmp_path):
     mpath.write_text(json.dumps(man))
     with pytest.raises(ot.OrtrainError, match="prediction expected one of the outputs' names, received 'logits'"):
         ot.artifacts.load(tmp_path / "a")
+    man = json.loads(good)   # values of the right types: what the manifest's own sha256 catches
+    for edit in (lambda m: m["inputs"][0]["shape"].__setitem__(1, 5), lambda m: m["parameters"].reverse(),
+                 lambda m: m["parameters"][0].__setitem__("name", "dense_9.kernel"),
+                 lambda m: m["optimizer"].__setitem__("lr", 0.5), lambda m: m.pop("manifest_sha256")):
+        man = json.loads(good)
+        edit(man)
+        mpath.write_text(json.dumps(man))
+        with pytest.raises(ot.OrtrainError, match=r"manifest.json' does not match its own sha256 \(manifest_sha256\): "
+                                                  "it was changed or damaged after it was written; rebuild"):
+            ot.artifacts.load(tmp_path / "a")
     mpath.write_text(good)
     assert ot.artifacts.load(tmp_path / "a").manifest == json.loads(good)
+
+
+def test_a_cache_entry_whose_manifest_was_damaged_is_rebuilt(tmp_path):
+    """A bit flipped in a cached manifest.json (a weight's name, an input's size) broke that model's
+    training for good: the manifest is checked against its own sha256, and the entry rebuilt."""
+    model = dense_model(4, 2)
+    entry = ot.artifacts.build(model, loss="mse").directory
+    mpath = entry / "manifest.json"
+    good = mpath.read_bytes()
+    for damaged in (good.replace(b'"dense_0.kernel"', b'"dense_1.kernel"', 1), good.replace(b"4\n", b"5\n", 1)):
+        assert damaged != good
+        mpath.write_bytes(damaged)
+        x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
+        with ot.Trainer(model, batch_size=8) as tr:
+            tr.step(x, y)
+            assert tr.weight_names() == model.weight_names()
+            np.testing.assert_allclose(tr.predict(x), x @ tr.get_weights()[0] + tr.get_weights()[1], rtol=1e-6)
+        assert ot.artifacts.build(model, loss="mse").directory == entry
+        assert json.loads(mpath.read_bytes()) == json.loads(good)
 
 
 def test_other_versions_are_refused(tmp_path):
@@ -137,7 +167,7 @@ def test_other_versions_are_refused(tmp_path):
     mpath = tmp_path / "a" / "manifest.json"
     man = json.loads(mpath.read_text())
     man["versions"]["onnxruntime"] = "1.18.0"
-    mpath.write_text(json.dumps(man))
+    mpath.write_text(text_of(man))   # as an ortrain beside that onnxruntime wrote it
     with pytest.raises(ot.OrtrainError, match="were written by .*onnxruntime 1.18.0.*Rebuild them"):
         ot.artifacts.load(tmp_path / "a")
     # build() rebuilds over a stale directory instead of failing.
