@@ -71,6 +71,7 @@ def _bound_first(fn, signature, params, name_of):
             raise  # from inside fn
 
     call._names_unknown = True
+    call.__signature__ = signature  # (help() and inspect show it, also where fn is object.__init__)
     return call
 
 

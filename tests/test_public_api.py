@@ -379,3 +379,12 @@ def test_load_digits_takes_a_flag_as_true_or_false_only():
     for bad in ("no", None, 0):  # ("no" gave flattened data, None images)
         with pytest.raises(ot.OrtrainError, match=r"load_digits\(flatten=...\): expected True or False, received"):
             ot.datasets.load_digits(bad)
+
+
+def test_classes_show_their_own_signature():
+    """Constructors wrapped to name unknown arguments still show what they take (help(), inspect):
+    a class without an __init__ of its own showed (*args, **kwargs)."""
+    import inspect
+    assert str(inspect.signature(ot.callbacks.TerminateOnNaN)) == "()"
+    assert list(inspect.signature(ot.callbacks.EarlyStopping).parameters)[:3] == ["monitor", "min_delta", "patience"]
+    assert list(inspect.signature(ot.layers.Dense).parameters)[:2] == ["units", "activation"]
