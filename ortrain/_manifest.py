@@ -149,7 +149,8 @@ def read(mpath: Path) -> dict:
                            f"{manifest['prediction']!r:.80}; the directory is damaged, rebuild it")
     if manifest.get("manifest_sha256") != _own_sha256(manifest):
         raise OrtrainError(f"{str(mpath)!r} does not match its own sha256 (manifest_sha256): it was changed or damaged "
-                           "after it was written; rebuild the artifacts")
+                           "after it was written; rebuild the artifacts (another learning rate is set by building them again with "
+                           "it, or by Trainer.set_lr, not by editing the manifest)")
     if manifest["versions"] != versions():
         got = ", ".join(f"{k} {v}" for k, v in sorted(manifest["versions"].items()))
         now = ", ".join(f"{k} {v}" for k, v in sorted(versions().items()))
