@@ -18,7 +18,7 @@ from ortrain._version import __version__
 from ortrain.errors import OrtrainError
 from ortrain.graph.forward import ForwardGraph
 
-FORMAT = 2  # 2: the manifest holds its own sha256 (manifest_sha256)
+FORMAT = 2  # 2: the manifest holds its own sha256 (manifest_sha256); format 1, without it, is still read
 FILES = ("training.onnx", "eval.onnx", "optimizer.onnx", "forward.onnx", "checkpoint")
 
 
@@ -134,7 +134,7 @@ def read(mpath: Path) -> dict:
     except (ValueError, UnicodeDecodeError) as exc:
         raise OrtrainError(f"{str(mpath)!r} is not valid JSON ({exc}); the directory is damaged, rebuild it") \
             from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in (1, FORMAT):
         raise OrtrainError(f"{str(mpath)!r} has manifest format {manifest.get('format') if isinstance(manifest, dict) else '?'}"
                            f", this ortrain reads format {FORMAT}; rebuild the artifacts")
     missing = [k for k in FIELDS if k not in manifest]
@@ -147,10 +147,10 @@ def read(mpath: Path) -> dict:
     if manifest["prediction"] not in [o["name"] for o in manifest["outputs"]]:
         raise OrtrainError(f"{str(mpath)!r}: prediction expected one of the outputs' names, received "
                            f"{manifest['prediction']!r:.80}; the directory is damaged, rebuild it")
-    if manifest.get("manifest_sha256") != _own_sha256(manifest):
+    if manifest["format"] != 1 and manifest.get("manifest_sha256") != _own_sha256(manifest):  # (1: written before it)
         raise OrtrainError(f"{str(mpath)!r} does not match its own sha256 (manifest_sha256): it was changed or damaged "
                            "after it was written; rebuild the artifacts (another learning rate is set by building them again with "
-                           "it, or by Trainer.set_lr, not by editing the manifest)")
+                           "it, or by Trainer.set_lr or `ortrain train --lr`, not by editing the manifest)")
     if manifest["versions"] != versions():
         got = ", ".join(f"{k} {v}" for k, v in sorted(manifest["versions"].items()))
         now = ", ".join(f"{k} {v}" for k, v in sorted(versions().items()))

@@ -398,9 +398,8 @@ class Trainer(TrainerSetup, Releasable):
                 raise OrtrainError(f"target: its weights differ from this trainer's by name or shape "
                                    f"({_weights_apart(mine, theirs)}); take the target from a trainer of the same "
                                    "architecture")
-            read = self._session.view if self._session.device.kind == "cpu" else self._session.get
-            with locked(self._session):  # the weights of one step, whichever thread steps
-                target._move_towards(read, set(self._trainable), tau)
+            weights = self._weights_of_one_step()  # (copies: the blend runs without the session's lock)
+            target._move_towards(weights.__getitem__, set(self._trainable), tau)
 
     def model(self) -> Model:
         """A new Model carrying the current weights (the constructor's model is never changed).

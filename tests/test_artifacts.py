@@ -143,6 +143,20 @@ def test_hand_edited_manifest_fields_are_refused_by_name(tmp_path):
     assert ot.artifacts.load(tmp_path / "a").manifest == json.loads(good)
 
 
+def test_a_manifest_of_format_1_without_its_own_sha256_is_still_read(tmp_path):
+    """Artifacts (and command-line runs) written before the manifest held its own sha256 load and resume."""
+    art = ot.artifacts.build(dense_model(4, 2), out_dir=tmp_path / "a")
+    mpath = tmp_path / "a" / "manifest.json"
+    man = json.loads(mpath.read_text())
+    man.pop("manifest_sha256")
+    man["format"] = 1
+    mpath.write_text(json.dumps(man, indent=2, sort_keys=True))
+    loaded = ot.artifacts.load(tmp_path / "a")
+    assert loaded.manifest["format"] == 1 and loaded.manifest["parameters"] == art.manifest["parameters"]
+    with ot.Trainer.from_artifacts(tmp_path / "a", batch_size=2) as tr:
+        assert np.isfinite(tr.step(np.ones((2, 4), np.float32), np.zeros((2, 2), np.float32)))
+
+
 def test_a_cache_entry_whose_manifest_was_damaged_is_rebuilt(tmp_path):
     """A bit flipped in a cached manifest.json (a weight's name, an input's size) broke that model's
     training for good: the manifest is checked against its own sha256, and the entry rebuilt."""

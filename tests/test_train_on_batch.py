@@ -406,3 +406,19 @@ def test_a_copy_reads_which_weights_train_afresh():
         assert not any(n.startswith(twin.layers[0].name + ".") for n in base_layer.what_trains(twin)[0])
     finally:
         base_layer.FREEZES[0] = after + 1
+
+
+def test_a_role_a_layer_s_own_code_changes_between_calls_reaches_the_next_call():
+    """What trains is remembered on the model; a role set on a built layer (a layer of the user's may
+    set its own) is part of what it is remembered for, as in a fresh model built with that role."""
+    from ortrain.nn import base_layer
+    model = ot.Sequential([ot.layers.Dense(8, activation="relu"), ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    model.train_on_batch(x, y)
+    model.layers[1].roles["bias"] = "frozen"
+    assert base_layer.what_trains(model)[0] == set(model.trainable_weight_names)
+    assert "dense_1.bias" not in model.trainable_weight_names
+    bias = model.layers[1].get_weights()[1].copy()
+    model.train_on_batch(x, y)
+    np.testing.assert_array_equal(model.layers[1].get_weights()[1], bias)

@@ -135,10 +135,11 @@ def what_trains(model) -> tuple[set[str], set[str]]:
     """The weights that train and the batch-norm statistics kept fixed: what a trainer's graphs fix.
 
     Remembered on the model until it may have changed: ``FREEZES`` moved, the model's frozen sets or
-    its layers were replaced, or a layer was built (a ``train_on_batch`` call looks five times)."""
+    its layers were replaced, or a layer's weights' roles changed (built, or set by the layer's own
+    code) (a ``train_on_batch`` call looks five times)."""
     layers = tuple(getattr(model, "layers", ()))
     frozen, stats = getattr(model, "_frozen", None), getattr(model, "_frozen_stats", None)
-    sizes = tuple(len(lyr.__dict__.get("_weights", ())) for lyr in layers)
+    sizes = tuple(tuple(lyr.__dict__.get("roles", {}).items()) for lyr in layers)  # (a role a layer's own code set)
     memo = model.__dict__.get("_trains_memo")
     if (memo is None or memo[0] != FREEZES[0] or memo[1] is not frozen or memo[2] is not stats
             or memo[4] != sizes or len(memo[3]) != len(layers) or any(a is not b for a, b in zip(memo[3], layers))):
