@@ -19,6 +19,9 @@ from ortrain.errors import OrtrainError
 from ortrain.graph.forward import ForwardGraph
 
 FORMAT = 2  # 2: the manifest holds its own sha256 (manifest_sha256); format 1, without it, is still read
+# The format of the files the key stands for: the graphs and checkpoint, unchanged by format 2 of the
+# manifest (in the key and the builder a checkpoint records: checkpoints written before still resume).
+GRAPHS_FORMAT = 1
 FILES = ("training.onnx", "eval.onnx", "optimizer.onnx", "forward.onnx", "checkpoint")
 
 

@@ -61,7 +61,7 @@ from ortrain._artifact_store import (
 from ortrain._files import atomic_path, atomic_temporaries, fresh_dir, unexpanded_home
 from ortrain._files import scratch_dir as scratch_dir
 from ortrain._keywords import names_unknown_arguments_of, names_unknown_arguments_of_methods
-from ortrain._manifest import FILES, FORMAT, finish, is_ours, sha256, text_of, versions
+from ortrain._manifest import FILES, GRAPHS_FORMAT, finish, is_ours, sha256, text_of, versions
 from ortrain._manifest import read as read_manifest
 from ortrain.engine.session import write_failure
 from ortrain.errors import OrtrainError
@@ -167,7 +167,7 @@ class Artifacts:
             "architecture": architecture or self.architecture, "loss": loss_text(self.loss),
             "optimizer": {k: v for k, v in self.manifest["optimizer"].items() if k != "lr"},
             "weighting": self.weighting, "versions": self.manifest["versions"],
-            "builder": [FORMAT, BUILDER_REVISION],  # this code's (the one that built them, but for from_artifacts)
+            "builder": [GRAPHS_FORMAT, BUILDER_REVISION],  # this code's (the one that built them, but for from_artifacts)
             "weights": [[p.name, list(p.shape), np.dtype(p.dtype).name, p.role] for p in self.params]}))
 
     @property
@@ -293,7 +293,7 @@ def _loss_key(loss: losses.Loss) -> dict:
 
 def _key(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighting: str | None) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"format": FORMAT, "builder": BUILDER_REVISION, "versions": versions(), "loss": _loss_key(loss),
+    h.update(json.dumps({"format": GRAPHS_FORMAT, "builder": BUILDER_REVISION, "versions": versions(), "loss": _loss_key(loss),
                          "optimizer": _opt_config(opt), "weighting": weighting},
                         sort_keys=True).encode())
     h.update(fg.digest().encode())
@@ -306,7 +306,7 @@ def key_parts(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighti
     can say what differs (:func:`key_difference`)."""
     return json.loads(json.dumps({
         "architecture": architecture_digest(fg.proto), "loss": loss_text(loss), "optimizer": _opt_config(opt),
-        "weighting": weighting, "versions": versions(), "builder": [FORMAT, BUILDER_REVISION],
+        "weighting": weighting, "versions": versions(), "builder": [GRAPHS_FORMAT, BUILDER_REVISION],
         "weights": [[p.name, list(p.shape), np.dtype(p.dtype).name, p.role] for p in fg.params]}))
 
 

@@ -422,3 +422,27 @@ def test_a_role_a_layer_s_own_code_changes_between_calls_reaches_the_next_call()
     bias = model.layers[1].get_weights()[1].copy()
     model.train_on_batch(x, y)
     np.testing.assert_array_equal(model.layers[1].get_weights()[1], bias)
+
+
+def test_a_freeze_while_which_weights_train_is_worked_out_is_not_remembered_as_before_it():
+    """Another thread freezing a layer between the answer and the memo's key: the key is read first,
+    so the next look works it out again (it was keyed to the new count, holding the old answer)."""
+    from ortrain.nn import base_layer
+    model = ot.Sequential([ot.layers.Dense(8), ot.layers.Dense(3)], input_shape=(4,), seed=0)
+    model.compile(optimizer=ot.optim.Adam(lr=0.01), loss="mse")
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    model.train_on_batch(x, y)
+    base_layer.FREEZES[0] += 1  # (another model's freeze: the next look works the answer out)
+    params = type(model).params
+
+    def params_then_a_freeze():
+        out = params(model)
+        del model.params
+        model.layers[0].trainable = False  # "another thread", right after the names were read
+        return out
+    model.params = params_then_a_freeze
+    base_layer.what_trains(model)
+    assert base_layer.what_trains(model)[0] == set(model.trainable_weight_names)
+    kernel = model.layers[0].get_weights()[0].copy()
+    model.train_on_batch(x, y)
+    np.testing.assert_array_equal(model.layers[0].get_weights()[0], kernel)

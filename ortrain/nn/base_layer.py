@@ -137,14 +137,15 @@ def what_trains(model) -> tuple[set[str], set[str]]:
     Remembered on the model until it may have changed: ``FREEZES`` moved, the model's frozen sets or
     its layers were replaced, or a layer's weights' roles changed (built, or set by the layer's own
     code) (a ``train_on_batch`` call looks five times)."""
+    count = FREEZES[0]  # read before the answer: a freeze from another thread meanwhile moves it past the memo's
     layers = tuple(getattr(model, "layers", ()))
     frozen, stats = getattr(model, "_frozen", None), getattr(model, "_frozen_stats", None)
     sizes = tuple(tuple(lyr.__dict__.get("roles", {}).items()) for lyr in layers)  # (a role a layer's own code set)
     memo = model.__dict__.get("_trains_memo")
-    if (memo is None or memo[0] != FREEZES[0] or memo[1] is not frozen or memo[2] is not stats
+    if (memo is None or memo[0] != count or memo[1] is not frozen or memo[2] is not stats
             or memo[4] != sizes or len(memo[3]) != len(layers) or any(a is not b for a, b in zip(memo[3], layers))):
         names = frozenset(model.trainable_weight_names)
-        memo = model.__dict__["_trains_memo"] = (FREEZES[0], frozen, stats, layers, sizes, names, frozenset(stats or ()))
+        memo = model.__dict__["_trains_memo"] = (count, frozen, stats, layers, sizes, names, frozenset(stats or ()))
     return set(memo[5]), set(memo[6])
 
 # The models a fit is training, and their layers, by id -> the fit's sync: reading their weights
