@@ -485,15 +485,14 @@ def prepare_arrays(model, x, y, w, xa: str = "x", ya: str = "y", wa: str = "samp
     return xs, ys, ws
 
 
-def refuse_non_finite_arrays(model, xs, ys, ws, arguments=("x", "y", "sample_weight"), evaluated: bool = False) -> None:
+def refuse_non_finite_arrays(model, xs, ys, ws, arguments=("x", "y", "sample_weight"), outcome: str = "nothing was trained",
+                             needs: str = "training needs finite values") -> None:
     """Training arrays from :func:`prepare_arrays` must be finite: checked once, before the first
     step, so a NaN in the last rows stops nothing halfway. ``arguments`` name x, y and the weights;
-    ``evaluated``: the arrays are evaluated on (``evaluate``), not trained on."""
+    ``outcome`` and ``needs`` word the refusal (as :func:`~ortrain._arrays.refuse_non_finite`)."""
     xa, ya, wa = arguments
     names = [xa if len(xs) == 1 else f"{xa}[{s.name!r}]" for s in model.input_specs]
-    refuse_non_finite([*xs, ys] + ([ws] if ws is not None else []), [*names, ya, wa],
-                      *(("nothing was evaluated", "evaluation needs finite values") if evaluated else
-                        ("nothing was trained",)))
+    refuse_non_finite([*xs, ys] + ([ws] if ws is not None else []), [*names, ya, wa], outcome, needs)
 
 
 def refuse_non_finite_weights(w: np.ndarray | None, argument: str, outcome: str, first_row: int = 0) -> None:

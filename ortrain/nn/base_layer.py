@@ -134,19 +134,20 @@ FREEZES = [0]
 def what_trains(model) -> tuple[set[str], set[str]]:
     """The weights that train and the batch-norm statistics kept fixed: what a trainer's graphs fix.
 
-    Remembered on the model until it may have changed: ``FREEZES`` moved, the model's frozen sets or
-    its layers were replaced, or a layer's weights' roles changed (built, or set by the layer's own
-    code) (a ``train_on_batch`` call looks five times)."""
+    Remembered on the model (a ``train_on_batch`` call looks five times) until it may have changed:
+    ``FREEZES`` moved, a layer's weights' roles changed (built, or set by the layer's own code), or the
+    model's frozen sets or layers were replaced (compared by identity)."""
     count = FREEZES[0]  # read before the answer: a freeze from another thread meanwhile moves it past the memo's
     layers = tuple(getattr(model, "layers", ()))
-    frozen, stats = getattr(model, "_frozen", None), getattr(model, "_frozen_stats", None)
-    sizes = tuple(tuple(lyr.__dict__.get("roles", {}).items()) for lyr in layers)  # (a role a layer's own code set)
+    key = (count, tuple(tuple(lyr.__dict__.get("roles", {}).items()) for lyr in layers))
+    stats = getattr(model, "_frozen_stats", None)
+    held = (getattr(model, "_frozen", None), stats, *layers)
     memo = model.__dict__.get("_trains_memo")
-    if (memo is None or memo[0] != count or memo[1] is not frozen or memo[2] is not stats
-            or memo[4] != sizes or len(memo[3]) != len(layers) or any(a is not b for a, b in zip(memo[3], layers))):
-        names = frozenset(model.trainable_weight_names)
-        memo = model.__dict__["_trains_memo"] = (count, frozen, stats, layers, sizes, names, frozenset(stats or ()))
-    return set(memo[5]), set(memo[6])
+    if memo is None or memo[0] != key or len(memo[1]) != len(held) or any(a is not b for a, b in zip(memo[1], held)):
+        memo = model.__dict__["_trains_memo"] = (key, held, frozenset(model.trainable_weight_names),
+                                                 frozenset(stats or ()))
+    return set(memo[2]), set(memo[3])
+
 
 # The models a fit is training, and their layers, by id -> the fit's sync: reading their weights
 # (get_weights, predict, evaluate, save...) on the fit's thread first brings the trained values

@@ -569,7 +569,9 @@ class TrainingMixin:
         """The summed loss (a batch's mean times its rows) and the rows of arrays ``x``, ``y``,
         updating the metrics ``ms``; everything is checked before the first run."""
         xs, yl, w = prepare_arrays(self, x, y, sample_weight, "x", "y", "sample_weight")
-        refuse_non_finite_arrays(self, xs, yl, None, evaluated=True)  # (a NaN loss beside metrics that look right)
+        # (a NaN loss beside metrics that look right reads as a result)
+        refuse_non_finite_arrays(self, xs, yl, None, outcome="nothing was evaluated",
+                                 needs="evaluation needs finite values")
         refuse_non_finite_weights(w, "sample_weight", "nothing was evaluated")
         n = xs[0].shape[0]
         self._check_rows_per_batch(batch_size, n)
