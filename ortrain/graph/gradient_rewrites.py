@@ -45,6 +45,7 @@ from ortrain.graph.passes import (
     subgraph_reads,
     subgraphs,
 )
+from ortrain.graph.scalar_folds import scalars_folded
 from ortrain.graph.shapes import Shapes
 
 __all__ = ["control_flow_out_of_the_walk", "for_gradients", "gather_grad_as_scatter", "max_pool_grad_as_scatter",
@@ -61,7 +62,8 @@ def for_gradients(model: onnx.ModelProto, forward: onnx.ModelProto) -> onnx.Mode
     model = gather_grad_as_scatter(sum_after_gemm_as_add(bias_grad_as_matmul(relu_grad_as_mask(model, float32))),
                                    float32)
     model = gelu_grad_in_standard_ops(batch_norm_2d_in_standard_ops(model, forward, float32), float32)
-    return grouped_conv_grads_kept_in_bounds(conv_input_grad_as_conv(model, forward, float32), forward)
+    model = grouped_conv_grads_kept_in_bounds(conv_input_grad_as_conv(model, forward, float32), forward)
+    return scalars_folded(model)
 
 
 def repeated_inputs_apart(model: onnx.ModelProto) -> onnx.ModelProto:
