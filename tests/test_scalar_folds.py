@@ -220,3 +220,14 @@ def test_the_captured_step_s_gradient_is_one_gemm_and_matches_numpy(rng):
     d = w0.astype(np.float64) @ x - y
     np.testing.assert_allclose(loss, np.mean(d ** 2), rtol=1e-6)
     np.testing.assert_allclose(grad, 2 * d @ x.T.astype(np.float64) / d.size, rtol=1e-5, atol=1e-7)
+
+
+def test_half_floats_and_a_scale_of_zero_are_left_to_the_runtime():
+    half = _model([helper.make_node("Mul", ["a", "b"], ["c"]), helper.make_node("Add", ["v", "c"], ["y"])],
+                  [("v", TensorProto.FLOAT16, [])], [("y", TensorProto.FLOAT16)],
+                  [("a", np.float16(0.1)), ("b", np.float16(3))])
+    assert scalars_folded(half) is half
+    zero = _model([helper.make_node("Scale", ["x", "s"], ["y0"], domain="com.microsoft", scale_down=1),
+                   helper.make_node("Add", ["v", "y0"], ["y"])],
+                  [("v", F, [])], [("y", F)], [("x", np.float32(1)), ("s", np.int64(0))])
+    assert scalars_folded(zero) is zero

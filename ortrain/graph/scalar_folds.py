@@ -42,6 +42,8 @@ _FOLDABLE = frozenset({"Cast", "Neg", "Identity", "Mul", "Div", "Add", "Sub", "S
                        "Unsqueeze", "Squeeze", "Concat"})
 _PURE = _FOLDABLE | {"Size", "Shape", "Expand"}
 _SMALL = 64  # elements a folded constant may have
+# the types numpy computes as the runtime does (half floats and bfloat16 are left to the runtime)
+_EXACT = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.bool_))
 
 
 def scalars_folded(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -212,14 +214,14 @@ class _Folds:
                     node.output[0] in self.outputs or not all(i in self.constants for i in node.input if i):
                 continue
             values = [self._value(i) if i else None for i in node.input]
-            if not values or any(v is not None and v.size > _SMALL for v in values):
+            if not values or any(v is not None and (v.size > _SMALL or v.dtype not in _EXACT) for v in values):
                 continue
             try:
                 value = _scaled(node, values) if node.op_type == "Scale" else _summed(values) \
                     if node.op_type == "Sum" else _fold(node, values)
             except Exception:  # noqa: BLE001 - a form the folder does not take stays a node
                 continue
-            if value is not None and np.asarray(value).size <= _SMALL:
+            if value is not None and np.asarray(value).size <= _SMALL and np.asarray(value).dtype in _EXACT:
                 self._as_constant(node, value)
                 self.constants[node.output[0]] = self.g.initializer[-1]
                 changed = True
@@ -351,6 +353,8 @@ def _scaled(node, values: list) -> np.ndarray:
     x, scale = values
     down = any(a.name == "scale_down" and a.i for a in node.attribute)
     factor = np.float32(scale.reshape(-1)[0])
+    if factor == 0:
+        raise ZeroDivisionError("the runtime refuses a scale of 0; left to it")
     if down:
         factor = np.float32(1) / factor
     return x * x.dtype.type(factor)
