@@ -4,9 +4,21 @@ so that the doctests in ``ortrain/`` get it too)."""
 from __future__ import annotations
 
 import importlib.util
+import signal
 
 import numpy as np
 import pytest
+
+
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C raises KeyboardInterrupt in the test, as in a terminal, also where the tests were started
+    in the background by a shell (``make test &``), which starts Python with SIGINT ignored."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

@@ -1419,7 +1419,7 @@ def test_a_failed_demo_leaves_no_folder_it_made(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # a folder it did not make stays
 
 
-def test_an_interrupted_demo_leaves_the_earlier_demos_files_as_they_were(tmp_path, monkeypatch, capsys):
+def test_an_interrupted_demo_leaves_the_earlier_demos_files_as_they_were(tmp_path, monkeypatch, capsys, ctrl_c):
     # Ctrl-C after the export left model.onnx of the interrupted demo beside model.ortrain,
     # summary.json, history.csv and loss.png of the earlier one
     import onnx.reference
@@ -1474,7 +1474,7 @@ def test_an_interrupted_demo_leaves_the_earlier_demos_files_as_they_were(tmp_pat
     assert files() == after
 
 
-def test_the_demos_renames_hold_signals_back_and_deliver_them_after():
+def test_the_demos_renames_hold_signals_back_and_deliver_them_after(ctrl_c):
     # a signal held during the renames was dropped when the renames failed, a second one was
     # dropped, and a Ctrl-C as the handlers went back could leave the holding handler installed
     from ortrain.cli import demo
