@@ -524,7 +524,10 @@ def _fold(node: onnx.NodeProto, values: list) -> np.ndarray | None:
         if node.op_type in ("Div", "Mod") and (b == 0).any():  # left to the runtime (an error, or inf)
             return None
         if node.op_type == "Div" and a.dtype.kind in "iu":  # integer division truncates, as onnxruntime's
-            return (np.abs(a) // np.abs(b) * np.sign(a) * np.sign(b)).astype(a.dtype)
+            if a.dtype.kind == "i" and np.any((a == np.iinfo(a.dtype).min) & (b == -1)):
+                return None  # overflows: left to the runtime
+            floor = np.floor_divide(a, b)
+            return (floor + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0)))).astype(a.dtype)
         if node.op_type == "Mod":  # the divisor's sign (fmod=0, integers only), or the dividend's (fmod=1)
             return np.fmod(a, b) if attrs.get("fmod", 0) else (np.mod(a, b) if a.dtype.kind in "iu" else None)
         return {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[node.op_type](a, b)

@@ -5,7 +5,7 @@ onnxruntime-training's gradient builder writes the gradient of a mean as ``Size`
 equal products. On a small model every node costs the runtime a fraction of a microsecond (about
 0.2-0.4 us here) whatever its size, so this arithmetic is much of a step: a tiny captured step's
 gradient graph ran 14 nodes where 8 compute the same (9.9 us against 7.7 us a run, measured).
-:func:`scalars_folded` rewrites it, each rewrite keeping the values the graph computes:
+:func:`scalars_folded` rewrites it:
 
 * equal nodes are one (``Shape`` nodes that return the same sizes too);
 * ``Size`` and ``Shape`` of a value whose sizes onnx's inference fixes become constants;
@@ -15,12 +15,17 @@ gradient graph ran 14 nodes where 8 compute the same (9.9 us against 7.7 us a ru
   ``Identity``) is a broadcasting ``Mul``, ``Div``, ``Add`` or ``Sub`` whose other operand has the
   expanded shape, or another ``Expand`` to a shape that covers it: the broadcast does the expanding;
 * an ``Identity``, and a product or quotient by a constant one, is its other operand;
-* ``Sum(c * t, c * t)`` is ``(2c) * t`` (both exact: doubling a float rounds nothing);
-* a ``Gemm`` operand ``c * t``, ``c`` a one-element constant, is ``t`` with ``c`` in ``alpha``;
+* a ``Gemm`` operand ``c * t``, ``c`` a one-element constant, is ``t`` with ``c`` in ``alpha``, and
+  an operand ``Sum(a, a)`` is ``a`` with 2 in ``alpha``;
 * the nodes that are left unread go.
 
-The rewrites run until none applies. They touch no node of another domain but ``Scale``, and no
-node that reads a subgraph: the in-place accumulators and optimizer kernels stay as they are.
+The values stay bit for bit, but for the moves into ``alpha``, which round in another order (as
+another GEMM kernel would). Shapes come from onnx's inference from the graph's inputs and constants
+alone, not from what it declares of other values (a declared -1 is a free size); sizes of one name
+are one size wherever they appear, as ONNX reads a ``dim_param`` (ortrain checks that the arrays it
+feeds agree). The rewrites run until none applies. They touch no node of another domain but
+``Scale``, no node that holds a subgraph and no value a subgraph reads: the in-place accumulators
+and optimizer kernels stay as they are.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ def _inferred_shapes(model: onnx.ModelProto) -> dict[str, list]:
     bare = onnx.ModelProto()
     bare.CopyFrom(model)
     del bare.graph.value_info[:]
+    for output in bare.graph.output:  # the runtime only warns where an output's declared shape is wrong
+        output.type.tensor_type.ClearField("shape")
     try:
         g = onnx.shape_inference.infer_shapes(bare).graph
     except Exception:  # noqa: BLE001 - a graph onnx cannot type: nothing is known
@@ -77,7 +84,8 @@ def _inferred_shapes(model: onnx.ModelProto) -> dict[str, list]:
     for vi in [*g.input, *g.value_info, *g.output]:
         t = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and t.HasField("shape"):
-            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in t.shape.dim]
+            shapes[vi.name] = [(d.dim_value if d.dim_value >= 0 else None) if d.HasField("dim_value")
+                               else d.dim_param or None for d in t.shape.dim]  # -1: a free size, to the runtime
     return shapes
 
 
@@ -88,6 +96,7 @@ class _Folds:
     def __init__(self, graph: onnx.GraphProto, shapes: dict[str, list]):
         self.g, self.shapes = graph, shapes
         self.outputs = {o.name for o in graph.output}
+        self.inputs = {i.name for i in graph.input}
         self._holds_subgraphs = any(subgraphs(n) for n in graph.node)
         self._stale = True
 
@@ -101,7 +110,7 @@ class _Folds:
         if not self._stale:
             return
         self._stale = False
-        self.constants = {t.name: t for t in self.g.initializer}
+        self.constants = {t.name: t for t in self.g.initializer if t.name not in self.inputs}  # an input overrides
         self.producer = {o: n for n in self.g.node for o in n.output if o}
         self.readers: dict[str, list] = {}
         for n in self.g.node:
@@ -159,7 +168,7 @@ class _Folds:
         return changed
 
     def _one_moved(self) -> bool:
-        return any(rewrite() for rewrite in (self._expand_dropped, self._double_merged, self._scale_into_gemm))
+        return any(rewrite() for rewrite in (self._expand_dropped, self._double_into_gemm, self._scale_into_gemm))
 
     def _as_constant(self, node, value: np.ndarray) -> None:
         self.g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
@@ -249,6 +258,10 @@ class _Folds:
             return True
         return False
 
+    def _read_once_by(self, name: str, node) -> bool:
+        """Whether ``node`` is what alone reads ``name``, and at one of its inputs only."""
+        return self._only_reader(name) is node and list(node.input).count(name) == 1
+
     def _covers(self, reader, end: str, target: list) -> bool:
         """Whether ``reader``, which reads the expanded value as ``end``, gives the same without the
         expanding: the other operand of a broadcasting op has the expanded shape, or a later
@@ -277,24 +290,20 @@ class _Folds:
             self.g.node.remove(node)
         return bool(renamed)
 
-    def _double_merged(self) -> bool:
-        for node in [n for n in self.g.node if n.op_type == "Sum" and _plain(n)]:
-            if len(node.input) != 2 or node.input[0] != node.input[1]:
-                continue
-            product = self.producer.get(node.input[0])
-            split = _scaled_operand(self, product)
-            if split is None or self._only_reader(node.input[0]) is not node:
-                continue
-            t, c = split
-            doubled = c * c.dtype.type(2)
-            if not np.all(np.isfinite(doubled)):
-                continue
-            name = f"{node.output[0]}/doubled_scale"
-            self.g.initializer.append(numpy_helper.from_array(doubled, name))
-            node.op_type = "Mul"
-            node.input[:] = [t, name]
-            self.g.node.remove(product)
-            return True
+    def _double_into_gemm(self) -> bool:
+        for node in [n for n in self.g.node if n.op_type == "Gemm" and _plain(n)]:
+            for k in (0, 1):
+                total = self.producer.get(node.input[k])
+                if total is None or total.op_type != "Sum" or not _plain(total) or len(total.input) != 2 or \
+                        total.input[0] != total.input[1] or not self._read_once_by(node.input[k], node):
+                    continue
+                alpha = np.float32(_alpha(node)) * np.float32(2)
+                if not np.isfinite(alpha):
+                    continue
+                node.input[k] = total.input[0]
+                _set_float(node, "alpha", float(alpha))
+                self.g.node.remove(total)
+                return True
         return False
 
     def _scale_into_gemm(self) -> bool:
@@ -302,11 +311,11 @@ class _Folds:
             for k in (0, 1):
                 product = self.producer.get(node.input[k])
                 split = _scaled_operand(self, product)
-                if split is None or self._only_reader(node.input[k]) is not node or split[1].ndim > 1 or \
+                if split is None or not self._read_once_by(node.input[k], node) or split[1].ndim > 1 or \
                         split[1].dtype != np.float32:
                     continue
                 t, c = split
-                alpha = np.float32(next((a.f for a in node.attribute if a.name == "alpha"), 1.0)) * c.reshape(())
+                alpha = np.float32(_alpha(node)) * c.reshape(())
                 if not np.isfinite(alpha):
                     continue
                 node.input[k] = t
@@ -398,6 +407,10 @@ def _other_of_one(folds: _Folds, node) -> str | None:
 def _forget(graph: onnx.GraphProto, name: str) -> None:
     for vi in [v for v in graph.value_info if v.name == name]:
         graph.value_info.remove(vi)
+
+
+def _alpha(node) -> float:
+    return next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
 
 
 def _set_float(node, name: str, value: float) -> None:
