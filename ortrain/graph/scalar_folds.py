@@ -31,16 +31,18 @@ and optimizer kernels stay as they are.
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ortrain.graph.builder import MS_DOMAIN
 from ortrain.graph.passes import _fold, subgraph_reads, subgraphs
+from ortrain.graph.shapes import _declared
 
 __all__ = ["scalars_folded"]
 
-_MS = "com.microsoft"
 _BROADCASTING = frozenset({"Mul", "Div", "Add", "Sub"})
 _UNARY = frozenset({"Cast", "Neg", "Identity"})
 _FOLDABLE = frozenset({"Cast", "Neg", "Identity", "Mul", "Div", "Add", "Sub", "Sum", "Scale", "Reshape",
@@ -80,13 +82,9 @@ def _inferred_shapes(model: onnx.ModelProto) -> dict[str, list]:
         g = onnx.shape_inference.infer_shapes(bare).graph
     except Exception:  # noqa: BLE001 - a graph onnx cannot type: nothing is known
         g = bare.graph
-    shapes = {t.name: list(t.dims) for t in g.initializer}
-    for vi in [*g.input, *g.value_info, *g.output]:
-        t = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and t.HasField("shape"):
-            shapes[vi.name] = [(d.dim_value if d.dim_value >= 0 else None) if d.HasField("dim_value")
-                               else d.dim_param or None for d in t.shape.dim]  # -1: a free size, to the runtime
-    return shapes
+    overridable = {i.name for i in g.input} & {t.name for t in g.initializer}  # a caller may feed another
+    return {name: [None if type(d) is int and d < 0 else d for d in shape]  # -1: a free size, to the runtime
+            for name, (shape, _) in _declared(g).items() if shape is not None and name not in overridable}
 
 
 class _Folds:
@@ -168,31 +166,44 @@ class _Folds:
         return changed
 
     def _one_moved(self) -> bool:
-        return any(rewrite() for rewrite in (self._expand_dropped, self._double_into_gemm, self._scale_into_gemm))
+        return any(rewrite() for rewrite in (self._expand_dropped, self._factor_into_gemm))
 
     def _as_constant(self, node, value: np.ndarray) -> None:
         self.g.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
+        self.constants[node.output[0]] = self.g.initializer[-1]
         self.g.node.remove(node)
 
-    def _equal_merged(self) -> bool:
-        """Equal plain nodes (the same op, inputs and attributes, ``Mul(a, b)`` and ``Mul(b, a)``;
-        ``Shape`` nodes that return the same sizes) as one: the builder writes the gradient of ``d * d`` as two equal products."""
-        seen, renamed = {}, {}
+    def _renamed_away(self, same_as) -> bool:
+        """Remove the plain nodes whose outputs ``same_as(node)`` names other values for (one name an
+        output), in graph order so that the nodes after read those; not a node whose output the
+        graph returns or a subgraph reads."""
+        renamed = {}
         for node in list(self.g.node):
             if renamed:
                 node.input[:] = [renamed.get(i, i) for i in node.input]
-            if node.op_type not in _PURE or not _plain(node):
+            same = same_as(node) if _plain(node) else None
+            if same is None or any(o in self.outputs or any(o in self._reads(r) for r in self.readers.get(o, []))
+                                   for o in node.output):
                 continue
+            renamed.update(zip(node.output, same))
+            self.g.node.remove(node)
+        return bool(renamed)
+
+    def _equal_merged(self) -> bool:
+        """Equal plain nodes (the same op, inputs and attributes, ``Mul(a, b)`` and ``Mul(b, a)``;
+        ``Shape`` nodes that return the same sizes) as one: the builder writes the gradient of ``d * d``
+        as two equal products."""
+        seen = {}
+
+        def earlier(node):
+            if node.op_type not in _PURE:
+                return None
             inputs = sorted(node.input) if node.op_type in ("Mul", "Add") else node.input  # both commute exactly
             key = self._shape_key(node) or (node.domain, node.op_type, tuple(inputs),
                                             tuple(sorted(a.SerializeToString() for a in node.attribute)))
             first = seen.setdefault(key, node)
-            if first is node or any(o in self.outputs or any(o in self._reads(r) for r in self.readers.get(o, []))
-                                    for o in node.output):
-                continue
-            renamed.update(zip(node.output, first.output))
-            self.g.node.remove(node)
-        return bool(renamed)
+            return None if first is node else list(first.output)
+        return self._renamed_away(earlier)
 
     def _shape_key(self, node) -> tuple | None:
         """The sizes a ``Shape`` node returns, where every one is known or named: two that return the
@@ -230,9 +241,9 @@ class _Folds:
                     if node.op_type == "Sum" else _fold(node, values)
             except Exception:  # noqa: BLE001 - a form the folder does not take stays a node
                 continue
-            if value is not None and np.asarray(value).size <= _SMALL and np.asarray(value).dtype in _EXACT:
+            value = None if value is None else np.asarray(value)
+            if value is not None and value.size <= _SMALL and value.dtype in _EXACT:
                 self._as_constant(node, value)
-                self.constants[node.output[0]] = self.g.initializer[-1]
                 changed = True
         return changed
 
@@ -276,51 +287,28 @@ class _Folds:
 
     def _ones_dropped(self) -> bool:
         """Every ``Identity``, ``Mul(x, 1)``, ``Mul(1, x)`` and ``Div(x, 1)`` gone, its readers reading
-        ``x`` (in graph order, so a chain of them goes at once)."""
-        renamed = {}
-        for node in list(self.g.node):
-            if renamed:
-                node.input[:] = [renamed.get(i, i) for i in node.input]
-            if node.op_type not in ("Mul", "Div", "Identity") or not _plain(node):
-                continue
-            kept, out = node.input[0] if node.op_type == "Identity" else _other_of_one(self, node), node.output[0]
-            if kept is None or out in self.outputs or any(out in self._reads(r) for r in self.readers.get(out, [])):
-                continue
-            renamed[out] = kept
-            self.g.node.remove(node)
-        return bool(renamed)
+        ``x`` (a chain of them at once)."""
+        def operand(node):
+            if node.op_type == "Identity":
+                return [node.input[0]]
+            kept = _other_of_one(self, node) if node.op_type in ("Mul", "Div") else None
+            return None if kept is None else [kept]
+        return self._renamed_away(operand)
 
-    def _double_into_gemm(self) -> bool:
+    def _factor_into_gemm(self) -> bool:
         for node in [n for n in self.g.node if n.op_type == "Gemm" and _plain(n)]:
             for k in (0, 1):
-                total = self.producer.get(node.input[k])
-                if total is None or total.op_type != "Sum" or not _plain(total) or len(total.input) != 2 or \
-                        total.input[0] != total.input[1] or not self._read_once_by(node.input[k], node):
+                producer = self.producer.get(node.input[k])
+                split = _factored(self, producer)
+                if split is None or not self._read_once_by(node.input[k], node):
                     continue
-                alpha = np.float32(_alpha(node)) * np.float32(2)
+                operand, factor = split
+                alpha = np.float32(next((a.f for a in node.attribute if a.name == "alpha"), 1.0)) * factor
                 if not np.isfinite(alpha):
                     continue
-                node.input[k] = total.input[0]
+                node.input[k] = operand
                 _set_float(node, "alpha", float(alpha))
-                self.g.node.remove(total)
-                return True
-        return False
-
-    def _scale_into_gemm(self) -> bool:
-        for node in [n for n in self.g.node if n.op_type == "Gemm" and _plain(n)]:
-            for k in (0, 1):
-                product = self.producer.get(node.input[k])
-                split = _scaled_operand(self, product)
-                if split is None or not self._read_once_by(node.input[k], node) or split[1].ndim > 1 or \
-                        split[1].dtype != np.float32:
-                    continue
-                t, c = split
-                alpha = np.float32(_alpha(node)) * c.reshape(())
-                if not np.isfinite(alpha):
-                    continue
-                node.input[k] = t
-                _set_float(node, "alpha", float(alpha))
-                self.g.node.remove(product)
+                self.g.node.remove(producer)
                 return True
         return False
 
@@ -338,15 +326,14 @@ class _Folds:
                 self.g.node.remove(n)
                 for o in n.output:
                     _forget(self.g, o)
-        inputs = {i.name for i in self.g.input}
         for t in [t for t in self.g.initializer if t.name not in self.readers and t.name not in self.outputs
-                  and t.name not in inputs]:
+                  and t.name not in self.inputs]:
             self.g.initializer.remove(t)
 
 
 def _plain(node) -> bool:
     """A node of the standard domain (or the runtime's ``Scale``) that holds no subgraph."""
-    return (node.domain in ("", "ai.onnx") or (node.domain == _MS and node.op_type == "Scale")) and \
+    return (node.domain in ("", "ai.onnx") or (node.domain == MS_DOMAIN and node.op_type == "Scale")) and \
         not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
@@ -370,22 +357,22 @@ def _scaled(node, values: list) -> np.ndarray:
 
 
 def _summed(values: list) -> np.ndarray:
-    out = values[0]
-    for v in values[1:]:
-        out = out + v
-    return out
+    return functools.reduce(np.add, values)
 
 
-def _scaled_operand(folds: _Folds, product) -> tuple[str, np.ndarray] | None:
-    """``(t, c)`` where ``product`` is ``Mul(t, c)`` or ``Mul(c, t)`` with ``c`` a one-element float
-    constant, ``t`` not a constant."""
-    if product is None or product.op_type != "Mul" or not _plain(product) or len(product.input) != 2:
+def _factored(folds: _Folds, producer) -> tuple[str, np.float32] | None:
+    """``(t, c)`` where ``producer`` computes ``c * t``, ``c`` a constant: ``Sum(t, t)`` (``c`` = 2),
+    or ``Mul(t, c)`` or ``Mul(c, t)`` with ``c`` one float32 element (``t`` not a constant)."""
+    if producer is None or not _plain(producer) or len(producer.input) != 2:
+        return None
+    if producer.op_type == "Sum" and producer.input[0] == producer.input[1]:
+        return producer.input[0], np.float32(2)
+    if producer.op_type != "Mul":
         return None
     for k in (0, 1):
-        c = folds._value(product.input[k])
-        t = product.input[1 - k]
-        if c is not None and c.size == 1 and c.dtype.kind == "f" and t not in folds.constants:
-            return t, c
+        c, t = folds._value(producer.input[k]), producer.input[1 - k]
+        if c is not None and c.size == 1 and c.ndim <= 1 and c.dtype == np.float32 and t not in folds.constants:
+            return t, c.reshape(())
     return None
 
 
@@ -407,10 +394,6 @@ def _other_of_one(folds: _Folds, node) -> str | None:
 def _forget(graph: onnx.GraphProto, name: str) -> None:
     for vi in [v for v in graph.value_info if v.name == name]:
         graph.value_info.remove(vi)
-
-
-def _alpha(node) -> float:
-    return next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
 
 
 def _set_float(node, name: str, value: float) -> None:
