@@ -109,8 +109,9 @@ def memory_bandwidth(floats: int, threads: int = 1, seconds: float = 0.5) -> flo
     """Bytes per second that numpy streams through arrays of ``floats`` float32 elements (two
     read, one written: ``c = a + b``), split over ``threads`` threads, best of repeated runs.
 
-    This is the rate an elementwise update such as Adam's can reach at most: it does next to
-    no arithmetic per byte, so memory, not the cores, sets its speed.
+    It stands for the rate an elementwise update such as Adam's could reach, which does next to
+    no arithmetic per byte. It is numpy's rate, not the machine's: onnxruntime's own Adam kernel
+    streams faster on one core (see bench/README.md).
     """
     from concurrent.futures import ThreadPoolExecutor
     rng = np.random.default_rng(0)

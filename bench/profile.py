@@ -8,7 +8,8 @@ optimizer-graph run and everything else (ortrain's input checks and bookkeeping,
 the remainder); then onnxruntime's own per-node profile of the training and optimizer graphs
 (``SessionOptions.enable_profiling``), median over steps after warm-up, top nodes first; and the
 optimizer's update against the same update written in standard ops (run with the thread pool)
-and in numpy.
+and in numpy; and the runtime's update kernel in a process alone against two copies of it run
+at once in two processes (whether it is bound by its thread or by the memory the cores share).
 """
 
 from __future__ import annotations
@@ -180,6 +181,76 @@ def update_forms(sizes: list[int], steps: int = 100) -> dict:
     return out
 
 
+def _kernel_session(sizes: list[int]):
+    """A training session whose weights have ``sizes`` (1-D), opened on one thread, with Adam's
+    update graph and one step's gradients in place: its ``optimizer_step`` runs the runtime's
+    ``AdamWOptimizer`` kernel over exactly those weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortrain.engine.session import TrainingSession
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), f"w{i}") for i, n in enumerate(sizes)]
+    nodes = [helper.make_node("ReduceSum", [f"w{i}"], [f"s{i}"], keepdims=1) for i in range(len(sizes))]
+    total = "s0"
+    for i in range(1, len(sizes)):
+        nodes.append(helper.make_node("Add", [total, f"s{i}"], [f"t{i}"]))
+        total = f"t{i}"
+    nodes.append(helper.make_node("Mul", ["x", total], ["y"]))
+    graph = helper.make_graph(nodes, "weights", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    art = ot.artifacts.build(model, loss="mse", optimizer=ot.optim.Adam(lr=1e-3))
+    session = TrainingSession(art.training, art.eval, art.checkpoint, art.optimizer_graph, threads=1)
+    session.train_step([np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32), np.array(1.0, np.float32)])
+    return session
+
+
+def _time_kernel(sizes: list[int], steps: int) -> float:
+    """Median seconds of the kernel's update over ``sizes``; timing starts when a line arrives on
+    stdin, once ``ready`` has been printed (so that copies in other processes start together)."""
+    import sys
+
+    session = _kernel_session(sizes)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    times = []
+    for _ in range(steps + 20):
+        t0 = time.perf_counter()
+        session.optimizer_step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[20:])
+
+
+def kernel_side_by_side(sizes: list[int], steps: int = 300) -> dict:
+    """Median seconds of the runtime's ``AdamWOptimizer`` update over weights of ``sizes`` in one
+    process alone, and in each of two processes that run it at the same time, each on a core of its
+    own. Equal times say that the kernel is bound by its one thread's work, not by the memory the
+    cores share (which two updates at once would divide); it runs on one thread in this runtime."""
+    import subprocess
+    import sys
+
+    if (os.cpu_count() or 1) < 2:
+        return {}
+    code = ("import sys, json; from bench.profile import _time_kernel; "
+            "print(json.dumps(_time_kernel(json.loads(sys.argv[1]), int(sys.argv[2]))))")
+
+    def run(copies: int) -> list[float]:
+        procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(sizes), str(steps)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(copies)]
+        for p in procs:
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError("a timing process failed before it was ready")
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        return [json.loads(p.communicate()[0]) for p in procs]
+
+    alone = run(1)[0]
+    both = run(2)
+    return {"alone": alone, "two at once": max(both)}
+
+
 def profile(name: str, steps: int = 60, top: int = 12) -> str:
     import importlib
     path, _, attr = MODELS[name][0].partition(":")
@@ -209,6 +280,11 @@ def profile(name: str, steps: int = 60, top: int = 12) -> str:
                      f"{1e6 * fused:.1f} us a step; written in standard ops or numpy instead:")
         for form, t in update_forms(sizes).items():
             lines.append(f"  {1e6 * t:9.1f} us  {t / fused:5.2f}x  {form}")
+        side = kernel_side_by_side(sizes)
+        if side:
+            lines.append(f"the AdamWOptimizer kernel over the same weights in a process alone: {1e6 * side['alone']:.1f} us; "
+                         f"in each of two processes at once, on a core each: {1e6 * side['two at once']:.1f} us "
+                         f"({side['two at once'] / side['alone']:.2f}x)")
     return "\n".join(lines)
 
 

@@ -96,7 +96,7 @@ def rows(results: dict) -> list[tuple]:
                     f"{r['sgemm_gflops']['step_shapes']:.0f} GFLOP/s"))
         fl = r.get("floor")
         if fl and "torch_over_floor" in fl:
-            out.append(("(c) MLP 784-512-512-10", "machine floor: PyTorch eager time / least possible step",
+            out.append(("(c) MLP 784-512-512-10", "machine floor: PyTorch eager time / a step at numpy's rates",
                         _x(fl["torch_over_floor"]), "-", "-",
                         f"floor {1e3 * fl['seconds']:.2f} ms = GEMMs {1e3 * fl['gemm_s']:.2f} ms at the 1024^2 "
                         f"sgemm rate + Adam {1e3 * fl['adam_s']:.2f} ms at {fl['bandwidth_gbs']:.0f} GB/s; "

@@ -80,3 +80,24 @@ def test_the_standard_op_adam_the_profile_times_is_adam():
     np.testing.assert_allclose(m1, m_ref, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(v1, v_ref, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(w1, w - 0.01 * m_ref / (np.sqrt(v_ref) + 1e-6), rtol=1e-6, atol=1e-7)
+
+
+def test_the_kernel_session_the_profile_times_runs_adam_over_its_weights():
+    # the weights' sum times x = 1 against 0 under MSE: each weight's gradient is 2 * sum;
+    # one update from zero moments is Adam's first step, written out in numpy
+    from bench.profile import _kernel_session
+    session = _kernel_session([5, 3])
+    try:
+        w0 = {name: session.get(name) for name in session.trainable_names}
+        assert sorted(w.size for w in w0.values()) == [3, 5]
+        grad = 2.0 * sum(float(w.astype(np.float64).sum()) for w in w0.values())
+        for name in session.trainable_names:
+            np.testing.assert_allclose(session.grad_view(name), grad, rtol=1e-5)
+        session.optimizer_step()
+        lr, eps = 1e-3, 1e-8
+        m = 0.1 * grad / (1 - 0.9)           # bias-corrected first moment
+        v = 0.001 * grad ** 2 / (1 - 0.999)  # bias-corrected second moment
+        for name, w in w0.items():
+            np.testing.assert_allclose(session.get(name), w - lr * m / (np.sqrt(v) + eps), rtol=1e-5, atol=1e-6)
+    finally:
+        session.free()

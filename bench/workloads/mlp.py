@@ -7,12 +7,12 @@ each in its own process, with numpy's sgemm rate as the ceiling. Training FLOPs 
 as 6 x parameters x samples. The ceiling is numpy's rate on 1024x1024 products (the machine's
 peak) and on the very GEMMs of this step (the peak at these shapes).
 
-It also measures the machine's floor for this step, a time no implementation can beat: the
+It also estimates the machine's floor for this step, the step at numpy's rates: the
 step's GEMMs at numpy's peak rate, plus Adam's update at the memory bandwidth numpy reaches
 (the update reads weight, gradient and both moments and writes weight and both moments: 28
 bytes a weight, with next to no arithmetic). Everything else a step does (activations, loss,
-the ReLU and bias gradients) is left out, so the floor is generous. PyTorch's time over the
-floor is the most any implementation could gain over PyTorch in this run.
+the ReLU and bias gradients) is left out. PyTorch's time over the floor says how much an
+implementation at numpy's rates could gain over PyTorch in this run.
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ def run(quick: bool = False) -> dict:
 
 
 def machine_floor(params: int, peak: float, threads: int) -> dict:
-    """The least time a step of this MLP can take here: its GEMMs at ``peak`` FLOP/s and Adam's
-    28 bytes a weight at the best memory bandwidth numpy reaches on one or ``threads`` threads."""
+    """A step of this MLP at numpy's rates: its GEMMs at ``peak`` FLOP/s and Adam's 28 bytes a
+    weight at the best memory bandwidth numpy reaches on one or ``threads`` threads."""
     gemm_flops = sum(2.0 * m * k * n for m, k, n in dense_training_gemms(SIZES, BATCH))
     bandwidth = max(memory_bandwidth(params, 1), memory_bandwidth(params, threads))
     gemm_s, adam_s = gemm_flops / peak, 28.0 * params / bandwidth
