@@ -5,7 +5,8 @@
 
 For each model: the per-step time of ``Trainer.step`` split into the training-graph run, the
 optimizer-graph run and everything else (ortrain's input checks and bookkeeping, measured as
-the remainder); then onnxruntime's own per-node profile of the training and optimizer graphs
+the remainder); the same split as pyinstrument samples it, by function (with pyinstrument
+installed: ``pip install 'ortrain[bench]'``); then onnxruntime's own per-node profile of the training and optimizer graphs
 (``SessionOptions.enable_profiling``), median over steps after warm-up, top nodes first; and the
 optimizer's update against the same update written in standard ops (run with the thread pool)
 and in numpy; and the runtime's update kernel in a process alone against two copies of it run
@@ -71,6 +72,68 @@ def _split(tr, x, y, steps: int) -> dict:
     med = {k: statistics.median(v) for k, v in inner.items()}
     total = statistics.median(whole)
     return {"step": total, **med, "python": total - med["train_step"] - med["optimizer_step"]}
+
+
+RUNTIME_CALLS = {"PyCapsule.train_step": "runtime: training graph", "PyCapsule.optimizer_step": "runtime: optimizer graph",
+                 "PyCapsule.lazy_reset_grad": "runtime: gradient reset", "PyCapsule.eval_step": "runtime: eval graph"}
+
+
+def sampled_self_times(root) -> dict[tuple[str, str], float]:
+    """Seconds spent in each function itself (its callees excluded), from a pyinstrument frame
+    tree, by ``(function, where)``: a runtime call by its kind (:data:`RUNTIME_CALLS`); another
+    built-in (numpy's reductions, a lock) under the Python file that called it, since that file's
+    code is what chose to call it; Python code under its file. Summed, they are the whole time."""
+    out: dict[tuple[str, str], float] = {}
+
+    def walk(frame, caller_file: str) -> None:
+        if frame.function == "[self]":  # pyinstrument's own node for its parent's self time, counted there
+            return
+        builtin = frame.file_path_short == "<built-in>"
+        if frame.function in RUNTIME_CALLS:
+            key = (frame.function, RUNTIME_CALLS[frame.function])
+        else:
+            key = (frame.function, caller_file if builtin else (frame.file_path_short or "?"))
+        out[key] = out.get(key, 0.0) + frame.total_self_time
+        for child in frame.children:
+            walk(child, caller_file if builtin else (frame.file_path_short or "?"))
+
+    walk(root, "?")
+    return out
+
+
+def python_profile(tr, x, y, step_s: float, seconds: float = 2.0, top: int = 8) -> list[str]:
+    """pyinstrument's sampling profile of ``Trainer.step`` over about ``seconds``: where a step's
+    time goes by function, grouped into the runtime's calls, ortrain's Python and the rest. Its
+    hooks slow every Python call, so the Python shares read high on steps of microseconds."""
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        return ["(pip install pyinstrument, or ortrain[bench], for a sampling profile of the step's Python)"]
+    interval = max(2e-5, step_s / 100)  # (a sample's time goes to the call it ends in: long intervals miss short Python)
+    profiler = Profiler(interval=interval)
+    steps = 0
+    profiler.start()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        tr.step(x, y)
+        steps += 1
+    profiler.stop()
+    root = profiler.last_session.root_frame()
+    times = sampled_self_times(root)
+    total = sum(times.values())
+    groups: dict[str, float] = {}
+    for (_, where), t in times.items():
+        group = where if where.startswith("runtime: ") else \
+            "ortrain Python" if where.startswith("ortrain") else "the caller's loop and other Python"
+        groups[group] = groups.get(group, 0.0) + t
+    lines = [f"pyinstrument, a sample every {1e6 * interval:.0f} us over {steps} steps ({1e6 * total / steps:.1f} us a "
+             f"step profiled, {1e6 * step_s:.1f} us not):"]
+    if total / steps > 1.5 * step_s:
+        lines.append("  (the profiler's hooks take most of a step this short: read the timed split above instead)")
+    lines.append("  " + "; ".join(f"{g} {100 * t / total:.1f}%" for g, t in sorted(groups.items(), key=lambda kv: -kv[1])))
+    for (function, where), t in sorted(times.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {1e6 * t / steps:9.1f} us  {100 * t / total:5.1f}%  {function} ({where})")
+    return lines
 
 
 def _node_profile(art, feeds, steps: int) -> list[tuple[str, float]]:
@@ -272,11 +335,13 @@ def profile(name: str, steps: int = 60, top: int = 12) -> str:
         for _ in range(10):
             tr.step(x, y)
         s = _split(tr, x, y, steps)
+        sampled = python_profile(tr, x, y, s["step"])
         art = tr._art
     lines.append(f"Trainer.step {1e6 * s['step']:.1f} us = training graph {1e6 * s['train_step']:.1f} us "
                  f"({100 * s['train_step'] / s['step']:.0f}%) + optimizer graph {1e6 * s['optimizer_step']:.1f} us "
                  f"({100 * s['optimizer_step'] / s['step']:.0f}%) + ortrain Python {1e6 * s['python']:.1f} us "
                  f"({100 * s['python'] / s['step']:.0f}%)")
+    lines += sampled
     nodes = _node_profile(art, [x, y, np.array(1.0, np.float32)], steps)
     total = sum(t for _, t in nodes)
     lines.append(f"graph nodes, {1e6 * total:.0f} us per step in kernels:")

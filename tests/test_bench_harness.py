@@ -101,3 +101,28 @@ def test_the_kernel_session_the_profile_times_runs_adam_over_its_weights():
             np.testing.assert_allclose(session.get(name), w - lr * m / (np.sqrt(v) + eps), rtol=1e-5, atol=1e-6)
     finally:
         session.free()
+
+
+def test_the_sampled_profile_counts_each_function_once_and_names_runtime_calls():
+    # a frame tree as pyinstrument gives it: a "[self]" child repeats its parent's self time
+    from types import SimpleNamespace as F
+
+    from bench.profile import sampled_self_times
+
+    def frame(function, where, self_time, *children):
+        return F(function=function, file_path_short=where, total_self_time=self_time, children=list(children))
+
+    root = frame("<module>", "loop.py", 0.5,
+                 frame("[self]", "loop.py", 0.5),
+                 frame("step", "ortrain/trainer.py", 1.0,
+                       frame("PyCapsule.train_step", "<built-in>", 60.0, frame("[self]", "<built-in>", 60.0)),
+                       frame("PyCapsule.optimizer_step", "<built-in>", 30.0),
+                       frame("ufunc.reduce", "<built-in>", 2.0),
+                       frame("check", "ortrain/_arrays.py", 1.5, frame("len", "<built-in>", 0.5))))
+    times = sampled_self_times(root)
+    assert times == {("<module>", "loop.py"): 0.5, ("step", "ortrain/trainer.py"): 1.0,
+                     ("PyCapsule.train_step", "runtime: training graph"): 60.0,
+                     ("PyCapsule.optimizer_step", "runtime: optimizer graph"): 30.0,
+                     ("ufunc.reduce", "ortrain/trainer.py"): 2.0,  # a built-in goes to the file that called it
+                     ("check", "ortrain/_arrays.py"): 1.5, ("len", "ortrain/_arrays.py"): 0.5}
+    assert sum(times.values()) == 95.5  # every second once: the "[self]" copies are not added again
