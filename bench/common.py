@@ -200,10 +200,15 @@ class Worker:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, factory, kwargs), daemon=True)
         self._proc.start()
+        child.close()  # the child's end lives in the child alone: a worker that dies ends the pipe
         self.setup_rss_mb = self._reply()
 
     def _reply(self):
-        status, value = self._conn.recv()
+        try:
+            status, value = self._conn.recv()
+        except EOFError:
+            self._proc.join(timeout=10)
+            raise RuntimeError(f"benchmark worker died (exit code {self._proc.exitcode})") from None
         if status == "error":
             raise RuntimeError(f"benchmark worker failed:\n{value}")
         return value
@@ -230,6 +235,13 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def time_together(workers: list[Worker], calls: int) -> list[float]:
+    """Per-call seconds of the workers' steps run at the same time, each in its own process."""
+    for w in workers:
+        w._conn.send(("time", calls))
+    return [w._reply() for w in workers]
 
 
 def compare_workers(module: str, names: list[str], rounds: int, warmup: int, calls: int,

@@ -6,11 +6,12 @@
 For each model: the per-step time of ``Trainer.step`` split into the training-graph run, the
 optimizer-graph run and everything else (ortrain's input checks and bookkeeping, measured as
 the remainder); the same split as pyinstrument samples it, by function (with pyinstrument
-installed: ``pip install 'ortrain[bench]'``); then onnxruntime's own per-node profile of the training and optimizer graphs
-(``SessionOptions.enable_profiling``), median over steps after warm-up, top nodes first; and the
-optimizer's update against the same update written in standard ops (run with the thread pool)
-and in numpy; and the runtime's update kernel in a process alone against two copies of it run
-at once in two processes (whether it is bound by its thread or by the memory the cores share).
+installed: ``pip install 'ortrain[bench]'``); then onnxruntime's own per-node profile of the
+training and optimizer graphs (``SessionOptions.enable_profiling``), median over steps after
+warm-up, top nodes first; and the optimizer's update against the same update written in
+standard ops (run with the thread pool) and in numpy; and the runtime's update kernel in a
+process alone against two copies of it run at once in two processes (whether it is bound by its
+thread or by the memory the cores share).
 """
 
 from __future__ import annotations
@@ -88,14 +89,11 @@ def sampled_self_times(root) -> dict[tuple[str, str], float]:
     def walk(frame, caller_file: str) -> None:
         if frame.function == "[self]":  # pyinstrument's own node for its parent's self time, counted there
             return
-        builtin = frame.file_path_short == "<built-in>"
-        if frame.function in RUNTIME_CALLS:
-            key = (frame.function, RUNTIME_CALLS[frame.function])
-        else:
-            key = (frame.function, caller_file if builtin else (frame.file_path_short or "?"))
+        here = caller_file if frame.file_path_short == "<built-in>" else (frame.file_path_short or "?")
+        key = (frame.function, RUNTIME_CALLS.get(frame.function, here))
         out[key] = out.get(key, 0.0) + frame.total_self_time
         for child in frame.children:
-            walk(child, caller_file if builtin else (frame.file_path_short or "?"))
+            walk(child, here)
 
     walk(root, "?")
     return out
@@ -269,57 +267,28 @@ def _kernel_session(sizes: list[int]):
     return session
 
 
-def _time_kernel(sizes: list[int], steps: int) -> float:
-    """Median seconds of the kernel's update over ``sizes``; timing starts when a line arrives on
-    stdin, once ``ready`` has been printed (so that copies in other processes start together)."""
-    import sys
-
-    session = _kernel_session(sizes)
-    print("ready", flush=True)
-    sys.stdin.readline()
-    times = []
-    for _ in range(steps + 20):
-        t0 = time.perf_counter()
-        session.optimizer_step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[20:])
+def kernel_step(sizes: list[int]):
+    """The runtime's ``AdamWOptimizer`` update over weights of ``sizes``, as a call (a worker's step)."""
+    return _kernel_session(sizes).optimizer_step
 
 
-def kernel_side_by_side(sizes: list[int], steps: int = 300, rounds: int = 3) -> dict:
-    """Median seconds of the runtime's ``AdamWOptimizer`` update over weights of ``sizes`` in one
-    process alone, and in each of two processes that run it at the same time, each on a core of its
-    own (the slower of the two), each the best of ``rounds`` interleaved rounds. Equal times say
-    that the kernel is bound by its one thread's work, not by the memory the cores share (which two
-    updates at once would divide); it runs on one thread in this runtime."""
-    import subprocess
-    import sys
+def kernel_side_by_side(sizes: list[int], calls: int = 300, rounds: int = 3) -> dict:
+    """Seconds a call of the runtime's ``AdamWOptimizer`` update over weights of ``sizes`` takes in
+    a worker process alone, and in each of two workers that run it at the same time, each on a core
+    of its own (the slower of the two), each the best of ``rounds`` interleaved rounds. Equal times
+    say that the kernel is bound by its one thread's work, not by the memory the cores share (which
+    two updates at once would divide); it runs on one thread in this runtime."""
+    from bench.common import Worker, time_together
 
     if (os.cpu_count() or 1) < 2:
         return {}
-    code = ("import sys, json; from bench.profile import _time_kernel; "
-            "print(json.dumps(_time_kernel(json.loads(sys.argv[1]), int(sys.argv[2]))))")
-
-    def run(copies: int) -> list[float]:
-        procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(sizes), str(steps)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(copies)]
-        try:
-            for p in procs:
-                if p.stdout.readline().strip() != "ready":
-                    raise RuntimeError("a timing process failed before it was ready (its error is printed above)")
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            return [json.loads(p.communicate()[0]) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-
     alone, both = [], []
-    for _ in range(rounds):  # interleaved, the best round of each: a busy host slows either at times
-        alone.append(run(1)[0])
-        both.append(max(run(2)))
+    with Worker("bench.profile:kernel_step", sizes=sizes) as first, \
+            Worker("bench.profile:kernel_step", sizes=sizes) as second:
+        time_together([first, second], 20)  # warm-up
+        for _ in range(rounds):  # interleaved, the best round of each: a busy host slows either at times
+            alone.append(first.time(calls))
+            both.append(max(time_together([first, second], calls)))
     return {"alone": min(alone), "two at once": min(both)}
 
 

@@ -126,3 +126,9 @@ def test_the_sampled_profile_counts_each_function_once_and_names_runtime_calls()
                      ("ufunc.reduce", "ortrain/trainer.py"): 2.0,  # a built-in goes to the file that called it
                      ("check", "ortrain/_arrays.py"): 1.5, ("len", "ortrain/_arrays.py"): 0.5}
     assert sum(times.values()) == 95.5  # every second once: the "[self]" copies are not added again
+
+
+def test_a_worker_that_dies_is_an_error_not_a_wait():
+    # (the parent kept the child's end of the pipe open, so a crashed worker was waited for forever)
+    with pytest.raises(RuntimeError, match=r"benchmark worker died \(exit code -11\)"):
+        common.Worker("faulthandler:_sigsegv")
