@@ -133,26 +133,35 @@ def _weights_digest(model, fg: ForwardGraph) -> str:
     return model.weights_digest() if hasattr(model, "weights_digest") else fg.weights_digest()
 
 
-def _freeze_unreachable(fg: ForwardGraph) -> ForwardGraph:
-    """Weights the loss does not depend on (they feed only other outputs) get no gradient: the
-    gradient builder refuses them, so they are frozen here, with a warning naming them."""
+def _freeze_untrainable(fg: ForwardGraph) -> ForwardGraph:
+    """Weights that cannot train are frozen here. A weight of no values has nothing to learn
+    (onnxruntime-training crashes the process on its gradient); frozen without a word. Weights the
+    loss does not depend on (they feed only other outputs) get no gradient: the gradient builder
+    refuses them, so they are frozen with a warning naming them."""
     outputs = fg.outputs
     if not outputs:
         return fg
-    trainable = [p.name for p in fg.params if p.role == "trainable"]
+    empty = {p.name for p in fg.params if p.role == "trainable" and 0 in tuple(p.shape)}
+    trainable = [p.name for p in fg.params if p.role == "trainable" and p.name not in empty]
+    if empty and not trainable:
+        shown = ", ".join(sorted(empty)[:6]) + (f" and {len(empty) - 6} more" if len(empty) > 6 else "")
+        raise OrtrainError(f"nothing to train: every trainable weight is empty ({shown}: no values); train a model "
+                           "with weights that hold values")
     reach = gradient_reach(fg.proto, [outputs[0].name]) if may_stop_gradients(fg.proto, trainable) else \
         ancestors(fg.proto, outputs[0].name)
     idle = [name for name in trainable if name not in reach]
-    if not idle:
+    if idle:
+        shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
+        if len(idle) == len(trainable):  # not "every weight is frozen": none is
+            raise OrtrainError(f"nothing to train: the loss is computed on the first output {outputs[0].name!r}, "
+                               f"which no trainable weight affects ({shown} feed only other outputs); make an output "
+                               "that depends on weights the first one")
+        warn(f"weights {shown} do not affect the loss, which is computed on the first output "
+             f"{outputs[0].name!r}; they are not trained")
+    frozen = empty.union(idle)
+    if not frozen:
         return fg
-    shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
-    if len(idle) == len(trainable):  # not "every weight is frozen": none is
-        raise OrtrainError(f"nothing to train: the loss is computed on the first output {outputs[0].name!r}, which "
-                           f"no trainable weight affects ({shown} feed only other outputs); make an output that "
-                           "depends on weights the first one")
-    warn(f"weights {shown} do not affect the loss, which is computed on the first output "
-         f"{outputs[0].name!r}; they are not trained")
-    params = tuple(ParamSpec(p.name, p.shape, p.dtype, "frozen" if p.name in idle else p.role) for p in fg.params)
+    params = tuple(ParamSpec(p.name, p.shape, p.dtype, "frozen" if p.name in frozen else p.role) for p in fg.params)
     return ForwardGraph(fg.proto, params, fg.weights)
 
 

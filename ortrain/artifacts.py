@@ -42,7 +42,7 @@ from ortrain._artifact_graphs import (
     _check_trainable,
     _check_weighting,
     _forward_graph,
-    _freeze_unreachable,
+    _freeze_untrainable,
     _refuse_quantized,
     _weights_digest,
     _write,
@@ -400,7 +400,7 @@ def _build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None, *, traina
                            f"received {out_dir!r}")
     fg = _forward_graph(model_or_onnx, trainable, frozen)
     _refuse_quantized(fg)
-    fg = _freeze_unreachable(fg)
+    fg = _freeze_untrainable(fg)
     _check_trainable(fg)
     loss = losses.get(loss)
     opt = optim.get(optimizer)

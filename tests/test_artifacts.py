@@ -247,6 +247,44 @@ def test_weights_that_only_feed_other_outputs_are_frozen_with_a_warning(rng):
     tr.free()
 
 
+def _sum_model(shapes: dict[str, tuple]) -> onnx.ModelProto:
+    """y = x * (sum of every weight): one (N, 1) input, one output; each weight is all ones."""
+    from onnx import TensorProto, helper, numpy_helper
+    names = list(shapes)
+    nodes = [helper.make_node("ReduceSum", [n], [f"{n}_sum"], keepdims=0) for n in names]
+    total = f"{names[0]}_sum"
+    for i, n in enumerate(names[1:]):
+        nodes.append(helper.make_node("Add", [total, f"{n}_sum"], [f"total{i}"]))
+        total = f"total{i}"
+    nodes.append(helper.make_node("Mul", ["x", total], ["y"]))
+    weights = [numpy_helper.from_array(np.ones(s, np.float32), n) for n, s in shapes.items()]
+    graph = helper.make_graph(nodes, "sums", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_empty_weight_is_frozen_and_the_others_train_as_sgd_moves_them():
+    # the runtime's gradient of a weight with no values crashed the process: it is frozen instead
+    model = ot.from_onnx(_sum_model({"empty": (0,), "w": (3,)}))
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=2) as tr:
+        assert tr._session.trainable_names == ["w"]
+        x, y = np.ones((2, 1), np.float32), np.zeros((2, 1), np.float32)
+        loss = tr.step(x, y)
+        weights = dict(zip(tr.model().weight_names(), tr.model().get_weights()))
+    # y = 3 for both rows: loss 9; d loss / d w_i = mean over rows of 2 (y - 0) x = 6
+    assert loss == pytest.approx(9.0)
+    np.testing.assert_allclose(weights["w"], 1.0 - 0.1 * 6.0, rtol=1e-6)
+    assert weights["empty"].shape == (0,)
+
+
+def test_a_model_whose_only_trainable_weights_are_empty_is_refused():
+    model = ot.from_onnx(_sum_model({"nothing": (0,), "none": (2, 0)}))
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ot.OrtrainError, match=r"nothing to train: every trainable weight is empty \(none, nothing: "):
+        ot.Trainer(model, batch_size=2)
+
+
 def test_build_follows_the_documented_signature(tmp_path):
     """``build(model_or_onnx, loss="mse", optimizer="adamw", out_dir=None)``: positional in that
     order, the model by keyword too, and AdamW (weight decay 0.01) by default."""
