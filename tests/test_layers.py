@@ -668,7 +668,7 @@ def test_sigmoid_is_exact_in_both_tails_as_pytorch_in_float64(tmp_path):
 
 @pytest.mark.torch
 def test_silu_keeps_the_sigmoid_kernel_within_its_bound(tmp_path):
-    # README: times x, the kernel's error stays within 2e-7 of max(1, |x|), value and derivative.
+    # docs/known-limits.md: times x, the kernel's error stays within 2e-7 of max(1, |x|), value and derivative.
     torch = torch_or_skip()
     predicted, bias, want, want_bias = _one_step_on_the_grid(torch, "silu", torch.nn.functional.silu, tmp_path)
     scale = np.maximum(1.0, np.abs(SIGMOID_GRID))

@@ -334,7 +334,7 @@ def test_a_small_unet_trains_as_in_pytorch():
     want = torch_steps(torch, net, torch.optim.Adam(net.parameters(), lr=1e-2), torch.nn.functional.mse_loss, batches)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     for name, value in net.state_dict().items():
-        # the running variance is updated with the biased batch variance (README: known limits)
+        # the running variance is updated with the biased batch variance (docs/known-limits.md)
         if name in weights and name != "enc.1.running_var":
             np.testing.assert_allclose(weights[name], value.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
     assert {"up.weight", "enc.1.running_mean"} <= set(weights)

@@ -62,7 +62,7 @@ def emit_activation(gb: GraphBuilder, x: str, name: str, axis: int = -1) -> str:
     if name == "silu":
         # onnxruntime's Sigmoid kernel: the exact form would cost what it costs sigmoid (6-15% of an
         # MLP step for a 512-wide layer), and times x the kernel's error in the tails stays within
-        # 2e-7 of max(1, |x|), value and derivative (README, Known limits)
+        # 2e-7 of max(1, |x|), value and derivative (docs/known-limits.md)
         return gb.op("Mul", [x, gb.op("Sigmoid", [x])])
     if name == "hard_sigmoid":  # relu6(x + 3) / 6
         return gb.op("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)
