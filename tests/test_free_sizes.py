@@ -54,7 +54,8 @@ def test_only_the_axis_too_small_is_named_with_the_size_the_whole_model_needs():
         m.predict(np.ones((1, 2, 1, 9), np.float32))
     # the pool takes 5 x 5, the convolution after it not: the model needs 6 x 6
     with pytest.raises(ot.ShapeError, match=r"layer 'conv2d_0' \(Conv2D\) refuses them: Conv2D kernel \(3, 3\) does "
-                                            r"not fit input \(N, 2, 2, 2\)\. Give a height \(axis 2\) of at least 6 "
+                                            r"not fit input \(N, 2, 2, 2\): expected \(batch, channels, height, width\) images no "
+                                            r"smaller than the window\. Give a height \(axis 2\) of at least 6 "
                                             r"and a width \(axis 3\) of at least 6"):
         m.predict(np.ones((1, 2, 5, 5), np.float32))
     assert m.predict(np.ones((1, 2, 6, 6), np.float32)).shape == (1, 1)

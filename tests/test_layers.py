@@ -360,10 +360,26 @@ def test_layer_argument_errors():
         ot.Sequential([L.Conv2D(2, 3)], input_shape=(1, 2, 2))
     for pool in (L.MaxPool2D, L.AvgPool2D):
         with pytest.raises(ot.ShapeError, match=f"{pool.__name__} pool_size \\(4, 4\\) does not fit input "
-                                                "\\(N, 1, 2, 2\\); use a smaller pool or padding='same'"):
+                                                "\\(N, 1, 2, 2\\): expected .*; use a smaller pool_size or padding='same'"):
             ot.Sequential([pool(4)], input_shape=(1, 2, 2))
         assert ot.Sequential([pool(4, padding="same")], input_shape=(1, 2, 2)).output_specs[0].shape == (None, 1, 1, 1)
 
+
+
+@pytest.mark.parametrize("layer", [lambda: L.Conv2D(4, 3), lambda: L.MaxPool2D(2), lambda: L.AvgPool2D(3)])
+def test_channels_last_images_are_named_with_the_fix(layer, rng):
+    """Keras' default layout, (height, width, channels), reaches a window over a width of 1: the error
+    says the images look channels last and gives the shape and transpose that work, and they do."""
+    with pytest.raises(ot.ShapeError, match=r"does not fit input \(N, 8, 8, 1\): expected \(batch, channels, height, "
+                       r"width\).*its last axis \(1\) looks like the channels.*input_shape=\(1, 8, 8\) and the "
+                       r"images as x\.transpose\(0, 3, 1, 2\)"):
+        ot.Sequential([layer()], input_shape=(8, 8, 1))
+    x_last = rng.random((2, 8, 8, 1), dtype=np.float32)
+    model = ot.Sequential([layer()], input_shape=(1, 8, 8), seed=0)
+    assert model.predict(x_last.transpose(0, 3, 1, 2)).shape[:2] == (2, model.output_specs[0].shape[1])
+    with pytest.raises(ot.ShapeError, match="use a smaller") as info:  # a channels-first image too small
+        ot.Sequential([layer()], input_shape=(3, 1, 8))
+    assert "channels last" not in str(info.value)
 
 def test_reshape_with_a_free_size_runs_on_zero_rows(tmp_path, rng):
     import onnxruntime as ort

@@ -55,6 +55,19 @@ def _refuse_free_same(layer, shape: tuple) -> None:
                          f"size or use padding='valid'")
 
 
+def _does_not_fit(what: str, shape: tuple, fix: str) -> ShapeError:
+    """A window larger than its (padded) image. An input that looks channels last (Keras' default:
+    a last axis of 1 to 4 after a larger one) is most often why, so the error says how to turn it."""
+    message = (f"{what} does not fit input {describe_shape(shape)}: expected (batch, channels, height, width) "
+               f"images no smaller than the window")
+    channels, height, width = shape[1:]
+    if width is not None and width <= 4 and channels is not None and channels > width:
+        return ShapeError(f"{message}; its last axis ({width}) looks like the channels, last as in Keras' default "
+                          f"layout, while ortrain's images are channels first, as ONNX's: give input_shape=({width}, {channels}, "
+                          f"{height}) and the images as x.transpose(0, 3, 1, 2)")
+    return ShapeError(f"{message}; {fix}")
+
+
 def _conv_weights(layer, rng, shape: tuple, fan_in: int, fan_out: int) -> None:
     """A convolution layer's Glorot-uniform ``kernel`` of ``shape`` and, with ``use_bias``, zero ``bias``."""
     layer.weights["kernel"] = glorot_uniform(rng, shape, fan_in, fan_out)
@@ -121,7 +134,7 @@ class Conv2D(Layer):
         h = _conv_out(shape[2], self.kernel_size[0], self.strides[0], t + b)
         w = _conv_out(shape[3], self.kernel_size[1], self.strides[1], lft + r)
         if h is not None and h < 1 or w is not None and w < 1:
-            raise ShapeError(f"Conv2D kernel {self.kernel_size} does not fit input {describe_shape(shape)}")
+            raise _does_not_fit(f"Conv2D kernel {self.kernel_size}", shape, "use a smaller kernel or padding='same'")
         return (shape[0], self.filters, h, w)
 
     def emit(self, ctx, inputs):
@@ -290,8 +303,8 @@ class _Pool2D(Layer):
         h = _conv_out(shape[2], self.pool_size[0], self.strides[0], t + b)
         w = _conv_out(shape[3], self.pool_size[1], self.strides[1], lft + r)
         if h is not None and h < 1 or w is not None and w < 1:
-            raise ShapeError(f"{type(self).__name__} pool_size {self.pool_size} does not fit input "
-                             f"{describe_shape(shape)}; use a smaller pool or padding='same'")
+            raise _does_not_fit(f"{type(self).__name__} pool_size {self.pool_size}", shape,
+                                "use a smaller pool_size or padding='same'")
         return (shape[0], shape[1], h, w)
 
     def emit(self, ctx, inputs):
