@@ -1028,6 +1028,20 @@ def test_predict_refuses_a_directory_or_a_missing_folder_as_output(workdir, caps
     assert "Errno" not in err and not (workdir / "missing").exists()
 
 
+
+def test_predict_refuses_a_second_data_file_instead_of_dropping_its_rows(workdir, capsys):
+    # `--data part1.npy part2.npy` predicted part1's rows and exited 0, ignoring part2 (X.npy Y.npy is
+    # evaluate's form; for predict a second file can only be more inputs)
+    make_artifacts(capsys)
+    np.save("more.npy", np.load("x.npy")[:5])
+    assert cli("predict", "--artifacts", "art", "--data", "x.npy", "more.npy", "-o", "p.npy") == 2
+    err = capsys.readouterr().err
+    assert ("--data: predict reads one file of inputs (FILE.npz, whose x it predicts, or X.npy); received 2 files "
+            "('x.npy' 'more.npy'); predict each file in its own run, or join them into one with np.concatenate") in err
+    assert not (workdir / "p.npy").exists()
+    assert cli("predict", "--artifacts", "art", "--data", "x.npy", "-o", "p.npy") == 0
+    assert np.load("p.npy").shape[0] == np.load("x.npy").shape[0]
+
 TRAIN_ART = ["train", "--artifacts", "art", "--data", "train.npz", "--epochs", "1", "--batch-size", "8",
              "--verbose", "0"]
 

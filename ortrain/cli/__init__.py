@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("predict", help="write predictions to .npy")
     _model_source(p, onnx_model=True)
-    p.add_argument("--data", nargs="+", required=True, metavar="FILE", help="FILE.npz (x) or X.npy")
+    p.add_argument("--data", nargs="+", required=True, metavar="FILE",
+                   help="one file: FILE.npz (its x) or X.npy")
     p.add_argument("-o", "--output", default="predictions.npy", metavar="OUT.npy",
                    help="where predictions go (default: predictions.npy, replaced if it exists); a model with several "
                         "outputs writes OUT_0.npy, OUT_1.npy, ...")
