@@ -1579,6 +1579,26 @@ def test_a_run_whose_artifacts_moved_says_to_put_them_back(workdir, capsys):
     assert cli("train", "--out", "r", "--resume", "--epochs", "2", "--verbose", "0") == 0
 
 
+
+def test_a_run_on_a_deleted_cache_entry_says_to_build_it_again(workdir, capsys, tmp_path):
+    # the README calls deleting the cache safe; a run started on an entry said only "put them back there"
+    ot.artifacts.set_cache_dir(tmp_path / "cache")
+    built = ot.artifacts.build("mlp.onnx", loss="mse", optimizer="adam")
+    x, _ = load_digits()
+    np.savez("reg.npz", x=x[:64], y=np.zeros((64, 10), np.float32))
+    assert cli("train", "--artifacts", built.directory, "--data", "reg.npz", "--epochs", "1", "--batch-size",
+               "16", "--out", "r", "--verbose", "0") == 0
+    shutil.rmtree(tmp_path / "cache")
+    capsys.readouterr()
+    assert cli("export", "--run", "r", "-o", "m.onnx") == 1
+    err = capsys.readouterr().err
+    assert (f"they were an entry of ortrain's artifact cache ({str(tmp_path / 'cache')!r}), deleted since; "
+            "build them again as before (ot.artifacts.build with the same model") in err
+    assert not os.path.exists("m.onnx")
+    assert ot.artifacts.build("mlp.onnx", loss="mse", optimizer="adam").directory == built.directory
+    assert cli("export", "--run", "r", "-o", "m.onnx") == 0
+
+
 def test_a_resume_whose_recorded_data_moved_says_to_give_its_new_path(workdir, capsys):
     # "--data: no such file", naming an option the resume was not given, and no fix
     x, y = load_digits()

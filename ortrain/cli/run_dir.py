@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ortrain._artifact_store import publish_leftovers
+from ortrain._artifact_store import cache_dir, publish_leftovers
 from ortrain._files import CAN_LOCK, atomic_temporaries, lock_file
 from ortrain._manifest import FILES as ARTIFACT_FILES
 from ortrain.callbacks.base import Callback
@@ -372,8 +372,14 @@ def _artifacts_of(out: Path, run: dict) -> Path:
         path = out / path  # the run's own (the working directory's artifacts/ is another's)
     if not path.is_dir():  # --artifacts naming them elsewhere is refused: what the run trains is fixed
         rebuild = _rebuild_command(out, path, run)
-        fix = (f"build them again as the run did: {rebuild}" if rebuild else
-               "put them back there (or start a new run from where they are now)")
+        if rebuild:
+            fix = f"build them again as the run did: {rebuild}"
+        elif path.parent == cache_dir():
+            fix = (f"they were an entry of ortrain's artifact cache ({str(cache_dir())!r}), deleted since; build "
+                   "them again as before (ot.artifacts.build with the same model, loss, optimizer and weights to "
+                   "train writes this entry back, its name being their hash), then run this again")
+        else:
+            fix = "put them back there (or start a new run from where they are now)"
         raise OrtrainError(f"the run's artifacts {str(path)!r} do not exist (moved or deleted?); the run trains "
                            f"from the artifacts it started with, which {str(out / 'run.json')!r} records by that "
                            f"path: {fix}")
