@@ -310,9 +310,8 @@ def key_parts(fg: ForwardGraph, loss: losses.Loss, opt: optim.Optimizer, weighti
         "weights": [[p.name, list(p.shape), np.dtype(p.dtype).name, p.role] for p in fg.params]}))
 
 
-_KEY_PARTS = {"architecture": "its layers' training graphs (the layers, or how this version of ortrain writes them: "
-                              "a checkpoint of a sigmoid activation written before the activation was computed "
-                              "exactly does not fit)", "weights": "its weights or which of them train (freezing)",
+_KEY_PARTS = {"architecture": "its layers' training graphs (the layers, or how this version of ortrain writes them)",
+              "weights": "its weights or which of them train (freezing)",
               "loss": "the loss", "optimizer": "the optimizer's settings",
               "weighting": "the sample weighting (loss_mask, sample weights)",
               "versions": "the versions of ortrain, onnx and onnxruntime-training",

@@ -170,6 +170,10 @@ def test_save_and_load_round_trip(tmp_path, rng):
         ot.load_model(tmp_path / "ckpt")
     with pytest.raises(ot.OrtrainError, match="looks like a model file .*: open it with ot.load_model"):
         ot.Trainer.from_checkpoint(trained, tmp_path / "m.ortrain", batch_size=16)
+    np.savez(tmp_path / "data.npz", x=x, y=y)  # a data file was called "a model file (model.save ...)"
+    with pytest.raises(ot.OrtrainError, match=r"'.*data\.npz' is not an onnxruntime-training checkpoint \(missing the "
+                       r"'ODTC' file identifier\); it is an \.npz of arrays \(data, or the weights of save_weights"):
+        ot.Trainer.from_checkpoint(trained, tmp_path / "data.npz", batch_size=16)
     trained.export_onnx(tmp_path / "m.onnx")
     with pytest.raises(ot.OrtrainError, match="an ONNX model is opened with ot.from_onnx"):
         ot.load_model(tmp_path / "m.onnx")

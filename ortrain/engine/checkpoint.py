@@ -14,6 +14,7 @@ import contextlib
 import mmap
 import os
 import struct
+import zipfile
 import zlib
 from dataclasses import dataclass, field
 
@@ -151,13 +152,26 @@ def read_checkpoint(path: str | os.PathLike, verify: bool = False, weights: bool
                 buf.close()
 
 
+def _zip_hint(path) -> str:
+    """What a zip given as a checkpoint most likely is, and where it goes instead."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = set(z.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        names = set()
+    if names and all(n.endswith(".npy") for n in names):  # np.savez: data or save_weights' weights
+        return ("; it is an .npz of arrays (data, or the weights of save_weights, which model.load_weights "
+                "reads): a checkpoint is a file that save_checkpoint, ModelCheckpoint(save_model=False) or a "
+                "command-line run (its checkpoints/) wrote")
+    return ("; it looks like a model file (model.save, or ModelCheckpoint's default): open it with "
+            "ot.load_model(path) and train on (fit, or a Trainer of that model), or write trainer "
+            "checkpoints with ModelCheckpoint(save_model=False)")
+
 def _read_mapped(path, buf, verify: bool, weights: bool) -> CheckpointData:
     if len(buf) < 8 or buf[4:8] != _IDENTIFIER:
         hint = ""
-        if buf[:4] == b"PK\x03\x04":  # a zip: what model.save (and ModelCheckpoint by default) writes
-            hint = ("; it looks like a model file (model.save, or ModelCheckpoint's default): open it with "
-                    "ot.load_model(path) and train on (fit, or a Trainer of that model), or write trainer "
-                    "checkpoints with ModelCheckpoint(save_model=False)")
+        if buf[:4] == b"PK\x03\x04":  # a zip: model.save's file (ModelCheckpoint's default), or an .npz
+            hint = _zip_hint(path)
         raise OrtrainError(f"{os.fspath(path)!r} is not an onnxruntime-training checkpoint "
                            f"(missing the 'ODTC' file identifier){hint}")
     try:
