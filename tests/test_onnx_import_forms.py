@@ -680,6 +680,32 @@ def test_a_reshape_of_opset_4_to_one_dimension_imports():
     np.testing.assert_array_equal(ot.from_onnx(proto).predict(x), (2 * x).reshape(12))
 
 
+@pytest.mark.parametrize("batch", ["N", None])
+def test_broadcasts_of_opset_6_import_with_a_free_batch(rng, batch):
+    # onnx's converter checks opset 6's broadcast=1 on sizes it can read: a free batch was refused
+    # ("Assertion `dim.is_int' failed: N Dimension is a param instead of an int")
+    w, b, c = f32(rng, 3, 2), f32(rng, 2), f32(rng, 2)
+    nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["h"], broadcast=1),
+             helper.make_node("Add", ["h", "c"], ["y"], broadcast=1)]
+    inits = [numpy_helper.from_array(a, n) for a, n in [(w, "W"), (b, "b"), (c, "c")]]
+    stored = [vi(t.name, list(t.dims)) for t in inits]  # IR 3: initializers are graph inputs too
+    graph = helper.make_graph(nodes, "g", [vi("x", [batch, 3]), *stored], [vi("y", [batch, 2])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    proto.ir_version = 3
+    model = ot.from_onnx(proto)
+    assert model.input_specs[0].shape == (None, 3)
+    for rows in (1, 5):
+        x = f32(rng, rows, 3)
+        np.testing.assert_allclose(model.predict(x), x @ w + b + c, rtol=1e-5, atol=1e-6)
+    x, y = f32(rng, 4, 3), f32(rng, 4, 2)
+    model.compile(optimizer=ot.optim.SGD(lr=0.1), loss="mse")
+    with ot.Trainer(model, batch_size=4) as tr:
+        tr.step(x, y)
+        got = dict(zip(model.weight_names(), tr.get_weights()))
+    grad = 2 * (x @ w + b + c - y) / y.size  # d mean((out - y)^2) / d out
+    np.testing.assert_allclose(got["W"], w - 0.1 * x.T @ grad, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["c"], c - 0.1 * grad.sum(0), rtol=1e-5, atol=1e-6)
+
 @pytest.mark.parametrize("is_test", [0, 1])
 def test_a_batch_norm_and_dropout_of_opset_6_import_whatever_their_test_flag(rng, is_test):
     # onnx's converter refused is_test=0 (a training-mode export): "Attribute is_test must not have value 0"

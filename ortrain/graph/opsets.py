@@ -113,6 +113,75 @@ def _pad_values_of_constant_mode_only(model: onnx.ModelProto) -> onnx.ModelProto
     return out
 
 
+# Stand-ins for free sizes while onnx's converter runs: far from any size a model writes down.
+_STAND_IN = 1_000_003
+
+
+def _convert(model: onnx.ModelProto, want: int) -> onnx.ModelProto:
+    """onnx's converter, which refuses free sizes where an adapter checks a broadcast (opset 6's
+    ``Gemm`` and arithmetic with ``broadcast=1``: "Dimension is a param instead of an int"). There it
+    converts the model with each free size (each name, each unnamed axis) as a large stand-in number
+    and puts the free sizes back (a size the converter computed from stand-ins becomes unnamed),
+    unless the converted graph wrote a stand-in down (then the first error stands)."""
+    try:
+        return version_converter.convert_version(model, want)
+    except Exception as exc:  # noqa: BLE001 - onnx's converter raises RuntimeError, IndexError, ...
+        if "is a param instead of an int" not in str(exc):
+            raise
+        first = exc
+    fixed = copy.deepcopy(model)
+    free: dict[int, str] = {}  # stand-in -> dim_param ('' for an unnamed axis)
+    names: dict[str, int] = {}
+    for dim in _dims(fixed.graph):
+        if dim.HasField("dim_value"):
+            continue
+        name = dim.dim_param
+        value = names.setdefault(name, _STAND_IN + len(free)) if name else _STAND_IN + len(free)
+        free[value] = name
+        dim.dim_value = value
+    try:
+        out = version_converter.convert_version(fixed, want)
+    except Exception:  # noqa: BLE001
+        raise first from None
+    if any(v in free for v in _written_integers(out.graph)):
+        raise first
+    for dim in _dims(out.graph):
+        if dim.HasField("dim_value") and dim.dim_value >= _STAND_IN:  # a stand-in, or a size computed from one
+            name = free.get(dim.dim_value, "")
+            dim.Clear()
+            if name:
+                dim.dim_param = name
+    return out
+
+
+def _dims(graph: onnx.GraphProto):
+    """Every dimension of the graph's declared inputs, outputs and value infos, subgraphs included."""
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            yield from info.type.tensor_type.shape.dim
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                yield from _dims(sub)
+
+
+def _written_integers(graph: onnx.GraphProto):
+    """The integers a graph writes down: integer initializers and constants, integer attributes."""
+    tensors = list(graph.initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            yield from attr.ints
+            if attr.type == onnx.AttributeProto.INT:
+                yield attr.i
+            if attr.HasField("t"):
+                tensors.append(attr.t)
+            tensors.extend(attr.tensors)
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                yield from _written_integers(sub)
+    for t in tensors:
+        if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            yield from numpy_helper.to_array(t).ravel().tolist()
+
 def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
     """Convert opsets older than ``target`` (and newer than onnxruntime reads) with onnx's converter.
 
@@ -129,7 +198,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProt
         if have < 11:
             model = _pad_values_of_constant_mode_only(model)
         try:
-            out = version_converter.convert_version(model, want)
+            out = _convert(model, want)
         except Exception as exc:
             raise OrtrainError(f"from_onnx: the model uses opset {have}; converting it to opset {want} (what "
                                f"onnxruntime-training 1.19.2 trains) failed: {str(exc).splitlines()[0]}. "
