@@ -44,9 +44,16 @@ def momentum_of(optimizer: str, momentum) -> dict | str:
     return {"name": "sgd", "momentum": momentum}
 
 
-def load_data(paths: list[str], argument: str = "--data") -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def load_data(paths: list[str], argument: str = "--data",
+              inputs_only: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """``(x, y, sample_weight)`` from one ``.npz`` (arrays ``x``, ``y``, optional ``sample_weight``)
-    or from ``.npy`` files: ``x`` alone (for predict), or ``x`` and ``y``."""
+    or from ``.npy`` files: ``x`` alone, or ``x`` and ``y``. ``inputs_only`` (predict): one file,
+    as a second ``.npy`` could only be more inputs."""
+    if inputs_only and paths and len(paths) > 1:
+        given = " ".join(repr(p) for p in paths)
+        raise UsageError(f"{argument}: predict reads one file of inputs (FILE.npz, whose x it predicts, or X.npy); "
+                         f"received {len(paths)} files ({given}); predict each file in its own run, or join "
+                         "them into one with np.concatenate")
     if not paths or len(paths) > 2:
         raise UsageError(f"{argument}: expected FILE.npz or X.npy [Y.npy], received {len(paths or [])} files")
     for p in paths:

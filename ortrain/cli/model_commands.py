@@ -185,18 +185,13 @@ def _refuse_writing_over_reads(opts, paths: list[Path]) -> None:
 
 
 def predict(opts) -> dict:
-    if len(opts.data) > 1:  # X.npy Y.npy is evaluate's and train's form: a second file here is more inputs
-        given = " ".join(repr(p) for p in opts.data)
-        raise UsageError(f"--data: predict reads one file of inputs (FILE.npz, whose x it predicts, or X.npy); "
-                         f"received {len(opts.data)} files ({given}); predict each file in its own run, or join "
-                         "them into one with np.concatenate")
     _output_file(opts, "predictions.npy")
     model = model_from(opts.run, opts.artifacts, opts.checkpoint, opts.model, takes_model=True)
     _one_input(model.input_specs)
     outputs = len(model.output_specs)
     paths = [_npy_path(Path(opts.output), None if outputs == 1 else i) for i in range(outputs)]
     _refuse_writing_over_reads(opts, paths)
-    x, _, _ = load_data(opts.data)
+    x, _, _ = load_data(opts.data, inputs_only=True)
     with _named_by_file(opts.data):
         pred = model.predict(x, batch_size=opts.batch_size)
     if isinstance(pred, np.ndarray):

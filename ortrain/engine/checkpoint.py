@@ -167,6 +167,7 @@ def _zip_hint(path) -> str:
             "ot.load_model(path) and train on (fit, or a Trainer of that model), or write trainer "
             "checkpoints with ModelCheckpoint(save_model=False)")
 
+
 def _read_mapped(path, buf, verify: bool, weights: bool) -> CheckpointData:
     if len(buf) < 8 or buf[4:8] != _IDENTIFIER:
         hint = ""

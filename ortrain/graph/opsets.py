@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from ortrain.errors import OrtrainError
 from ortrain.graph.builder import IR_VERSION, OPSET
+from ortrain.graph.passes import all_nodes, subgraphs
 
 __all__ = ["MAX_OPSET", "default_opset", "upgrade_opset"]
 
@@ -160,27 +161,25 @@ def _dims(graph: onnx.GraphProto):
         if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
             yield from info.type.tensor_type.shape.dim
     for node in graph.node:
-        for attr in node.attribute:
-            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
-                yield from _dims(sub)
+        for sub in subgraphs(node):
+            yield from _dims(sub)
 
 
 def _written_integers(graph: onnx.GraphProto):
     """The integers a graph writes down: integer initializers and constants, integer attributes."""
     tensors = list(graph.initializer)
-    for node in graph.node:
+    for node in all_nodes(graph):
         for attr in node.attribute:
             yield from attr.ints
             if attr.type == onnx.AttributeProto.INT:
                 yield attr.i
-            if attr.HasField("t"):
-                tensors.append(attr.t)
-            tensors.extend(attr.tensors)
-            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
-                yield from _written_integers(sub)
+            tensors.extend([attr.t] if attr.HasField("t") else attr.tensors)
+    for sub in (g for n in all_nodes(graph) for g in subgraphs(n)):
+        tensors.extend(sub.initializer)
     for t in tensors:
         if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
             yield from numpy_helper.to_array(t).ravel().tolist()
+
 
 def upgrade_opset(model: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
     """Convert opsets older than ``target`` (and newer than onnxruntime reads) with onnx's converter.

@@ -62,9 +62,9 @@ def _does_not_fit(what: str, shape: tuple, fix: str) -> ShapeError:
                f"images no smaller than the window")
     channels, height, width = shape[1:]
     if width is not None and width <= 4 and channels is not None and channels > width:
-        return ShapeError(f"{message}; its last axis ({width}) looks like the channels, last as in Keras' default "
-                          f"layout, while ortrain's images are channels first, as ONNX's: give input_shape=({width}, {channels}, "
-                          f"{height}) and the images as x.transpose(0, 3, 1, 2)")
+        return ShapeError(f"{message}; its last axis ({width}) looks like the channels, last as in Keras' "
+                          f"default layout, while ortrain's images are channels first, as ONNX's: give "
+                          f"input_shape=({width}, {channels}, {height}) and the images as x.transpose(0, 3, 1, 2)")
     return ShapeError(f"{message}; {fix}")
 
 
