@@ -65,7 +65,8 @@ class Trainer(TrainerSetup, Releasable):
     without momentum and with momentum enters the velocity. ``device``:
     ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``threads``: onnxruntime's intra-op threads, for every
     session the trainer opens (training, ``predict``, ``calibrate_bn``, its snapshots); None takes
-    :func:`ortrain.set_num_threads`' setting (all cores by default).
+    :func:`ortrain.set_num_threads`' setting (all cores by default). The optimizer's update runs on
+    the calling thread whatever the setting, as its kernels do.
 
     >>> import numpy as np, ortrain as ot
     >>> model = ot.Sequential([ot.layers.Dense(2)], input_shape=(3,), seed=0)

@@ -15,7 +15,7 @@ after warm-up rounds. Figures per model, each over the rounds, with the spread a
   figure the target applies to.
 * ``first_epoch``: the first epoch, on sessions just opened. Both sides open theirs the
   same way, but for tens of milliseconds after opening onnxruntime's new pool threads
-  (one per session: training, evaluation, update) spin on their own and take cores from
+  (the training and evaluation graphs' sessions') spin on their own and take cores from
   the step, which then waits 4-13 ms for its worker now and then on a 2-core machine
   (steps that start 0.3 s after opening see none). That random delay, of the order of a
   32-step epoch and common to both sides, makes this figure's per-round spread tens of
