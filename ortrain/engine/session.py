@@ -232,8 +232,7 @@ class TrainingSession:
         so = session_options(threads)
         dev = self.device.ort_device()
         with denormals.kept():  # the runtime sets the flush on the thread that creates the first session
-            self._open(checkpoint_path, training_path, eval_path, optimizer_path, draws, dev, so,
-                       session_options(UPDATE_THREADS))
+            self._open(checkpoint_path, training_path, eval_path, optimizer_path, draws, dev, so)
         # Training steps run, counting those of earlier sessions: each draws one mask per dropout.
         self.draws = int(draws)
         training = onnx.load(os.fspath(training_path), load_external_data=False)
@@ -295,7 +294,7 @@ class TrainingSession:
     def freed(self) -> bool:
         return self._freed
 
-    def _open(self, checkpoint_path, training_path, eval_path, optimizer_path, draws, dev, so, update_so) -> None:
+    def _open(self, checkpoint_path, training_path, eval_path, optimizer_path, draws, dev, so) -> None:
         try:
             self._state = C.load_checkpoint(runtime_path(checkpoint_path, "checkpoint"))
         except (RuntimeError, IndexError, KeyError, ValueError) as exc:  # a changed byte: any of these
@@ -306,7 +305,8 @@ class TrainingSession:
             with dropout_advanced(training_path, draws) as advanced:
                 self._module = C.Module(runtime_path(advanced, "training graph"), self._state,
                                         runtime_path(eval_path, "eval graph"), dev, so)
-            self._optimizer = (C.Optimizer(runtime_path(optimizer_path, "optimizer graph"), self._state, dev, update_so)
+            self._optimizer = (C.Optimizer(runtime_path(optimizer_path, "optimizer graph"), self._state, dev,
+                                           session_options(UPDATE_THREADS))
                                if optimizer_path is not None else None)
         except RuntimeError as exc:
             raise _open_failure(exc, self.device) from exc
