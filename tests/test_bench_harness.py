@@ -68,9 +68,20 @@ def test_table_renders_every_workload_with_its_goal():
     row = next(line for line in run.table(results).splitlines() if line.startswith("| (e) fit_generator"))
     assert "| time of epochs 3-4 of 5 over a plain Trainer.step loop | +6.1% (" in row and "| **no** |" in row
     assert "first epoch, on a session just opened, -2.0% (paired median +5.0%, p10-p90 -31% to +66%)" in row
+    # the runtime alone's rows appear where it was measured (older results have none)
+    assert not any("the runtime alone" in line for line in lines)
+    results["mlp"]["ratios"]["torch_over_ort_loop"] = {"median": 1.08, "p10": 1.0, "p90": 1.2, "n": 15}
+    results["mlp"]["ort_loop_fraction_of_sgemm"] = 0.44
+    results["first_step"]["mlp"]["runtime_alone"] = {"warm_s": 0.019, "warm_over_cold": 0.31, "open_s": 0.013,
+                                                     "step_s": 0.006, "runs": [0.019, 0.02]}
+    alone = [line for line in run.table(results).splitlines() if "the runtime alone" in line]
+    assert len(alone) == 2
+    assert alone[0].startswith("| (c) MLP") and "| 1.08x (1.00-1.20); 0.44 |" in alone[0]
+    assert alone[1].startswith("| (f) first step, mlp") and "| 0.31 |" in alone[1]
+    assert "opening the cached artifacts 13.0 ms + its first step 6.0 ms = 19.0 ms" in alone[1]
     # a goal's verdict follows its figure
     speed = results["mlp"]["ratios"]["speedup_vs_torch"]["median"]
-    row = next(line for line in lines if "samples/s over PyTorch eager" in line and "(c)" in line)
+    row = next(line for line in lines if line.startswith("| (c) MLP") and "| samples/s over PyTorch eager" in line)
     assert ("| yes |" in row) == (speed >= 1.5)
 
 

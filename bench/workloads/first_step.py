@@ -6,6 +6,10 @@ Each measurement is a fresh Python process: "cold" starts with an empty artifact
 (the Sequential, or the ``.onnx`` file) to the end of the first ``Trainer.step``; importing
 ortrain is reported separately, and so are the parts of a start (describing the model, creating
 the Trainer, the first step) and the time of the step after it.
+
+Beside them runs the runtime alone: a fresh process in which onnxruntime-training's own API
+opens the cached artifacts and takes the same first step. Its time over ortrain's cold start
+is the least a warm start can reach while it opens these sessions and takes a step.
 """
 
 from __future__ import annotations
@@ -50,9 +54,41 @@ print(json.dumps({"import_s": t1 - t0, "first_step_s": end - start, "model_s": d
                   "trainer_s": ready - described, "step_s": end - ready, "next_step_s": again - end}))
 """
 
+# The runtime alone: onnxruntime-training's public API opening the artifacts a warm start finds
+# in the cache (checkpoint, training and eval graphs, optimizer) and taking the same first step,
+# with nothing of ortrain's between. Its time over ortrain's cold start is the least any warm
+# start over these sessions can reach.
+RAW_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+import ortrain  # registers onnxruntime.training without running its __init__ (see bench.common.ort_loop)
+from onnxruntime.training.api import CheckpointState, Module, Optimizer
+from ortrain.engine.device import session_options
+t1 = time.perf_counter()
+kind, d = sys.argv[1], sys.argv[2]
+if kind == "mlp":
+    from bench.workloads.mlp import data
+start = time.perf_counter()
+if kind == "mlp":
+    x, y = data()
+else:
+    rng = np.random.default_rng(0)
+    x, y = rng.random((1, 3, 224, 224), dtype=np.float32), np.array([3])
+state = CheckpointState.load_checkpoint(d + "/checkpoint")
+module = Module(d + "/training.onnx", state, d + "/eval.onnx", session_options=session_options(None))
+optimizer = Optimizer(d + "/optimizer.onnx", module)
+ready = time.perf_counter()
+module(x, y, np.array(1.0, np.float32))
+optimizer.step()
+module.lazy_reset_grad()
+end = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_step_s": end - start, "open_s": ready - start, "step_s": end - ready}))
+"""
 
-def _child(kind: str, cache: Path, path: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, kind, str(cache), path], capture_output=True, text=True,
+
+def _child(kind: str, cache: Path, path: str, code: str = CHILD) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, kind, str(cache), path], capture_output=True, text=True,
                          cwd=ROOT, timeout=600, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"first-step child failed ({kind}):\n{out.stderr}")
@@ -78,6 +114,8 @@ def measure(kind: str, path: str, colds: int, warms: int) -> dict:
             cold.append(_child(kind, Path(tmp) / f"cache-{i}", path))
         for _ in range(warms):
             warm.append(_child(kind, Path(tmp) / "cache-0", path))
+        entry = _the_entry(Path(tmp) / "cache-0")
+        raw = [_child(kind, entry, "-", RAW_CHILD) for _ in range(warms)]
 
     def median(runs, key):
         return statistics.median(r[key] for r in runs)
@@ -88,7 +126,18 @@ def measure(kind: str, path: str, colds: int, warms: int) -> dict:
     return {"cold_s": c, "warm_s": w, "warm_over_cold": w / c,
             "cold_parts": {k: median(cold, k) for k in parts}, "warm_parts": {k: median(warm, k) for k in parts},
             "cold_runs": [r["first_step_s"] for r in cold], "warm_runs": [r["first_step_s"] for r in warm],
-            "import_ortrain_s": median(cold + warm, "import_s")}
+            "import_ortrain_s": median(cold + warm, "import_s"),
+            "runtime_alone": {"warm_s": median(raw, "first_step_s"), "warm_over_cold": median(raw, "first_step_s") / c,
+                              "open_s": median(raw, "open_s"), "step_s": median(raw, "step_s"),
+                              "runs": [r["first_step_s"] for r in raw]}}
+
+
+def _the_entry(cache: Path) -> Path:
+    """The one artifact directory a cold run left in ``cache``."""
+    found = [f.parent for f in cache.rglob("training.onnx")]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one artifact entry under {cache}, found {len(found)}")
+    return found[0]
 
 
 def run(quick: bool = False) -> dict:

@@ -13,6 +13,10 @@ step's GEMMs at numpy's peak rate, plus Adam's update at the memory bandwidth nu
 bytes a weight, with next to no arithmetic). Everything else a step does (activations, loss,
 the ReLU and bias gradients) is left out. PyTorch's time over the floor says how much an
 implementation at numpy's rates could gain over PyTorch in this run.
+
+The raw loop's own ratios (its samples/s over PyTorch's, its fraction of sgemm) are the most
+any library driving onnxruntime-training's sessions can reach here: they are the runtime's
+kernels with nothing else around them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from bench.common import (
     loop_ratios,
     memory_bandwidth,
     ort_loop,
+    paired_ratio,
     sgemm_rate,
     spread,
 )
@@ -116,6 +121,8 @@ def run(quick: bool = False) -> dict:
         "sgemm_gflops": {"square_1024": peak / 1e9, "step_shapes": at_shapes / 1e9},
         "ortrain_gflops": flops / ours / 1e9,
         "fraction_of_sgemm": {"square_1024": flops / ours / peak, "step_shapes": flops / ours / at_shapes},
+        # The runtime alone: what any loop over these graphs reaches, with nothing of ortrain's in it.
+        "ort_loop_fraction_of_sgemm": flops / sec["ort_loop"]["median"] / peak,
         "ratios": loop_ratios(times),
         "floor": floor,
         "peak_rss_mb": rss,
@@ -123,6 +130,7 @@ def run(quick: bool = False) -> dict:
     }
     if "torch" in times:
         out["ratios"]["rss_ortrain_over_torch"] = rss["ortrain"] / rss["torch"]
+        out["ratios"]["torch_over_ort_loop"] = paired_ratio(times["torch"], times["ort_loop"])
         floor["torch_over_floor"] = spread([t / floor["seconds"] for t in times["torch"]])
     return out
 
